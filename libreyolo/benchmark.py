@@ -1,0 +1,117 @@
+"""The harness behind ``libreyolo bench``: one process, every arm side by side.
+
+Arms: eager forward, graphed forward (replay of the captured network), end-to-end
+predict eager and with ``cuda_graph=True`` (uint8 numpy image in, Results out), and
+the capture time. Each arm is warmed up, then timed ``runs`` times with a device
+synchronize around every call; medians (and p90) are reported.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from .graphs.capture import CudaGraphCapturer
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_call(fn: Callable[[], Any], device: torch.device, runs: int, warmup: int) -> dict:
+    for _ in range(warmup):
+        fn()
+    _sync(device)
+    samples = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        samples.append((time.perf_counter() - t0) * 1e3)
+    samples.sort()
+    return {"median_ms": statistics.median(samples), "p90_ms": samples[int(0.9 * (len(samples) - 1))],
+            "min_ms": samples[0], "runs": runs}
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+
+
+def bench_model(model, *, imgsz: int = 640, batch: int = 1, runs: int = 200, warmup: int = 30,
+                image: np.ndarray | None = None, conf: float = 0.25) -> dict:
+    """Measure every arm for ``model`` and return a JSON-ready dict."""
+    from .assets import SAMPLE_IMAGE
+    from .data.sources import load_sources
+
+    dev = model.device
+    if image is None:
+        image = load_sources(SAMPLE_IMAGE)[0].image
+    images = [image] * batch
+    net = model.model.eval()
+    x = torch.rand((batch, 3, imgsz, imgsz), generator=torch.Generator().manual_seed(0)).to(dev)
+    arms: dict[str, Any] = {}
+    with torch.no_grad():
+        arms["forward_eager"] = time_call(lambda: net(x), dev, runs, warmup)
+    arms["predict_eager"] = time_call(lambda: model.predict(images, imgsz=imgsz, batch=batch, conf=conf),
+                                      dev, runs, warmup)
+    dets = sum(len(r) for r in model.predict(images, imgsz=imgsz, batch=batch, conf=conf)) / batch
+    if dev.type == "cuda" and model.SUPPORTS_CUDA_GRAPH:
+        with torch.no_grad():
+            t0 = time.perf_counter()
+            graph = CudaGraphCapturer().capture(lambda t: net(t), (x,), module=net)
+            capture_ms = (time.perf_counter() - t0) * 1e3
+            arms["forward_graph"] = time_call(lambda: graph.replay((x,), clone=False), dev, runs, warmup)
+            eager_out = net(x)["predictions"]
+            same = torch.equal(graph.replay((x,), clone=False)["predictions"], eager_out)
+        del graph
+        model.release_graphs()
+        t0 = time.perf_counter()
+        model.predict(images, imgsz=imgsz, batch=batch, conf=conf, cuda_graph=True)
+        model.predict(images, imgsz=imgsz, batch=batch, conf=conf, cuda_graph=True)
+        first_calls_ms = (time.perf_counter() - t0) * 1e3
+        arms["predict_graph"] = time_call(
+            lambda: model.predict(images, imgsz=imgsz, batch=batch, conf=conf, cuda_graph=True), dev, runs, warmup)
+        info = model.graph_info()
+        arms["capture"] = {"forward_ms": capture_ms, "predict_first_two_calls_ms": first_calls_ms,
+                           "predict_graphs": [{"stage": g["stage"], "capture_ms": g["capture_ms"]}
+                                              for g in info["graphs"]]}
+        arms["forward_graph_bitwise_equal_eager"] = bool(same)
+        ref_eager = model.predict(images, imgsz=imgsz, batch=batch, conf=conf, cuda_graph=False)
+        ref_graph = model.predict(images, imgsz=imgsz, batch=batch, conf=conf, cuda_graph=True)
+        arms["predict_graph_equal_eager"] = all(torch.equal(a.boxes.data, b.boxes.data)
+                                                for a, b in zip(ref_eager, ref_graph))
+        model.release_graphs()
+    result = {
+        "model": f"{model.FAMILY}-{model.size}", "trained": model.trained, "imgsz": imgsz, "batch": batch,
+        "image_hw": list(image.shape[:2]), "detections_per_image": dets,
+        "device": device_name(dev), "torch": torch.__version__,
+        "cuda": torch.version.cuda, "date": _dt.date.today().isoformat(), "runs": runs, "warmup": warmup,
+        "arms": arms,
+    }
+    fe, fg = arms["forward_eager"]["median_ms"], arms.get("forward_graph", {}).get("median_ms")
+    pe, pg = arms["predict_eager"]["median_ms"], arms.get("predict_graph", {}).get("median_ms")
+    result["ratios"] = {
+        "forward_speedup": fe / fg if fg else None,
+        "predict_speedup": pe / pg if pg else None,
+        "predict_graph_over_forward_graph": pg / fg if fg and pg else None,
+    }
+    return result
+
+
+def write_json(result: dict, path: str | Path) -> Path:
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_suffix(p.suffix + ".tmp")
+    tmp.write_text(json.dumps(result, indent=2))
+    tmp.replace(p)
+    return p

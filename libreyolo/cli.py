@@ -1,0 +1,318 @@
+"""``libreyolo predict|verify|bench|info``.
+
+Arguments follow the LibreYOLO convention ``key=value`` and also accept ``--key value``,
+``--key=value`` and bare ``--flag`` (= true). click/typer cannot parse the ``key=value``
+form, hence this small parser; output uses rich.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from rich.console import Console
+from rich.table import Table
+
+console = Console()
+
+
+class UsageError(Exception):
+    pass
+
+
+def _bool(v: str) -> bool:
+    s = str(v).strip().lower()
+    if s in ("1", "true", "yes", "on", ""):
+        return True
+    if s in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"expected true/false, got {v!r}")
+
+
+def _graph_mode(v: str):
+    s = str(v).strip().lower()
+    return "auto" if s == "auto" else _bool(s)
+
+
+def _int_list(v: str) -> list[int]:
+    return [int(x) for x in str(v).replace(" ", "").split(",") if x]
+
+
+@dataclass
+class Opt:
+    conv: Callable[[str], Any]
+    default: Any
+    help: str
+
+
+def _parse(argv: list[str], spec: dict[str, Opt], command: str) -> dict[str, Any]:
+    raw: dict[str, str] = {}
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a.startswith("--"):
+            body = a[2:]
+            if "=" in body:
+                k, v = body.split("=", 1)
+            elif i + 1 < len(argv) and not argv[i + 1].startswith("--") and "=" not in argv[i + 1]:
+                k, v = body, argv[i + 1]
+                i += 1
+            else:
+                k, v = body, "true"
+        elif "=" in a:
+            k, v = a.split("=", 1)
+        else:
+            raise UsageError(f"unexpected argument {a!r}: use key=value or --key value")
+        k = k.replace("-", "_")
+        if k not in spec:
+            raise UsageError(f"unknown option {k!r} for '{command}'; options: {', '.join(spec)}")
+        raw[k] = v
+        i += 1
+    out = {}
+    for k, o in spec.items():
+        if k in raw:
+            try:
+                out[k] = o.conv(raw[k])
+            except ValueError as exc:
+                raise UsageError(f"bad value for {k}: {exc}") from None
+        else:
+            out[k] = o.default
+    return out
+
+
+def _need_model(opts: dict, command: str) -> None:
+    if not opts.get("model"):
+        raise UsageError(f"'{command}' needs model=... (a checkpoint such as LibreYOLO9t.pt, or a family/size "
+                         "name such as yolo9t for an untrained model)")
+
+
+def _load(opts: dict):
+    from . import LibreYOLO
+    return LibreYOLO(opts["model"], device=opts.get("device") or "auto")
+
+
+# ---------------------------------------------------------------- commands
+PREDICT = {
+    "model": Opt(str, None, "checkpoint path or family/size name"),
+    "source": Opt(str, None, "image, directory, glob (default: the bundled sample image)"),
+    "imgsz": Opt(int, None, "inference size (default: the checkpoint's)"),
+    "conf": Opt(float, 0.25, "confidence threshold"),
+    "iou": Opt(float, 0.45, "NMS IoU threshold"),
+    "batch": Opt(int, 1, "images per forward"),
+    "max_det": Opt(int, 300, "detections kept per image"),
+    "classes": Opt(_int_list, None, "only these class ids, e.g. 0,2"),
+    "device": Opt(str, "auto", "auto, cpu, cuda, cuda:1"),
+    "cuda_graph": Opt(_graph_mode, "auto", "false, true or auto"),
+    "amp": Opt(str, "false", "false, true (fp16) or bf16"),
+    "save": Opt(_bool, True, "write annotated images"),
+    "save_dir": Opt(str, "runs/predict", "where annotated images go"),
+    "json": Opt(str, None, "also write all detections to this JSON file"),
+}
+
+
+def cmd_predict(opts: dict) -> int:
+    _need_model(opts, "predict")
+    from . import SAMPLE_IMAGE
+    model = _load(opts)
+    if not model.trained:
+        console.print(f"[bold yellow]note:[/] {model.FAMILY}-{model.size} is UNTRAINED (random weights): "
+                      "boxes, if any, are meaningless")
+    amp = opts["amp"]
+    amp = False if amp.lower() in ("false", "0", "no") else ("bf16" if "bf" in amp.lower() else True)
+    results = model.predict(opts["source"] or SAMPLE_IMAGE, imgsz=opts["imgsz"], conf=opts["conf"],
+                            iou=opts["iou"], batch=opts["batch"], max_det=opts["max_det"],
+                            classes=opts["classes"], cuda_graph=opts["cuda_graph"], amp=amp,
+                            save=opts["save"], save_dir=opts["save_dir"], verbose=True)
+    for r in results:
+        counts: dict[str, int] = {}
+        for c in r.boxes.cls.tolist():
+            name = r.names[int(c)]
+            counts[name] = counts.get(name, 0) + 1
+        what = ", ".join(f"{n} {k}" for k, n in sorted(counts.items(), key=lambda kv: -kv[1])) or "no detections"
+        ms = sum(r.speed.values())
+        console.print(f"{r.path}: {r.orig_shape[1]}x{r.orig_shape[0]}, {what} ({ms:.1f} ms)")
+    if opts["save"]:
+        console.print(f"annotated images saved to [bold]{opts['save_dir']}[/]")
+    if opts["json"]:
+        from pathlib import Path
+        Path(opts["json"]).write_text(json.dumps([{"path": r.path, "detections": r.summary()} for r in results],
+                                                 indent=2))
+        console.print(f"detections written to {opts['json']}")
+    info = model.graph_info()
+    console.print(f"cuda_graph={opts['cuda_graph']}: {len(info['graphs'])} graph(s), {info['replays']} replay(s)"
+                  + (f"; eager because {info['fallbacks'][0]['reason']}" if info["fallbacks"] else ""))
+    return 0
+
+
+INFO = {"json": Opt(_bool, False, "print JSON instead of tables")}
+
+
+def cmd_info(opts: dict) -> int:
+    import torch
+
+    from . import __version__, list_models
+    env = {"libreyolo": __version__, "torch": torch.__version__, "torchvision": _version("torchvision"),
+           "cuda_available": torch.cuda.is_available(), "cuda": torch.version.cuda,
+           "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]}
+    models = list_models()
+    if opts["json"]:
+        print(json.dumps({"environment": env, "models": models}, indent=2))
+        return 0
+    t = Table(title="libreyolo model families")
+    for col in ("family", "sizes", "task", "checkpoint names", "predict graph", "train graph"):
+        t.add_column(col)
+    for m in models:
+        t.add_row(m["family"], ", ".join(m["sizes"]), m["task"], f"{m['file_prefix']}<size>.pt",
+                  "yes" if m["cuda_graph"] else "no (eager)", "yes" if m["cuda_graph_train"] else "no (eager)")
+    console.print(t)
+    e = Table(title="environment", show_header=False)
+    for k, v in env.items():
+        e.add_row(k, str(v if v not in (None, []) else "-"))
+    console.print(e)
+    return 0
+
+
+def _version(pkg: str) -> str:
+    try:
+        from importlib.metadata import version
+        return version(pkg)
+    except Exception:
+        return "-"
+
+
+VERIFY = {
+    "model": Opt(str, None, "checkpoint path or family/size name"),
+    "imgsz": Opt(int, 640, "network input size"),
+    "batch": Opt(_int_list, [1, 8], "batch sizes, e.g. 1,8"),
+    "amp": Opt(_bool, True, "also verify under float16 autocast"),
+    "device": Opt(str, "cuda", "CUDA device"),
+    "json": Opt(str, None, "write the report to this JSON file"),
+}
+
+
+def cmd_verify(opts: dict) -> int:
+    _need_model(opts, "verify")
+    import torch
+
+    from .engine.verify import verify_model
+    if not torch.cuda.is_available():
+        console.print("[bold red]verify needs a CUDA GPU[/]: it runs the CUDA-graph parity protocol "
+                      "(eager vs captured, bit for bit); this machine has none")
+        return 2
+    model = _load(opts)
+    if not model.SUPPORTS_CUDA_GRAPH:
+        console.print(f"[yellow]note:[/] {model.FAMILY} is not declared graph-capturable; verifying anyway")
+    res = verify_model(model, imgsz=opts["imgsz"], batches=tuple(opts["batch"]),
+                       amp_dtypes=(None, torch.float16) if opts["amp"] else (None,))
+    t = Table(title=f"parity: {model.FAMILY}-{model.size} on {torch.cuda.get_device_name(model.device)}, "
+                    f"torch {torch.__version__}")
+    for col in ("case", "outputs", "probes differ", "replay A == eager", "replay B == eager", "not stale",
+                "max |diff|", "capture ms", "verdict"):
+        t.add_column(col)
+    for r in res:
+        t.add_row(r.name, str(r.outputs), str(r.probes_differ), str(r.replay_a_equal), str(r.replay_b_equal),
+                  str(r.not_stale), f"{r.max_abs_diff:.3g}", f"{r.capture_ms:.1f}",
+                  "[green]PASS[/]" if r.passed else f"[red]FAIL[/] {r.error or ''}")
+    console.print(t)
+    ok = all(r.passed for r in res)
+    console.print("[bold green]VERDICT: bitwise parity holds[/]" if ok else "[bold red]VERDICT: parity FAILED[/]")
+    if opts["json"]:
+        from pathlib import Path
+        Path(opts["json"]).write_text(json.dumps([r.as_dict() for r in res], indent=2))
+    return 0 if ok else 1
+
+
+BENCH = {
+    "model": Opt(str, "yolo9t", "checkpoint path or family/size name"),
+    "imgsz": Opt(int, 640, "network input size"),
+    "batch": Opt(int, 1, "batch size"),
+    "runs": Opt(int, 200, "timed runs per arm (median reported)"),
+    "warmup": Opt(int, 30, "untimed warm-up runs per arm"),
+    "device": Opt(str, "auto", "auto, cpu, cuda"),
+    "json": Opt(str, None, "where to write the JSON result (default runs/bench/<model>-<imgsz>-b<batch>.json)"),
+}
+
+
+def cmd_bench(opts: dict) -> int:
+    from .benchmark import bench_model, write_json
+    model = _load(opts)
+    res = bench_model(model, imgsz=opts["imgsz"], batch=opts["batch"], runs=opts["runs"], warmup=opts["warmup"])
+    t = Table(title=f"{res['model']} imgsz={res['imgsz']} batch={res['batch']} on {res['device']} "
+                    f"(torch {res['torch']}, {res['date']})")
+    for col in ("arm", "median ms", "p90 ms", "runs"):
+        t.add_column(col)
+    for arm in ("forward_eager", "forward_graph", "predict_eager", "predict_graph"):
+        if arm in res["arms"]:
+            a = res["arms"][arm]
+            t.add_row(arm, f"{a['median_ms']:.3f}", f"{a['p90_ms']:.3f}", str(a["runs"]))
+    console.print(t)
+    if "capture" in res["arms"]:
+        c = res["arms"]["capture"]
+        console.print(f"capture: forward {c['forward_ms']:.1f} ms; "
+                      f"forward graph bitwise == eager: {res['arms']['forward_graph_bitwise_equal_eager']}; "
+                      f"predict graph == eager: {res['arms']['predict_graph_equal_eager']}")
+    r = res["ratios"]
+    if r["forward_speedup"]:
+        console.print(f"speedups: forward x{r['forward_speedup']:.2f}, predict x{r['predict_speedup']:.2f}; "
+                      f"predict(graph) / forward(graph) = {r['predict_graph_over_forward_graph']:.2f}")
+    else:
+        console.print("graph arms skipped: " + ("no CUDA device" if model.device.type != "cuda"
+                                                else f"{model.FAMILY} is not graph-capturable"))
+    console.print(f"detections per image: {res['detections_per_image']:.1f}"
+                  + ("" if res["trained"] else " (untrained weights)"))
+    path = write_json(res, opts["json"] or f"runs/bench/{res['model']}-{res['imgsz']}-b{res['batch']}.json")
+    console.print(f"written to {path}")
+    return 0
+
+
+COMMANDS: dict[str, tuple[Callable[[dict], int], dict, str]] = {
+    "predict": (cmd_predict, PREDICT, "detect objects in images and save annotated pictures"),
+    "verify": (cmd_verify, VERIFY, "run the CUDA-graph parity protocol on this GPU"),
+    "bench": (cmd_bench, BENCH, "measure eager vs graphed forward and end-to-end predict"),
+    "info": (cmd_info, INFO, "families, sizes, tasks, graph support, torch/CUDA versions"),
+}
+
+
+def _usage() -> str:
+    lines = ["usage: libreyolo COMMAND key=value ...", "", "commands:"]
+    for name, (_, spec, text) in COMMANDS.items():
+        lines.append(f"  {name:8s} {text}")
+    lines += ["", "e.g.  libreyolo predict model=LibreYOLO9t.pt source=img.jpg conf=0.25 cuda_graph=auto",
+              "      libreyolo COMMAND --help   lists a command's options"]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(_usage())
+        return 0
+    if argv[0] in ("-V", "--version", "version"):
+        from . import __version__
+        print(f"libreyolo {__version__}")
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(f"libreyolo: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    fn, spec, text = COMMANDS[name]
+    if any(a in ("-h", "--help") for a in rest):
+        print(f"libreyolo {name}: {text}\n\noptions (key=value or --key value):")
+        for k, o in spec.items():
+            print(f"  {k:12s} {o.help} (default: {o.default})")
+        return 0
+    try:
+        return fn(_parse(rest, spec, name))
+    except UsageError as exc:
+        print(f"libreyolo {name}: {exc}", file=sys.stderr)
+        return 2
+    except (FileNotFoundError, ValueError, NotImplementedError, RuntimeError) as exc:
+        console.print(f"[bold red]error:[/] {exc}")
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,204 @@
+"""Task-generic predict loop: sources -> batches -> GPU letterbox -> stage -> Results.
+
+The uint8 images are uploaded once; letterbox and normalization run in torch on the
+model's device. The network stage (and, for batches whose images share one size, the
+letterbox too) goes through the model's :class:`GraphRunner`, so ``cuda_graph`` only
+changes *how* the same ops run, never *what* they compute: eager numbers are the truth.
+Post-processing is one batched NMS for the whole batch and one copy to the host.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..data.sources import load_sources
+from ..graphs.runner import normalize_mode
+from ..ops.letterbox import letterbox, letterbox_params, unletterbox_boxes
+from ..ops.nms import batched_detections
+from ..results import Boxes, Results
+
+log = logging.getLogger("libreyolo")
+
+
+def _amp_dtype(amp: Any) -> torch.dtype | None:
+    if amp in (None, False, 0, "false", "False", "0", ""):
+        return None
+    if amp is True or amp in ("true", "True", "1", "fp16", "float16", "half", torch.float16):
+        return torch.float16
+    if amp in ("bf16", "bfloat16", torch.bfloat16):
+        return torch.bfloat16
+    raise ValueError(f"amp must be False, True (float16) or 'bf16', got {amp!r}")
+
+
+def check_imgsz(imgsz: Any, stride: int) -> int:
+    """An int imgsz rounded up to the stride (with one log line when it changes)."""
+    if isinstance(imgsz, (list, tuple)):
+        if len(set(imgsz)) != 1:
+            raise ValueError(f"imgsz must be square (one int), got {imgsz!r}")
+        imgsz = imgsz[0]
+    try:
+        size = int(imgsz)
+    except (TypeError, ValueError):
+        raise ValueError(f"imgsz must be a positive int, got {imgsz!r}") from None
+    if size <= 0:
+        raise ValueError(f"imgsz must be a positive int, got {imgsz!r}")
+    aligned = -(-size // stride) * stride
+    if aligned != size:
+        log.warning("libreyolo: imgsz=%d is not a multiple of the stride %d; using %d", size, stride, aligned)
+    return aligned
+
+
+class Predictor:
+    """Runs ``model.predict``; one per model (it keeps per-model policy state)."""
+
+    def __init__(self, model):
+        self.model = model
+        self._raw_seen: Counter = Counter()
+
+    # ---------------------------------------------------------------- stages
+    def _stage_fns(self, size: int):
+        model = self.model
+
+        def net(x):
+            return model.infer(x)
+
+        def from_u8(u8):
+            return model.infer(letterbox(u8, size))
+
+        return net, from_u8
+
+    def _autocast(self, amp_dtype):
+        dev = self.model.device.type
+        if amp_dtype is None:
+            return torch.autocast(dev, enabled=False)
+        if dev != "cuda":
+            raise ValueError("amp=True needs a CUDA device; on the CPU predict runs in float32 (amp=False)")
+        return torch.autocast("cuda", dtype=amp_dtype)
+
+    def run_batch(self, images: list[torch.Tensor], size: int, mode: Any, amp_dtype) -> tuple:
+        """uint8 HWC device tensors -> (stage outputs, per-image letterbox scale)."""
+        runner = self.model._runner
+        net, from_u8 = self._stage_fns(size)
+        scales = []
+        for im in images:  # per-axis: the resized size is rounded, so x and y scales differ slightly
+            p = letterbox_params(int(im.shape[0]), int(im.shape[1]), size)
+            scales.append((p.new_w / int(im.shape[1]), p.new_h / int(im.shape[0])))
+        same = len({tuple(im.shape) for im in images}) == 1
+        with torch.no_grad(), self._autocast(amp_dtype):
+            if same:
+                u8 = images[0].unsqueeze(0) if len(images) == 1 else torch.stack(images)
+                key = ("u8", size)
+                # Letterbox inside the graph only for a raw size seen before (a video, a camera,
+                # a fixed pipeline): otherwise each new photo size would cost a capture.
+                raw = (tuple(u8.shape), str(u8.device))
+                use_u8 = mode is not False and (self._raw_seen[raw] >= 1 or runner.has_graph(key, (u8,)))
+                self._raw_seen[raw] += 1
+                if len(self._raw_seen) > 256:
+                    self._raw_seen.clear()
+                if use_u8:
+                    return runner(key, from_u8, (u8,), mode), scales
+                x = letterbox(u8, size)
+            else:
+                x = torch.cat([letterbox(im.unsqueeze(0), size) for im in images])
+            return runner(("net", size), net, (x,), mode), scales
+
+    def capture(self, imgsz=None, batch=1, dtype=None, source_shape=None) -> dict:
+        m = self.model
+        size = check_imgsz(imgsz or m.imgsz, m.STRIDE)
+        net, from_u8 = self._stage_fns(size)
+        amp_dtype = None if dtype in (None, torch.float32) else _amp_dtype(dtype)
+        g = torch.Generator().manual_seed(0)
+        with torch.no_grad(), self._autocast(amp_dtype):
+            if source_shape is None:
+                x = torch.rand((batch, 3, size, size), generator=g).to(m.device)
+                return m._runner.capture(("net", size), net, (x,))
+            h, w = source_shape
+            u8 = torch.randint(0, 256, (batch, h, w, 3), generator=g, dtype=torch.uint8).to(m.device)
+            return m._runner.capture(("u8", size), from_u8, (u8,))
+
+    # ------------------------------------------------------------------ call
+    def __call__(self, source: Any, *, conf: float = 0.25, iou: float = 0.45, imgsz: int | None = None,
+                 batch: int = 1, cuda_graph: Any = False, max_det: int = 300,
+                 classes: list[int] | None = None, agnostic_nms: bool = False, amp: Any = False,
+                 bgr: bool = False, save: bool = False, save_dir: str | Path | None = None,
+                 verbose: bool = False) -> list[Results]:
+        """Predict on ``source`` (path, directory, glob, PIL, numpy RGB - or BGR with
+        ``bgr=True`` -, torch tensor, or a list of them) and return one Results per image.
+
+        ``cuda_graph``: False (eager), True (capture each new input signature; raises on an
+        unsupported family or without CUDA) or "auto" (capture once a signature repeats,
+        never raises). ``amp``: True for float16 autocast (CUDA), "bf16" for bfloat16.
+        ``save`` writes annotated pictures to ``save_dir`` (default runs/predict).
+        """
+        m = self.model
+        mode = normalize_mode(cuda_graph)
+        if not 0.0 <= float(conf) <= 1.0:
+            raise ValueError(f"conf must be in [0, 1], got {conf}")
+        if not 0.0 <= float(iou) <= 1.0:
+            raise ValueError(f"iou must be in [0, 1], got {iou}")
+        if int(batch) < 1:
+            raise ValueError(f"batch must be >= 1, got {batch}")
+        if int(max_det) < 1:
+            raise ValueError(f"max_det must be >= 1, got {max_det}")
+        if classes is not None:
+            classes = [int(c) for c in ([classes] if isinstance(classes, int) else classes)]
+            bad = [c for c in classes if not 0 <= c < m.nc]
+            if bad:
+                raise ValueError(f"classes {bad} out of range for a model with {m.nc} classes")
+        size = check_imgsz(imgsz or m.imgsz, m.STRIDE)
+        amp_dtype = _amp_dtype(amp)
+        if not m.trained and not getattr(m, "_warned_untrained", False):
+            log.warning("libreyolo: %s is UNTRAINED (random weights): its detections are meaningless", m)
+            m._warned_untrained = True
+        items = load_sources(source, bgr=bgr)
+        results: list[Results] = []
+        progress = None
+        if verbose or len(items) > 32:
+            from tqdm import tqdm
+            progress = tqdm(total=len(items), desc=f"predict {m.FAMILY}-{m.size}", unit="img",
+                            disable=not verbose and len(items) <= 32)
+        out_dir = None
+        if save:
+            out_dir = Path(save_dir or "runs/predict")
+            out_dir.mkdir(parents=True, exist_ok=True)
+        for start in range(0, len(items), int(batch)):
+            chunk = items[start:start + int(batch)]
+            t0 = time.perf_counter()
+            dev_images = [self._upload(it.image) for it in chunk]
+            t1 = time.perf_counter()
+            (boxes, scores, cls), scales = self.run_batch(dev_images, size, mode, amp_dtype)
+            t2 = time.perf_counter()
+            dets = batched_detections(boxes, scores, cls, num_classes=m.nc, conf=float(conf), iou=float(iou),
+                                      max_det=int(max_det), classes=classes, agnostic=agnostic_nms)
+            dets = dets.cpu()
+            t3 = time.perf_counter()
+            speed = {"preprocess": (t1 - t0) * 1e3 / len(chunk), "inference": (t2 - t1) * 1e3 / len(chunk),
+                     "postprocess": (t3 - t2) * 1e3 / len(chunk)}
+            img_col = dets[:, 0].long()
+            for i, it in enumerate(chunk):
+                d = dets[img_col == i, 1:]
+                h, w = int(it.image.shape[0]), int(it.image.shape[1])
+                unletterbox_boxes(d, scales[i][0], scales[i][1], h, w)
+                r = Results(it.image, it.name, m.names, Boxes(d, (h, w)), speed=dict(speed))
+                if out_dir is not None:
+                    r.save(out_dir / f"{Path(it.name).stem}.jpg")
+                results.append(r)
+            if progress is not None:
+                progress.update(len(chunk))
+        if progress is not None:
+            progress.close()
+        if out_dir is not None:
+            log.info("libreyolo: saved %d annotated image(s) to %s", len(results), out_dir)
+        return results
+
+    def _upload(self, image: Any) -> torch.Tensor:
+        dev = self.model.device
+        if isinstance(image, torch.Tensor):
+            return image.to(dev, non_blocking=True)
+        return torch.from_numpy(np.ascontiguousarray(image)).to(dev)

@@ -1,0 +1,48 @@
+"""``libreyolo verify``: the parity protocol for one model on this machine's GPU."""
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+
+from ..graphs.parity import ParityResult, check_parity
+from ..ops.letterbox import letterbox
+
+
+def _probes_float(batch: int, size: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1234)
+    a = torch.randn((batch, 3, size, size), generator=g)
+    b = 3 * torch.rand((batch, 3, size, size), generator=g) + 2
+    return a.to(device), b.to(device)
+
+
+def _probes_u8(batch: int, h: int, w: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(4321)
+    a = torch.randint(0, 256, (batch, h, w, 3), generator=g, dtype=torch.uint8)
+    b = torch.randint(90, 140, (batch, h, w, 3), generator=g, dtype=torch.uint8)
+    return a.to(device), b.to(device)
+
+
+def verify_model(model, *, imgsz: int | None = None, batches: tuple[int, ...] = (1, 8),
+                 amp_dtypes: tuple[Any, ...] = (None, torch.float16),
+                 source_hw: tuple[int, int] = (480, 640)) -> list[ParityResult]:
+    """Parity of the raw network forward and of the full predict stage (uint8 in)."""
+    if model.device.type != "cuda":
+        raise RuntimeError("verify needs the model on a CUDA device (this runs the CUDA-graph parity protocol)")
+    size = int(imgsz or model.imgsz)
+    net = model.model.eval()
+    out: list[ParityResult] = []
+    for amp in amp_dtypes:
+        tag = "fp32" if amp is None else f"amp-{str(amp).replace('torch.', '')}"
+        ctx = (lambda: torch.autocast("cuda", dtype=amp)) if amp is not None else contextlib.nullcontext
+        for b in batches:
+            with torch.no_grad(), ctx():
+                pa, pb = _probes_float(b, size, model.device)
+                out.append(check_parity(f"{model.FAMILY}-{model.size} network {tag} b{b} {size}",
+                                        lambda x: net(x), (pa,), (pb,), module=net))
+                ua, ub = _probes_u8(b, *source_hw, model.device)
+                out.append(check_parity(f"{model.FAMILY}-{model.size} predict-stage {tag} b{b} "
+                                        f"{source_hw[0]}x{source_hw[1]}->{size}",
+                                        lambda u: model.infer(letterbox(u, size)), (ua,), (ub,), module=net))
+    return out

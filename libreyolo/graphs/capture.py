@@ -1,0 +1,134 @@
+"""How one CUDA graph is captured.
+
+The recipe (DESIGN.md, engine contract 4): warm up on a side stream so that cuDNN /
+cuBLAS handles and workspaces exist before capture, synchronize, capture with
+``capture_error_mode="thread_local"`` (another thread - e.g. a DataLoader pin-memory
+thread calling cudaHostAlloc - must not invalidate the capture) into the pool shared by
+all graphs of one model, under one process-wide lock. Buffers that warm-up may touch
+(BatchNorm running statistics, counters) are restored afterwards. Under autocast the
+capture runs with the autocast weight cache disabled: cached casts are freed when the
+autocast region exits, and a graph that recorded them would replay freed memory.
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_map
+
+#: One capture at a time in the whole process: two concurrent captures into shared
+#: pools, or a capture racing another's warm-up, are the classic source of corrupted graphs.
+CAPTURE_LOCK = threading.RLock()
+
+
+def autocast_state(device_type: str = "cuda") -> tuple[bool, torch.dtype | None]:
+    """(enabled, dtype) of autocast for ``device_type`` in this thread."""
+    enabled = torch.is_autocast_enabled(device_type)
+    return enabled, (torch.get_autocast_dtype(device_type) if enabled else None)
+
+
+def _no_cache_autocast(device_type: str = "cuda"):
+    enabled, dtype = autocast_state(device_type)
+    if not enabled:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type, dtype=dtype, cache_enabled=False)
+
+
+def snapshot_buffers(module: torch.nn.Module | None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Copies of every buffer of ``module`` (BatchNorm statistics, counters)."""
+    if module is None:
+        return []
+    return [(b, b.detach().clone()) for b in module.buffers()]
+
+
+@torch.no_grad()
+def restore_buffers(saved: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    for live, copy in saved:
+        live.copy_(copy)
+
+
+@dataclass
+class CapturedGraph:
+    """A captured graph with its static input and output tensors."""
+
+    graph: Any
+    static_inputs: tuple[torch.Tensor, ...]
+    static_outputs: Any
+    capture_ms: float
+    pool_bytes: int = 0
+    replays: int = 0
+    meta: dict = field(default_factory=dict)
+
+    def replay(self, inputs: Sequence[torch.Tensor], clone: bool = True) -> Any:
+        """Copy ``inputs`` into the static buffers, replay, return the outputs.
+
+        With ``clone`` the outputs are fresh tensors that stay valid after the next
+        replay; without it they are the static buffers (borrowed until the next replay).
+        """
+        for dst, src in zip(self.static_inputs, inputs):
+            if dst.data_ptr() != src.data_ptr():
+                dst.copy_(src, non_blocking=True)
+        self.graph.replay()
+        self.replays += 1
+        if clone:
+            return tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, self.static_outputs)
+        return self.static_outputs
+
+
+class CudaGraphCapturer:
+    """Captures callables into CUDA graphs that share one memory pool."""
+
+    def __init__(self, warmup: int = 3):
+        self.warmup = warmup
+        self._pool = None
+
+    @property
+    def pool(self):
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        return self._pool
+
+    @staticmethod
+    def can_capture(device: torch.device) -> bool:
+        """Whether graphs can run for tensors on ``device``."""
+        return device.type == "cuda" and torch.cuda.is_available()
+
+    def reset_pool(self) -> None:
+        """Forget the pool (after every graph using it was released)."""
+        self._pool = None
+
+    def capture(self, fn: Callable[..., Any], inputs: Sequence[torch.Tensor],
+                module: torch.nn.Module | None = None) -> CapturedGraph:
+        """Warm up ``fn`` on a side stream, then capture ``fn(*static_inputs)``."""
+        device = inputs[0].device
+        if device.type != "cuda":
+            raise RuntimeError(f"CUDA-graph capture needs CUDA tensors, got {device}")
+        with CAPTURE_LOCK, torch.cuda.device(device):
+            t0 = time.perf_counter()
+            static_inputs = tuple(x.detach().clone() for x in inputs)
+            saved = snapshot_buffers(module)
+            rng = torch.cuda.get_rng_state(device)
+            side = torch.cuda.Stream(device)
+            side.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(side), _no_cache_autocast():
+                for _ in range(self.warmup):
+                    fn(*static_inputs)
+            torch.cuda.current_stream(device).wait_stream(side)
+            torch.cuda.synchronize(device)
+            restore_buffers(saved)
+            torch.cuda.set_rng_state(rng, device)
+            before = torch.cuda.memory_reserved(device)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"), _no_cache_autocast():
+                static_outputs = fn(*static_inputs)
+            torch.cuda.synchronize(device)
+            pool_bytes = max(0, torch.cuda.memory_reserved(device) - before)
+            leaves, _ = tree_flatten(static_outputs)
+            if not any(isinstance(t, torch.Tensor) for t in leaves):
+                raise RuntimeError("the captured function returned no tensor")
+            return CapturedGraph(graph, static_inputs, static_outputs,
+                                 (time.perf_counter() - t0) * 1e3, pool_bytes)

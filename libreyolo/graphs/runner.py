@@ -1,0 +1,282 @@
+"""Inference through CUDA graphs: the policy around the act of capturing.
+
+A :class:`GraphRunner` belongs to one model. Callers hand it a *stage*: a key naming
+what the function computes (everything the function closes over that changes its
+result must be in the key), the function and its tensor inputs. The runner decides,
+per call, whether to run eager, capture, or replay:
+
+* ``mode=False``  - eager, always.
+* ``mode=True``   - capture on the first use of each signature, replay afterwards. An
+  unsupported family raises ``NotImplementedError`` naming it; non-CUDA inputs raise
+  :class:`GraphUnavailableError`.
+* ``mode="auto"`` - capture once a signature repeats; never raises: on the CPU, for an
+  unsupported family, or when a capture fails it runs eager and records why.
+
+The signature of a call is (key, every input's shape/dtype/device, autocast state, grad
+mode). Parameters and buffers are fingerprinted (device, dtype, data pointer, version
+counter, and the number of tensors): moving the model, loading weights, fusing or
+quantizing it releases every stale graph automatically. The cache is an LRU with a cap;
+eviction is counted and thrashing is reported once. All lookups, captures and replays
+of one runner are serialized by its lock, so several threads may predict at once.
+
+The capturing itself is delegated to ``capturer`` (:class:`CudaGraphCapturer` by
+default), so the whole policy is testable on a CPU with a stand-in capturer.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter, OrderedDict
+from typing import Any, Callable, Hashable, Sequence
+
+import torch
+
+from .capture import CudaGraphCapturer, autocast_state
+
+log = logging.getLogger("libreyolo")
+
+MODES = (False, True, "auto")
+
+
+class GraphUnavailableError(RuntimeError):
+    """``cuda_graph=True`` was asked for where no CUDA graph can run (e.g. on the CPU)."""
+
+
+def normalize_mode(mode: Any) -> bool | str:
+    """Accept False/True/"auto" and their common spellings ("0", "false", "on", None...)."""
+    if mode is None:
+        return False
+    if isinstance(mode, str):
+        m = mode.strip().lower()
+        if m == "auto":
+            return "auto"
+        if m in ("1", "true", "yes", "on"):
+            return True
+        if m in ("0", "false", "no", "off", ""):
+            return False
+        raise ValueError(f"cuda_graph must be False, True or 'auto', got {mode!r}")
+    if isinstance(mode, bool):
+        return mode
+    if isinstance(mode, int) and mode in (0, 1):
+        return bool(mode)
+    raise ValueError(f"cuda_graph must be False, True or 'auto', got {mode!r}")
+
+
+def _describe(sig: tuple) -> dict:
+    key, shapes, ac, grad = sig
+    return {"stage": key if isinstance(key, str) else repr(key),
+            "inputs": [f"{tuple(s)}:{str(d).replace('torch.', '')}@{dev}" for s, d, dev in shapes],
+            "autocast": str(ac[1]).replace("torch.", "") if ac[0] else None,
+            "grad": grad}
+
+
+class _Entry:
+    __slots__ = ("graph", "signature", "created", "last_used")
+
+    def __init__(self, graph, signature):
+        self.graph = graph
+        self.signature = signature
+        self.created = time.time()
+        self.last_used = self.created
+
+
+class GraphRunner:
+    """Caches and replays CUDA graphs of a model's inference stages."""
+
+    def __init__(self, module: torch.nn.Module, family: str, supported: bool, *,
+                 max_graphs: int = 8, capture_after: int = 2,
+                 capturer: Any | None = None, unsupported_reason: str | None = None):
+        if max_graphs < 1:
+            raise ValueError("max_graphs must be >= 1")
+        self.module = module
+        self.family = family
+        self.supported = bool(supported)
+        self.unsupported_reason = unsupported_reason or (
+            f"family '{family}' has not passed the CUDA-graph parity protocol")
+        self.max_graphs = max_graphs
+        self.capture_after = max(1, capture_after)
+        self.capturer = capturer if capturer is not None else CudaGraphCapturer()
+        self._lock = threading.RLock()
+        self._graphs: OrderedDict[tuple, _Entry] = OrderedDict()
+        self._seen: Counter = Counter()
+        self._failed: dict[tuple, str] = {}
+        self._fallbacks: Counter = Counter()
+        self._fingerprint: tuple | None = None
+        self.last_mode: bool | str = False
+        self.captures = 0
+        self.evictions = 0
+        self.invalidations = 0
+        self.eager_calls = 0
+        self._thrash_warned = False
+
+    # ------------------------------------------------------------------ policy
+    def fingerprint(self) -> tuple:
+        """Identity of every parameter and buffer the graphs may have baked in."""
+        return tuple((t.data_ptr(), t._version, t.dtype, t.device)
+                     for t in (*self.module.parameters(), *self.module.buffers()))
+
+    @staticmethod
+    def signature(key: Hashable, inputs: Sequence[torch.Tensor]) -> tuple:
+        dev = inputs[0].device.type if inputs else "cpu"
+        return (key,
+                tuple((tuple(x.shape), x.dtype, str(x.device)) for x in inputs),
+                autocast_state(dev if dev in ("cuda", "cpu") else "cuda"),
+                torch.is_grad_enabled())
+
+    def _check_fingerprint(self) -> None:
+        fp = self.fingerprint()
+        if self._fingerprint is not None and fp != self._fingerprint and self._graphs:
+            n = len(self._graphs)
+            self._release_locked()
+            self.invalidations += 1
+            log.info("libreyolo: released %d CUDA graph(s) of %s: parameters moved, changed or were replaced",
+                     n, self.family)
+        self._fingerprint = fp
+
+    def _note_fallback(self, reason: str) -> None:
+        if reason not in self._fallbacks:
+            log.info("libreyolo: cuda_graph='auto' runs %s eager: %s", self.family, reason)
+        self._fallbacks[reason] += 1
+
+    def _eager(self, fn, inputs):
+        self.eager_calls += 1
+        return fn(*inputs)
+
+    def __call__(self, key: Hashable, fn: Callable[..., Any], inputs: Sequence[torch.Tensor],
+                 mode: Any = "auto", clone: bool = True) -> Any:
+        """Run stage ``key`` = ``fn(*inputs)`` eager, captured or replayed per ``mode``."""
+        mode = normalize_mode(mode)
+        inputs = tuple(inputs)
+        self.last_mode = mode
+        if mode is False:
+            return self._eager(fn, inputs)
+        if not self.supported:
+            if mode is True:
+                raise NotImplementedError(
+                    f"cuda_graph=True is not supported for the '{self.family}' family: "
+                    f"{self.unsupported_reason}. Use cuda_graph=False or 'auto' (which runs eager).")
+            with self._lock:
+                self._note_fallback(f"family '{self.family}' is not graph-capturable ({self.unsupported_reason})")
+            return self._eager(fn, inputs)
+        dev = inputs[0].device if inputs else torch.device("cpu")
+        if not self.capturer.can_capture(dev):
+            if mode is True:
+                raise GraphUnavailableError(
+                    f"cuda_graph=True needs the model on a CUDA device, but it runs on '{dev}'"
+                    + ("" if torch.cuda.is_available() else " and this machine has no CUDA GPU")
+                    + ". Move it with model.to('cuda'), or use cuda_graph='auto' (eager where graphs cannot run).")
+            with self._lock:
+                self._note_fallback(f"inputs are on '{dev}', CUDA graphs need a CUDA device")
+            return self._eager(fn, inputs)
+        sig = self.signature(key, inputs)
+        with self._lock:
+            self._check_fingerprint()
+            entry = self._graphs.get(sig)
+            if entry is None:
+                if sig in self._failed:
+                    return self._eager(fn, inputs)
+                self._seen[sig] += 1
+                if mode == "auto" and self._seen[sig] < self.capture_after:
+                    return self._eager(fn, inputs)
+                try:
+                    graph = self.capturer.capture(fn, inputs, module=self.module)
+                except Exception as exc:  # capture failure: raise for True, eager for auto
+                    if mode is True:
+                        raise
+                    reason = f"capture of {_describe(sig)['stage']} failed: {type(exc).__name__}: {exc}"
+                    self._failed[sig] = reason
+                    self._note_fallback(reason)
+                    return self._eager(fn, inputs)
+                self.captures += 1
+                entry = self._insert(sig, graph)
+            else:
+                self._graphs.move_to_end(sig)
+            entry.last_used = time.time()
+            return entry.graph.replay(inputs, clone=clone)
+
+    def _insert(self, sig: tuple, graph) -> _Entry:
+        entry = _Entry(graph, sig)
+        self._graphs[sig] = entry
+        while len(self._graphs) > self.max_graphs:
+            self._graphs.popitem(last=False)
+            self.evictions += 1
+            if self.evictions >= self.max_graphs and not self._thrash_warned:
+                self._thrash_warned = True
+                log.warning("libreyolo: the CUDA-graph cache of %s is thrashing (%d evictions, cap %d): "
+                            "inputs keep changing shape; fix imgsz/batch or raise max_graphs",
+                            self.family, self.evictions, self.max_graphs)
+        return entry
+
+    # ----------------------------------------------------------------- control
+    def has_graph(self, key: Hashable, inputs: Sequence[torch.Tensor]) -> bool:
+        with self._lock:
+            return self.signature(key, inputs) in self._graphs
+
+    def seen(self, key: Hashable, inputs: Sequence[torch.Tensor]) -> int:
+        with self._lock:
+            return self._seen[self.signature(key, inputs)]
+
+    def capture(self, key: Hashable, fn: Callable[..., Any], inputs: Sequence[torch.Tensor]) -> dict:
+        """Capture stage ``key`` now (``model.capture_graph``); returns its description."""
+        inputs = tuple(inputs)
+        if not self.supported:
+            raise NotImplementedError(f"CUDA-graph capture is not supported for the '{self.family}' "
+                                      f"family: {self.unsupported_reason}")
+        if not inputs or not self.capturer.can_capture(inputs[0].device):
+            raise GraphUnavailableError("capture_graph needs the model on a CUDA device"
+                                        + ("" if torch.cuda.is_available() else " (this machine has no CUDA GPU)"))
+        sig = self.signature(key, inputs)
+        with self._lock:
+            self._check_fingerprint()
+            if sig not in self._graphs:
+                graph = self.capturer.capture(fn, inputs, module=self.module)
+                self.captures += 1
+                self._insert(sig, graph)
+            e = self._graphs[sig]
+            return {**_describe(sig), "capture_ms": round(e.graph.capture_ms, 3)}
+
+    def _release_locked(self) -> int:
+        n = len(self._graphs)
+        self._graphs.clear()
+        self._seen.clear()
+        self._failed.clear()
+        reset = getattr(self.capturer, "reset_pool", None)
+        if reset is not None:
+            reset()
+        return n
+
+    def release(self) -> int:
+        """Drop every graph (their memory returns to the allocator); returns how many."""
+        with self._lock:
+            n = self._release_locked()
+            self._fingerprint = None
+        if n and torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        return n
+
+    def info(self) -> dict:
+        """Statistics behind ``model.graph_info()``."""
+        with self._lock:
+            graphs = []
+            for sig, e in self._graphs.items():
+                d = _describe(sig)
+                d.update(capture_ms=round(e.graph.capture_ms, 3), replays=e.graph.replays,
+                         pool_bytes=getattr(e.graph, "pool_bytes", 0))
+                graphs.append(d)
+            return {
+                "family": self.family,
+                "supported": self.supported,
+                "unsupported_reason": None if self.supported else self.unsupported_reason,
+                "mode": self.last_mode,
+                "graphs": graphs,
+                "captures": self.captures,
+                "replays": sum(g["replays"] for g in graphs),
+                "eager_calls": self.eager_calls,
+                "evictions": self.evictions,
+                "invalidations": self.invalidations,
+                "max_graphs": self.max_graphs,
+                "fallbacks": [{"reason": r, "count": c} for r, c in self._fallbacks.items()],
+                "failed_captures": list(self._failed.values()),
+                "pool_bytes": sum(g["pool_bytes"] for g in graphs),
+            }

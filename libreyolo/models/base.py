@@ -1,0 +1,236 @@
+"""The family-independent model wrapper: declarations + thin entry points.
+
+A family subclasses :class:`Model`, declares what it is (``FAMILY``, ``SIZES``,
+``TASK``, ``FILE_PREFIX``, ``SUPPORTS_CUDA_GRAPH``) and implements three hooks:
+``build_network(size, nc)``, ``infer(x)`` (network input -> fixed-shape outputs, the
+part that gets captured) and, if needed, ``sniff_size(state_dict)``. Everything else -
+predict, checkpoints, graphs - is shared and delegates to ``engine/`` and ``graphs/``.
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from ..graphs.runner import GraphRunner
+from .common.names import normalize_names
+
+log = logging.getLogger("libreyolo")
+
+SCHEMA_VERSION = "1.0"
+
+
+def select_device(device: str | torch.device | int | None = "auto") -> torch.device:
+    """'auto' -> cuda if available else cpu; also accepts 'cpu', 'cuda', 'cuda:1', 0, '0'."""
+    if device is None or (isinstance(device, str) and device.lower() == "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if isinstance(device, int) or (isinstance(device, str) and device.isdigit()):
+        device = f"cuda:{int(device)}"
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"device '{device}' was asked for, but this machine has no CUDA GPU "
+                           "(torch.cuda.is_available() is False); use device='cpu' or 'auto'")
+    return dev
+
+
+class Model:
+    """A vision model: its network (``.model``) plus pre/post-processing and graphs."""
+
+    FAMILY: ClassVar[str] = ""
+    TASK: ClassVar[str] = "detect"
+    SIZES: ClassVar[tuple[str, ...]] = ()
+    FILE_PREFIX: ClassVar[str] = ""
+    SUPPORTS_CUDA_GRAPH: ClassVar[bool] = False
+    SUPPORTS_CUDA_GRAPH_TRAIN: ClassVar[bool] = False
+    STRIDE: ClassVar[int] = 32
+    DEFAULT_IMGSZ: ClassVar[int] = 640
+    UNSUPPORTED_REASON: ClassVar[str | None] = None
+
+    # ------------------------------------------------------------ family hooks
+    @classmethod
+    def build_network(cls, size: str, nc: int) -> nn.Module:
+        raise NotImplementedError(f"{cls.__name__} must implement build_network")
+
+    def infer(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Letterboxed float batch -> fixed-shape outputs (the capturable part)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement infer")
+
+    @classmethod
+    def sniff_size(cls, state_dict: dict[str, torch.Tensor], nc: int) -> str | None:
+        """The size whose parameter shapes match ``state_dict`` (built on the meta device)."""
+        for size in cls.SIZES:
+            with torch.device("meta"):
+                net = cls.build_network(size, nc)
+            ref = net.state_dict()
+            if ref.keys() == state_dict.keys() and all(
+                    ref[k].shape == state_dict[k].shape for k in ref):
+                return size
+        return None
+
+    @classmethod
+    def owns_state_dict(cls, state_dict: dict[str, torch.Tensor]) -> bool:
+        return False
+
+    @classmethod
+    def nc_from_state_dict(cls, state_dict: dict[str, torch.Tensor]) -> int | None:
+        return None
+
+    # ------------------------------------------------------------ construction
+    def __init__(self, net: nn.Module, *, size: str, nc: int, names: Any = None,
+                 imgsz: int | None = None, device: Any = "auto", trained: bool = True,
+                 source: str | None = None, meta: dict | None = None):
+        self.model = net
+        self.size = size
+        self.nc = int(nc)
+        self.names = normalize_names(names, self.nc)
+        self.imgsz = int(imgsz or self.DEFAULT_IMGSZ)
+        self.trained = trained
+        self.source = source
+        self.meta = dict(meta or {})
+        self.fused = False
+        self.device = select_device(device)
+        self.model.to(self.device).eval()
+        self._runner = GraphRunner(self.model, self.FAMILY, self.SUPPORTS_CUDA_GRAPH,
+                                   unsupported_reason=self.UNSUPPORTED_REASON)
+        self._predictor = None
+
+    @classmethod
+    def new(cls, size: str, nc: int = 80, names: Any = None, *, imgsz: int | None = None,
+            device: Any = "auto", seed: int | None = None) -> "Model":
+        """An untrained (randomly initialised) model, built explicitly from its size."""
+        if size not in cls.SIZES:
+            raise ValueError(f"unknown size {size!r} for {cls.FAMILY}; sizes: {', '.join(cls.SIZES)}")
+        if seed is not None:
+            torch.manual_seed(seed)
+        return cls(cls.build_network(size, nc), size=size, nc=nc, names=names, imgsz=imgsz,
+                   device=device, trained=False, source=f"untrained {cls.FAMILY}-{size}")
+
+    @classmethod
+    def from_checkpoint(cls, ckpt: dict, *, size: str | None = None, device: Any = "auto",
+                        source: str | None = None) -> "Model":
+        sd = ckpt["model"]
+        nc = int(ckpt.get("nc") or cls.nc_from_state_dict(sd) or 80)
+        size = ckpt.get("size") or size or cls.sniff_size(sd, nc)
+        if size is None:
+            raise ValueError(f"{source or 'checkpoint'}: its tensors match no {cls.FAMILY} size "
+                             f"({', '.join(cls.SIZES)}) with nc={nc}")
+        if size not in cls.SIZES:
+            raise ValueError(f"{source or 'checkpoint'}: unknown {cls.FAMILY} size {size!r}")
+        net = cls.build_network(size, nc)
+        _load_strict(net, sd, f"{cls.FAMILY}-{size}", source)
+        meta = {k: v for k, v in ckpt.items() if k != "model"}
+        return cls(net, size=size, nc=nc, names=ckpt.get("names"), imgsz=ckpt.get("imgsz"),
+                   device=device, trained=True, source=source, meta=meta)
+
+    # ---------------------------------------------------------------- plumbing
+    def __repr__(self) -> str:
+        n = sum(p.numel() for p in self.model.parameters())
+        state = "trained" if self.trained else "UNTRAINED"
+        return (f"{type(self).__name__}({self.FAMILY}-{self.size}, task={self.TASK}, nc={self.nc}, "
+                f"params={n:,}, device={self.device}, {state}{', fused' if self.fused else ''})")
+
+    def to(self, device: Any) -> "Model":
+        """Move the model; graphs of the old placement are released automatically."""
+        self.device = select_device(device)
+        self.model.to(self.device)
+        return self
+
+    def cpu(self) -> "Model":
+        return self.to("cpu")
+
+    def cuda(self, index: int = 0) -> "Model":
+        return self.to(f"cuda:{index}")
+
+    def fuse(self) -> "Model":
+        """Fold BatchNorm into convolutions and re-parameterize Rep blocks (inference only).
+
+        Stale graphs are released automatically (the parameter fingerprint changes).
+        """
+        if not self.fused:
+            fuse = getattr(self.model, "fuse", None)
+            if fuse is None:
+                raise NotImplementedError(f"{self.FAMILY} has no fuse()")
+            fuse()
+            self.model.to(self.device).eval()
+            self.fused = True
+        return self
+
+    def checkpoint(self) -> dict:
+        """The LibreYOLO checkpoint dict of this model (CPU tensors)."""
+        if self.fused:
+            raise ValueError("a fused model cannot be saved in the LibreYOLO layout (BatchNorm was folded "
+                             "away); save before calling fuse()")
+        from .. import __version__
+        sd = {k: v.detach().to("cpu").clone() for k, v in self.model.state_dict().items()}
+        ckpt = {"model": sd, "schema_version": SCHEMA_VERSION, "libreyolo_version": __version__,
+                "model_family": self.FAMILY, "size": self.size, "task": self.TASK, "nc": self.nc,
+                "names": dict(self.names), "imgsz": self.imgsz, "letterbox_pad": "topleft"}
+        for k, v in self.meta.items():
+            ckpt.setdefault(k, v)
+        return ckpt
+
+    def save(self, path: str | Path) -> Path:
+        """Write the checkpoint atomically (temp file + rename); returns the path."""
+        from ..weights import save_checkpoint
+        return save_checkpoint(self.checkpoint(), path)
+
+    def load_state_dict(self, state_dict: dict[str, torch.Tensor]) -> "Model":
+        """Load new weights in place (stale graphs are released automatically)."""
+        _load_strict(self.model, state_dict, f"{self.FAMILY}-{self.size}", None)
+        self.trained = True
+        return self
+
+    # ------------------------------------------------------------------ graphs
+    def capture_graph(self, imgsz: int | None = None, batch: int = 1, dtype: torch.dtype | None = None,
+                      source_shape: tuple[int, int] | None = None) -> dict:
+        """Capture the inference graph now rather than on first use.
+
+        Without ``source_shape`` the network stage for (batch, 3, imgsz, imgsz) is captured;
+        with it, the stage that also letterboxes uint8 images of that (h, w) on the GPU.
+        ``dtype`` float16/bfloat16 captures under autocast (use the same ``amp`` in predict).
+        """
+        return self._get_predictor().capture(imgsz=imgsz, batch=batch, dtype=dtype, source_shape=source_shape)
+
+    def graph_info(self) -> dict:
+        """Family, support, mode, each graph (signature, capture ms, replays), fallbacks, memory."""
+        info = self._runner.info()
+        info["device"] = str(self.device)
+        return info
+
+    def release_graphs(self) -> int:
+        """Free every captured graph; returns how many were released."""
+        return self._runner.release()
+
+    # ----------------------------------------------------------------- predict
+    def _get_predictor(self):
+        if self._predictor is None:
+            from ..engine.predictor import Predictor
+            self._predictor = Predictor(self)
+        return self._predictor
+
+    def predict(self, source: Any, **kwargs) -> list:
+        """Run inference; see :meth:`libreyolo.engine.predictor.Predictor.__call__` for options."""
+        return self._get_predictor()(source, **kwargs)
+
+    __call__ = predict
+
+
+def _load_strict(net: nn.Module, sd: dict, what: str, source: str | None) -> None:
+    ref = net.state_dict()
+    missing = [k for k in ref if k not in sd]
+    unexpected = [k for k in sd if k not in ref]
+    bad = [f"{k}: checkpoint {tuple(sd[k].shape)} vs model {tuple(ref[k].shape)}"
+           for k in ref if k in sd and tuple(sd[k].shape) != tuple(ref[k].shape)]
+    if missing or unexpected or bad:
+        parts = []
+        if missing:
+            parts.append(f"{len(missing)} missing (e.g. {', '.join(missing[:3])})")
+        if unexpected:
+            parts.append(f"{len(unexpected)} unexpected (e.g. {', '.join(unexpected[:3])})")
+        if bad:
+            parts.append(f"{len(bad)} with the wrong shape (e.g. {'; '.join(bad[:3])})")
+        raise ValueError(f"{source or 'state dict'} does not match {what}: " + ", ".join(parts))
+    net.load_state_dict(sd, strict=True)

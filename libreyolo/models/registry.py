@@ -1,0 +1,67 @@
+"""Family name -> class; sizes; file-name and state-dict sniffing.
+
+Adding a family is one import and one line in ``FAMILIES``.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from .base import Model
+from .yolo9.model import Yolo9
+
+FAMILIES: dict[str, type[Model]] = {
+    "yolo9": Yolo9,
+}
+
+
+def get_family(name: str) -> type[Model]:
+    key = name.lower().replace("_", "").replace("-", "")
+    for fam, cls in FAMILIES.items():
+        if fam.replace("_", "") == key:
+            return cls
+    raise ValueError(f"unknown model family {name!r}; known families: {', '.join(FAMILIES)}")
+
+
+def parse_spec(text: str) -> tuple[type[Model], str] | None:
+    """'yolo9t', 'yolo9-t', 'LibreYOLO9t', 'LibreYOLO9t.pt' -> (Yolo9, 't'); else None."""
+    stem = Path(str(text)).name
+    stem = re.sub(r"\.(pt|pth|safetensors)$", "", stem, flags=re.IGNORECASE)
+    low = stem.lower()
+    for cls in sorted(FAMILIES.values(), key=lambda c: -len(c.FAMILY)):
+        prefixes = {cls.FAMILY.lower(), cls.FILE_PREFIX.lower()}
+        for prefix in sorted(prefixes, key=len, reverse=True):
+            if prefix and low.startswith(prefix):
+                rest = low[len(prefix):].lstrip("-_")
+                for size in sorted(cls.SIZES, key=len, reverse=True):
+                    if rest == size.lower():
+                        return cls, size
+    return None
+
+
+def family_for_checkpoint(ckpt: dict, filename: str | None) -> tuple[type[Model], str | None, str]:
+    """Pick the family: metadata first, then the file name, then the state-dict keys.
+
+    Returns (class, size or None, how it was decided).
+    """
+    fam = ckpt.get("model_family")
+    if fam:
+        return get_family(str(fam)), ckpt.get("size"), "metadata"
+    if filename:
+        hit = parse_spec(filename)
+        if hit:
+            return hit[0], hit[1], "file name"
+    sd = ckpt["model"]
+    for cls in FAMILIES.values():
+        if cls.owns_state_dict(sd):
+            return cls, None, "state-dict keys"
+    raise ValueError(f"cannot tell which model family {filename or 'this checkpoint'} holds: no "
+                     f"'model_family' metadata, an unrecognised file name and unrecognised state-dict keys "
+                     f"(known families: {', '.join(FAMILIES)})")
+
+
+def list_models() -> list[dict]:
+    """Every family and size with its task and graph support."""
+    return [{"family": f, "sizes": list(c.SIZES), "task": c.TASK, "file_prefix": c.FILE_PREFIX,
+             "cuda_graph": c.SUPPORTS_CUDA_GRAPH, "cuda_graph_train": c.SUPPORTS_CUDA_GRAPH_TRAIN}
+            for f, c in FAMILIES.items()]

@@ -1,0 +1,40 @@
+"""YOLOv9 declarations and its capturable inference stage."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..base import Model
+from .nn import CONFIGS, Yolo9Net
+
+
+class Yolo9(Model):
+    """YOLOv9 (GELAN) detector, sizes t, s, m, c."""
+
+    FAMILY = "yolo9"
+    TASK = "detect"
+    SIZES = tuple(CONFIGS)
+    FILE_PREFIX = "LibreYOLO9"
+    SUPPORTS_CUDA_GRAPH = False  # set only once the parity protocol has passed on a GPU
+
+    @classmethod
+    def build_network(cls, size: str, nc: int) -> nn.Module:
+        return Yolo9Net(size, nc)
+
+    @classmethod
+    def owns_state_dict(cls, state_dict) -> bool:
+        return ("backbone.elan1.cv1.conv.weight" in state_dict
+                and "neck.elan_down2.cv4.conv.weight" in state_dict
+                and "head.cv3.0.2.weight" in state_dict)
+
+    @classmethod
+    def nc_from_state_dict(cls, state_dict) -> int | None:
+        w = state_dict.get("head.cv3.0.2.weight")
+        return int(w.shape[0]) if w is not None else None
+
+    def infer(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(B, 3, S, S) -> boxes (B, N, 4) xyxy in canvas pixels, best score (B, N), class (B, N)."""
+        pred = self.model(x)["predictions"].float()
+        boxes = pred[:, :4].transpose(1, 2)
+        scores, cls = pred[:, 4:].max(1)
+        return boxes, scores, cls

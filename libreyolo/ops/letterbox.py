@@ -1,0 +1,55 @@
+"""Letterbox in torch, so it runs on the GPU (and inside a captured graph).
+
+The image is scaled to fit an ``imgsz`` x ``imgsz`` square keeping its aspect ratio,
+placed at the top-left corner (the LibreYOLO checkpoint convention ``letterbox_pad:
+topleft``) and the rest is filled with grey 114. Output is float RGB in [0, 1], NCHW.
+Because the padding is at the top-left, mapping boxes back is a single division.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+PAD_VALUE = 114.0
+
+
+@dataclass(frozen=True)
+class LetterboxParams:
+    """How an (h, w) image lands on the square canvas: scale and resized size."""
+
+    size: int
+    scale: float
+    new_h: int
+    new_w: int
+
+
+def letterbox_params(h: int, w: int, size: int) -> LetterboxParams:
+    if h <= 0 or w <= 0:
+        raise ValueError(f"cannot letterbox an empty image of size {h}x{w}")
+    scale = min(size / h, size / w)
+    new_h = max(1, min(size, int(round(h * scale))))
+    new_w = max(1, min(size, int(round(w * scale))))
+    return LetterboxParams(size, scale, new_h, new_w)
+
+
+def letterbox(images_u8: torch.Tensor, size: int) -> torch.Tensor:
+    """(B, H, W, 3) uint8 RGB -> (B, 3, size, size) float32 in [0, 1], image at top-left."""
+    if images_u8.dim() != 4 or images_u8.shape[-1] != 3:
+        raise ValueError(f"letterbox expects (B, H, W, 3) images, got shape {tuple(images_u8.shape)}")
+    _, h, w, _ = images_u8.shape
+    p = letterbox_params(h, w, size)
+    x = images_u8.permute(0, 3, 1, 2).float()
+    if (p.new_h, p.new_w) != (h, w):
+        x = F.interpolate(x, size=(p.new_h, p.new_w), mode="bilinear", align_corners=False)
+    if (p.new_h, p.new_w) != (size, size):
+        x = F.pad(x, (0, size - p.new_w, 0, size - p.new_h), value=PAD_VALUE)
+    return x.div_(255.0)
+
+
+def unletterbox_boxes(boxes: torch.Tensor, sx: float, sy: float, h: int, w: int) -> torch.Tensor:
+    """Map xyxy boxes (n, >=4) from the canvas back to an (h, w) image and clip, in place."""
+    boxes[:, 0:4:2] = (boxes[:, 0:4:2] / sx).clamp_(0, w)
+    boxes[:, 1:4:2] = (boxes[:, 1:4:2] / sy).clamp_(0, h)
+    return boxes

@@ -1,0 +1,354 @@
+"""Prediction results: :class:`Boxes` (detections of one image) and :class:`Results` (one image).
+
+``Boxes`` wraps an (n, 6) ``x1, y1, x2, y2, conf, cls`` array in original-image pixels and derives
+the other box formats on demand; it works the same whether the data is a torch tensor (any device)
+or, after :meth:`Boxes.numpy`, a numpy array. ``Results`` pairs the boxes with the original image
+and offers the user-facing outputs: a JSON summary, an annotated image, saving and showing.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image, ImageDraw, ImageFont
+
+__all__ = ["Boxes", "Results", "PALETTE", "class_color"]
+
+#: Fixed per-class colours (RGB), picked to be distinguishable on photos; class k uses PALETTE[k % 20].
+PALETTE: tuple[tuple[int, int, int], ...] = (
+    (230, 57, 70), (255, 140, 0), (240, 200, 20), (60, 180, 75), (0, 170, 170),
+    (30, 144, 255), (90, 80, 220), (170, 60, 200), (240, 80, 160), (128, 128, 0),
+    (0, 128, 96), (200, 100, 60), (110, 200, 240), (160, 220, 60), (255, 110, 110),
+    (70, 70, 160), (200, 160, 255), (150, 75, 0), (0, 210, 120), (120, 120, 120),
+)
+
+
+def class_color(cls: int) -> tuple[int, int, int]:
+    """The drawing colour of class ``cls`` (stable across runs and images)."""
+    return PALETTE[int(cls) % len(PALETTE)]
+
+
+def _empty_like(x: torch.Tensor | np.ndarray) -> torch.Tensor | np.ndarray:
+    return torch.empty_like(x) if isinstance(x, torch.Tensor) else np.empty_like(x)
+
+
+class Boxes:
+    """Detections of one image: ``data`` is (n, 6) ``x1, y1, x2, y2, conf, cls`` in pixels.
+
+    ``orig_shape`` is the (height, width) of the original image, used by the normalized formats.
+    Indexing (int, slice, bool mask or index array) returns a new ``Boxes``, always 2-D.
+    """
+
+    def __init__(self, data: torch.Tensor | np.ndarray, orig_shape: tuple[int, int]):
+        if not isinstance(data, (torch.Tensor, np.ndarray)):
+            raise TypeError(f"Boxes data must be a torch tensor or numpy array, got {type(data).__name__}")
+        if data.ndim != 2 or data.shape[1] != 6:
+            raise ValueError(
+                f"Boxes data must have shape (n, 6) = x1, y1, x2, y2, conf, cls; got {tuple(data.shape)}"
+            )
+        self._data = data
+        self._orig_shape = (int(orig_shape[0]), int(orig_shape[1]))
+
+    # ---- raw fields ----------------------------------------------------------------------------
+    @property
+    def data(self) -> torch.Tensor | np.ndarray:
+        """The (n, 6) array: x1, y1, x2, y2, conf, cls."""
+        return self._data
+
+    @property
+    def orig_shape(self) -> tuple[int, int]:
+        """(height, width) of the image the boxes refer to."""
+        return self._orig_shape
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Shape of ``data``: (n, 6)."""
+        return tuple(self._data.shape)
+
+    @property
+    def xyxy(self) -> torch.Tensor | np.ndarray:
+        """(n, 4) corners x1, y1, x2, y2 in pixels (a view of ``data``)."""
+        return self._data[:, :4]
+
+    @property
+    def conf(self) -> torch.Tensor | np.ndarray:
+        """(n,) confidence scores."""
+        return self._data[:, 4]
+
+    @property
+    def cls(self) -> torch.Tensor | np.ndarray:
+        """(n,) class indices (stored as floats, like the rest of ``data``)."""
+        return self._data[:, 5]
+
+    # ---- derived formats -----------------------------------------------------------------------
+    @property
+    def xywh(self) -> torch.Tensor | np.ndarray:
+        """(n, 4) centre x, centre y, width, height in pixels (a new array)."""
+        b = self.xyxy
+        out = _empty_like(b)
+        out[:, 0] = (b[:, 0] + b[:, 2]) / 2
+        out[:, 1] = (b[:, 1] + b[:, 3]) / 2
+        out[:, 2] = b[:, 2] - b[:, 0]
+        out[:, 3] = b[:, 3] - b[:, 1]
+        return out
+
+    def _normalize(self, b: torch.Tensor | np.ndarray) -> torch.Tensor | np.ndarray:
+        h, w = self._orig_shape
+        scale = [w, h, w, h]
+        if isinstance(b, torch.Tensor):
+            dtype = b.dtype if b.dtype.is_floating_point else torch.float32
+            return b.to(dtype) / torch.tensor(scale, dtype=dtype, device=b.device)
+        dtype = b.dtype if b.dtype.kind == "f" else np.float64
+        return b.astype(dtype, copy=False) / np.asarray(scale, dtype=dtype)
+
+    @property
+    def xyxyn(self) -> torch.Tensor | np.ndarray:
+        """(n, 4) corners divided by the image width/height, so in [0, 1] for boxes inside it."""
+        return self._normalize(self.xyxy)
+
+    @property
+    def xywhn(self) -> torch.Tensor | np.ndarray:
+        """(n, 4) centre x, centre y, width, height divided by the image width/height."""
+        return self._normalize(self.xywh)
+
+    # ---- container protocol and conversions ----------------------------------------------------
+    def __len__(self) -> int:
+        return int(self._data.shape[0])
+
+    def __getitem__(self, index: Any) -> "Boxes":
+        data = self._data
+        if isinstance(data, torch.Tensor) and isinstance(index, np.ndarray):
+            index = torch.as_tensor(index, device=data.device)
+        elif isinstance(data, torch.Tensor) and isinstance(index, torch.Tensor):
+            index = index.to(data.device)
+        elif isinstance(data, np.ndarray) and isinstance(index, torch.Tensor):
+            index = index.detach().cpu().numpy()
+        picked = data[index]
+        if picked.ndim == 1:  # an integer index: keep the (1, 6) layout
+            picked = picked[None]
+        return Boxes(picked, self._orig_shape)
+
+    def cpu(self) -> "Boxes":
+        """The same boxes with tensor data on the CPU (numpy data is returned as is)."""
+        data = self._data.cpu() if isinstance(self._data, torch.Tensor) else self._data
+        return Boxes(data, self._orig_shape)
+
+    def numpy(self) -> "Boxes":
+        """The same boxes with data as a numpy array (all properties then return numpy)."""
+        data = self._data
+        if isinstance(data, torch.Tensor):
+            data = data.detach().cpu().numpy()
+        return Boxes(data, self._orig_shape)
+
+    def to(self, *args: Any, **kwargs: Any) -> "Boxes":
+        """Move/cast the data like ``torch.Tensor.to`` (numpy data is turned into a tensor first)."""
+        data = self._data
+        if isinstance(data, np.ndarray):
+            data = torch.from_numpy(np.ascontiguousarray(data))
+        return Boxes(data.to(*args, **kwargs), self._orig_shape)
+
+    def __repr__(self) -> str:
+        if isinstance(self._data, torch.Tensor):
+            where = f"tensor on {self._data.device}"
+        else:
+            where = "numpy"
+        return (
+            f"Boxes(n={len(self)}, orig_shape={self._orig_shape}, {where}, dtype={self._data.dtype})\n"
+            f"data (x1, y1, x2, y2, conf, cls):\n{self._data}"
+        )
+
+
+def _to_numpy_image(img: torch.Tensor | np.ndarray) -> np.ndarray:
+    if isinstance(img, torch.Tensor):
+        img = img.detach().cpu().numpy()
+    if not isinstance(img, np.ndarray):
+        raise TypeError(f"orig_img must be a numpy array or torch tensor, got {type(img).__name__}")
+    if img.ndim != 3 or img.shape[2] != 3 or img.dtype != np.uint8:
+        raise ValueError(
+            f"orig_img must be HxWx3 uint8 RGB, got shape {tuple(img.shape)} and dtype {img.dtype}"
+        )
+    return img
+
+
+@functools.lru_cache(maxsize=16)
+def _font(size: int) -> ImageFont.ImageFont | ImageFont.FreeTypeFont:
+    """PIL's bundled font at ``size`` px; the fixed-size bitmap font on Pillow < 10.1."""
+    try:
+        return ImageFont.load_default(size=size)
+    except TypeError:  # Pillow < 10.1: no size argument
+        return ImageFont.load_default()
+
+
+class Results:
+    """The prediction for one image.
+
+    Attributes: ``orig_img`` (HxWx3 uint8 RGB numpy), ``orig_shape`` (h, w), ``path`` (file path or
+    ``imageN``), ``names`` (class index -> name), ``boxes`` (:class:`Boxes` or None) and ``speed``
+    (milliseconds per stage: ``preprocess``, ``inference``, ``postprocess``; None when not measured).
+    """
+
+    def __init__(
+        self,
+        orig_img: np.ndarray | torch.Tensor,
+        path: str,
+        names: dict[int, str],
+        boxes: Boxes | None,
+        speed: dict[str, float] | None = None,
+    ):
+        self.orig_img: np.ndarray = _to_numpy_image(orig_img)
+        self.orig_shape: tuple[int, int] = (int(self.orig_img.shape[0]), int(self.orig_img.shape[1]))
+        self.path = str(path)
+        # A list of names (index = class) is accepted too, as checkpoints sometimes store one.
+        self.names = dict(enumerate(names)) if isinstance(names, (list, tuple)) else dict(names)
+        self.boxes = boxes
+        self.speed: dict[str, float | None] = (
+            dict(speed) if speed is not None
+            else {"preprocess": None, "inference": None, "postprocess": None}
+        )
+
+    def __len__(self) -> int:
+        return 0 if self.boxes is None else len(self.boxes)
+
+    def __repr__(self) -> str:
+        return (
+            f"Results(path={self.path!r}, orig_shape={self.orig_shape}, boxes={len(self)}, "
+            f"classes={len(self.names)}, speed={self.speed})"
+        )
+
+    def _with_boxes(self, boxes: Boxes | None) -> "Results":
+        return Results(self.orig_img, self.path, self.names, boxes, self.speed)
+
+    def cpu(self) -> "Results":
+        """The same result with the boxes' data on the CPU."""
+        return self._with_boxes(None if self.boxes is None else self.boxes.cpu())
+
+    def numpy(self) -> "Results":
+        """The same result with the boxes' data as numpy arrays."""
+        return self._with_boxes(None if self.boxes is None else self.boxes.numpy())
+
+    def to(self, *args: Any, **kwargs: Any) -> "Results":
+        """The same result with the boxes' data moved/cast like ``torch.Tensor.to``."""
+        return self._with_boxes(None if self.boxes is None else self.boxes.to(*args, **kwargs))
+
+    def _rows(self) -> np.ndarray:
+        """Box data as a float64 (n, 6) numpy array, fetched from the device once."""
+        if self.boxes is None:
+            return np.zeros((0, 6), dtype=np.float64)
+        data = self.boxes.data
+        if isinstance(data, torch.Tensor):
+            data = data.detach().float().cpu().numpy()
+        return np.asarray(data, dtype=np.float64)
+
+    def _name(self, cls: int) -> str:
+        return self.names.get(cls, str(cls))
+
+    def summary(self, normalize: bool = False, decimals: int = 5) -> list[dict[str, Any]]:
+        """One dict per box: name, class, confidence and box corners (plain Python numbers).
+
+        ``normalize=True`` divides the corners by the image width/height.
+        """
+        h, w = self.orig_shape
+        out = []
+        for x1, y1, x2, y2, conf, cls in self._rows():
+            if normalize:
+                x1, x2, y1, y2 = x1 / w, x2 / w, y1 / h, y2 / h
+            c = int(cls)
+            out.append({
+                "name": self._name(c),
+                "class": c,
+                "confidence": round(float(conf), decimals),
+                "box": {
+                    "x1": round(float(x1), decimals),
+                    "y1": round(float(y1), decimals),
+                    "x2": round(float(x2), decimals),
+                    "y2": round(float(y2), decimals),
+                },
+            })
+        return out
+
+    def to_json(self, normalize: bool = False, decimals: int = 5) -> str:
+        """:meth:`summary` as a JSON string."""
+        return json.dumps(self.summary(normalize=normalize, decimals=decimals))
+
+    def plot(
+        self,
+        line_width: int | None = None,
+        font_size: float | None = None,
+        labels: bool = True,
+        conf: bool = True,
+    ) -> np.ndarray:
+        """Draw the boxes on a copy of ``orig_img`` and return it (HxWx3 uint8 RGB).
+
+        Each class has its own palette colour. With ``labels`` a filled tag ``"name 0.87"`` (or just
+        the name when ``conf`` is False) sits above the box, or just inside it when the box touches
+        the top edge. ``line_width``/``font_size`` default to values scaled to the image size.
+        """
+        h, w = self.orig_shape
+        lw = int(line_width) if line_width is not None else max(2, round((h + w) / 2 * 0.003))
+        lw = max(1, lw)
+        fs = int(round(font_size)) if font_size is not None else max(12, round((h + w) / 2 * 0.02))
+        image = Image.fromarray(self.orig_img.copy())
+        draw = ImageDraw.Draw(image)
+        font = _font(max(1, fs))
+        pad = max(1, lw // 2 + 1)
+        text_h = font.getbbox("Agy|")[3]
+
+        for x1, y1, x2, y2, score, cls in self._rows():
+            if not np.all(np.isfinite([x1, y1, x2, y2])):
+                continue
+            # Clip to the image and order the corners so PIL never sees an inverted rectangle.
+            xa, xb = sorted((min(max(x1, 0.0), w - 1.0), min(max(x2, 0.0), w - 1.0)))
+            ya, yb = sorted((min(max(y1, 0.0), h - 1.0), min(max(y2, 0.0), h - 1.0)))
+            color = class_color(int(cls))
+            draw.rectangle((xa, ya, xb, yb), outline=color, width=lw)
+            if not labels:
+                continue
+            text = f"{self._name(int(cls))} {score:.2f}" if conf else self._name(int(cls))
+            tw = draw.textlength(text, font=font)
+            tag_w, tag_h = tw + 2 * pad, text_h + 2 * pad
+            tx = min(xa, max(0.0, w - tag_w))  # keep the tag inside the right edge
+            ty = ya - tag_h if ya - tag_h >= 0 else ya  # above the box, else just inside it
+            draw.rectangle((tx, ty, tx + tag_w - 1, ty + tag_h - 1), fill=color)
+            luminance = 0.299 * color[0] + 0.587 * color[1] + 0.114 * color[2]
+            ink = (0, 0, 0) if luminance > 150 else (255, 255, 255)
+            draw.text((tx + pad, ty + pad), text, fill=ink, font=font)
+        return np.array(image, dtype=np.uint8)
+
+    def _default_filename(self) -> str:
+        stem = Path(self.path).stem or "image"
+        return f"{stem}_pred.jpg"
+
+    def save(self, filename: str | os.PathLike | None = None) -> str:
+        """Write :meth:`plot` to ``filename`` and return the path written.
+
+        The default is ``<input stem>_pred.jpg`` in the current directory. The format follows the
+        suffix; parent directories are created; the file appears atomically (written to a temporary
+        file in the same directory, then renamed), so readers never see a half-written image.
+        """
+        path = Path(filename) if filename is not None else Path(self._default_filename())
+        fmt = Image.registered_extensions().get(path.suffix.lower())
+        if fmt is None:
+            raise ValueError(f"cannot save '{path}': unknown image format for suffix '{path.suffix}'")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        image = Image.fromarray(self.plot())
+        options = {"quality": 95} if fmt == "JPEG" else {}
+        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
+        try:
+            with open(tmp, "xb") as f:  # "x": never clobber; mode follows the umask like a normal file
+                image.save(f, format=fmt, **options)
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        return str(path)
+
+    def show(self) -> None:
+        """Open the annotated image in the system's image viewer (PIL ``Image.show``)."""
+        Image.fromarray(self.plot()).show(title=Path(self.path).name or None)

@@ -1,0 +1,434 @@
+"""Checkpoint files: load, save and locate LibreYOLO weights.
+
+A LibreYOLO checkpoint is a plain dict ``{"model": state_dict, "model_family": ..., "size": ...,
+"task": ..., "nc": ..., "names": {0: "person", ...}, "imgsz": ..., ...}``.  This module is the only
+place that touches checkpoint files, so the safety rules live here once:
+
+* loading never unpickles arbitrary objects (``torch.load(..., weights_only=True)`` or safetensors);
+* saving is atomic (temp file in the target directory, fsync, ``os.replace``), so a crash or an
+  exception never leaves a half-written checkpoint where a good one used to be;
+* a missing weight file is an error that says where we looked and how to get weights; it is never
+  silently replaced by a random initialisation.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = [
+    "load_checkpoint",
+    "save_checkpoint",
+    "weights_dir",
+    "resolve_weights",
+    "default_repo_for",
+    "downloads_allowed",
+]
+
+logger = logging.getLogger("libreyolo")
+
+#: Organisation on the Hugging Face hub that publishes LibreYOLO weights, one repo per weight file.
+HF_ORG = "LibreYOLO"
+
+#: Key of the safetensors header metadata entry holding the non-tensor checkpoint fields (JSON).
+SAFETENSORS_META_KEY = "libreyolo"
+#: Key of the safetensors header metadata entry holding the state-dict key order (JSON list).
+_SAFETENSORS_ORDER_KEY = "libreyolo.keys"
+
+_TRUE = {"1", "true", "yes", "on"}
+_SAFETENSORS_SUFFIX = ".safetensors"
+_STATE_DICT_KEYS = ("model", "state_dict")  # accepted spellings; normalised to "model"
+
+
+# --------------------------------------------------------------------------------------------------
+# Loading
+# --------------------------------------------------------------------------------------------------
+
+
+def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Load a checkpoint file into a dict whose ``"model"`` entry is a state dict of tensors.
+
+    ``.safetensors`` files are read with safetensors (metadata from the header); anything else goes
+    through ``torch.load(weights_only=True)`` so a malicious pickle cannot run code. A bare state
+    dict is wrapped as ``{"model": sd}``. Raises ``FileNotFoundError`` for a missing file and
+    ``ValueError`` (naming the file) for anything that is not a loadable checkpoint.
+    """
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise FileNotFoundError(f"checkpoint not found: '{path}'")
+    if path.is_dir():
+        raise ValueError(f"cannot load checkpoint '{path}': it is a directory, not a file")
+
+    if path.suffix.lower() == _SAFETENSORS_SUFFIX:
+        raw = _load_safetensors(path)
+    else:
+        raw = _load_torch(path)
+    return _normalize_checkpoint(raw, path)
+
+
+def _load_torch(path: Path) -> Any:
+    """``torch.load`` restricted to tensors and plain containers; errors become ``ValueError``."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # corrupt zip, truncated file, refused pickle, ...
+        refused, detail = _explain_torch_load_error(exc)
+        if refused:
+            what = f"it holds a pickled Python object that is not allowed ({detail})"
+            hint = (
+                "If the file comes from a trusted source, load it yourself and re-save its state dict "
+                "and plain metadata with libreyolo.weights.save_checkpoint."
+            )
+        else:
+            what = f"not a readable checkpoint ({detail})"
+            hint = "The file may be corrupt or truncated; download or save it again."
+        raise ValueError(
+            f"cannot load checkpoint '{path}': {what}. Only tensors and plain containers (dict, list, "
+            "tuple, str, int, float, bool, None) are accepted: checkpoints are read with "
+            f"torch.load(weights_only=True) so that a file cannot run code. {hint}"
+        ) from exc
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_TORCH_BOILERPLATE = ("weights only load failed", "check the documentation", "please file an issue", "in pytorch 2.6")
+
+
+def _explain_torch_load_error(exc: BaseException) -> tuple[bool, str]:
+    """(was a disallowed object refused?, the informative line of torch's long error message)."""
+    lines = [ln.strip() for ln in _ANSI.sub("", str(exc)).splitlines() if ln.strip()]
+    for line in lines:
+        if "GLOBAL" in line:  # weights_only met a class/function it will not rebuild
+            line = line.split("WeightsUnpickler error:", 1)[-1].strip()
+            return True, line.split(". ", 1)[0].rstrip(".")
+    useful = [ln for ln in lines if not ln.lower().startswith(_TORCH_BOILERPLATE) and not ln.startswith("(")]
+    detail = (useful[-1] if useful else (lines[0] if lines else "")).split(". ", 1)[0].rstrip(".")
+    return False, f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__
+
+
+def _load_safetensors(path: Path) -> dict[str, Any]:
+    """Read tensors and LibreYOLO metadata from a safetensors file."""
+    safe_open = _import_safetensors().safe_open
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            header = f.metadata() or {}
+            state = {key: f.get_tensor(key) for key in f.keys()}
+    except Exception as exc:
+        raise ValueError(
+            f"cannot load checkpoint '{path}': not a valid safetensors file ({_first_line(exc)}). "
+            "It may be corrupt or truncated; download it again."
+        ) from exc
+
+    try:
+        meta = json.loads(header[SAFETENSORS_META_KEY]) if SAFETENSORS_META_KEY in header else {}
+        order = json.loads(header[_SAFETENSORS_ORDER_KEY]) if _SAFETENSORS_ORDER_KEY in header else None
+    except json.JSONDecodeError as exc:
+        raise ValueError(
+            f"cannot load checkpoint '{path}': its '{SAFETENSORS_META_KEY}' metadata is not valid JSON ({exc})"
+        ) from exc
+    if not isinstance(meta, dict):
+        raise ValueError(f"cannot load checkpoint '{path}': its '{SAFETENSORS_META_KEY}' metadata is not a JSON object")
+
+    # safetensors stores tensors sorted; restore the original state-dict order when it was recorded.
+    if isinstance(order, list) and set(order) == set(state) and len(order) == len(state):
+        state = {key: state[key] for key in order}
+    if isinstance(meta.get("names"), dict):
+        meta["names"] = _int_keys(meta["names"])  # JSON turned the class-index keys into strings
+    meta.pop("model", None)
+    return {"model": state, **meta}
+
+
+def _normalize_checkpoint(raw: Any, path: Path) -> dict[str, Any]:
+    """Return ``raw`` as a checkpoint dict with a tensor state dict under ``"model"``."""
+    if not isinstance(raw, Mapping):
+        raise ValueError(
+            f"cannot load checkpoint '{path}': expected a dict with a 'model' state dict, got {type(raw).__name__}"
+        )
+    if raw and all(isinstance(v, torch.Tensor) for v in raw.values()):
+        return {"model": dict(raw)}  # a bare state dict
+
+    ckpt = dict(raw)
+    for key in _STATE_DICT_KEYS:
+        sd = ckpt.get(key)
+        if isinstance(sd, Mapping) and sd and all(isinstance(v, torch.Tensor) for v in sd.values()):
+            if key != "model":
+                ckpt["model"] = ckpt.pop(key)
+            ckpt["model"] = dict(ckpt["model"])
+            return ckpt
+    raise ValueError(
+        f"cannot load checkpoint '{path}': no state dict found (expected a 'model' entry mapping "
+        f"parameter names to tensors, or a bare state dict); top-level keys: {sorted(map(str, ckpt))[:20]}"
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# Saving
+# --------------------------------------------------------------------------------------------------
+
+
+def save_checkpoint(ckpt: Mapping[str, Any], path: str | os.PathLike[str]) -> Path:
+    """Write ``ckpt`` to ``path`` atomically and return the path.
+
+    The bytes go to a temp file in the same directory, are fsync'ed, then ``os.replace``'d onto the
+    target, so readers see either the old file or the complete new one. On any error the temp file
+    is removed and an existing target is left untouched. A ``.safetensors`` suffix writes
+    safetensors (``ckpt["model"]`` as tensors, the other fields as JSON header metadata); any other
+    suffix uses ``torch.save``. Parent directories are created.
+    """
+    if not isinstance(ckpt, Mapping):
+        raise TypeError(f"save_checkpoint expects a dict, got {type(ckpt).__name__}")
+    path = Path(path).expanduser()
+    path.parent.mkdir(parents=True, exist_ok=True)
+
+    # Build the safetensors payload before touching the disk so a bad checkpoint fails early.
+    payload = _safetensors_bytes(ckpt, path) if path.suffix.lower() == _SAFETENSORS_SUFFIX else None
+    mode = _target_mode(path)
+
+    tmp = tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp", delete=False)
+    try:
+        with tmp:
+            if payload is not None:
+                tmp.write(payload)
+            else:
+                torch.save(dict(ckpt), tmp)
+            tmp.flush()
+            os.fsync(tmp.fileno())
+        os.chmod(tmp.name, mode)
+        os.replace(tmp.name, path)
+    except BaseException:
+        try:
+            os.unlink(tmp.name)
+        except FileNotFoundError:
+            pass
+        raise
+    _fsync_dir(path.parent)
+    return path
+
+
+def _safetensors_bytes(ckpt: Mapping[str, Any], path: Path) -> bytes:
+    """Serialise ``ckpt`` to safetensors bytes: the state dict as tensors, the rest as JSON metadata."""
+    save = _import_safetensors().torch.save
+    sd = None
+    for key in _STATE_DICT_KEYS:
+        if isinstance(ckpt.get(key), Mapping):
+            sd, sd_key = ckpt[key], key
+            break
+    if sd is None or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in sd.items()):
+        raise ValueError(
+            f"cannot save '{path}' as safetensors: the checkpoint needs a 'model' entry mapping names to tensors"
+        )
+    meta = {k: v for k, v in ckpt.items() if k != sd_key}
+    try:
+        meta_json = json.dumps(meta)
+    except (TypeError, ValueError) as exc:
+        bad = [k for k, v in meta.items() if not _json_ok(v)]
+        raise ValueError(
+            f"cannot save '{path}' as safetensors: fields {bad} are not JSON-serialisable ({exc}); "
+            "use a .pt path to keep them"
+        ) from exc
+    header = {
+        SAFETENSORS_META_KEY: meta_json,
+        _SAFETENSORS_ORDER_KEY: json.dumps(list(sd)),
+        "format": "pt",
+    }
+    return save(_standalone_tensors(sd), metadata=header)
+
+
+def _standalone_tensors(sd: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Contiguous CPU tensors that own their memory (safetensors refuses shared storage)."""
+    out: dict[str, torch.Tensor] = {}
+    seen: set[int] = set()
+    for key, tensor in sd.items():
+        t = tensor.detach().to("cpu").contiguous()
+        storage = t.untyped_storage()
+        ptr = storage.data_ptr()
+        shares = ptr in seen or storage.nbytes() != t.numel() * t.element_size()
+        if shares and t.numel() > 0:
+            t = t.clone()
+        seen.add(t.untyped_storage().data_ptr())
+        out[key] = t
+    return out
+
+
+def _target_mode(path: Path) -> int:
+    """File mode for the new file: keep an existing target's mode, else 0o666 minus the umask."""
+    try:
+        return path.stat().st_mode & 0o7777
+    except OSError:
+        return 0o666 & ~_umask()
+
+
+def _umask() -> int:
+    """The process umask, read without changing it where Linux allows, else the common 0o022."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o022
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Persist the rename itself (POSIX); best effort, a no-op where directories cannot be opened."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+# --------------------------------------------------------------------------------------------------
+# Locating and downloading
+# --------------------------------------------------------------------------------------------------
+
+
+def weights_dir() -> Path:
+    """Directory where downloaded weights are cached: ``$LIBREYOLO_WEIGHTS_DIR`` or ``~/.cache/libreyolo/weights``."""
+    env = os.environ.get("LIBREYOLO_WEIGHTS_DIR")
+    if env:
+        return Path(env).expanduser()
+    return Path.home() / ".cache" / "libreyolo" / "weights"
+
+
+def default_repo_for(filename: str | os.PathLike[str]) -> str:
+    """Hub repo that publishes ``filename``: LibreYOLO puts each weight in its own repo named after it.
+
+    ``LibreYOLO9t.pt`` -> ``LibreYOLO/LibreYOLO9t``; ``LibreYOLOXs-seg.pt`` -> ``LibreYOLO/LibreYOLOXs-seg``.
+    """
+    stem = Path(filename).name
+    for suffix in (".pt", ".pth", _SAFETENSORS_SUFFIX):
+        if stem.lower().endswith(suffix) and len(stem) > len(suffix):
+            stem = stem[: -len(suffix)]
+            break
+    return f"{HF_ORG}/{stem}"
+
+
+def downloads_allowed(download: bool | None = None) -> tuple[bool, str]:
+    """Whether a weight download may happen, and a short reason when it may not.
+
+    An explicit ``download`` wins; otherwise downloading is on unless ``LIBREYOLO_OFFLINE`` or
+    ``HF_HUB_OFFLINE`` says offline.
+    """
+    if download is not None:
+        return bool(download), "" if download else "download=False was passed"
+    for var in ("LIBREYOLO_OFFLINE", "HF_HUB_OFFLINE"):
+        value = os.environ.get(var, "")
+        if value.strip().lower() in _TRUE:
+            return False, f"downloads are disabled by {var}={value}"
+    return True, ""
+
+
+def resolve_weights(
+    name_or_path: str | os.PathLike[str],
+    *,
+    download: bool | None = None,
+    repo_id: str | None = None,
+) -> Path:
+    """Find a weight file: the given path, then the weights cache, then the Hugging Face hub.
+
+    Downloads go into :func:`weights_dir` through ``huggingface_hub.hf_hub_download`` (progress bar,
+    atomic rename). The repo is ``repo_id``, else ``$LIBREYOLO_HF_REPO``, else
+    :func:`default_repo_for`. When nothing is found, one ``FileNotFoundError`` lists every place
+    looked and how to get weights; there is never a fallback to random weights.
+    """
+    given = Path(name_or_path).expanduser()
+    if given.exists():
+        return given
+
+    filename = given.name
+    looked: list[str] = [f"{given.absolute()} (the given path): not found"]
+    cached = weights_dir() / filename
+    if cached.is_file():
+        return cached
+    if cached.absolute() != given.absolute():
+        looked.append(f"{cached.absolute()} (weights cache, set LIBREYOLO_WEIGHTS_DIR to change): not found")
+
+    repo = repo_id or os.environ.get("LIBREYOLO_HF_REPO") or default_repo_for(filename)
+    allowed, why_not = downloads_allowed(download)
+    if allowed:
+        try:
+            return _download(repo, filename, cached.parent)
+        except Exception as exc:  # network, 404, auth, disk: all end in the one error below
+            looked.append(f"Hugging Face hub repo '{repo}', file '{filename}': download failed: {_short(exc)}")
+    else:
+        looked.append(f"Hugging Face hub repo '{repo}', file '{filename}': not tried ({why_not})")
+
+    raise FileNotFoundError(
+        f"weights '{name_or_path}' not found. Looked in:\n"
+        + "".join(f"  - {line}\n" for line in looked)
+        + "To get weights:\n"
+        f"  - download the file and pass its path, e.g. LibreYOLO('/path/to/{filename}')\n"
+        "  - or set LIBREYOLO_HF_REPO to a hub repo that holds it (downloads need LIBREYOLO_OFFLINE "
+        "and HF_HUB_OFFLINE unset)\n"
+        '  - or build an untrained model explicitly, e.g. libreyolo.LibreYOLO.new("yolo9", "t")'
+    )
+
+
+def _download(repo: str, filename: str, local_dir: Path) -> Path:
+    """Fetch ``filename`` from hub repo ``repo`` into ``local_dir`` and return its path."""
+    from huggingface_hub import hf_hub_download  # imported lazily: only needed to download
+
+    local_dir.mkdir(parents=True, exist_ok=True)
+    logger.info("downloading %s from Hugging Face hub repo %s into %s", filename, repo, local_dir)
+    result = Path(hf_hub_download(repo_id=repo, filename=filename, local_dir=local_dir))
+    if not result.is_file():
+        raise FileNotFoundError(f"hf_hub_download returned '{result}', which is not a file")
+    return result
+
+
+# --------------------------------------------------------------------------------------------------
+# Small helpers
+# --------------------------------------------------------------------------------------------------
+
+
+def _import_safetensors() -> Any:
+    """Import safetensors on demand so ``.pt`` checkpoints work without it."""
+    try:
+        import safetensors
+        import safetensors.torch  # noqa: F401  (registers the submodule attribute)
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ImportError("reading or writing .safetensors checkpoints needs `pip install safetensors`") from exc
+    return safetensors
+
+
+def _int_keys(d: Mapping[Any, Any]) -> dict[Any, Any]:
+    """Turn decimal-string keys back into ints (JSON object keys are always strings)."""
+    out: dict[Any, Any] = {}
+    for key, value in d.items():
+        if isinstance(key, str) and key.lstrip("-").isdigit():
+            key = int(key)
+        out[key] = value
+    return out
+
+
+def _json_ok(value: Any) -> bool:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+def _short(exc: BaseException, limit: int = 400) -> str:
+    text = " ".join(str(exc).split())
+    if len(text) > limit:
+        text = text[: limit - 3] + "..."
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

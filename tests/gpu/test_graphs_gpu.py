@@ -1,0 +1,171 @@
+"""CUDA-graph inference on a real GPU: parity, invalidation, threads, memory, cache.
+
+Run through scripts/gpu-check on the GPU machine; skipped without CUDA.
+"""
+import json
+import threading
+
+import numpy as np
+import pytest
+import torch
+from fill import fill_state_dict
+from PIL import Image
+from rows import FIXTURES, GRAPH_MODELS
+
+from conftest import FIXTURES_DIR
+from libreyolo import SAMPLE_IMAGE, LibreYOLO
+from libreyolo.engine.verify import verify_model
+
+pytestmark = pytest.mark.cuda
+
+
+def filled_model(family, size, salt=""):
+    """A model with the fixtures' deterministic weights: dense, varied detections."""
+    m = LibreYOLO.new(family, size, device="cuda")
+    name = next((n for f, s, n in FIXTURES if (f, s) == (family, size)), None)
+    if name is None:
+        torch.manual_seed(0)
+        return m
+    fx = json.loads((FIXTURES_DIR / f"{name}.json").read_text())
+    layout = [[salt + n, s, d] for n, s, d in fx["layout"]]
+    sd = fill_state_dict(layout)
+    m.load_state_dict({k[len(salt):]: v for k, v in sd.items()})
+    return m
+
+
+@pytest.fixture(scope="module")
+def images():
+    pil = Image.open(SAMPLE_IMAGE).convert("RGB")
+    return [np.asarray(pil), np.asarray(pil.resize((640, 480))), np.asarray(pil.rotate(180)),
+            np.asarray(pil.resize((333, 517))), np.asarray(pil.transpose(Image.FLIP_LEFT_RIGHT))]
+
+
+def same_results(a, b):
+    return len(a) == len(b) and all(torch.equal(x.boxes.data, y.boxes.data) for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("family,size", GRAPH_MODELS)
+def test_parity_protocol_fp32_and_amp_batch_1_and_8(family, size):
+    model = filled_model(family, size)
+    results = verify_model(model, imgsz=640, batches=(1, 8), amp_dtypes=(None, torch.float16))
+    assert len(results) == 8
+    failed = [r.as_dict() for r in results if not r.passed]
+    assert not failed, failed
+
+
+@pytest.mark.parametrize("family,size", GRAPH_MODELS)
+def test_predict_with_graph_equals_eager(family, size, images):
+    model = filled_model(family, size)
+    for batch, imgs in ((1, images[:1]), (1, images[1:2]), (2, images[:1] * 2), (5, images)):
+        eager = model(imgs, batch=batch, conf=0.25)
+        assert sum(len(r) for r in eager) > 0
+        for _ in range(3):  # first use, u8-stage capture, replay
+            assert same_results(model(imgs, batch=batch, conf=0.25, cuda_graph=True), eager)
+    assert model.graph_info()["replays"] > 0
+    amp_eager = model(images[:1], amp=True)
+    for _ in range(3):
+        assert same_results(model(images[:1], amp=True, cuda_graph=True), amp_eager)
+
+
+def test_auto_mode_captures_on_repeat(images):
+    model = filled_model("yolo9", "t")
+    model(images[0], cuda_graph="auto")
+    assert model.graph_info()["graphs"] == []
+    for _ in range(3):
+        model(images[0], cuda_graph="auto")
+    info = model.graph_info()
+    assert info["graphs"] and info["replays"] >= 1 and not info["fallbacks"]
+
+
+def test_no_stale_result_after_move_reload_or_fuse(images):
+    model = filled_model("yolo9", "t")
+    img = images[1]
+    before = model(img, cuda_graph=True)
+    model(img, cuda_graph=True)
+    assert model.graph_info()["graphs"]
+    # move away and back: new storage, graphs must be re-captured
+    model.to("cpu")
+    assert same_results(model(img), before)
+    model.to("cuda")
+    assert same_results(model(img, cuda_graph=True), before)
+    # new weights loaded in place
+    other = filled_model("yolo9", "t", salt="other.")
+    model.load_state_dict(other.model.state_dict())
+    after = model(img, cuda_graph=True)
+    assert same_results(after, model(img)) and not same_results(after, before)
+    assert model.graph_info()["invalidations"] >= 1
+    # fuse replaces modules
+    n_inv = model.graph_info()["invalidations"]
+    model.fuse()
+    fused = model(img, cuda_graph=True)
+    assert same_results(fused, model(img))
+    assert model.graph_info()["invalidations"] == n_inv + 1
+
+
+def test_eight_threads_get_their_own_boxes(images):
+    model = filled_model("yolo9", "t")
+    imgs = [images[i % len(images)] for i in range(8)]
+    imgs = [np.ascontiguousarray(np.roll(im, 37 * i, axis=1)) for i, im in enumerate(imgs)]
+    expected = [model(im)[0].boxes.data for im in imgs]
+    model(imgs[0], cuda_graph=True)
+    errors = []
+
+    def work(i):
+        try:
+            for _ in range(20):
+                got = model(imgs[i], cuda_graph=True)[0].boxes.data
+                if not torch.equal(got, expected[i]):
+                    errors.append(i)
+        except Exception as exc:  # surfaced below
+            errors.append(repr(exc))
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+
+
+def test_ten_thousand_replays_keep_memory_flat():
+    model = filled_model("yolo9", "t")
+    x = torch.rand(1, 3, 320, 320, device="cuda")
+    runner = model._runner
+    with torch.no_grad():
+        for _ in range(20):
+            runner(("net", 320), model.infer, (x,), mode=True)
+        torch.cuda.synchronize()
+        start = torch.cuda.memory_allocated()
+        for _ in range(10_000):
+            runner(("net", 320), model.infer, (x,), mode=True)
+        torch.cuda.synchronize()
+        end = torch.cuda.memory_allocated()
+    assert end == start, (start, end)
+    assert model.graph_info()["graphs"][0]["replays"] >= 10_000
+
+
+def test_cache_cap_and_eviction_on_gpu():
+    model = filled_model("yolo9", "t")
+    model._runner.max_graphs = 2
+    outs = {}
+    with torch.no_grad():
+        for b in (1, 2, 3, 1):
+            x = torch.rand(b, 3, 256, 256, device="cuda", generator=None)
+            got = model._runner(("net", 256), model.infer, (x,), mode=True)
+            ref = model.infer(x)
+            assert all(torch.equal(g, r) for g, r in zip(got, ref))
+            outs[b] = got
+    info = model.graph_info()
+    assert len(info["graphs"]) == 2 and info["evictions"] == 2 and info["captures"] == 4
+
+
+def test_capture_graph_then_predict_uses_it(images):
+    model = filled_model("yolo9", "t")
+    h, w = images[1].shape[:2]
+    d = model.capture_graph(imgsz=640, batch=1, source_shape=(h, w))
+    assert d["stage"].startswith("('u8'")
+    eager = model(images[1])
+    assert same_results(model(images[1], cuda_graph=True), eager)
+    info = model.graph_info()
+    assert info["captures"] == 1 and info["replays"] == 1
+    assert model.release_graphs() == 1 and model.graph_info()["graphs"] == []

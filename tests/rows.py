@@ -1,0 +1,18 @@
+"""Registry-parametrized test rows: adding a family adds rows here, not new test files."""
+
+# (family, size, fixture name) for every architecture fixture a family reproduces.
+FIXTURES = [
+    ("yolo9", "t", "yolo9-t"),
+    ("yolo9", "s", "yolo9-s"),
+]
+
+# (family, size) built untrained for the fast CPU predict / checkpoint tests.
+SMALL_MODELS = [
+    ("yolo9", "t"),
+]
+
+# (family, size) that must pass the GPU parity protocol.
+GRAPH_MODELS = [
+    ("yolo9", "t"),
+    ("yolo9", "s"),
+]

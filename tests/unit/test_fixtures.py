@@ -1,0 +1,72 @@
+"""Each family reproduces its LibreYOLO architecture fixtures (relative L2 <= 1e-4, fp32)."""
+import json
+
+import pytest
+import torch
+from fill import fill_state_dict
+from rows import FIXTURES
+
+from conftest import FIXTURES_DIR
+from libreyolo import LibreYOLO
+from libreyolo.models.registry import get_family
+from libreyolo.weights import save_checkpoint
+
+
+def flatten(out, prefix=""):
+    if isinstance(out, torch.Tensor):
+        return {prefix or "output": out}
+    items = out.items() if isinstance(out, dict) else enumerate(out)
+    flat = {}
+    for k, v in items:
+        flat.update(flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+    return flat
+
+
+def load_fixture(name):
+    fx = json.loads((FIXTURES_DIR / f"{name}.json").read_text())
+    pt = torch.load(FIXTURES_DIR / f"{name}.pt", weights_only=True)
+    sd = fill_state_dict(fx["layout"], constants=pt["constants"], tied=fx["tied"])
+    return fx, pt, sd
+
+
+def rel_err(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+@pytest.mark.parametrize("family,size,name", FIXTURES)
+def test_network_reproduces_fixture(family, size, name):
+    fx, pt, sd = load_fixture(name)
+    net = get_family(family).build_network(size, fx["checkpoint_metadata"]["nc"])
+    assert [list(v.shape) for v in net.state_dict().values()] == [s for _, s, _ in fx["layout"]]
+    assert list(net.state_dict()) == [n for n, _, _ in fx["layout"]], "checkpoint key order differs"
+    assert sum(p.numel() for p in net.parameters()) == fx["num_parameters"]
+    net.load_state_dict(sd, strict=True)
+    net.eval()
+    with torch.no_grad():
+        out = flatten(net(pt["input"]))
+    assert set(pt["outputs"]) <= set(out)
+    for path, ref in pt["outputs"].items():
+        assert rel_err(out[path], ref) <= 1e-4, path
+
+
+@pytest.mark.parametrize("family,size,name", FIXTURES)
+def test_checkpoint_in_fixture_layout_loads_through_factory(tmp_path, family, size, name):
+    """A LibreYOLO-layout file (metadata as in the fixture) loads unchanged and reproduces."""
+    fx, pt, sd = load_fixture(name)
+    meta = {k: v for k, v in fx["checkpoint_metadata"].items() if k != "names_count"}
+    path = save_checkpoint({"model": sd, **meta}, tmp_path / "weights.pt")
+    model = LibreYOLO(str(path), device="cpu")
+    assert (model.FAMILY, model.size, model.nc) == (family, size, meta["nc"])
+    with torch.no_grad():
+        out = flatten(model.model(pt["input"]))
+    assert rel_err(out["predictions"], pt["outputs"]["predictions"]) <= 1e-4
+
+
+@pytest.mark.parametrize("family,size,name", FIXTURES)
+def test_family_and_size_sniffed_from_bare_state_dict(tmp_path, family, size, name):
+    """No metadata and an anonymous file name: the state-dict keys and shapes decide."""
+    _, pt, sd = load_fixture(name)
+    path = tmp_path / "anonymous.pt"
+    torch.save({"model": sd}, path)
+    model = LibreYOLO(str(path), device="cpu")
+    assert (model.FAMILY, model.size) == (family, size)

@@ -1,0 +1,205 @@
+"""The graph runner's policy, driven on the CPU through a stand-in capturer."""
+import logging
+import threading
+
+import pytest
+import torch
+from torch import nn
+
+from libreyolo.graphs.runner import GraphRunner, GraphUnavailableError, normalize_mode
+
+
+class StandInGraph:
+    """Behaves like a captured graph: replays the function it was captured from."""
+
+    def __init__(self, fn, inputs):
+        self.fn = fn
+        self.static_inputs = tuple(x.clone() for x in inputs)
+        self.capture_ms = 1.0
+        self.pool_bytes = 0
+        self.replays = 0
+
+    def replay(self, inputs, clone=True):
+        for d, s in zip(self.static_inputs, inputs):
+            d.copy_(s)
+        self.replays += 1
+        return self.fn(*self.static_inputs)
+
+
+class StandInCapturer:
+    def __init__(self, fail=False):
+        self.captures = []
+        self.fail = fail
+
+    @staticmethod
+    def can_capture(device):
+        return True
+
+    def capture(self, fn, inputs, module=None):
+        if self.fail:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        self.captures.append(tuple(tuple(x.shape) for x in inputs))
+        return StandInGraph(fn, inputs)
+
+
+def make(supported=True, **kw):
+    net = nn.Linear(4, 3)
+    cap = kw.pop("capturer", None) or StandInCapturer()
+    return net, cap, GraphRunner(net, "toy", supported, capturer=cap, **kw)
+
+
+def test_modes_parse():
+    assert normalize_mode("auto") == "auto" and normalize_mode("true") is True
+    assert normalize_mode(None) is False and normalize_mode(0) is False
+    with pytest.raises(ValueError, match="cuda_graph"):
+        normalize_mode("sometimes")
+
+
+def test_false_is_always_eager():
+    net, cap, r = make()
+    x = torch.randn(2, 4)
+    for _ in range(3):
+        assert torch.equal(r("s", net, (x,), mode=False), net(x))
+    assert cap.captures == [] and r.info()["eager_calls"] == 3
+
+
+def test_true_captures_on_first_use_and_replays_after():
+    net, cap, r = make()
+    x = torch.randn(2, 4)
+    out = r("s", net, (x,), mode=True)
+    assert torch.equal(out, net(x)) and len(cap.captures) == 1
+    y = torch.randn(2, 4)
+    assert torch.equal(r("s", net, (y,), mode=True), net(y))
+    info = r.info()
+    assert info["captures"] == 1 and info["graphs"][0]["replays"] == 2
+
+
+def test_auto_captures_only_once_a_signature_repeats():
+    net, cap, r = make()
+    r("s", net, (torch.randn(1, 4),), mode="auto")
+    assert cap.captures == []
+    r("s", net, (torch.randn(1, 4),), mode="auto")
+    assert cap.captures == [((1, 4),)]
+    r("s", net, (torch.randn(5, 4),), mode="auto")  # new signature: eager again
+    assert len(cap.captures) == 1
+
+
+def test_signature_includes_dtype_grad_mode_autocast_and_key():
+    net, cap, r = make()
+    x = torch.randn(1, 4)
+    r("a", net, (x,), mode=True)
+    r("b", net, (x,), mode=True)
+    r("a", lambda t: net(t.float()), (x.double(),), mode=True)
+    with torch.no_grad():
+        r("a", net, (x,), mode=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        r("a", net, (x,), mode=True)
+    assert len(cap.captures) == 5
+    r("a", net, (x,), mode=True)
+    assert len(cap.captures) == 5
+
+
+def test_unsupported_family_true_raises_naming_it_auto_runs_eager():
+    net, cap, r = make(supported=False)
+    x = torch.randn(1, 4)
+    with pytest.raises(NotImplementedError, match="'toy'"):
+        r("s", net, (x,), mode=True)
+    assert torch.equal(r("s", net, (x,), mode="auto"), net(x))
+    info = r.info()
+    assert not info["supported"] and "toy" in info["fallbacks"][0]["reason"] and cap.captures == []
+
+
+def test_real_capturer_on_cpu_true_raises_auto_says_why():
+    net = nn.Linear(4, 3)
+    r = GraphRunner(net, "toy", True)
+    x = torch.randn(1, 4)
+    with pytest.raises(GraphUnavailableError, match="CUDA"):
+        r("s", net, (x,), mode=True)
+    for _ in range(3):
+        assert torch.equal(r("s", net, (x,), mode="auto"), net(x))
+    reasons = [f["reason"] for f in r.info()["fallbacks"]]
+    assert len(reasons) == 1 and "cpu" in reasons[0] and r.info()["fallbacks"][0]["count"] == 3
+
+
+@pytest.mark.parametrize("change", ["load_weights", "replace_param", "dtype", "new_module"])
+def test_parameter_changes_release_stale_graphs(change):
+    net = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+    cap = StandInCapturer()
+    r = GraphRunner(net, "toy", True, capturer=cap)
+    x = torch.randn(2, 4)
+    r("s", net, (x,), mode=True)
+    assert len(r.info()["graphs"]) == 1
+    with torch.no_grad():
+        if change == "load_weights":
+            net.load_state_dict({k: v + 1 for k, v in net.state_dict().items()})
+        elif change == "replace_param":
+            net[0].weight = nn.Parameter(torch.zeros(4, 4))
+        elif change == "dtype":
+            net.double()
+            x = x.double()
+        else:
+            net.append(nn.Linear(4, 4))
+    out = r("s", net, (x,), mode=True)
+    assert torch.equal(out, net(x)), "a stale graph was replayed"
+    assert r.info()["invalidations"] == 1 and len(cap.captures) == 2
+
+
+def test_lru_cap_evicts_oldest_and_warns_once_on_thrash(caplog):
+    net, cap, r = make(max_graphs=2)
+    with caplog.at_level(logging.WARNING, logger="libreyolo"):
+        for n in (1, 2, 3, 1, 2, 3):
+            r("s", net, (torch.randn(n, 4),), mode=True)
+    info = r.info()
+    assert len(info["graphs"]) == 2 and info["evictions"] == 4
+    assert [g["inputs"][0].split(":")[0] for g in info["graphs"]] == ["(2, 4)", "(3, 4)"]
+    assert sum("thrashing" in m for m in caplog.messages) == 1
+
+
+def test_lru_hit_refreshes_recency():
+    net, cap, r = make(max_graphs=2)
+    a, b, c = torch.randn(1, 4), torch.randn(2, 4), torch.randn(3, 4)
+    r("s", net, (a,), mode=True)
+    r("s", net, (b,), mode=True)
+    r("s", net, (a,), mode=True)  # a is now most recent
+    r("s", net, (c,), mode=True)  # evicts b
+    assert [g["inputs"][0].split(":")[0] for g in r.info()["graphs"]] == ["(1, 4)", "(3, 4)"]
+
+
+def test_capture_failure_true_raises_auto_falls_back_once():
+    net, cap, r = make(capturer=StandInCapturer(fail=True))
+    x = torch.randn(1, 4)
+    with pytest.raises(RuntimeError, match="capturing"):
+        r("s", net, (x,), mode=True)
+    r2 = GraphRunner(net, "toy", True, capturer=StandInCapturer(fail=True))
+    for _ in range(4):
+        assert torch.equal(r2("s", net, (x,), mode="auto"), net(x))
+    info = r2.info()
+    assert len(info["failed_captures"]) == 1 and info["captures"] == 0
+
+
+def test_release_and_explicit_capture():
+    net, cap, r = make()
+    d = r.capture("s", net, (torch.randn(3, 4),))
+    assert d["stage"] == "s" and d["capture_ms"] == 1.0
+    assert r.has_graph("s", (torch.randn(3, 4),))
+    assert r.release() == 1 and r.info()["graphs"] == []
+
+
+def test_concurrent_calls_are_serialized_and_correct():
+    net, cap, r = make()
+    xs = [torch.randn(2, 4) for _ in range(8)]
+    expected = [net(x) for x in xs]
+    got = [None] * 8
+
+    def work(i):
+        for _ in range(50):
+            got[i] = r("s", net, (xs[i],), mode=True)
+            assert torch.equal(got[i], expected[i])
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(torch.equal(g, e) for g, e in zip(got, expected))
+    assert len(cap.captures) == 1
