@@ -248,6 +248,9 @@ def cmd_bench(opts: dict) -> int:
             a = res["arms"][arm]
             t.add_row(arm, f"{a['median_ms']:.3f}", f"{a['p90_ms']:.3f}", str(a["runs"]))
     console.print(t)
+    if "predict_graph_stages_ms_per_image" in res["arms"]:
+        st = res["arms"]["predict_graph_stages_ms_per_image"]
+        console.print("predict(graph) stages, ms per image: " + ", ".join(f"{k} {v:.3f}" for k, v in st.items()))
     if "capture" in res["arms"]:
         c = res["arms"]["capture"]
         console.print(f"capture: forward {c['forward_ms']:.1f} ms; "

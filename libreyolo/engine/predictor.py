@@ -9,6 +9,7 @@ Post-processing is one batched NMS for the whole batch and one copy to the host.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -20,7 +21,7 @@ import torch
 from ..data.sources import load_sources
 from ..graphs.runner import normalize_mode
 from ..ops.letterbox import letterbox, letterbox_params, unletterbox_boxes
-from ..ops.nms import batched_detections
+from ..ops.nms import nms_per_image, top_candidates
 from ..results import Boxes, Results
 
 log = logging.getLogger("libreyolo")
@@ -60,16 +61,22 @@ class Predictor:
     def __init__(self, model):
         self.model = model
         self._raw_seen: Counter = Counter()
+        self._local = threading.local()
 
     # ---------------------------------------------------------------- stages
-    def _stage_fns(self, size: int):
+    def _stage_fns(self, size: int, max_nms: int):
+        """The two capturable stages: from a letterboxed batch, and from raw uint8 images.
+
+        Both end with the fixed-shape top-``max_nms`` candidate selection, so only the
+        data-dependent NMS on a few hundred boxes runs eager.
+        """
         model = self.model
 
         def net(x):
-            return model.infer(x)
+            return top_candidates(*model.infer(x), max_nms)
 
         def from_u8(u8):
-            return model.infer(letterbox(u8, size))
+            return top_candidates(*model.infer(letterbox(u8, size)), max_nms)
 
         return net, from_u8
 
@@ -81,10 +88,11 @@ class Predictor:
             raise ValueError("amp=True needs a CUDA device; on the CPU predict runs in float32 (amp=False)")
         return torch.autocast("cuda", dtype=amp_dtype)
 
-    def run_batch(self, images: list[torch.Tensor], size: int, mode: Any, amp_dtype) -> tuple:
+    def run_batch(self, images: list[torch.Tensor], size: int, mode: Any, amp_dtype,
+                  max_nms: int = 1000) -> tuple:
         """uint8 HWC device tensors -> (stage outputs, per-image letterbox scale)."""
         runner = self.model._runner
-        net, from_u8 = self._stage_fns(size)
+        net, from_u8 = self._stage_fns(size, max_nms)
         scales = []
         for im in images:  # per-axis: the resized size is rounded, so x and y scales differ slightly
             p = letterbox_params(int(im.shape[0]), int(im.shape[1]), size)
@@ -93,7 +101,7 @@ class Predictor:
         with torch.no_grad(), self._autocast(amp_dtype):
             if same:
                 u8 = images[0].unsqueeze(0) if len(images) == 1 else torch.stack(images)
-                key = ("u8", size)
+                key = ("u8", size, max_nms)
                 # Letterbox inside the graph only for a raw size seen before (a video, a camera,
                 # a fixed pipeline): otherwise each new photo size would cost a capture.
                 raw = (tuple(u8.shape), str(u8.device))
@@ -106,28 +114,28 @@ class Predictor:
                 x = letterbox(u8, size)
             else:
                 x = torch.cat([letterbox(im.unsqueeze(0), size) for im in images])
-            return runner(("net", size), net, (x,), mode), scales
+            return runner(("net", size, max_nms), net, (x,), mode), scales
 
-    def capture(self, imgsz=None, batch=1, dtype=None, source_shape=None) -> dict:
+    def capture(self, imgsz=None, batch=1, dtype=None, source_shape=None, max_nms: int = 1000) -> dict:
         m = self.model
         size = check_imgsz(imgsz or m.imgsz, m.STRIDE)
-        net, from_u8 = self._stage_fns(size)
+        net, from_u8 = self._stage_fns(size, max_nms)
         amp_dtype = None if dtype in (None, torch.float32) else _amp_dtype(dtype)
         g = torch.Generator().manual_seed(0)
         with torch.no_grad(), self._autocast(amp_dtype):
             if source_shape is None:
                 x = torch.rand((batch, 3, size, size), generator=g).to(m.device)
-                return m._runner.capture(("net", size), net, (x,))
+                return m._runner.capture(("net", size, max_nms), net, (x,))
             h, w = source_shape
             u8 = torch.randint(0, 256, (batch, h, w, 3), generator=g, dtype=torch.uint8).to(m.device)
-            return m._runner.capture(("u8", size), from_u8, (u8,))
+            return m._runner.capture(("u8", size, max_nms), from_u8, (u8,))
 
     # ------------------------------------------------------------------ call
     def __call__(self, source: Any, *, conf: float = 0.25, iou: float = 0.45, imgsz: int | None = None,
-                 batch: int = 1, cuda_graph: Any = False, max_det: int = 300,
+                 batch: int = 1, cuda_graph: Any = False, max_det: int = 300, max_nms: int = 1000,
                  classes: list[int] | None = None, agnostic_nms: bool = False, amp: Any = False,
                  bgr: bool = False, save: bool = False, save_dir: str | Path | None = None,
-                 verbose: bool = False) -> list[Results]:
+                 verbose: bool = False, profile: bool = False) -> list[Results]:
         """Predict on ``source`` (path, directory, glob, PIL, numpy RGB - or BGR with
         ``bgr=True`` -, torch tensor, or a list of them) and return one Results per image.
 
@@ -135,6 +143,10 @@ class Predictor:
         unsupported family or without CUDA) or "auto" (capture once a signature repeats,
         never raises). ``amp``: True for float16 autocast (CUDA), "bf16" for bfloat16.
         ``save`` writes annotated pictures to ``save_dir`` (default runs/predict).
+        ``max_nms`` caps the candidates per image that enter NMS (the best-scoring ones).
+        ``profile`` synchronizes the device between stages so that ``Results.speed``
+        (ms per image: load, preprocess, inference, postprocess) is exact; without
+        it the stages overlap and ``speed`` shows host time only.
         """
         m = self.model
         mode = normalize_mode(cuda_graph)
@@ -146,6 +158,8 @@ class Predictor:
             raise ValueError(f"batch must be >= 1, got {batch}")
         if int(max_det) < 1:
             raise ValueError(f"max_det must be >= 1, got {max_det}")
+        if int(max_nms) < int(max_det):
+            raise ValueError(f"max_nms ({max_nms}) must be >= max_det ({max_det})")
         if classes is not None:
             classes = [int(c) for c in ([classes] if isinstance(classes, int) else classes)]
             bad = [c for c in classes if not 0 <= c < m.nc]
@@ -156,7 +170,10 @@ class Predictor:
         if not m.trained and not getattr(m, "_warned_untrained", False):
             log.warning("libreyolo: %s is UNTRAINED (random weights): its detections are meaningless", m)
             m._warned_untrained = True
+        sync = (torch.cuda.synchronize if profile and m.device.type == "cuda" else (lambda: None))
+        t_load = time.perf_counter()
         items = load_sources(source, bgr=bgr)
+        t_load = (time.perf_counter() - t_load) * 1e3 / max(1, len(items))
         results: list[Results] = []
         progress = None
         if verbose or len(items) > 32:
@@ -170,16 +187,18 @@ class Predictor:
         for start in range(0, len(items), int(batch)):
             chunk = items[start:start + int(batch)]
             t0 = time.perf_counter()
-            dev_images = [self._upload(it.image) for it in chunk]
+            dev_images = [self._upload(it.image, j) for j, it in enumerate(chunk)]
+            sync()
             t1 = time.perf_counter()
-            (boxes, scores, cls), scales = self.run_batch(dev_images, size, mode, amp_dtype)
+            (boxes, scores, cls), scales = self.run_batch(dev_images, size, mode, amp_dtype, int(max_nms))
+            sync()
             t2 = time.perf_counter()
-            dets = batched_detections(boxes, scores, cls, num_classes=m.nc, conf=float(conf), iou=float(iou),
-                                      max_det=int(max_det), classes=classes, agnostic=agnostic_nms)
+            dets = nms_per_image(boxes, scores, cls, conf=float(conf), iou=float(iou),
+                                 max_det=int(max_det), classes=classes, agnostic=agnostic_nms)
             dets = dets.cpu()
             t3 = time.perf_counter()
-            speed = {"preprocess": (t1 - t0) * 1e3 / len(chunk), "inference": (t2 - t1) * 1e3 / len(chunk),
-                     "postprocess": (t3 - t2) * 1e3 / len(chunk)}
+            speed = {"load": t_load, "preprocess": (t1 - t0) * 1e3 / len(chunk),
+                     "inference": (t2 - t1) * 1e3 / len(chunk), "postprocess": (t3 - t2) * 1e3 / len(chunk)}
             img_col = dets[:, 0].long()
             for i, it in enumerate(chunk):
                 d = dets[img_col == i, 1:]
@@ -197,8 +216,25 @@ class Predictor:
             log.info("libreyolo: saved %d annotated image(s) to %s", len(results), out_dir)
         return results
 
-    def _upload(self, image: Any) -> torch.Tensor:
+    def _upload(self, image: Any, slot: int = 0) -> torch.Tensor:
+        """Host image -> device uint8 tensor.
+
+        numpy images go through a pinned staging buffer (one per thread, shape and batch
+        slot) so the copy to the GPU is a fast asynchronous DMA; the buffer is only reused
+        after the post-processing of the previous batch has synchronized the stream.
+        """
         dev = self.model.device
         if isinstance(image, torch.Tensor):
             return image.to(dev, non_blocking=True)
-        return torch.from_numpy(np.ascontiguousarray(image)).to(dev)
+        arr = np.ascontiguousarray(image)
+        if dev.type != "cuda":
+            return torch.from_numpy(arr)
+        cache = getattr(self._local, "staging", None)
+        if cache is None or len(cache) > 32:
+            cache = self._local.staging = {}
+        key = (arr.shape, slot)
+        buf = cache.get(key)
+        if buf is None:
+            buf = cache[key] = torch.empty(arr.shape, dtype=torch.uint8, pin_memory=True)
+        np.copyto(buf.numpy(), arr)
+        return buf.to(dev, non_blocking=True)

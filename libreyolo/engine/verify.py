@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 from typing import Any
 
 import torch
@@ -24,6 +25,43 @@ def _probes_u8(batch: int, h: int, w: int, device) -> tuple[torch.Tensor, torch.
     return a.to(device), b.to(device)
 
 
+def input_sensitive(model, seed: int = 0):
+    """The model itself if trained; for an untrained one, a re-drawn copy (seeded).
+
+    A freshly initialised detector is nearly constant (class bias -10, flat box logits,
+    activations that saturate under fp16), so two different probes can give identical
+    outputs and the protocol would prove nothing. The copy gets well-scaled weights:
+    N(0, 1/fan_in) for kernels, BatchNorm scale 1 + N(0, 0.01), statistics mean N(0, 0.01)
+    and variance U(0.5, 1.5), small biases - every output then depends on the input.
+    """
+    if model.trained:
+        return model
+    from ..graphs.runner import GraphRunner
+    twin = copy.copy(model)
+    twin.model = copy.deepcopy(model.model)
+    twin._predictor = None
+    twin._runner = GraphRunner(twin.model, model.FAMILY, model.SUPPORTS_CUDA_GRAPH,
+                               unsupported_reason=model.UNSUPPORTED_REASON)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, t in twin.model.state_dict().items():
+            if not t.is_floating_point():
+                continue
+            shape = tuple(t.shape)
+            if name.endswith("running_var"):
+                v = 0.5 + torch.rand(shape, generator=g)
+            elif name.endswith("running_mean"):
+                v = 0.1 * torch.randn(shape, generator=g)
+            elif len(shape) >= 2:
+                v = torch.randn(shape, generator=g) / max(1, t[0].numel()) ** 0.5
+            elif name.endswith("weight"):
+                v = 1 + 0.1 * torch.randn(shape, generator=g)
+            else:
+                v = 0.1 * torch.randn(shape, generator=g)
+            t.copy_(v.to(t))
+    return twin
+
+
 def verify_model(model, *, imgsz: int | None = None, batches: tuple[int, ...] = (1, 8),
                  amp_dtypes: tuple[Any, ...] = (None, torch.float16),
                  source_hw: tuple[int, int] = (480, 640)) -> list[ParityResult]:
@@ -31,6 +69,7 @@ def verify_model(model, *, imgsz: int | None = None, batches: tuple[int, ...] = 
     if model.device.type != "cuda":
         raise RuntimeError("verify needs the model on a CUDA device (this runs the CUDA-graph parity protocol)")
     size = int(imgsz or model.imgsz)
+    model = input_sensitive(model)
     net = model.model.eval()
     out: list[ParityResult] = []
     for amp in amp_dtypes:

@@ -47,8 +47,10 @@ def snapshot_buffers(module: torch.nn.Module | None) -> list[tuple[torch.Tensor,
 
 @torch.no_grad()
 def restore_buffers(saved: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """Put back buffers that changed (untouched ones keep their version counters)."""
     for live, copy in saved:
-        live.copy_(copy)
+        if not torch.equal(live, copy):
+            live.copy_(copy)
 
 
 @dataclass

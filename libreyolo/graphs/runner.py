@@ -38,6 +38,20 @@ log = logging.getLogger("libreyolo")
 
 MODES = (False, True, "auto")
 
+# Bumped whenever any nn.Module anywhere registers a submodule, parameter or buffer (fusing
+# or quantizing replaces modules): runners then re-collect their tensors. Between bumps the
+# fingerprint is a cheap pass over a cached tensor list instead of a module-tree traversal.
+_STRUCTURE_GENERATION = [0]
+
+
+def _bump_structure(*_args) -> None:
+    _STRUCTURE_GENERATION[0] += 1
+
+
+torch.nn.modules.module.register_module_module_registration_hook(_bump_structure)
+torch.nn.modules.module.register_module_parameter_registration_hook(_bump_structure)
+torch.nn.modules.module.register_module_buffer_registration_hook(_bump_structure)
+
 
 class GraphUnavailableError(RuntimeError):
     """``cuda_graph=True`` was asked for where no CUDA graph can run (e.g. on the CPU)."""
@@ -93,7 +107,7 @@ class GraphRunner:
         self.family = family
         self.supported = bool(supported)
         self.unsupported_reason = unsupported_reason or (
-            f"family '{family}' has not passed the CUDA-graph parity protocol")
+            "it has not passed the CUDA-graph parity protocol")
         self.max_graphs = max_graphs
         self.capture_after = max(1, capture_after)
         self.capturer = capturer if capturer is not None else CudaGraphCapturer()
@@ -103,6 +117,8 @@ class GraphRunner:
         self._failed: dict[tuple, str] = {}
         self._fallbacks: Counter = Counter()
         self._fingerprint: tuple | None = None
+        self._tensors: list[torch.Tensor] | None = None
+        self._tensors_gen = -1
         self.last_mode: bool | str = False
         self.captures = 0
         self.evictions = 0
@@ -112,9 +128,19 @@ class GraphRunner:
 
     # ------------------------------------------------------------------ policy
     def fingerprint(self) -> tuple:
-        """Identity of every parameter and buffer the graphs may have baked in."""
-        return tuple((t.data_ptr(), t._version, t.dtype, t.device)
-                     for t in (*self.module.parameters(), *self.module.buffers()))
+        """Identity of every parameter and buffer the graphs may have baked in.
+
+        A graph reads weights by address, so what makes it stale is a tensor that moved
+        (new storage: ``.to()``, a dtype change, a replaced parameter) or a changed module
+        tree (``fuse()``); version counters are included as well, so an in-place reload is
+        treated as a change too.
+        """
+        gen = _STRUCTURE_GENERATION[0]
+        if self._tensors is None or self._tensors_gen != gen:
+            self._tensors = [*self.module.parameters(), *self.module.buffers()]
+            self._tensors_gen = gen
+        ts = self._tensors
+        return (len(ts), tuple([t.data_ptr() for t in ts]), tuple([t._version for t in ts]))
 
     @staticmethod
     def signature(key: Hashable, inputs: Sequence[torch.Tensor]) -> tuple:
@@ -157,7 +183,7 @@ class GraphRunner:
                     f"cuda_graph=True is not supported for the '{self.family}' family: "
                     f"{self.unsupported_reason}. Use cuda_graph=False or 'auto' (which runs eager).")
             with self._lock:
-                self._note_fallback(f"family '{self.family}' is not graph-capturable ({self.unsupported_reason})")
+                self._note_fallback(f"family '{self.family}' is not graph-capturable: {self.unsupported_reason}")
             return self._eager(fn, inputs)
         dev = inputs[0].device if inputs else torch.device("cpu")
         if not self.capturer.can_capture(dev):
@@ -189,6 +215,7 @@ class GraphRunner:
                     self._note_fallback(reason)
                     return self._eager(fn, inputs)
                 self.captures += 1
+                self._fingerprint = self.fingerprint()  # capture may bump buffer versions
                 entry = self._insert(sig, graph)
             else:
                 self._graphs.move_to_end(sig)
@@ -232,6 +259,7 @@ class GraphRunner:
             if sig not in self._graphs:
                 graph = self.capturer.capture(fn, inputs, module=self.module)
                 self.captures += 1
+                self._fingerprint = self.fingerprint()
                 self._insert(sig, graph)
             e = self._graphs[sig]
             return {**_describe(sig), "capture_ms": round(e.graph.capture_ms, 3)}

@@ -40,7 +40,9 @@ def letterbox(images_u8: torch.Tensor, size: int) -> torch.Tensor:
         raise ValueError(f"letterbox expects (B, H, W, 3) images, got shape {tuple(images_u8.shape)}")
     _, h, w, _ = images_u8.shape
     p = letterbox_params(h, w, size)
-    x = images_u8.permute(0, 3, 1, 2).float()
+    # Contiguous NCHW before anything else: a permuted (channels-last) tensor would carry its
+    # memory format through interpolate/pad into every convolution of the network.
+    x = images_u8.permute(0, 3, 1, 2).contiguous().float()
     if (p.new_h, p.new_w) != (h, w):
         x = F.interpolate(x, size=(p.new_h, p.new_w), mode="bilinear", align_corners=False)
     if (p.new_h, p.new_w) != (size, size):

@@ -1,42 +1,53 @@
-"""Confidence filtering + class-aware NMS for a whole batch in one pass.
+"""Candidate selection and class-aware NMS for a batch.
 
-One ``nonzero`` picks the candidates of every image, one torchvision ``batched_nms``
-suppresses them (boxes of different images or classes never suppress each other), and
-the per-image ``max_det`` cap is applied with a sort instead of a Python loop, so the
-cost is a handful of kernels and syncs whatever the batch size.
+Two halves: :func:`top_candidates` is fixed-shape (a per-image top-k by score), so it runs
+inside the captured inference graph; :func:`nms_per_image` is data-dependent and runs
+eager on the few hundred survivors. Capping the candidates per image (``max_nms``) bounds
+the cost of torchvision's NMS, whose CUDA kernel builds an n x n overlap mask and walks it
+on the host: on 8,400 candidates that alone costs milliseconds.
 """
 from __future__ import annotations
 
 import torch
-from torchvision.ops import batched_nms
+from torchvision.ops import nms
 
 
-def batched_detections(boxes: torch.Tensor, scores: torch.Tensor, cls: torch.Tensor, *,
-                       num_classes: int, conf: float = 0.25, iou: float = 0.45, max_det: int = 300,
-                       classes: list[int] | None = None, agnostic: bool = False) -> torch.Tensor:
-    """boxes (B, N, 4) xyxy, scores (B, N), cls (B, N) -> (K, 7) [image, x1, y1, x2, y2, conf, cls].
+def top_candidates(boxes: torch.Tensor, scores: torch.Tensor, cls: torch.Tensor, k: int):
+    """(B, N, 4), (B, N), (B, N) -> the same for the ``k`` best-scoring anchors, sorted descending."""
+    k = min(int(k), scores.shape[1])
+    s, idx = scores.topk(k, dim=1, sorted=True)
+    b = boxes.gather(1, idx.unsqueeze(-1).expand(-1, -1, boxes.shape[-1]))
+    return b, s, cls.gather(1, idx)
 
-    Rows are grouped by image (ascending) and sorted by confidence within an image.
+
+def nms_per_image(boxes: torch.Tensor, scores: torch.Tensor, cls: torch.Tensor, *, conf: float = 0.25,
+                  iou: float = 0.45, max_det: int = 300, classes: list[int] | None = None,
+                  agnostic: bool = False) -> torch.Tensor:
+    """Sorted candidates (from :func:`top_candidates`) -> (K, 7) [image, x1, y1, x2, y2, conf, cls].
+
+    Rows are grouped by image (ascending) and sorted by confidence within an image. One
+    host sync reads how many candidates pass ``conf`` per image (a prefix, since they are
+    sorted); each image then costs one torchvision ``nms`` call, made class-aware by
+    offsetting boxes per class (the offset is computed on the device).
     """
-    mask = scores > conf
-    if classes is not None:
-        allowed = torch.as_tensor(list(classes), device=cls.device, dtype=cls.dtype)
-        mask &= torch.isin(cls, allowed)
-    img, idx = mask.nonzero(as_tuple=True)
-    b = boxes[img, idx].float()
-    s = scores[img, idx].float()
-    c = cls[img, idx]
-    if img.numel() == 0:
+    counts = (scores > conf).sum(1).tolist()
+    out = []
+    for i, n in enumerate(counts):
+        if n == 0:
+            continue
+        b, s, c = boxes[i, :n].float(), scores[i, :n].float(), cls[i, :n]
+        if classes is not None:
+            keep_cls = torch.isin(c, torch.as_tensor(classes, device=c.device, dtype=c.dtype))
+            b, s, c = b[keep_cls], s[keep_cls], c[keep_cls]
+            if s.numel() == 0:
+                continue
+        if agnostic:
+            keep = nms(b, s, iou)
+        else:
+            keep = nms(b + (c.to(b.dtype) * (b.max() + 1))[:, None], s, iou)
+        keep = keep[:max_det]
+        out.append(torch.cat((torch.full((keep.numel(), 1), float(i), device=b.device), b[keep],
+                              s[keep, None], c[keep, None].to(b.dtype)), 1))
+    if not out:
         return torch.zeros((0, 7), device=boxes.device)
-    groups = img if agnostic else img * num_classes + c
-    keep = batched_nms(b, s, groups, iou)  # sorted by score, descending
-    img_k = img[keep]
-    order = torch.sort(img_k, stable=True).indices  # group by image, keep score order
-    keep, img_k = keep[order], img_k[order]
-    counts = torch.bincount(img_k, minlength=boxes.shape[0])
-    starts = torch.cumsum(counts, 0) - counts
-    rank = torch.arange(keep.numel(), device=keep.device) - starts[img_k]
-    sel = rank < max_det
-    keep, img_k = keep[sel], img_k[sel]
-    return torch.cat((img_k.unsqueeze(1).float(), b[keep], s[keep].unsqueeze(1),
-                      c[keep].unsqueeze(1).float()), 1)
+    return torch.cat(out)

@@ -203,3 +203,24 @@ def test_concurrent_calls_are_serialized_and_correct():
         t.join()
     assert all(torch.equal(g, e) for g, e in zip(got, expected))
     assert len(cap.captures) == 1
+
+
+class BufferTouchingCapturer(StandInCapturer):
+    """Like the real capturer, warm-up writes into buffers (version counters move)."""
+
+    def capture(self, fn, inputs, module=None):
+        with torch.no_grad():
+            for b in module.buffers():
+                b.copy_(b)
+        return super().capture(fn, inputs, module)
+
+
+def test_capture_touching_buffers_does_not_invalidate_itself():
+    net = nn.BatchNorm1d(4).eval()
+    cap = BufferTouchingCapturer()
+    r = GraphRunner(net, "toy", True, capturer=cap)
+    x = torch.randn(3, 4)
+    for _ in range(5):
+        r("s", net, (x,), mode=True)
+    info = r.info()
+    assert info["captures"] == 1 and info["invalidations"] == 0 and info["graphs"][0]["replays"] == 5

@@ -130,21 +130,15 @@ class ELAN(nn.Module):
         return self.cv4(torch.cat((a, b, c, d), 1))
 
 
-class RepNCSPELAN(nn.Module):
-    """GELAN block: ELAN whose two branches are RepCSP + 3x3 ConvBN."""
+class RepNCSPELAN(ELAN):
+    """GELAN block: ELAN (same data flow) whose two branches are RepCSP + 3x3 ConvBN."""
 
     def __init__(self, c_in: int, part: int, hidden: int, c_out: int, n: int = 1):
-        super().__init__()
+        nn.Module.__init__(self)
         self.cv1 = ConvBN(c_in, part, 1)
         self.cv2 = nn.Sequential(RepCSP(part // 2, hidden, n), ConvBN(hidden, hidden, 3))
         self.cv3 = nn.Sequential(RepCSP(hidden, hidden, n), ConvBN(hidden, hidden, 3))
         self.cv4 = ConvBN(part + 2 * hidden, c_out, 1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        a, b = self.cv1(x).chunk(2, 1)
-        c = self.cv2(b)
-        d = self.cv3(c)
-        return self.cv4(torch.cat((a, b, c, d), 1))
 
 
 class AConv(nn.Module):

@@ -1,0 +1,20 @@
+"""Helpers of the parity protocol that need no GPU."""
+import torch
+
+from libreyolo import LibreYOLO
+from libreyolo.engine.verify import input_sensitive
+
+
+def test_input_sensitive_copy_of_untrained_model_is_independent():
+    m = LibreYOLO.new("yolo9", "t", device="cpu", seed=0)
+    twin = input_sensitive(m)
+    assert twin is not m and twin.model is not m.model and twin._runner is not m._runner
+    assert twin._get_predictor().model is twin
+    x1, x2 = torch.randn(1, 3, 64, 64), 3 * torch.rand(1, 3, 64, 64) + 2
+    with torch.no_grad():
+        assert not torch.equal(twin.infer(x1)[1], twin.infer(x2)[1])
+    assert torch.all(m.model.head.cv3[0][2].bias == -10.0), "the original model must be untouched"
+    assert not torch.equal(m.model.backbone.conv0.conv.weight, twin.model.backbone.conv0.conv.weight)
+    trained = LibreYOLO.new("yolo9", "t", device="cpu")
+    trained.trained = True
+    assert input_sensitive(trained) is trained
