@@ -116,13 +116,15 @@ class CudaGraphCapturer:
             rng = torch.cuda.get_rng_state(device)
             side = torch.cuda.Stream(device)
             side.wait_stream(torch.cuda.current_stream(device))
-            with torch.cuda.stream(side), _no_cache_autocast():
-                for _ in range(self.warmup):
-                    fn(*static_inputs)
-            torch.cuda.current_stream(device).wait_stream(side)
-            torch.cuda.synchronize(device)
-            restore_buffers(saved)
-            torch.cuda.set_rng_state(rng, device)
+            try:
+                with torch.cuda.stream(side), _no_cache_autocast():
+                    for _ in range(self.warmup):
+                        fn(*static_inputs)
+                torch.cuda.current_stream(device).wait_stream(side)
+                torch.cuda.synchronize(device)
+            finally:
+                restore_buffers(saved)
+                torch.cuda.set_rng_state(rng, device)
             before = torch.cuda.memory_reserved(device)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"), _no_cache_autocast():

@@ -8,6 +8,7 @@ predict, checkpoints, graphs - is shared and delegates to ``engine/`` and ``grap
 """
 from __future__ import annotations
 
+import copy
 import logging
 from pathlib import Path
 from typing import Any, ClassVar
@@ -57,6 +58,29 @@ class Model:
     def infer(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Letterboxed float batch -> fixed-shape outputs (the capturable part)."""
         raise NotImplementedError(f"{type(self).__name__} must implement infer")
+
+    def build_loss(self) -> nn.Module:
+        """The family's training loss: ``loss(maps, targets, mask) -> (loss, items)``."""
+        raise NotImplementedError(f"training is not implemented for the {self.FAMILY} family yet")
+
+    def infer_with(self, net: nn.Module):
+        """``infer`` for another network of this family (e.g. the EMA copy during training)."""
+        twin = copy.copy(self)
+        twin.model = net
+        return twin.infer
+
+    def reset_classes(self, nc: int, names: Any = None) -> None:
+        """Rebuild the network for ``nc`` classes, keeping every weight whose shape still fits."""
+        new = self.build_network(self.size, nc)
+        old, fresh = self.model.state_dict(), new.state_dict()
+        keep = {k: v for k, v in old.items() if k in fresh and fresh[k].shape == v.shape}
+        new.load_state_dict(keep, strict=False)
+        self.model = new.to(self.device)
+        self.nc = int(nc)
+        self.names = normalize_names(names, self.nc)
+        self._runner = GraphRunner(self.model, self.FAMILY, self.SUPPORTS_CUDA_GRAPH,
+                                   unsupported_reason=self.UNSUPPORTED_REASON)
+        self._predictor = None
 
     @classmethod
     def sniff_size(cls, state_dict: dict[str, torch.Tensor], nc: int) -> str | None:
@@ -121,7 +145,7 @@ class Model:
             raise ValueError(f"{source or 'checkpoint'}: unknown {cls.FAMILY} size {size!r}")
         net = cls.build_network(size, nc)
         _load_strict(net, sd, f"{cls.FAMILY}-{size}", source)
-        meta = {k: v for k, v in ckpt.items() if k != "model"}
+        meta = {k: v for k, v in ckpt.items() if k not in ("model", "train_state")}
         return cls(net, size=size, nc=nc, names=ckpt.get("names"), imgsz=ckpt.get("imgsz"),
                    device=device, trained=True, source=source, meta=meta)
 
@@ -160,11 +184,15 @@ class Model:
 
     def checkpoint(self) -> dict:
         """The LibreYOLO checkpoint dict of this model (CPU tensors)."""
+        return self.checkpoint_of(self.model)
+
+    def checkpoint_of(self, net: nn.Module) -> dict:
+        """The LibreYOLO checkpoint dict for ``net`` with this model's metadata."""
         if self.fused:
             raise ValueError("a fused model cannot be saved in the LibreYOLO layout (BatchNorm was folded "
                              "away); save before calling fuse()")
         from .. import __version__
-        sd = {k: v.detach().to("cpu").clone() for k, v in self.model.state_dict().items()}
+        sd = {k: v.detach().to("cpu").clone() for k, v in net.state_dict().items()}
         ckpt = {"model": sd, "schema_version": SCHEMA_VERSION, "libreyolo_version": __version__,
                 "model_family": self.FAMILY, "size": self.size, "task": self.TASK, "nc": self.nc,
                 "names": dict(self.names), "imgsz": self.imgsz, "letterbox_pad": "topleft"}
@@ -210,6 +238,31 @@ class Model:
             from ..engine.predictor import Predictor
             self._predictor = Predictor(self)
         return self._predictor
+
+    def train(self, **kwargs) -> dict:
+        """Train on ``data`` (a dataset YAML, or "shapes" for the built-in set).
+
+        Options are those of :class:`libreyolo.engine.trainer.TrainConfig` (epochs, batch,
+        imgsz, optimizer, lr0, amp, cuda_graph, resume, ...). Returns final metrics, the
+        per-epoch losses and metrics, and the paths of best.pt / last.pt.
+        """
+        from ..engine.trainer import TrainConfig, Trainer
+        cfg = TrainConfig.from_kwargs(**kwargs)
+        return Trainer(self, cfg).train()
+
+    def val(self, data: str = "shapes", *, imgsz: int | None = None, batch: int = 16, conf: float = 0.001,
+            iou: float = 0.7, workers: int = 2) -> dict:
+        """mAP50 / mAP50-95 of the current weights on the dataset's validation split."""
+        from ..engine.trainer import TrainConfig, Trainer
+        from ..data.datasets import resolve_data
+        cfg = TrainConfig(data=data, imgsz=int(imgsz or self.imgsz), batch=batch, val_conf=conf, val_iou=iou,
+                          workers=workers, verbose=False)
+        ds = resolve_data(data)
+        if ds.nc != self.nc:
+            raise ValueError(f"the dataset has {ds.nc} classes but the model predicts {self.nc}")
+        t = Trainer(self, cfg)
+        _, val_loader = t._loaders(ds)
+        return t.validate(self.model, val_loader, self.nc, self.names)
 
     def predict(self, source: Any, **kwargs) -> list:
         """Run inference; see :meth:`libreyolo.engine.predictor.Predictor.__call__` for options."""

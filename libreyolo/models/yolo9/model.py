@@ -33,6 +33,10 @@ class Yolo9(Model):
         w = state_dict.get("head.cv3.0.2.weight")
         return int(w.shape[0]) if w is not None else None
 
+    def build_loss(self) -> nn.Module:
+        from .loss import Yolo9Loss
+        return Yolo9Loss(self.nc)
+
     def infer(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(B, 3, S, S) -> boxes (B, N, 4) xyxy in canvas pixels, best score (B, N), class (B, N)."""
         pred = self.model(x)["predictions"].float()

@@ -1,0 +1,304 @@
+"""Training/validation dataset for detectors: letterbox, mosaic, affine, flip, HSV; padded collate.
+
+:class:`DetectionDataset` turns a list of :class:`~libreyolo.data.datasets.Sample` into
+``(image uint8 (3, S, S) RGB, targets float32 (n, 5) [cls, x1, y1, x2, y2] in pixels)``.
+
+* ``augment=False`` letterboxes exactly like predict (:func:`libreyolo.ops.letterbox.letterbox`:
+  scaled to fit, top-left, grey 114, bilinear), so validation boxes and predictions live in the
+  same coordinates.
+* ``augment=True``: with probability ``mosaic`` four images (this one and three random ones) are
+  tiled around a random centre of a 2S x 2S canvas; then one random affine (rotation within
+  ``degrees``, scale in ``1 +- scale``, translation up to ``translate * S``) maps the canvas to the
+  S x S output in a single resampling; then HSV-style colour jitter (one 3x3 colour matrix) and
+  a horizontal flip. Boxes follow every step, are clipped to the image and dropped when they keep
+  less than 20% of their area or become narrower than 2 pixels.
+
+All randomness comes from torch's global generator, so a run is reproducible under
+``torch.manual_seed`` (and per DataLoader worker, whose torch seed the DataLoader sets).
+
+:func:`collate_detections` pads the targets of a batch to a row count rounded up to a multiple of
+``bucket``, so the loss sees a handful of fixed shapes that repeat: that is what makes the training
+step capturable in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+import torchvision.transforms.v2.functional as TF
+from torch.utils.data import Dataset
+
+from ..ops.letterbox import PAD_VALUE, letterbox, letterbox_params
+from .datasets import Sample
+from .sources import _decode_file
+
+__all__ = ["DetectionDataset", "collate_detections", "max_targets_bucket",
+           "MIN_BOX_SIDE", "MIN_AREA_KEPT"]
+
+#: Boxes narrower or shorter than this many pixels after augmentation are dropped.
+MIN_BOX_SIDE = 2.0
+#: Boxes keeping less than this fraction of their (scaled) area after cropping are dropped.
+MIN_AREA_KEPT = 0.2
+
+
+class DetectionDataset(Dataset):
+    """Images and pixel-space targets for detector training (``augment=True``) or validation.
+
+    ``mosaic`` is kept in shared memory, so :meth:`close_mosaic` reaches DataLoader workers that
+    are already running (``persistent_workers=True``); batches they had prefetched keep mosaic.
+    """
+
+    def __init__(
+        self,
+        samples: Sequence[Sample],
+        imgsz: int,
+        augment: bool = False,
+        *,
+        mosaic: float = 1.0,
+        degrees: float = 0.0,
+        translate: float = 0.1,
+        scale: float = 0.5,
+        fliplr: float = 0.5,
+        hsv_h: float = 0.015,
+        hsv_s: float = 0.7,
+        hsv_v: float = 0.4,
+    ) -> None:
+        if imgsz < 1:
+            raise ValueError(f"imgsz must be positive, got {imgsz}")
+        if not 0.0 <= scale < 1.0:
+            raise ValueError(f"scale must be in [0, 1) (zoom range 1 +- scale), got {scale}")
+        for name, v in (("mosaic", mosaic), ("fliplr", fliplr)):
+            if not 0.0 <= v <= 1.0:
+                raise ValueError(f"{name} is a probability in [0, 1], got {v}")
+        for name, v in (("degrees", degrees), ("translate", translate), ("hsv_h", hsv_h),
+                        ("hsv_s", hsv_s), ("hsv_v", hsv_v)):
+            if v < 0:
+                raise ValueError(f"{name} must be >= 0, got {v}")
+        self.samples = list(samples)
+        self.imgsz = int(imgsz)
+        self.augment = bool(augment)
+        self._mosaic = torch.tensor([float(mosaic)], dtype=torch.float64).share_memory_()
+        self.degrees = float(degrees)
+        self.translate = float(translate)
+        self.scale = float(scale)
+        self.fliplr = float(fliplr)
+        self.hsv_h = float(hsv_h)
+        self.hsv_s = float(hsv_s)
+        self.hsv_v = float(hsv_v)
+
+    # ---- public ---------------------------------------------------------------------------------
+
+    @property
+    def mosaic(self) -> float:
+        """Probability of a 4-image mosaic (only with ``augment=True``)."""
+        return float(self._mosaic[0])
+
+    def close_mosaic(self) -> None:
+        """Turn mosaic off, for the final epochs (also in running DataLoader workers)."""
+        self._mosaic.fill_(0.0)
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(image uint8 (3, S, S) RGB, targets float32 (n, 5) [cls, x1, y1, x2, y2] pixels)."""
+        if not self.augment:
+            image, _, _, targets = self.load_letterboxed(index)
+            return image, targets
+        s = self.imgsz
+        if float(torch.rand(())) < self.mosaic:
+            canvas, targets, ref_area = self._load_mosaic(index)
+            center = (float(s), float(s))
+        else:
+            canvas, _, _, targets = self.load_letterboxed(index)
+            ref_area = _areas(targets)
+            center = (s / 2.0, s / 2.0)
+        image, targets = self._random_affine(canvas, targets, ref_area, center)
+        image = self._random_color(image)
+        image = image.round_().clamp_(0, 255).to(torch.uint8)
+        if self.fliplr > 0 and float(torch.rand(())) < self.fliplr:
+            image = TF.horizontal_flip(image)
+            if len(targets):
+                x1 = s - targets[:, 3]
+                targets[:, 3] = s - targets[:, 1]
+                targets[:, 1] = x1
+        return image.contiguous(), targets
+
+    def load_letterboxed(self, index: int) -> tuple[torch.Tensor, int, int, torch.Tensor]:
+        """Image ``index`` letterboxed like predict: (uint8 (3, S, S), new_h, new_w, targets px).
+
+        The image occupies ``[:new_h, :new_w]``; targets are scaled per axis by new/original size,
+        exactly as predict maps its boxes back.
+        """
+        sample = self.samples[index]
+        hwc = torch.from_numpy(_decode_file(sample.image))
+        h, w = int(hwc.shape[0]), int(hwc.shape[1])
+        p = letterbox_params(h, w, self.imgsz)
+        # letterbox() returns float in [0, 1]; back to the uint8 grid it interpolated on.
+        x = letterbox(hwc.unsqueeze(0), self.imgsz)[0]
+        image = x.mul_(255.0).round_().clamp_(0, 255).to(torch.uint8)
+        targets = torch.from_numpy(sample.labels).to(torch.float32).reshape(-1, 5).clone()
+        targets[:, 1::2] *= p.new_w
+        targets[:, 2::2] *= p.new_h
+        return image, p.new_h, p.new_w, targets
+
+    # ---- mosaic and affine ----------------------------------------------------------------------
+
+    def _load_mosaic(self, index: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Four images tiled around a random centre of a 2S canvas: (canvas, targets, ref area).
+
+        ``ref area`` is each box's area before the canvas cut it, for the area-kept filter.
+        """
+        s = self.imgsz
+        canvas = torch.full((3, 2 * s, 2 * s), int(PAD_VALUE), dtype=torch.uint8)
+        xc = int(torch.randint(s // 2, s + s // 2 + 1, ()))
+        yc = int(torch.randint(s // 2, s + s // 2 + 1, ()))
+        others = torch.randint(len(self.samples), (3,)).tolist()
+        all_targets, all_ref = [], []
+        for k, i in enumerate([index, *others]):
+            tile, nh, nw, targets = self.load_letterboxed(i)
+            x0 = xc - nw if k in (0, 2) else xc  # top-left corner of the tile on the canvas
+            y0 = yc - nh if k in (0, 1) else yc
+            cx0, cy0 = max(x0, 0), max(y0, 0)
+            cx1, cy1 = min(x0 + nw, 2 * s), min(y0 + nh, 2 * s)
+            canvas[:, cy0:cy1, cx0:cx1] = tile[:, cy0 - y0:cy1 - y0, cx0 - x0:cx1 - x0]
+            if len(targets):
+                all_ref.append(_areas(targets))
+                targets[:, 1::2] = (targets[:, 1::2] + x0).clamp_(cx0, cx1)
+                targets[:, 2::2] = (targets[:, 2::2] + y0).clamp_(cy0, cy1)
+                all_targets.append(targets)
+        if not all_targets:
+            return canvas, torch.zeros((0, 5)), torch.zeros((0,))
+        return canvas, torch.cat(all_targets), torch.cat(all_ref)
+
+    def _random_affine(self, canvas: torch.Tensor, targets: torch.Tensor, ref_area: torch.Tensor,
+                       center: tuple[float, float]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotate/scale about ``center``, translate, and resample to S x S in one pass.
+
+        Returns the image as float (3, S, S) on the 0..255 scale (rounded once, after colour).
+        """
+        s = self.imgsz
+        angle = math.radians(_uniform(-self.degrees, self.degrees)) if self.degrees else 0.0
+        zoom = _uniform(1.0 - self.scale, 1.0 + self.scale) if self.scale else 1.0
+        tx = _uniform(-self.translate, self.translate) * s if self.translate else 0.0
+        ty = _uniform(-self.translate, self.translate) * s if self.translate else 0.0
+        cos, sin = math.cos(angle) * zoom, math.sin(angle) * zoom
+        # out = A @ (p - center) + (S/2 + t), for p in continuous pixel coordinates.
+        a = torch.tensor([[cos, -sin], [sin, cos]], dtype=torch.float64)
+        c = torch.tensor(center, dtype=torch.float64)
+        b = torch.tensor([s / 2.0 + tx, s / 2.0 + ty], dtype=torch.float64) - a @ c
+        identity = canvas.shape[-1] == s and angle == 0.0 and zoom == 1.0 and tx == 0.0 and ty == 0.0
+        image = canvas.to(torch.float32) if identity else _warp(canvas, a, b, s)
+
+        if len(targets) == 0:
+            return image, targets.reshape(0, 5)
+        xy = targets[:, [1, 2, 3, 2, 3, 4, 1, 4]].reshape(-1, 4, 2).to(torch.float64)
+        xy = xy @ a.T + b  # the four corners of each box
+        out = torch.cat([xy.amin(1), xy.amax(1)], dim=1).clamp_(0, s)
+        w, h = out[:, 2] - out[:, 0], out[:, 3] - out[:, 1]
+        kept = (w * h) / (ref_area.to(torch.float64) * zoom * zoom).clamp_min(1e-9)
+        keep = (w >= MIN_BOX_SIDE) & (h >= MIN_BOX_SIDE) & (kept >= MIN_AREA_KEPT)
+        result = torch.cat([targets[:, :1].to(torch.float64), out], dim=1)[keep]
+        return image, result.to(torch.float32)
+
+    def _random_color(self, image: torch.Tensor) -> torch.Tensor:
+        """HSV-style jitter of a float (3, S, S) image, applied as ONE 3x3 colour matrix.
+
+        Hue: a rotation about the grey axis by ``+-hsv_h`` of the colour circle; saturation: a
+        blend with luma by a gain in ``1 +- hsv_s``; value: a gain in ``1 +- hsv_v``. Grey (the
+        padding included) keeps its hue and saturation. One small matmul replaces three
+        colour-space round trips (torchvision's ``adjust_hue`` alone costs more than the warp).
+        """
+        hue = _uniform(-self.hsv_h, self.hsv_h) * 2.0 * math.pi if self.hsv_h else 0.0
+        sat = _uniform(1.0 - self.hsv_s, 1.0 + self.hsv_s) if self.hsv_s else 1.0
+        val = _uniform(1.0 - self.hsv_v, 1.0 + self.hsv_v) if self.hsv_v else 1.0
+        if hue == 0.0 and sat == 1.0 and val == 1.0:
+            return image
+        m = val * (_saturation_matrix(sat) @ _hue_matrix(hue))
+        c = image.shape[0]
+        flat = image.reshape(c, -1)
+        return (m.to(torch.float32) @ flat).reshape(image.shape)
+
+
+_LUMA = torch.tensor([0.299, 0.587, 0.114], dtype=torch.float64)
+
+
+def _hue_matrix(theta: float) -> torch.Tensor:
+    """Rotation of RGB space by ``theta`` radians about the grey axis (1, 1, 1) (Rodrigues)."""
+    k = torch.full((3,), 1.0 / math.sqrt(3.0), dtype=torch.float64)
+    kx = torch.tensor([[0.0, -k[2], k[1]], [k[2], 0.0, -k[0]], [-k[1], k[0], 0.0]], dtype=torch.float64)
+    eye = torch.eye(3, dtype=torch.float64)
+    return math.cos(theta) * eye + math.sin(theta) * kx + (1.0 - math.cos(theta)) * torch.outer(k, k)
+
+
+def _saturation_matrix(gain: float) -> torch.Tensor:
+    """``gain * rgb + (1 - gain) * luma``: 0 is greyscale, 1 the identity, >1 more saturated."""
+    return gain * torch.eye(3, dtype=torch.float64) + (1.0 - gain) * _LUMA.expand(3, 3)
+
+
+def _uniform(lo: float, hi: float) -> float:
+    return lo + (hi - lo) * float(torch.rand((), dtype=torch.float64))
+
+
+def _areas(targets: torch.Tensor) -> torch.Tensor:
+    return (targets[:, 3] - targets[:, 1]) * (targets[:, 4] - targets[:, 2])
+
+
+def _warp(canvas: torch.Tensor, a: torch.Tensor, b: torch.Tensor, size: int) -> torch.Tensor:
+    """Resample uint8 (3, H, W) to float (3, size, size): output point q shows canvas point
+    ``A^-1 (q - b)`` (continuous pixel coordinates, pixel i spanning [i, i + 1)).
+
+    One bilinear ``grid_sample`` at the output resolution, whatever the canvas size (the 2S mosaic
+    canvas costs no more than a plain image); outside the canvas is grey 114.
+    """
+    _, h, w = canvas.shape
+    inv = torch.linalg.inv(a)
+    # affine_grid works in normalized coordinates: q = (S/2)(o + 1) and p_n = D p - 1.
+    d = torch.diag(torch.tensor([2.0 / w, 2.0 / h], dtype=torch.float64))
+    half = size / 2.0
+    lin = d @ inv * half
+    off = d @ inv @ (torch.full((2,), half, dtype=torch.float64) - b) - 1.0
+    theta = torch.cat([lin, off[:, None]], dim=1).to(torch.float32).unsqueeze(0)
+    grid = F.affine_grid(theta, [1, 3, size, size], align_corners=False)
+    src = canvas.to(torch.float32).sub_(PAD_VALUE).unsqueeze(0)
+    out = F.grid_sample(src, grid, mode="bilinear", padding_mode="zeros", align_corners=False)[0]
+    return out.add_(PAD_VALUE)
+
+
+# --------------------------------------------------------------------------------------------------
+# Collate.
+
+
+def max_targets_bucket(counts: Sequence[int], bucket: int = 16) -> int:
+    """Row count for a batch's padded targets: the largest count rounded up to a multiple of
+    ``bucket``, and at least one bucket (so batches without objects share the smallest shape)."""
+    if bucket < 1:
+        raise ValueError(f"bucket must be >= 1, got {bucket}")
+    most = max((int(c) for c in counts), default=0)
+    return max(bucket, -(-most // bucket) * bucket)
+
+
+def collate_detections(
+    batch: Sequence[tuple[torch.Tensor, torch.Tensor]], bucket: int = 16
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Stack a batch: (images uint8 (B, 3, S, S), targets float32 (B, M, 5), mask bool (B, M)).
+
+    ``M = max_targets_bucket(counts, bucket)``; padded rows are zero with ``mask`` False. Use
+    ``functools.partial(collate_detections, bucket=...)`` as a DataLoader ``collate_fn``.
+    """
+    if len(batch) == 0:
+        raise ValueError("cannot collate an empty batch")
+    images = torch.stack([im for im, _ in batch])
+    counts = [int(t.shape[0]) for _, t in batch]
+    m = max_targets_bucket(counts, bucket)
+    targets = torch.zeros((len(batch), m, 5), dtype=torch.float32)
+    mask = torch.zeros((len(batch), m), dtype=torch.bool)
+    for i, (_, t) in enumerate(batch):
+        n = counts[i]
+        if n:
+            targets[i, :n] = t.to(torch.float32)
+            mask[i, :n] = True
+    return images, targets, mask

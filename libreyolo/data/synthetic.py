@@ -1,0 +1,328 @@
+"""The built-in ``shapes`` dataset: small synthetic images of five shape classes, YOLO format.
+
+It exists so that training, validation and the CUDA-graph training path can be exercised end to end
+with no download: ``resolve_data("shapes")`` (or ``model.train(data="shapes")``) generates it on
+first use and reuses it afterwards.
+
+Each image holds 1 to 6 filled shapes (``circle, square, triangle, star, cross``) of random size
+(8% to 45% of the short image side), colour and, for all but circles, a slight rotation, drawn on a
+varied background (flat colour, gradient, smooth noise, stripes, or clutter lines). Shapes may
+overlap, but never hide more than half of an earlier shape. Labels are the tight axis-aligned boxes
+of each shape's *visible* pixels. Images are not all square, so letterboxing is exercised too.
+
+Generation is deterministic (each image has its own seeded generator, so the same arguments give
+byte-identical files), idempotent (a complete dataset with a matching manifest is reused) and
+atomic (written into a temporary folder that is renamed into place, so an interrupted run or two
+processes racing never leave a half-written dataset behind).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+from PIL import Image, ImageDraw
+from tqdm import tqdm
+
+__all__ = ["SHAPE_NAMES", "DrawnShape", "default_datasets_dir", "make_shapes_dataset", "render_shapes"]
+
+LOGGER = logging.getLogger("libreyolo")
+
+#: Class names, in class-id order.
+SHAPE_NAMES: tuple[str, ...] = ("circle", "square", "triangle", "star", "cross")
+
+_VERSION = "shapes-v1"
+_JPEG_QUALITY = 92
+_MIN_REL, _MAX_REL = 0.08, 0.45  # shape extent as a fraction of the short image side
+_MAX_HIDDEN = 0.5  # a new shape may hide at most this fraction of an earlier one
+_MAX_TILT = 20.0  # degrees of rotation for non-circles
+_MIN_CONTRAST = 90.0  # minimal RGB distance between a shape and what lies under it
+
+
+class DrawnShape(NamedTuple):
+    """One shape as drawn: class id, tight box of its visible pixels (x1, y1, x2, y2; x2/y2
+    exclusive, in pixels) and its fill colour."""
+
+    cls: int
+    box: tuple[int, int, int, int]
+    color: tuple[int, int, int]
+
+
+def default_datasets_dir() -> Path:
+    """Where built-in datasets live: ``$LIBREYOLO_DATASETS_DIR`` or ``~/.cache/libreyolo/datasets``."""
+    env = os.environ.get("LIBREYOLO_DATASETS_DIR")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "libreyolo" / "datasets"
+
+
+def make_shapes_dataset(
+    root: Path | str | None = None,
+    n_train: int = 320,
+    n_val: int = 64,
+    imgsz: int = 320,
+    seed: int = 0,
+) -> Path:
+    """Write (or reuse) the synthetic shapes dataset and return the path of its ``data.yaml``.
+
+    ``root`` defaults to ``<datasets dir>/shapes-v1-<n_train>-<n_val>-<imgsz>-<seed>`` (see
+    :func:`default_datasets_dir`). ``imgsz`` is the long side of every image; the short side varies.
+    """
+    if n_train < 1 or n_val < 1:
+        raise ValueError(f"n_train and n_val must be >= 1, got {n_train} and {n_val}")
+    if imgsz < 32:
+        raise ValueError(f"imgsz must be >= 32 for the shapes dataset, got {imgsz}")
+    params = {"version": _VERSION, "n_train": int(n_train), "n_val": int(n_val),
+              "imgsz": int(imgsz), "seed": int(seed)}
+    if root is None:
+        root = default_datasets_dir() / f"{_VERSION}-{n_train}-{n_val}-{imgsz}-{seed}"
+    root = Path(root).expanduser().absolute()
+    if _is_complete(root, params):
+        LOGGER.debug("shapes dataset found complete at %s", root)
+        return root / "data.yaml"
+    if root.exists() and (not root.is_dir() or any(root.iterdir())):
+        raise FileExistsError(
+            f"cannot create the shapes dataset at '{root}': it exists and is not a complete shapes "
+            "dataset with these parameters; remove it or choose another root"
+        )
+
+    root.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.tmp-", dir=root.parent))
+    try:
+        LOGGER.info("generating the shapes dataset (%d train + %d val images) in %s",
+                    n_train, n_val, root)
+        _generate(tmp, params)
+        try:
+            os.rename(tmp, root)  # atomic; also replaces an empty directory left at root
+        except OSError:
+            if _is_complete(root, params):  # another process finished first: use its copy
+                return root / "data.yaml"
+            raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return root / "data.yaml"
+
+
+def _is_complete(root: Path, params: dict) -> bool:
+    """True when ``root`` holds a finished dataset generated with ``params``."""
+    try:
+        manifest = json.loads((root / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return False
+    if not isinstance(manifest, dict) or manifest.get("params") != params:
+        return False
+    files = manifest.get("files")
+    if not isinstance(files, dict) or "data.yaml" not in files:
+        return False
+    return all((root / rel).is_file() for rel in files)
+
+
+def _generate(out: Path, params: dict) -> None:
+    """Write every image, label, data.yaml and (last) the manifest into ``out``."""
+    imgsz, seed = params["imgsz"], params["seed"]
+    files: dict[str, str] = {}
+    jobs = [("train", i) for i in range(params["n_train"])] + [("val", i) for i in range(params["n_val"])]
+    for split in ("train", "val"):
+        (out / "images" / split).mkdir(parents=True)
+        (out / "labels" / split).mkdir(parents=True)
+    for split, i in tqdm(jobs, desc="shapes dataset", unit="img", leave=False,
+                         disable=len(jobs) < 200):
+        rng = np.random.default_rng([seed, 0 if split == "train" else 1, i])
+        w, h = _image_size(rng, imgsz)
+        pixels, shapes = render_shapes(rng, w, h)
+        stem = f"{split}_{i:06d}"
+        img_rel = f"images/{split}/{stem}.jpg"
+        lab_rel = f"labels/{split}/{stem}.txt"
+        Image.fromarray(pixels).save(out / img_rel, format="JPEG", quality=_JPEG_QUALITY)
+        rows = []
+        for s in shapes:
+            x1, y1, x2, y2 = s.box
+            rows.append(f"{s.cls} {(x1 + x2) / 2 / w:.6f} {(y1 + y2) / 2 / h:.6f} "
+                        f"{(x2 - x1) / w:.6f} {(y2 - y1) / h:.6f}\n")
+        (out / lab_rel).write_text("".join(rows))
+        files[img_rel] = _sha256(out / img_rel)
+        files[lab_rel] = _sha256(out / lab_rel)
+    names = "\n".join(f"  {k}: {n}" for k, n in enumerate(SHAPE_NAMES))
+    (out / "data.yaml").write_text(
+        "# libreyolo built-in synthetic dataset (libreyolo.data.synthetic)\n"
+        f"path: .\ntrain: images/train\nval: images/val\nnc: {len(SHAPE_NAMES)}\nnames:\n{names}\n"
+    )
+    files["data.yaml"] = _sha256(out / "data.yaml")
+    manifest = {"params": params, "files": dict(sorted(files.items()))}
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _image_size(rng: np.random.Generator, imgsz: int) -> tuple[int, int]:
+    """Half the images are square; the others have a short side of 60%..100% of ``imgsz``."""
+    if rng.random() < 0.5:
+        return imgsz, imgsz
+    short = int(round(imgsz * rng.uniform(0.6, 1.0)))
+    return (imgsz, short) if rng.random() < 0.5 else (short, imgsz)
+
+
+# --------------------------------------------------------------------------------------------------
+# Rendering.
+
+
+def render_shapes(
+    rng: np.random.Generator, width: int, height: int, plain: bool = False
+) -> tuple[np.ndarray, list[DrawnShape]]:
+    """Draw one image (HxWx3 uint8 RGB) and return it with its shapes.
+
+    ``plain=True`` uses a flat background with no clutter, which makes the labels checkable pixel
+    by pixel (every pixel outside all boxes is the background colour).
+    """
+    img = _flat(rng, width, height) if plain else _background(rng, width, height)
+    owner = np.full((height, width), -1, dtype=np.int16)  # which shape each pixel shows
+    areas: list[int] = []
+    classes: list[int] = []
+    colors: list[tuple[int, int, int]] = []
+    short = min(width, height)
+    for _ in range(int(rng.integers(1, 7))):
+        for _attempt in range(25):
+            cls = int(rng.integers(len(SHAPE_NAMES)))
+            extent = rng.uniform(_MIN_REL, _MAX_REL) * short
+            mask = _shape_mask(rng, cls, extent, width, height)
+            area = int(mask.sum())
+            if area < 16:
+                continue
+            if not _occlusion_ok(owner, mask, areas):
+                continue
+            color = _pick_color(rng, img, owner, mask, colors)
+            if color is None:
+                continue
+            img[mask] = color
+            owner[mask] = len(areas)
+            areas.append(area)
+            classes.append(cls)
+            colors.append(color)
+            break
+    shapes = []
+    for k, (cls, color) in enumerate(zip(classes, colors)):
+        ys, xs = np.nonzero(owner == k)
+        box = (int(xs.min()), int(ys.min()), int(xs.max()) + 1, int(ys.max()) + 1)
+        shapes.append(DrawnShape(cls, box, color))
+    return img, shapes
+
+
+def _occlusion_ok(owner: np.ndarray, mask: np.ndarray, areas: list[int]) -> bool:
+    """A new shape may hide part of earlier ones, but each must keep half of its pixels."""
+    covered = owner[mask]
+    covered = covered[covered >= 0]
+    if covered.size == 0:
+        return True
+    hidden = np.bincount(covered, minlength=len(areas))
+    visible = np.bincount(owner[owner >= 0], minlength=len(areas)) - hidden
+    return bool(np.all(visible >= (1.0 - _MAX_HIDDEN) * np.asarray(areas)))
+
+
+def _pick_color(rng: np.random.Generator, img: np.ndarray, owner: np.ndarray, mask: np.ndarray,
+                colors: list[tuple[int, int, int]]) -> tuple[int, int, int] | None:
+    """A random colour far enough from the background and from any shape it overlaps."""
+    under_bg = img[mask & (owner < 0)]
+    refs = [under_bg.reshape(-1, 3).mean(0)] if under_bg.size else []
+    # Per-pixel check on textured backgrounds: the colour must stand out from most pixels.
+    refs += [np.asarray(colors[k], np.float64) for k in np.unique(owner[mask]) if k >= 0]
+    sample = under_bg.reshape(-1, 3)[:: max(1, under_bg.shape[0] // 256)].astype(np.float64)
+    for _ in range(30):
+        c = rng.integers(0, 256, 3).astype(np.float64)
+        if any(np.linalg.norm(c - r) < _MIN_CONTRAST for r in refs):
+            continue
+        if sample.size and np.mean(np.linalg.norm(sample - c, axis=1) < 40) > 0.05:
+            continue
+        return int(c[0]), int(c[1]), int(c[2])
+    return None
+
+
+def _shape_mask(rng: np.random.Generator, cls: int, extent: float, w: int, h: int) -> np.ndarray:
+    """Boolean HxW mask of one shape of class ``cls`` whose size is about ``extent`` pixels."""
+    r = extent / 2.0
+    cx = rng.uniform(r, w - r)
+    cy = rng.uniform(r, h - r)
+    im = Image.new("L", (w, h), 0)
+    draw = ImageDraw.Draw(im)
+    if cls == 0:  # circle
+        draw.ellipse([cx - r, cy - r, cx + r, cy + r], fill=255)
+    else:
+        tilt = math.radians(rng.uniform(-_MAX_TILT, _MAX_TILT))
+        draw.polygon(_polygon(cls, cx, cy, r, tilt), fill=255)
+    return np.asarray(im) > 0
+
+
+def _polygon(cls: int, cx: float, cy: float, r: float, tilt: float) -> list[tuple[float, float]]:
+    """Vertices of a square, triangle, star or cross of circumradius ~``r``, rotated by ``tilt``."""
+    if cls == 1:  # square: half-side chosen so the tilted square stays within the circle
+        pts = [(a * r * 0.7, b * r * 0.7) for a, b in ((-1, -1), (1, -1), (1, 1), (-1, 1))]
+    elif cls == 2:  # triangle, apex up
+        pts = [(r * math.cos(t), r * math.sin(t))
+               for t in (-math.pi / 2 + k * 2 * math.pi / 3 for k in range(3))]
+    elif cls == 3:  # five-pointed star
+        pts = []
+        for k in range(10):
+            rr = r if k % 2 == 0 else 0.45 * r
+            t = -math.pi / 2 + k * math.pi / 5
+            pts.append((rr * math.cos(t), rr * math.sin(t)))
+    elif cls == 4:  # plus-shaped cross
+        a, b = r * 0.75, r * 0.25
+        pts = [(-b, -a), (b, -a), (b, -b), (a, -b), (a, b), (b, b),
+               (b, a), (-b, a), (-b, b), (-a, b), (-a, -b), (-b, -b)]
+    else:
+        raise ValueError(f"unknown shape class {cls}")
+    c, s = math.cos(tilt), math.sin(tilt)
+    return [(cx + x * c - y * s, cy + x * s + y * c) for x, y in pts]
+
+
+def _flat(rng: np.random.Generator, w: int, h: int) -> np.ndarray:
+    img = np.empty((h, w, 3), np.uint8)
+    img[:] = rng.integers(0, 256, 3, dtype=np.uint8)
+    return img
+
+
+def _background(rng: np.random.Generator, w: int, h: int) -> np.ndarray:
+    """A random background: flat, gradient, smooth noise, stripes or clutter lines."""
+    kind = int(rng.integers(5))
+    if kind == 0:
+        img = _flat(rng, w, h)
+    elif kind == 1:  # linear gradient between two colours along a random direction
+        t = rng.uniform(0, 2 * math.pi)
+        yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
+        proj = xx * math.cos(t) + yy * math.sin(t)
+        proj = (proj - proj.min()) / max(float(np.ptp(proj)), 1e-6)
+        a, b = rng.integers(0, 256, (2, 3)).astype(np.float32)
+        img = (a + proj[..., None] * (b - a)).astype(np.uint8)
+    elif kind == 2:  # smooth colour noise plus fine grain
+        g = int(rng.integers(3, 9))
+        coarse = rng.integers(0, 256, (g, g, 3), dtype=np.uint8)
+        img = np.asarray(Image.fromarray(coarse).resize((w, h), Image.BILINEAR)).copy()
+    elif kind == 3:  # stripes at a random angle and period
+        t = rng.uniform(0, math.pi)
+        period = rng.uniform(6, 40)
+        yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
+        phase = ((xx * math.cos(t) + yy * math.sin(t)) / period) % 1.0 < 0.5
+        a, b = rng.integers(0, 256, (2, 3), dtype=np.uint8)
+        img = np.where(phase[..., None], a, b).astype(np.uint8)
+    else:  # clutter: random lines over a flat colour
+        img = _flat(rng, w, h)
+        pil = Image.fromarray(img)
+        draw = ImageDraw.Draw(pil)
+        for _ in range(int(rng.integers(5, 21))):
+            x0, x1 = rng.uniform(0, w, 2)
+            y0, y1 = rng.uniform(0, h, 2)
+            color = tuple(int(v) for v in rng.integers(0, 256, 3))
+            draw.line([(x0, y0), (x1, y1)], fill=color, width=int(rng.integers(1, 4)))
+        img = np.asarray(pil).copy()
+    if rng.random() < 0.5:  # grain on half of the images
+        noise = rng.normal(0.0, rng.uniform(3, 12), img.shape)
+        img = np.clip(img.astype(np.float32) + noise, 0, 255).astype(np.uint8)
+    return np.ascontiguousarray(img)

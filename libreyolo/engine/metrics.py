@@ -1,0 +1,131 @@
+"""Detection mAP (COCO protocol) from in-memory predictions and ground truths.
+
+The numbers come from faster-coco-eval (a fast drop-in for pycocotools), or from pycocotools
+when faster-coco-eval is not installed, so they are the standard COCO mAP50 and mAP50-95:
+101-point interpolated precision, IoU thresholds 0.50:0.05:0.95, all areas, 100 detections per
+image. Everything is built from dicts in memory; nothing is written to disk or printed.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+from typing import Any
+
+import numpy as np
+
+try:  # torch is a dependency of the package, but the metrics do not need it
+    import torch
+except ImportError:  # pragma: no cover
+    torch = None
+
+INSTALL_HINT = "mAP needs faster-coco-eval (or pycocotools): pip install faster-coco-eval"
+
+
+def _silent(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+def _as_array(x: Any, cols: int) -> np.ndarray:
+    """Tensor / array / list -> float64 (n, cols) array (an empty input gives (0, cols))."""
+    if torch is not None and isinstance(x, torch.Tensor):
+        x = x.detach().float().cpu().numpy()
+    a = np.asarray(x, dtype=np.float64)
+    if a.size == 0:
+        return np.zeros((0, cols), dtype=np.float64)
+    a = a.reshape(-1, a.shape[-1])
+    if a.shape[1] < cols:
+        raise ValueError(f"expected rows of at least {cols} values, got shape {a.shape}")
+    return a[:, :cols]
+
+
+def _backend():
+    """(COCO, COCOeval class, quiet kwargs) from faster-coco-eval, else pycocotools."""
+    try:
+        from faster_coco_eval import COCO, COCOeval_faster
+        return COCO, COCOeval_faster, {"print_function": _silent}
+    except ImportError:
+        pass
+    try:
+        from pycocotools.coco import COCO
+        from pycocotools.cocoeval import COCOeval
+        return COCO, COCOeval, {}
+    except ImportError:
+        raise ImportError(INSTALL_HINT) from None
+
+
+def _coco_precision(gt: dict, dets: list[dict]) -> np.ndarray:
+    """COCOeval precision array (T, R, K, A, M) for a GT dict and a detections list."""
+    COCO, COCOeval, quiet = _backend()
+    with contextlib.redirect_stdout(io.StringIO()):   # pycocotools prints progress
+        if quiet:
+            coco_gt = COCO(gt, **quiet)
+            coco_dt = coco_gt.loadRes(dets)
+            ev = COCOeval(coco_gt, coco_dt, iouType="bbox", **quiet)
+        else:
+            coco_gt = COCO()
+            coco_gt.dataset = gt
+            coco_gt.createIndex()
+            coco_dt = coco_gt.loadRes(dets)
+            ev = COCOeval(coco_gt, coco_dt, iouType="bbox")
+        ev.evaluate()
+        ev.accumulate()
+    return np.asarray(ev.eval["precision"])
+
+
+def evaluate_detections(predictions: list, ground_truths: list, nc: int,
+                        names: dict[int, str] | None = None) -> dict:
+    """COCO mAP50 and mAP50-95, overall and per class.
+
+    ``predictions[i]``: (n, 6) ``[x1, y1, x2, y2, conf, cls]`` for image i; ``ground_truths[i]``:
+    (m, 5) ``[cls, x1, y1, x2, y2]``; both in pixels, tensors or arrays. Returns
+    ``{"map50", "map50_95", "per_class": {name: {"map50", "map50_95", "instances"}}}``. As in COCO,
+    only classes with at least one ground-truth instance are scored (the overall figures are
+    their mean); with no ground truth at all both figures are 0.0 and ``per_class`` is empty.
+    Raises ImportError (saying ``pip install faster-coco-eval``) if no COCO backend is installed.
+    """
+    if len(predictions) != len(ground_truths):
+        raise ValueError(f"{len(predictions)} prediction lists for {len(ground_truths)} images")
+    _backend()   # fail early and clearly when no backend is installed
+    names = names or {}
+    label = {c: str(names.get(c, c)) for c in range(nc)}
+
+    images, anns, dets = [], [], []
+    instances = np.zeros(nc, dtype=np.int64)
+    for i, (pred, gt) in enumerate(zip(predictions, ground_truths), start=1):
+        images.append({"id": i, "width": 1, "height": 1})
+        for cls, x1, y1, x2, y2 in _as_array(gt, 5):
+            c = int(cls)
+            if not 0 <= c < nc:
+                continue
+            w, h = max(x2 - x1, 0.0), max(y2 - y1, 0.0)
+            instances[c] += 1
+            anns.append({"id": len(anns) + 1, "image_id": i, "category_id": c + 1,
+                         "bbox": [x1, y1, w, h], "area": w * h, "iscrowd": 0})
+        for x1, y1, x2, y2, conf, cls in _as_array(pred, 6):
+            c = int(cls)
+            if not 0 <= c < nc:
+                continue
+            dets.append({"image_id": i, "category_id": c + 1, "score": float(conf),
+                         "bbox": [x1, y1, max(x2 - x1, 0.0), max(y2 - y1, 0.0)]})
+
+    present = [c for c in range(nc) if instances[c] > 0]
+    per_class = {label[c]: {"map50": 0.0, "map50_95": 0.0, "instances": int(instances[c])}
+                 for c in present}
+    if not present:
+        return {"map50": 0.0, "map50_95": 0.0, "per_class": per_class}
+    if not dets:   # nothing detected: every scored class has AP 0 (and loadRes([]) can fail)
+        return {"map50": 0.0, "map50_95": 0.0, "per_class": per_class}
+
+    gt_dict = {"images": images, "annotations": anns,
+               "categories": [{"id": c + 1, "name": label[c]} for c in range(nc)]}
+    precision = _coco_precision(gt_dict, dets)           # (T, R, K, A, M); K follows category ids
+    p = precision[:, :, :, 0, -1]                        # area "all", maxDets 100 -> (T, R, K)
+    ap50, ap = [], []
+    for c in present:
+        pc = p[:, :, c]
+        ap_t = np.array([row[row > -1].mean() if (row > -1).any() else 0.0 for row in pc])
+        per_class[label[c]]["map50"] = float(ap_t[0])
+        per_class[label[c]]["map50_95"] = float(ap_t.mean())
+        ap50.append(ap_t[0])
+        ap.append(ap_t.mean())
+    return {"map50": float(np.mean(ap50)), "map50_95": float(np.mean(ap)), "per_class": per_class}

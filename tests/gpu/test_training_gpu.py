@@ -1,0 +1,125 @@
+"""Training-step capture on a real GPU (issue #3). Run through scripts/gpu-check.
+
+These establish the training parity that a family needs before it may declare
+SUPPORTS_CUDA_GRAPH_TRAIN = True; they drive TrainStepRunner with supported=True.
+"""
+import logging
+
+import pytest
+import torch
+
+from libreyolo import LibreYOLO
+from libreyolo.data.augment import DetectionDataset, collate_detections
+from libreyolo.data.synthetic import make_shapes_dataset
+from libreyolo.data.datasets import resolve_data
+from libreyolo.graphs.capture import CudaGraphCapturer
+from libreyolo.graphs.training import TrainStepRunner
+
+pytestmark = pytest.mark.cuda
+
+
+@pytest.fixture(scope="module")
+def batches(tmp_path_factory):
+    data = resolve_data(make_shapes_dataset(tmp_path_factory.mktemp("d") / "s", n_train=64, n_val=8, imgsz=256))
+    ds = DetectionDataset(data.train, 256, augment=False)
+    out = []
+    for i in range(0, 64, 8):
+        out.append(collate_detections([ds[j] for j in range(i, i + 8)], bucket=16))
+    return out
+
+
+def make(amp=False, seed=0):
+    torch.manual_seed(seed)
+    m = LibreYOLO.new("yolo9", "t", nc=5, device="cuda", seed=seed)
+    net = m.model.train()
+    loss_fn = m.build_loss().cuda()
+
+    def step(x, t, k):
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
+            loss, items = loss_fn(net(x), t, k)
+        loss.backward()
+        return loss.detach(), items.detach()
+
+    return net, step
+
+
+def to_dev(b):
+    imgs, t, k = b
+    return imgs.cuda().float().div_(255), t.cuda(), k.cuda()
+
+
+@pytest.mark.parametrize("amp", [False, True])
+def test_step0_loss_and_bn_buffers_bitwise_equal(batches, amp):
+    x, t, k = to_dev(batches[0])
+    net_e, step_e = make(amp)
+    loss_e, _ = step_e(x, t, k)
+    net_g, step_g = make(amp)
+    graph = CudaGraphCapturer().capture(step_g, (x, t, k), module=net_g)
+    for p in net_g.parameters():
+        p.grad = None if p.grad is None else p.grad.zero_()
+    loss_g, _ = graph.replay((x, t, k))
+    torch.cuda.synchronize()
+    assert torch.equal(loss_e, loss_g)
+    for a, b in zip(net_e.buffers(), net_g.buffers()):
+        assert torch.equal(a, b)
+
+
+def _curve(batches, graph: bool, steps=20):
+    net, step = make()
+    opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
+    runner = TrainStepRunner(net, step, enabled=graph, family="yolo9", supported=True)
+    losses = []
+    for i in range(steps):
+        x, t, k = to_dev(batches[i % 2])  # two batches of one shape: capture after 3 repeats
+        loss, _ = runner(x, t, k)
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+        losses.append(float(loss))
+    return losses, runner.info()
+
+
+def test_20_step_curve_within_eager_noise(batches):
+    e1, _ = _curve(batches, False)
+    e2, _ = _curve(batches, False)
+    g, info = _curve(batches, True)
+    assert info["captures"] >= 1 and info["replays"] >= 10, info
+    noise = max(abs(a - b) for a, b in zip(e1, e2))
+    diff = max(abs(a - b) for a, b in zip(e1, g))
+    assert diff <= max(noise * 2, 1e-5 * max(abs(v) for v in e1)), (noise, diff)
+
+
+def test_capture_while_pin_memory_workers_run(tmp_path):
+    model = LibreYOLO.new("yolo9", "t", device="cuda")
+    model.SUPPORTS_CUDA_GRAPH_TRAIN = True
+    res = model.train(data=str(make_shapes_dataset(tmp_path / "s", n_train=48, n_val=8, imgsz=128)), epochs=2,
+                      batch=8, imgsz=128, workers=2, project=str(tmp_path), cuda_graph=True, verbose=False)
+    assert res["cuda_graph"]["replays"] > 0 and res["cuda_graph"]["disabled_reason"] is None
+
+
+def test_injected_capture_failure_mid_run_finishes_eager(tmp_path, caplog, monkeypatch):
+    def broken(self, fn, inputs, module=None):
+        raise RuntimeError("injected capture failure")
+
+    monkeypatch.setattr(CudaGraphCapturer, "capture", broken)
+    model = LibreYOLO.new("yolo9", "t", device="cuda")
+    model.SUPPORTS_CUDA_GRAPH_TRAIN = True
+    with caplog.at_level(logging.WARNING, logger="libreyolo"):
+        res = model.train(data=str(make_shapes_dataset(tmp_path / "s", n_train=32, n_val=8, imgsz=128)),
+                          epochs=1, batch=8, imgsz=128, workers=0, project=str(tmp_path), cuda_graph=True,
+                          verbose=False)
+    assert sum("injected capture failure" in m for m in caplog.messages) == 1
+    assert LibreYOLO(res["last"]).trained
+
+
+def test_gradient_accumulation_parity(batches):
+    """Two micro-batches accumulated by replays equal two accumulated eager backwards."""
+    net_e, step_e = make()
+    net_g, step_g = make()
+    runner = TrainStepRunner(net_g, step_g, enabled=True, family="yolo9", supported=True, repeat=1)
+    for b in batches[:2]:
+        step_e(*to_dev(b))
+    for b in batches[:2]:
+        runner(*to_dev(b))
+    assert runner.info()["replays"] == 2
+    for a, b in zip(net_e.parameters(), net_g.parameters()):
+        assert torch.allclose(a.grad, b.grad, rtol=1e-4, atol=1e-6)

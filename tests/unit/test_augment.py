@@ -1,0 +1,297 @@
+"""DetectionDataset (letterbox, mosaic, affine, flip, colour), collate_detections, DataLoader use."""
+
+from __future__ import annotations
+
+import functools
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torch.utils.data import DataLoader, Dataset
+
+from libreyolo.data.augment import (
+    MIN_BOX_SIDE,
+    DetectionDataset,
+    collate_detections,
+    max_targets_bucket,
+)
+from libreyolo.data.datasets import Sample, resolve_data
+from libreyolo.data.synthetic import make_shapes_dataset
+from libreyolo.ops.letterbox import letterbox, letterbox_params
+
+NO_AUG = dict(mosaic=0.0, degrees=0.0, translate=0.0, scale=0.0, fliplr=0.0, hsv_h=0.0, hsv_s=0.0,
+              hsv_v=0.0)
+RED = (230, 20, 20)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # Per-image work is many small ops: like a DataLoader worker, run it on one thread (on a busy
+    # machine, intra-op threads mostly wait for each other).
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def shapes(tmp_path_factory):
+    root = tmp_path_factory.mktemp("shapes") / "s"
+    return resolve_data(make_shapes_dataset(root, n_train=16, n_val=4, imgsz=128))
+
+
+def rect_sample(path: Path, w: int, h: int, box: tuple[int, int, int, int], cls: int = 1) -> Sample:
+    """A grey PNG with one red rectangle (pixel box x1, y1, x2, y2, exclusive) and its label."""
+    img = np.full((h, w, 3), 60, np.uint8)
+    x1, y1, x2, y2 = box
+    img[y1:y2, x1:x2] = RED
+    Image.fromarray(img).save(path)
+    labels = np.array([[cls, x1 / w, y1 / h, x2 / w, y2 / h]], np.float32)
+    return Sample(path, labels, w, h)
+
+
+def red_extent(image: torch.Tensor) -> tuple[int, int, int, int]:
+    """Box (x1, y1, x2, y2) around clearly red pixels of a (3, H, W) uint8 image."""
+    r, g, b = image.int()
+    ys, xs = torch.nonzero((r > 150) & (g < 90) & (b < 90), as_tuple=True)
+    return int(xs.min()), int(ys.min()), int(xs.max()) + 1, int(ys.max()) + 1
+
+
+def check_targets(t: torch.Tensor, size: int, nc: int = 5) -> None:
+    assert t.dtype == torch.float32 and t.ndim == 2 and t.shape[1] == 5
+    if len(t):
+        assert (t[:, 1:] >= 0).all() and (t[:, 1:] <= size).all()
+        assert (t[:, 3] - t[:, 1] >= MIN_BOX_SIDE).all() and (t[:, 4] - t[:, 2] >= MIN_BOX_SIDE).all()
+        assert (t[:, 0] == t[:, 0].round()).all() and t[:, 0].min() >= 0 and t[:, 0].max() < nc
+
+
+# ---- without augmentation: the predict letterbox ---------------------------------------------------
+
+
+def test_letterbox_matches_predict(shapes):
+    ds = DetectionDataset(shapes.train, 96, augment=False)
+    seen_non_square = False
+    for i in range(len(ds)):
+        image, targets = ds[i]
+        s = shapes.train[i]
+        assert image.dtype == torch.uint8 and image.shape == (3, 96, 96)
+        with Image.open(s.image) as im:
+            raw = torch.from_numpy(np.asarray(im.convert("RGB")).copy())
+        ref = letterbox(raw.unsqueeze(0), 96)[0].mul(255).round().to(torch.uint8)
+        assert torch.equal(image, ref)
+        p = letterbox_params(s.height, s.width, 96)
+        seen_non_square |= p.new_h != p.new_w
+        # predict maps boxes back by new/original size per axis; the targets use the same scales
+        expected = torch.from_numpy(s.labels).clone()
+        expected[:, 1::2] *= p.new_w
+        expected[:, 2::2] *= p.new_h
+        torch.testing.assert_close(targets, expected)
+        assert (image[:, p.new_h:, :] == 114).all() and (image[:, :, p.new_w:] == 114).all()
+    assert seen_non_square
+
+
+def test_letterbox_box_encloses_the_object(tmp_path):
+    s = rect_sample(tmp_path / "r.png", 200, 100, (30, 20, 90, 70))
+    image, targets = DetectionDataset([s], 64)[0]
+    x1, y1, x2, y2 = red_extent(image)
+    tx1, ty1, tx2, ty2 = targets[0, 1:].tolist()
+    assert targets[0, 0] == 1
+    assert abs(tx1 - x1) <= 1 and abs(ty1 - y1) <= 1 and abs(tx2 - x2) <= 1 and abs(ty2 - y2) <= 1
+
+
+# ---- augmentation -----------------------------------------------------------------------------------
+
+
+def test_augmented_items_are_valid_and_inside(shapes):
+    ds = DetectionDataset(shapes.train, 96, augment=True, degrees=15.0)
+    torch.manual_seed(0)
+    total = 0
+    for _ in range(2):
+        for i in range(len(ds)):
+            image, targets = ds[i]
+            assert image.dtype == torch.uint8 and image.shape == (3, 96, 96) and image.is_contiguous()
+            check_targets(targets, 96)
+            total += len(targets)
+    assert total > 0
+
+
+def test_deterministic_under_manual_seed(shapes):
+    ds = DetectionDataset(shapes.train, 64, augment=True, degrees=10.0)
+    runs = []
+    for _ in range(2):
+        torch.manual_seed(123)
+        runs.append([ds[i] for i in range(4)])
+    for (ia, ta), (ib, tb) in zip(*runs):
+        assert torch.equal(ia, ib) and torch.equal(ta, tb)
+    torch.manual_seed(124)
+    other = [ds[i] for i in range(4)]
+    assert any(not torch.equal(a[0], b[0]) for a, b in zip(runs[0], other))
+
+
+@pytest.mark.parametrize("degrees", [0.0, 30.0])
+def test_affine_and_flip_move_boxes_with_the_pixels(tmp_path, degrees):
+    s = rect_sample(tmp_path / "r.png", 120, 80, (20, 30, 70, 60))
+    params = dict(NO_AUG, degrees=degrees, translate=0.2, scale=0.4, fliplr=0.5)
+    ds = DetectionDataset([s], 96, augment=True, **params)
+    torch.manual_seed(1)
+    checked = 0
+    for _ in range(12):
+        image, targets = ds[0]
+        check_targets(targets, 96)
+        if len(targets) == 0:
+            continue
+        x1, y1, x2, y2 = red_extent(image)
+        tx1, ty1, tx2, ty2 = targets[0, 1:].tolist()
+        # the box encloses every red pixel (bilinear edges: 1 px slack) ...
+        assert tx1 <= x1 + 1 and ty1 <= y1 + 1 and tx2 >= x2 - 1 and ty2 >= y2 - 1
+        if degrees == 0.0:  # ... and without rotation it is also tight
+            assert x1 <= tx1 + 1.5 and y1 <= ty1 + 1.5 and x2 >= tx2 - 1.5 and y2 >= ty2 - 1.5
+        checked += 1
+    assert checked >= 6
+
+
+def test_boxes_cut_by_the_border_are_dropped(tmp_path):
+    # translate far enough that the box usually leaves the image: never an invalid box
+    s = rect_sample(tmp_path / "r.png", 64, 64, (0, 0, 12, 12))
+    ds = DetectionDataset([s], 64, augment=True, **dict(NO_AUG, translate=0.5))
+    torch.manual_seed(0)
+    counts = []
+    for _ in range(30):
+        _, t = ds[0]
+        check_targets(t, 64)
+        counts.append(len(t))
+    assert 0 in counts and 1 in counts
+
+
+def test_colour_jitter_keeps_grey_and_changes_colour(tmp_path):
+    s = rect_sample(tmp_path / "r.png", 64, 64, (10, 10, 40, 40))
+    plain = DetectionDataset([s], 64, augment=True, **NO_AUG)[0][0]
+    ds = DetectionDataset([s], 64, augment=True, **dict(NO_AUG, hsv_h=0.1, hsv_s=0.7))
+    torch.manual_seed(0)
+    image = ds[0][0]
+    grey = image[:, 50:, 50:]
+    assert (grey.max(0).values.int() - grey.min(0).values.int()).abs().max() <= 1  # still grey
+    assert not torch.equal(image[:, 20, 20], plain[:, 20, 20])
+
+
+def test_mosaic_holds_objects_of_four_images(tmp_path):
+    # one central object per image: after the 2S-canvas cut at least a quarter of each survives
+    samples = []
+    for k in range(4):
+        img = np.full((64, 64, 3), 40 * k, np.uint8)
+        Image.fromarray(img).save(tmp_path / f"{k}.png")
+        samples.append(Sample(tmp_path / f"{k}.png", np.array([[k, 0.4, 0.4, 0.6, 0.6]], np.float32), 64, 64))
+    ds = DetectionDataset(samples, 64, augment=True, **dict(NO_AUG, mosaic=1.0))
+    torch.manual_seed(0)
+    seen = set()
+    for i in range(8):
+        canvas, targets, ref = ds._load_mosaic(i % 4)
+        assert canvas.shape == (3, 128, 128) and len(targets) == 4 and len(ref) == 4
+        assert targets[0, 0] == i % 4  # the requested image is always the first tile
+        assert ((targets[:, 3] - targets[:, 1]) * (targets[:, 4] - targets[:, 2]) >= 0.25 * ref - 1e-3).all()
+        seen |= set(targets[:, 0].int().tolist())
+    assert seen == {0, 1, 2, 3}
+
+
+def test_mosaic_warp_without_zoom_is_the_centre_crop(shapes):
+    ds = DetectionDataset(shapes.train, 64, augment=True, **dict(NO_AUG, mosaic=1.0))
+    torch.manual_seed(3)
+    canvas, targets, ref = ds._load_mosaic(0)
+    image, out = ds._random_affine(canvas, targets, ref, (64.0, 64.0))
+    crop = canvas[:, 32:96, 32:96].float()
+    assert (image - crop).abs().max() <= 0.01
+    kept = targets.clone()
+    kept[:, 1:] = (kept[:, 1:] - 32).clamp(0, 64)
+    assert all(any(torch.allclose(o, k, atol=1e-4) for k in kept) for o in out)
+
+
+def test_close_mosaic(shapes, monkeypatch):
+    ds = DetectionDataset(shapes.train, 64, augment=True)
+    assert ds.mosaic == 1.0
+    ds.close_mosaic()
+    assert ds.mosaic == 0.0
+    monkeypatch.setattr(ds, "_load_mosaic", lambda i: pytest.fail("mosaic after close_mosaic"))
+    for i in range(4):
+        check_targets(ds[i][1], 64)
+
+
+def test_picklable(shapes):
+    ds = DetectionDataset(shapes.train, 64, augment=True, degrees=5.0)
+    copy = pickle.loads(pickle.dumps(ds))
+    assert copy.imgsz == 64 and copy.degrees == 5.0 and len(copy) == len(ds)
+
+
+def test_argument_checks(shapes):
+    with pytest.raises(ValueError, match="scale"):
+        DetectionDataset(shapes.train, 64, augment=True, scale=1.0)
+    with pytest.raises(ValueError, match="mosaic"):
+        DetectionDataset(shapes.train, 64, augment=True, mosaic=1.5)
+
+
+# ---- collate and DataLoader -------------------------------------------------------------------------
+
+
+def test_max_targets_bucket():
+    assert max_targets_bucket([0, 3, 17], 16) == 32
+    assert max_targets_bucket([16], 16) == 16
+    assert max_targets_bucket([0, 0], 16) == 16  # batches without objects share the smallest shape
+    assert max_targets_bucket([], 8) == 8
+    assert max_targets_bucket([5], 1) == 5
+    with pytest.raises(ValueError):
+        max_targets_bucket([1], 0)
+
+
+def test_collate_pads_buckets_and_masks():
+    def item(n):
+        t = torch.arange(n * 5, dtype=torch.float32).reshape(n, 5) + 1
+        return torch.full((3, 8, 8), n, dtype=torch.uint8), t
+
+    batch = [item(0), item(3), item(17)]
+    images, targets, mask = collate_detections(batch, bucket=16)
+    assert images.shape == (3, 3, 8, 8) and images.dtype == torch.uint8
+    assert targets.shape == (3, 32, 5) and targets.dtype == torch.float32
+    assert mask.shape == (3, 32) and mask.dtype == torch.bool
+    assert mask.sum(1).tolist() == [0, 3, 17]
+    for i, (_, t) in enumerate(batch):
+        n = len(t)
+        assert torch.equal(targets[i, :n], t) and (targets[i, n:] == 0).all()
+        assert mask[i, :n].all() and not mask[i, n:].any()
+    assert collate_detections(batch[:2], bucket=4)[1].shape == (2, 4, 5)
+
+
+class MosaicProbe(Dataset):
+    """Reports the mosaic probability a worker sees."""
+
+    def __init__(self, ds: DetectionDataset):
+        self.ds = ds
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.tensor(self.ds.mosaic)
+
+
+@pytest.mark.filterwarnings("ignore:'pin_memory' argument is set as true")
+def test_dataloader_with_workers_one_epoch(shapes):
+    ds = DetectionDataset(shapes.train, 64, augment=True)
+    loader = DataLoader(ds, batch_size=4, shuffle=True, num_workers=2, pin_memory=True,
+                        collate_fn=functools.partial(collate_detections, bucket=8))
+    seen = 0
+    for images, targets, mask in loader:
+        assert images.shape == (4, 3, 64, 64) and images.dtype == torch.uint8
+        assert targets.shape[1] % 8 == 0 and targets.shape[:2] == mask.shape
+        assert (targets[~mask] == 0).all()
+        seen += len(images)
+    assert seen == len(ds)
+
+
+def test_close_mosaic_reaches_persistent_workers(shapes):
+    probe = MosaicProbe(DetectionDataset(shapes.train, 64, augment=True))
+    loader = DataLoader(probe, batch_size=2, num_workers=2, persistent_workers=True)
+    assert torch.cat(list(loader)).tolist() == [1.0] * 4
+    probe.ds.close_mosaic()
+    assert torch.cat(list(loader)).tolist() == [0.0] * 4

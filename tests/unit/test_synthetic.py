@@ -1,0 +1,131 @@
+"""The built-in shapes dataset: determinism, idempotence, atomicity, and labels that fit the pixels."""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from PIL import Image
+
+import libreyolo.data.synthetic as synthetic
+from libreyolo.data.datasets import resolve_data
+from libreyolo.data.synthetic import SHAPE_NAMES, make_shapes_dataset, render_shapes
+
+SMALL = dict(n_train=8, n_val=4, imgsz=96)
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_layout_yaml_and_manifest(tmp_path):
+    y = make_shapes_dataset(tmp_path / "s", **SMALL)
+    root = tmp_path / "s"
+    assert y == root / "data.yaml"
+    spec = yaml.safe_load(y.read_text())
+    assert spec["path"] == "." and spec["train"] == "images/train" and spec["val"] == "images/val"
+    assert spec["names"] == dict(enumerate(SHAPE_NAMES)) and spec["nc"] == 5
+    assert len(list((root / "images/train").glob("*.jpg"))) == 8
+    assert len(list((root / "labels/val").glob("*.txt"))) == 4
+    manifest = json.loads((root / "manifest.json").read_text())
+    assert manifest["params"]["imgsz"] == 96 and len(manifest["files"]) == 2 * 12 + 1
+    for p in (root / "images").rglob("*.jpg"):
+        with Image.open(p) as im:
+            assert im.format == "JPEG" and max(im.size) == 96 and min(im.size) >= 0.6 * 96 - 1
+    assert not [p for p in tmp_path.iterdir() if p.name != "s"]  # no temporary folder left
+
+
+def test_deterministic_byte_identical_and_seed_matters(tmp_path):
+    a = tree(make_shapes_dataset(tmp_path / "a", **SMALL).parent)
+    b = tree(make_shapes_dataset(tmp_path / "b", **SMALL).parent)
+    c = tree(make_shapes_dataset(tmp_path / "c", seed=1, **SMALL).parent)
+    assert a == b
+    assert a["images/train/train_000000.jpg"] != c["images/train/train_000000.jpg"]
+
+
+def test_idempotent_reuse_without_regenerating(tmp_path, monkeypatch):
+    y = make_shapes_dataset(tmp_path / "s", **SMALL)
+    before = {p: p.stat().st_mtime_ns for p in (tmp_path / "s").rglob("*")}
+    monkeypatch.setattr(synthetic, "_generate", lambda *a: pytest.fail("regenerated"))
+    assert make_shapes_dataset(tmp_path / "s", **SMALL) == y
+    assert {p: p.stat().st_mtime_ns for p in (tmp_path / "s").rglob("*")} == before
+    # a different parameter set at the same root is refused, not silently mixed in
+    with pytest.raises(FileExistsError, match="not a complete shapes dataset"):
+        make_shapes_dataset(tmp_path / "s", n_train=9, n_val=4, imgsz=96)
+
+
+def test_default_root_from_env(tmp_path, monkeypatch):
+    monkeypatch.setenv("LIBREYOLO_DATASETS_DIR", str(tmp_path / "cache"))
+    y = make_shapes_dataset(**SMALL)
+    assert y == tmp_path / "cache" / "shapes-v1-8-4-96-0" / "data.yaml"
+
+
+def test_atomic_on_failure(tmp_path, monkeypatch):
+    calls = {"n": 0}
+    real = synthetic.render_shapes
+
+    def flaky(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 5:
+            raise RuntimeError("disk on fire")
+        return real(*a, **k)
+
+    monkeypatch.setattr(synthetic, "render_shapes", flaky)
+    with pytest.raises(RuntimeError):
+        make_shapes_dataset(tmp_path / "s", **SMALL)
+    assert list(tmp_path.iterdir()) == []  # neither the root nor a temporary folder
+    (tmp_path / "s").mkdir()  # an empty folder at the root is fine to fill
+    monkeypatch.setattr(synthetic, "render_shapes", real)
+    assert make_shapes_dataset(tmp_path / "s", **SMALL).is_file()
+
+
+def test_foreign_non_empty_root_is_refused(tmp_path):
+    (tmp_path / "s").mkdir()
+    (tmp_path / "s" / "mine.txt").write_text("keep me")
+    with pytest.raises(FileExistsError):
+        make_shapes_dataset(tmp_path / "s", **SMALL)
+    assert (tmp_path / "s" / "mine.txt").read_text() == "keep me"
+
+
+def test_labels_are_valid_and_resolve(tmp_path):
+    cfg = resolve_data(make_shapes_dataset(tmp_path / "s", n_train=24, n_val=4, imgsz=128))
+    assert cfg.nc == 5 and len(cfg.train) == 24 and len(cfg.val) == 4
+    counts = [len(s.labels) for s in cfg.train + cfg.val]
+    assert min(counts) >= 1 and max(counts) <= 6
+    classes = np.concatenate([s.labels[:, 0] for s in cfg.train])
+    assert set(classes.astype(int).tolist()) == set(range(5))
+    for s in cfg.train:
+        wh = (s.labels[:, 3:5] - s.labels[:, 1:3]) * [s.width, s.height]
+        assert (wh > 1).all() and (wh <= 0.45 * min(s.width, s.height) + 2).all()
+
+
+def test_boxes_tightly_enclose_the_drawn_shapes():
+    for seed in range(12):
+        rng = np.random.default_rng(seed)
+        w, h = (160, 120) if seed % 2 else (120, 160)
+        img, shapes = render_shapes(rng, w, h, plain=True)
+        assert img.shape == (h, w, 3) and img.dtype == np.uint8 and 1 <= len(shapes) <= 6
+        inside = np.zeros((h, w), bool)
+        for s in shapes:
+            x1, y1, x2, y2 = s.box
+            assert 0 <= x1 < x2 <= w and 0 <= y1 < y2 <= h
+            inside[y1:y2, x1:x2] = True
+            own = (img[y1:y2, x1:x2] == s.color).all(-1)
+            # tight: the shape's colour touches all four sides of its box
+            assert own[0].any() and own[-1].any() and own[:, 0].any() and own[:, -1].any()
+        background = img[~inside]
+        assert background.size and (background == background[0]).all()  # nothing drawn outside
+        assert not (img[inside] == background[0]).all()
+
+
+def test_resolve_shapes_uses_the_builtin_generator(tmp_path, monkeypatch):
+    monkeypatch.setenv("LIBREYOLO_DATASETS_DIR", str(tmp_path))
+    monkeypatch.setattr(synthetic, "make_shapes_dataset",
+                        functools.partial(make_shapes_dataset, n_train=4, n_val=2, imgsz=64))
+    cfg = resolve_data("shapes")
+    assert cfg.source == "shapes" and cfg.names == dict(enumerate(SHAPE_NAMES))
+    assert cfg.root == tmp_path / "shapes-v1-4-2-64-0" and len(cfg.train) == 4

@@ -1,0 +1,125 @@
+"""Training-step capture policy on the CPU (stand-in capturer) and its fallbacks."""
+import logging
+
+import torch
+from torch import nn
+
+from libreyolo.graphs.training import TrainStepRunner
+
+
+class ReplayingGraph:
+    def __init__(self, fn, inputs):
+        self.fn, self.static = fn, tuple(x.clone() for x in inputs)
+
+    def replay(self, inputs, clone=True):
+        for d, s in zip(self.static, inputs):
+            d.copy_(s)
+        return self.fn(*self.static)
+
+
+class StandIn:
+    def __init__(self, fail_capture=False, fail_replay=False):
+        self.fail_capture, self.fail_replay, self.captured = fail_capture, fail_replay, 0
+
+    @staticmethod
+    def can_capture(device):
+        return True
+
+    def capture(self, fn, inputs, module=None):
+        if self.fail_capture:
+            raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
+        for _ in range(3):  # warm-up like the real capturer: it runs the step (grads accumulate!)
+            fn(*inputs)
+        self.captured += 1
+        g = ReplayingGraph(fn, inputs)
+        if self.fail_replay:
+            def boom(*a, **k):
+                raise RuntimeError("replay failed")
+            g.replay = boom
+        return g
+
+
+def setup(capturer, supported=True, enabled=True):
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+
+    def step(x, y, m):
+        loss = ((net(x).squeeze(-1) - y) ** 2 * m).sum()
+        loss.backward()
+        return loss.detach(), loss.detach().reshape(1)
+
+    return net, TrainStepRunner(net, step, enabled=enabled, family="toy", supported=supported, capturer=capturer)
+
+
+def batches(n, b=5):
+    g = torch.Generator().manual_seed(1)
+    return [(torch.randn(b, 4, generator=g), torch.randn(b, generator=g), torch.ones(b)) for _ in range(n)]
+
+
+def grads_after(runner, net, data, accumulate=2):
+    out = []
+    for i, batch in enumerate(data):
+        runner(*batch)
+        if (i + 1) % accumulate == 0:
+            out.append([p.grad.clone() for p in net.parameters()])
+            with torch.no_grad():
+                for p in net.parameters():
+                    p.grad.zero_()
+    return out
+
+
+def test_capture_after_three_repeats_and_accumulated_grads_equal_eager():
+    data = batches(8)
+    net_e, eager = setup(None, enabled=False)
+    net_g, graphed = setup(StandIn())
+    ge, gg = grads_after(eager, net_e, data), grads_after(graphed, net_g, data)
+    for a, b in zip(ge, gg):
+        assert all(torch.equal(x, y) for x, y in zip(a, b)), "warm-up leaked into accumulated gradients"
+    info = graphed.info()
+    assert info["captures"] == 1 and info["eager_steps"] == 2 and info["replays"] == 6
+
+
+def test_new_shape_is_a_new_graph_and_cap_is_respected():
+    net, r = setup(StandIn())
+    r.max_graphs = 2
+    for b in (2, 3, 4):
+        for batch in batches(4, b):
+            r(*batch)
+    assert r.info()["graphs"] == 2 and r.info()["captures"] == 3
+
+
+def test_unsupported_or_cpu_logs_one_line_and_trains_eager(caplog):
+    with caplog.at_level(logging.WARNING, logger="libreyolo"):
+        net, r = setup(None, supported=False)
+        for batch in batches(4):
+            r(*batch)
+    assert sum("eager" in m for m in caplog.messages) == 1
+    assert r.info()["eager_steps"] == 4 and not r.info()["active"]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="libreyolo"):
+        net, r = setup(None)  # real capturer, CPU tensors
+        for batch in batches(4):
+            r(*batch)
+    assert sum("CUDA device" in m for m in caplog.messages) == 1 and r.info()["eager_steps"] == 4
+
+
+def test_capture_or_replay_failure_mid_run_continues_eager(caplog):
+    for cap in (StandIn(fail_capture=True), StandIn(fail_replay=True)):
+        data = batches(6)
+        net_e, eager = setup(None, enabled=False)
+        net_g, r = setup(cap)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="libreyolo"):
+            ge, gg = grads_after(eager, net_e, data, 1), grads_after(r, net_g, data, 1)
+        assert sum("eager" in m for m in caplog.messages) == 1
+        assert not r.info()["active"] and r.info()["eager_steps"] == 6
+        if cap.fail_capture:  # nothing ran twice: gradients are exactly eager's
+            assert all(torch.equal(x, y) for a, b in zip(ge, gg) for x, y in zip(a, b))
+
+
+def test_release_forgets_graphs():
+    net, r = setup(StandIn())
+    for batch in batches(4):
+        r(*batch)
+    r.release("phase change")
+    assert r.info()["graphs"] == 0

@@ -1,0 +1,99 @@
+"""The trainer on the CPU: short runs on the built-in synthetic data."""
+import csv
+import logging
+
+import pytest
+import torch
+
+from libreyolo import LibreYOLO
+from libreyolo.data.synthetic import make_shapes_dataset
+from libreyolo.weights import load_checkpoint
+
+
+@pytest.fixture(scope="module")
+def shapes(tmp_path_factory):
+    root = tmp_path_factory.mktemp("shapes")
+    return str(make_shapes_dataset(root / "ds", n_train=16, n_val=8, imgsz=64, seed=0))
+
+
+def small_run(tmp_path, data, **kw):
+    args = dict(data=data, epochs=2, batch=8, imgsz=64, workers=0, project=str(tmp_path), name="run",
+                close_mosaic=1, warmup_epochs=1, verbose=False, seed=0, nbs=16)
+    args.update(kw)
+    model = LibreYOLO.new("yolo9", "t", nc=80, device="cpu", seed=0)
+    return model, model.train(**args)
+
+
+@pytest.fixture(scope="module")
+def shapes160(tmp_path_factory):
+    root = tmp_path_factory.mktemp("shapes160")
+    return str(make_shapes_dataset(root / "ds", n_train=96, n_val=8, imgsz=160, seed=0))
+
+
+def test_two_epochs_falling_loss_checkpoints_csv_png(tmp_path, shapes160):
+    model, res = small_run(tmp_path, shapes160, epochs=2, imgsz=160, batch=8, nbs=8, warmup_epochs=0.5,
+                           close_mosaic=0)
+    assert res["epochs"] == 2 and len(res["losses"]) == 2
+    total = [sum(l) for l in res["losses"]]
+    assert total[-1] < total[0], total
+    run = tmp_path / "run"
+    for f in ("weights/last.pt", "weights/best.pt", "results.csv", "results.png"):
+        assert (run / f).exists(), f
+    rows = list(csv.DictReader((run / "results.csv").open()))
+    assert [int(r["epoch"]) for r in rows] == [1, 2]
+    ck = load_checkpoint(run / "weights" / "best.pt")
+    assert ck["model_family"] == "yolo9" and ck["nc"] == 5 and ck["names"][0] == "circle"
+    back = LibreYOLO(str(run / "weights" / "last.pt"), device="cpu")
+    assert back.nc == 5 and back.trained
+    assert model.nc == 5 and model.names[4] == "cross"
+    assert 0.0 <= res["map50"] <= 1.0
+
+
+def test_resume_reproduces_optimizer_ema_and_epoch_state(tmp_path, shapes, monkeypatch):
+    """A 2-epoch run interrupted after epoch 1 and resumed ends exactly like an uninterrupted one."""
+    import libreyolo.weights as weights
+    _, full = small_run(tmp_path / "a", shapes, epochs=2)
+    real_save = weights.save_checkpoint
+
+    def save_then_die(ck, path):
+        out = real_save(ck, path)
+        if str(path).endswith("last.pt"):
+            raise KeyboardInterrupt("simulated interruption after epoch 1")
+        return out
+
+    monkeypatch.setattr(weights, "save_checkpoint", save_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        small_run(tmp_path / "b", shapes, epochs=2)
+    monkeypatch.setattr(weights, "save_checkpoint", real_save)
+    assert load_checkpoint(tmp_path / "b" / "run" / "weights" / "last.pt")["train_state"]["epoch"] == 0
+    model = LibreYOLO.new("yolo9", "t", device="cpu", seed=0)
+    resumed = model.train(data=shapes, epochs=2, batch=8, imgsz=64, workers=0, project=str(tmp_path / "b"),
+                          name="run", close_mosaic=1, warmup_epochs=1, verbose=False, seed=0, nbs=16, resume=True)
+    a = load_checkpoint(tmp_path / "a" / "run" / "weights" / "last.pt")
+    b = load_checkpoint(tmp_path / "b" / "run" / "weights" / "last.pt")
+    assert a["train_state"]["epoch"] == b["train_state"]["epoch"] == 1
+    assert a["train_state"]["ema_updates"] == b["train_state"]["ema_updates"]
+    for k, v in a["model"].items():  # EMA weights
+        assert torch.allclose(v.float(), b["model"][k].float(), atol=1e-6), k
+    for k, v in a["train_state"]["model_raw"].items():
+        assert torch.allclose(v.float(), b["train_state"]["model_raw"][k].float(), atol=1e-6), k
+    sa, sb = a["train_state"]["optimizer"]["state"], b["train_state"]["optimizer"]["state"]
+    assert sa.keys() == sb.keys()
+    for k in sa:
+        assert torch.allclose(sa[k]["momentum_buffer"], sb[k]["momentum_buffer"], atol=1e-6)
+    assert resumed["epochs"] == 1 and len(full["history"]) == 2
+
+
+def test_cuda_graph_true_on_cpu_logs_one_line_and_trains(tmp_path, shapes, caplog):
+    with caplog.at_level(logging.WARNING, logger="libreyolo"):
+        _, res = small_run(tmp_path, shapes, epochs=1, cuda_graph=True)
+    assert sum("eager" in m and "CUDA-graph" in m for m in caplog.messages) == 1
+    assert res["cuda_graph"]["eager_steps"] > 0 and res["cuda_graph"]["replays"] == 0
+
+
+def test_val_and_bad_options(tmp_path, shapes):
+    model, _ = small_run(tmp_path, shapes, epochs=1)
+    metrics = model.val(data=shapes, imgsz=64, batch=8, workers=0)
+    assert set(metrics) >= {"map50", "map50_95"}
+    with pytest.raises(TypeError, match="unknown training option"):
+        model.train(data=shapes, epochz=3)
