@@ -323,6 +323,7 @@ DEMO = {
     "workers": Opt(int, 2, "DataLoader workers"),
     "cuda_graph": Opt(_graph_mode, "auto", "auto = on when a CUDA GPU is present"),
     "project": Opt(str, "runs/demo", "where the run and the picture go"),
+    "conf": Opt(float, 0.15, "confidence threshold for the held-out prediction"),
 }
 
 
@@ -346,12 +347,16 @@ def cmd_demo(opts: dict) -> int:
     console.print(f"validation: mAP50 {res['map50']:.3f}, mAP50-95 {res['map50_95']:.3f} "
                   f"({res['time_s']:.0f} s of training; weights {res['best']})")
     best = type(model).from_checkpoint(load_checkpoint(res["best"]), device=model.device, source=res["best"])
-    held_out = resolve_data("shapes").val[0].image
-    r = best.predict(str(held_out), imgsz=opts["imgsz"], conf=0.25, cuda_graph="auto" if on_gpu else False)[0]
+    # the held-out (validation) image with the most objects; a briefly trained model is not
+    # confident yet, hence the low threshold (said in the output)
+    held_out = max(resolve_data("shapes").val, key=lambda s: len(s.labels)).image
+    conf = opts["conf"]
+    r = best.predict(str(held_out), imgsz=opts["imgsz"], conf=conf, cuda_graph="auto" if on_gpu else False)[0]
     out = Path(opts["project"]) / "prediction.jpg"
     r.save(out)
     found = ", ".join(f"{r.names[int(c)]} {float(p):.2f}" for c, p in zip(r.boxes.cls.tolist(), r.boxes.conf.tolist()))
-    console.print(f"held-out image {held_out.name}: {len(r)} detection(s){': ' + found if found else ''}")
+    console.print(f"held-out image {held_out.name}: {len(r)} detection(s) at conf >= {conf}"
+                  f"{': ' + found if found else ''}")
     console.print(f"annotated picture saved to [bold]{out}[/]")
     return 0
 

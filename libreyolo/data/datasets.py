@@ -336,17 +336,22 @@ def _load_yolo_split(split: str, images: list[Path], nc: int, root: Path,
             return None, found
         return Sample(images[i], rows, size[0], size[1]), found
 
-    results = _parallel(work, len(images), f"{split} labels")
-    samples: list[Sample] = []
-    split_problems: list[str] = []
-    for sample, found in results:
-        split_problems.extend(found)
-        if sample is not None:
-            samples.append(sample)
+    samples, split_problems = _gather(_parallel(work, len(images), f"{split} labels"))
     problems.extend(split_problems)
     if not split_problems:
         _write_cache([cache_file, root / f"{split}.libreyolo.cache"], key, samples)
     return samples
+
+
+def _gather(results) -> tuple[list[Sample], list[str]]:
+    """Split (sample or None, problems) pairs into the samples and all problems, in order."""
+    samples: list[Sample] = []
+    found: list[str] = []
+    for sample, errs in results:
+        found.extend(errs)
+        if sample is not None:
+            samples.append(sample)
+    return samples, found
 
 
 def _parallel(fn: Callable[[int], Any], n: int, desc: str) -> list[Any]:
@@ -709,12 +714,8 @@ def _load_coco_split(split: str, sp: _CocoSplit, doc: dict, cat_map: dict[int, i
         arr = np.asarray(boxes[ids[i]], np.float32).reshape(-1, 5)
         return Sample(path, _clean_boxes(arr), w, h), errs
 
-    results = _parallel(work, len(ids), f"{split} images")
-    samples = []
-    for sample, errs in results:
-        found.extend(errs)
-        if sample is not None:
-            samples.append(sample)
+    samples, errs = _gather(_parallel(work, len(ids), f"{split} images"))
+    found.extend(errs)
     problems.extend(found)
     if not found:
         _write_cache(candidates, key, samples)
