@@ -71,12 +71,13 @@ class Predictor:
         data-dependent NMS on a few hundred boxes runs eager.
         """
         model = self.model
+        center = model.LETTERBOX_CENTER
 
         def net(x):
             return top_candidates(*model.infer(x), max_nms)
 
         def from_u8(u8):
-            return top_candidates(*model.infer(letterbox(u8, size)), max_nms)
+            return top_candidates(*model.infer(letterbox(u8, size, center)), max_nms)
 
         return net, from_u8
 
@@ -93,10 +94,11 @@ class Predictor:
         """uint8 HWC device tensors -> (stage outputs, per-image letterbox scale)."""
         runner = self.model._runner
         net, from_u8 = self._stage_fns(size, max_nms)
+        center = self.model.LETTERBOX_CENTER
         scales = []
         for im in images:  # per-axis: the resized size is rounded, so x and y scales differ slightly
-            p = letterbox_params(int(im.shape[0]), int(im.shape[1]), size)
-            scales.append((p.new_w / int(im.shape[1]), p.new_h / int(im.shape[0])))
+            p = letterbox_params(int(im.shape[0]), int(im.shape[1]), size, center)
+            scales.append((p.new_w / int(im.shape[1]), p.new_h / int(im.shape[0]), p.pad_x, p.pad_y))
         same = len({tuple(im.shape) for im in images}) == 1
         with torch.no_grad(), self._autocast(amp_dtype):
             if same:
@@ -111,9 +113,9 @@ class Predictor:
                     self._raw_seen.clear()
                 if use_u8:
                     return runner(key, from_u8, (u8,), mode), scales
-                x = letterbox(u8, size)
+                x = letterbox(u8, size, center)
             else:
-                x = torch.cat([letterbox(im.unsqueeze(0), size) for im in images])
+                x = torch.cat([letterbox(im.unsqueeze(0), size, center) for im in images])
             return runner(("net", size, max_nms), net, (x,), mode), scales
 
     def capture(self, imgsz=None, batch=1, dtype=None, source_shape=None, max_nms: int = 1000) -> dict:
@@ -203,7 +205,8 @@ class Predictor:
             for i, it in enumerate(chunk):
                 d = dets[img_col == i, 1:]
                 h, w = int(it.image.shape[0]), int(it.image.shape[1])
-                unletterbox_boxes(d, scales[i][0], scales[i][1], h, w)
+                sx, sy, px, py = scales[i]
+                unletterbox_boxes(d, sx, sy, h, w, px, py)
                 r = Results(it.image, it.name, m.names, Boxes(d, (h, w)), speed=dict(speed))
                 if out_dir is not None:
                     r.save(out_dir / f"{Path(it.name).stem}.jpg")

@@ -49,6 +49,8 @@ class Model:
     STRIDE: ClassVar[int] = 32
     DEFAULT_IMGSZ: ClassVar[int] = 640
     UNSUPPORTED_REASON: ClassVar[str | None] = None
+    #: letterbox with the image centred instead of at the top-left (family convention)
+    LETTERBOX_CENTER: ClassVar[bool] = False
 
     # ------------------------------------------------------------ family hooks
     @classmethod

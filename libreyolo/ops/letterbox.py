@@ -2,8 +2,8 @@
 
 The image is scaled to fit an ``imgsz`` x ``imgsz`` square keeping its aspect ratio,
 placed at the top-left corner (the LibreYOLO checkpoint convention ``letterbox_pad:
-topleft``) and the rest is filled with grey 114. Output is float RGB in [0, 1], NCHW.
-Because the padding is at the top-left, mapping boxes back is a single division.
+topleft``, the default) or centred (``center=True``, for families trained that way), and
+the rest is filled with grey 114. Output is float RGB in [0, 1], NCHW.
 """
 from __future__ import annotations
 
@@ -23,35 +23,39 @@ class LetterboxParams:
     scale: float
     new_h: int
     new_w: int
+    pad_x: int = 0
+    pad_y: int = 0
 
 
-def letterbox_params(h: int, w: int, size: int) -> LetterboxParams:
+def letterbox_params(h: int, w: int, size: int, center: bool = False) -> LetterboxParams:
     if h <= 0 or w <= 0:
         raise ValueError(f"cannot letterbox an empty image of size {h}x{w}")
     scale = min(size / h, size / w)
     new_h = max(1, min(size, int(round(h * scale))))
     new_w = max(1, min(size, int(round(w * scale))))
-    return LetterboxParams(size, scale, new_h, new_w)
+    pad_x, pad_y = ((size - new_w) // 2, (size - new_h) // 2) if center else (0, 0)
+    return LetterboxParams(size, scale, new_h, new_w, pad_x, pad_y)
 
 
-def letterbox(images_u8: torch.Tensor, size: int) -> torch.Tensor:
+def letterbox(images_u8: torch.Tensor, size: int, center: bool = False) -> torch.Tensor:
     """(B, H, W, 3) uint8 RGB -> (B, 3, size, size) float32 in [0, 1], image at top-left."""
     if images_u8.dim() != 4 or images_u8.shape[-1] != 3:
         raise ValueError(f"letterbox expects (B, H, W, 3) images, got shape {tuple(images_u8.shape)}")
     _, h, w, _ = images_u8.shape
-    p = letterbox_params(h, w, size)
+    p = letterbox_params(h, w, size, center)
     # Contiguous NCHW before anything else: a permuted (channels-last) tensor would carry its
     # memory format through interpolate/pad into every convolution of the network.
     x = images_u8.permute(0, 3, 1, 2).contiguous().float()
     if (p.new_h, p.new_w) != (h, w):
         x = F.interpolate(x, size=(p.new_h, p.new_w), mode="bilinear", align_corners=False)
     if (p.new_h, p.new_w) != (size, size):
-        x = F.pad(x, (0, size - p.new_w, 0, size - p.new_h), value=PAD_VALUE)
+        x = F.pad(x, (p.pad_x, size - p.new_w - p.pad_x, p.pad_y, size - p.new_h - p.pad_y), value=PAD_VALUE)
     return x.div_(255.0)
 
 
-def unletterbox_boxes(boxes: torch.Tensor, sx: float, sy: float, h: int, w: int) -> torch.Tensor:
+def unletterbox_boxes(boxes: torch.Tensor, sx: float, sy: float, h: int, w: int,
+                      pad_x: int = 0, pad_y: int = 0) -> torch.Tensor:
     """Map xyxy boxes (n, >=4) from the canvas back to an (h, w) image and clip, in place."""
-    boxes[:, 0:4:2] = (boxes[:, 0:4:2] / sx).clamp_(0, w)
-    boxes[:, 1:4:2] = (boxes[:, 1:4:2] / sy).clamp_(0, h)
+    boxes[:, 0:4:2] = ((boxes[:, 0:4:2] - pad_x) / sx).clamp_(0, w)
+    boxes[:, 1:4:2] = ((boxes[:, 1:4:2] - pad_y) / sy).clamp_(0, h)
     return boxes

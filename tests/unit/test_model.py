@@ -120,6 +120,20 @@ def test_letterbox_and_mapping_back_are_exact_inverses():
     assert torch.allclose(back, torch.tensor([[100.0, 60.0, 300.0, 120.0]]), atol=2.0)
 
 
+def test_centred_letterbox_maps_back():
+    from libreyolo.ops.letterbox import letterbox, letterbox_params, unletterbox_boxes
+    img = torch.zeros(1, 300, 500, 3, dtype=torch.uint8)
+    img[:, 60:120, 100:300] = 255
+    canvas = letterbox(img, 320, center=True)
+    p = letterbox_params(300, 500, 320, center=True)
+    assert (p.pad_x, p.pad_y) == (0, 64)
+    ys, xs = torch.nonzero(canvas[0, 0] > 0.99, as_tuple=True)
+    assert ys.min().item() >= 64
+    box = torch.tensor([[xs.min().item(), ys.min().item(), xs.max().item() + 1, ys.max().item() + 1]], dtype=torch.float)
+    back = unletterbox_boxes(box, p.new_w / 500, p.new_h / 300, 300, 500, p.pad_x, p.pad_y)
+    assert torch.allclose(back, torch.tensor([[100.0, 60.0, 300.0, 120.0]]), atol=2.0)
+
+
 def test_batched_equals_one_by_one(model):
     """Batching images of different sizes gives each image the outputs it gets alone."""
     from libreyolo.ops.letterbox import letterbox
