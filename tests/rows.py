@@ -4,11 +4,19 @@
 FIXTURES = [
     ("yolo9", "t", "yolo9-t"),
     ("yolo9", "s", "yolo9-s"),
+    ("yolox", "n", "yolox-n"),
+    ("yolox", "t", "yolox-t"),
+    ("yolox", "s", "yolox-s"),
+    ("rtmdet", "t", "rtmdet-t"),
+    ("picodet", "s", "picodet-s"),
 ]
 
 # (family, size) built untrained for the fast CPU predict / checkpoint tests.
 SMALL_MODELS = [
     ("yolo9", "t"),
+    ("yolox", "n"),
+    ("rtmdet", "t"),
+    ("picodet", "s"),
 ]
 
 # (family, size) that must pass the GPU parity protocol.

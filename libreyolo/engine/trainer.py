@@ -52,7 +52,7 @@ class TrainConfig:
     warmup_bias_lr: float = 0.1
     cos_lr: bool = False
     nbs: int = 64                   # nominal batch: gradients accumulate up to it
-    amp: bool = True                # float16 autocast + GradScaler, CUDA only
+    amp: Any = True                 # True: float16 autocast + GradScaler; "bf16": bfloat16, no scaler (CUDA only)
     ema: bool = True
     close_mosaic: int = 10
     mosaic: float = 1.0
@@ -88,24 +88,49 @@ class TrainConfig:
 
 
 class ModelEMA:
-    """Exponential moving average of weights with a warm-up of the decay (tau iterations)."""
+    """Exponential moving average of weights with a warm-up of the decay (tau iterations).
+
+    The update count lives in a device tensor and the decay is computed from it on the
+    device, so one update is a fixed sequence of kernels with no Python-side number in it:
+    the same code runs eager and inside a captured whole training step.
+    """
 
     def __init__(self, net: nn.Module, decay: float = 0.9999, tau: float = 2000.0, updates: int = 0):
         self.ema = copy.deepcopy(net).eval()
         for p in self.ema.parameters():
             p.requires_grad_(False)
-        self.decay, self.tau, self.updates = decay, tau, updates
+        self.decay, self.tau = decay, tau
+        dev = next(self.ema.parameters()).device
+        self.count = torch.full((), float(updates), device=dev)
+        self._pairs(net)
+
+    def _pairs(self, net: nn.Module) -> None:
+        src, dst = net.state_dict(), self.ema.state_dict()
+        self._float = [(dst[k], src[k]) for k in dst if dst[k].dtype.is_floating_point]
+        self._other = [(dst[k], src[k]) for k in dst if not dst[k].dtype.is_floating_point]
+
+    @property
+    def updates(self) -> int:
+        return int(self.count.item())
+
+    @updates.setter
+    def updates(self, value: int) -> None:
+        self.count.fill_(float(value))
 
     @torch.no_grad()
-    def update(self, net: nn.Module) -> None:
-        self.updates += 1
-        d = self.decay * (1 - math.exp(-self.updates / self.tau))
-        msd = net.state_dict()
-        for k, v in self.ema.state_dict().items():
-            if v.dtype.is_floating_point:
-                v.mul_(d).add_(msd[k].detach(), alpha=1 - d)
-            else:
-                v.copy_(msd[k])
+    def update(self, net: nn.Module | None = None) -> None:
+        """Blend in the weights of the network given at construction (``net`` is accepted for
+        symmetry; the pairs are fixed so that a captured step reads stable addresses)."""
+        self.count.add_(1.0)
+        d = self.decay * (1 - torch.exp(-self.count / self.tau))
+        ema = [e for e, _ in self._float]
+        torch._foreach_mul_(ema, d)
+        torch._foreach_add_(ema, torch._foreach_mul([s.detach() for _, s in self._float], 1 - d))
+        for e, s in self._other:
+            e.copy_(s)
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [e for e, _ in self._float] + [e for e, _ in self._other] + [self.count]
 
 
 def _param_groups(net: nn.Module, weight_decay: float):
@@ -141,7 +166,11 @@ class Trainer:
         self.cfg = cfg
         self.device = select_device(cfg.device) if cfg.device != "auto" else model.device
         self.model.to(self.device)
-        self.amp = bool(cfg.amp) and self.device.type == "cuda"
+        amp = str(cfg.amp).lower()
+        self.amp_dtype = None
+        if self.device.type == "cuda" and amp not in ("false", "0", "none", ""):
+            self.amp_dtype = torch.bfloat16 if amp in ("bf16", "bfloat16") else torch.float16
+        self.amp = self.amp_dtype is not None
 
     # ------------------------------------------------------------------ data
     def _loaders(self, data):
@@ -175,7 +204,7 @@ class Trainer:
         preds, gts = [], []
         for imgs, targets, mask in loader:
             x = imgs.to(self.device, non_blocking=True).float().div_(255)
-            with torch.autocast(self.device.type, dtype=torch.float16, enabled=self.amp):
+            with torch.autocast(self.device.type, dtype=self.amp_dtype or torch.float16, enabled=self.amp):
                 cand = top_candidates(*infer(x), 30000)
             dets = nms_per_image(*cand, conf=self.cfg.val_conf, iou=self.cfg.val_iou,
                                  max_det=self.cfg.max_det).cpu()
@@ -213,12 +242,24 @@ class Trainer:
         if cfg.optimizer.lower() == "adamw":
             opt = torch.optim.AdamW(_param_groups(net, wd), lr=cfg.lr0, betas=(cfg.momentum, 0.999))
         elif cfg.optimizer.lower() == "sgd":
-            opt = torch.optim.SGD(_param_groups(net, wd), lr=cfg.lr0, momentum=cfg.momentum, nesterov=True)
+            # A whole training step (optimizer included) can be captured only with a fused SGD
+            # whose lr is a device tensor (updated in place by the schedule) and no GradScaler.
+            self.whole_step = (bool(cfg.cuda_graph) and m.SUPPORTS_CUDA_GRAPH_TRAIN and self.device.type == "cuda"
+                               and self.amp_dtype != torch.float16)
+            if self.whole_step:
+                groups = _param_groups(net, wd)
+                for g in groups:
+                    g["lr"] = torch.tensor(cfg.lr0, device=self.device)
+                opt = torch.optim.SGD(groups, lr=cfg.lr0, momentum=cfg.momentum, nesterov=True, fused=True)
+            else:
+                opt = torch.optim.SGD(_param_groups(net, wd), lr=cfg.lr0, momentum=cfg.momentum, nesterov=True)
         else:
             raise ValueError(f"optimizer must be SGD or AdamW, got {cfg.optimizer!r}")
+        if not hasattr(self, "whole_step"):
+            self.whole_step = False
         for g in opt.param_groups:
             g["initial_lr"] = cfg.lr0
-        scaler = torch.amp.GradScaler("cuda", enabled=self.amp)
+        scaler = torch.amp.GradScaler("cuda", enabled=self.amp_dtype == torch.float16)
         ema = ModelEMA(net) if cfg.ema else None
 
         def lf(epoch: float) -> float:
@@ -237,6 +278,9 @@ class Trainer:
                 raise ValueError(f"{last} has no training state to resume from")
             net.load_state_dict(st["model_raw"])
             opt.load_state_dict(st["optimizer"])
+            if self.whole_step:  # a loaded tensor lr comes back on the CPU
+                for g in opt.param_groups:
+                    g["lr"] = torch.tensor(float(g["lr"]), device=self.device)
             scaler.load_state_dict(st["scaler"])
             if ema is not None and st.get("ema_updates") is not None:
                 ema.ema.load_state_dict(ck["model"])
@@ -249,29 +293,39 @@ class Trainer:
         (run_dir / "weights").mkdir(parents=True, exist_ok=True)
         csv_path = run_dir / "results.csv"
 
-        amp_dtype = torch.float16 if self.amp else None
+        amp_dtype = self.amp_dtype
 
         def step(x, targets, mask):
-            with torch.autocast(self.device.type, dtype=torch.float16, enabled=amp_dtype is not None):
+            with torch.autocast(self.device.type, dtype=amp_dtype or torch.float16, enabled=amp_dtype is not None):
                 maps = net(x)
                 loss, items = loss_fn(maps, targets, mask)
             scaler.scale(loss).backward()
             return loss.detach(), items.detach()
 
-        runner = TrainStepRunner(net, step, enabled=bool(cfg.cuda_graph), family=m.FAMILY,
-                                 supported=m.SUPPORTS_CUDA_GRAPH_TRAIN)
-        self.step_runner = runner
-        nw = max(round(cfg.warmup_epochs * nb), 1) if cfg.warmup_epochs > 0 else 0
-        last_opt_step = nb * start_epoch - 1
+        params = [p for p in net.parameters() if p.requires_grad]
 
         def optimizer_step() -> None:
-            scaler.unscale_(opt)
-            torch.nn.utils.clip_grad_norm_(net.parameters(), max_norm=10.0)
+            if scaler.is_enabled():
+                scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(params, max_norm=10.0, foreach=True)
             scaler.step(opt)
             scaler.update()
             opt.zero_grad(set_to_none=False)
             if ema is not None:
                 ema.update(net)
+
+        def mutable_state() -> list[torch.Tensor]:
+            out = [p.data for p in params] + [p.grad for p in params if p.grad is not None]
+            for st in opt.state.values():
+                out += [v for v in st.values() if isinstance(v, torch.Tensor)]
+            out += [b for b in net.buffers()]
+            return out + (ema.tensors() if ema is not None else [])
+
+        runner = TrainStepRunner(net, step, enabled=bool(cfg.cuda_graph), family=m.FAMILY,
+                                 supported=m.SUPPORTS_CUDA_GRAPH_TRAIN, update=optimizer_step, state=mutable_state)
+        self.step_runner = runner
+        nw = max(round(cfg.warmup_epochs * nb), 1) if cfg.warmup_epochs > 0 else 0
+        last_opt_step = nb * start_epoch - 1
 
         history: list[dict] = []
         opt.zero_grad(set_to_none=False)
@@ -299,16 +353,21 @@ class Trainer:
                     accumulate = max(1, round(float(np.interp(ni, xi, [1, cfg.nbs / cfg.batch]))))
                     for j, g in enumerate(opt.param_groups):
                         start = cfg.warmup_bias_lr if j == 2 else 0.0
-                        g["lr"] = float(np.interp(ni, xi, [start, g["initial_lr"] * lf(epoch)]))
+                        _set_lr(g, float(np.interp(ni, xi, [start, g["initial_lr"] * lf(epoch)])))
                         if "momentum" in g:
                             g["momentum"] = float(np.interp(ni, xi, [cfg.warmup_momentum, cfg.momentum]))
                 x = imgs.to(self.device, non_blocking=True).float().div_(255)
                 targets = targets.to(self.device, non_blocking=True)
                 mask = mask.to(self.device, non_blocking=True)
-                loss, items = runner(x, targets, mask)
-                if ni - last_opt_step >= accumulate:
-                    optimizer_step()
+                update_now = ni - last_opt_step >= accumulate
+                if self.whole_step and update_now and accumulate == 1 and ni > nw:
+                    loss, items = runner(x, targets, mask, whole=True)  # update included
                     last_opt_step = ni
+                else:
+                    loss, items = runner(x, targets, mask)
+                    if update_now:
+                        optimizer_step()
+                        last_opt_step = ni
                 items = items.float().cpu()
                 if not torch.isfinite(items).all():
                     raise FloatingPointError(f"non-finite loss at epoch {epoch + 1} batch {i}: {items.tolist()}")
@@ -325,7 +384,7 @@ class Trainer:
                 optimizer_step()
                 last_opt_step = nb * (epoch + 1) - 1
             for g in opt.param_groups:
-                g["lr"] = g["initial_lr"] * lf(epoch + 1)
+                _set_lr(g, g["initial_lr"] * lf(epoch + 1))
             eval_net = ema.ema if ema is not None else net
             metrics = {"map50": float("nan"), "map50_95": float("nan")}
             if cfg.val and (len(self.val_set) > 0):
@@ -333,7 +392,7 @@ class Trainer:
             fitness = 0.1 * _nz(metrics["map50"]) + 0.9 * _nz(metrics["map50_95"])
             row = {"epoch": epoch + 1, "train/box_loss": float(mloss[0]), "train/cls_loss": float(mloss[1]),
                    "train/dfl_loss": float(mloss[2]), "metrics/mAP50": metrics["map50"],
-                   "metrics/mAP50-95": metrics["map50_95"], "lr/pg0": opt.param_groups[0]["lr"]}
+                   "metrics/mAP50-95": metrics["map50_95"], "lr/pg0": float(opt.param_groups[0]["lr"])}
             history.append(row)
             _append_csv(csv_path, row)
             if cfg.verbose:
@@ -377,6 +436,14 @@ class Trainer:
             "args": {k: v for k, v in asdict(self.cfg).items() if isinstance(v, (int, float, str, bool))},
         }
         return ck
+
+
+def _set_lr(group: dict, value: float) -> None:
+    """Set a param group's lr; a tensor lr (captured whole steps read it) is updated in place."""
+    if isinstance(group["lr"], torch.Tensor):
+        group["lr"].fill_(value)
+    else:
+        group["lr"] = value
 
 
 def _nz(v: float) -> float:

@@ -13,6 +13,14 @@ must clear gradients in place (``zero_grad(set_to_none=False)``) so their addres
 the ones the graph writes to. BatchNorm statistics touched by the warm-up are restored, so
 the captured run is the same arithmetic as the eager one.
 
+Whole step: when the caller also hands an ``update`` (gradient clipping, the optimizer
+step, zeroing the gradients in place, the EMA update) and asks for ``whole=True``, the
+graph holds forward, loss, backward AND the update. That needs every update op to be
+graph-safe (a fused optimizer with a tensor learning rate, no GradScaler, an EMA driven by
+a device-side counter); the trainer only asks for it then. Warm-up runs the update too, so
+every mutable tensor the caller lists through ``state`` (parameters, gradients, optimizer
+buffers, EMA) is restored after capture: the captured run starts from the same state.
+
 Failure policy: on the CPU, for a family not declared capturable, or when a capture or a
 replay raises, one line is logged and the run continues eager; nothing is lost, because a
 failed capture never touched the parameters and a replay that raised is redone eager.
@@ -40,9 +48,13 @@ class TrainStepRunner:
 
     def __init__(self, net: torch.nn.Module, step: Callable[..., tuple[torch.Tensor, torch.Tensor]], *,
                  enabled: bool, family: str, supported: bool, repeat: int = 3, max_graphs: int = 4,
-                 capturer: Any | None = None, reason: str | None = None):
+                 capturer: Any | None = None, reason: str | None = None,
+                 update: Callable[[], None] | None = None,
+                 state: Callable[[], list[torch.Tensor]] | None = None):
         self.net = net
         self.step = step
+        self.update = update
+        self.state = state
         self.family = family
         self.repeat = max(1, repeat)
         self.max_graphs = max_graphs
@@ -77,11 +89,20 @@ class TrainStepRunner:
         if reset is not None:
             reset()
 
-    def _signature(self, inputs) -> tuple:
+    def _signature(self, inputs, whole: bool) -> tuple:
         dev = inputs[0].device.type
         ac = torch.is_autocast_enabled(dev if dev in ("cuda", "cpu") else "cuda")
         return (tuple((tuple(x.shape), x.dtype) for x in inputs), ac,
-                torch.get_autocast_dtype("cuda") if ac else None)
+                torch.get_autocast_dtype("cuda") if ac else None, whole)
+
+    def _full_step(self, *inputs):
+        out = self.step(*inputs)
+        self.update()
+        return out
+
+    def _eager(self, fn, inputs):
+        self.eager_steps += 1
+        return fn(*inputs)
 
     def _ensure_grads(self) -> None:
         with torch.no_grad():
@@ -89,40 +110,44 @@ class TrainStepRunner:
                 if p.requires_grad and p.grad is None:
                     p.grad = torch.zeros_like(p)
 
-    def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(self, *inputs: torch.Tensor, whole: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """One step. With ``whole=True`` the update runs too (inside the graph once captured)."""
+        if whole and self.update is None:
+            raise ValueError("whole=True needs the runner to be built with an update callable")
+        fn = self._full_step if whole else self.step
         if self.active and not self.capturer.can_capture(inputs[0].device):
             self._disable(f"inputs are on '{inputs[0].device}', CUDA graphs need a CUDA device")
         if not self.active:
-            self.eager_steps += 1
-            return self.step(*inputs)
-        sig = self._signature(inputs)
+            return self._eager(fn, inputs)
+        sig = self._signature(inputs, whole)
         graph = self._graphs.get(sig)
         if graph is None:
             self._seen[sig] += 1
             if self._seen[sig] < self.repeat:
-                self.eager_steps += 1
-                return self.step(*inputs)
+                return self._eager(fn, inputs)
             self._ensure_grads()
-            with_grad = [p for p in self.net.parameters() if p.grad is not None]
-            saved = [p.grad.detach().clone() for p in with_grad]
+            tensors = [p.grad for p in self.net.parameters() if p.grad is not None]
+            if whole and self.state is not None:
+                tensors = tensors + [t for t in self.state() if t is not None]
+            saved = [t.detach().clone() for t in tensors]
+            failure = None
             try:
                 t0 = time.perf_counter()
-                graph = self.capturer.capture(self.step, inputs, module=self.net)
+                graph = self.capturer.capture(fn, inputs, module=self.net)
                 self.captures += 1
-                log.info("libreyolo: captured a training step for %s in %.0f ms", self.family,
-                         (time.perf_counter() - t0) * 1e3)
+                log.info("libreyolo: captured a %s training step for %s in %.0f ms",
+                         "whole" if whole else "forward+backward", self.family, (time.perf_counter() - t0) * 1e3)
             except Exception as exc:  # optional optimization: never fatal
-                graph = None
-                failure = exc
+                graph, failure = None, exc
             finally:
-                # warm-up (and a failed capture) must leave the accumulated gradients as they were
+                # warm-up (and a failed capture) must leave gradients, weights, optimizer and
+                # EMA state exactly as they were
                 with torch.no_grad():
-                    for p, g in zip(with_grad, saved):
-                        p.grad.copy_(g)
+                    for t, v in zip(tensors, saved):
+                        t.copy_(v)
             if graph is None:
                 self._disable(f"capture failed: {type(failure).__name__}: {failure}")
-                self.eager_steps += 1
-                return self.step(*inputs)
+                return self._eager(fn, inputs)
             self._graphs[sig] = graph
             while len(self._graphs) > self.max_graphs:
                 self._graphs.popitem(last=False)
@@ -132,8 +157,7 @@ class TrainStepRunner:
             out = graph.replay(inputs, clone=True)
         except Exception as exc:
             self._disable(f"replay failed: {type(exc).__name__}: {exc}")
-            self.eager_steps += 1
-            return self.step(*inputs)
+            return self._eager(fn, inputs)
         self.replays += 1
         return out
 

@@ -8,10 +8,16 @@ import re
 from pathlib import Path
 
 from .base import Model
+from .picodet.model import Picodet
+from .rtmdet.model import Rtmdet
 from .yolo9.model import Yolo9
+from .yolox.model import Yolox
 
 FAMILIES: dict[str, type[Model]] = {
     "yolo9": Yolo9,
+    "yolox": Yolox,
+    "rtmdet": Rtmdet,
+    "picodet": Picodet,
 }
 
 

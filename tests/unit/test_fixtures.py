@@ -59,7 +59,8 @@ def test_checkpoint_in_fixture_layout_loads_through_factory(tmp_path, family, si
     assert (model.FAMILY, model.size, model.nc) == (family, size, meta["nc"])
     with torch.no_grad():
         out = flatten(model.model(pt["input"]))
-    assert rel_err(out["predictions"], pt["outputs"]["predictions"]) <= 1e-4
+    for path, ref in pt["outputs"].items():
+        assert rel_err(out[path], ref) <= 1e-4, path
 
 
 @pytest.mark.parametrize("family,size,name", FIXTURES)

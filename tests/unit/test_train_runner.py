@@ -123,3 +123,39 @@ def test_release_forgets_graphs():
         r(*batch)
     r.release("phase change")
     assert r.info()["graphs"] == 0
+
+
+def test_whole_step_restores_state_after_warmup_and_matches_eager():
+    """whole=True: the update runs inside the step; capture warm-up must not advance training."""
+    def build(capturer, enabled):
+        torch.manual_seed(0)
+        net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+        opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+
+        def step(x, y, m):
+            loss = ((net(x).squeeze(-1) - y) ** 2 * m).sum()
+            loss.backward()
+            return loss.detach(), loss.detach().reshape(1)
+
+        def update():
+            opt.step()
+            opt.zero_grad(set_to_none=False)
+
+        def state():
+            out = [p.data for p in net.parameters()]
+            for st in opt.state.values():
+                out += [v for v in st.values() if isinstance(v, torch.Tensor)]
+            return out
+
+        return net, TrainStepRunner(net, step, enabled=enabled, family="toy", supported=True,
+                                    capturer=capturer, update=update, state=state)
+
+    data = batches(8)
+    net_e, eager = build(None, False)
+    net_g, graphed = build(StandIn(), True)
+    for b in data:
+        eager(*b, whole=True)
+        graphed(*b, whole=True)
+    assert graphed.info()["captures"] == 1 and graphed.info()["replays"] == 6
+    for a, b in zip(net_e.parameters(), net_g.parameters()):
+        assert torch.equal(a, b), "warm-up steps leaked into the weights"

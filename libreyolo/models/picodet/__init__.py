@@ -1,0 +1,4 @@
+"""PicoDet detector family."""
+from .model import Picodet
+
+__all__ = ["Picodet"]

@@ -1,0 +1,84 @@
+"""PicoDet declarations and its capturable inference stage."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..base import Model
+from .nn import CONFIGS, REG_MAX, STRIDES, PicodetNet
+
+# ImageNet statistics on the 0-255 scale, RGB order (the original checkpoints' input).
+RGB_MEAN = (123.675, 116.28, 103.53)
+RGB_STD = (58.395, 57.12, 57.375)
+# Input size each size was trained at (the LibreYOLO checkpoints' ``imgsz``).
+INPUT_SIZES = {"s": 320, "m": 416, "l": 640}
+
+
+class Picodet(Model):
+    """PicoDet detector (ESNet + CSP-PAN + GFL head, 4 levels), sizes s, m, l.
+
+    The original pipeline plain-resizes the image to a square (no letterbox); here the
+    shared top-left letterbox (grey 114) is used, which keeps the aspect ratio.
+    """
+
+    FAMILY = "picodet"
+    TASK = "detect"
+    SIZES = tuple(CONFIGS)
+    FILE_PREFIX = "LibrePICODET"
+    # Inputs need only be multiples of 32 (the stride-64 level is a padded stride-2 conv,
+    # e.g. 416 -> 7x7), so the trained size 416 of size m is kept as is.
+    STRIDE = 32
+    DEFAULT_IMGSZ = 320
+    # Set by the lead only after the GPU parity protocol passes.
+    SUPPORTS_CUDA_GRAPH = False
+
+    def __init__(self, net: nn.Module, *, size: str, imgsz: int | None = None, **kwargs: Any):
+        super().__init__(net, size=size, imgsz=imgsz or INPUT_SIZES.get(size), **kwargs)
+
+    @classmethod
+    def build_network(cls, size: str, nc: int) -> nn.Module:
+        return PicodetNet(size, nc)
+
+    @classmethod
+    def owns_state_dict(cls, state_dict) -> bool:
+        return ("head.gfl_cls.0.weight" in state_dict
+                and "neck.trans.0.conv.weight" in state_dict
+                and "backbone.blocks.0.conv_dw_mv1.conv.weight" in state_dict)
+
+    @classmethod
+    def nc_from_state_dict(cls, state_dict) -> int | None:
+        w = state_dict.get("head.gfl_cls.0.weight")
+        if w is None:
+            return None
+        nc = int(w.shape[0]) - 4 * (REG_MAX + 1)
+        return nc if nc > 0 else None
+
+    @staticmethod
+    def normalize(x: torch.Tensor) -> torch.Tensor:
+        """RGB in [0, 1] -> ImageNet-normalized RGB on the 0-255 scale (no host copies)."""
+        return torch.stack([(x[:, i] * 255.0 - RGB_MEAN[i]) / RGB_STD[i] for i in range(3)], 1)
+
+    def infer(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(B, 3, H, W) RGB in [0, 1] -> boxes (B, N, 4) xyxy canvas pixels, score (B, N), class (B, N)."""
+        cls_maps, box_maps = self.model(self.normalize(x))
+        h_img, w_img = x.shape[-2], x.shape[-1]
+        bins = torch.arange(REG_MAX + 1, device=x.device, dtype=torch.float32)
+        boxes, logits = [], []
+        for c, d, s in zip(cls_maps, box_maps, STRIDES):
+            b, _, h, w = d.shape
+            # (B, 4*(R+1), h, w) -> (B, h*w, 4, R+1): expectation of the softmax over bins
+            d = d.float().reshape(b, 4, REG_MAX + 1, h * w).permute(0, 3, 1, 2)
+            dist = (d.softmax(-1) * bins).sum(-1) * s                     # (B, h*w, 4) l,t,r,b
+            ys = (torch.arange(h, device=d.device, dtype=d.dtype) + 0.5) * s
+            xs = (torch.arange(w, device=d.device, dtype=d.dtype) + 0.5) * s
+            gy, gx = torch.meshgrid(ys, xs, indexing="ij")
+            pts = torch.stack((gx, gy), -1).reshape(1, h * w, 2)
+            boxes.append(torch.cat((pts - dist[..., :2], pts + dist[..., 2:]), -1))
+            logits.append(c.float().flatten(2).transpose(1, 2))           # (B, h*w, nc)
+        box = torch.cat(boxes, 1)
+        box = torch.stack((box[..., 0].clamp(0, w_img), box[..., 1].clamp(0, h_img),
+                           box[..., 2].clamp(0, w_img), box[..., 3].clamp(0, h_img)), -1)
+        scores, cls = torch.cat(logits, 1).sigmoid().max(-1)
+        return box, scores, cls

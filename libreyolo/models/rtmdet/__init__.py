@@ -1,0 +1,4 @@
+"""RTMDet detector family."""
+from .model import Rtmdet
+
+__all__ = ["Rtmdet"]

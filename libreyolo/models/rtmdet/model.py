@@ -1,0 +1,72 @@
+"""RTMDet declarations and its capturable inference stage."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..base import Model
+from .nn import CONFIGS, STRIDES, RtmdetNet
+
+# The original checkpoints take BGR pixels on the 0-255 scale, normalized with these.
+BGR_MEAN = (103.53, 116.28, 123.675)
+BGR_STD = (57.375, 57.12, 58.395)
+
+
+class Rtmdet(Model):
+    """RTMDet detector (CSPNeXt + PAFPN + shared-conv SepBN head), sizes t, s, m, l.
+
+    Letterbox: top-left placement, grey 114 padding (the shared default).
+    """
+
+    FAMILY = "rtmdet"
+    TASK = "detect"
+    SIZES = tuple(CONFIGS)
+    FILE_PREFIX = "LibreRTMDet"
+    DEFAULT_IMGSZ = 640
+    # Set by the lead only after the GPU parity protocol passes.
+    SUPPORTS_CUDA_GRAPH = False
+
+    @classmethod
+    def build_network(cls, size: str, nc: int) -> nn.Module:
+        return RtmdetNet(size, nc)
+
+    @classmethod
+    def owns_state_dict(cls, state_dict) -> bool:
+        return ("head.rtm_cls.0.weight" in state_dict
+                and "head.rtm_reg.0.weight" in state_dict
+                and "backbone.stem.0.conv.weight" in state_dict)
+
+    @classmethod
+    def nc_from_state_dict(cls, state_dict) -> int | None:
+        w = state_dict.get("head.rtm_cls.0.weight")
+        return int(w.shape[0]) if w is not None else None
+
+    @staticmethod
+    def normalize(x: torch.Tensor) -> torch.Tensor:
+        """RGB in [0, 1] -> the network's input: BGR, 0-255 scale, mean/std normalized.
+
+        Per-channel Python scalars (no constant tensors built per call), so nothing is
+        copied from the host while a CUDA graph is being captured.
+        """
+        chans = [(x[:, 2 - i] * 255.0 - BGR_MEAN[i]) / BGR_STD[i] for i in range(3)]
+        return torch.stack(chans, 1)
+
+    def infer(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(B, 3, H, W) RGB in [0, 1] -> boxes (B, N, 4) xyxy canvas pixels, score (B, N), class (B, N)."""
+        cls_maps, box_maps = self.model(self.normalize(x))
+        h_img, w_img = x.shape[-2], x.shape[-1]
+        boxes, logits = [], []
+        for c, d, s in zip(cls_maps, box_maps, STRIDES):
+            b, _, h, w = d.shape
+            d = d.float().flatten(2).transpose(1, 2)                      # (B, h*w, 4) l,t,r,b
+            ys = torch.arange(h, device=d.device, dtype=d.dtype) * s
+            xs = torch.arange(w, device=d.device, dtype=d.dtype) * s
+            gy, gx = torch.meshgrid(ys, xs, indexing="ij")
+            pts = torch.stack((gx, gy), -1).reshape(1, h * w, 2)
+            boxes.append(torch.cat((pts - d[..., :2], pts + d[..., 2:]), -1))
+            logits.append(c.float().flatten(2).transpose(1, 2))           # (B, h*w, nc)
+        box = torch.cat(boxes, 1)
+        box = torch.stack((box[..., 0].clamp(0, w_img), box[..., 1].clamp(0, h_img),
+                           box[..., 2].clamp(0, w_img), box[..., 3].clamp(0, h_img)), -1)
+        scores, cls = torch.cat(logits, 1).sigmoid().max(-1)
+        return box, scores, cls

@@ -1,0 +1,237 @@
+"""RTMDet network (CSPNeXt backbone, CSPNeXt PAFPN neck, shared-conv SepBN head).
+
+Layout follows the LibreYOLO checkpoints: ``backbone.stem`` / ``backbone.stage1..4``,
+``neck.reduce_layers`` / ``top_down_blocks`` / ``downsamples`` / ``bottom_up_blocks`` /
+``out_convs`` and ``head.cls_convs`` / ``reg_convs`` / ``rtm_cls`` / ``rtm_reg``.
+Size t is pinned by the architecture fixture; s, m and l use the widen/deepen factors of
+the original RTMDet configurations.
+
+BatchNorm uses PyTorch's defaults (eps 1e-5, momentum 0.1): the original checkpoints were
+trained with those, not the 1e-3 / 0.03 of the YOLO families.
+
+``forward`` returns ``(cls_scores, bbox_preds)``: per level (strides 8, 16, 32) the class
+logits (B, nc, H/s, W/s) and the (left, top, right, bottom) distances in input pixels
+(B, 4, H/s, W/s) measured from the grid point (col * s, row * s).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..common.blocks import ConvBN, fuse_modules
+
+STRIDES = (8, 16, 32)
+RTM_BN_EPS = 1e-5
+RTM_BN_MOMENTUM = 0.1
+
+
+@dataclass(frozen=True)
+class RtmdetConfig:
+    deepen: float
+    widen: float
+    exp_on_reg: bool  # box branch predicts log-distances (exp applied) for the larger sizes
+
+
+CONFIGS: dict[str, RtmdetConfig] = {
+    "t": RtmdetConfig(0.167, 0.375, False),
+    "s": RtmdetConfig(0.33, 0.5, False),
+    "m": RtmdetConfig(0.67, 0.75, True),
+    "l": RtmdetConfig(1.0, 1.0, True),
+}
+
+# Per backbone stage at widen 1.0: (c_in, c_out, blocks at deepen 1.0, residual, SPPF)
+_STAGES = ((64, 128, 3, True, False), (128, 256, 6, True, False),
+           (256, 512, 6, True, False), (512, 1024, 3, False, True))
+
+
+class CBA(ConvBN):
+    """ConvBN with RTMDet's BatchNorm settings (SiLU unless ``act=False``)."""
+
+    def __init__(self, c_in: int, c_out: int, k: int = 1, s: int = 1, g: int = 1, act: bool = True):
+        super().__init__(c_in, c_out, k, s, None, g, act)
+        self.bn = nn.BatchNorm2d(c_out, eps=RTM_BN_EPS, momentum=RTM_BN_MOMENTUM)
+
+
+class DWSeparable(nn.Module):
+    """Depthwise k x k ConvBN-SiLU followed by a pointwise 1x1 ConvBN-SiLU."""
+
+    def __init__(self, c_in: int, c_out: int, k: int):
+        super().__init__()
+        self.depthwise_conv = CBA(c_in, c_in, k, g=c_in)
+        self.pointwise_conv = CBA(c_in, c_out, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.pointwise_conv(self.depthwise_conv(x))
+
+
+class NeXtBlock(nn.Module):
+    """3x3 ConvBN then a 5x5 depthwise-separable conv, with an optional residual."""
+
+    def __init__(self, c: int, residual: bool):
+        super().__init__()
+        self.conv1 = CBA(c, c, 3)
+        self.conv2 = DWSeparable(c, c, 5)
+        self.residual = residual
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv2(self.conv1(x))
+        return x + y if self.residual else y
+
+
+class ChannelGate(nn.Module):
+    """Squeeze-style channel attention: global mean -> 1x1 conv (bias) -> hard sigmoid."""
+
+    def __init__(self, c: int):
+        super().__init__()
+        self.fc = nn.Conv2d(c, c, 1, bias=True)
+        self.gate = nn.Hardsigmoid()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.gate(self.fc(x.mean((2, 3), keepdim=True)))
+
+
+class NeXtCSP(nn.Module):
+    """CSP layer: two 1x1 halves, one through ``n`` NeXtBlocks, concat (main first), 1x1 out."""
+
+    def __init__(self, c_in: int, c_out: int, n: int, residual: bool, attention: bool):
+        super().__init__()
+        mid = c_out // 2
+        self.main_conv = CBA(c_in, mid, 1)
+        self.short_conv = CBA(c_in, mid, 1)
+        self.final_conv = CBA(2 * mid, c_out, 1)
+        self.blocks = nn.Sequential(*[NeXtBlock(mid, residual) for _ in range(n)])
+        if attention:
+            self.attention = ChannelGate(2 * mid)
+        else:
+            self.attention = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.cat((self.blocks(self.main_conv(x)), self.short_conv(x)), 1)
+        if self.attention is not None:
+            y = self.attention(y)
+        return self.final_conv(y)
+
+
+class SPPF(nn.Module):
+    """1x1 halve, three chained 5x5 stride-1 max-pools, concat the four, 1x1 out."""
+
+    def __init__(self, c_in: int, c_out: int, k: int = 5):
+        super().__init__()
+        mid = c_in // 2
+        self.conv1 = CBA(c_in, mid, 1)
+        self.pool = nn.MaxPool2d(k, 1, k // 2)
+        self.conv2 = CBA(4 * mid, c_out, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = [self.conv1(x)]
+        for _ in range(3):
+            y.append(self.pool(y[-1]))
+        return self.conv2(torch.cat(y, 1))
+
+
+def _depth(n: int, deepen: float) -> int:
+    return max(round(n * deepen), 1)
+
+
+class CSPNeXt(nn.Module):
+    """Backbone; returns the stage 2, 3 and 4 maps (strides 8, 16, 32)."""
+
+    def __init__(self, cfg: RtmdetConfig):
+        super().__init__()
+        w = cfg.widen
+        c0 = int(_STAGES[0][0] * w)
+        self.stem = nn.Sequential(CBA(3, c0 // 2, 3, 2), CBA(c0 // 2, c0 // 2, 3), CBA(c0 // 2, c0, 3))
+        for i, (ci, co, n, residual, spp) in enumerate(_STAGES, start=1):
+            ci, co = int(ci * w), int(co * w)
+            layers: list[nn.Module] = [CBA(ci, co, 3, 2)]
+            if spp:
+                layers.append(SPPF(co, co))
+            layers.append(NeXtCSP(co, co, _depth(n, cfg.deepen), residual, attention=True))
+            setattr(self, f"stage{i}", nn.Sequential(*layers))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        x = self.stage2(self.stage1(self.stem(x)))
+        c4 = self.stage3(x)
+        return x, c4, self.stage4(c4)
+
+
+class PAFPN(nn.Module):
+    """CSPNeXt PAFPN: top-down (reduce, upsample, CSP) then bottom-up, 3x3 output convs."""
+
+    def __init__(self, chans: tuple[int, int, int], c_out: int, n: int):
+        super().__init__()
+        c3, c4, c5 = chans
+        self.reduce_layers = nn.ModuleList([CBA(c5, c4, 1), CBA(c4, c3, 1)])
+        self.top_down_blocks = nn.ModuleList([NeXtCSP(2 * c4, c4, n, False, False),
+                                              NeXtCSP(2 * c3, c3, n, False, False)])
+        self.downsamples = nn.ModuleList([CBA(c3, c3, 3, 2), CBA(c4, c4, 3, 2)])
+        self.bottom_up_blocks = nn.ModuleList([NeXtCSP(2 * c3, c4, n, False, False),
+                                               NeXtCSP(2 * c4, c5, n, False, False)])
+        self.out_convs = nn.ModuleList([CBA(c, c_out, 3) for c in chans])
+        self.up = nn.Upsample(scale_factor=2, mode="nearest")
+
+    def forward(self, c3: torch.Tensor, c4: torch.Tensor, c5: torch.Tensor) -> list[torch.Tensor]:
+        r5 = self.reduce_layers[0](c5)
+        t4 = self.top_down_blocks[0](torch.cat((self.up(r5), c4), 1))
+        r4 = self.reduce_layers[1](t4)
+        p3 = self.top_down_blocks[1](torch.cat((self.up(r4), c3), 1))
+        p4 = self.bottom_up_blocks[0](torch.cat((self.downsamples[0](p3), r4), 1))
+        p5 = self.bottom_up_blocks[1](torch.cat((self.downsamples[1](p4), r5), 1))
+        return [conv(p) for conv, p in zip(self.out_convs, (p3, p4, p5))]
+
+
+class SepBNHead(nn.Module):
+    """Per-level class and box towers whose convolutions are shared across levels.
+
+    Only the convolution weights are shared (the ``tied`` entries of the checkpoint); each
+    level keeps its own BatchNorm and its own 1x1 prediction convs.
+    """
+
+    def __init__(self, nc: int, c: int, exp_on_reg: bool, stacked: int = 2):
+        super().__init__()
+        self.nc = nc
+        self.exp_on_reg = exp_on_reg
+        self.cls_convs = nn.ModuleList()
+        self.reg_convs = nn.ModuleList()
+        for _ in STRIDES:
+            self.cls_convs.append(nn.Sequential(*[CBA(c, c, 3) for _ in range(stacked)]))
+            self.reg_convs.append(nn.Sequential(*[CBA(c, c, 3) for _ in range(stacked)]))
+        for towers in (self.cls_convs, self.reg_convs):
+            for level in towers[1:]:
+                for j, layer in enumerate(level):
+                    layer.conv = towers[0][j].conv
+        self.rtm_cls = nn.ModuleList([nn.Conv2d(c, nc, 1) for _ in STRIDES])
+        self.rtm_reg = nn.ModuleList([nn.Conv2d(c, 4, 1) for _ in STRIDES])
+
+    def forward(self, feats: list[torch.Tensor]) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+        cls_out, box_out = [], []
+        for i, (f, s) in enumerate(zip(feats, STRIDES)):
+            cls_out.append(self.rtm_cls[i](self.cls_convs[i](f)))
+            reg = self.rtm_reg[i](self.reg_convs[i](f))
+            box_out.append((reg.exp() if self.exp_on_reg else reg) * s)
+        return tuple(cls_out), tuple(box_out)
+
+
+class RtmdetNet(nn.Module):
+    """The whole detector; ``forward`` returns ``(cls_scores, bbox_preds)`` per level."""
+
+    def __init__(self, size: str = "t", nc: int = 80):
+        super().__init__()
+        if size not in CONFIGS:
+            raise ValueError(f"unknown RTMDet size {size!r}; sizes: {', '.join(CONFIGS)}")
+        cfg = CONFIGS[size]
+        self.size, self.nc = size, nc
+        w = cfg.widen
+        chans = (int(256 * w), int(512 * w), int(1024 * w))
+        self.backbone = CSPNeXt(cfg)
+        self.neck = PAFPN(chans, int(256 * w), _depth(3, cfg.deepen))
+        self.head = SepBNHead(nc, int(256 * w), cfg.exp_on_reg)
+
+    def forward(self, x: torch.Tensor):
+        return self.head(self.neck(*self.backbone(x)))
+
+    def fuse(self) -> "RtmdetNet":
+        """Fold every BatchNorm (each head level gets its own folded copy of the shared conv)."""
+        return fuse_modules(self)
