@@ -96,13 +96,23 @@ class Model:
                 return size
         return None
 
+    #: state-dict keys that only this family's layout has (checkpoint sniffing)
+    SIGNATURE_KEYS: ClassVar[tuple[str, ...]] = ()
+    #: the class-logit weight whose first dimension is nc (+ NC_EXTRA_CHANNELS)
+    NC_KEY: ClassVar[str | None] = None
+    NC_EXTRA_CHANNELS: ClassVar[int] = 0
+
     @classmethod
     def owns_state_dict(cls, state_dict: dict[str, torch.Tensor]) -> bool:
-        return False
+        return bool(cls.SIGNATURE_KEYS) and all(k in state_dict for k in cls.SIGNATURE_KEYS)
 
     @classmethod
     def nc_from_state_dict(cls, state_dict: dict[str, torch.Tensor]) -> int | None:
-        return None
+        w = state_dict.get(cls.NC_KEY) if cls.NC_KEY else None
+        if w is None:
+            return None
+        nc = int(w.shape[0]) - cls.NC_EXTRA_CHANNELS
+        return nc if nc > 0 else None
 
     # ------------------------------------------------------------ construction
     def __init__(self, net: nn.Module, *, size: str, nc: int, names: Any = None,

@@ -6,6 +6,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ...ops.boxes import clip_to_canvas, distance_to_xyxy, grid_points
 from ..base import Model
 from .nn import CONFIGS, REG_MAX, STRIDES, PicodetNet
 
@@ -41,19 +42,10 @@ class Picodet(Model):
     def build_network(cls, size: str, nc: int) -> nn.Module:
         return PicodetNet(size, nc)
 
-    @classmethod
-    def owns_state_dict(cls, state_dict) -> bool:
-        return ("head.gfl_cls.0.weight" in state_dict
-                and "neck.trans.0.conv.weight" in state_dict
-                and "backbone.blocks.0.conv_dw_mv1.conv.weight" in state_dict)
-
-    @classmethod
-    def nc_from_state_dict(cls, state_dict) -> int | None:
-        w = state_dict.get("head.gfl_cls.0.weight")
-        if w is None:
-            return None
-        nc = int(w.shape[0]) - 4 * (REG_MAX + 1)
-        return nc if nc > 0 else None
+    SIGNATURE_KEYS = ("head.gfl_cls.0.weight", "neck.trans.0.conv.weight",
+                      "backbone.blocks.0.conv_dw_mv1.conv.weight")
+    NC_KEY = "head.gfl_cls.0.weight"
+    NC_EXTRA_CHANNELS = 4 * (REG_MAX + 1)
 
     @staticmethod
     def normalize(x: torch.Tensor) -> torch.Tensor:
@@ -71,14 +63,9 @@ class Picodet(Model):
             # (B, 4*(R+1), h, w) -> (B, h*w, 4, R+1): expectation of the softmax over bins
             d = d.float().reshape(b, 4, REG_MAX + 1, h * w).permute(0, 3, 1, 2)
             dist = (d.softmax(-1) * bins).sum(-1) * s                     # (B, h*w, 4) l,t,r,b
-            ys = (torch.arange(h, device=d.device, dtype=d.dtype) + 0.5) * s
-            xs = (torch.arange(w, device=d.device, dtype=d.dtype) + 0.5) * s
-            gy, gx = torch.meshgrid(ys, xs, indexing="ij")
-            pts = torch.stack((gx, gy), -1).reshape(1, h * w, 2)
-            boxes.append(torch.cat((pts - dist[..., :2], pts + dist[..., 2:]), -1))
+            pts = grid_points(h, w, s, 0.5, d.device, d.dtype)
+            boxes.append(distance_to_xyxy(pts, dist))
             logits.append(c.float().flatten(2).transpose(1, 2))           # (B, h*w, nc)
-        box = torch.cat(boxes, 1)
-        box = torch.stack((box[..., 0].clamp(0, w_img), box[..., 1].clamp(0, h_img),
-                           box[..., 2].clamp(0, w_img), box[..., 3].clamp(0, h_img)), -1)
+        box = clip_to_canvas(torch.cat(boxes, 1), h_img, w_img)
         scores, cls = torch.cat(logits, 1).sigmoid().max(-1)
         return box, scores, cls

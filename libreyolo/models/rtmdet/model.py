@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ...ops.boxes import clip_to_canvas, distance_to_xyxy, grid_points
 from ..base import Model
 from .nn import CONFIGS, STRIDES, RtmdetNet
 
@@ -30,16 +31,8 @@ class Rtmdet(Model):
     def build_network(cls, size: str, nc: int) -> nn.Module:
         return RtmdetNet(size, nc)
 
-    @classmethod
-    def owns_state_dict(cls, state_dict) -> bool:
-        return ("head.rtm_cls.0.weight" in state_dict
-                and "head.rtm_reg.0.weight" in state_dict
-                and "backbone.stem.0.conv.weight" in state_dict)
-
-    @classmethod
-    def nc_from_state_dict(cls, state_dict) -> int | None:
-        w = state_dict.get("head.rtm_cls.0.weight")
-        return int(w.shape[0]) if w is not None else None
+    SIGNATURE_KEYS = ("head.rtm_cls.0.weight", "head.rtm_reg.0.weight", "backbone.stem.0.conv.weight")
+    NC_KEY = "head.rtm_cls.0.weight"
 
     @staticmethod
     def normalize(x: torch.Tensor) -> torch.Tensor:
@@ -59,14 +52,9 @@ class Rtmdet(Model):
         for c, d, s in zip(cls_maps, box_maps, STRIDES):
             b, _, h, w = d.shape
             d = d.float().flatten(2).transpose(1, 2)                      # (B, h*w, 4) l,t,r,b
-            ys = torch.arange(h, device=d.device, dtype=d.dtype) * s
-            xs = torch.arange(w, device=d.device, dtype=d.dtype) * s
-            gy, gx = torch.meshgrid(ys, xs, indexing="ij")
-            pts = torch.stack((gx, gy), -1).reshape(1, h * w, 2)
-            boxes.append(torch.cat((pts - d[..., :2], pts + d[..., 2:]), -1))
+            pts = grid_points(h, w, s, 0.0, d.device, d.dtype)
+            boxes.append(distance_to_xyxy(pts, d))
             logits.append(c.float().flatten(2).transpose(1, 2))           # (B, h*w, nc)
-        box = torch.cat(boxes, 1)
-        box = torch.stack((box[..., 0].clamp(0, w_img), box[..., 1].clamp(0, h_img),
-                           box[..., 2].clamp(0, w_img), box[..., 3].clamp(0, h_img)), -1)
+        box = clip_to_canvas(torch.cat(boxes, 1), h_img, w_img)
         scores, cls = torch.cat(logits, 1).sigmoid().max(-1)
         return box, scores, cls

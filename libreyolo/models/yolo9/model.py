@@ -22,16 +22,8 @@ class Yolo9(Model):
     def build_network(cls, size: str, nc: int) -> nn.Module:
         return Yolo9Net(size, nc)
 
-    @classmethod
-    def owns_state_dict(cls, state_dict) -> bool:
-        return ("backbone.elan1.cv1.conv.weight" in state_dict
-                and "neck.elan_down2.cv4.conv.weight" in state_dict
-                and "head.cv3.0.2.weight" in state_dict)
-
-    @classmethod
-    def nc_from_state_dict(cls, state_dict) -> int | None:
-        w = state_dict.get("head.cv3.0.2.weight")
-        return int(w.shape[0]) if w is not None else None
+    SIGNATURE_KEYS = ("backbone.elan1.cv1.conv.weight", "neck.elan_down2.cv4.conv.weight", "head.cv3.0.2.weight")
+    NC_KEY = "head.cv3.0.2.weight"
 
     def build_loss(self) -> nn.Module:
         from .loss import Yolo9Loss

@@ -27,17 +27,9 @@ class Yolox(Model):
     def build_network(cls, size: str, nc: int) -> nn.Module:
         return YoloxNet(size, nc)
 
-    @classmethod
-    def owns_state_dict(cls, state_dict) -> bool:
-        return ("backbone.backbone.stem.conv.conv.weight" in state_dict
-                and "backbone.C3_n4.conv1.conv.weight" in state_dict
-                and "head.obj_preds.0.weight" in state_dict
-                and "head.stems.0.conv.weight" in state_dict)
-
-    @classmethod
-    def nc_from_state_dict(cls, state_dict) -> int | None:
-        w = state_dict.get("head.cls_preds.0.weight")
-        return int(w.shape[0]) if w is not None else None
+    SIGNATURE_KEYS = ("backbone.backbone.stem.conv.conv.weight", "backbone.C3_n4.conv1.conv.weight",
+                      "head.obj_preds.0.weight", "head.stems.0.conv.weight")
+    NC_KEY = "head.cls_preds.0.weight"
 
     def infer(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(B, 3, S, S) RGB in [0, 1] -> boxes (B, N, 4) xyxy canvas pixels, score (B, N), class (B, N)."""
