@@ -7,6 +7,7 @@ FIXTURES = [
     ("yolox", "n", "yolox-n"),
     ("yolox", "t", "yolox-t"),
     ("yolox", "s", "yolox-s"),
+    ("yolo7", "b", "yolo7-b"),
     ("rtmdet", "t", "rtmdet-t"),
     ("picodet", "s", "picodet-s"),
 ]
@@ -15,6 +16,7 @@ FIXTURES = [
 SMALL_MODELS = [
     ("yolo9", "t"),
     ("yolox", "n"),
+    ("yolo7", "tiny"),
     ("rtmdet", "t"),
     ("picodet", "s"),
 ]

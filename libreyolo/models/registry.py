@@ -10,12 +10,14 @@ from pathlib import Path
 from .base import Model
 from .picodet.model import Picodet
 from .rtmdet.model import Rtmdet
+from .yolo7.model import Yolo7
 from .yolo9.model import Yolo9
 from .yolox.model import Yolox
 
 FAMILIES: dict[str, type[Model]] = {
     "yolo9": Yolo9,
     "yolox": Yolox,
+    "yolo7": Yolo7,
     "rtmdet": Rtmdet,
     "picodet": Picodet,
 }

@@ -25,7 +25,7 @@ def _make_detections_likely(m):
     """Untrained heads start with strongly negative class/objectness biases (no boxes); lift
     them so that NMS has work to do."""
     for name, mod in m.model.named_modules():
-        if name.startswith("head") and isinstance(mod, torch.nn.Conv2d) and mod.bias is not None:
+        if "head" in name and isinstance(mod, torch.nn.Conv2d) and mod.bias is not None:
             torch.nn.init.constant_(mod.bias, 2.0)
 
 

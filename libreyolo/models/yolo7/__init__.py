@@ -1,0 +1,1 @@
+"""YOLOv7 (anchor-based, implicit-knowledge head) detector family."""
