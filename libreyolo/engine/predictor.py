@@ -71,13 +71,13 @@ class Predictor:
         data-dependent NMS on a few hundred boxes runs eager.
         """
         model = self.model
-        center = model.LETTERBOX_CENTER
+        resize = model.RESIZE
 
         def net(x):
             return top_candidates(*model.infer(x), max_nms)
 
         def from_u8(u8):
-            return top_candidates(*model.infer(letterbox(u8, size, center)), max_nms)
+            return top_candidates(*model.infer(letterbox(u8, size, resize)), max_nms)
 
         return net, from_u8
 
@@ -94,10 +94,10 @@ class Predictor:
         """uint8 HWC device tensors -> (stage outputs, per-image letterbox scale)."""
         runner = self.model._runner
         net, from_u8 = self._stage_fns(size, max_nms)
-        center = self.model.LETTERBOX_CENTER
+        resize = self.model.RESIZE
         scales = []
         for im in images:  # per-axis: the resized size is rounded, so x and y scales differ slightly
-            p = letterbox_params(int(im.shape[0]), int(im.shape[1]), size, center)
+            p = letterbox_params(int(im.shape[0]), int(im.shape[1]), size, resize)
             scales.append((p.new_w / int(im.shape[1]), p.new_h / int(im.shape[0]), p.pad_x, p.pad_y))
         same = len({tuple(im.shape) for im in images}) == 1
         with torch.no_grad(), self._autocast(amp_dtype):
@@ -113,9 +113,9 @@ class Predictor:
                     self._raw_seen.clear()
                 if use_u8:
                     return runner(key, from_u8, (u8,), mode), scales
-                x = letterbox(u8, size, center)
+                x = letterbox(u8, size, resize)
             else:
-                x = torch.cat([letterbox(im.unsqueeze(0), size, center) for im in images])
+                x = torch.cat([letterbox(im.unsqueeze(0), size, resize) for im in images])
             return runner(("net", size, max_nms), net, (x,), mode), scales
 
     def capture(self, imgsz=None, batch=1, dtype=None, source_shape=None, max_nms: int = 1000) -> dict:

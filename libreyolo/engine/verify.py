@@ -83,5 +83,5 @@ def verify_model(model, *, imgsz: int | None = None, batches: tuple[int, ...] = 
                 ua, ub = _probes_u8(b, *source_hw, model.device)
                 out.append(check_parity(f"{model.FAMILY}-{model.size} predict-stage {tag} b{b} "
                                         f"{source_hw[0]}x{source_hw[1]}->{size}",
-                                        lambda u: model.infer(letterbox(u, size, model.LETTERBOX_CENTER)), (ua,), (ub,), module=net))
+                                        lambda u: model.infer(letterbox(u, size, model.RESIZE)), (ua,), (ub,), module=net))
     return out

@@ -49,8 +49,9 @@ class Model:
     STRIDE: ClassVar[int] = 32
     DEFAULT_IMGSZ: ClassVar[int] = 640
     UNSUPPORTED_REASON: ClassVar[str | None] = None
-    #: letterbox with the image centred instead of at the top-left (family convention)
-    LETTERBOX_CENTER: ClassVar[bool] = False
+    #: how images reach the network: "topleft" letterbox (default), "center" letterbox, or
+    #: "stretch" (resize to the square ignoring the aspect ratio), as the family was trained
+    RESIZE: ClassVar[str] = "topleft"
 
     # ------------------------------------------------------------ family hooks
     @classmethod

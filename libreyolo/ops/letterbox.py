@@ -1,9 +1,10 @@
 """Letterbox in torch, so it runs on the GPU (and inside a captured graph).
 
-The image is scaled to fit an ``imgsz`` x ``imgsz`` square keeping its aspect ratio,
-placed at the top-left corner (the LibreYOLO checkpoint convention ``letterbox_pad:
-topleft``, the default) or centred (``center=True``, for families trained that way), and
-the rest is filled with grey 114. Output is float RGB in [0, 1], NCHW.
+``mode="topleft"`` (the default, the LibreYOLO checkpoint convention ``letterbox_pad:
+topleft``): the image is scaled to fit an ``imgsz`` x ``imgsz`` square keeping its aspect
+ratio, placed at the top-left corner, and the rest is filled with grey 114.
+``mode="center"``: the same, centred. ``mode="stretch"``: resized to the square ignoring the
+aspect ratio, no padding (PicoDet's convention). Output is float RGB in [0, 1], NCHW.
 """
 from __future__ import annotations
 
@@ -27,22 +28,29 @@ class LetterboxParams:
     pad_y: int = 0
 
 
-def letterbox_params(h: int, w: int, size: int, center: bool = False) -> LetterboxParams:
+MODES = ("topleft", "center", "stretch")
+
+
+def letterbox_params(h: int, w: int, size: int, mode: str = "topleft") -> LetterboxParams:
     if h <= 0 or w <= 0:
         raise ValueError(f"cannot letterbox an empty image of size {h}x{w}")
+    if mode not in MODES:
+        raise ValueError(f"letterbox mode must be one of {MODES}, got {mode!r}")
+    if mode == "stretch":
+        return LetterboxParams(size, size / max(h, w), size, size, 0, 0)
     scale = min(size / h, size / w)
     new_h = max(1, min(size, int(round(h * scale))))
     new_w = max(1, min(size, int(round(w * scale))))
-    pad_x, pad_y = ((size - new_w) // 2, (size - new_h) // 2) if center else (0, 0)
+    pad_x, pad_y = ((size - new_w) // 2, (size - new_h) // 2) if mode == "center" else (0, 0)
     return LetterboxParams(size, scale, new_h, new_w, pad_x, pad_y)
 
 
-def letterbox(images_u8: torch.Tensor, size: int, center: bool = False) -> torch.Tensor:
+def letterbox(images_u8: torch.Tensor, size: int, mode: str = "topleft") -> torch.Tensor:
     """(B, H, W, 3) uint8 RGB -> (B, 3, size, size) float32 in [0, 1], image at top-left."""
     if images_u8.dim() != 4 or images_u8.shape[-1] != 3:
         raise ValueError(f"letterbox expects (B, H, W, 3) images, got shape {tuple(images_u8.shape)}")
     _, h, w, _ = images_u8.shape
-    p = letterbox_params(h, w, size, center)
+    p = letterbox_params(h, w, size, mode)
     # Contiguous NCHW before anything else: a permuted (channels-last) tensor would carry its
     # memory format through interpolate/pad into every convolution of the network.
     x = images_u8.permute(0, 3, 1, 2).contiguous().float()

@@ -125,8 +125,8 @@ def test_centred_letterbox_maps_back():
     from libreyolo.ops.letterbox import letterbox, letterbox_params, unletterbox_boxes
     img = torch.zeros(1, 300, 500, 3, dtype=torch.uint8)
     img[:, 60:120, 100:300] = 255
-    canvas = letterbox(img, 320, center=True)
-    p = letterbox_params(300, 500, 320, center=True)
+    canvas = letterbox(img, 320, mode="center")
+    p = letterbox_params(300, 500, 320, mode="center")
     assert (p.pad_x, p.pad_y) == (0, 64)
     ys, xs = torch.nonzero(canvas[0, 0] > 0.99, as_tuple=True)
     assert ys.min().item() >= 64
@@ -135,12 +135,27 @@ def test_centred_letterbox_maps_back():
     assert torch.allclose(back, torch.tensor([[100.0, 60.0, 300.0, 120.0]]), atol=2.0)
 
 
+def test_stretch_resize_maps_back():
+    from libreyolo.ops.letterbox import letterbox, letterbox_params, unletterbox_boxes
+    img = torch.zeros(1, 300, 500, 3, dtype=torch.uint8)
+    img[:, 60:120, 100:300] = 255
+    canvas = letterbox(img, 320, mode="stretch")
+    p = letterbox_params(300, 500, 320, mode="stretch")
+    assert canvas.shape == (1, 3, 320, 320) and (p.new_h, p.new_w, p.pad_x, p.pad_y) == (320, 320, 0, 0)
+    ys, xs = torch.nonzero(canvas[0, 0] > 0.99, as_tuple=True)
+    box = torch.tensor([[xs.min().item(), ys.min().item(), xs.max().item() + 1, ys.max().item() + 1]], dtype=torch.float)
+    back = unletterbox_boxes(box, 320 / 500, 320 / 300, 300, 500)
+    assert torch.allclose(back, torch.tensor([[100.0, 60.0, 300.0, 120.0]]), atol=2.0)
+    with pytest.raises(ValueError, match="mode"):
+        letterbox_params(3, 3, 32, mode="crop")
+
+
 def test_batched_equals_one_by_one(model):
     """Batching images of different sizes gives each image the outputs it gets alone."""
     from libreyolo.ops.letterbox import letterbox
     pil = Image.open(SAMPLE_IMAGE).convert("RGB")
     imgs = [np.asarray(pil), np.asarray(pil.resize((500, 400))), np.asarray(pil.rotate(90, expand=True))]
-    x = torch.cat([letterbox(torch.from_numpy(im.copy()).unsqueeze(0), 320) for im in imgs])
+    x = torch.cat([letterbox(torch.from_numpy(im.copy()).unsqueeze(0), 320, model.RESIZE) for im in imgs])
     with torch.no_grad():
         many = model.infer(x)
         for i in range(len(imgs)):

@@ -32,6 +32,7 @@ class Picodet(Model):
     # e.g. 416 -> 7x7), so the trained size 416 of size m is kept as is.
     STRIDE = 32
     DEFAULT_IMGSZ = 320
+    RESIZE = "stretch"  # LibreYOLO and the original pipeline resize to the square, no letterbox
     # Set by the lead only after the GPU parity protocol passes.
     SUPPORTS_CUDA_GRAPH = False
 
