@@ -239,24 +239,21 @@ class Trainer:
         if cfg.lr0 is None:
             cfg.lr0 = 0.001 if cfg.optimizer.lower() == "adamw" else 0.01
         wd = cfg.weight_decay * cfg.batch * accumulate / cfg.nbs
+        # A whole training step (optimizer included) can be captured only with a fused SGD
+        # whose lr is a device tensor (updated in place by the schedule) and no GradScaler.
+        self.whole_step = (cfg.optimizer.lower() == "sgd" and bool(cfg.cuda_graph) and m.SUPPORTS_CUDA_GRAPH_TRAIN
+                           and self.device.type == "cuda" and self.amp_dtype != torch.float16)
+        groups = _param_groups(net, wd)
         if cfg.optimizer.lower() == "adamw":
-            opt = torch.optim.AdamW(_param_groups(net, wd), lr=cfg.lr0, betas=(cfg.momentum, 0.999))
+            opt = torch.optim.AdamW(groups, lr=cfg.lr0, betas=(cfg.momentum, 0.999))
         elif cfg.optimizer.lower() == "sgd":
-            # A whole training step (optimizer included) can be captured only with a fused SGD
-            # whose lr is a device tensor (updated in place by the schedule) and no GradScaler.
-            self.whole_step = (bool(cfg.cuda_graph) and m.SUPPORTS_CUDA_GRAPH_TRAIN and self.device.type == "cuda"
-                               and self.amp_dtype != torch.float16)
             if self.whole_step:
-                groups = _param_groups(net, wd)
                 for g in groups:
                     g["lr"] = torch.tensor(cfg.lr0, device=self.device)
-                opt = torch.optim.SGD(groups, lr=cfg.lr0, momentum=cfg.momentum, nesterov=True, fused=True)
-            else:
-                opt = torch.optim.SGD(_param_groups(net, wd), lr=cfg.lr0, momentum=cfg.momentum, nesterov=True)
+            opt = torch.optim.SGD(groups, lr=cfg.lr0, momentum=cfg.momentum, nesterov=True,
+                                  fused=True if self.whole_step else None)
         else:
             raise ValueError(f"optimizer must be SGD or AdamW, got {cfg.optimizer!r}")
-        if not hasattr(self, "whole_step"):
-            self.whole_step = False
         for g in opt.param_groups:
             g["initial_lr"] = cfg.lr0
         scaler = torch.amp.GradScaler("cuda", enabled=self.amp_dtype == torch.float16)
