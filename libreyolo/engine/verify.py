@@ -36,12 +36,8 @@ def input_sensitive(model, seed: int = 0):
     """
     if model.trained:
         return model
-    from ..graphs.runner import GraphRunner
     twin = copy.copy(model)
-    twin.model = copy.deepcopy(model.model)
-    twin._predictor = None
-    twin._runner = GraphRunner(twin.model, model.FAMILY, model.SUPPORTS_CUDA_GRAPH,
-                               unsupported_reason=model.UNSUPPORTED_REASON)
+    twin._attach(copy.deepcopy(model.model))
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, t in twin.model.state_dict().items():

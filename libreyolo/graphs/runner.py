@@ -240,10 +240,6 @@ class GraphRunner:
         with self._lock:
             return self.signature(key, inputs) in self._graphs
 
-    def seen(self, key: Hashable, inputs: Sequence[torch.Tensor]) -> int:
-        with self._lock:
-            return self._seen[self.signature(key, inputs)]
-
     def capture(self, key: Hashable, fn: Callable[..., Any], inputs: Sequence[torch.Tensor]) -> dict:
         """Capture stage ``key`` now (``model.capture_graph``); returns its description."""
         inputs = tuple(inputs)

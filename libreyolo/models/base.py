@@ -78,10 +78,14 @@ class Model:
         old, fresh = self.model.state_dict(), new.state_dict()
         keep = {k: v for k, v in old.items() if k in fresh and fresh[k].shape == v.shape}
         new.load_state_dict(keep, strict=False)
-        self.model = new.to(self.device)
+        self._attach(new.to(self.device))
         self.nc = int(nc)
         self.names = normalize_names(names, self.nc)
-        self._runner = GraphRunner(self.model, self.FAMILY, self.SUPPORTS_CUDA_GRAPH,
+
+    def _attach(self, net: nn.Module) -> None:
+        """Make ``net`` this model's network, with a fresh graph runner and predictor."""
+        self.model = net
+        self._runner = GraphRunner(net, self.FAMILY, self.SUPPORTS_CUDA_GRAPH,
                                    unsupported_reason=self.UNSUPPORTED_REASON)
         self._predictor = None
 
@@ -119,7 +123,6 @@ class Model:
     def __init__(self, net: nn.Module, *, size: str, nc: int, names: Any = None,
                  imgsz: int | None = None, device: Any = "auto", trained: bool = True,
                  source: str | None = None, meta: dict | None = None):
-        self.model = net
         self.size = size
         self.nc = int(nc)
         self.names = normalize_names(names, self.nc)
@@ -129,10 +132,7 @@ class Model:
         self.meta = dict(meta or {})
         self.fused = False
         self.device = select_device(device)
-        self.model.to(self.device).eval()
-        self._runner = GraphRunner(self.model, self.FAMILY, self.SUPPORTS_CUDA_GRAPH,
-                                   unsupported_reason=self.UNSUPPORTED_REASON)
-        self._predictor = None
+        self._attach(net.to(self.device).eval())
 
     @classmethod
     def new(cls, size: str, nc: int = 80, names: Any = None, *, imgsz: int | None = None,
