@@ -1,11 +1,15 @@
-"""Training-step benchmark: eager vs captured forward+loss+backward, one process per arm.
+"""Training-step benchmark: eager vs captured forward+backward vs captured whole step.
 
     PYTHONPATH=. python3 benchmarks/train_step.py --arm eager --batch 8 --imgsz 640 --amp
-    PYTHONPATH=. python3 benchmarks/train_step.py --all --json out.json   # runs each arm in its own process
+    PYTHONPATH=. python3 benchmarks/train_step.py --all --json out.json   # each arm in its own process
 
-One real batch of the built-in shapes set is replayed: forward, YOLOv9 loss, backward and
-the optimizer step (eager in both arms). Medians over --runs after --warmup, with the
-device synchronized around each step.
+One real batch of the built-in shapes set is replayed. Every arm runs the same step:
+forward, the family's loss, backward, gradient clipping, a fused SGD update with a tensor
+learning rate (capturable) and an in-place zero_grad. ``eager`` runs it all eagerly,
+``fwd_bwd`` replays a graph of forward + loss + backward and runs the update eagerly,
+``whole`` replays one graph of the entire step. ``--amp`` means bfloat16 autocast (no
+GradScaler, whose inf check reads a value on the host and so cannot be captured).
+Medians over --runs after --warmup, the device synchronized around each step.
 """
 from __future__ import annotations
 
@@ -16,11 +20,14 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import torch
 
+ARMS = ("eager", "fwd_bwd", "whole")
 
-def run_arm(arm: str, batch: int, imgsz: int, amp: bool, runs: int, warmup: int) -> dict:
+
+def run_arm(arm: str, spec: str, batch: int, imgsz: int, amp: bool, runs: int, warmup: int) -> dict:
     from libreyolo import LibreYOLO
     from libreyolo.data.augment import DetectionDataset, collate_detections
     from libreyolo.data.datasets import resolve_data
@@ -29,28 +36,47 @@ def run_arm(arm: str, batch: int, imgsz: int, amp: bool, runs: int, warmup: int)
     data = resolve_data("shapes")
     ds = DetectionDataset(data.train, imgsz, augment=False)
     imgs, targets, mask = collate_detections([ds[i] for i in range(batch)], bucket=16)
-    model = LibreYOLO.new("yolo9", "t", nc=data.nc, device="cuda", seed=0)
+    if Path(spec).is_file():
+        model = LibreYOLO(spec, device="cuda")
+        model.reset_classes(data.nc, data.names)
+    else:
+        from libreyolo.models.registry import parse_spec
+        cls, size = parse_spec(spec)
+        model = cls.new(size, nc=data.nc, device="cuda", seed=0)
     net = model.model.train()
     loss_fn = model.build_loss().cuda()
-    opt = torch.optim.SGD(net.parameters(), lr=1e-3, momentum=0.9, nesterov=True)
-    scaler = torch.amp.GradScaler("cuda", enabled=amp)
+    params = [p for p in net.parameters() if p.requires_grad]
+    opt = torch.optim.SGD(params, lr=torch.tensor(1e-3, device="cuda"), momentum=0.9, nesterov=True, fused=True)
     x = imgs.cuda().float().div_(255)
     t, k = targets.cuda(), mask.cuda()
 
     def step(x, t, k):
-        with torch.autocast("cuda", dtype=torch.float16, enabled=amp):
-            loss, items = loss_fn(net(x), t, k)
-        scaler.scale(loss).backward()
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
+            loss, items = loss_fn(model.train_forward(net, x, t, k), t, k)
+        loss.backward()
         return loss.detach(), items.detach()
 
-    runner = TrainStepRunner(net, step, enabled=arm != "eager", family="yolo9", supported=True, repeat=1)
+    def update():
+        torch.nn.utils.clip_grad_norm_(params, max_norm=10.0, foreach=True)
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+
+    def state():
+        out = [p.data for p in params] + [p.grad for p in params if p.grad is not None]
+        for st in opt.state.values():
+            out += [v for v in st.values() if isinstance(v, torch.Tensor)]
+        return out + list(net.buffers())
+
+    runner = TrainStepRunner(net, step, enabled=arm != "eager", family=model.FAMILY, supported=True, repeat=1,
+                             update=update, state=state)
     opt.zero_grad(set_to_none=False)
 
     def one():
-        runner(x, t, k)
-        scaler.step(opt)
-        scaler.update()
-        opt.zero_grad(set_to_none=False)
+        if arm == "whole":
+            runner(x, t, k, whole=True)
+        else:
+            runner(x, t, k)
+            update()
 
     for _ in range(warmup):
         one()
@@ -67,27 +93,35 @@ def run_arm(arm: str, batch: int, imgsz: int, amp: bool, runs: int, warmup: int)
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--arm", choices=["eager", "fwd_bwd"], default="eager")
+    ap.add_argument("--arm", choices=ARMS, default="eager")
+    ap.add_argument("--model", default="yolo9t", help="family+size (untrained) or a checkpoint path")
     ap.add_argument("--all", action="store_true", help="run every arm, each in its own process")
+    ap.add_argument("--arms", default=",".join(ARMS))
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--imgsz", type=int, default=640)
-    ap.add_argument("--amp", action="store_true")
+    ap.add_argument("--amp", action="store_true", help="bfloat16 autocast")
     ap.add_argument("--runs", type=int, default=100)
     ap.add_argument("--warmup", type=int, default=15)
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     if not a.all:
-        print(json.dumps(run_arm(a.arm, a.batch, a.imgsz, a.amp, a.runs, a.warmup)))
+        print(json.dumps(run_arm(a.arm, a.model, a.batch, a.imgsz, a.amp, a.runs, a.warmup)))
         return
     arms = {}
-    for arm in ("eager", "fwd_bwd"):
-        cmd = [sys.executable, __file__, "--arm", arm, "--batch", str(a.batch), "--imgsz", str(a.imgsz),
-               "--runs", str(a.runs), "--warmup", str(a.warmup)] + (["--amp"] if a.amp else [])
-        out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
-        arms[arm] = json.loads(out)
-    res = {"model": "yolo9-t", "batch": a.batch, "imgsz": a.imgsz, "amp": a.amp, "arms": arms,
-           "speedup_fwd_bwd": arms["eager"]["median_ms"] / arms["fwd_bwd"]["median_ms"],
+    for arm in a.arms.split(","):
+        cmd = [sys.executable, __file__, "--arm", arm, "--model", a.model, "--batch", str(a.batch),
+               "--imgsz", str(a.imgsz), "--runs", str(a.runs), "--warmup", str(a.warmup)] + (["--amp"] if a.amp else [])
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            arms[arm] = {"arm": arm, "error": proc.stderr.strip().splitlines()[-1:] or ["failed"]}
+            continue
+        arms[arm] = json.loads(proc.stdout.strip().splitlines()[-1])
+    res = {"model": a.model, "batch": a.batch, "imgsz": a.imgsz, "amp": "bf16" if a.amp else False, "arms": arms,
            "device": torch.cuda.get_device_name(0), "torch": torch.__version__, "date": dt.date.today().isoformat()}
+    eager = arms.get("eager", {}).get("median_ms")
+    for arm in arms:
+        if arm != "eager" and eager and "median_ms" in arms[arm]:
+            res[f"speedup_{arm}"] = eager / arms[arm]["median_ms"]
     print(json.dumps(res, indent=2))
     if a.json:
         with open(a.json, "w") as f:

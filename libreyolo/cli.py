@@ -300,11 +300,12 @@ def cmd_train(opts: dict) -> int:
     res = model.train(resume=resume, **kw)
     t = Table(title=f"trained {model.FAMILY}-{model.size} on {opts['data']} ({res['epochs']} epochs, "
                     f"{res['time_s']:.0f} s)")
-    for col in ("epoch", "box", "cls", "dfl", "mAP50", "mAP50-95"):
+    names = res["loss_names"]
+    for col in ("epoch", *names, "mAP50", "mAP50-95"):
         t.add_column(col)
-    for h in res["history"]:
-        t.add_row(str(h["epoch"]), f"{h['train/box_loss']:.4f}", f"{h['train/cls_loss']:.4f}",
-                  f"{h['train/dfl_loss']:.4f}", f"{h['metrics/mAP50']:.4f}", f"{h['metrics/mAP50-95']:.4f}")
+    for h, losses in zip(res["history"], res["losses"]):
+        t.add_row(str(h["epoch"]), *(f"{v:.4f}" for v in losses),
+                  f"{h['metrics/mAP50']:.4f}", f"{h['metrics/mAP50-95']:.4f}")
     console.print(t)
     g = res["cuda_graph"]
     if opts["cuda_graph"]:

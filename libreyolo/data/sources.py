@@ -57,22 +57,33 @@ class SourceItem:
 
     ``image`` is HxWx3 ``uint8`` RGB and C-contiguous: a numpy array for files, PIL images and numpy
     inputs, a torch tensor (on the input's device) for tensor inputs. It never shares memory with
-    the caller's object, so later changes to that object cannot alter the image.
+    the caller's object, so later changes to that object cannot alter the image - unless it was
+    loaded with ``borrow=True`` and ``borrowed`` is True: then :meth:`own` must be called before
+    the caller's object may change (the predictor does so while the GPU works).
     """
 
     name: str
     image: np.ndarray | torch.Tensor
+    borrowed: bool = False
+
+    def own(self) -> None:
+        """Replace a borrowed image by a private copy (no-op otherwise)."""
+        if self.borrowed:
+            self.image = self.image.copy()
+            self.borrowed = False
 
 
-def load_sources(source: Any, *, bgr: bool = False) -> list[SourceItem]:
+def load_sources(source: Any, *, bgr: bool = False, borrow: bool = False) -> list[SourceItem]:
     """Load ``source`` (see the module docstring for the accepted kinds) into a list of items.
 
     ``bgr=True`` says numpy arrays are in OpenCV's BGR(A) order; it has no effect on other kinds.
+    ``borrow=True`` lets a numpy input that needs no conversion (uint8, RGB, C-contiguous) be
+    used in place instead of copied; such items say ``borrowed`` (see :meth:`SourceItem.own`).
     """
-    return list(iter_sources(source, bgr=bgr))
+    return list(iter_sources(source, bgr=bgr, borrow=borrow))
 
 
-def iter_sources(source: Any, *, bgr: bool = False) -> Iterator[SourceItem]:
+def iter_sources(source: Any, *, bgr: bool = False, borrow: bool = False) -> Iterator[SourceItem]:
     """Like :func:`load_sources`, but decode files one at a time as the iterator advances.
 
     Everything that can be checked without decoding (paths exist, directories hold images, globs
@@ -80,7 +91,16 @@ def iter_sources(source: Any, *, bgr: bool = False) -> Iterator[SourceItem]:
     called, so a bad input fails before any work is done; only a corrupt file can fail later.
     """
     loaders = _resolve(source, bgr)
-    return (SourceItem(name, load()) for name, load in loaders)
+    return (_item(name, load, borrow) for name, load in loaders)
+
+
+def _item(name: str, load: "_Loader", borrow: bool) -> SourceItem:
+    image = load()
+    if getattr(load, "borrows", False):   # the loader handed back the caller's own array
+        if borrow:
+            return SourceItem(name, image, borrowed=True)
+        image = image.copy()
+    return SourceItem(name, image)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -217,6 +237,11 @@ def _numpy_loader(arr: np.ndarray, bgr: bool, where: str) -> _Loader:
         raise ValueError(
             f"bad dtype for {_describe(arr, where)}: expected uint8, or float in [0, 1]"
         )
+    if arr.dtype == np.uint8 and arr.ndim == 3 and arr.shape[2] == 3 and not bgr and arr.flags.c_contiguous:
+        def as_is() -> np.ndarray:  # nothing to convert: the caller's array itself (see _item)
+            return arr
+        as_is.borrows = True  # type: ignore[attr-defined]
+        return as_is
     return lambda: _numpy_to_rgb(arr, bgr)
 
 

@@ -207,7 +207,7 @@ class Trainer:
             with torch.autocast(self.device.type, dtype=self.amp_dtype or torch.float16, enabled=self.amp):
                 cand = top_candidates(*infer(x), 30000)
             dets = nms_per_image(*cand, conf=self.cfg.val_conf, iou=self.cfg.val_iou,
-                                 max_det=self.cfg.max_det).cpu()
+                                 max_det=self.cfg.max_det, nms_free=not self.model.NMS)
             for i in range(imgs.shape[0]):
                 d = dets[dets[:, 0] == i, 1:]
                 preds.append(d.numpy())
@@ -233,6 +233,7 @@ class Trainer:
         net = m.model
         net.to(self.device).train()
         loss_fn = m.build_loss().to(self.device)
+        item_names = tuple(loss_fn.item_names)  # the loss contract: see Model.build_loss
         train_loader, val_loader = self._loaders(data)
         nb = len(train_loader)
         accumulate = max(round(cfg.nbs / cfg.batch), 1)
@@ -294,8 +295,8 @@ class Trainer:
 
         def step(x, targets, mask):
             with torch.autocast(self.device.type, dtype=amp_dtype or torch.float16, enabled=amp_dtype is not None):
-                maps = net(x)
-                loss, items = loss_fn(maps, targets, mask)
+                outputs = m.train_forward(net, x, targets, mask)
+                loss, items = loss_fn(outputs, targets, mask)
             scaler.scale(loss).backward()
             return loss.detach(), items.detach()
 
@@ -334,11 +335,15 @@ class Trainer:
                 mosaic_closed = True
                 runner.release("mosaic closed for the final epochs")
                 log.info("libreyolo: mosaic off for the last %d epochs", cfg.epochs - epoch)
+            on_epoch = getattr(loss_fn, "on_epoch", None)
+            if on_epoch is not None and on_epoch(epoch, cfg.epochs):
+                # the loss computes something else from now on: graphs of the old loss are stale
+                runner.release(f"{type(loss_fn).__name__} changed at epoch {epoch + 1}")
             self.loader_gen.manual_seed(cfg.seed + epoch)
             torch.manual_seed(cfg.seed + epoch)
             np.random.seed((cfg.seed + epoch) % 2**32)
             net.train()
-            mloss = torch.zeros(3)
+            mloss = torch.zeros(len(item_names))
             progress = None
             if cfg.verbose:
                 from tqdm import tqdm
@@ -357,7 +362,7 @@ class Trainer:
                 targets = targets.to(self.device, non_blocking=True)
                 mask = mask.to(self.device, non_blocking=True)
                 update_now = ni - last_opt_step >= accumulate
-                if self.whole_step and update_now and accumulate == 1 and ni > nw:
+                if self.whole_step and update_now and ni > nw:  # micro-batches replay the fwd+bwd graph
                     loss, items = runner(x, targets, mask, whole=True)  # update included
                     last_opt_step = ni
                 else:
@@ -370,8 +375,8 @@ class Trainer:
                     raise FloatingPointError(f"non-finite loss at epoch {epoch + 1} batch {i}: {items.tolist()}")
                 mloss = (mloss * i + items) / (i + 1)
                 if progress is not None:
-                    progress.set_postfix(box=f"{mloss[0]:.3f}", cls=f"{mloss[1]:.3f}", dfl=f"{mloss[2]:.3f}",
-                                         inst=int(mask.sum()), size=x.shape[-1])
+                    progress.set_postfix({**{n: f"{v:.3f}" for n, v in zip(item_names, mloss.tolist())},
+                                          "inst": int(mask.sum()), "size": x.shape[-1]})
                     progress.update(1)
             if progress is not None:
                 progress.close()
@@ -387,15 +392,15 @@ class Trainer:
             if cfg.val and (len(self.val_set) > 0):
                 metrics = self.validate(eval_net, val_loader, m.nc, m.names)
             fitness = 0.1 * _nz(metrics["map50"]) + 0.9 * _nz(metrics["map50_95"])
-            row = {"epoch": epoch + 1, "train/box_loss": float(mloss[0]), "train/cls_loss": float(mloss[1]),
-                   "train/dfl_loss": float(mloss[2]), "metrics/mAP50": metrics["map50"],
-                   "metrics/mAP50-95": metrics["map50_95"], "lr/pg0": float(opt.param_groups[0]["lr"])}
+            row = {"epoch": epoch + 1, **{f"train/{n}_loss": float(v) for n, v in zip(item_names, mloss.tolist())},
+                   "metrics/mAP50": metrics["map50"], "metrics/mAP50-95": metrics["map50_95"],
+                   "lr/pg0": float(opt.param_groups[0]["lr"])}
             history.append(row)
             _append_csv(csv_path, row)
             if cfg.verbose:
-                log.info("libreyolo: epoch %d/%d  box %.4f  cls %.4f  dfl %.4f  mAP50 %.4f  mAP50-95 %.4f",
-                         epoch + 1, cfg.epochs, row["train/box_loss"], row["train/cls_loss"],
-                         row["train/dfl_loss"], metrics["map50"], metrics["map50_95"])
+                log.info("libreyolo: epoch %d/%d  %s  mAP50 %.4f  mAP50-95 %.4f", epoch + 1, cfg.epochs,
+                         "  ".join(f"{n} {v:.4f}" for n, v in zip(item_names, mloss.tolist())),
+                         metrics["map50"], metrics["map50_95"])
             is_best = fitness > best_fitness
             best_fitness = max(best_fitness, fitness)
             ck = self._checkpoint(eval_net, net, opt, scaler, ema, epoch, best_fitness)
@@ -418,7 +423,8 @@ class Trainer:
         return {"run_dir": str(run_dir), "epochs": len(history), "time_s": elapsed,
                 "map50": final.get("metrics/mAP50"), "map50_95": final.get("metrics/mAP50-95"),
                 "best_fitness": best_fitness, "history": history,
-                "losses": [[h["train/box_loss"], h["train/cls_loss"], h["train/dfl_loss"]] for h in history],
+                "loss_names": list(item_names),
+                "losses": [[h[f"train/{n}_loss"] for n in item_names] for h in history],
                 "cuda_graph": runner.info(), "best": str(run_dir / "weights" / "best.pt"),
                 "last": str(run_dir / "weights" / "last.pt")}
 

@@ -52,6 +52,8 @@ class Model:
     #: how images reach the network: "topleft" letterbox (default), "center" letterbox, or
     #: "stretch" (resize to the square ignoring the aspect ratio), as the family was trained
     RESIZE: ClassVar[str] = "topleft"
+    #: False for set-prediction heads (DETRs): their top-k outputs need no NMS, only ``conf``/``max_det``
+    NMS: ClassVar[bool] = True
 
     # ------------------------------------------------------------ family hooks
     @classmethod
@@ -63,8 +65,22 @@ class Model:
         raise NotImplementedError(f"{type(self).__name__} must implement infer")
 
     def build_loss(self) -> nn.Module:
-        """The family's training loss: ``loss(maps, targets, mask) -> (loss, items)``."""
+        """The family's training loss module.
+
+        Contract: ``loss(outputs, targets, mask) -> (loss, items)`` where ``outputs`` is what
+        :meth:`train_forward` returns, ``targets`` float (B, M, 5) ``[cls, x1, y1, x2, y2]`` in
+        input pixels padded to M rows, ``mask`` bool (B, M) marks the real rows; ``items`` is a
+        detached 1-D tensor named by the module's ``item_names`` tuple. An optional
+        ``on_epoch(epoch, epochs) -> bool`` returns True when what it computes changes from that
+        epoch on (the trainer then releases its captured training graphs).
+        """
         raise NotImplementedError(f"training is not implemented for the {self.FAMILY} family yet")
+
+    def train_forward(self, net: nn.Module, x: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> Any:
+        """Training-mode forward: ``x`` is the (B, 3, S, S) RGB [0, 1] batch, ``targets``/``mask``
+        the padded boxes (families whose training forward needs them, e.g. DETR denoising, use
+        them). Returns what ``build_loss()``'s module takes as its first argument."""
+        return net(x)
 
     def infer_with(self, net: nn.Module):
         """``infer`` for another network of this family (e.g. the EMA copy during training)."""

@@ -172,3 +172,19 @@ def test_capture_graph_then_predict_uses_it(images):
     info = model.graph_info()
     assert info["captures"] == 1 and info["replays"] == 1
     assert model.release_graphs() == 1 and model.graph_info()["graphs"] == []
+
+
+def test_host_and_device_nms_paths_agree():
+    """The packed host NMS (few survivors) and the CUDA NMS (many) give the same detections."""
+    from libreyolo.ops.nms import nms_per_image, top_candidates
+    g = torch.Generator(device="cuda").manual_seed(0)
+    xy = torch.rand((4, 3000, 2), device="cuda", generator=g) * 600
+    wh = torch.rand((4, 3000, 2), device="cuda", generator=g) * 80 + 4
+    boxes = torch.cat((xy, xy + wh), -1)
+    scores = torch.rand((4, 3000), device="cuda", generator=g)
+    cls = torch.randint(0, 5, (4, 3000), device="cuda", generator=g)
+    cand = top_candidates(boxes, scores, cls, 1000)
+    for conf in (0.25, 0.9):
+        host = nms_per_image(*cand, conf=conf, iou=0.5)
+        dev = nms_per_image(*cand, conf=conf, iou=0.5, host_limit=0)
+        assert host.shape[0] > 0 and torch.equal(host, dev), conf

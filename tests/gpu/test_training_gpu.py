@@ -36,7 +36,7 @@ def make(amp=False, seed=0):
 
     def step(x, t, k):
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
-            loss, items = loss_fn(net(x), t, k)
+            loss, items = loss_fn(m.train_forward(net, x, t, k), t, k)
         loss.backward()
         return loss.detach(), items.detach()
 
@@ -123,3 +123,78 @@ def test_gradient_accumulation_parity(batches):
     assert runner.info()["replays"] == 2
     for a, b in zip(net_e.parameters(), net_g.parameters()):
         assert torch.allclose(a.grad, b.grad, rtol=1e-4, atol=1e-6)
+
+
+def make_whole(seed=0, amp=False):
+    """A net, its step and a capturable update (clip + fused SGD with a tensor lr + zero_grad)."""
+    net, step = make(amp, seed)
+    params = [p for p in net.parameters() if p.requires_grad]
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    opt = torch.optim.SGD(params, lr=torch.tensor(0.01, device="cuda"), momentum=0.9, nesterov=True, fused=True)
+
+    def update():
+        torch.nn.utils.clip_grad_norm_(params, max_norm=10.0, foreach=True)
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+
+    def state():
+        out = [p.data for p in params] + [p.grad for p in params]
+        for st in opt.state.values():
+            out += [v for v in st.values() if isinstance(v, torch.Tensor)]
+        return out + list(net.buffers())
+
+    return net, step, update, state
+
+
+@pytest.mark.parametrize("amp", [False, True])
+def test_whole_step_step0_loss_and_bn_buffers_bitwise_equal(batches, amp):
+    x, t, k = to_dev(batches[0])
+    net_e, step_e, update_e, _ = make_whole(amp=amp)
+    loss_e, _ = step_e(x, t, k)
+    update_e()
+    net_g, step_g, update_g, state_g = make_whole(amp=amp)
+    runner = TrainStepRunner(net_g, step_g, enabled=True, family="yolo9", supported=True, repeat=1,
+                             update=update_g, state=state_g)
+    loss_g, _ = runner(x, t, k, whole=True)
+    torch.cuda.synchronize()
+    assert runner.info()["captures"] == 1 and runner.info()["replays"] == 1, runner.info()
+    assert torch.equal(loss_e, loss_g)
+    for a, b in zip(net_e.buffers(), net_g.buffers()):
+        assert torch.equal(a, b)
+    # the update inside the graph moved the weights like the eager update did
+    moved = [(a - b).abs().max().item() for a, b in zip(net_e.parameters(), net_g.parameters())]
+    assert max(moved) <= 1e-5, max(moved)
+
+
+def _whole_curve(batches, graph: bool, steps=20):
+    net, step, update, state = make_whole()
+    runner = TrainStepRunner(net, step, enabled=graph, family="yolo9", supported=True, update=update, state=state)
+    losses = []
+    for i in range(steps):
+        loss, _ = runner(*to_dev(batches[i % 2]), whole=True)
+        losses.append(float(loss))
+    return losses, runner.info()
+
+
+def test_whole_step_20_step_curve_within_eager_noise(batches):
+    e1, _ = _whole_curve(batches, False)
+    e2, _ = _whole_curve(batches, False)
+    g, info = _whole_curve(batches, True)
+    assert info["captures"] >= 1 and info["replays"] >= 10, info
+    noise = max(abs(a - b) for a, b in zip(e1, e2))
+    diff = max(abs(a - b) for a, b in zip(e1, g))
+    assert diff <= max(noise * 2, 1e-5 * max(abs(v) for v in e1)), (noise, diff)
+
+
+def test_trainer_whole_step_mode_runs_captured(tmp_path):
+    """train(cuda_graph=True) with SGD and bf16 takes the whole-step path and replays it."""
+    model = LibreYOLO.new("yolo9", "t", device="cuda")
+    model.SUPPORTS_CUDA_GRAPH_TRAIN = True
+    # nbs=16: two micro-batches per update, so both the fwd+bwd graph and the whole-step graph replay
+    res = model.train(data=str(make_shapes_dataset(tmp_path / "s", n_train=64, n_val=8, imgsz=128)), epochs=2,
+                      batch=8, nbs=16, imgsz=128, workers=2, project=str(tmp_path), cuda_graph=True, amp="bf16",
+                      warmup_epochs=0, verbose=False)
+    g = res["cuda_graph"]
+    assert g["replays"] > 0 and g["graphs"] == 2 and g["disabled_reason"] is None, g
+    assert all(v == v for row in res["losses"] for v in row)

@@ -36,3 +36,18 @@ def test_nms_options():
     assert only[:, 6].tolist() == [2.0]
     assert len(nms_per_image(*cand, conf=0.25, iou=0.5, max_det=1)) == 2
     assert nms_per_image(*cand, conf=0.99).shape == (0, 7)
+
+
+def test_nms_free_keeps_the_sorted_prefix():
+    cand = top_candidates(*case(), k=4)
+    d = nms_per_image(*cand, conf=0.25, iou=0.5, nms_free=True)
+    assert d[:, 0].tolist() == [0, 0, 0, 1, 1, 1]      # overlapping boxes are NOT suppressed
+    assert d[d[:, 0] == 1, 5].tolist() == [0.949999988079071, 0.6000000238418579, 0.5]
+    assert len(nms_per_image(*cand, conf=0.25, nms_free=True, max_det=1)) == 2
+
+
+def test_result_is_cpu_float32_even_when_empty():
+    cand = top_candidates(*case(), k=4)
+    for kw in ({}, {"conf": 0.99}):
+        d = nms_per_image(*cand, **kw)
+        assert d.device.type == "cpu" and d.dtype == torch.float32

@@ -332,3 +332,27 @@ def test_bundled_sample_image_loads():
     (item,) = load_sources(SAMPLE_IMAGE)
     check_item(item, (720, 1280))
     assert item.image.std() > 20  # a real scene, not a flat fill
+
+
+def test_borrow_uses_rgb_uint8_arrays_in_place_until_owned():
+    arr = np.random.default_rng(0).integers(0, 256, (12, 16, 3), dtype=np.uint8)
+    (copied,) = load_sources(arr)
+    assert not copied.borrowed and not np.shares_memory(copied.image, arr)
+    (item,) = load_sources(arr, borrow=True)
+    assert item.borrowed and item.image is arr
+    item.own()
+    assert not item.borrowed and not np.shares_memory(item.image, arr)
+    np.testing.assert_array_equal(item.image, arr)
+    # arrays that need a conversion are never borrowed
+    (bgr,) = load_sources(arr, bgr=True, borrow=True)
+    assert not bgr.borrowed and not np.shares_memory(bgr.image, arr)
+
+
+def test_predict_result_does_not_change_when_the_callers_array_does():
+    from libreyolo import LibreYOLO
+    model = LibreYOLO.new("yolo9", "t", nc=3, device="cpu", seed=0)
+    arr = np.random.default_rng(1).integers(0, 256, (64, 80, 3), dtype=np.uint8)
+    keep = arr.copy()
+    (res,) = model(arr, imgsz=64, conf=0.0)
+    arr[:] = 0
+    np.testing.assert_array_equal(res.orig_img, keep)

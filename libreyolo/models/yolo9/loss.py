@@ -167,6 +167,9 @@ class Yolo9Loss(nn.Module):
     always computed in float32 with autocast off.
     """
 
+    #: what ``items`` holds, in order (the trainer's progress bar, results.csv columns)
+    item_names = ("box", "cls", "dfl")
+
     def __init__(self, nc: int, reg_max: int = 16, strides: Sequence[int] = (8, 16, 32),
                  topk: int = 10, alpha: float = 0.5, beta: float = 6.0,
                  box_gain: float = 7.5, cls_gain: float = 0.5, dfl_gain: float = 1.5):
