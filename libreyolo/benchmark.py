@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from .graphs.capture import CudaGraphCapturer
+from .graphs.parity import _clone, all_equal
 
 
 def _sync(device: torch.device) -> None:
@@ -75,8 +76,8 @@ def bench_model(model, *, imgsz: int = 640, batch: int = 1, runs: int = 200, war
             graph = CudaGraphCapturer().capture(lambda t: net(t), (x,), module=net)
             capture_ms = (time.perf_counter() - t0) * 1e3
             arms["forward_graph"] = time_call(lambda: graph.replay((x,), clone=False), dev, runs, warmup)
-            eager_out = net(x)["predictions"]
-            same = torch.equal(graph.replay((x,), clone=False)["predictions"], eager_out)
+            eager_out = _clone(net(x))
+            same = all_equal(_clone(graph.replay((x,), clone=False)), eager_out)
         del graph
         model.release_graphs()
         t0 = time.perf_counter()
@@ -104,7 +105,8 @@ def bench_model(model, *, imgsz: int = 640, batch: int = 1, runs: int = 200, war
                                                 for a, b in zip(ref_eager, ref_graph))
         model.release_graphs()
     result = {
-        "model": f"{model.FAMILY}-{model.size}", "trained": model.trained, "imgsz": imgsz, "batch": batch,
+        "model": f"{model.FAMILY}-{model.size}", "fused": model.fused, "trained": model.trained, "imgsz": imgsz,
+        "batch": batch,
         "image_hw": list(image.shape[:2]), "detections_per_image": dets,
         "device": device_name(dev), "torch": torch.__version__,
         "cuda": torch.version.cuda, "date": _dt.date.today().isoformat(), "runs": runs, "warmup": warmup,

@@ -231,6 +231,7 @@ BENCH = {
     "runs": Opt(int, 200, "timed runs per arm (median reported)"),
     "warmup": Opt(int, 30, "untimed warm-up runs per arm"),
     "device": Opt(str, "auto", "auto, cpu, cuda"),
+    "fuse": Opt(_bool, False, "fold BatchNorm / re-parameterize first (every arm runs the fused network)"),
     "json": Opt(str, None, "where to write the JSON result (default runs/bench/<model>-<imgsz>-b<batch>.json)"),
 }
 
@@ -238,6 +239,8 @@ BENCH = {
 def cmd_bench(opts: dict) -> int:
     from .benchmark import bench_model, write_json
     model = _load(opts)
+    if opts["fuse"]:
+        model.fuse()
     res = bench_model(model, imgsz=opts["imgsz"], batch=opts["batch"], runs=opts["runs"], warmup=opts["warmup"])
     t = Table(title=f"{res['model']} imgsz={res['imgsz']} batch={res['batch']} on {res['device']} "
                     f"(torch {res['torch']}, {res['date']})")
