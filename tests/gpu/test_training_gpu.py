@@ -111,18 +111,24 @@ def test_injected_capture_failure_mid_run_finishes_eager(tmp_path, caplog, monke
     assert LibreYOLO(res["last"]).trained
 
 
-def test_gradient_accumulation_parity(batches):
-    """Two micro-batches accumulated by replays equal two accumulated eager backwards."""
-    net_e, step_e = make()
-    net_g, step_g = make()
-    runner = TrainStepRunner(net_g, step_g, enabled=True, family="yolo9", supported=True, repeat=1)
-    for b in batches[:2]:
-        step_e(*to_dev(b))
+def _accumulated_grads(batches, graph: bool):
+    net, step = make()
+    runner = TrainStepRunner(net, step, enabled=graph, family="yolo9", supported=True, repeat=1)
     for b in batches[:2]:
         runner(*to_dev(b))
-    assert runner.info()["replays"] == 2
-    for a, b in zip(net_e.parameters(), net_g.parameters()):
-        assert torch.allclose(a.grad, b.grad, rtol=1e-4, atol=1e-6)
+    return torch.cat([p.grad.flatten() for p in net.parameters()]), runner.info()
+
+
+def test_gradient_accumulation_parity(batches):
+    """Two micro-batches accumulated by replays equal two accumulated eager backwards,
+    within eager's own run-to-run noise (cuDNN's weight-gradient kernels sum with atomics)."""
+    e1, _ = _accumulated_grads(batches, False)
+    e2, _ = _accumulated_grads(batches, False)
+    g, info = _accumulated_grads(batches, True)
+    assert info["replays"] == 2 and info["eager_steps"] == 0, info
+    noise = ((e1 - e2).norm() / e1.norm()).item()
+    diff = ((g - e1).norm() / e1.norm()).item()
+    assert diff <= max(2 * noise, 1e-6), (noise, diff)
 
 
 def make_whole(seed=0, amp=False):
