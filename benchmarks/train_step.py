@@ -31,7 +31,7 @@ def run_arm(arm: str, spec: str, batch: int, imgsz: int, amp: bool, runs: int, w
     from libreyolo import LibreYOLO
     from libreyolo.data.augment import DetectionDataset, collate_detections
     from libreyolo.data.datasets import resolve_data
-    from libreyolo.graphs.training import TrainStepRunner
+    from libreyolo.graphs.training import TrainStepRunner, prime_optimizer_state
 
     data = resolve_data("shapes")
     ds = DetectionDataset(data.train, imgsz, augment=False)
@@ -47,6 +47,7 @@ def run_arm(arm: str, spec: str, batch: int, imgsz: int, amp: bool, runs: int, w
     loss_fn = model.build_loss().cuda()
     params = [p for p in net.parameters() if p.requires_grad]
     opt = torch.optim.SGD(params, lr=torch.tensor(1e-3, device="cuda"), momentum=0.9, nesterov=True, fused=True)
+    prime_optimizer_state(opt)
     x = imgs.cuda().float().div_(255)
     t, k = targets.cuda(), mask.cuda()
 

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..graphs.training import TrainStepRunner
+from ..graphs.training import TrainStepRunner, prime_optimizer_state
 from ..ops.nms import nms_per_image, top_candidates
 
 log = logging.getLogger("libreyolo")
@@ -319,6 +319,8 @@ class Trainer:
             out += [b for b in net.buffers()]
             return out + (ema.tensors() if ema is not None else [])
 
+        if self.whole_step:
+            prime_optimizer_state(opt)  # buffers a captured update writes must exist before capture
         runner = TrainStepRunner(net, step, enabled=bool(cfg.cuda_graph), family=m.FAMILY,
                                  supported=m.SUPPORTS_CUDA_GRAPH_TRAIN, update=optimizer_step, state=mutable_state)
         self.step_runner = runner

@@ -39,6 +39,26 @@ from .capture import CudaGraphCapturer
 log = logging.getLogger("libreyolo")
 
 
+def prime_optimizer_state(opt: torch.optim.Optimizer) -> None:
+    """Create an SGD optimizer's momentum buffers now (zeros) instead of at its first step.
+
+    A whole-step capture must find every tensor the update writes already allocated, so
+    that warm-up can be undone and the graph writes to tensors the optimizer keeps. SGD
+    creates its momentum buffer lazily as a copy of the first gradient; a zero buffer gives
+    the same first step bit for bit (``0 * momentum + grad == grad``). Other optimizers are
+    left alone (the trainer captures whole steps for SGD only).
+    """
+    if not isinstance(opt, torch.optim.SGD):
+        return
+    for group in opt.param_groups:
+        if not group.get("momentum"):
+            continue
+        for p in group["params"]:
+            st = opt.state[p]
+            if st.get("momentum_buffer") is None:
+                st["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+
+
 class TrainStepRunner:
     """Runs ``loss, items = step(images, targets, mask)`` eager or captured.
 
@@ -127,8 +147,10 @@ class TrainStepRunner:
                 return self._eager(fn, inputs)
             self._ensure_grads()
             tensors = [p.grad for p in self.net.parameters() if p.grad is not None]
+            n_state = -1
             if whole and self.state is not None:
-                tensors = tensors + [t for t in self.state() if t is not None]
+                state = [t for t in self.state() if t is not None]
+                tensors, n_state = tensors + state, len(state)
             saved = [t.detach().clone() for t in tensors]
             failure = None
             try:
@@ -145,6 +167,10 @@ class TrainStepRunner:
                 with torch.no_grad():
                     for t, v in zip(tensors, saved):
                         t.copy_(v)
+            if graph is not None and n_state >= 0 and len([t for t in self.state() if t is not None]) != n_state:
+                # the warm-up created state (e.g. lazy optimizer buffers) that cannot be put back
+                graph, failure = None, RuntimeError("the update created new state during warm-up; "
+                                                    "call prime_optimizer_state(opt) before training")
             if graph is None:
                 self._disable(f"capture failed: {type(failure).__name__}: {failure}")
                 return self._eager(fn, inputs)

@@ -13,7 +13,7 @@ from libreyolo.data.augment import DetectionDataset, collate_detections
 from libreyolo.data.synthetic import make_shapes_dataset
 from libreyolo.data.datasets import resolve_data
 from libreyolo.graphs.capture import CudaGraphCapturer
-from libreyolo.graphs.training import TrainStepRunner
+from libreyolo.graphs.training import TrainStepRunner, prime_optimizer_state
 
 pytestmark = pytest.mark.cuda
 
@@ -138,6 +138,7 @@ def make_whole(seed=0, amp=False):
     for p in params:
         p.grad = torch.zeros_like(p)
     opt = torch.optim.SGD(params, lr=torch.tensor(0.01, device="cuda"), momentum=0.9, nesterov=True, fused=True)
+    prime_optimizer_state(opt)
 
     def update():
         torch.nn.utils.clip_grad_norm_(params, max_norm=10.0, foreach=True)

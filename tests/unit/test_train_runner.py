@@ -4,7 +4,7 @@ import logging
 import torch
 from torch import nn
 
-from libreyolo.graphs.training import TrainStepRunner
+from libreyolo.graphs.training import TrainStepRunner, prime_optimizer_state
 
 
 class ReplayingGraph:
@@ -159,3 +159,57 @@ def test_whole_step_restores_state_after_warmup_and_matches_eager():
     assert graphed.info()["captures"] == 1 and graphed.info()["replays"] == 6
     for a, b in zip(net_e.parameters(), net_g.parameters()):
         assert torch.equal(a, b), "warm-up steps leaked into the weights"
+
+
+def _whole(prime: bool):
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    params = list(net.parameters())
+    opt = torch.optim.SGD(params, lr=0.1, momentum=0.9, nesterov=True)
+    if prime:
+        prime_optimizer_state(opt)
+
+    def step(x, y, m):
+        loss = ((net(x).squeeze(-1) - y) ** 2 * m).sum()
+        loss.backward()
+        return loss.detach(), loss.detach().reshape(1)
+
+    def update():
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+
+    def state():
+        out = [p.data for p in params] + [p.grad for p in params if p.grad is not None]
+        for st in opt.state.values():
+            out += [v for v in st.values() if isinstance(v, torch.Tensor)]
+        return out
+
+    return net, opt, TrainStepRunner(net, step, enabled=True, family="toy", supported=True, capturer=StandIn(),
+                                     repeat=1, update=update, state=state)
+
+
+def test_primed_momentum_gives_the_lazy_first_step_bit_for_bit():
+    data = batches(3)
+    lazy, _, _ = _whole(False)
+    primed, _, _ = _whole(True)
+    for net in (lazy, primed):
+        opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9, nesterov=True)
+        if net is primed:
+            prime_optimizer_state(opt)
+        for x, y, m in data:
+            ((net(x).squeeze(-1) - y) ** 2 * m).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    for a, b in zip(lazy.parameters(), primed.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_whole_step_capture_refuses_state_created_by_warm_up(caplog):
+    net, _, runner = _whole(prime=False)
+    with caplog.at_level(logging.WARNING, logger="libreyolo"):
+        runner(*batches(1)[0], whole=True)
+    assert runner.info()["disabled_reason"] and "prime_optimizer_state" in runner.info()["disabled_reason"]
+    assert runner.info()["eager_steps"] == 1
+    net, _, runner = _whole(prime=True)
+    runner(*batches(1)[0], whole=True)
+    assert runner.info()["captures"] == 1 and runner.info()["disabled_reason"] is None
