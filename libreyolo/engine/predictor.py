@@ -21,7 +21,9 @@ import torch
 from ..data.sources import load_sources
 from ..graphs.runner import normalize_mode
 from ..ops.letterbox import letterbox, letterbox_params, unletterbox_boxes
+from ..ops import nms_graph
 from ..ops.nms import nms_per_image, top_candidates
+from ..ops.nms_graph import select_detections
 from ..results import Boxes, Results
 
 log = logging.getLogger("libreyolo")
@@ -64,22 +66,49 @@ class Predictor:
         self._local = threading.local()
 
     # ---------------------------------------------------------------- stages
-    def _stage_fns(self, size: int, max_nms: int):
+    def _stage_fns(self, size: int, max_nms: int, post: tuple | None = None):
         """The two capturable stages: from a letterboxed batch, and from raw uint8 images.
 
-        Both end with the fixed-shape top-``max_nms`` candidate selection, so only the
-        data-dependent NMS on a few hundred boxes runs eager.
+        Both end with the fixed-shape top-``max_nms`` candidate selection. With ``post =
+        (max_det, agnostic)`` (CUDA with Triton) they also run NMS and the final selection
+        (:mod:`libreyolo.ops.nms_graph`) and return one packed (B, max_det * 6 + 1) tensor,
+        so the whole predict is one graph and one copy to the host; the extra stage input
+        is the [conf, iou] device tensor. Otherwise NMS runs eager on the candidates.
         """
         model = self.model
         resize = model.RESIZE
+        if post is None:
+            def net(x):
+                return top_candidates(*model.infer(x), max_nms)
 
-        def net(x):
-            return top_candidates(*model.infer(x), max_nms)
+            def from_u8(u8):
+                return top_candidates(*model.infer(letterbox(u8, size, resize)), max_nms)
 
-        def from_u8(u8):
-            return top_candidates(*model.infer(letterbox(u8, size, resize)), max_nms)
+            return net, from_u8
+        max_det, agnostic = post
 
-        return net, from_u8
+        def finish(cand, thr):
+            dets, count = select_detections(*cand, thr, max_det, nms=model.NMS, agnostic=agnostic)
+            return torch.cat((dets.flatten(1), count[:, None].to(dets.dtype)), 1)
+
+        def net_post(x, thr):
+            return finish(top_candidates(*model.infer(x), max_nms), thr)
+
+        def from_u8_post(u8, thr):
+            return finish(top_candidates(*model.infer(letterbox(u8, size, resize)), max_nms), thr)
+
+        return net_post, from_u8_post
+
+    def _thresholds(self, conf: float, iou: float) -> torch.Tensor:
+        """The [conf, iou] device tensor a post-processing stage reads (cached: no copy per call)."""
+        cache = self.__dict__.setdefault("_thr_cache", {})
+        key = (float(conf), float(iou), str(self.model.device))
+        t = cache.get(key)
+        if t is None:
+            if len(cache) > 64:
+                cache.clear()
+            t = cache[key] = torch.tensor([conf, iou], dtype=torch.float32, device=self.model.device)
+        return t
 
     def _autocast(self, amp_dtype):
         dev = self.model.device.type
@@ -90,10 +119,12 @@ class Predictor:
         return torch.autocast("cuda", dtype=amp_dtype)
 
     def run_batch(self, images: list[torch.Tensor], size: int, mode: Any, amp_dtype,
-                  max_nms: int = 1000) -> tuple:
+                  max_nms: int = 1000, post: tuple | None = None, thr: torch.Tensor | None = None) -> tuple:
         """uint8 HWC device tensors -> (stage outputs, per-image letterbox scale)."""
         runner = self.model._runner
-        net, from_u8 = self._stage_fns(size, max_nms)
+        net, from_u8 = self._stage_fns(size, max_nms, post)
+        extra = () if post is None else (thr,)
+        tag = () if post is None else ("post", *post)
         resize = self.model.RESIZE
         scales = []
         for im in images:  # per-axis: the resized size is rounded, so x and y scales differ slightly
@@ -103,34 +134,44 @@ class Predictor:
         with torch.no_grad(), self._autocast(amp_dtype):
             if same:
                 u8 = images[0].unsqueeze(0) if len(images) == 1 else torch.stack(images)
-                key = ("u8", size, max_nms)
+                key = ("u8", size, max_nms, *tag)
                 # Letterbox inside the graph only for a raw size seen before (a video, a camera,
                 # a fixed pipeline): otherwise each new photo size would cost a capture.
                 raw = (tuple(u8.shape), str(u8.device))
-                use_u8 = mode is not False and (self._raw_seen[raw] >= 1 or runner.has_graph(key, (u8,)))
+                use_u8 = mode is not False and (self._raw_seen[raw] >= 1 or runner.has_graph(key, (u8, *extra)))
                 self._raw_seen[raw] += 1
                 if len(self._raw_seen) > 256:
                     self._raw_seen.clear()
                 if use_u8:
-                    return runner(key, from_u8, (u8,), mode), scales
+                    return runner(key, from_u8, (u8, *extra), mode), scales
                 x = letterbox(u8, size, resize)
             else:
                 x = torch.cat([letterbox(im.unsqueeze(0), size, resize) for im in images])
-            return runner(("net", size, max_nms), net, (x,), mode), scales
+            return runner(("net", size, max_nms, *tag), net, (x, *extra), mode), scales
 
-    def capture(self, imgsz=None, batch=1, dtype=None, source_shape=None, max_nms: int = 1000) -> dict:
+    def _post(self, max_det: int, agnostic: bool, classes) -> tuple | None:
+        """Whether NMS + selection run inside the stage (CUDA with Triton, no class filter)."""
+        if classes is not None or not nms_graph.available(self.model.device):
+            return None
+        return int(max_det), bool(agnostic)
+
+    def capture(self, imgsz=None, batch=1, dtype=None, source_shape=None, max_nms: int = 1000,
+                max_det: int = 300, agnostic: bool = False) -> dict:
         m = self.model
         size = check_imgsz(imgsz or m.imgsz, m.STRIDE)
-        net, from_u8 = self._stage_fns(size, max_nms)
+        post = self._post(max_det, agnostic, None)
+        net, from_u8 = self._stage_fns(size, max_nms, post)
+        extra = () if post is None else (self._thresholds(0.25, 0.45),)
+        tag = () if post is None else ("post", *post)
         amp_dtype = None if dtype in (None, torch.float32) else _amp_dtype(dtype)
         g = torch.Generator().manual_seed(0)
         with torch.no_grad(), self._autocast(amp_dtype):
             if source_shape is None:
                 x = torch.rand((batch, 3, size, size), generator=g).to(m.device)
-                return m._runner.capture(("net", size, max_nms), net, (x,))
+                return m._runner.capture(("net", size, max_nms, *tag), net, (x, *extra))
             h, w = source_shape
             u8 = torch.randint(0, 256, (batch, h, w, 3), generator=g, dtype=torch.uint8).to(m.device)
-            return m._runner.capture(("u8", size, max_nms), from_u8, (u8,))
+            return m._runner.capture(("u8", size, max_nms, *tag), from_u8, (u8, *extra))
 
     # ------------------------------------------------------------------ call
     def __call__(self, source: Any, *, conf: float = 0.25, iou: float = 0.45, imgsz: int | None = None,
@@ -192,19 +233,28 @@ class Predictor:
             dev_images = [self._upload(it.image, j) for j, it in enumerate(chunk)]
             sync()
             t1 = time.perf_counter()
-            (boxes, scores, cls), scales = self.run_batch(dev_images, size, mode, amp_dtype, int(max_nms))
+            post = self._post(max_det, agnostic_nms, classes)
+            thr = None if post is None else self._thresholds(conf, iou)
+            out, scales = self.run_batch(dev_images, size, mode, amp_dtype, int(max_nms), post, thr)
             for it in chunk:  # the host copy of borrowed arrays overlaps with the queued GPU work
                 it.own()
             sync()
             t2 = time.perf_counter()
-            dets = nms_per_image(boxes, scores, cls, conf=float(conf), iou=float(iou), max_det=int(max_det),
-                                 classes=classes, agnostic=agnostic_nms, nms_free=not m.NMS)
+            if post is None:
+                dets = nms_per_image(*out, conf=float(conf), iou=float(iou), max_det=int(max_det),
+                                     classes=classes, agnostic=agnostic_nms, nms_free=not m.NMS)
+                img_col = dets[:, 0].long()
+                per_image = [dets[img_col == i, 1:] for i in range(len(chunk))]
+            else:  # one copy: (B, max_det * 6 + 1) = detections in score order + count per image
+                host = out.cpu()
+                counts = host[:, -1].long().tolist()
+                rows = host[:, :-1].view(len(chunk), int(max_det), 6)
+                per_image = [rows[i, :n].clone() for i, n in enumerate(counts)]
             t3 = time.perf_counter()
             speed = {"load": t_load, "preprocess": (t1 - t0) * 1e3 / len(chunk),
                      "inference": (t2 - t1) * 1e3 / len(chunk), "postprocess": (t3 - t2) * 1e3 / len(chunk)}
-            img_col = dets[:, 0].long()
             for i, it in enumerate(chunk):
-                d = dets[img_col == i, 1:]
+                d = per_image[i]
                 h, w = int(it.image.shape[0]), int(it.image.shape[1])
                 sx, sy, px, py = scales[i]
                 unletterbox_boxes(d, sx, sy, h, w, px, py)

@@ -67,6 +67,9 @@ def verify_model(model, *, imgsz: int | None = None, batches: tuple[int, ...] = 
     size = int(imgsz or model.imgsz)
     model = input_sensitive(model)
     net = model.model.eval()
+    pred = model._get_predictor()
+    post = pred._post(300, False, None)
+    from_u8_post = pred._stage_fns(size, 1000, post)[1] if post is not None else None
     out: list[ParityResult] = []
     for amp in amp_dtypes:
         tag = "fp32" if amp is None else f"amp-{str(amp).replace('torch.', '')}"
@@ -77,7 +80,10 @@ def verify_model(model, *, imgsz: int | None = None, batches: tuple[int, ...] = 
                 out.append(check_parity(f"{model.FAMILY}-{model.size} network {tag} b{b} {size}",
                                         lambda x: net(x), (pa,), (pb,), module=net))
                 ua, ub = _probes_u8(b, *source_hw, model.device)
-                out.append(check_parity(f"{model.FAMILY}-{model.size} predict-stage {tag} b{b} "
-                                        f"{source_hw[0]}x{source_hw[1]}->{size}",
-                                        lambda u: model.infer(letterbox(u, size, model.RESIZE)), (ua,), (ub,), module=net))
+                stage = f"{model.FAMILY}-{model.size} predict-stage {tag} b{b} {source_hw[0]}x{source_hw[1]}->{size}"
+                out.append(check_parity(stage, lambda u: model.infer(letterbox(u, size, model.RESIZE)), (ua,), (ub,),
+                                        module=net))
+                if post is not None:  # the stage predict really captures: + top-k, NMS, selection
+                    thr = pred._thresholds(0.25, 0.45)
+                    out.append(check_parity(stage + " +nms", from_u8_post, (ua, thr), (ub, thr), module=net))
     return out

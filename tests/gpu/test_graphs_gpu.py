@@ -188,3 +188,47 @@ def test_host_and_device_nms_paths_agree():
         host = nms_per_image(*cand, conf=conf, iou=0.5)
         dev = nms_per_image(*cand, conf=conf, iou=0.5, host_limit=0)
         assert host.shape[0] > 0 and torch.equal(host, dev), conf
+
+
+def _reference_nms(b, s, c, conf, iou, max_det, agnostic):
+    """Greedy NMS per class with torchvision (no coordinate offsets), merged in score order."""
+    from torchvision.ops import nms
+    n = int((s > conf).sum())
+    b, s, c = b[:n], s[:n], c[:n]
+    if agnostic:
+        keep = nms(b, s, iou)
+    else:
+        keep = torch.cat([idx[nms(b[idx], s[idx], iou)] for idx in
+                          (torch.nonzero(c == k).flatten() for k in c.unique())]) if n else torch.zeros(0, dtype=torch.long)
+        keep = keep[s[keep].argsort(descending=True, stable=True)]
+    keep = keep[:max_det]
+    return torch.cat((b[keep], s[keep, None], c[keep, None].float()), 1)
+
+
+@pytest.mark.parametrize("agnostic", [False, True])
+def test_in_graph_nms_equals_greedy_torchvision_nms(agnostic):
+    from libreyolo.ops.nms import top_candidates
+    from libreyolo.ops.nms_graph import select_detections
+    g = torch.Generator(device="cuda").manual_seed(1)
+    xy = torch.rand((3, 5000, 2), device="cuda", generator=g) * 600
+    wh = torch.rand((3, 5000, 2), device="cuda", generator=g) * 120 + 4
+    cand = top_candidates(torch.cat((xy, xy + wh), -1), torch.rand((3, 5000), device="cuda", generator=g),
+                          torch.randint(0, 6, (3, 5000), device="cuda", generator=g), 1000)
+    for conf, iou, max_det in ((0.25, 0.45, 300), (0.05, 0.7, 1000), (0.9, 0.3, 5)):
+        thr = torch.tensor([conf, iou], device="cuda")
+        dets, count = select_detections(*cand, thr, max_det, agnostic=agnostic)
+        for i in range(3):
+            ref = _reference_nms(cand[0][i], cand[1][i], cand[2][i], conf, iou, max_det, agnostic)
+            assert int(count[i]) == ref.shape[0] > 0
+            assert torch.equal(dets[i, :int(count[i])], ref), (conf, iou, i)
+            assert not dets[i, int(count[i]):].any()
+
+
+def test_predict_post_stage_is_captured_with_nms(images):
+    """With Triton, predict captures NMS too: one graph per signature, boxes equal eager's."""
+    m = filled_model("yolo9", "t")
+    eager = m(images[1], cuda_graph=False)
+    graph = [m(images[1], cuda_graph=True) for _ in range(3)][-1]
+    stages = [g["stage"] for g in m.graph_info()["graphs"]]
+    assert any("post" in str(st) for st in stages), stages
+    assert torch.equal(eager[0].boxes.data, graph[0].boxes.data) and len(eager[0]) > 0
