@@ -1,0 +1,58 @@
+"""The in-graph greedy NMS kernel, run on the CPU through Triton's interpreter.
+
+On CUDA the same kernel is compiled; tests/gpu checks it there against torchvision again.
+The interpreter needs TRITON_INTERPRET=1 before triton is imported, hence a subprocess.
+"""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytest.importorskip("triton")
+
+SCRIPT = textwrap.dedent('''
+    import torch
+    from torchvision.ops import nms
+    from libreyolo.ops import nms_graph
+    from libreyolo.ops.nms import top_candidates
+
+    def reference(b, s, c, conf, iou, max_det, agnostic):
+        n = int((s > conf).sum())
+        b, s, c = b[:n], s[:n], c[:n]
+        if agnostic:
+            keep = nms(b, s, iou)
+        else:  # per class, no coordinate offsets, merged by score
+            keep = torch.cat([i[nms(b[i], s[i], iou)] for i in (torch.nonzero(c == k).flatten() for k in c.unique())])
+            keep = keep[s[keep].argsort(descending=True, stable=True)]
+        keep = keep[:max_det]
+        return torch.cat((b[keep], s[keep, None], c[keep, None].float()), 1)
+
+    g = torch.Generator().manual_seed(1)
+    xy = torch.rand((2, 400, 2), generator=g) * 600
+    wh = torch.rand((2, 400, 2), generator=g) * 120 + 4
+    cand = top_candidates(torch.cat((xy, xy + wh), -1), torch.rand((2, 400), generator=g),
+                          torch.randint(0, 4, (2, 400), generator=g), 150)
+    for agnostic in (False, True):
+        for conf, iou, max_det in ((0.3, 0.45, 100), (0.6, 0.6, 7), (0.99, 0.5, 10)):
+            dets, count = nms_graph.select_detections(*cand, torch.tensor([conf, iou]), max_det, agnostic=agnostic)
+            assert dets.shape == (2, max_det, 6) and count.shape == (2,)
+            for i in range(2):
+                ref = reference(cand[0][i], cand[1][i], cand[2][i], conf, iou, max_det, agnostic)
+                n = int(count[i])
+                assert n == ref.shape[0], (agnostic, conf, i, n, ref.shape)
+                assert torch.equal(dets[i, :n], ref), (agnostic, conf, i)
+                assert not dets[i, n:].any()
+    # set-prediction heads: no suppression, only conf and max_det
+    dets, count = nms_graph.select_detections(*cand, torch.tensor([0.5, 0.5]), 20, nms=False)
+    assert torch.equal(count, torch.minimum((cand[1] > 0.5).sum(1), torch.tensor(20)))
+    assert torch.equal(dets[0, :20, 4], cand[1][0, :20])
+    print("OK")
+''')
+
+
+def test_greedy_nms_kernel_equals_torchvision_in_the_interpreter():
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), proc.stderr[-3000:]
