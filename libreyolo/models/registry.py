@@ -8,7 +8,14 @@ import re
 from pathlib import Path
 
 from .base import Model
+from .deim.model import Deim
+from .deimv2.model import Deimv2
+from .dfine.model import Dfine
+from .ec.model import EC
 from .picodet.model import Picodet
+from .rtdetr.model import RTDETR
+from .rtdetrv2.model import RTDETRv2
+from .rtdetrv4.model import RTDETRv4
 from .rtmdet.model import Rtmdet
 from .yolo7.model import Yolo7
 from .yolo9.model import Yolo9
@@ -20,6 +27,13 @@ FAMILIES: dict[str, type[Model]] = {
     "yolo7": Yolo7,
     "rtmdet": Rtmdet,
     "picodet": Picodet,
+    "rtdetr": RTDETR,
+    "rtdetrv2": RTDETRv2,
+    "dfine": Dfine,
+    "deim": Deim,
+    "deimv2": Deimv2,
+    "ec": EC,
+    "rtdetrv4": RTDETRv4,
 }
 
 

@@ -4,7 +4,7 @@ import json
 import pytest
 import torch
 from fill import fill_state_dict
-from rows import FIXTURES
+from rows import FIXTURES, SNIFFED_AS
 
 from conftest import FIXTURES_DIR
 from libreyolo import LibreYOLO
@@ -33,6 +33,25 @@ def rel_err(a, b):
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
+def assert_reproduces(out, ref_outputs, fx):
+    """Each output within relative L2 1e-4; for DETR fixtures whose tolerance_note allows it, the
+    documented order-free comparison when the element-wise one fails (top-k over tied scores):
+    rows = cat(pred_logits[0], pred_boxes[0]), each reference row matched to its nearest row of ours."""
+    errs = {path: rel_err(out[path], ref) for path, ref in ref_outputs.items()}
+    if all(e <= 1e-4 for e in errs.values()):
+        return
+    if "order-free" not in fx.get("tolerance_note", "") or set(ref_outputs) != {"pred_logits", "pred_boxes"}:
+        raise AssertionError(f"element-wise errors {errs}")
+    nc = ref_outputs["pred_logits"].shape[-1]
+    ours = torch.cat((out["pred_logits"][0], out["pred_boxes"][0]), -1).double()
+    ref = torch.cat((ref_outputs["pred_logits"][0], ref_outputs["pred_boxes"][0]), -1).double()
+    match = torch.cdist(ref, ours).argmin(1)
+    matched = ours[match]
+    for name, cols in (("pred_logits", slice(0, nc)), ("pred_boxes", slice(nc, nc + 4))):
+        err = ((matched[:, cols] - ref[:, cols]).norm() / ref[:, cols].norm()).item()
+        assert err <= 1e-4, (name, err, "order-free")
+
+
 @pytest.mark.parametrize("family,size,name", FIXTURES)
 def test_network_reproduces_fixture(family, size, name):
     fx, pt, sd = load_fixture(name)
@@ -45,8 +64,7 @@ def test_network_reproduces_fixture(family, size, name):
     with torch.no_grad():
         out = flatten(net(pt["input"]))
     assert set(pt["outputs"]) <= set(out)
-    for path, ref in pt["outputs"].items():
-        assert rel_err(out[path], ref) <= 1e-4, path
+    assert_reproduces(out, pt["outputs"], fx)
 
 
 @pytest.mark.parametrize("family,size,name", FIXTURES)
@@ -59,8 +77,7 @@ def test_checkpoint_in_fixture_layout_loads_through_factory(tmp_path, family, si
     assert (model.FAMILY, model.size, model.nc) == (family, size, meta["nc"])
     with torch.no_grad():
         out = flatten(model.model(pt["input"]))
-    for path, ref in pt["outputs"].items():
-        assert rel_err(out[path], ref) <= 1e-4, path
+    assert_reproduces(out, pt["outputs"], fx)
 
 
 @pytest.mark.parametrize("family,size,name", FIXTURES)
@@ -70,4 +87,5 @@ def test_family_and_size_sniffed_from_bare_state_dict(tmp_path, family, size, na
     path = tmp_path / "anonymous.pt"
     torch.save({"model": sd}, path)
     model = LibreYOLO(str(path), device="cpu")
-    assert (model.FAMILY, model.size) == (family, size)
+    # layouts shared by several families (D-FINE / DEIM / RT-DETRv4) read as one documented family
+    assert (model.FAMILY, model.size) == (SNIFFED_AS.get(family, family), size)

@@ -1,0 +1,154 @@
+"""DetrModel: the shared declarations and capturable inference stage of the DETR families.
+
+A DETR family subclasses :class:`DetrModel`, sets ``FAMILY``/``SIZES``/``FILE_PREFIX``/
+``SIGNATURE_KEYS``/``NC_KEY`` and implements ``build_network``. Its network, called on the
+(normalised) canvas, returns a dict with ``pred_logits`` (B, Q, nc, pre-sigmoid) and
+``pred_boxes`` (B, Q, 4, normalised cx, cy, w, h); a family whose network returns
+something else overrides :meth:`DetrModel.split_outputs`.
+
+Post-processing is the RT-DETR one: sigmoid, then one top-K over the flattened
+query x class scores. There is no NMS (``NMS = False``), and every shape is fixed, so
+:meth:`DetrModel.infer` can be captured whole into a CUDA graph.
+
+Training: :meth:`DetrModel.train_forward` feeds the targets to the network for query denoising
+(:mod:`.denoising`) and :meth:`DetrModel.build_loss` returns the set criterion (:mod:`.loss`,
+Hungarian matching in :mod:`.matcher`) of the family's recipe (``LOSS_KIND``).
+"""
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+from torchvision.ops import box_convert
+
+from ..base import Model
+
+#: ImageNet statistics (RGB), for families whose backbones expect them (``INPUT_NORM = "imagenet"``)
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+def normalize_input(x: torch.Tensor, how: str) -> torch.Tensor:
+    """Apply the family's input convention to an RGB [0, 1] batch.
+
+    ``"none"`` passes ``x`` through; ``"imagenet"`` subtracts the ImageNet mean and divides
+    by its std per channel. Python scalars only (no tensor built from a list), so nothing is
+    copied from the host while a CUDA graph is being captured.
+    """
+    if how == "none":
+        return x
+    if how == "imagenet":
+        chans = [(x[:, i:i + 1] - m) / s for i, (m, s) in enumerate(zip(IMAGENET_MEAN, IMAGENET_STD))]
+        return torch.cat(chans, 1)
+    raise ValueError(f"unknown INPUT_NORM {how!r} (expected 'none' or 'imagenet')")
+
+
+def detr_postprocess(logits: torch.Tensor, boxes: torch.Tensor, width: int, height: int,
+                     num_top: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """DETR head outputs -> the K best (query, class) pairs, sorted by score descending.
+
+    ``logits`` (B, Q, nc) pre-sigmoid, ``boxes`` (B, Q, 4) normalised cxcywh. Returns
+    boxes (B, K, 4) xyxy in pixels of a ``width`` x ``height`` canvas, scores (B, K) and
+    classes (B, K) int64, with K = min(num_top, Q * nc). One query may appear with several
+    classes, as in the reference post-processor (focal-loss DETRs have no background class).
+    """
+    b, q, nc = logits.shape
+    k = min(int(num_top), q * nc)
+    scores, index = logits.sigmoid().flatten(1).topk(k, dim=1, sorted=True)
+    cls = index % nc
+    query = index // nc
+    xyxy = box_convert(boxes, "cxcywh", "xyxy")
+    # scale with Python scalars: no host->device copy inside a graph capture
+    xyxy = torch.stack((xyxy[..., 0] * width, xyxy[..., 1] * height,
+                        xyxy[..., 2] * width, xyxy[..., 3] * height), -1)
+    picked = xyxy.gather(1, query.unsqueeze(-1).expand(-1, -1, 4))
+    return picked, scores, cls
+
+
+class DetrModel(Model):
+    """Base of the DETR-style families: stretch resize, no NMS, top-K post-processing.
+
+    Subclasses declare ``FAMILY``, ``SIZES``, ``FILE_PREFIX``, ``SIGNATURE_KEYS``, ``NC_KEY``
+    and implement ``build_network(size, nc)``; they may change ``INPUT_NORM`` ("none": RGB in
+    [0, 1]; "imagenet": ImageNet mean/std applied inside :meth:`infer`) and ``NUM_TOP``.
+    """
+
+    TASK = "detect"
+    #: DETRs are trained on images resized to the square, ignoring the aspect ratio
+    RESIZE: ClassVar[str] = "stretch"
+    #: NMS-free: the predictor applies only the confidence threshold and max_det
+    NMS: ClassVar[bool] = False
+    #: how the RGB [0, 1] canvas is normalised before the network ("none" or "imagenet")
+    INPUT_NORM: ClassVar[str] = "none"
+    #: how many (query, class) pairs :meth:`infer` returns per image (at most Q * nc)
+    NUM_TOP: ClassVar[int] = 300
+    DEFAULT_IMGSZ: ClassVar[int] = 640
+    STRIDE: ClassVar[int] = 32
+
+    def split_outputs(self, out: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """The network's eval output -> (pred_logits (B, Q, nc), pred_boxes (B, Q, 4) cxcywh)."""
+        return out["pred_logits"], out["pred_boxes"]
+
+    def infer(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(B, 3, S, S) RGB [0, 1] canvas -> boxes (B, K, 4) xyxy canvas pixels, scores (B, K),
+        classes (B, K) int64, sorted by score descending; K = min(NUM_TOP, Q * nc).
+
+        Fixed shapes and no host synchronisation: the engine captures this whole.
+        """
+        logits, boxes = self.split_outputs(self.model(normalize_input(x, self.INPUT_NORM)))
+        return detr_postprocess(logits.float(), boxes.float(), x.shape[-1], x.shape[-2], self.NUM_TOP)
+
+    #: which set criterion trains the family: "rtdetr" (VFL + L1 + GIoU) or "dfine" (adds union
+    #: matching, FGL and DDF); None: "dfine" when the network's decoder has edge distributions
+    #: (a :class:`~.dfine_decoder.DFineDecoder`), else "rtdetr"
+    LOSS_KIND: ClassVar[str | None] = None
+    #: query denoising's gt-slot bucket: None = the batch's largest gt count (the reference; the
+    #: decoder's token count varies), an int k = the targets' padded row count rounded up to a
+    #: multiple of k (fixed shapes, nothing read on the host); see :mod:`.denoising`
+    DN_PAD_TO: ClassVar[int | None] = None
+
+    def loss_kind(self) -> str:
+        """The criterion recipe for this model (see ``LOSS_KIND``)."""
+        if self.LOSS_KIND is not None:
+            return self.LOSS_KIND
+        from .dfine_decoder import DFineDecoder
+        return "dfine" if isinstance(getattr(self.model, "decoder", None), DFineDecoder) else "rtdetr"
+
+    def build_loss(self) -> nn.Module:
+        """The DETR set criterion (:class:`~.loss.DetrLoss`) for this family's recipe."""
+        from .loss import DetrLoss
+        kind = self.loss_kind()
+        if kind not in ("rtdetr", "dfine"):
+            raise ValueError(f"unknown LOSS_KIND {kind!r} (expected 'rtdetr' or 'dfine')")
+        return DetrLoss(self.nc, fine=kind == "dfine")
+
+    def train_seam(self, net: nn.Module) -> nn.Module | None:
+        """Backbone + encoder: fixed-shape for a given image size, unlike the decoder (its
+        denoising queries follow the batch's largest ground-truth count) and the Hungarian
+        matcher (host-side), which stay eager."""
+        from .net import DetrFront
+        return DetrFront(net)
+
+    def set_train_seam(self, net: nn.Module, segment: nn.Module | None) -> None:
+        if segment is None:
+            net.__dict__.pop("front_override", None)
+        else:
+            net.__dict__["front_override"] = segment   # not registered: no state-dict keys
+
+    def train_forward(self, net: nn.Module, x: torch.Tensor, targets: torch.Tensor | None,
+                      mask: torch.Tensor | None) -> Any:
+        """Training-mode forward: ``x`` (B, 3, S, S) RGB [0, 1]; ``targets`` (B, M, 5) ``[cls, x1,
+        y1, x2, y2]`` in input pixels with ``mask`` (B, M) feed query denoising (normalised cxcywh
+        inside). Returns the network's training dict plus ``input_size`` (h, w), which the loss
+        uses to normalise the targets."""
+        dn_targets = None
+        if targets is not None and mask is not None:
+            from .loss import normalized_targets
+            labels, boxes = normalized_targets(targets, (x.shape[-2], x.shape[-1]), self.nc)
+            dn_targets = {"labels": labels, "boxes": boxes, "mask": mask.bool()}
+            if self.DN_PAD_TO is not None:
+                dn_targets["pad_to"] = self.DN_PAD_TO
+        out = net(normalize_input(x, self.INPUT_NORM), dn_targets)
+        out["input_size"] = (int(x.shape[-2]), int(x.shape[-1]))
+        return out

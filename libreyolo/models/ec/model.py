@@ -1,0 +1,35 @@
+"""ECDet declarations (the inference stage is DetrModel's)."""
+from __future__ import annotations
+
+from torch import nn
+
+from ..detr_common.model import DetrModel
+from .nn import EC_CONFIGS, INPUT_SIZE, ECNet
+
+
+class EC(DetrModel):
+    """EdgeCrafter's ECDet (compact ViT + FDR decoder), sizes s, m, l, x.
+
+    The backbone expects ImageNet mean/std normalisation, applied in :meth:`infer` before the
+    network (``INPUT_NORM = "imagenet"``); ``model.model`` itself takes the normalised tensor.
+    """
+
+    FAMILY = "ec"
+    SIZES = tuple(EC_CONFIGS)
+    FILE_PREFIX = "LibreEC"
+    INPUT_NORM = "imagenet"
+    DEFAULT_IMGSZ = INPUT_SIZE
+    # Parity protocol passed on an H200 for size s (fp32 and fp16 autocast, batch 1 and 8, network,
+    # predict stage and predict stage + selection): session-2 GPU run 6, 2026-11-30, scripts/gpu_families.py.
+    SUPPORTS_CUDA_GRAPH = True
+    #: the ViT's register token and rotary periods and the decoder layers' ``norm2``-named output norm
+    SIGNATURE_KEYS = ("backbone.backbone.register_token", "backbone.backbone.rope_embed.periods",
+                      "backbone.projector.0.conv.weight", "decoder.decoder.layers.0.norm2.weight",
+                      "decoder.pre_bbox_head.layers.0.weight")
+    NC_KEY = "decoder.dec_score_head.0.weight"
+
+    @classmethod
+    def build_network(cls, size: str, nc: int) -> nn.Module:
+        if size not in EC_CONFIGS:
+            raise ValueError(f"unknown EC size {size!r}; sizes: {', '.join(cls.SIZES)}")
+        return ECNet(EC_CONFIGS[size], nc)
