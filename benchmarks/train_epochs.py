@@ -23,7 +23,7 @@ def run_arm(arm: str, a) -> dict:
     cls, size = parse_spec(a.model)
     if arm == "graph":
         cls.SUPPORTS_CUDA_GRAPH_TRAIN = cls.SUPPORTS_CUDA_GRAPH_TRAIN or a.force
-    model = cls.new(size, device="cuda", seed=0)
+    model = cls.new(size, device=a.device, seed=0)
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
         res = model.train(data="shapes", epochs=a.epochs, batch=a.batch, imgsz=a.imgsz, workers=a.workers,
@@ -42,6 +42,7 @@ def main() -> None:
     ap.add_argument("--imgsz", type=int, default=320)
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument("--amp", default="bf16")
+    ap.add_argument("--device", default="cuda")
     ap.add_argument("--force", action="store_true", help="declare the family train-capturable for this run")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
@@ -53,14 +54,14 @@ def main() -> None:
     for arm in ("eager", "graph"):
         cmd = [sys.executable, __file__, "--arm", arm] + [f"--{k}={v}" for k, v in
                (("model", a.model), ("epochs", a.epochs), ("batch", a.batch), ("imgsz", a.imgsz),
-                ("workers", a.workers), ("amp", a.amp))] + (["--force"] if a.force else [])
+                ("workers", a.workers), ("amp", a.amp), ("device", a.device))] + (["--force"] if a.force else [])
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             arms[arm] = {"arm": arm, "error": proc.stderr.strip().splitlines()[-3:]}
             continue
         arms[arm] = json.loads(proc.stdout.strip().splitlines()[-1])
     res = {"model": a.model, "epochs": a.epochs, "batch": a.batch, "imgsz": a.imgsz, "amp": a.amp, "arms": arms,
-           "device": torch.cuda.get_device_name(0), "torch": torch.__version__, "date": dt.date.today().isoformat()}
+           "device": torch.cuda.get_device_name(0) if a.device == "cuda" else a.device, "torch": torch.__version__, "date": dt.date.today().isoformat()}
     if all("wall_s" in v for v in arms.values()):
         res["speedup"] = arms["eager"]["wall_s"] / arms["graph"]["wall_s"]
     print(json.dumps(res, indent=2))

@@ -7,7 +7,8 @@ One real batch of the built-in shapes set is replayed. Every arm runs the same s
 forward, the family's loss, backward, gradient clipping, a fused SGD update with a tensor
 learning rate (capturable) and an in-place zero_grad. ``eager`` runs it all eagerly,
 ``fwd_bwd`` replays a graph of forward + loss + backward and runs the update eagerly,
-``whole`` replays one graph of the entire step. ``--amp`` means bfloat16 autocast (no
+``whole`` replays one graph of the entire step; ``seam`` (set-prediction families) replays
+graphs of the backbone+encoder forward and backward, the decoder, matcher and loss eager. ``--amp`` means bfloat16 autocast (no
 GradScaler, whose inf check reads a value on the host and so cannot be captured).
 Medians over --runs after --warmup, the device synchronized around each step.
 """
@@ -25,6 +26,7 @@ from pathlib import Path
 import torch
 
 ARMS = ("eager", "fwd_bwd", "whole")
+SEAM_ARMS = ("eager", "seam")
 
 
 def run_arm(arm: str, spec: str, batch: int, imgsz: int, amp: bool, runs: int, warmup: int) -> dict:
@@ -52,7 +54,7 @@ def run_arm(arm: str, spec: str, batch: int, imgsz: int, amp: bool, runs: int, w
     t, k = targets.cuda(), mask.cuda()
 
     def step(x, t, k):
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp, cache_enabled=False):
             loss, items = loss_fn(model.train_forward(net, x, t, k), t, k)
         loss.backward()
         return loss.detach(), items.detach()
@@ -68,8 +70,13 @@ def run_arm(arm: str, spec: str, batch: int, imgsz: int, amp: bool, runs: int, w
             out += [v for v in st.values() if isinstance(v, torch.Tensor)]
         return out + list(net.buffers())
 
-    runner = TrainStepRunner(net, step, enabled=arm != "eager", family=model.FAMILY, supported=True, repeat=1,
-                             update=update, state=state)
+    seg = None
+    if arm == "seam":
+        from libreyolo.graphs.training import GraphedSegment
+        seg = GraphedSegment(model.train_seam(net), name="backbone+encoder", repeat=1)
+        model.set_train_seam(net, seg)
+    runner = TrainStepRunner(net, step, enabled=arm in ("fwd_bwd", "whole"), family=model.FAMILY, supported=True,
+                             repeat=1, update=update, state=state)
     opt.zero_grad(set_to_none=False)
 
     def one():
@@ -89,15 +96,15 @@ def run_arm(arm: str, spec: str, batch: int, imgsz: int, amp: bool, runs: int, w
         torch.cuda.synchronize()
         samples.append((time.perf_counter() - t0) * 1e3)
     return {"arm": arm, "median_ms": statistics.median(samples), "min_ms": min(samples), "runs": runs,
-            "runner": runner.info()}
+            "runner": runner.info() if seg is None else seg.info()}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--arm", choices=ARMS, default="eager")
+    ap.add_argument("--arm", choices=ARMS + ("seam",), default="eager")
     ap.add_argument("--model", default="yolo9t", help="family+size (untrained) or a checkpoint path")
     ap.add_argument("--all", action="store_true", help="run every arm, each in its own process")
-    ap.add_argument("--arms", default=",".join(ARMS))
+    ap.add_argument("--arms", default=None, help="default: eager,fwd_bwd,whole (eager,seam for DETRs)")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--imgsz", type=int, default=640)
     ap.add_argument("--amp", action="store_true", help="bfloat16 autocast")
@@ -109,6 +116,10 @@ def main() -> None:
         print(json.dumps(run_arm(a.arm, a.model, a.batch, a.imgsz, a.amp, a.runs, a.warmup)))
         return
     arms = {}
+    if a.arms is None:
+        from libreyolo.models.registry import parse_spec
+        a.arms = ",".join(SEAM_ARMS if parse_spec(a.model)[0].SUPPORTS_CUDA_GRAPH_TRAIN_SEAM or
+                          not parse_spec(a.model)[0].NMS else ARMS)
     for arm in a.arms.split(","):
         cmd = [sys.executable, __file__, "--arm", arm, "--model", a.model, "--batch", str(a.batch),
                "--imgsz", str(a.imgsz), "--runs", str(a.runs), "--warmup", str(a.warmup)] + (["--amp"] if a.amp else [])

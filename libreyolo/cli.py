@@ -205,7 +205,7 @@ def cmd_verify(opts: dict) -> int:
     if not model.SUPPORTS_CUDA_GRAPH:
         console.print(f"[yellow]note:[/] {model.FAMILY} is not declared graph-capturable; verifying anyway")
     res = verify_model(model, imgsz=opts["imgsz"], batches=tuple(opts["batch"]),
-                       amp_dtypes=(None, torch.float16) if opts["amp"] else (None,))
+                       amp_dtypes=(None, model.AMP_DTYPE) if opts["amp"] else (None,))
     t = Table(title=f"parity: {model.FAMILY}-{model.size} on {torch.cuda.get_device_name(model.device)}, "
                     f"torch {torch.__version__}")
     for col in ("case", "outputs", "probes differ", "replay A == eager", "replay B == eager", "not stale",

@@ -62,10 +62,14 @@ def main() -> None:
         if a.train:
             try:
                 proc = subprocess.run([sys.executable, "benchmarks/train_step.py", "--all", "--model", f"{fam}{size}",
-                                       "--batch", "8", "--imgsz", "640", "--amp", "--runs", "40", "--warmup", "8"],
-                                      capture_output=True, text=True, timeout=240)
+                                       "--batch", "8", "--imgsz", "640", "--amp", "--runs", "30", "--warmup", "5"],
+                                      capture_output=True, text=True, timeout=100)
                 entry["train_step"] = json.loads(proc.stdout[proc.stdout.index("{"):]) if proc.returncode == 0 \
                     else {"error": proc.stderr[-1500:]}
+                ts = entry["train_step"]
+                print(f"{spec}: train step b8 640 bf16 " + ", ".join(
+                    f"{k} {v.get('median_ms', float('nan')):.1f} ms" for k, v in ts.get("arms", {}).items())
+                    + f" | {ts.get('error', '')[-300:]}", flush=True)
             except Exception as exc:
                 entry["train_step"] = {"error": f"{type(exc).__name__}: {exc}"}
         with open(a.out, "w") as f:

@@ -29,14 +29,17 @@ from ..results import Boxes, Results
 log = logging.getLogger("libreyolo")
 
 
-def _amp_dtype(amp: Any) -> torch.dtype | None:
+def _amp_dtype(amp: Any, default: torch.dtype = torch.float16) -> torch.dtype | None:
+    """``amp`` option -> autocast dtype; True means the family's ``AMP_DTYPE`` (``default``)."""
     if amp in (None, False, 0, "false", "False", "0", ""):
         return None
-    if amp is True or amp in ("true", "True", "1", "fp16", "float16", "half", torch.float16):
+    if amp is True or amp in ("true", "True", "1"):
+        return default
+    if amp in ("fp16", "float16", "half", torch.float16):
         return torch.float16
     if amp in ("bf16", "bfloat16", torch.bfloat16):
         return torch.bfloat16
-    raise ValueError(f"amp must be False, True (float16) or 'bf16', got {amp!r}")
+    raise ValueError(f"amp must be False, True (the family's autocast dtype), 'fp16' or 'bf16', got {amp!r}")
 
 
 def check_imgsz(imgsz: Any, stride: int) -> int:
@@ -163,7 +166,7 @@ class Predictor:
         net, from_u8 = self._stage_fns(size, max_nms, post)
         extra = () if post is None else (self._thresholds(0.25, 0.45),)
         tag = () if post is None else ("post", *post)
-        amp_dtype = None if dtype in (None, torch.float32) else _amp_dtype(dtype)
+        amp_dtype = None if dtype in (None, torch.float32) else _amp_dtype(dtype, m.AMP_DTYPE)
         g = torch.Generator().manual_seed(0)
         with torch.no_grad(), self._autocast(amp_dtype):
             if source_shape is None:
@@ -184,7 +187,8 @@ class Predictor:
 
         ``cuda_graph``: False (eager), True (capture each new input signature; raises on an
         unsupported family or without CUDA) or "auto" (capture once a signature repeats,
-        never raises). ``amp``: True for float16 autocast (CUDA), "bf16" for bfloat16.
+        never raises). ``amp``: True for the family's autocast dtype (``AMP_DTYPE``: float16 unless
+        the family says otherwise), "fp16" or "bf16" to choose (CUDA only).
         ``save`` writes annotated pictures to ``save_dir`` (default runs/predict).
         ``max_nms`` caps the candidates per image that enter NMS (the best-scoring ones).
         ``profile`` synchronizes the device between stages so that ``Results.speed``
@@ -209,7 +213,7 @@ class Predictor:
             if bad:
                 raise ValueError(f"classes {bad} out of range for a model with {m.nc} classes")
         size = check_imgsz(imgsz or m.imgsz, m.STRIDE)
-        amp_dtype = _amp_dtype(amp)
+        amp_dtype = _amp_dtype(amp, m.AMP_DTYPE)
         if not m.trained and not getattr(m, "_warned_untrained", False):
             log.warning("libreyolo: %s is UNTRAINED (random weights): its detections are meaningless", m)
             m._warned_untrained = True
@@ -281,8 +285,8 @@ class Predictor:
         if isinstance(image, torch.Tensor):
             return image.to(dev, non_blocking=True)
         arr = np.ascontiguousarray(image)
-        if dev.type != "cuda":
-            return torch.from_numpy(arr)
+        if dev.type != "cuda":  # read-only arrays (np.asarray of a PIL image) are copied: torch needs writable
+            return torch.from_numpy(arr if arr.flags.writeable else arr.copy())
         cache = getattr(self._local, "staging", None)
         if cache is None or len(cache) > 32:
             cache = self._local.staging = {}

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..graphs.training import TrainStepRunner, prime_optimizer_state
+from ..graphs.training import GraphedSegment, TrainStepRunner, prime_optimizer_state
 from ..ops.nms import nms_per_image, top_candidates
 
 log = logging.getLogger("libreyolo")
@@ -134,9 +134,15 @@ class ModelEMA:
 
 
 def _param_groups(net: nn.Module, weight_decay: float):
+    """Decayed weights, undecayed norm weights, biases; trainable only, each tensor once (a
+    parameter registered under two modules, like D-FINE's shared ``up``, is listed once)."""
     decay, no_decay, bias = [], [], []
+    seen: set[int] = set()
     for module in net.modules():
         for name, p in module.named_parameters(recurse=False):
+            if not p.requires_grad or id(p) in seen:
+                continue
+            seen.add(id(p))
             if name == "bias":
                 bias.append(p)
             elif isinstance(module, (nn.BatchNorm2d, nn.GroupNorm, nn.LayerNorm)):
@@ -231,6 +237,8 @@ class Trainer:
             m.names = dict(data.names)
         m.imgsz = cfg.imgsz
         net = m.model
+        if not m.trained and not cfg.resume:
+            m.init_for_training(net)   # the original recipes' prior bias on class/objectness logits
         net.to(self.device).train()
         loss_fn = m.build_loss().to(self.device)
         item_names = tuple(loss_fn.item_names)  # the loss contract: see Model.build_loss
@@ -294,7 +302,9 @@ class Trainer:
         amp_dtype = self.amp_dtype
 
         def step(x, targets, mask):
-            with torch.autocast(self.device.type, dtype=amp_dtype or torch.float16, enabled=amp_dtype is not None):
+            # no autocast weight cache: a captured graph must not record casts the cache frees later
+            with torch.autocast(self.device.type, dtype=amp_dtype or torch.float16, enabled=amp_dtype is not None,
+                                cache_enabled=False):
                 outputs = m.train_forward(net, x, targets, mask)
                 loss, items = loss_fn(outputs, targets, mask)
             scaler.scale(loss).backward()
@@ -321,7 +331,18 @@ class Trainer:
 
         if self.whole_step:
             prime_optimizer_state(opt)  # buffers a captured update writes must exist before capture
-        runner = TrainStepRunner(net, step, enabled=bool(cfg.cuda_graph), family=m.FAMILY,
+        # Families whose step cannot be one graph may capture a fixed-shape front part instead
+        # (DETR: backbone + encoder forward and backward; decoder, matcher and loss eager).
+        seam = None
+        if (cfg.cuda_graph and self.device.type == "cuda" and not m.SUPPORTS_CUDA_GRAPH_TRAIN
+                and m.SUPPORTS_CUDA_GRAPH_TRAIN_SEAM):
+            front = m.train_seam(net)
+            if front is not None:
+                seam = GraphedSegment(front, name=f"{m.FAMILY} backbone+encoder")
+                m.set_train_seam(net, seam)
+                log.info("libreyolo: training %s with its backbone+encoder in CUDA graphs (forward and "
+                         "backward); decoder, matching and loss eager", m.FAMILY)
+        runner = TrainStepRunner(net, step, enabled=bool(cfg.cuda_graph) and seam is None, family=m.FAMILY,
                                  supported=m.SUPPORTS_CUDA_GRAPH_TRAIN, update=optimizer_step, state=mutable_state)
         self.step_runner = runner
         nw = max(round(cfg.warmup_epochs * nb), 1) if cfg.warmup_epochs > 0 else 0
@@ -415,6 +436,8 @@ class Trainer:
                     plot_results(csv_path)
                 except Exception as exc:  # a plot is never worth a failed run
                     log.warning("libreyolo: could not draw results.png: %s", exc)
+        if seam is not None:
+            m.set_train_seam(net, None)
         # the trained weights the Model keeps are the EMA's
         if ema is not None:
             net.load_state_dict(ema.ema.state_dict())
@@ -427,7 +450,7 @@ class Trainer:
                 "best_fitness": best_fitness, "history": history,
                 "loss_names": list(item_names),
                 "losses": [[h[f"train/{n}_loss"] for n in item_names] for h in history],
-                "cuda_graph": runner.info(), "best": str(run_dir / "weights" / "best.pt"),
+                "cuda_graph": runner.info() if seam is None else {**runner.info(), "seam": seam.info()}, "best": str(run_dir / "weights" / "best.pt"),
                 "last": str(run_dir / "weights" / "last.pt")}
 
     def _checkpoint(self, eval_net, net, opt, scaler, ema, epoch, best_fitness) -> dict:

@@ -50,7 +50,7 @@ def input_sensitive(model, seed: int = 0):
                 v = 0.1 * torch.randn(shape, generator=g)
             elif len(shape) >= 2:
                 v = torch.randn(shape, generator=g) / max(1, t[0].numel()) ** 0.5
-            elif name.endswith("weight"):
+            elif name.endswith(("weight", "scale")):  # norm weights, learnable affine scales
                 v = 1 + 0.1 * torch.randn(shape, generator=g)
             else:
                 v = 0.1 * torch.randn(shape, generator=g)
@@ -59,12 +59,14 @@ def input_sensitive(model, seed: int = 0):
 
 
 def verify_model(model, *, imgsz: int | None = None, batches: tuple[int, ...] = (1, 8),
-                 amp_dtypes: tuple[Any, ...] = (None, torch.float16),
+                 amp_dtypes: tuple[Any, ...] | None = None,
                  source_hw: tuple[int, int] = (480, 640)) -> list[ParityResult]:
     """Parity of the raw network forward and of the full predict stage (uint8 in)."""
     if model.device.type != "cuda":
         raise RuntimeError("verify needs the model on a CUDA device (this runs the CUDA-graph parity protocol)")
     size = int(imgsz or model.imgsz)
+    if amp_dtypes is None:
+        amp_dtypes = (None, model.AMP_DTYPE)
     model = input_sensitive(model)
     net = model.model.eval()
     pred = model._get_predictor()

@@ -34,7 +34,7 @@ from typing import Any, Callable
 
 import torch
 
-from .capture import CudaGraphCapturer
+from .capture import CAPTURE_LOCK, CudaGraphCapturer
 
 log = logging.getLogger("libreyolo")
 
@@ -191,3 +191,122 @@ class TrainStepRunner:
         return {"active": self.active, "captures": self.captures, "replays": self.replays,
                 "eager_steps": self.eager_steps, "graphs": len(self._graphs),
                 "disabled_reason": self.disabled_reason}
+
+
+class GraphedSegment(torch.nn.Module):
+    """A front part of a network whose forward AND backward replay CUDA graphs, inside an
+    otherwise eager training step (the seam of DESIGN.md, engine contract 1 and 7).
+
+    For families whose full step cannot be one graph (DETR: Hungarian matching on the host, a
+    decoder whose token count follows the batch's ground truth), the fixed-shape front part
+    (backbone + encoder) is captured with ``torch.cuda.make_graphed_callables``: its graphed
+    forward and backward compose with eager autograd around it, so the decoder, matcher and
+    loss stay eager and gradients flow through unchanged. One graph pair per input signature
+    (shape, dtype, autocast), captured after ``repeat`` repeats, at most ``max_graphs`` kept.
+    BatchNorm statistics touched by the warm-up are restored. A failed capture logs one line
+    and the segment runs eager from then on. ``module`` is held by reference, never registered
+    on the owning network, so checkpoints are unchanged.
+    """
+
+    def __init__(self, module: torch.nn.Module, *, name: str = "segment", repeat: int = 3, max_graphs: int = 4):
+        super().__init__()
+        self.__dict__["inner"] = module   # not a registered submodule (no state-dict keys)
+        self.name = name
+        self.repeat = max(1, repeat)
+        self.max_graphs = max_graphs
+        self._graphs: OrderedDict[tuple, Any] = OrderedDict()
+        self._seen: Counter = Counter()
+        self.captures = 0
+        self.replays = 0
+        self.disabled_reason: str | None = None
+
+    def _signature(self, x: torch.Tensor) -> tuple:
+        ac = torch.is_autocast_enabled("cuda")
+        return (tuple(x.shape), x.dtype, str(x.device), ac, torch.get_autocast_dtype("cuda") if ac else None)
+
+    @staticmethod
+    def _capturable(x: torch.Tensor) -> bool:
+        return x.device.type == "cuda"
+
+    def _ensure_grads(self) -> None:
+        """Give every trainable parameter a ``.grad`` before a graphed backward runs.
+
+        The graphed backward hands autograd its *static* gradient buffers; a parameter whose
+        ``.grad`` is None would adopt that buffer as its ``.grad`` (autograd steals an unshared
+        incoming gradient), and the next replay would overwrite it before adding to it - the
+        sum of two micro-batches would come out as twice the second. With a ``.grad`` present,
+        autograd adds in place, exactly as in eager training.
+        """
+        with torch.no_grad():
+            for p in self.inner.parameters():
+                if p.requires_grad and p.grad is None:
+                    p.grad = torch.zeros_like(p)
+
+    def forward(self, x: torch.Tensor):
+        inner = self.inner
+        if self.disabled_reason is not None or not inner.training or not self._capturable(x) \
+                or not torch.is_grad_enabled():
+            return inner(x)
+        sig = self._signature(x)
+        graphed = self._graphs.get(sig)
+        if graphed is None:
+            self._seen[sig] += 1
+            if self._seen[sig] < self.repeat:
+                return inner(x)
+            graphed = self._capture(x)
+            if graphed is None:
+                return inner(x)
+            self._graphs[sig] = graphed
+            while len(self._graphs) > self.max_graphs:
+                self._graphs.popitem(last=False)
+        else:
+            self._graphs.move_to_end(sig)
+        self._ensure_grads()
+        self.replays += 1
+        return graphed(x)
+
+    def _capture(self, x: torch.Tensor):
+        import inspect
+
+        inner = self.inner
+        buffers = [b for b in inner.buffers()]
+        saved = [b.detach().clone() for b in buffers]
+        grads = [(p, None if p.grad is None else p.grad.detach().clone()) for p in inner.parameters()]
+
+        class _Thin(torch.nn.Module):  # a fresh wrapper per signature: its forward gets graphed
+            def __init__(self, m):
+                super().__init__()
+                self.m = m
+
+            def forward(self, t):
+                return self.m(t)
+
+        kwargs = {}
+        if "capture_error_mode" in inspect.signature(torch.cuda.make_graphed_callables).parameters:
+            kwargs["capture_error_mode"] = "thread_local"  # a pin-memory thread must not break it
+        t0 = time.perf_counter()
+        try:
+            with CAPTURE_LOCK:
+                graphed = torch.cuda.make_graphed_callables(_Thin(inner), (x.detach().requires_grad_(x.requires_grad),),
+                                                            **kwargs)
+        except Exception as exc:  # optional optimization: never fatal
+            self.disabled_reason = f"capture failed: {type(exc).__name__}: {exc}"
+            log.warning("libreyolo: %s runs eager, CUDA-graph capture off: %s", self.name, self.disabled_reason)
+            return None
+        finally:
+            with torch.no_grad():  # warm-up ran forward/backward: undo its BatchNorm and .grad effects
+                for b, v in zip(buffers, saved):
+                    b.copy_(v)
+                for p, g in grads:
+                    if g is None:
+                        p.grad = None
+                    else:
+                        p.grad.copy_(g)
+        self.captures += 1
+        log.info("libreyolo: captured %s forward+backward for input %s in %.0f ms", self.name,
+                 tuple(x.shape), (time.perf_counter() - t0) * 1e3)
+        return graphed
+
+    def info(self) -> dict:
+        return {"segment": self.name, "captures": self.captures, "replays": self.replays,
+                "graphs": len(self._graphs), "disabled_reason": self.disabled_reason}

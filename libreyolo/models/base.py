@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -46,12 +47,17 @@ class Model:
     FILE_PREFIX: ClassVar[str] = ""
     SUPPORTS_CUDA_GRAPH: ClassVar[bool] = False
     SUPPORTS_CUDA_GRAPH_TRAIN: ClassVar[bool] = False
+    #: the training step cannot be one graph, but a fixed-shape front part of the network can
+    #: (forward and backward captured, the rest eager): see :meth:`train_seam`
+    SUPPORTS_CUDA_GRAPH_TRAIN_SEAM: ClassVar[bool] = False
     STRIDE: ClassVar[int] = 32
     DEFAULT_IMGSZ: ClassVar[int] = 640
     UNSUPPORTED_REASON: ClassVar[str | None] = None
     #: how images reach the network: "topleft" letterbox (default), "center" letterbox, or
     #: "stretch" (resize to the square ignoring the aspect ratio), as the family was trained
     RESIZE: ClassVar[str] = "topleft"
+    #: autocast dtype of ``amp=True`` (predict) and of the parity protocol's AMP arm
+    AMP_DTYPE: ClassVar[torch.dtype] = torch.float16
     #: False for set-prediction heads (DETRs): their top-k outputs need no NMS, only ``conf``/``max_det``
     NMS: ClassVar[bool] = True
 
@@ -81,6 +87,37 @@ class Model:
         the padded boxes (families whose training forward needs them, e.g. DETR denoising, use
         them). Returns what ``build_loss()``'s module takes as its first argument."""
         return net(x)
+
+    #: (module prefix, first channel, channel count or None for all) of the class/objectness
+    #: logit convs that get the 1 % prior bias when training starts from random weights
+    PRIOR_BIAS: ClassVar[tuple[tuple[str, int, int | None], ...]] = ()
+
+    def init_for_training(self, net: nn.Module, prior: float = 0.01) -> int:
+        """Before training an UNTRAINED network: class/objectness logit biases to logit(prior),
+        as the original recipes do (the loss then starts near its usual scale). Returns how many
+        convs were touched. Trained weights are never modified."""
+        return self._prior_bias(net, self.PRIOR_BIAS, prior)
+
+    @staticmethod
+    def _prior_bias(net: nn.Module, specs, prior: float) -> int:
+        logit = math.log(prior / (1 - prior))
+        touched = 0
+        with torch.no_grad():
+            for name, mod in net.named_modules():
+                for prefix, start, count in specs:
+                    if name.startswith(prefix) and isinstance(mod, nn.Conv2d) and mod.bias is not None:
+                        mod.bias[start:None if count is None else start + count] = logit
+                        touched += 1
+        return touched
+
+    def train_seam(self, net: nn.Module) -> nn.Module | None:
+        """The fixed-shape front part of ``net`` whose forward+backward may be captured while the
+        rest of the training step runs eager (None: the family has no seam)."""
+        return None
+
+    def set_train_seam(self, net: nn.Module, segment: nn.Module | None) -> None:
+        """Make ``net``'s training forward run its front part through ``segment`` (None: directly)."""
+        raise NotImplementedError(f"{self.FAMILY} has no training seam")
 
     def infer_with(self, net: nn.Module):
         """``infer`` for another network of this family (e.g. the EMA copy during training)."""
@@ -224,7 +261,7 @@ class Model:
         sd = {k: v.detach().to("cpu").clone() for k, v in net.state_dict().items()}
         ckpt = {"model": sd, "schema_version": SCHEMA_VERSION, "libreyolo_version": __version__,
                 "model_family": self.FAMILY, "size": self.size, "task": self.TASK, "nc": self.nc,
-                "names": dict(self.names), "imgsz": self.imgsz, "letterbox_pad": "topleft"}
+                "names": dict(self.names), "imgsz": self.imgsz, "letterbox_pad": self.RESIZE}
         for k, v in self.meta.items():
             ckpt.setdefault(k, v)
         return ckpt

@@ -3,13 +3,14 @@
 torchvision's CUDA ``nms`` builds its overlap bitmask on the device, then copies it to the
 host and walks it there: a device synchronization per call, which a CUDA graph cannot
 contain. That walk is the only sequential part of greedy NMS, and it is short (at most
-``max_nms`` steps over candidates already sorted by score), so here one Triton program per
-image does it on the device: the image's candidates sit in registers, and step ``i`` (in
-score order) suppresses every later same-class candidate whose IoU with ``i`` exceeds the
-threshold, unless ``i`` itself was suppressed. That is exactly greedy NMS (the suppression
-rule and the IoU formula ``inter / (area_i + area_j - inter)`` are torchvision's). Class
-awareness compares class ids instead of offsetting boxes, which also avoids the rounding of
-large offsets.
+``max_nms`` steps over candidates already sorted by score), so here it runs on the device:
+one Triton kernel computes every pair's suppression bit in parallel (a later candidate of the
+same class whose IoU with an earlier one exceeds the threshold), and a second, one program
+(one warp) per image, walks the candidates in score order and ORs the bit row of each kept
+candidate into its ``removed`` words. That is exactly greedy NMS (the suppression rule and
+the IoU formula ``inter / (area_i + area_j - inter)`` are torchvision's). Class awareness
+compares class ids instead of offsetting boxes, which also avoids the rounding of large
+offsets.
 
 The result is fixed-shape: (B, max_det, 6) rows ``[x1, y1, x2, y2, score, cls]`` in score
 order plus a (B,) count, selected with a cumulative sum and a scatter. ``conf`` and ``iou``
@@ -38,50 +39,75 @@ def available(device: torch.device) -> bool:
 
 if triton is not None:
     @triton.jit
-    def _greedy_nms_kernel(boxes_ptr, cls_ptr, count_ptr, thr_ptr, keep_ptr, K,
-                           AGNOSTIC: tl.constexpr, BLOCK: tl.constexpr):
+    def _overlap_bits_kernel(boxes_ptr, cls_ptr, count_ptr, thr_ptr, bits_ptr, K, W,
+                             AGNOSTIC: tl.constexpr, BLOCK_R: tl.constexpr):
+        """bits[b, r, w] bit j = candidate r suppresses candidate 32*w + j (later, same class, IoU > thr)."""
         b = tl.program_id(0)
-        offs = tl.arange(0, BLOCK)
-        n = tl.load(count_ptr + b)                  # candidates passing conf: a prefix (sorted)
-        live = offs < n
+        rows = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
+        w = tl.program_id(2)
+        lane = tl.arange(0, 32)
+        cols = w * 32 + lane
+        n = tl.load(count_ptr + b)
+        rlive = rows < n
+        clive = cols < n
         base = boxes_ptr + b * K * 4
-        x1 = tl.load(base + offs * 4 + 0, mask=live, other=0.0)
-        y1 = tl.load(base + offs * 4 + 1, mask=live, other=0.0)
-        x2 = tl.load(base + offs * 4 + 2, mask=live, other=0.0)
-        y2 = tl.load(base + offs * 4 + 3, mask=live, other=0.0)
-        c = tl.load(cls_ptr + b * K + offs, mask=live, other=-1)
-        area = (x2 - x1) * (y2 - y1)
-        thr = tl.load(thr_ptr + 1)                  # [conf, iou]
-        removed = (offs >= n).to(tl.int32)
+        rx1 = tl.load(base + rows * 4 + 0, mask=rlive, other=0.0)
+        ry1 = tl.load(base + rows * 4 + 1, mask=rlive, other=0.0)
+        rx2 = tl.load(base + rows * 4 + 2, mask=rlive, other=0.0)
+        ry2 = tl.load(base + rows * 4 + 3, mask=rlive, other=0.0)
+        cx1 = tl.load(base + cols * 4 + 0, mask=clive, other=0.0)
+        cy1 = tl.load(base + cols * 4 + 1, mask=clive, other=0.0)
+        cx2 = tl.load(base + cols * 4 + 2, mask=clive, other=0.0)
+        cy2 = tl.load(base + cols * 4 + 3, mask=clive, other=0.0)
+        iw = tl.maximum(tl.minimum(rx2[:, None], cx2[None, :]) - tl.maximum(rx1[:, None], cx1[None, :]), 0.0)
+        ih = tl.maximum(tl.minimum(ry2[:, None], cy2[None, :]) - tl.maximum(ry1[:, None], cy1[None, :]), 0.0)
+        inter = iw * ih
+        area_r = (rx2 - rx1) * (ry2 - ry1)
+        area_c = (cx2 - cx1) * (cy2 - cy1)
+        iou = inter / (area_r[:, None] + area_c[None, :] - inter)
+        hit = (iou > tl.load(thr_ptr + 1)) & (cols[None, :] > rows[:, None]) & rlive[:, None] & clive[None, :]
+        if not AGNOSTIC:
+            rc = tl.load(cls_ptr + b * K + rows, mask=rlive, other=-1)
+            cc = tl.load(cls_ptr + b * K + cols, mask=clive, other=-2)
+            hit = hit & (rc[:, None] == cc[None, :])
+        word = tl.sum(hit.to(tl.int64) << lane[None, :].to(tl.int64), axis=1).to(tl.int32)
+        tl.store(bits_ptr + (b * K + rows) * W + w, word, mask=rows < K)
+
+    @triton.jit
+    def _greedy_walk_kernel(bits_ptr, count_ptr, keep_ptr, K, W, BLOCK_W: tl.constexpr):
+        """The sequential part of greedy NMS: one program per image walks its sorted candidates;
+        a kept candidate ORs its row of suppression bits into ``removed`` (W words, one warp)."""
+        b = tl.program_id(0)
+        lanes = tl.arange(0, BLOCK_W)
+        n = tl.load(count_ptr + b)
+        removed = tl.zeros((BLOCK_W,), dtype=tl.int32)
         for i in range(0, n):
-            # is candidate i still kept? (a reduction picks element i out of the block)
-            gone = tl.max(tl.where(offs == i, removed, 0), axis=0)
-            bx1 = tl.load(base + i * 4 + 0)
-            by1 = tl.load(base + i * 4 + 1)
-            bx2 = tl.load(base + i * 4 + 2)
-            by2 = tl.load(base + i * 4 + 3)
-            iw = tl.maximum(tl.minimum(x2, bx2) - tl.maximum(x1, bx1), 0.0)
-            ih = tl.maximum(tl.minimum(y2, by2) - tl.maximum(y1, by1), 0.0)
-            inter = iw * ih
-            iou = inter / (area + (bx2 - bx1) * (by2 - by1) - inter)
-            hit = (iou > thr) & (offs > i) & (gone == 0)
-            if not AGNOSTIC:
-                hit = hit & (c == tl.load(cls_ptr + b * K + i))
-            removed = tl.maximum(removed, hit.to(tl.int32))
-        tl.store(keep_ptr + b * K + offs, (1 - removed).to(tl.int8), mask=offs < K)
+            word = tl.sum(tl.where(lanes == i // 32, removed, 0), axis=0)
+            gone = (word >> (i % 32)) & 1
+            if gone == 0:
+                tl.store(keep_ptr + b * K + i, 1)
+                row = tl.load(bits_ptr + (b * K + i) * W + lanes, mask=lanes < W, other=0)
+                removed = removed | row
 
 
 def greedy_keep(boxes: torch.Tensor, cls: torch.Tensor, count: torch.Tensor, thresholds: torch.Tensor,
                 agnostic: bool = False) -> torch.Tensor:
     """(B, K, 4) float32 sorted boxes, (B, K) int32 classes, (B,) int32 prefix counts, [conf, iou]
-    -> (B, K) bool: kept by greedy NMS (False beyond each image's count)."""
+    -> (B, K) bool: kept by greedy NMS (False beyond each image's count).
+
+    Two kernels: the pairwise suppression bits in parallel (as torchvision's CUDA kernel does),
+    then the greedy walk over them on the device instead of on the host.
+    """
     bsz, k = cls.shape
     if k > MAX_CANDIDATES:
         raise ValueError(f"at most {MAX_CANDIDATES} candidates per image, got {k}")
-    keep = torch.empty((bsz, k), dtype=torch.int8, device=boxes.device)
-    block = max(16, triton.next_power_of_2(k))
-    _greedy_nms_kernel[(bsz,)](boxes, cls, count, thresholds, keep, k, AGNOSTIC=bool(agnostic), BLOCK=block,
-                               num_warps=4 if block <= 1024 else 8)
+    w = triton.cdiv(k, 32)
+    bits = torch.empty((bsz, k, w), dtype=torch.int32, device=boxes.device)
+    block_r = 32
+    _overlap_bits_kernel[(bsz, triton.cdiv(k, block_r), w)](boxes, cls, count, thresholds, bits, k, w,
+                                                            AGNOSTIC=bool(agnostic), BLOCK_R=block_r)
+    keep = torch.zeros((bsz, k), dtype=torch.int8, device=boxes.device)
+    _greedy_walk_kernel[(bsz,)](bits, count, keep, k, w, BLOCK_W=max(32, triton.next_power_of_2(w)), num_warps=1)
     return keep.bool()
 
 

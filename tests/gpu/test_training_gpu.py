@@ -1,7 +1,8 @@
-"""Training-step capture on a real GPU (issue #3). Run through scripts/gpu-check.
+"""Training-step capture on a real GPU (issues #3, #4). Run through scripts/gpu-check.
 
 These establish the training parity that a family needs before it may declare
-SUPPORTS_CUDA_GRAPH_TRAIN = True; they drive TrainStepRunner with supported=True.
+SUPPORTS_CUDA_GRAPH_TRAIN = True; they drive TrainStepRunner with supported=True and are
+parametrized over rows.TRAIN_GRAPH_MODELS (a family with a loss adds a row).
 """
 import logging
 
@@ -14,6 +15,8 @@ from libreyolo.data.synthetic import make_shapes_dataset
 from libreyolo.data.datasets import resolve_data
 from libreyolo.graphs.capture import CudaGraphCapturer
 from libreyolo.graphs.training import TrainStepRunner, prime_optimizer_state
+from libreyolo.models.registry import get_family
+from rows import SEAM_MODELS, TRAIN_GRAPH_MODELS
 
 pytestmark = pytest.mark.cuda
 
@@ -28,14 +31,17 @@ def batches(tmp_path_factory):
     return out
 
 
-def make(amp=False, seed=0):
+FAMILY = ("yolo9", "t")
+
+
+def make(amp=False, seed=0, spec=FAMILY):
     torch.manual_seed(seed)
-    m = LibreYOLO.new("yolo9", "t", nc=5, device="cuda", seed=seed)
+    m = get_family(spec[0]).new(spec[1], nc=5, device="cuda", seed=seed)
     net = m.model.train()
     loss_fn = m.build_loss().cuda()
 
     def step(x, t, k):
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp, cache_enabled=False):
             loss, items = loss_fn(m.train_forward(net, x, t, k), t, k)
         loss.backward()
         return loss.detach(), items.detach()
@@ -48,12 +54,13 @@ def to_dev(b):
     return imgs.cuda().float().div_(255), t.cuda(), k.cuda()
 
 
+@pytest.mark.parametrize("spec", TRAIN_GRAPH_MODELS, ids=lambda s: "-".join(s))
 @pytest.mark.parametrize("amp", [False, True])
-def test_step0_loss_and_bn_buffers_bitwise_equal(batches, amp):
+def test_step0_loss_and_bn_buffers_bitwise_equal(batches, amp, spec):
     x, t, k = to_dev(batches[0])
-    net_e, step_e = make(amp)
+    net_e, step_e = make(amp, spec=spec)
     loss_e, _ = step_e(x, t, k)
-    net_g, step_g = make(amp)
+    net_g, step_g = make(amp, spec=spec)
     graph = CudaGraphCapturer().capture(step_g, (x, t, k), module=net_g)
     for p in net_g.parameters():
         p.grad = None if p.grad is None else p.grad.zero_()
@@ -64,10 +71,10 @@ def test_step0_loss_and_bn_buffers_bitwise_equal(batches, amp):
         assert torch.equal(a, b)
 
 
-def _curve(batches, graph: bool, steps=20):
-    net, step = make()
+def _curve(batches, graph: bool, steps=20, spec=FAMILY):
+    net, step = make(spec=spec)
     opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
-    runner = TrainStepRunner(net, step, enabled=graph, family="yolo9", supported=True)
+    runner = TrainStepRunner(net, step, enabled=graph, family="test", supported=True)
     losses = []
     for i in range(steps):
         x, t, k = to_dev(batches[i % 2])  # two batches of one shape: capture after 3 repeats
@@ -78,10 +85,11 @@ def _curve(batches, graph: bool, steps=20):
     return losses, runner.info()
 
 
-def test_20_step_curve_within_eager_noise(batches):
-    e1, _ = _curve(batches, False)
-    e2, _ = _curve(batches, False)
-    g, info = _curve(batches, True)
+@pytest.mark.parametrize("spec", TRAIN_GRAPH_MODELS, ids=lambda s: "-".join(s))
+def test_20_step_curve_within_eager_noise(batches, spec):
+    e1, _ = _curve(batches, False, spec=spec)
+    e2, _ = _curve(batches, False, spec=spec)
+    g, info = _curve(batches, True, spec=spec)
     assert info["captures"] >= 1 and info["replays"] >= 10, info
     noise = max(abs(a - b) for a, b in zip(e1, e2))
     diff = max(abs(a - b) for a, b in zip(e1, g))
@@ -111,29 +119,30 @@ def test_injected_capture_failure_mid_run_finishes_eager(tmp_path, caplog, monke
     assert LibreYOLO(res["last"]).trained
 
 
-def _accumulated_grads(batches, graph: bool):
-    net, step = make()
-    runner = TrainStepRunner(net, step, enabled=graph, family="yolo9", supported=True, repeat=1)
+def _accumulated_grads(batches, graph: bool, spec=FAMILY):
+    net, step = make(spec=spec)
+    runner = TrainStepRunner(net, step, enabled=graph, family="test", supported=True, repeat=1)
     for b in batches[:2]:
         runner(*to_dev(b))
     return torch.cat([p.grad.flatten() for p in net.parameters()]), runner.info()
 
 
-def test_gradient_accumulation_parity(batches):
+@pytest.mark.parametrize("spec", TRAIN_GRAPH_MODELS, ids=lambda s: "-".join(s))
+def test_gradient_accumulation_parity(batches, spec):
     """Two micro-batches accumulated by replays equal two accumulated eager backwards,
     within eager's own run-to-run noise (cuDNN's weight-gradient kernels sum with atomics)."""
-    e1, _ = _accumulated_grads(batches, False)
-    e2, _ = _accumulated_grads(batches, False)
-    g, info = _accumulated_grads(batches, True)
+    e1, _ = _accumulated_grads(batches, False, spec=spec)
+    e2, _ = _accumulated_grads(batches, False, spec=spec)
+    g, info = _accumulated_grads(batches, True, spec=spec)
     assert info["replays"] == 2 and info["eager_steps"] == 0, info
     noise = ((e1 - e2).norm() / e1.norm()).item()
     diff = ((g - e1).norm() / e1.norm()).item()
     assert diff <= max(2 * noise, 1e-6), (noise, diff)
 
 
-def make_whole(seed=0, amp=False):
+def make_whole(seed=0, amp=False, spec=FAMILY):
     """A net, its step and a capturable update (clip + fused SGD with a tensor lr + zero_grad)."""
-    net, step = make(amp, seed)
+    net, step = make(amp, seed, spec=spec)
     params = [p for p in net.parameters() if p.requires_grad]
     for p in params:
         p.grad = torch.zeros_like(p)
@@ -154,14 +163,15 @@ def make_whole(seed=0, amp=False):
     return net, step, update, state
 
 
+@pytest.mark.parametrize("spec", TRAIN_GRAPH_MODELS, ids=lambda s: "-".join(s))
 @pytest.mark.parametrize("amp", [False, True])
-def test_whole_step_step0_loss_and_bn_buffers_bitwise_equal(batches, amp):
+def test_whole_step_step0_loss_and_bn_buffers_bitwise_equal(batches, amp, spec):
     x, t, k = to_dev(batches[0])
-    net_e, step_e, update_e, _ = make_whole(amp=amp)
+    net_e, step_e, update_e, _ = make_whole(amp=amp, spec=spec)
     loss_e, _ = step_e(x, t, k)
     update_e()
-    net_g, step_g, update_g, state_g = make_whole(amp=amp)
-    runner = TrainStepRunner(net_g, step_g, enabled=True, family="yolo9", supported=True, repeat=1,
+    net_g, step_g, update_g, state_g = make_whole(amp=amp, spec=spec)
+    runner = TrainStepRunner(net_g, step_g, enabled=True, family="test", supported=True, repeat=1,
                              update=update_g, state=state_g)
     loss_g, _ = runner(x, t, k, whole=True)
     torch.cuda.synchronize()
@@ -174,9 +184,9 @@ def test_whole_step_step0_loss_and_bn_buffers_bitwise_equal(batches, amp):
     assert max(moved) <= 1e-5, max(moved)
 
 
-def _whole_curve(batches, graph: bool, steps=20):
-    net, step, update, state = make_whole()
-    runner = TrainStepRunner(net, step, enabled=graph, family="yolo9", supported=True, update=update, state=state)
+def _whole_curve(batches, graph: bool, steps=20, spec=FAMILY):
+    net, step, update, state = make_whole(spec=spec)
+    runner = TrainStepRunner(net, step, enabled=graph, family="test", supported=True, update=update, state=state)
     losses = []
     for i in range(steps):
         loss, _ = runner(*to_dev(batches[i % 2]), whole=True)
@@ -184,10 +194,11 @@ def _whole_curve(batches, graph: bool, steps=20):
     return losses, runner.info()
 
 
-def test_whole_step_20_step_curve_within_eager_noise(batches):
-    e1, _ = _whole_curve(batches, False)
-    e2, _ = _whole_curve(batches, False)
-    g, info = _whole_curve(batches, True)
+@pytest.mark.parametrize("spec", TRAIN_GRAPH_MODELS, ids=lambda s: "-".join(s))
+def test_whole_step_20_step_curve_within_eager_noise(batches, spec):
+    e1, _ = _whole_curve(batches, False, spec=spec)
+    e2, _ = _whole_curve(batches, False, spec=spec)
+    g, info = _whole_curve(batches, True, spec=spec)
     assert info["captures"] >= 1 and info["replays"] >= 10, info
     noise = max(abs(a - b) for a, b in zip(e1, e2))
     diff = max(abs(a - b) for a, b in zip(e1, g))
@@ -205,3 +216,70 @@ def test_trainer_whole_step_mode_runs_captured(tmp_path):
     g = res["cuda_graph"]
     assert g["replays"] > 0 and g["graphs"] == 2 and g["disabled_reason"] is None, g
     assert all(v == v for row in res["losses"] for v in row)
+
+
+# ----------------------------------------------------------------------------- DETR seam
+def make_seam(spec, graphed: bool, seed=0):
+    """A DETR training step whose backbone+encoder runs through a GraphedSegment (captured at
+    its first call) or eagerly; decoder, Hungarian matching and loss are eager in both."""
+    from libreyolo.graphs.training import GraphedSegment
+    torch.manual_seed(seed)
+    m = get_family(spec[0]).new(spec[1], nc=5, device="cuda", seed=seed)
+    net = m.model.train()
+    loss_fn = m.build_loss().cuda()
+    seg = None
+    if graphed:
+        seg = GraphedSegment(m.train_seam(net), name="front", repeat=1)
+        m.set_train_seam(net, seg)
+
+    def step(x, t, k):
+        torch.manual_seed(1234)          # query denoising draws noise: same draws in every arm
+        loss, items = loss_fn(m.train_forward(net, x, t, k), t, k)
+        loss.backward()
+        return loss.detach(), items.detach()
+
+    return net, step, seg
+
+
+@pytest.mark.parametrize("spec", SEAM_MODELS, ids=lambda s: "-".join(s))
+def test_seam_step0_loss_and_bn_buffers_bitwise_equal(batches, spec):
+    x, t, k = to_dev(batches[0])
+    net_e, step_e, _ = make_seam(spec, graphed=False)
+    loss_e, _ = step_e(x, t, k)
+    net_g, step_g, seg = make_seam(spec, graphed=True)
+    loss_g, _ = step_g(x, t, k)
+    torch.cuda.synchronize()
+    assert seg.info()["captures"] == 1 and seg.info()["replays"] == 1, seg.info()
+    assert torch.equal(loss_e, loss_g)
+    for a, b in zip(net_e.buffers(), net_g.buffers()):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("spec", SEAM_MODELS, ids=lambda s: "-".join(s))
+def test_seam_gradients_equal_all_eager_within_noise(batches, spec):
+    """Captured backbone+encoder + eager decoder: the accumulated gradients of two batches equal
+    all-eager within eager's own run-to-run noise."""
+    def grads(graphed):
+        net, step, seg = make_seam(spec, graphed)
+        for b in batches[:2]:
+            step(*to_dev(b))
+        if seg is not None:
+            assert seg.info()["replays"] == 2, seg.info()
+        return torch.cat([p.grad.flatten() for p in net.parameters() if p.grad is not None])
+
+    e1, e2, g = grads(False), grads(False), grads(True)
+    noise = ((e1 - e2).norm() / e1.norm()).item()
+    diff = ((g - e1).norm() / e1.norm()).item()
+    assert diff <= max(2 * noise, 1e-6), (noise, diff)
+
+
+def test_trainer_uses_the_detr_seam(tmp_path):
+    spec = SEAM_MODELS[0]
+    cls = get_family(spec[0])
+    model = cls.new(spec[1], device="cuda")
+    model.SUPPORTS_CUDA_GRAPH_TRAIN_SEAM = True
+    res = model.train(data=str(make_shapes_dataset(tmp_path / "s", n_train=32, n_val=8, imgsz=128)), epochs=1,
+                      batch=8, imgsz=128, workers=2, project=str(tmp_path), cuda_graph=True, verbose=False)
+    seam = res["cuda_graph"]["seam"]
+    assert seam["replays"] > 0 and seam["disabled_reason"] is None, seam
+    assert "front_override" not in model.model.__dict__

@@ -213,3 +213,77 @@ def test_whole_step_capture_refuses_state_created_by_warm_up(caplog):
     net, _, runner = _whole(prime=True)
     runner(*batches(1)[0], whole=True)
     assert runner.info()["captures"] == 1 and runner.info()["disabled_reason"] is None
+
+
+def test_graphed_segment_is_a_transparent_unregistered_seam_on_cpu():
+    from libreyolo.graphs.training import GraphedSegment
+    from libreyolo.models.registry import get_family
+    m = get_family("rtdetr").new("r18", nc=3, device="cpu", seed=0)
+    net = m.model.train()
+    keys = list(net.state_dict())
+    x = torch.rand(1, 3, 64, 64)
+    torch.manual_seed(0)
+    ref = net(x)["pred_logits"]
+    seg = GraphedSegment(m.train_seam(net), name="front")
+    m.set_train_seam(net, seg)
+    assert list(net.state_dict()) == keys and not list(seg.parameters(recurse=False))
+    torch.manual_seed(0)
+    assert torch.equal(net(x)["pred_logits"], ref)     # CPU: the segment runs its module directly
+    assert seg.info()["captures"] == 0
+    m.set_train_seam(net, None)
+    assert "front_override" not in net.__dict__
+
+
+class _StaticGradGraphs:
+    """Stands in for torch.cuda.make_graphed_callables on the CPU with its one property that
+    matters here: the backward hands autograd *static* buffers (overwritten at every replay)."""
+
+    def __call__(self, module, sample_args, **kwargs):
+        params = [p for p in module.parameters() if p.requires_grad]
+        static = [torch.zeros_like(p) for p in params]
+
+        class Fn(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, x, *ps):
+                ctx.save_for_backward(x)
+                with torch.no_grad():
+                    return module(x)
+
+            @staticmethod
+            def backward(ctx, g):
+                (x,) = ctx.saved_tensors
+                with torch.enable_grad():
+                    out = module(x)
+                    grads = torch.autograd.grad(out, params, g)
+                for buf, gr in zip(static, grads):
+                    buf.copy_(gr)
+                return (None, *[buf.detach() for buf in static])
+
+        return lambda x: Fn.apply(x, *params)
+
+
+def test_graphed_segment_accumulates_micro_batches_like_eager(monkeypatch):
+    """Two micro-batches through a graphed segment sum their gradients (no aliasing of the
+    graph's static gradient buffers), equal to eager."""
+    from libreyolo.graphs.training import GraphedSegment
+
+    class CpuSegment(GraphedSegment):
+        @staticmethod
+        def _capturable(x):
+            return True
+
+    monkeypatch.setattr(torch.cuda, "make_graphed_callables", _StaticGradGraphs())
+
+    def run(graphed):
+        torch.manual_seed(0)
+        front, head = nn.Sequential(nn.Linear(4, 8), nn.Tanh()), nn.Linear(8, 1)
+        seg = CpuSegment(front, repeat=1) if graphed else front
+        for x in batches(2):
+            head(seg(x[0])).pow(2).sum().backward()
+        return [p.grad.clone() for p in front.parameters()], seg
+
+    eager, _ = run(False)
+    graphed, seg = run(True)
+    assert seg.info()["captures"] == 1 and seg.info()["replays"] == 2
+    for a, b in zip(eager, graphed):
+        assert torch.allclose(a, b, rtol=1e-6, atol=1e-7)

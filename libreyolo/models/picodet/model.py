@@ -34,7 +34,13 @@ class Picodet(Model):
     DEFAULT_IMGSZ = 320
     RESIZE = "stretch"  # LibreYOLO and the original pipeline resize to the square, no letterbox
     # Set by the lead only after the GPU parity protocol passes.
-    SUPPORTS_CUDA_GRAPH = False
+    # Parity protocol passed on an H200 for sizes s (fp32 and fp16 autocast, batch 1 and 8, network and
+    # predict stage): session-2 GPU run 2, 2026-11-30, scripts/gpu_families.py (docs/families.md).
+    SUPPORTS_CUDA_GRAPH = True
+    # Training parity passed on an H200 for picodet-s (step-0 loss and BatchNorm buffers bitwise, 20-step
+    # curves within eager noise, gradient accumulation; forward+backward and whole step, fp32 and bf16):
+    # session-2 GPU run 7, 2026-11-30, tests/gpu/test_training_gpu.py (docs/families.md).
+    SUPPORTS_CUDA_GRAPH_TRAIN = True
 
     def __init__(self, net: nn.Module, *, size: str, imgsz: int | None = None, **kwargs: Any):
         super().__init__(net, size=size, imgsz=imgsz or INPUT_SIZES.get(size), **kwargs)
@@ -48,10 +54,23 @@ class Picodet(Model):
     NC_KEY = "head.gfl_cls.0.weight"
     NC_EXTRA_CHANNELS = 4 * (REG_MAX + 1)
 
+    def init_for_training(self, net: nn.Module, prior: float = 0.01) -> int:
+        """Class channels (the first ``nc`` of each gfl_cls conv) to the prior; box bins untouched."""
+        return self._prior_bias(net, (("head.gfl_cls.", 0, self.nc),), prior)
+
     @staticmethod
     def normalize(x: torch.Tensor) -> torch.Tensor:
         """RGB in [0, 1] -> ImageNet-normalized RGB on the 0-255 scale (no host copies)."""
         return torch.stack([(x[:, i] * 255.0 - RGB_MEAN[i]) / RGB_STD[i] for i in range(3)], 1)
+
+    def build_loss(self) -> nn.Module:
+        """SimOTA, VFL, GIoU and DFL (PaddleDetection's PicoDet recipe for this head)."""
+        from .loss import PicodetLoss
+        return PicodetLoss(self.nc)
+
+    def train_forward(self, net: nn.Module, x: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor):
+        """The network sees the same ImageNet-normalized input in training as in ``infer``."""
+        return net(self.normalize(x))
 
     def infer(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(B, 3, H, W) RGB in [0, 1] -> boxes (B, N, 4) xyxy canvas pixels, score (B, N), class (B, N)."""

@@ -25,7 +25,13 @@ class Rtmdet(Model):
     FILE_PREFIX = "LibreRTMDet"
     DEFAULT_IMGSZ = 640
     # Set by the lead only after the GPU parity protocol passes.
-    SUPPORTS_CUDA_GRAPH = False
+    # Parity protocol passed on an H200 for sizes t (fp32 and fp16 autocast, batch 1 and 8, network and
+    # predict stage): session-2 GPU run 2, 2026-11-30, scripts/gpu_families.py (docs/families.md).
+    SUPPORTS_CUDA_GRAPH = True
+    # Training parity passed on an H200 for rtmdet-t (step-0 loss and BatchNorm buffers bitwise, 20-step
+    # curves within eager noise, gradient accumulation; forward+backward and whole step, fp32 and bf16):
+    # session-2 GPU run 7, 2026-11-30, tests/gpu/test_training_gpu.py (docs/families.md).
+    SUPPORTS_CUDA_GRAPH_TRAIN = True
 
     @classmethod
     def build_network(cls, size: str, nc: int) -> nn.Module:
@@ -33,6 +39,7 @@ class Rtmdet(Model):
 
     SIGNATURE_KEYS = ("head.rtm_cls.0.weight", "head.rtm_reg.0.weight", "backbone.stem.0.conv.weight")
     NC_KEY = "head.rtm_cls.0.weight"
+    PRIOR_BIAS = (("head.rtm_cls.", 0, None),)
 
     @staticmethod
     def normalize(x: torch.Tensor) -> torch.Tensor:
@@ -43,6 +50,15 @@ class Rtmdet(Model):
         """
         chans = [(x[:, 2 - i] * 255.0 - BGR_MEAN[i]) / BGR_STD[i] for i in range(3)]
         return torch.stack(chans, 1)
+
+    def build_loss(self) -> nn.Module:
+        """Dynamic soft-label assignment, QFL and GIoU (mmdetection's RTMDet recipe)."""
+        from .loss import RtmdetLoss
+        return RtmdetLoss(self.nc)
+
+    def train_forward(self, net: nn.Module, x: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor):
+        """The network sees the same BGR mean/std input in training as in ``infer``."""
+        return net(self.normalize(x))
 
     def infer(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(B, 3, H, W) RGB in [0, 1] -> boxes (B, N, 4) xyxy canvas pixels, score (B, N), class (B, N)."""

@@ -34,8 +34,13 @@ class Yolo7(Model):
     TASK = "detect"
     SIZES = tuple(DESCRIPTIONS)
     FILE_PREFIX = "LibreYOLO7"
-    # Set only after the GPU parity protocol passes (see DESIGN.md).
-    SUPPORTS_CUDA_GRAPH = False
+    # Parity protocol passed on an H200 for sizes tiny and b (fp32 and fp16 autocast, batch 1 and 8, network and
+    # predict stage): session-2 GPU run 2, 2026-11-30, scripts/gpu_families.py (docs/families.md).
+    SUPPORTS_CUDA_GRAPH = True
+    # Training parity passed on an H200 for yolo7-tiny (step-0 loss and BatchNorm buffers bitwise, 20-step
+    # curves within eager noise, gradient accumulation; forward+backward and whole step, fp32 and bf16):
+    # session-2 GPU run 7, 2026-11-30, tests/gpu/test_training_gpu.py (docs/families.md).
+    SUPPORTS_CUDA_GRAPH_TRAIN = True
     DEFAULT_IMGSZ = 640
 
     @classmethod
@@ -53,6 +58,16 @@ class Yolo7(Model):
         if w is None or w.shape[0] % 3 or w.shape[0] // 3 <= 5:
             return None
         return int(w.shape[0]) // 3 - 5
+
+    def init_for_training(self, net: nn.Module, prior: float = 0.01) -> int:
+        """Objectness and class biases to logit(prior) (the original Detect init)."""
+        net.initialize_biases(prior)
+        return len(net.layers[-1].heads)
+
+    def build_loss(self) -> nn.Module:
+        """YOLOv7's OTA loss with the gains of this size's hyp file, scaled for ``self.imgsz``."""
+        from .loss import HYPERPARAMETERS, Yolo7Loss
+        return Yolo7Loss(self.nc, imgsz=self.imgsz, **HYPERPARAMETERS[self.size])
 
     def infer(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(B, 3, S, S) RGB in [0, 1] -> boxes (B, N, 4) xyxy in canvas pixels,

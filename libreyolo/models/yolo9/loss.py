@@ -12,41 +12,18 @@ ltrb distances are the softmax expectation over ``reg_max`` bins, boxes = (ancho
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-CIOU_EPS = 1e-7      # eps of the original bbox_iou (CIoU)
+from ...ops.iou import bbox_ciou   # the original's CIoU (eps 1e-7, alpha held constant)
+from ..common.assign import (cached, gather_classes, grid_key, points_in_boxes, prior_grid, resolve_conflicts,
+                             topk_mask)
+
 ASSIGN_EPS = 1e-9    # eps of the original TaskAlignedAssigner
 DFL_MARGIN = 0.01    # DFL targets are clamped to reg_max - 1 - 0.01 (original bbox2dist)
-
-
-def bbox_ciou(box1: Tensor, box2: Tensor, eps: float = CIOU_EPS) -> Tensor:
-    """Complete IoU of xyxy boxes, broadcasting over leading dims; returns shape ``(...)``.
-
-    Pairwise use: ``bbox_ciou(a[:, None], b[None])``. As in the original, heights get ``+eps``
-    (no division by zero for degenerate boxes) and the aspect-ratio weight ``alpha`` is held
-    constant for the gradient.
-    """
-    b1x1, b1y1, b1x2, b1y2 = box1.unbind(-1)
-    b2x1, b2y1, b2x2, b2y2 = box2.unbind(-1)
-    w1, h1 = b1x2 - b1x1, b1y2 - b1y1 + eps
-    w2, h2 = b2x2 - b2x1, b2y2 - b2y1 + eps
-    inter = ((torch.minimum(b1x2, b2x2) - torch.maximum(b1x1, b2x1)).clamp_min(0)
-             * (torch.minimum(b1y2, b2y2) - torch.maximum(b1y1, b2y1)).clamp_min(0))
-    union = w1 * h1 + w2 * h2 - inter + eps
-    iou = inter / union
-    cw = torch.maximum(b1x2, b2x2) - torch.minimum(b1x1, b2x1)
-    ch = torch.maximum(b1y2, b2y2) - torch.minimum(b1y1, b2y1)
-    c2 = cw.square() + ch.square() + eps
-    rho2 = ((b2x1 + b2x2 - b1x1 - b1x2).square() + (b2y1 + b2y2 - b1y1 - b1y2).square()) / 4
-    v = (4 / math.pi ** 2) * (torch.atan(w2 / h2) - torch.atan(w1 / h1)).square()
-    with torch.no_grad():
-        alpha = v / (v - iou + (1 + eps))
-    return iou - (rho2 / c2 + v * alpha)
 
 
 def bbox_to_dist(anchor_points: Tensor, boxes: Tensor, reg_max: int) -> Tensor:
@@ -104,7 +81,6 @@ class TaskAlignedAssigner(nn.Module):
         ``target_scores`` (B, N, nc) and ``fg_mask`` (B, N) bool.
         """
         b, n, nc = pd_scores.shape
-        m = gt_bboxes.shape[1]
         dtype = pd_scores.dtype
         valid = mask_gt.bool()
         # Sanitise padded rows so that whatever they hold cannot produce NaN/inf or bad indices.
@@ -112,27 +88,21 @@ class TaskAlignedAssigner(nn.Module):
         boxes = torch.where(valid.unsqueeze(-1), gt_bboxes.to(dtype), 0)               # (B, M, 4)
 
         # Alignment metric for every (gt, anchor) pair.
-        scores = pd_scores.transpose(1, 2).gather(1, labels.unsqueeze(-1).expand(b, m, n))
+        scores = gather_classes(pd_scores, labels)                                     # (B, M, N)
         overlaps = bbox_ciou(boxes.unsqueeze(2), pd_bboxes.unsqueeze(1)).clamp_min(0)  # (B, M, N)
         align = scores.pow(self.alpha) * overlaps.pow(self.beta)
 
         # Anchor centres strictly inside the gt box.
-        lt = anchor_points.view(1, 1, n, 2) - boxes[..., None, :2]
-        rb = boxes[..., None, 2:] - anchor_points.view(1, 1, n, 2)
-        in_gts = (torch.cat((lt, rb), -1).amin(-1) > self.eps).to(dtype)              # (B, M, N)
+        in_gts = points_in_boxes(anchor_points, boxes.unsqueeze(2), self.eps).to(dtype)  # (B, M, N)
 
         # Top-k candidates per gt (k fixed by the shapes), restricted to in-box anchors and real gts.
-        k = min(self.topk, n)
-        topk_idx = (align * in_gts).topk(k, dim=-1).indices
-        in_topk = torch.zeros_like(align).scatter_(-1, topk_idx, 1.0)
+        in_topk = topk_mask(align * in_gts, self.topk)
         mask_pos = in_topk * in_gts * valid.unsqueeze(-1).to(dtype)
 
         # An anchor claimed by several gts goes to the gt with the highest CIoU. As in the
         # original, the argmax runs over all (real) gts, not only the claimants.
-        claims = mask_pos.sum(1, keepdim=True)                                          # (B, 1, N)
         best = torch.where(valid.unsqueeze(-1), overlaps, -1.0).argmax(1, keepdim=True)  # (B, 1, N)
-        gt_range = torch.arange(m, device=best.device).view(1, m, 1)
-        mask_pos = torch.where(claims > 1, (gt_range == best).to(dtype), mask_pos)
+        mask_pos = resolve_conflicts(mask_pos, best)
         fg_mask = mask_pos.sum(1) > 0                                                    # (B, N)
         gt_idx = mask_pos.argmax(1)                                                      # (B, N)
 
@@ -148,13 +118,6 @@ class TaskAlignedAssigner(nn.Module):
         norm = (align * pos_overlaps / (pos_align + self.eps)).amax(1)                   # (B, N)
         target_scores = target_scores * norm.unsqueeze(-1)
         return target_labels, target_bboxes, target_scores, fg_mask
-
-
-def _norm_device(device: torch.device | str) -> torch.device:
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    return device
 
 
 class Yolo9Loss(nn.Module):
@@ -188,29 +151,13 @@ class Yolo9Loss(nn.Module):
         in float32, so half/bfloat16 requests are served by the float32 entry it will look up.
         Returns ``(anchor_points (N, 2) in grid units, strides (N, 1), dfl bins (reg_max,))``.
         """
-        hw = tuple((int(s[-2]), int(s[-1])) for s in maps_shapes)
-        if len(hw) != len(self.strides):
-            raise ValueError(f"expected {len(self.strides)} feature maps, got {len(hw)}")
-        if dtype in (torch.float16, torch.bfloat16):
-            dtype = torch.float32
-        device = _norm_device(device)
-        key = (hw, dtype, device)
-        hit = self._grid_cache.get(key)
-        if hit is not None:
-            return hit
-        points, strides = [], []
-        for (h, w), s in zip(hw, self.strides):
-            ys = torch.arange(h, dtype=dtype, device=device) + 0.5
-            xs = torch.arange(w, dtype=dtype, device=device) + 0.5
-            gy, gx = torch.meshgrid(ys, xs, indexing="ij")
-            points.append(torch.stack((gx.reshape(-1), gy.reshape(-1)), -1))
-            strides.append(torch.full((h * w, 1), float(s), dtype=dtype, device=device))
-        bins = torch.arange(self.reg_max, dtype=dtype, device=device)
-        out = (torch.cat(points, 0), torch.cat(strides, 0), bins)
-        if len(self._grid_cache) > 16:
-            self._grid_cache.clear()
-        self._grid_cache[key] = out
-        return out
+        key = grid_key(maps_shapes, len(self.strides), device, dtype)
+        hw, dtype, device = key
+
+        def build():
+            points, strides = prior_grid(hw, self.strides, 0.5, False, dtype, device)
+            return points, strides, torch.arange(self.reg_max, dtype=dtype, device=device)
+        return cached(self._grid_cache, key, build)
 
     # -- loss ------------------------------------------------------------------------------
     def forward(self, maps: list[Tensor], targets: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:

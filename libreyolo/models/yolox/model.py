@@ -19,8 +19,13 @@ class Yolox(Model):
     TASK = "detect"
     SIZES = tuple(CONFIGS)
     FILE_PREFIX = "LibreYOLOX"
-    # Set only after the GPU parity protocol passes for this family.
-    SUPPORTS_CUDA_GRAPH = False
+    # Parity protocol passed on an H200 for sizes n and s (fp32 and fp16 autocast, batch 1 and 8, network and
+    # predict stage): session-2 GPU run 2, 2026-11-30, scripts/gpu_families.py (docs/families.md).
+    SUPPORTS_CUDA_GRAPH = True
+    # Training parity passed on an H200 for yolox-n (step-0 loss and BatchNorm buffers bitwise, 20-step
+    # curves within eager noise, gradient accumulation; forward+backward and whole step, fp32 and bf16):
+    # session-2 GPU run 7, 2026-11-30, tests/gpu/test_training_gpu.py (docs/families.md).
+    SUPPORTS_CUDA_GRAPH_TRAIN = True
     DEFAULT_IMGSZ = 640
 
     @classmethod
@@ -30,6 +35,18 @@ class Yolox(Model):
     SIGNATURE_KEYS = ("backbone.backbone.stem.conv.conv.weight", "backbone.C3_n4.conv1.conv.weight",
                       "head.obj_preds.0.weight", "head.stems.0.conv.weight")
     NC_KEY = "head.cls_preds.0.weight"
+    PRIOR_BIAS = (("head.cls_preds.", 0, None), ("head.obj_preds.", 0, None))
+
+    def build_loss(self) -> nn.Module:
+        """YOLOX's SimOTA loss; its L1 term comes on for the last 15 epochs (``on_epoch``)."""
+        from .loss import YoloxLoss
+        return YoloxLoss(self.nc)
+
+    def train_forward(self, net: nn.Module, x: torch.Tensor, targets: torch.Tensor | None = None,
+                      mask: torch.Tensor | None = None) -> list[torch.Tensor]:
+        """Train-mode outputs for the library's RGB [0, 1] batch: the network is fed BGR [0, 255],
+        the convention it was trained in and that :meth:`infer` uses."""
+        return net(x.flip(1) * 255.0)
 
     def infer(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(B, 3, S, S) RGB in [0, 1] -> boxes (B, N, 4) xyxy canvas pixels, score (B, N), class (B, N)."""
