@@ -47,20 +47,7 @@ DEIMV2_MODULE_ORDER = ("input_proj", "decoder", "denoising_class_embed", "enc_ou
                        "enc_bbox_head", "query_pos_head", "pre_bbox_head", "dec_score_head", "dec_bbox_head")
 
 
-class MLP(layers.MLP):
-    """The shared :class:`~.layers.MLP` (key ``layers.<i>``) with a choice of activation."""
-
-    def __init__(self, d_in: int, d_hidden: int, d_out: int, num_layers: int, act: str | None = "relu"):
-        super().__init__(d_in, d_hidden, d_out, num_layers)
-        self.act = activation(act)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        last = len(self.layers) - 1
-        for i, layer in enumerate(self.layers):
-            x = layer(x)
-            if i < last:
-                x = self.act(x)
-        return x
+MLP = layers.MLP  # with its ``act`` option (D-FINE-style heads choose theirs)
 
 
 def weighting_function(reg_max: int, up: torch.Tensor, reg_scale: torch.Tensor) -> torch.Tensor:

@@ -22,21 +22,13 @@ from .hybrid_encoder import CSPRepLayer, HybridEncoder, RepVggBlock, Transformer
 from .layers import ConvNorm
 
 
-class DepthwiseConvNorm(ConvNorm):
-    """:class:`~.layers.ConvNorm` with a depthwise (groups = channels) k x k convolution."""
-
-    def __init__(self, chs: int, k: int, s: int = 1, act: str | None = None):
-        super().__init__(chs, chs, k, s, act=act)
-        self.conv = nn.Conv2d(chs, chs, k, s, (k - 1) // 2, groups=chs, bias=False)
-
-
 class SCDown(nn.Module):
     """Separable downsample: 1x1 ConvNorm then a depthwise k x k / s ConvNorm (no activations)."""
 
     def __init__(self, c_in: int, c_out: int, k: int = 3, s: int = 2):
         super().__init__()
         self.cv1 = ConvNorm(c_in, c_out, 1)
-        self.cv2 = DepthwiseConvNorm(c_out, k, s)
+        self.cv2 = ConvNorm(c_out, c_out, k, s, groups=c_out)   # depthwise
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.cv2(self.cv1(x))

@@ -21,11 +21,11 @@ def activation(name: str | None) -> nn.Module:
 
 
 class ConvNorm(nn.Module):
-    """Conv2d (no bias, 'same' padding) -> BatchNorm2d -> activation; ``fuse`` folds the norm."""
+    """Conv2d (no bias, 'same' padding, ``groups``) -> BatchNorm2d -> activation; ``fuse`` folds the norm."""
 
-    def __init__(self, c_in: int, c_out: int, k: int = 1, s: int = 1, act: str | None = None):
+    def __init__(self, c_in: int, c_out: int, k: int = 1, s: int = 1, act: str | None = None, groups: int = 1):
         super().__init__()
-        self.conv = nn.Conv2d(c_in, c_out, k, s, (k - 1) // 2, bias=False)
+        self.conv = nn.Conv2d(c_in, c_out, k, s, (k - 1) // 2, groups=groups, bias=False)
         self.norm: nn.Module = nn.BatchNorm2d(c_out)
         self.act = activation(act)
 
@@ -52,19 +52,21 @@ def fold_conv_bn(conv: nn.Conv2d, bn: nn.BatchNorm2d) -> nn.Conv2d:
 
 
 class MLP(nn.Module):
-    """``num_layers`` Linear layers with ReLU between them (none after the last)."""
+    """``num_layers`` Linear layers (keys ``layers.<i>``) with ``act`` (ReLU by default) between
+    them, none after the last."""
 
-    def __init__(self, d_in: int, d_hidden: int, d_out: int, num_layers: int):
+    def __init__(self, d_in: int, d_hidden: int, d_out: int, num_layers: int, act: str | None = "relu"):
         super().__init__()
         dims = [d_in] + [d_hidden] * (num_layers - 1) + [d_out]
         self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims[:-1], dims[1:]))
+        self.act = activation(act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
             x = layer(x)
             if i < last:
-                x = torch.relu(x)
+                x = self.act(x)
         return x
 
 
