@@ -158,3 +158,21 @@ def test_training_forward_returns_auxiliary_outputs():
     assert out["enc_outputs"]["pred_boxes"].shape == (2, 21, 4)
     out["pred_boxes"].sum().backward()
     assert net.decoder.dec_bbox_head[2].layers[0].weight.grad is not None
+
+
+def test_predict_end_to_end_without_nms():
+    """A DETR through the shared predictor: stretch resize, top-k selection, no NMS, boxes in
+    original-image pixels, sorted by confidence, at most max_det per image."""
+    import numpy as np
+    from libreyolo import SAMPLE_IMAGE
+    m = RTDETR.new("r18", nc=3, device="cpu", seed=0)
+    assert m.NMS is False and m.RESIZE == "stretch"
+    img = np.random.default_rng(0).integers(0, 256, (90, 150, 3), dtype=np.uint8)
+    (r,) = m(img, imgsz=128, conf=0.0, max_det=7)
+    assert len(r) == 7
+    conf = r.boxes.conf
+    assert (conf[:-1] >= conf[1:]).all()
+    xyxy = r.boxes.xyxy
+    assert (xyxy[:, 0] >= 0).all() and (xyxy[:, 2] <= 150).all() and (xyxy[:, 3] <= 90).all()
+    (s,) = m(SAMPLE_IMAGE, imgsz=128, conf=0.99)
+    assert len(s) <= 300
