@@ -12,6 +12,10 @@
   S x S output in a single resampling; then HSV-style colour jitter (one 3x3 colour matrix) and
   a horizontal flip. Boxes follow every step, are clipped to the image and dropped when they keep
   less than 20% of their area or become narrower than 2 pixels.
+* ``dense_mosaic=True`` (off by default) makes each mosaic DEIM's "Dense O2O" stitch: the four
+  tiles meet at the canvas centre and the whole 2S canvas is shrunk to S (the affine's zoom is
+  halved for mosaic samples), so an image carries the targets of all four at about half size and
+  one-to-one matching gets about four times the positives. Non-mosaic samples are unchanged.
 
 All randomness comes from torch's global generator, so a run is reproducible under
 ``torch.manual_seed`` (and per DataLoader worker, whose torch seed the DataLoader sets).
@@ -65,6 +69,7 @@ class DetectionDataset(Dataset):
         hsv_h: float = 0.015,
         hsv_s: float = 0.7,
         hsv_v: float = 0.4,
+        dense_mosaic: bool = False,
     ) -> None:
         if imgsz < 1:
             raise ValueError(f"imgsz must be positive, got {imgsz}")
@@ -88,6 +93,7 @@ class DetectionDataset(Dataset):
         self.hsv_h = float(hsv_h)
         self.hsv_s = float(hsv_s)
         self.hsv_v = float(hsv_v)
+        self.dense_mosaic = bool(dense_mosaic)
 
     # ---- public ---------------------------------------------------------------------------------
 
@@ -112,11 +118,16 @@ class DetectionDataset(Dataset):
         if float(torch.rand(())) < self.mosaic:
             canvas, targets, ref_area = self._load_mosaic(index)
             center = (float(s), float(s))
+            dense = self.dense_mosaic
         else:
             canvas, _, _, targets = self.load_letterboxed(index)
             ref_area = _areas(targets)
             center = (s / 2.0, s / 2.0)
-        image, targets = self._random_affine(canvas, targets, ref_area, center)
+            dense = False
+        if dense:   # the whole 2S canvas into S
+            image, targets = self._random_affine(canvas, targets, ref_area, center, zoom_scale=0.5)
+        else:
+            image, targets = self._random_affine(canvas, targets, ref_area, center)
         image = self._random_color(image)
         image = image.round_().clamp_(0, 255).to(torch.uint8)
         if self.fliplr > 0 and float(torch.rand(())) < self.fliplr:
@@ -151,11 +162,15 @@ class DetectionDataset(Dataset):
         """Four images tiled around a random centre of a 2S canvas: (canvas, targets, ref area).
 
         ``ref area`` is each box's area before the canvas cut it, for the area-kept filter.
+        With ``dense_mosaic`` the centre is the canvas centre (no tile is cut).
         """
         s = self.imgsz
         canvas = torch.full((3, 2 * s, 2 * s), int(PAD_VALUE), dtype=torch.uint8)
-        xc = int(torch.randint(s // 2, s + s // 2 + 1, ()))
-        yc = int(torch.randint(s // 2, s + s // 2 + 1, ()))
+        if self.dense_mosaic:
+            xc = yc = s
+        else:
+            xc = int(torch.randint(s // 2, s + s // 2 + 1, ()))
+            yc = int(torch.randint(s // 2, s + s // 2 + 1, ()))
         others = torch.randint(len(self.samples), (3,)).tolist()
         all_targets, all_ref = [], []
         for k, i in enumerate([index, *others]):
@@ -175,14 +190,18 @@ class DetectionDataset(Dataset):
         return canvas, torch.cat(all_targets), torch.cat(all_ref)
 
     def _random_affine(self, canvas: torch.Tensor, targets: torch.Tensor, ref_area: torch.Tensor,
-                       center: tuple[float, float]) -> tuple[torch.Tensor, torch.Tensor]:
+                       center: tuple[float, float], zoom_scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotate/scale about ``center``, translate, and resample to S x S in one pass.
+
+        ``zoom_scale`` multiplies the random zoom (0.5 for a dense mosaic).
 
         Returns the image as float (3, S, S) on the 0..255 scale (rounded once, after colour).
         """
         s = self.imgsz
         angle = math.radians(_uniform(-self.degrees, self.degrees)) if self.degrees else 0.0
         zoom = _uniform(1.0 - self.scale, 1.0 + self.scale) if self.scale else 1.0
+        if zoom_scale != 1.0:
+            zoom = zoom * zoom_scale
         tx = _uniform(-self.translate, self.translate) * s if self.translate else 0.0
         ty = _uniform(-self.translate, self.translate) * s if self.translate else 0.0
         cos, sin = math.cos(angle) * zoom, math.sin(angle) * zoom

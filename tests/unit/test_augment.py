@@ -196,6 +196,24 @@ def test_mosaic_holds_objects_of_four_images(tmp_path):
     assert seen == {0, 1, 2, 3}
 
 
+def test_dense_mosaic_keeps_all_four_images_at_half_size(tmp_path):
+    # DEIM's Dense O2O stitch: tiles meet at the canvas centre, the whole 2S canvas goes into S
+    samples = []
+    for k in range(4):
+        Image.fromarray(np.full((64, 64, 3), 40 * k, np.uint8)).save(tmp_path / f"{k}.png")
+        samples.append(Sample(tmp_path / f"{k}.png", np.array([[k, 0.4, 0.4, 0.6, 0.6]], np.float32), 64, 64))
+    ds = DetectionDataset(samples, 64, augment=True, dense_mosaic=True, **dict(NO_AUG, mosaic=1.0))
+    torch.manual_seed(0)
+    for i in range(4):
+        image, targets = ds[i]
+        assert image.shape == (3, 64, 64) and len(targets) == 4 and targets[0, 0] == i
+        want = torch.tensor([[12.8 + ox, 12.8 + oy, 19.2 + ox, 19.2 + oy]
+                             for ox, oy in ((0, 0), (32, 0), (0, 32), (32, 32))])
+        torch.testing.assert_close(targets[:, 1:], want, atol=1e-3, rtol=0)
+    # the top-left quadrant is tile 0 at half size
+    assert int(image[0, 8, 8]) == 40 * 3
+
+
 def test_mosaic_warp_without_zoom_is_the_centre_crop(shapes):
     ds = DetectionDataset(shapes.train, 64, augment=True, **dict(NO_AUG, mosaic=1.0))
     torch.manual_seed(3)

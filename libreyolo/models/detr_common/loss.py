@@ -1,4 +1,5 @@
-"""The DETR set criterion (RT-DETR; D-FINE adds FGL and DDF), on dense per-query assignments.
+"""The DETR set criterion (RT-DETR; D-FINE adds FGL and DDF; DEIM swaps VFL for MAL), on dense
+per-query assignments.
 
 What is supervised, every term normalised by the number of target boxes in the batch
 (at least 1):
@@ -22,6 +23,11 @@ temperature-5 KL divergence of every earlier layer's edge distributions from the
 weighted by IoU on matched queries and by the final layer's confidence elsewhere, the two
 averages balanced by the square roots of their element counts.
 
+DEIM (:class:`DeimLoss`) keeps the D-FINE recipe and weights and swaps VFL for MAL, the
+matchability-aware loss (item ``"mal"``, weight 1): on the matched entry the BCE target is
+``IoU^gamma`` with weight 1, on every other entry the target is 0 with weight ``p^gamma``
+(gamma 1.5, no alpha unless ``mal_alpha`` is given), as in DEIM's configs.
+
 Everything after the assignment is fixed-shape (gathers and masks); only the Hungarian step
 reads values on the host (one transfer per batch). Computed in float32 with autocast off.
 """
@@ -38,8 +44,8 @@ from ...ops.iou import bbox_iou
 from .dfine_decoder import weighting_function
 from .matcher import HungarianMatcher
 
-__all__ = ["DetrLoss", "varifocal_loss", "box_losses", "edge_distances", "bin_targets",
-           "fine_grained_localization_loss", "decoupled_distillation_loss", "normalized_targets"]
+__all__ = ["DetrLoss", "DeimLoss", "varifocal_loss", "matchability_aware_loss", "box_losses", "edge_distances",
+           "bin_targets", "fine_grained_localization_loss", "decoupled_distillation_loss", "normalized_targets"]
 
 
 # ----------------------------------------------------------------------------- the terms
@@ -59,6 +65,29 @@ def varifocal_loss(logits: Tensor, labels: Tensor, iou: Tensor, pos: Tensor, *, 
     prob = logits.detach().sigmoid()
     weight = alpha * prob.pow(gamma) * (1 - onehot) + score
     loss = F.binary_cross_entropy_with_logits(logits, score, weight=weight, reduction="none")
+    if valid is not None:
+        loss = loss * valid.unsqueeze(-1).to(loss.dtype)
+    return loss.sum()
+
+
+def matchability_aware_loss(logits: Tensor, labels: Tensor, iou: Tensor, pos: Tensor, *, gamma: float = 1.5,
+                             alpha: float | None = None, valid: Tensor | None = None) -> Tensor:
+    """Summed matchability-aware loss (DEIM's MAL) of (B, Q, nc) logits (not normalised).
+
+    Arguments as :func:`varifocal_loss`. The matched class of a matched query is a positive with
+    soft target ``iou^gamma`` and weight 1 (so a low-IoU match is still pushed up, unlike VFL
+    where the weight shrinks with the IoU); every other entry is a negative with target 0 and
+    weight ``p^gamma`` (``alpha * p^gamma`` when ``alpha`` is given; DEIM's default is none).
+    ``p`` is the detached sigmoid score.
+    """
+    onehot = F.one_hot(labels.clamp(0, logits.shape[-1] - 1), logits.shape[-1]).to(logits.dtype)
+    onehot = onehot * pos.unsqueeze(-1).to(logits.dtype)
+    quality = iou.detach().to(logits.dtype).clamp(min=0).pow(gamma)
+    score = onehot * quality.unsqueeze(-1)
+    neg = logits.detach().sigmoid().pow(gamma) * (1 - onehot)
+    if alpha is not None:
+        neg = alpha * neg
+    loss = F.binary_cross_entropy_with_logits(logits, score, weight=neg + onehot, reduction="none")
     if valid is not None:
         loss = loss * valid.unsqueeze(-1).to(loss.dtype)
     return loss.sum()
@@ -175,20 +204,26 @@ class DetrLoss(nn.Module):
     y2]`` in input pixels, ``mask`` (B, M) bool real rows. ``items`` (detached) are the weighted
     sums over every supervised set, in the order of :attr:`item_names`; ``loss`` is their sum.
     ``fine=True`` selects the D-FINE recipe (union matching for the box terms, FGL, DDF).
+    ``cls_loss`` picks the class term: ``"vfl"`` (RT-DETR, D-FINE; ``alpha``, ``gamma``) or
+    ``"mal"`` (DEIM; ``gamma``, optional ``mal_alpha``); it also names the first item.
     """
 
     def __init__(self, num_classes: int, *, fine: bool = False, alpha: float = 0.75, gamma: float = 2.0,
                  weight_vfl: float = 1.0, weight_bbox: float = 5.0, weight_giou: float = 2.0,
                  weight_fgl: float = 0.15, weight_ddf: float = 1.5, ddf_temperature: float = 5.0,
-                 matcher: HungarianMatcher | None = None):
+                 matcher: HungarianMatcher | None = None, cls_loss: str = "vfl", weight_mal: float = 1.0,
+                 mal_alpha: float | None = None):
         super().__init__()
+        if cls_loss not in ("vfl", "mal"):
+            raise ValueError(f"unknown cls_loss {cls_loss!r} (expected 'vfl' or 'mal')")
         self.num_classes, self.fine = int(num_classes), bool(fine)
         self.alpha, self.gamma = alpha, gamma
-        self.weights = {"vfl": weight_vfl, "bbox": weight_bbox, "giou": weight_giou,
+        self.cls_loss, self.mal_alpha = cls_loss, mal_alpha
+        self.weights = {"vfl": weight_vfl, "mal": weight_mal, "bbox": weight_bbox, "giou": weight_giou,
                         "fgl": weight_fgl, "ddf": weight_ddf}
         self.ddf_temperature = ddf_temperature
         self.matcher = matcher or HungarianMatcher()
-        self.item_names: tuple[str, ...] = ("vfl", "bbox", "giou") + (("fgl", "ddf") if self.fine else ())
+        self.item_names: tuple[str, ...] = (cls_loss, "bbox", "giou") + (("fgl", "ddf") if self.fine else ())
 
     def forward(self, outputs: dict[str, Any], targets: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
         dev = outputs["pred_logits"].device
@@ -198,17 +233,21 @@ class DetrLoss(nn.Module):
     # -- helpers
     def _class_box(self, out: dict, match: Tensor, labels: Tensor, gt: Tensor, *, box_match: Tensor | None = None,
                    valid: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
-        """(vfl, l1, giou) sums of one output set; ``box_match`` (default ``match``) for the box terms."""
+        """(class, l1, giou) sums of one output set; ``box_match`` (default ``match``) for the box terms."""
         logits, boxes = out["pred_logits"].float(), out["pred_boxes"].float()
         pos = match >= 0
         tgt = _gather(gt, match)
         iou = bbox_iou(box_convert(boxes.detach(), "cxcywh", "xyxy"), box_convert(tgt, "cxcywh", "xyxy"))
         iou = torch.where(pos, iou, torch.zeros_like(iou))
-        vfl = varifocal_loss(logits, _gather(labels, match), iou, pos, alpha=self.alpha, gamma=self.gamma,
-                             valid=valid)
+        if self.cls_loss == "mal":
+            cls = matchability_aware_loss(logits, _gather(labels, match), iou, pos, gamma=self.gamma,
+                                          alpha=self.mal_alpha, valid=valid)
+        else:
+            cls = varifocal_loss(logits, _gather(labels, match), iou, pos, alpha=self.alpha, gamma=self.gamma,
+                                 valid=valid)
         bm = match if box_match is None else box_match
         l1, giou = box_losses(boxes, _gather(gt, bm), bm >= 0)
-        return vfl, l1, giou
+        return cls, l1, giou
 
     def _compute(self, outputs: dict[str, Any], targets: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
         labels, gt = normalized_targets(targets, outputs["input_size"], self.num_classes)
@@ -232,7 +271,7 @@ class DetrLoss(nn.Module):
             tot[name] = tot[name] + self.weights[name] * value / norm
 
         def add3(terms: tuple[Tensor, Tensor, Tensor], cls_norm: Tensor, box_norm: Tensor) -> None:
-            add("vfl", terms[0], cls_norm)
+            add(self.cls_loss, terms[0], cls_norm)
             add("bbox", terms[1], box_norm)
             add("giou", terms[2], box_norm)
 
@@ -287,3 +326,25 @@ class DetrLoss(nn.Module):
                 add("ddf", decoupled_distillation_loss(corners, teacher["pred_corners"].float(),
                                                        teacher["pred_logits"].float(), iou, pos, valid,
                                                        num_pos, num_neg, self.ddf_temperature), 1.0)
+
+
+class DeimLoss(DetrLoss):
+    """DEIM's criterion: the D-FINE recipe (union matching for the box terms, FGL, DDF) with MAL as
+    the class term; items ``("mal", "bbox", "giou", "fgl", "ddf")``.
+
+    Defaults are DEIM's D-FINE-based COCO configs (``deim.yml`` over ``dfine_hgnetv2.yml``):
+    weights mal 1, bbox 5, giou 2, fgl 0.15, ddf 1.5; MAL gamma 1.5, no MAL alpha; the
+    Hungarian matcher unchanged (class 2, bbox 5, giou 2; focal alpha 0.25, gamma 2).
+    DEIM's other half, Dense O2O, is on the data side (mosaic stitching, so each image holds
+    more targets and one-to-one matching yields more positives); this criterion does not change
+    the matching.
+    """
+
+    def __init__(self, num_classes: int, *, gamma: float = 1.5, mal_alpha: float | None = None,
+                 weight_mal: float = 1.0, weight_bbox: float = 5.0, weight_giou: float = 2.0,
+                 weight_fgl: float = 0.15, weight_ddf: float = 1.5, ddf_temperature: float = 5.0,
+                 matcher: HungarianMatcher | None = None):
+        super().__init__(num_classes, fine=True, gamma=gamma, cls_loss="mal", mal_alpha=mal_alpha,
+                         weight_mal=weight_mal, weight_bbox=weight_bbox, weight_giou=weight_giou,
+                         weight_fgl=weight_fgl, weight_ddf=weight_ddf, ddf_temperature=ddf_temperature,
+                         matcher=matcher)
