@@ -56,6 +56,7 @@ class TrainConfig:
     ema: bool = True
     close_mosaic: int = 10
     mosaic: float = 1.0
+    dense_mosaic: bool = False      # DEIM's Dense O2O: mosaic tiles shrunk so each image holds all four
     degrees: float = 0.0
     translate: float = 0.1
     scale: float = 0.5
@@ -183,7 +184,8 @@ class Trainer:
         from ..data.augment import DetectionDataset, collate_detections
         cfg = self.cfg
         hyp = dict(mosaic=cfg.mosaic, degrees=cfg.degrees, translate=cfg.translate, scale=cfg.scale,
-                   fliplr=cfg.fliplr, hsv_h=cfg.hsv_h, hsv_s=cfg.hsv_s, hsv_v=cfg.hsv_v)
+                   fliplr=cfg.fliplr, hsv_h=cfg.hsv_h, hsv_s=cfg.hsv_s, hsv_v=cfg.hsv_v,
+                   dense_mosaic=cfg.dense_mosaic)
         self.train_set = DetectionDataset(data.train, cfg.imgsz, augment=True, **hyp)
         self.val_set = DetectionDataset(data.val, cfg.imgsz, augment=False)
         collate = functools.partial(collate_detections, bucket=cfg.bucket)  # picklable under spawn

@@ -125,3 +125,13 @@ def test_val_and_bad_options(tmp_path, shapes):
     assert set(metrics) >= {"map50", "map50_95"}
     with pytest.raises(TypeError, match="unknown training option"):
         model.train(data=shapes, epochz=3)
+
+
+def test_dense_mosaic_option_reaches_the_training_set(shapes96):
+    from libreyolo.data.datasets import resolve_data
+    from libreyolo.engine.trainer import TrainConfig, Trainer
+    model = LibreYOLO.new("yolo9", "t", nc=5, device="cpu", seed=0)
+    for on in (False, True):
+        t = Trainer(model, TrainConfig(data=shapes96, imgsz=64, batch=8, workers=0, dense_mosaic=on))
+        t._loaders(resolve_data(shapes96))
+        assert t.train_set.dense_mosaic is on and t.val_set.dense_mosaic is False
