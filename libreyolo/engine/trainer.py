@@ -47,6 +47,7 @@ class TrainConfig:
     lrf: float = 0.01               # final lr = lr0 * lrf
     momentum: float = 0.937
     weight_decay: float = 5e-4
+    clip_grad: float = 10.0         # max gradient norm (YOLO recipes 10; DETR recipes 0.1)
     warmup_epochs: float = 3.0
     warmup_momentum: float = 0.8
     warmup_bias_lr: float = 0.1
@@ -317,7 +318,7 @@ class Trainer:
         def optimizer_step() -> None:
             if scaler.is_enabled():
                 scaler.unscale_(opt)
-            torch.nn.utils.clip_grad_norm_(params, max_norm=10.0, foreach=True)
+            torch.nn.utils.clip_grad_norm_(params, max_norm=cfg.clip_grad, foreach=True)
             scaler.step(opt)
             scaler.update()
             opt.zero_grad(set_to_none=False)

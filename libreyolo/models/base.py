@@ -56,6 +56,8 @@ class Model:
     #: how images reach the network: "topleft" letterbox (default), "center" letterbox, or
     #: "stretch" (resize to the square ignoring the aspect ratio), as the family was trained
     RESIZE: ClassVar[str] = "topleft"
+    #: training options this family's original recipe uses, under whatever the caller passes
+    TRAIN_DEFAULTS: ClassVar[dict[str, Any]] = {}
     #: autocast dtype of ``amp=True`` (predict) and of the parity protocol's AMP arm
     AMP_DTYPE: ClassVar[torch.dtype] = torch.float16
     #: False for set-prediction heads (DETRs): their top-k outputs need no NMS, only ``conf``/``max_det``
@@ -313,7 +315,8 @@ class Model:
         per-epoch losses and metrics, and the paths of best.pt / last.pt.
         """
         from ..engine.trainer import TrainConfig, Trainer
-        cfg = TrainConfig.from_kwargs(**kwargs)
+        given = {k: v for k, v in kwargs.items() if v is not None}   # None: "not given", the family decides
+        cfg = TrainConfig.from_kwargs(**{**self.TRAIN_DEFAULTS, **given})
         return Trainer(self, cfg).train()
 
     def val(self, data: str = "shapes", *, imgsz: int | None = None, batch: int = 16, conf: float = 0.001,

@@ -135,3 +135,16 @@ def test_dense_mosaic_option_reaches_the_training_set(shapes96):
         t = Trainer(model, TrainConfig(data=shapes96, imgsz=64, batch=8, workers=0, dense_mosaic=on))
         t._loaders(resolve_data(shapes96))
         assert t.train_set.dense_mosaic is on and t.val_set.dense_mosaic is False
+
+
+def test_family_training_defaults_apply_under_what_the_caller_passes(monkeypatch):
+    from libreyolo.engine import trainer as tr
+    monkeypatch.setattr(tr.Trainer, "train", lambda self: self.cfg)
+    detr = LibreYOLO.new("rtdetr", "r18", nc=3, device="cpu", seed=0)
+    cfg = detr.train(data="shapes", epochs=1)
+    assert (cfg.optimizer, cfg.lr0, cfg.weight_decay, cfg.clip_grad) == ("AdamW", 1e-4, 1e-4, 0.1)
+    cfg = detr.train(data="shapes", epochs=1, optimizer="SGD", lr0=None)   # None = not given
+    assert (cfg.optimizer, cfg.lr0) == ("SGD", 1e-4)
+    yolo = LibreYOLO.new("yolo9", "t", nc=3, device="cpu", seed=0)
+    cfg = yolo.train(data="shapes", epochs=1, optimizer=None)
+    assert (cfg.optimizer, cfg.lr0, cfg.clip_grad) == ("SGD", None, 10.0)

@@ -83,6 +83,9 @@ class DetrModel(Model):
     INPUT_NORM: ClassVar[str] = "none"
     #: how many (query, class) pairs :meth:`infer` returns per image (at most Q * nc)
     NUM_TOP: ClassVar[int] = 300
+    #: the RT-DETR / D-FINE recipes: AdamW, lr 1e-4, weight decay 1e-4, gradients clipped at 0.1
+    TRAIN_DEFAULTS: ClassVar[dict[str, Any]] = {"optimizer": "AdamW", "lr0": 1e-4, "weight_decay": 1e-4,
+                                                "clip_grad": 0.1}
     DEFAULT_IMGSZ: ClassVar[int] = 640
     STRIDE: ClassVar[int] = 32
 
