@@ -147,4 +147,7 @@ def test_family_training_defaults_apply_under_what_the_caller_passes(monkeypatch
     assert (cfg.optimizer, cfg.lr0) == ("SGD", 1e-4)
     yolo = LibreYOLO.new("yolo9", "t", nc=3, device="cpu", seed=0)
     cfg = yolo.train(data="shapes", epochs=1, optimizer=None)
-    assert (cfg.optimizer, cfg.lr0, cfg.clip_grad) == ("SGD", None, 10.0)
+    assert (cfg.optimizer, cfg.lr0, cfg.clip_grad, cfg.close_mosaic) == ("SGD", None, 10.0, 10)
+    yolox = LibreYOLO.new("yolox", "n", nc=3, device="cpu", seed=0)
+    assert yolox.train(data="shapes", epochs=1).close_mosaic == 15   # with the L1 switch (its loss)
+    assert yolox.train(data="shapes", epochs=1, close_mosaic=3).close_mosaic == 3

@@ -36,6 +36,9 @@ class Yolox(Model):
                       "head.obj_preds.0.weight", "head.stems.0.conv.weight")
     NC_KEY = "head.cls_preds.0.weight"
     PRIOR_BIAS = (("head.cls_preds.", 0, None), ("head.obj_preds.", 0, None))
+    #: YOLOX's last 15 epochs train without mosaic (and with the L1 term, switched by the loss's
+    #: on_epoch at the same epoch, so the training graphs are released and recaptured once)
+    TRAIN_DEFAULTS = {"close_mosaic": 15}
 
     def build_loss(self) -> nn.Module:
         """YOLOX's SimOTA loss; its L1 term comes on for the last 15 epochs (``on_epoch``)."""
