@@ -11,8 +11,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import subprocess
-import sys
 import tempfile
 import time
 
@@ -50,24 +48,19 @@ def main() -> None:
         print(json.dumps(run_arm(a.arm, a)))
         return
     import torch
-    arms = {}
-    for arm in ("eager", "graph"):
-        cmd = [sys.executable, __file__, "--arm", arm] + [f"--{k}={v}" for k, v in
-               (("model", a.model), ("epochs", a.epochs), ("batch", a.batch), ("imgsz", a.imgsz),
-                ("workers", a.workers), ("amp", a.amp), ("device", a.device))] + (["--force"] if a.force else [])
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            arms[arm] = {"arm": arm, "error": proc.stderr.strip().splitlines()[-3:]}
-            continue
-        arms[arm] = json.loads(proc.stdout.strip().splitlines()[-1])
+    from train_step import run_in_processes   # this folder is on sys.path when run as a script
+    arms = run_in_processes(__file__, ("eager", "graph"), [f"--{k}={v}" for k, v in
+                            (("model", a.model), ("epochs", a.epochs), ("batch", a.batch), ("imgsz", a.imgsz),
+                             ("workers", a.workers), ("amp", a.amp), ("device", a.device))]
+                            + (["--force"] if a.force else []), error_lines=3)
     res = {"model": a.model, "epochs": a.epochs, "batch": a.batch, "imgsz": a.imgsz, "amp": a.amp, "arms": arms,
            "device": torch.cuda.get_device_name(0) if a.device == "cuda" else a.device, "torch": torch.__version__, "date": dt.date.today().isoformat()}
     if all("wall_s" in v for v in arms.values()):
         res["speedup"] = arms["eager"]["wall_s"] / arms["graph"]["wall_s"]
     print(json.dumps(res, indent=2))
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump(res, f, indent=2)
+        from libreyolo.benchmark import write_json
+        write_json(res, a.json)
 
 
 if __name__ == "__main__":

@@ -99,6 +99,19 @@ def run_arm(arm: str, spec: str, batch: int, imgsz: int, amp: bool, runs: int, w
             "runner": runner.info() if seg is None else seg.info()}
 
 
+def run_in_processes(script: str, arms, args: list[str], error_lines: int = 1) -> dict:
+    """Run ``script --arm <arm> *args`` once per arm, each in its own process; the last stdout
+    line of each is its JSON result (or an ``error`` entry with the last stderr lines)."""
+    out = {}
+    for arm in arms:
+        proc = subprocess.run([sys.executable, script, "--arm", arm, *args], capture_output=True, text=True)
+        if proc.returncode != 0:
+            out[arm] = {"arm": arm, "error": proc.stderr.strip().splitlines()[-error_lines:] or ["failed"]}
+        else:
+            out[arm] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--arm", choices=ARMS + ("seam",), default="eager")
@@ -115,19 +128,14 @@ def main() -> None:
     if not a.all:
         print(json.dumps(run_arm(a.arm, a.model, a.batch, a.imgsz, a.amp, a.runs, a.warmup)))
         return
-    arms = {}
     if a.arms is None:
+        from libreyolo.models.base import Model
         from libreyolo.models.registry import parse_spec
-        a.arms = ",".join(SEAM_ARMS if parse_spec(a.model)[0].SUPPORTS_CUDA_GRAPH_TRAIN_SEAM or
-                          not parse_spec(a.model)[0].NMS else ARMS)
-    for arm in a.arms.split(","):
-        cmd = [sys.executable, __file__, "--arm", arm, "--model", a.model, "--batch", str(a.batch),
-               "--imgsz", str(a.imgsz), "--runs", str(a.runs), "--warmup", str(a.warmup)] + (["--amp"] if a.amp else [])
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            arms[arm] = {"arm": arm, "error": proc.stderr.strip().splitlines()[-1:] or ["failed"]}
-            continue
-        arms[arm] = json.loads(proc.stdout.strip().splitlines()[-1])
+        has_seam = parse_spec(a.model)[0].train_seam is not Model.train_seam
+        a.arms = ",".join(SEAM_ARMS if has_seam else ARMS)
+    arms = run_in_processes(__file__, a.arms.split(","),
+                            ["--model", a.model, "--batch", str(a.batch), "--imgsz", str(a.imgsz), "--runs",
+                             str(a.runs), "--warmup", str(a.warmup)] + (["--amp"] if a.amp else []))
     res = {"model": a.model, "batch": a.batch, "imgsz": a.imgsz, "amp": "bf16" if a.amp else False, "arms": arms,
            "device": torch.cuda.get_device_name(0), "torch": torch.__version__, "date": dt.date.today().isoformat()}
     eager = arms.get("eager", {}).get("median_ms")
@@ -136,8 +144,8 @@ def main() -> None:
             res[f"speedup_{arm}"] = eager / arms[arm]["median_ms"]
     print(json.dumps(res, indent=2))
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump(res, f, indent=2)
+        from libreyolo.benchmark import write_json
+        write_json(res, a.json)
 
 
 if __name__ == "__main__":
