@@ -6,8 +6,8 @@ contain. That walk is the only sequential part of greedy NMS, and it is short (a
 ``max_nms`` steps over candidates already sorted by score), so here it runs on the device:
 one Triton kernel computes every pair's suppression bit in parallel (a later candidate of the
 same class whose IoU with an earlier one exceeds the threshold), and a second, one program
-(one warp) per image, walks the candidates in score order and ORs the bit row of each kept
-candidate into its ``removed`` words. That is exactly greedy NMS (the suppression rule and
+per image, walks the candidates in score order, 32 at a time, and ORs the bit rows of the
+kept ones into its ``removed`` words. That is exactly greedy NMS (the suppression rule and
 the IoU formula ``inter / (area_i + area_j - inter)`` are torchvision's). Class awareness
 compares class ids instead of offsetting boxes, which also avoids the rounding of large
 offsets.
@@ -74,20 +74,37 @@ if triton is not None:
         tl.store(bits_ptr + (b * K + rows) * W + w, word, mask=rows < K)
 
     @triton.jit
+    def _bit_or(a, b):
+        return a | b
+
+    @triton.jit
     def _greedy_walk_kernel(bits_ptr, count_ptr, keep_ptr, K, W, BLOCK_W: tl.constexpr):
-        """The sequential part of greedy NMS: one program per image walks its sorted candidates;
-        a kept candidate ORs its row of suppression bits into ``removed`` (W words, one warp)."""
+        """The sequential part of greedy NMS, one program per image, 32 candidates at a time.
+
+        For each block of 32 sorted candidates: one load brings their 32 rows of suppression
+        bits; the block is resolved in registers (candidate j, unless already removed, removes
+        the later block-mates its diagonal word names: 32 dependent bit operations, no memory
+        wait); then the rows of the block's kept candidates are OR-ed into ``removed`` in one
+        reduction. Exactly the candidate-by-candidate walk, with two memory round trips per
+        32 candidates instead of one per kept candidate (1000 kept: 0.283 ms before, run A).
+        """
         b = tl.program_id(0)
-        lanes = tl.arange(0, BLOCK_W)
+        words = tl.arange(0, BLOCK_W)
+        lane = tl.arange(0, 32)
         n = tl.load(count_ptr + b)
         removed = tl.zeros((BLOCK_W,), dtype=tl.int32)
-        for i in range(0, n):
-            word = tl.sum(tl.where(lanes == i // 32, removed, 0), axis=0)
-            gone = (word >> (i % 32)) & 1
-            if gone == 0:
-                tl.store(keep_ptr + b * K + i, 1)
-                row = tl.load(bits_ptr + (b * K + i) * W + lanes, mask=lanes < W, other=0)
-                removed = removed | row
+        for c in range(0, tl.cdiv(n, 32)):
+            rows = c * 32 + lane
+            live = rows < n
+            tile = tl.load(bits_ptr + (b * K + rows[:, None]) * W + words[None, :],
+                           mask=live[:, None] & (words[None, :] < W), other=0)
+            cur = tl.sum(tl.where(words == c, removed, 0), axis=0)
+            for j in tl.static_range(32):
+                dj = tl.load(bits_ptr + (b * K + c * 32 + j) * W + c, mask=c * 32 + j < n, other=0)
+                cur = tl.where(((cur >> j) & 1) == 0, cur | dj, cur)
+            kept = (((cur >> lane) & 1) == 0) & live
+            tl.store(keep_ptr + b * K + rows, kept.to(tl.int8), mask=rows < K)
+            removed = removed | tl.reduce(tl.where(kept[:, None], tile, 0), 0, _bit_or)
 
 
 def greedy_keep(boxes: torch.Tensor, cls: torch.Tensor, count: torch.Tensor, thresholds: torch.Tensor,
@@ -107,7 +124,8 @@ def greedy_keep(boxes: torch.Tensor, cls: torch.Tensor, count: torch.Tensor, thr
     _overlap_bits_kernel[(bsz, triton.cdiv(k, block_r), w)](boxes, cls, count, thresholds, bits, k, w,
                                                             AGNOSTIC=bool(agnostic), BLOCK_R=block_r)
     keep = torch.zeros((bsz, k), dtype=torch.int8, device=boxes.device)
-    _greedy_walk_kernel[(bsz,)](bits, count, keep, k, w, BLOCK_W=max(32, triton.next_power_of_2(w)), num_warps=1)
+    block_w = max(32, triton.next_power_of_2(w))
+    _greedy_walk_kernel[(bsz,)](bits, count, keep, k, w, BLOCK_W=block_w, num_warps=1 if block_w <= 32 else 4)
     return keep.bool()
 
 

@@ -44,6 +44,18 @@ SCRIPT = textwrap.dedent('''
                 assert n == ref.shape[0], (agnostic, conf, i, n, ref.shape)
                 assert torch.equal(dets[i, :n], ref), (agnostic, conf, i)
                 assert not dets[i, n:].any()
+    # dense clusters across many 32-candidate blocks (1100 candidates: 35 words, the wide-walk path)
+    centers = torch.rand((1, 20, 2), generator=g) * 500
+    xy = centers[:, torch.randint(0, 20, (1100,), generator=g)] + torch.randn((1, 1100, 2), generator=g) * 6
+    wh = torch.rand((1, 1100, 2), generator=g) * 30 + 40
+    many = top_candidates(torch.cat((xy, xy + wh), -1), torch.rand((1, 1100), generator=g),
+                          torch.randint(0, 2, (1, 1100), generator=g), 1100)
+    for agnostic in (False, True):
+        for conf, iou in ((0.0, 0.5), (0.3, 0.8)):
+            dets, count = nms_graph.select_detections(*many, torch.tensor([conf, iou]), 1100, agnostic=agnostic)
+            ref = reference(many[0][0], many[1][0], many[2][0], conf, iou, 1100, agnostic)
+            assert 1 < ref.shape[0] < 1000 and int(count[0]) == ref.shape[0], (ref.shape, count)
+            assert torch.equal(dets[0, :ref.shape[0]], ref)
     # set-prediction heads: no suppression, only conf and max_det
     dets, count = nms_graph.select_detections(*cand, torch.tensor([0.5, 0.5]), 20, nms=False)
     assert torch.equal(count, torch.minimum((cand[1] > 0.5).sum(1), torch.tensor(20)))
