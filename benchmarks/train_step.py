@@ -33,7 +33,7 @@ def run_arm(arm: str, spec: str, batch: int, imgsz: int, amp: bool, runs: int, w
     from libreyolo import LibreYOLO
     from libreyolo.data.augment import DetectionDataset, collate_detections
     from libreyolo.data.datasets import resolve_data
-    from libreyolo.graphs.training import TrainStepRunner, prime_optimizer_state
+    from libreyolo.graphs.training import TrainStepRunner, prime_optimizer_state, training_state
 
     data = resolve_data("shapes")
     ds = DetectionDataset(data.train, imgsz, augment=False)
@@ -65,10 +65,7 @@ def run_arm(arm: str, spec: str, batch: int, imgsz: int, amp: bool, runs: int, w
         opt.zero_grad(set_to_none=False)
 
     def state():
-        out = [p.data for p in params] + [p.grad for p in params if p.grad is not None]
-        for st in opt.state.values():
-            out += [v for v in st.values() if isinstance(v, torch.Tensor)]
-        return out + list(net.buffers())
+        return training_state(params, opt, net.buffers())
 
     seg = None
     if arm == "seam":

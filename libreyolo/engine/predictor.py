@@ -81,26 +81,27 @@ class Predictor:
         model = self.model
         resize = model.RESIZE
         if post is None:
-            def net(x):
-                return top_candidates(*model.infer(x), max_nms)
+            def finish(cand):
+                return cand
+        else:
+            max_det, agnostic = post
 
-            def from_u8(u8):
-                return top_candidates(*model.infer(letterbox(u8, size, resize)), max_nms)
+            def finish(cand, thr):
+                dets, count = select_detections(*cand, thr, max_det, nms=model.NMS, agnostic=agnostic)
+                return torch.cat((dets.flatten(1), count[:, None].to(dets.dtype)), 1)
 
-            return net, from_u8
-        max_det, agnostic = post
+        def net(x, *thr):
+            return finish(top_candidates(*model.infer(x), max_nms), *thr)
 
-        def finish(cand, thr):
-            dets, count = select_detections(*cand, thr, max_det, nms=model.NMS, agnostic=agnostic)
-            return torch.cat((dets.flatten(1), count[:, None].to(dets.dtype)), 1)
+        def from_u8(u8, *thr):
+            return net(letterbox(u8, size, resize), *thr)
 
-        def net_post(x, thr):
-            return finish(top_candidates(*model.infer(x), max_nms), thr)
+        return net, from_u8
 
-        def from_u8_post(u8, thr):
-            return finish(top_candidates(*model.infer(letterbox(u8, size, resize)), max_nms), thr)
-
-        return net_post, from_u8_post
+    @staticmethod
+    def _stage_args(post: tuple | None, thr: torch.Tensor | None) -> tuple[tuple, tuple]:
+        """The stage's extra input after the images and the tag its graph keys carry."""
+        return ((), ()) if post is None else ((thr,), ("post", *post))
 
     def _thresholds(self, conf: float, iou: float) -> torch.Tensor:
         """The [conf, iou] device tensor a post-processing stage reads (cached: no copy per call)."""
@@ -126,8 +127,7 @@ class Predictor:
         """uint8 HWC device tensors -> (stage outputs, per-image letterbox scale)."""
         runner = self.model._runner
         net, from_u8 = self._stage_fns(size, max_nms, post)
-        extra = () if post is None else (thr,)
-        tag = () if post is None else ("post", *post)
+        extra, tag = self._stage_args(post, thr)
         resize = self.model.RESIZE
         scales = []
         for im in images:  # per-axis: the resized size is rounded, so x and y scales differ slightly
@@ -164,8 +164,7 @@ class Predictor:
         size = check_imgsz(imgsz or m.imgsz, m.STRIDE)
         post = self._post(max_det, agnostic, None)
         net, from_u8 = self._stage_fns(size, max_nms, post)
-        extra = () if post is None else (self._thresholds(0.25, 0.45),)
-        tag = () if post is None else ("post", *post)
+        extra, tag = self._stage_args(post, None if post is None else self._thresholds(0.25, 0.45))
         amp_dtype = None if dtype in (None, torch.float32) else _amp_dtype(dtype, m.AMP_DTYPE)
         g = torch.Generator().manual_seed(0)
         with torch.no_grad(), self._autocast(amp_dtype):

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..graphs.training import GraphedSegment, TrainStepRunner, prime_optimizer_state
+from ..graphs.training import GraphedSegment, TrainStepRunner, prime_optimizer_state, training_state
 from ..ops.nms import nms_per_image, top_candidates
 
 log = logging.getLogger("libreyolo")
@@ -326,11 +326,7 @@ class Trainer:
                 ema.update(net)
 
         def mutable_state() -> list[torch.Tensor]:
-            out = [p.data for p in params] + [p.grad for p in params if p.grad is not None]
-            for st in opt.state.values():
-                out += [v for v in st.values() if isinstance(v, torch.Tensor)]
-            out += [b for b in net.buffers()]
-            return out + (ema.tensors() if ema is not None else [])
+            return training_state(params, opt, net.buffers(), ema.tensors() if ema is not None else ())
 
         if self.whole_step:
             prime_optimizer_state(opt)  # buffers a captured update writes must exist before capture

@@ -59,6 +59,35 @@ def prime_optimizer_state(opt: torch.optim.Optimizer) -> None:
                 st["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
 
 
+
+def training_state(params, optimizer: torch.optim.Optimizer, *extra) -> list[torch.Tensor]:
+    """Every tensor a captured whole step writes: weights, their grads, the optimizer's state
+    tensors, then ``extra`` (buffers, EMA tensors). A runner's ``state`` callable returns this;
+    the runner snapshots it around warm-up and capture and restores it after."""
+    params = list(params)
+    out = [p.data for p in params] + [p.grad for p in params if p.grad is not None]
+    for st in optimizer.state.values():
+        out += [v for v in st.values() if isinstance(v, torch.Tensor)]
+    for group in extra:
+        out += list(group)
+    return out
+
+
+def ensure_grads(module: torch.nn.Module) -> None:
+    """Give every trainable parameter of ``module`` a zero ``.grad`` where it has none.
+
+    Before a capture: the graph's gradient accumulation then writes into tensors that exist and
+    stay. Before a graphed backward (:class:`GraphedSegment`): that backward hands autograd its
+    *static* gradient buffers, and a parameter whose ``.grad`` is None would adopt that buffer
+    (autograd steals an unshared incoming gradient); the next replay would overwrite it before
+    adding to it - two micro-batches would sum to twice the second. With a ``.grad`` present,
+    autograd adds in place, exactly as in eager training.
+    """
+    with torch.no_grad():
+        for p in module.parameters():
+            if p.requires_grad and p.grad is None:
+                p.grad = torch.zeros_like(p)
+
 class TrainStepRunner:
     """Runs ``loss, items = step(images, targets, mask)`` eager or captured.
 
@@ -124,12 +153,6 @@ class TrainStepRunner:
         self.eager_steps += 1
         return fn(*inputs)
 
-    def _ensure_grads(self) -> None:
-        with torch.no_grad():
-            for p in self.net.parameters():
-                if p.requires_grad and p.grad is None:
-                    p.grad = torch.zeros_like(p)
-
     def __call__(self, *inputs: torch.Tensor, whole: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """One step. With ``whole=True`` the update runs too (inside the graph once captured)."""
         if whole and self.update is None:
@@ -145,7 +168,7 @@ class TrainStepRunner:
             self._seen[sig] += 1
             if self._seen[sig] < self.repeat:
                 return self._eager(fn, inputs)
-            self._ensure_grads()
+            ensure_grads(self.net)
             tensors = [p.grad for p in self.net.parameters() if p.grad is not None]
             n_state = -1
             if whole and self.state is not None:
@@ -228,20 +251,6 @@ class GraphedSegment(torch.nn.Module):
     def _capturable(x: torch.Tensor) -> bool:
         return x.device.type == "cuda"
 
-    def _ensure_grads(self) -> None:
-        """Give every trainable parameter a ``.grad`` before a graphed backward runs.
-
-        The graphed backward hands autograd its *static* gradient buffers; a parameter whose
-        ``.grad`` is None would adopt that buffer as its ``.grad`` (autograd steals an unshared
-        incoming gradient), and the next replay would overwrite it before adding to it - the
-        sum of two micro-batches would come out as twice the second. With a ``.grad`` present,
-        autograd adds in place, exactly as in eager training.
-        """
-        with torch.no_grad():
-            for p in self.inner.parameters():
-                if p.requires_grad and p.grad is None:
-                    p.grad = torch.zeros_like(p)
-
     def forward(self, x: torch.Tensor):
         inner = self.inner
         if self.disabled_reason is not None or not inner.training or not self._capturable(x) \
@@ -261,7 +270,7 @@ class GraphedSegment(torch.nn.Module):
                 self._graphs.popitem(last=False)
         else:
             self._graphs.move_to_end(sig)
-        self._ensure_grads()
+        ensure_grads(self.inner)
         self.replays += 1
         return graphed(x)
 

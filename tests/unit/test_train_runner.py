@@ -4,7 +4,7 @@ import logging
 import torch
 from torch import nn
 
-from libreyolo.graphs.training import TrainStepRunner, prime_optimizer_state
+from libreyolo.graphs.training import TrainStepRunner, prime_optimizer_state, training_state
 
 
 class ReplayingGraph:
@@ -142,10 +142,7 @@ def test_whole_step_restores_state_after_warmup_and_matches_eager():
             opt.zero_grad(set_to_none=False)
 
         def state():
-            out = [p.data for p in net.parameters()]
-            for st in opt.state.values():
-                out += [v for v in st.values() if isinstance(v, torch.Tensor)]
-            return out
+            return training_state(net.parameters(), opt)
 
         return net, TrainStepRunner(net, step, enabled=enabled, family="toy", supported=True,
                                     capturer=capturer, update=update, state=state)
@@ -179,10 +176,7 @@ def _whole(prime: bool):
         opt.zero_grad(set_to_none=False)
 
     def state():
-        out = [p.data for p in params] + [p.grad for p in params if p.grad is not None]
-        for st in opt.state.values():
-            out += [v for v in st.values() if isinstance(v, torch.Tensor)]
-        return out
+        return training_state(params, opt)
 
     return net, opt, TrainStepRunner(net, step, enabled=True, family="toy", supported=True, capturer=StandIn(),
                                      repeat=1, update=update, state=state)

@@ -18,10 +18,25 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 BCE_LOG_MIN = -100.0   # F.binary_cross_entropy clamps its logs here
 COST_CAP = 1e30        # real costs are clamped here so that +inf marks only the pairs that may not match
+
+
+class DenseMapsLoss(nn.Module):
+    """The entry of a loss over a head's ``(cls_maps, box_maps)``: autocast off, float32 maps and
+    targets, and one all-padding target row for a batch without objects (a shape-level, static
+    decision, so a captured step stays valid). Subclasses implement ``_compute(cls_maps, box_maps,
+    targets, mask) -> (loss, items)``."""
+
+    def forward(self, outputs, targets: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+        cls_maps, box_maps = outputs
+        with torch.autocast(device_type=cls_maps[0].device.type, enabled=False):
+            targets, mask = targets.float(), mask.bool()
+            if targets.shape[1] == 0:
+                targets, mask = targets.new_zeros(targets.shape[0], 1, 5), mask.new_zeros(mask.shape[0], 1)
+            return self._compute([c.float() for c in cls_maps], [d.float() for d in box_maps], targets, mask)
 
 
 # -- priors --------------------------------------------------------------------------------------

@@ -42,8 +42,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ...ops.iou import bbox_giou, bbox_overlaps
-from ..common.assign import (cached, class_cost, dynamic_k_matching, gather_classes, grid_key, points_in_boxes,
-                             points_near_centres, prior_grid)
+from ..common.assign import (DenseMapsLoss, cached, class_cost, dynamic_k_matching, gather_classes, grid_key,
+                             points_in_boxes, points_near_centres, prior_grid)
 from .nn import REG_MAX, STRIDES
 
 IOU_EPS = 1e-6          # eps of PaddleDetection's bbox_overlaps (assigner IoU/GIoU and the VFL target)
@@ -128,7 +128,7 @@ class SimOTAAssigner(nn.Module):
         return fg, target_labels, target_boxes, pos_num
 
 
-class PicodetLoss(nn.Module):
+class PicodetLoss(DenseMapsLoss):
     """The PicoDet (v1) loss on the train-mode head outputs; CUDA-graph capturable.
 
     ``forward(outputs, targets, mask)``: ``outputs`` is ``PicodetNet``'s ``(cls_scores,
@@ -164,13 +164,6 @@ class PicodetLoss(nn.Module):
             return points, strides, torch.arange(self.reg_max + 1, dtype=dtype, device=device)
         return cached(self._grid_cache, key, build)
 
-    def forward(self, outputs, targets: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
-        """Loss for one batch; see the class docstring."""
-        cls_maps, box_maps = outputs
-        with torch.autocast(device_type=cls_maps[0].device.type, enabled=False):
-            return self._compute([c.float() for c in cls_maps], [d.float() for d in box_maps],
-                                 targets.float(), mask.bool())
-
     def _compute(self, cls_maps: list[Tensor], box_maps: list[Tensor], targets: Tensor,
                  mask: Tensor) -> tuple[Tensor, Tensor]:
         b, nc = cls_maps[0].shape[:2]
@@ -180,8 +173,6 @@ class PicodetLoss(nn.Module):
         if box_maps[0].shape[1] != 4 * r:
             raise ValueError(f"box maps have {box_maps[0].shape[1]} channels, expected 4*{r}")
         points, strides, bins = self.prepare([c.shape for c in cls_maps], cls_maps[0].device)
-        if targets.shape[1] == 0:   # shape-level (static) decision: keep one all-padding row
-            targets, mask = targets.new_zeros(b, 1, 5), mask.new_zeros(b, 1)
 
         logits = torch.cat([c.flatten(2) for c in cls_maps], 2).transpose(1, 2)          # (B, N, nc)
         dist_logits = torch.cat([d.reshape(b, 4, r, -1) for d in box_maps], 3).permute(0, 3, 1, 2)  # (B, N, 4, r)

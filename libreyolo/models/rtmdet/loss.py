@@ -38,8 +38,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ...ops.iou import bbox_overlaps
-from ..common.assign import (cached, class_cost, dynamic_k_matching, gather_classes, grid_key, points_in_boxes,
-                             prior_grid)
+from ..common.assign import (DenseMapsLoss, cached, class_cost, dynamic_k_matching, gather_classes, grid_key,
+                             points_in_boxes, prior_grid)
 from .nn import STRIDES
 
 IOU_EPS = 1e-6          # eps of mmdetection's BboxOverlaps2D / bbox_overlaps (IoU and GIoU)
@@ -114,7 +114,7 @@ class DynamicSoftLabelAssigner(nn.Module):
         return fg, target_labels, target_boxes, (matching * ious).sum(1) * fg.to(dtype)
 
 
-class RtmdetLoss(nn.Module):
+class RtmdetLoss(DenseMapsLoss):
     """The RTMDet loss on the train-mode head outputs; CUDA-graph capturable.
 
     ``forward(outputs, targets, mask)``: ``outputs`` is ``RtmdetNet``'s ``(cls_scores, bbox_preds)``
@@ -142,21 +142,12 @@ class RtmdetLoss(nn.Module):
         key = grid_key(maps_shapes, len(self.strides), device)
         return cached(self._grid_cache, key, lambda: prior_grid(key[0], self.strides, 0.0, True, *key[1:]))
 
-    def forward(self, outputs, targets: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
-        """Loss for one batch; see the class docstring."""
-        cls_maps, box_maps = outputs
-        with torch.autocast(device_type=cls_maps[0].device.type, enabled=False):
-            return self._compute([c.float() for c in cls_maps], [d.float() for d in box_maps],
-                                 targets.float(), mask.bool())
-
     def _compute(self, cls_maps: list[Tensor], box_maps: list[Tensor], targets: Tensor,
                  mask: Tensor) -> tuple[Tensor, Tensor]:
         b, nc = cls_maps[0].shape[:2]
         if nc != self.nc:
             raise ValueError(f"class maps have {nc} channels, expected {self.nc}")
         points, strides = self.prepare([c.shape for c in cls_maps], cls_maps[0].device)
-        if targets.shape[1] == 0:   # shape-level (static) decision: keep one all-padding row
-            targets, mask = targets.new_zeros(b, 1, 5), mask.new_zeros(b, 1)
 
         logits = torch.cat([c.flatten(2) for c in cls_maps], 2).transpose(1, 2)      # (B, N, nc)
         dist = torch.cat([d.flatten(2) for d in box_maps], 2).transpose(1, 2)        # (B, N, 4)
