@@ -46,7 +46,17 @@ GRAPH_MODELS = [
     ("rtdetr", "r18"),
     ("rtdetrv2", "r18"),
     ("ec", "s"),
+    ("dfine", "n"),
+    ("deim", "n"),
+    ("rtdetrv4", "s"),
+    ("deimv2", "atto"),
 ]
+
+# Families whose fixture fill is no probe weight set under fp16 autocast: it drives their HGNetv2
+# backbone below half precision's resolution, so two different probes give one fp16 output and
+# the parity protocol cannot conclude (session-3 run B: every replay still equalled eager). Their
+# parity test runs on verify's own seeded re-draw instead, as scripts/gpu_families.py does.
+PARITY_REDRAW = {"dfine", "deim", "rtdetrv4", "deimv2"}
 
 # (family, size) whose training step (fwd+bwd and whole step) must pass the GPU training parity tests.
 TRAIN_GRAPH_MODELS = [
@@ -61,6 +71,11 @@ TRAIN_GRAPH_MODELS = [
 SEAM_MODELS = [
     ("rtdetr", "r18"),
     ("dfine", "n"),
+    ("rtdetrv2", "r18"),
+    ("deim", "n"),
+    ("rtdetrv4", "s"),
+    ("deimv2", "atto"),
+    ("ec", "s"),
 ]
 
 # (family, size, training options) for the CPU smoke test: two tiny epochs on the built-in shapes

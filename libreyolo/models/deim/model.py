@@ -25,7 +25,10 @@ class Deim(Dfine):
     FAMILY = "deim"
     SIZES = tuple(DEIM_CONFIGS)
     FILE_PREFIX = "LibreDEIM"
-    SUPPORTS_CUDA_GRAPH = False
+    # Parity protocol passed on an H200 for size n (fp32 and fp16 autocast, batch 1 and 8, network and
+    # predict stage, both probes distinct under autocast): session-3 GPU run A, 2026-11-30,
+    # scripts/gpu_families.py (benchmarks/results/session3/runA-families-detr.json).
+    SUPPORTS_CUDA_GRAPH = True
     SIGNATURE_KEYS = ()
     CONFIGS = DEIM_CONFIGS
     #: "deim" (MAL + the D-FINE terms); "dfine" / "rtdetr" fall back to DetrModel's criteria

@@ -26,12 +26,10 @@ class Deimv2(DetrModel):
     SIZES = tuple(DEIMV2_CONFIGS)
     FILE_PREFIX = "LibreDEIMv2"
     INPUT_NORM = "none"   # the HGNetv2 sizes take RGB in [0, 1]
-    # Set by the lead only after the GPU parity protocol passes.
-    SUPPORTS_CUDA_GRAPH = False
-    # Not yet: GPU runs 6 and 7 of session 2 showed graph == eager bit for bit in fp32 and AMP,
-    # but verify's re-drawn probe weights left the HGNetv2 learnable-affine scales near zero, so
-    # under autocast both probes gave the same output and the protocol could not conclude. That
-    # re-draw is fixed (CPU-checked); the next GPU run of scripts/gpu_families.py decides.
+    # Parity protocol passed on an H200 for size atto (fp32 and fp16 autocast, batch 1 and 8, network and
+    # predict stage, both probes distinct under autocast): session-3 GPU run A, 2026-11-30,
+    # scripts/gpu_families.py (benchmarks/results/session3/runA-families-detr.json).
+    SUPPORTS_CUDA_GRAPH = True
     #: the SwiGLU feed-forward and RMSNorm of the decoder layers exist in no other family
     SIGNATURE_KEYS = ("decoder.decoder.layers.0.swish_ffn.w12.weight", "decoder.decoder.layers.0.norm1.scale",
                       "decoder.pre_bbox_head.layers.0.weight")

@@ -88,6 +88,12 @@ class DetrModel(Model):
                                                 "clip_grad": 0.1}
     DEFAULT_IMGSZ: ClassVar[int] = 640
     STRIDE: ClassVar[int] = 32
+    # Training captures backbone + encoder forward and backward (the seam, :meth:`train_seam`); the
+    # decoder, matcher and loss run eager. Proven for every DETR family on an H200 (tests/gpu,
+    # SEAM_MODELS: rtdetr-r18, rtdetrv2-r18, dfine-n, deim-n, rtdetrv4-s, deimv2-atto, ec-s): step-0 loss
+    # and BatchNorm buffers bitwise equal to eager, two accumulated micro-batches' gradients within
+    # eager's run-to-run noise, the trainer replays it. Session-3 runs A (rtdetr, dfine) and B (all).
+    SUPPORTS_CUDA_GRAPH_TRAIN_SEAM: ClassVar[bool] = True
 
     def split_outputs(self, out: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """The network's eval output -> (pred_logits (B, Q, nc), pred_boxes (B, Q, 4) cxcywh)."""

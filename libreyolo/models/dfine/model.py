@@ -26,12 +26,10 @@ class Dfine(DetrModel):
     SIZES = tuple(DFINE_CONFIGS)
     FILE_PREFIX = "LibreDFINE"
     INPUT_NORM = "none"
-    # Set by the lead only after the GPU parity protocol passes.
-    SUPPORTS_CUDA_GRAPH = False
-    # Not yet: GPU runs 6 and 7 of session 2 showed graph == eager bit for bit in fp32 and AMP,
-    # but verify's re-drawn probe weights left the HGNetv2 learnable-affine scales near zero, so
-    # under autocast both probes gave the same output and the protocol could not conclude. That
-    # re-draw is fixed (CPU-checked); the next GPU run of scripts/gpu_families.py decides.
+    # Parity protocol passed on an H200 for size n (fp32 and fp16 autocast, batch 1 and 8, network and
+    # predict stage, both probes distinct under autocast): session-3 GPU run A, 2026-11-30,
+    # scripts/gpu_families.py (benchmarks/results/session3/runA-families-detr.json).
+    SUPPORTS_CUDA_GRAPH = True
     SIGNATURE_KEYS = DFINE_LINE_KEYS
     NC_KEY = "decoder.dec_score_head.0.weight"
     CONFIGS = DFINE_CONFIGS
