@@ -110,6 +110,8 @@ def bench_model(model, *, imgsz: int = 640, batch: int = 1, runs: int = 200, war
         "image_hw": list(image.shape[:2]), "detections_per_image": dets,
         "device": device_name(dev), "torch": torch.__version__,
         "cuda": torch.version.cuda, "date": _dt.date.today().isoformat(), "runs": runs, "warmup": warmup,
+        # float32 convolutions run as TF32 on Ampere and later unless disabled (PyTorch's default: on)
+        "tf32": {"cudnn": bool(torch.backends.cudnn.allow_tf32), "matmul": bool(torch.backends.cuda.matmul.allow_tf32)},
         "arms": arms,
     }
     fe, fg = arms["forward_eager"]["median_ms"], arms.get("forward_graph", {}).get("median_ms")

@@ -1,0 +1,144 @@
+"""Where the GPU time of one graphed predict goes, piece by piece (GPU only).
+
+    PYTHONPATH=. python3 scripts/profile_stages.py yolox:n rtdetr:r18 --out stages.json
+
+For each family:size (untrained, seeded, batch 1, the 1280x720 sample, fp32): every piece
+of the predict stage is captured in its own CUDA graph and its replay timed with CUDA
+events (median of 200), so the figures are device time without Python or launch gaps:
+letterbox, network, top-k candidates, NMS bits, greedy walk, final selection, and the
+whole stage; plus the host side: staging into pinned memory and the upload. With
+``--kernels`` a torch.profiler table of the eager network's kernels is written next to
+the JSON (kernel count and the heaviest kernels).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import numpy as np
+import torch
+
+from libreyolo import SAMPLE_IMAGE, LibreYOLO
+from libreyolo.data.sources import load_sources
+from libreyolo.ops import nms_graph
+from libreyolo.ops.letterbox import letterbox
+from libreyolo.ops.nms import top_candidates
+
+
+def graph_ms(fn, *args, n: int = 200) -> float:
+    """Median device time of one replay of ``fn(*args)`` captured alone."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn(*args)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn(*args)
+    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
+    for _ in range(10):
+        g.replay()
+    for a, b in ev:
+        a.record()
+        g.replay()
+        b.record()
+    torch.cuda.synchronize()
+    return round(statistics.median(a.elapsed_time(b) for a, b in ev), 4)
+
+
+def host_ms(fn, n: int = 200) -> float:
+    for _ in range(10):
+        fn()
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(n):
+        t = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        out.append((time.perf_counter() - t) * 1e3)
+    return round(statistics.median(out), 4)
+
+
+def profile(spec: str, kernels: bool, out_prefix: str) -> dict:
+    fam, size = spec.split(":")
+    m = LibreYOLO.new(fam, size, device="cuda", seed=0)
+    img = load_sources(SAMPLE_IMAGE)[0].image
+    p = m._get_predictor()
+    thr = p._thresholds(0.25, 0.45)
+    u8 = p._upload(img).unsqueeze(0)
+    res: dict = {"spec": spec, "image": list(img.shape)}
+    with torch.no_grad():
+        x = letterbox(u8, 640, m.RESIZE)
+        raw = m.infer(x)
+        cand = top_candidates(*raw, 1000)
+        res["letterbox_ms"] = graph_ms(letterbox, u8, 640, m.RESIZE)
+        res["network_ms"] = graph_ms(m.infer, x)
+        res["topk_ms"] = graph_ms(top_candidates, *raw, 1000)
+        boxes, scores, cls = cand
+        res["candidates_above_conf"] = int((scores > 0.25).sum())
+        if m.NMS:
+            b32, c32 = boxes.float().contiguous(), cls.to(torch.int32).contiguous()
+            count = (scores.float() > thr[0]).sum(1, dtype=torch.int32)
+            res["nms_keep_ms"] = graph_ms(nms_graph.greedy_keep, b32, c32, count, thr)
+            res["kept"] = int(nms_graph.greedy_keep(b32, c32, count, thr).sum())
+        res["select_ms"] = graph_ms(lambda c, t: nms_graph.select_detections(*c, t, 300, nms=m.NMS), cand, thr)
+        post = p._post(300, False, None)
+        stage = p._stage_fns(640, 1000, post)[1]
+        res["whole_stage_ms"] = graph_ms(stage, u8, thr)
+        res["forward_stage_sum_ms"] = round(res["letterbox_ms"] + res["network_ms"] + res["topk_ms"]
+                                            + res["select_ms"], 4)
+    arr = np.ascontiguousarray(img)
+    pinned = torch.empty(arr.shape, dtype=torch.uint8, pin_memory=True)
+    src = torch.from_numpy(arr)
+    res["stage_np_copyto_ms"] = host_ms(lambda: np.copyto(pinned.numpy(), arr))
+    res["stage_torch_copy_ms"] = host_ms(lambda: pinned.copy_(src))
+    res["h2d_ms"] = host_ms(lambda: pinned.to("cuda", non_blocking=True))
+    res["h2d_pageable_ms"] = host_ms(lambda: src.to("cuda", non_blocking=True))
+    res["upload_ms"] = host_ms(lambda: p._upload(img))
+    try:  # families not yet flagged for graphs refuse cuda_graph=True
+        res["predict_graph_ms"] = host_ms(lambda: m(img, cuda_graph=True), n=150)
+    except NotImplementedError as exc:
+        res["predict_graph_ms"] = str(exc)
+    res["torch_threads"] = torch.get_num_threads()
+    if kernels:
+        from torch.profiler import ProfilerActivity
+        from torch.profiler import profile as tprof
+        with torch.no_grad(), tprof(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(10):
+                stage(u8, thr)
+            torch.cuda.synchronize()
+        try:
+            table = prof.key_averages().table(sort_by="self_device_time_total", row_limit=40)
+        except Exception:  # older name
+            table = prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=40)
+        with open(f"{out_prefix}-{fam}{size}-kernels.txt", "w") as f:
+            f.write(table)
+    print(json.dumps(res), flush=True)
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("specs", nargs="+")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--kernels", action="store_true")
+    a = ap.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    report = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
+              "date": time.strftime("%Y-%m-%d"), "models": []}
+    for spec in a.specs:
+        try:
+            report["models"].append(profile(spec, a.kernels, a.out.rsplit(".", 1)[0]))
+        except Exception as exc:  # one model's failure must not hide the others
+            report["models"].append({"spec": spec, "error": f"{type(exc).__name__}: {exc}"})
+            print(spec, "ERROR", exc, flush=True)
+        with open(a.out, "w") as f:
+            json.dump(report, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
