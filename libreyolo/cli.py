@@ -164,8 +164,10 @@ def cmd_info(opts: dict) -> int:
     for col in ("family", "sizes", "task", "checkpoint names", "predict graph", "train graph"):
         t.add_column(col)
     for m in models:
+        train = ("whole step" if m["cuda_graph_train"] else
+                 "backbone+encoder" if m["cuda_graph_train_seam"] else "no (eager)")
         t.add_row(m["family"], ", ".join(m["sizes"]), m["task"], f"{m['file_prefix']}<size>.pt",
-                  "yes" if m["cuda_graph"] else "no (eager)", "yes" if m["cuda_graph_train"] else "no (eager)")
+                  "yes" if m["cuda_graph"] else "no (eager)", train)
     console.print(t)
     e = Table(title="environment", show_header=False)
     for k, v in env.items():

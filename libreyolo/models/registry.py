@@ -83,7 +83,12 @@ def family_for_checkpoint(ckpt: dict, filename: str | None) -> tuple[type[Model]
 
 
 def list_models() -> list[dict]:
-    """Every family and size with its task and graph support."""
+    """Every family and size with its task and graph support.
+
+    ``cuda_graph_train``: the whole training step (or forward+backward) is captured;
+    ``cuda_graph_train_seam``: a fixed-shape front part is (DETRs: backbone + encoder forward and
+    backward, the rest eager)."""
     return [{"family": f, "sizes": list(c.SIZES), "task": c.TASK, "file_prefix": c.FILE_PREFIX,
-             "cuda_graph": c.SUPPORTS_CUDA_GRAPH, "cuda_graph_train": c.SUPPORTS_CUDA_GRAPH_TRAIN}
+             "cuda_graph": c.SUPPORTS_CUDA_GRAPH, "cuda_graph_train": c.SUPPORTS_CUDA_GRAPH_TRAIN,
+             "cuda_graph_train_seam": c.SUPPORTS_CUDA_GRAPH_TRAIN_SEAM and not c.SUPPORTS_CUDA_GRAPH_TRAIN}
             for f, c in FAMILIES.items()]

@@ -33,6 +33,10 @@ def test_registry_rows_are_complete():
     assert set(FAMILIES) >= {"yolo9"}
     for row in list_models():
         assert row["sizes"] and row["task"] and row["file_prefix"]
+        # a family's training capture is either the step or, failing that, a front seam: never both
+        assert not (row["cuda_graph_train"] and row["cuda_graph_train_seam"]), row
+    seam = {r["family"] for r in list_models() if r["cuda_graph_train_seam"]}
+    assert seam == {"rtdetr", "rtdetrv2", "rtdetrv4", "dfine", "deim", "deimv2", "ec"}, seam
     assert parse_spec("LibreYOLO9t.pt")[1] == "t" and parse_spec("yolo9-s")[1] == "s"
     assert parse_spec("resnet50.pt") is None
     with pytest.raises(ValueError, match="unknown model family"):
