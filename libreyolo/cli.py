@@ -234,18 +234,25 @@ BENCH = {
     "warmup": Opt(int, 30, "untimed warm-up runs per arm"),
     "device": Opt(str, "auto", "auto, cpu, cuda"),
     "fuse": Opt(_bool, False, "fold BatchNorm / re-parameterize first (every arm runs the fused network)"),
+    "tf32": Opt(_bool, None, "allow TF32 in float32 convolutions and matmuls (default: PyTorch's settings, "
+                             "convolutions on, matmuls off); false = strict fp32"),
     "json": Opt(str, None, "where to write the JSON result (default runs/bench/<model>-<imgsz>-b<batch>.json)"),
 }
 
 
 def cmd_bench(opts: dict) -> int:
+    import torch
+
     from .benchmark import bench_model, write_json
     model = _load(opts)
     if opts["fuse"]:
         model.fuse()
+    if opts["tf32"] is not None:  # for this process only: the bench is its own process
+        torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = bool(opts["tf32"])
     res = bench_model(model, imgsz=opts["imgsz"], batch=opts["batch"], runs=opts["runs"], warmup=opts["warmup"])
     t = Table(title=f"{res['model']} imgsz={res['imgsz']} batch={res['batch']} on {res['device']} "
-                    f"(torch {res['torch']}, {res['date']})")
+                    f"(torch {res['torch']}, {res['date']}, TF32 conv {res['tf32']['cudnn']} / matmul "
+                    f"{res['tf32']['matmul']})")
     for col in ("arm", "median ms", "p90 ms", "runs"):
         t.add_column(col)
     for arm in ("forward_eager", "forward_graph", "predict_eager", "predict_graph"):

@@ -18,3 +18,21 @@ def test_input_sensitive_copy_of_untrained_model_is_independent():
     trained = LibreYOLO.new("yolo9", "t", device="cpu")
     trained.trained = True
     assert input_sensitive(trained) is trained
+
+
+def test_bench_cli_on_cpu_records_its_settings(tmp_path, monkeypatch):
+    """`libreyolo bench` runs its eager arms on the CPU, skips the graph arms, and the JSON names
+    the device, torch version, date and the TF32 settings it ran under."""
+    import json
+
+    from libreyolo.cli import main
+
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    out = tmp_path / "b.json"
+    assert main(["bench", "model=yoloxn", "imgsz=64", "runs=2", "warmup=1", "device=cpu", "tf32=false",
+                 f"json={out}"]) == 0
+    res = json.loads(out.read_text())
+    assert res["tf32"] == {"cudnn": False, "matmul": False}
+    assert res["model"] == "yolox-n" and res["torch"] == torch.__version__ and res["date"]
+    assert {"forward_eager", "predict_eager"} <= set(res["arms"]) and "forward_graph" not in res["arms"]
