@@ -9,8 +9,8 @@ Post-processing is one batched NMS for the whole batch and one copy to the host.
 from __future__ import annotations
 
 import logging
-import warnings
 import time
+import warnings
 from collections import Counter
 from pathlib import Path
 from typing import Any

@@ -59,7 +59,6 @@ def prime_optimizer_state(opt: torch.optim.Optimizer) -> None:
                 st["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
 
 
-
 def training_state(params, optimizer: torch.optim.Optimizer, *extra) -> list[torch.Tensor]:
     """Every tensor a captured whole step writes: weights, their grads, the optimizer's state
     tensors, then ``extra`` (buffers, EMA tensors). A runner's ``state`` callable returns this;
