@@ -294,7 +294,9 @@ TRAIN = {
     "lr0": Opt(float, None, "initial learning rate (default: the family's, else 0.01 SGD, 0.001 AdamW)"),
     "cos_lr": Opt(_bool, False, "cosine instead of linear decay"),
     "amp": Opt(_bool, True, "float16 autocast on CUDA"),
-    "close_mosaic": Opt(int, 10, "epochs at the end trained without mosaic"),
+    "close_mosaic": Opt(int, None, "epochs at the end trained without mosaic and MixUp (default: the family's, "
+                                   "else 10)"),
+    "mixup": Opt(float, None, "probability of MixUp (default: the family's, else 0)"),
     "project": Opt(str, "runs/train", "where runs are written"),
     "name": Opt(str, "exp", "run name"),
     "exist_ok": Opt(_bool, False, "reuse the run folder"),

@@ -12,6 +12,10 @@
   S x S output in a single resampling; then HSV-style colour jitter (one 3x3 colour matrix) and
   a horizontal flip. Boxes follow every step, are clipped to the image and dropped when they keep
   less than 20% of their area or become narrower than 2 pixels.
+* with probability ``mixup`` (off by default) a second augmented sample is blended in (ratio
+  uniform in [0.45, 0.55]) and both label sets are kept: detection MixUp as YOLOX, YOLOv5 and
+  the DEIM line train with (YOLOX blends exactly 0.5, YOLOv5 draws Beta(32, 32); all near one
+  half). :meth:`close_mosaic` turns it off together with mosaic, as those recipes do.
 * ``dense_mosaic=True`` (off by default) makes each mosaic DEIM's "Dense O2O" stitch: the four
   tiles meet at the canvas centre and the whole 2S canvas is shrunk to S (the affine's zoom is
   halved for mosaic samples), so an image carries the targets of all four at about half size and
@@ -70,12 +74,13 @@ class DetectionDataset(Dataset):
         hsv_s: float = 0.7,
         hsv_v: float = 0.4,
         dense_mosaic: bool = False,
+        mixup: float = 0.0,
     ) -> None:
         if imgsz < 1:
             raise ValueError(f"imgsz must be positive, got {imgsz}")
         if not 0.0 <= scale < 1.0:
             raise ValueError(f"scale must be in [0, 1) (zoom range 1 +- scale), got {scale}")
-        for name, v in (("mosaic", mosaic), ("fliplr", fliplr)):
+        for name, v in (("mosaic", mosaic), ("fliplr", fliplr), ("mixup", mixup)):
             if not 0.0 <= v <= 1.0:
                 raise ValueError(f"{name} is a probability in [0, 1], got {v}")
         for name, v in (("degrees", degrees), ("translate", translate), ("hsv_h", hsv_h),
@@ -86,6 +91,7 @@ class DetectionDataset(Dataset):
         self.imgsz = int(imgsz)
         self.augment = bool(augment)
         self._mosaic = torch.tensor([float(mosaic)], dtype=torch.float64).share_memory_()
+        self._mixup = torch.tensor([float(mixup)], dtype=torch.float64).share_memory_()
         self.degrees = float(degrees)
         self.translate = float(translate)
         self.scale = float(scale)
@@ -102,9 +108,15 @@ class DetectionDataset(Dataset):
         """Probability of a 4-image mosaic (only with ``augment=True``)."""
         return float(self._mosaic[0])
 
+    @property
+    def mixup(self) -> float:
+        """Probability of blending in a second augmented sample (only with ``augment=True``)."""
+        return float(self._mixup[0])
+
     def close_mosaic(self) -> None:
-        """Turn mosaic off, for the final epochs (also in running DataLoader workers)."""
+        """Turn mosaic and MixUp off, for the final epochs (also in running DataLoader workers)."""
         self._mosaic.fill_(0.0)
+        self._mixup.fill_(0.0)
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -114,6 +126,16 @@ class DetectionDataset(Dataset):
         if not self.augment:
             image, _, _, targets = self.load_letterboxed(index)
             return image, targets
+        image, targets = self._augmented(index)
+        if self.mixup > 0 and float(torch.rand(())) < self.mixup:
+            other, more = self._augmented(int(torch.randint(len(self.samples), ())))
+            r = 0.45 + 0.1 * float(torch.rand(()))
+            image = (image.float() * r + other.float() * (1.0 - r)).round_().clamp_(0, 255).to(torch.uint8)
+            targets = torch.cat((targets, more))
+        return image.contiguous(), targets
+
+    def _augmented(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sample ``index`` through mosaic (maybe), the random affine, colour jitter and flip."""
         s = self.imgsz
         if float(torch.rand(())) < self.mosaic:
             canvas, targets, ref_area = self._load_mosaic(index)
@@ -136,7 +158,7 @@ class DetectionDataset(Dataset):
                 x1 = s - targets[:, 3]
                 targets[:, 3] = s - targets[:, 1]
                 targets[:, 1] = x1
-        return image.contiguous(), targets
+        return image, targets
 
     def load_letterboxed(self, index: int) -> tuple[torch.Tensor, int, int, torch.Tensor]:
         """Image ``index`` letterboxed like predict: (uint8 (3, S, S), new_h, new_w, targets px).

@@ -1,7 +1,7 @@
 """Task-generic training loop; the family supplies the network and the loss.
 
 Features: YOLO/COCO datasets or the built-in ``shapes`` set, mosaic/affine/flip/HSV
-augmentation (closed for the last ``close_mosaic`` epochs), DataLoader with workers and
+augmentation (mosaic and MixUp closed for the last ``close_mosaic`` epochs), DataLoader with workers and
 pinned memory, AMP on CUDA, SGD or AdamW with parameter groups (no decay on norms and
 biases), warm-up then linear or cosine decay, gradient accumulation to a nominal batch,
 an exponential moving average of the weights, validation (mAP50, mAP50-95) every epoch,
@@ -58,6 +58,7 @@ class TrainConfig:
     close_mosaic: int = 10
     mosaic: float = 1.0
     dense_mosaic: bool = False      # DEIM's Dense O2O: mosaic tiles shrunk so each image holds all four
+    mixup: float = 0.0              # probability of blending two augmented samples (closed with mosaic)
     degrees: float = 0.0
     translate: float = 0.1
     scale: float = 0.5
@@ -186,7 +187,7 @@ class Trainer:
         cfg = self.cfg
         hyp = dict(mosaic=cfg.mosaic, degrees=cfg.degrees, translate=cfg.translate, scale=cfg.scale,
                    fliplr=cfg.fliplr, hsv_h=cfg.hsv_h, hsv_s=cfg.hsv_s, hsv_v=cfg.hsv_v,
-                   dense_mosaic=cfg.dense_mosaic)
+                   dense_mosaic=cfg.dense_mosaic, mixup=cfg.mixup)
         self.train_set = DetectionDataset(data.train, cfg.imgsz, augment=True, **hyp)
         self.val_set = DetectionDataset(data.val, cfg.imgsz, augment=False)
         collate = functools.partial(collate_detections, bucket=cfg.bucket)  # picklable under spawn

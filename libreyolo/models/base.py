@@ -307,6 +307,10 @@ class Model:
             self._predictor = Predictor(self)
         return self._predictor
 
+    def train_defaults(self) -> dict[str, Any]:
+        """This family's (and size's) recipe options, applied under whatever the caller passes."""
+        return dict(self.TRAIN_DEFAULTS)
+
     def train(self, **kwargs) -> dict:
         """Train on ``data`` (a dataset YAML, or "shapes" for the built-in set).
 
@@ -316,7 +320,7 @@ class Model:
         """
         from ..engine.trainer import TrainConfig, Trainer
         given = {k: v for k, v in kwargs.items() if v is not None}   # None: "not given", the family decides
-        cfg = TrainConfig.from_kwargs(**{**self.TRAIN_DEFAULTS, **given})
+        cfg = TrainConfig.from_kwargs(**{**self.train_defaults(), **given})
         return Trainer(self, cfg).train()
 
     def val(self, data: str = "shapes", *, imgsz: int | None = None, batch: int = 16, conf: float = 0.001,

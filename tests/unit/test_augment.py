@@ -236,6 +236,34 @@ def test_close_mosaic(shapes, monkeypatch):
         check_targets(ds[i][1], 64)
 
 
+def test_mixup_blends_two_samples_and_keeps_both_label_sets(tmp_path):
+    """mixup=1 with nothing else on: the image is r*A + (1-r)*B (r in [0.45, 0.55]) of two letterboxed
+    samples, and its targets are A's followed by B's."""
+    samples = [rect_sample(tmp_path / "a.png", 64, 64, (4, 4, 30, 30), cls=0),
+               rect_sample(tmp_path / "b.png", 64, 64, (34, 20, 60, 50), cls=2)]
+    plain = DetectionDataset(samples, 64, augment=True, **NO_AUG)
+    ref = [plain[i] for i in range(2)]
+    ds = DetectionDataset(samples, 64, augment=True, **NO_AUG, mixup=1.0)
+    torch.manual_seed(0)
+    seen = set()
+    for _ in range(12):
+        image, targets = ds[0]
+        j = 0 if len(targets) == 2 and targets[1, 0] == 0 else 1
+        seen.add(j)
+        assert torch.equal(targets, torch.cat((ref[0][1], ref[j][1])))
+        a, b = ref[0][0].double(), ref[j][0].double()
+        if j == 0:
+            assert torch.equal(image, ref[0][0])
+            continue
+        d = (a - b).flatten()
+        r = float(((image.double().flatten() - b.flatten()) * d).sum() / (d * d).sum())
+        assert 0.45 - 0.01 <= r <= 0.55 + 0.01, r
+        assert (image.double() - (r * a + (1 - r) * b)).abs().max() <= 1.0
+    assert seen == {0, 1}
+    ds.close_mosaic()
+    assert ds.mixup == 0.0 and torch.equal(ds[0][1], ref[0][1])
+
+
 def test_picklable(shapes):
     ds = DetectionDataset(shapes.train, 64, augment=True, degrees=5.0)
     copy = pickle.loads(pickle.dumps(ds))
@@ -247,6 +275,8 @@ def test_argument_checks(shapes):
         DetectionDataset(shapes.train, 64, augment=True, scale=1.0)
     with pytest.raises(ValueError, match="mosaic"):
         DetectionDataset(shapes.train, 64, augment=True, mosaic=1.5)
+    with pytest.raises(ValueError, match="mixup"):
+        DetectionDataset(shapes.train, 64, augment=True, mixup=-0.1)
 
 
 # ---- collate and DataLoader -------------------------------------------------------------------------

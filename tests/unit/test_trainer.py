@@ -127,14 +127,16 @@ def test_val_and_bad_options(tmp_path, shapes):
         model.train(data=shapes, epochz=3)
 
 
-def test_dense_mosaic_option_reaches_the_training_set(shapes96):
+def test_dense_mosaic_and_mixup_options_reach_the_training_set(shapes96):
     from libreyolo.data.datasets import resolve_data
     from libreyolo.engine.trainer import TrainConfig, Trainer
     model = LibreYOLO.new("yolo9", "t", nc=5, device="cpu", seed=0)
     for on in (False, True):
-        t = Trainer(model, TrainConfig(data=shapes96, imgsz=64, batch=8, workers=0, dense_mosaic=on))
+        t = Trainer(model, TrainConfig(data=shapes96, imgsz=64, batch=8, workers=0, dense_mosaic=on,
+                                       mixup=0.5 if on else 0.0))
         t._loaders(resolve_data(shapes96))
         assert t.train_set.dense_mosaic is on and t.val_set.dense_mosaic is False
+        assert t.train_set.mixup == (0.5 if on else 0.0) and t.val_set.mixup == 0.0
 
 
 def test_family_training_defaults_apply_under_what_the_caller_passes(monkeypatch):
@@ -151,3 +153,8 @@ def test_family_training_defaults_apply_under_what_the_caller_passes(monkeypatch
     yolox = LibreYOLO.new("yolox", "n", nc=3, device="cpu", seed=0)
     assert yolox.train(data="shapes", epochs=1).close_mosaic == 15   # with the L1 switch (its loss)
     assert yolox.train(data="shapes", epochs=1, close_mosaic=3).close_mosaic == 3
+    # MixUp: YOLOX-s and larger train with it, nano/tiny and the other families do not
+    assert yolox.train(data="shapes", epochs=1).mixup == 0.0 and cfg.mixup == 0.0
+    yolox_s = LibreYOLO.new("yolox", "s", nc=3, device="cpu", seed=0)
+    assert yolox_s.train(data="shapes", epochs=1).mixup == 1.0
+    assert yolox_s.train(data="shapes", epochs=1, mixup=0.25).mixup == 0.25

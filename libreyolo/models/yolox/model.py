@@ -40,6 +40,11 @@ class Yolox(Model):
     #: on_epoch at the same epoch, so the training graphs are released and recaptured once)
     TRAIN_DEFAULTS = {"close_mosaic": 15}
 
+    def train_defaults(self) -> dict:
+        """YOLOX-s and larger also train with MixUp (probability 1, off with mosaic at the end);
+        nano and tiny do not, as in the original experiment files."""
+        return {**self.TRAIN_DEFAULTS, "mixup": 0.0 if self.size in ("n", "t") else 1.0}
+
     def build_loss(self) -> nn.Module:
         """YOLOX's SimOTA loss; its L1 term comes on for the last 15 epochs (``on_epoch``)."""
         from .loss import YoloxLoss
