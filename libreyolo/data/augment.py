@@ -3,9 +3,10 @@
 :class:`DetectionDataset` turns a list of :class:`~libreyolo.data.datasets.Sample` into
 ``(image uint8 (3, S, S) RGB, targets float32 (n, 5) [cls, x1, y1, x2, y2] in pixels)``.
 
-* ``augment=False`` letterboxes exactly like predict (:func:`libreyolo.ops.letterbox.letterbox`:
-  scaled to fit, top-left, grey 114, bilinear), so validation boxes and predictions live in the
-  same coordinates.
+* ``augment=False`` letterboxes exactly like predict (:func:`libreyolo.ops.letterbox.letterbox`
+  with the family's ``resize`` mode: "topleft" - scaled to fit, top-left, grey 114, bilinear -,
+  "center", or "stretch" to the square as the DETRs and PicoDet do), so validation boxes and
+  predictions live in the same coordinates and the network sees what predict feeds it.
 * ``augment=True``: with probability ``mosaic`` four images (this one and three random ones) are
   tiled around a random centre of a 2S x 2S canvas; then one random affine (rotation within
   ``degrees``, scale in ``1 +- scale``, translation up to ``translate * S``) maps the canvas to the
@@ -39,6 +40,7 @@ import torch.nn.functional as F
 import torchvision.transforms.v2.functional as TF
 from torch.utils.data import Dataset
 
+from ..ops.letterbox import MODES as LETTERBOX_MODES
 from ..ops.letterbox import PAD_VALUE, letterbox, letterbox_params
 from .datasets import Sample
 from .sources import _decode_file
@@ -75,9 +77,12 @@ class DetectionDataset(Dataset):
         hsv_v: float = 0.4,
         dense_mosaic: bool = False,
         mixup: float = 0.0,
+        resize: str = "topleft",
     ) -> None:
         if imgsz < 1:
             raise ValueError(f"imgsz must be positive, got {imgsz}")
+        if resize not in LETTERBOX_MODES:
+            raise ValueError(f"resize must be one of {LETTERBOX_MODES}, got {resize!r}")
         if not 0.0 <= scale < 1.0:
             raise ValueError(f"scale must be in [0, 1) (zoom range 1 +- scale), got {scale}")
         for name, v in (("mosaic", mosaic), ("fliplr", fliplr), ("mixup", mixup)):
@@ -100,6 +105,7 @@ class DetectionDataset(Dataset):
         self.hsv_s = float(hsv_s)
         self.hsv_v = float(hsv_v)
         self.dense_mosaic = bool(dense_mosaic)
+        self.resize = resize
 
     # ---- public ---------------------------------------------------------------------------------
 
@@ -163,19 +169,20 @@ class DetectionDataset(Dataset):
     def load_letterboxed(self, index: int) -> tuple[torch.Tensor, int, int, torch.Tensor]:
         """Image ``index`` letterboxed like predict: (uint8 (3, S, S), new_h, new_w, targets px).
 
-        The image occupies ``[:new_h, :new_w]``; targets are scaled per axis by new/original size,
-        exactly as predict maps its boxes back.
+        The image occupies ``[:new_h, :new_w]`` ("topleft", "stretch": all of it) or that size
+        centred ("center"); targets are scaled per axis by new/original size and shifted by the
+        padding, exactly as predict maps its boxes back.
         """
         sample = self.samples[index]
         hwc = torch.from_numpy(_decode_file(sample.image))
         h, w = int(hwc.shape[0]), int(hwc.shape[1])
-        p = letterbox_params(h, w, self.imgsz)
+        p = letterbox_params(h, w, self.imgsz, self.resize)
         # letterbox() returns float in [0, 1]; back to the uint8 grid it interpolated on.
-        x = letterbox(hwc.unsqueeze(0), self.imgsz)[0]
+        x = letterbox(hwc.unsqueeze(0), self.imgsz, self.resize)[0]
         image = x.mul_(255.0).round_().clamp_(0, 255).to(torch.uint8)
         targets = torch.from_numpy(sample.labels).to(torch.float32).reshape(-1, 5).clone()
-        targets[:, 1::2] *= p.new_w
-        targets[:, 2::2] *= p.new_h
+        targets[:, 1::2] = targets[:, 1::2] * p.new_w + p.pad_x
+        targets[:, 2::2] = targets[:, 2::2] * p.new_h + p.pad_y
         return image, p.new_h, p.new_w, targets
 
     # ---- mosaic and affine ----------------------------------------------------------------------
@@ -197,6 +204,11 @@ class DetectionDataset(Dataset):
         all_targets, all_ref = [], []
         for k, i in enumerate([index, *others]):
             tile, nh, nw, targets = self.load_letterboxed(i)
+            if self.resize == "center":  # the tile is the image itself, without its padding
+                px, py = (s - nw) // 2, (s - nh) // 2
+                tile = tile[:, py:py + nh, px:px + nw]
+                targets[:, 1::2] -= px
+                targets[:, 2::2] -= py
             x0 = xc - nw if k in (0, 2) else xc  # top-left corner of the tile on the canvas
             y0 = yc - nh if k in (0, 1) else yc
             cx0, cy0 = max(x0, 0), max(y0, 0)

@@ -188,8 +188,9 @@ class Trainer:
         hyp = dict(mosaic=cfg.mosaic, degrees=cfg.degrees, translate=cfg.translate, scale=cfg.scale,
                    fliplr=cfg.fliplr, hsv_h=cfg.hsv_h, hsv_s=cfg.hsv_s, hsv_v=cfg.hsv_v,
                    dense_mosaic=cfg.dense_mosaic, mixup=cfg.mixup)
-        self.train_set = DetectionDataset(data.train, cfg.imgsz, augment=True, **hyp)
-        self.val_set = DetectionDataset(data.val, cfg.imgsz, augment=False)
+        resize = self.model.RESIZE   # as predict feeds the network: letterbox or stretch
+        self.train_set = DetectionDataset(data.train, cfg.imgsz, augment=True, resize=resize, **hyp)
+        self.val_set = DetectionDataset(data.val, cfg.imgsz, augment=False, resize=resize)
         collate = functools.partial(collate_detections, bucket=cfg.bucket)  # picklable under spawn
 
         # One generator, re-seeded at every epoch (seed + epoch): the shuffle order and the

@@ -71,8 +71,10 @@ def check_targets(t: torch.Tensor, size: int, nc: int = 5) -> None:
 # ---- without augmentation: the predict letterbox ---------------------------------------------------
 
 
-def test_letterbox_matches_predict(shapes):
-    ds = DetectionDataset(shapes.train, 96, augment=False)
+@pytest.mark.parametrize("mode", ["topleft", "center", "stretch"])
+def test_letterbox_matches_predict(shapes, mode):
+    """Validation images are what predict feeds the network, in the family's resize mode."""
+    ds = DetectionDataset(shapes.train, 96, augment=False, resize=mode)
     seen_non_square = False
     for i in range(len(ds)):
         image, targets = ds[i]
@@ -80,22 +82,35 @@ def test_letterbox_matches_predict(shapes):
         assert image.dtype == torch.uint8 and image.shape == (3, 96, 96)
         with Image.open(s.image) as im:
             raw = torch.from_numpy(np.asarray(im.convert("RGB")).copy())
-        ref = letterbox(raw.unsqueeze(0), 96)[0].mul(255).round().to(torch.uint8)
+        ref = letterbox(raw.unsqueeze(0), 96, mode)[0].mul(255).round().to(torch.uint8)
         assert torch.equal(image, ref)
-        p = letterbox_params(s.height, s.width, 96)
-        seen_non_square |= p.new_h != p.new_w
-        # predict maps boxes back by new/original size per axis; the targets use the same scales
+        p = letterbox_params(s.height, s.width, 96, mode)
+        seen_non_square |= s.height != s.width
+        # predict maps boxes back by new/original size per axis and the padding; so do the targets
         expected = torch.from_numpy(s.labels).clone()
-        expected[:, 1::2] *= p.new_w
-        expected[:, 2::2] *= p.new_h
+        expected[:, 1::2] = expected[:, 1::2] * p.new_w + p.pad_x
+        expected[:, 2::2] = expected[:, 2::2] * p.new_h + p.pad_y
         torch.testing.assert_close(targets, expected)
-        assert (image[:, p.new_h:, :] == 114).all() and (image[:, :, p.new_w:] == 114).all()
+        if mode == "topleft":
+            assert (image[:, p.new_h:, :] == 114).all() and (image[:, :, p.new_w:] == 114).all()
     assert seen_non_square
 
 
-def test_letterbox_box_encloses_the_object(tmp_path):
+@pytest.mark.parametrize("mode", ["topleft", "center", "stretch"])
+@pytest.mark.parametrize("augment", [False, True])
+def test_letterbox_box_encloses_the_object(tmp_path, mode, augment):
+    """In every resize mode, also through a (four-tile) mosaic, the target box is the red box."""
     s = rect_sample(tmp_path / "r.png", 200, 100, (30, 20, 90, 70))
-    image, targets = DetectionDataset([s], 64)[0]
+    ds = DetectionDataset([s], 64, augment=augment, resize=mode, **{**NO_AUG, "mosaic": 1.0 if augment else 0.0})
+    image, targets = ds[0]
+    if augment:   # four copies of the same image around the canvas: check the first box only
+        assert len(targets) >= 1
+        targets = targets[:1]
+        crop = image.clone()
+        x1, y1, x2, y2 = [int(round(v)) for v in targets[0, 1:].tolist()]
+        keep = torch.zeros_like(crop, dtype=torch.bool)
+        keep[:, max(0, y1 - 2):y2 + 2, max(0, x1 - 2):x2 + 2] = True
+        image = torch.where(keep, crop, torch.full_like(crop, 60))
     x1, y1, x2, y2 = red_extent(image)
     tx1, ty1, tx2, ty2 = targets[0, 1:].tolist()
     assert targets[0, 0] == 1

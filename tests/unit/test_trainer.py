@@ -137,6 +137,13 @@ def test_dense_mosaic_and_mixup_options_reach_the_training_set(shapes96):
         t._loaders(resolve_data(shapes96))
         assert t.train_set.dense_mosaic is on and t.val_set.dense_mosaic is False
         assert t.train_set.mixup == (0.5 if on else 0.0) and t.val_set.mixup == 0.0
+    # training and validation images are resized as the family's predict resizes them
+    for fam, size in (("yolo9", "t"), ("picodet", "s")):
+        m = LibreYOLO.new(fam, size, nc=5, device="cpu", seed=0)
+        t = Trainer(m, TrainConfig(data=shapes96, imgsz=64, batch=8, workers=0))
+        t._loaders(resolve_data(shapes96))
+        assert t.train_set.resize == t.val_set.resize == m.RESIZE
+    assert LibreYOLO.new("picodet", "s", device="cpu").RESIZE == "stretch"
 
 
 def test_family_training_defaults_apply_under_what_the_caller_passes(monkeypatch):
