@@ -297,6 +297,9 @@ TRAIN = {
     "close_mosaic": Opt(int, None, "epochs at the end trained without mosaic and MixUp (default: the family's, "
                                    "else 10)"),
     "mixup": Opt(float, None, "probability of MixUp (default: the family's, else 0)"),
+    "mosaic": Opt(float, None, "probability of mosaic (default: the family's, else 1; DETRs 0)"),
+    "augment_policy": Opt(str, None, "yolo (affine + HSV) or detr (photometric, zoom-out, IoU crop); "
+                                     "default: the family's"),
     "project": Opt(str, "runs/train", "where runs are written"),
     "name": Opt(str, "exp", "run name"),
     "exist_ok": Opt(_bool, False, "reuse the run folder"),

@@ -13,6 +13,12 @@
   S x S output in a single resampling; then HSV-style colour jitter (one 3x3 colour matrix) and
   a horizontal flip. Boxes follow every step, are clipped to the image and dropped when they keep
   less than 20% of their area or become narrower than 2 pixels.
+* ``policy="detr"``: a sample that is not a mosaic goes through the RT-DETR / D-FINE recipe
+  instead of the random affine and HSV jitter (torchvision.transforms.v2): photometric distortion
+  (p 0.5), zoom-out onto a black canvas (p 0.5, up to 4x), a random IoU crop (p 0.8), horizontal
+  flip, then the dataset's resize (predict's own). Boxes left under 1 pixel are dropped by
+  ``SanitizeBoundingBoxes``. :meth:`close_mosaic` leaves only the flip, as those recipes' final
+  epochs do.
 * with probability ``mixup`` (off by default) a second augmented sample is blended in (ratio
   uniform in [0.45, 0.55]) and both label sets are kept: detection MixUp as YOLOX, YOLOv5 and
   the DEIM line train with (YOLOX blends exactly 0.5, YOLOv5 draws Beta(32, 32); all near one
@@ -48,6 +54,8 @@ from .sources import _decode_file
 __all__ = ["DetectionDataset", "collate_detections", "max_targets_bucket",
            "MIN_BOX_SIDE", "MIN_AREA_KEPT"]
 
+#: ``policy``: "yolo" (mosaic, random affine, HSV, flip) or "detr" (see the module docstring)
+POLICIES = ("yolo", "detr")
 #: Boxes narrower or shorter than this many pixels after augmentation are dropped.
 MIN_BOX_SIDE = 2.0
 #: Boxes keeping less than this fraction of their (scaled) area after cropping are dropped.
@@ -78,11 +86,14 @@ class DetectionDataset(Dataset):
         dense_mosaic: bool = False,
         mixup: float = 0.0,
         resize: str = "topleft",
+        policy: str = "yolo",
     ) -> None:
         if imgsz < 1:
             raise ValueError(f"imgsz must be positive, got {imgsz}")
         if resize not in LETTERBOX_MODES:
             raise ValueError(f"resize must be one of {LETTERBOX_MODES}, got {resize!r}")
+        if policy not in POLICIES:
+            raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
         if not 0.0 <= scale < 1.0:
             raise ValueError(f"scale must be in [0, 1) (zoom range 1 +- scale), got {scale}")
         for name, v in (("mosaic", mosaic), ("fliplr", fliplr), ("mixup", mixup)):
@@ -106,6 +117,8 @@ class DetectionDataset(Dataset):
         self.hsv_v = float(hsv_v)
         self.dense_mosaic = bool(dense_mosaic)
         self.resize = resize
+        self.policy = policy
+        self._strong = torch.ones(1, dtype=torch.float64).share_memory_()  # the DETR recipe's zoom/crop/colour
 
     # ---- public ---------------------------------------------------------------------------------
 
@@ -120,9 +133,11 @@ class DetectionDataset(Dataset):
         return float(self._mixup[0])
 
     def close_mosaic(self) -> None:
-        """Turn mosaic and MixUp off, for the final epochs (also in running DataLoader workers)."""
+        """Turn mosaic, MixUp and the DETR recipe's zoom/crop/colour off, for the final epochs
+        (also in running DataLoader workers)."""
         self._mosaic.fill_(0.0)
         self._mixup.fill_(0.0)
+        self._strong.fill_(0.0)
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -141,12 +156,15 @@ class DetectionDataset(Dataset):
         return image.contiguous(), targets
 
     def _augmented(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Sample ``index`` through mosaic (maybe), the random affine, colour jitter and flip."""
+        """Sample ``index`` through mosaic (maybe), the random affine, colour jitter and flip
+        (or, not a mosaic under ``policy="detr"``, the DETR recipe)."""
         s = self.imgsz
         if float(torch.rand(())) < self.mosaic:
             canvas, targets, ref_area = self._load_mosaic(index)
             center = (float(s), float(s))
             dense = self.dense_mosaic
+        elif self.policy == "detr":
+            return self._detr_recipe(index)
         else:
             canvas, _, _, targets = self.load_letterboxed(index)
             ref_area = _areas(targets)
@@ -184,6 +202,38 @@ class DetectionDataset(Dataset):
         targets[:, 1::2] = targets[:, 1::2] * p.new_w + p.pad_x
         targets[:, 2::2] = targets[:, 2::2] * p.new_h + p.pad_y
         return image, p.new_h, p.new_w, targets
+
+    def _detr_recipe(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """RT-DETR / D-FINE training transforms on the decoded image, then predict's resize."""
+        from torchvision import tv_tensors
+        from torchvision.transforms import v2
+
+        sample = self.samples[index]
+        hwc = torch.from_numpy(_decode_file(sample.image))
+        h, w = int(hwc.shape[0]), int(hwc.shape[1])
+        labels = torch.from_numpy(sample.labels).to(torch.float32).reshape(-1, 5)
+        boxes = labels[:, 1:] * torch.tensor([w, h, w, h], dtype=torch.float32)
+        ops = []
+        if float(self._strong[0]) > 0:
+            ops += [v2.RandomPhotometricDistort(p=0.5), v2.RandomZoomOut(fill=0, p=0.5),
+                    v2.RandomApply([v2.RandomIoUCrop()], p=0.8), v2.SanitizeBoundingBoxes(min_size=1)]
+        if self.fliplr > 0:
+            ops.append(v2.RandomHorizontalFlip(p=self.fliplr))
+        out = v2.Compose(ops)({"image": tv_tensors.Image(hwc.permute(2, 0, 1).contiguous()),
+                               "boxes": tv_tensors.BoundingBoxes(boxes, format="XYXY", canvas_size=(h, w)),
+                               "labels": labels[:, 0]}) if ops else {"image": hwc.permute(2, 0, 1),
+                                                                    "boxes": boxes, "labels": labels[:, 0]}
+        img = out["image"].as_subclass(torch.Tensor)
+        h, w = int(img.shape[1]), int(img.shape[2])
+        p = letterbox_params(h, w, self.imgsz, self.resize)
+        x = letterbox(img.permute(1, 2, 0).unsqueeze(0).contiguous(), self.imgsz, self.resize)[0]
+        image = x.mul_(255.0).round_().clamp_(0, 255).to(torch.uint8)
+        b = out["boxes"].as_subclass(torch.Tensor).to(torch.float32).reshape(-1, 4)
+        b[:, 0::2] = (b[:, 0::2] * (p.new_w / w) + p.pad_x).clamp_(0, self.imgsz)
+        b[:, 1::2] = (b[:, 1::2] * (p.new_h / h) + p.pad_y).clamp_(0, self.imgsz)
+        targets = torch.cat((out["labels"].to(torch.float32).reshape(-1, 1), b), 1)
+        keep = ((targets[:, 3] - targets[:, 1]) >= MIN_BOX_SIDE) & ((targets[:, 4] - targets[:, 2]) >= MIN_BOX_SIDE)
+        return image, targets[keep]
 
     # ---- mosaic and affine ----------------------------------------------------------------------
 

@@ -59,6 +59,7 @@ class TrainConfig:
     mosaic: float = 1.0
     dense_mosaic: bool = False      # DEIM's Dense O2O: mosaic tiles shrunk so each image holds all four
     mixup: float = 0.0              # probability of blending two augmented samples (closed with mosaic)
+    augment_policy: str = "yolo"    # "yolo" (affine + HSV) or "detr" (photometric, zoom-out, IoU crop)
     degrees: float = 0.0
     translate: float = 0.1
     scale: float = 0.5
@@ -187,7 +188,7 @@ class Trainer:
         cfg = self.cfg
         hyp = dict(mosaic=cfg.mosaic, degrees=cfg.degrees, translate=cfg.translate, scale=cfg.scale,
                    fliplr=cfg.fliplr, hsv_h=cfg.hsv_h, hsv_s=cfg.hsv_s, hsv_v=cfg.hsv_v,
-                   dense_mosaic=cfg.dense_mosaic, mixup=cfg.mixup)
+                   dense_mosaic=cfg.dense_mosaic, mixup=cfg.mixup, policy=cfg.augment_policy)
         resize = self.model.RESIZE   # as predict feeds the network: letterbox or stretch
         self.train_set = DetectionDataset(data.train, cfg.imgsz, augment=True, resize=resize, **hyp)
         self.val_set = DetectionDataset(data.val, cfg.imgsz, augment=False, resize=resize)

@@ -279,6 +279,56 @@ def test_mixup_blends_two_samples_and_keeps_both_label_sets(tmp_path):
     assert ds.mixup == 0.0 and torch.equal(ds[0][1], ref[0][1])
 
 
+@pytest.mark.parametrize("mode", ["stretch", "topleft"])
+def test_detr_policy_items_are_valid_and_reproducible(shapes, mode):
+    ds = DetectionDataset(shapes.train, 96, augment=True, mosaic=0.0, policy="detr", resize=mode)
+    items = []
+    for seed in (0, 0):
+        torch.manual_seed(seed)
+        items.append([ds[i] for i in range(len(ds))])
+    total = 0
+    for (a, ta), (b, tb) in zip(*items):
+        assert a.dtype == torch.uint8 and a.shape == (3, 96, 96) and torch.equal(a, b) and torch.equal(ta, tb)
+        check_targets(ta, 96)
+        total += len(ta)
+    assert total > 0
+
+
+def test_detr_policy_boxes_follow_the_pixels(tmp_path):
+    """Zoom-out, IoU crop, flip and the stretch resize move the target with the object (a white box
+    on black: photometric distortion keeps it the brightest thing in the picture)."""
+    img = np.zeros((90, 160, 3), np.uint8)
+    img[20:60, 40:100] = 255
+    Image.fromarray(img).save(tmp_path / "w.png")
+    sample = Sample(tmp_path / "w.png", np.array([[3, 40 / 160, 20 / 90, 100 / 160, 60 / 90]], np.float32), 160, 90)
+    ds = DetectionDataset([sample], 64, augment=True, mosaic=0.0, policy="detr", resize="stretch")
+    torch.manual_seed(1)
+    checked = 0
+    for _ in range(30):
+        image, targets = ds[0]
+        if not len(targets):
+            continue
+        lum = image.float().mean(0)
+        ys, xs = torch.nonzero(lum > (lum.max() + lum.min()) / 2, as_tuple=True)
+        x1, y1, x2, y2 = targets[0, 1:].tolist()
+        assert targets[0, 0] == 3
+        assert abs(xs.min() - x1) <= 1.5 and abs(xs.max() + 1 - x2) <= 1.5, (xs.min(), xs.max(), x1, x2)
+        assert abs(ys.min() - y1) <= 1.5 and abs(ys.max() + 1 - y2) <= 1.5, (ys.min(), ys.max(), y1, y2)
+        checked += 1
+    assert checked >= 20
+
+
+def test_detr_policy_after_close_is_the_plain_resize(shapes):
+    ds = DetectionDataset(shapes.train, 96, augment=True, mosaic=0.0, policy="detr", resize="stretch", fliplr=0.0)
+    plain = DetectionDataset(shapes.train, 96, augment=False, resize="stretch")
+    ds.close_mosaic()
+    for i in range(4):
+        a, ta = ds[i]
+        b, tb = plain[i]
+        assert torch.equal(a, b)
+        torch.testing.assert_close(ta, tb)
+
+
 def test_picklable(shapes):
     ds = DetectionDataset(shapes.train, 64, augment=True, degrees=5.0)
     copy = pickle.loads(pickle.dumps(ds))
@@ -290,6 +340,8 @@ def test_argument_checks(shapes):
         DetectionDataset(shapes.train, 64, augment=True, scale=1.0)
     with pytest.raises(ValueError, match="mosaic"):
         DetectionDataset(shapes.train, 64, augment=True, mosaic=1.5)
+    with pytest.raises(ValueError, match="policy"):
+        DetectionDataset(shapes.train, 64, augment=True, policy="rtdetr")
     with pytest.raises(ValueError, match="mixup"):
         DetectionDataset(shapes.train, 64, augment=True, mixup=-0.1)
 

@@ -152,11 +152,13 @@ def test_family_training_defaults_apply_under_what_the_caller_passes(monkeypatch
     detr = LibreYOLO.new("rtdetr", "r18", nc=3, device="cpu", seed=0)
     cfg = detr.train(data="shapes", epochs=1)
     assert (cfg.optimizer, cfg.lr0, cfg.weight_decay, cfg.clip_grad) == ("AdamW", 1e-4, 1e-4, 0.1)
+    assert (cfg.augment_policy, cfg.mosaic) == ("detr", 0.0)
     cfg = detr.train(data="shapes", epochs=1, optimizer="SGD", lr0=None)   # None = not given
     assert (cfg.optimizer, cfg.lr0) == ("SGD", 1e-4)
     yolo = LibreYOLO.new("yolo9", "t", nc=3, device="cpu", seed=0)
     cfg = yolo.train(data="shapes", epochs=1, optimizer=None)
     assert (cfg.optimizer, cfg.lr0, cfg.clip_grad, cfg.close_mosaic) == ("SGD", None, 10.0, 10)
+    assert (cfg.augment_policy, cfg.mosaic) == ("yolo", 1.0)
     yolox = LibreYOLO.new("yolox", "n", nc=3, device="cpu", seed=0)
     assert yolox.train(data="shapes", epochs=1).close_mosaic == 15   # with the L1 switch (its loss)
     assert yolox.train(data="shapes", epochs=1, close_mosaic=3).close_mosaic == 3
@@ -165,3 +167,16 @@ def test_family_training_defaults_apply_under_what_the_caller_passes(monkeypatch
     yolox_s = LibreYOLO.new("yolox", "s", nc=3, device="cpu", seed=0)
     assert yolox_s.train(data="shapes", epochs=1).mixup == 1.0
     assert yolox_s.train(data="shapes", epochs=1, mixup=0.25).mixup == 0.25
+
+
+@pytest.mark.parametrize("family,size", [("deimv2", "atto"), ("dfine", "n")])
+def test_detr_family_trains_an_epoch_with_its_recipe(tmp_path, family, size):
+    """The DETR line through the shared trainer on the CPU: AdamW, the RT-DETR augmentations on
+    stretched images, Hungarian matching and the set losses; finite losses, a loadable checkpoint."""
+    data = make_shapes_dataset(tmp_path / "s", n_train=16, n_val=4, imgsz=96, seed=1)
+    model = LibreYOLO.new(family, size, nc=5, device="cpu", seed=0)
+    res = model.train(data=str(data), epochs=1, imgsz=64, batch=4, workers=0, project=str(tmp_path),
+                      warmup_epochs=0, verbose=False)
+    assert all(math.isfinite(v) and v >= 0 for v in res["losses"][-1]), res["losses"]
+    back = LibreYOLO(res["last"])
+    assert back.trained and back.FAMILY == family and back.nc == 5

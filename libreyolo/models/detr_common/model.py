@@ -83,9 +83,10 @@ class DetrModel(Model):
     INPUT_NORM: ClassVar[str] = "none"
     #: how many (query, class) pairs :meth:`infer` returns per image (at most Q * nc)
     NUM_TOP: ClassVar[int] = 300
-    #: the RT-DETR / D-FINE recipes: AdamW, lr 1e-4, weight decay 1e-4, gradients clipped at 0.1
+    #: the RT-DETR / D-FINE recipes: AdamW, lr 1e-4, weight decay 1e-4, gradients clipped at 0.1, their
+    #: augmentations (photometric distortion, zoom-out, IoU crop, flip; no mosaic) until close_mosaic
     TRAIN_DEFAULTS: ClassVar[dict[str, Any]] = {"optimizer": "AdamW", "lr0": 1e-4, "weight_decay": 1e-4,
-                                                "clip_grad": 0.1}
+                                                "clip_grad": 0.1, "augment_policy": "detr", "mosaic": 0.0}
     DEFAULT_IMGSZ: ClassVar[int] = 640
     STRIDE: ClassVar[int] = 32
     # Training captures backbone + encoder forward and backward (the seam, :meth:`train_seam`); the
