@@ -87,6 +87,7 @@ def ensure_grads(module: torch.nn.Module) -> None:
             if p.requires_grad and p.grad is None:
                 p.grad = torch.zeros_like(p)
 
+
 class TrainStepRunner:
     """Runs ``loss, items = step(images, targets, mask)`` eager or captured.
 
