@@ -88,8 +88,13 @@ def _need_model(opts: dict, command: str) -> None:
                          "name such as yolo9t for an untrained model)")
 
 
-def _load(opts: dict):
+def _load(opts: dict, seed: int | None = None):
+    """The model named by ``opts["model"]``; ``seed`` makes an untrained one's initial weights
+    reproducible (a run's ``seed`` then covers the whole run, not only what follows the init)."""
     from . import LibreYOLO
+    if seed is not None:
+        import torch
+        torch.manual_seed(seed)
     return LibreYOLO(opts["model"], device=opts.get("device") or "auto")
 
 
@@ -310,7 +315,7 @@ TRAIN = {
 
 
 def cmd_train(opts: dict) -> int:
-    model = _load(opts)
+    model = _load(opts, seed=opts["seed"])
     resume = opts.pop("resume")
     resume = False if resume.lower() in ("false", "0", "no", "") else (True if resume.lower() in ("true", "1", "yes") else resume)
     kw = {k: v for k, v in opts.items() if k not in ("model",)}
@@ -342,6 +347,7 @@ DEMO = {
     "cuda_graph": Opt(_graph_mode, "auto", "auto = on when a CUDA GPU is present"),
     "project": Opt(str, "runs/demo", "where the run and the picture go"),
     "conf": Opt(float, 0.15, "confidence threshold for the held-out prediction"),
+    "seed": Opt(int, 0, "random seed (initial weights, data order, augmentation)"),
 }
 
 
@@ -351,7 +357,7 @@ def cmd_demo(opts: dict) -> int:
 
     from .data.datasets import resolve_data
     from .weights import load_checkpoint
-    model = _load(opts)
+    model = _load(opts, seed=opts["seed"])
     on_gpu = model.device.type == "cuda"
     graph = opts["cuda_graph"]
     graph = on_gpu if graph == "auto" else bool(graph)
@@ -361,7 +367,7 @@ def cmd_demo(opts: dict) -> int:
     res = model.train(data="shapes", epochs=opts["epochs"], imgsz=opts["imgsz"], batch=opts["batch"],
                       workers=opts["workers"], project=opts["project"], name="train", cuda_graph=graph,
                       close_mosaic=max(1, opts["epochs"] // 3), warmup_epochs=min(1.0, opts["epochs"] / 3),
-                      nbs=opts["batch"], exist_ok=True)
+                      nbs=opts["batch"], exist_ok=True, seed=opts["seed"])
     console.print(f"validation: mAP50 {res['map50']:.3f}, mAP50-95 {res['map50_95']:.3f} "
                   f"({res['time_s']:.0f} s of training; weights {res['best']})")
     best = type(model).from_checkpoint(load_checkpoint(res["best"]), device=model.device, source=res["best"])

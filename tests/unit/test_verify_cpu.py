@@ -36,3 +36,14 @@ def test_bench_cli_on_cpu_records_its_settings(tmp_path, monkeypatch):
     assert res["tf32"] == {"cudnn": False, "matmul": False}
     assert res["model"] == "yolox-n" and res["torch"] == torch.__version__ and res["date"]
     assert {"forward_eager", "predict_eager"} <= set(res["arms"]) and "forward_graph" not in res["arms"]
+
+
+def test_cli_seed_covers_the_initial_weights():
+    """`libreyolo train model=<family/size> seed=N` starts from the same weights every time."""
+    from libreyolo.cli import _load
+
+    a = _load({"model": "yolox-n", "device": "cpu"}, seed=3).model.state_dict()
+    b = _load({"model": "yolox-n", "device": "cpu"}, seed=3).model.state_dict()
+    c = _load({"model": "yolox-n", "device": "cpu"}, seed=4).model.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert any(not torch.equal(a[k], c[k]) for k in a if a[k].is_floating_point())
