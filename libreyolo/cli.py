@@ -337,6 +337,9 @@ def cmd_train(opts: dict) -> int:
     return 0
 
 
+#: the demo's held-out picture falls back to this threshold (top 5) when nothing reaches ``conf``
+DEMO_FALLBACK_CONF = 0.001
+
 DEMO = {
     "model": Opt(str, "yolo9t", "family/size to train from scratch, or a checkpoint to fine-tune"),
     "epochs": Opt(int, 25, "training epochs"),
@@ -375,11 +378,18 @@ def cmd_demo(opts: dict) -> int:
     # confident yet, hence the low threshold (said in the output)
     held_out = max(resolve_data("shapes").val, key=lambda s: len(s.labels)).image
     conf = opts["conf"]
-    r = best.predict(str(held_out), imgsz=opts["imgsz"], conf=conf, cuda_graph="auto" if on_gpu else False)[0]
+    mode = "auto" if on_gpu else False
+    r = best.predict(str(held_out), imgsz=opts["imgsz"], conf=conf, cuda_graph=mode)[0]
+    note = f"at conf >= {conf}"
+    if not len(r):  # a short run from scratch may not be confident yet: show its best guesses, and say so
+        r = best.predict(str(held_out), imgsz=opts["imgsz"], conf=DEMO_FALLBACK_CONF, max_det=5, cuda_graph=mode)[0]
+        note = (f"none reached conf {conf} after this short training; " +
+                (f"its {len(r)} most confident (conf >= {DEMO_FALLBACK_CONF})" if len(r) else
+                 f"none even at conf {DEMO_FALLBACK_CONF}: train longer (epochs=)"))
     out = Path(opts["project"]) / "prediction.jpg"
     r.save(out)
     found = ", ".join(f"{r.names[int(c)]} {float(p):.2f}" for c, p in zip(r.boxes.cls.tolist(), r.boxes.conf.tolist()))
-    console.print(f"held-out image {held_out.name}: {len(r)} detection(s) at conf >= {conf}"
+    console.print(f"held-out image {held_out.name}: {len(r)} detection(s), {note}"
                   f"{': ' + found if found else ''}")
     console.print(f"annotated picture saved to [bold]{out}[/]")
     return 0
