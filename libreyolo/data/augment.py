@@ -45,6 +45,8 @@ import torch
 import torch.nn.functional as F
 import torchvision.transforms.v2.functional as TF
 from torch.utils.data import Dataset
+from torchvision import tv_tensors
+from torchvision.transforms import v2
 
 from ..ops.letterbox import MODES as LETTERBOX_MODES
 from ..ops.letterbox import PAD_VALUE, letterbox, letterbox_params
@@ -56,6 +58,17 @@ __all__ = ["DetectionDataset", "collate_detections", "max_targets_bucket",
 
 #: ``policy``: "yolo" (mosaic, random affine, HSV, flip) or "detr" (see the module docstring)
 POLICIES = ("yolo", "detr")
+
+
+def _detr_transforms(fliplr: float):
+    """The DETR recipe's torchvision transforms, built once per dataset: (until close_mosaic, after
+    it: the flip alone, or None when there is nothing to do)."""
+    flip = [v2.RandomHorizontalFlip(p=fliplr)] if fliplr > 0 else []
+    strong = v2.Compose([v2.RandomPhotometricDistort(p=0.5), v2.RandomZoomOut(fill=0, p=0.5),
+                         v2.RandomApply([v2.RandomIoUCrop()], p=0.8), v2.SanitizeBoundingBoxes(min_size=1), *flip])
+    return strong, (v2.Compose(flip) if flip else None)
+
+
 #: Boxes narrower or shorter than this many pixels after augmentation are dropped.
 MIN_BOX_SIDE = 2.0
 #: Boxes keeping less than this fraction of their (scaled) area after cropping are dropped.
@@ -119,6 +132,7 @@ class DetectionDataset(Dataset):
         self.resize = resize
         self.policy = policy
         self._strong = torch.ones(1, dtype=torch.float64).share_memory_()  # the DETR recipe's zoom/crop/colour
+        self._detr_ops = _detr_transforms(self.fliplr) if policy == "detr" else None
 
     # ---- public ---------------------------------------------------------------------------------
 
@@ -192,12 +206,7 @@ class DetectionDataset(Dataset):
         padding, exactly as predict maps its boxes back.
         """
         sample = self.samples[index]
-        hwc = torch.from_numpy(_decode_file(sample.image))
-        h, w = int(hwc.shape[0]), int(hwc.shape[1])
-        p = letterbox_params(h, w, self.imgsz, self.resize)
-        # letterbox() returns float in [0, 1]; back to the uint8 grid it interpolated on.
-        x = letterbox(hwc.unsqueeze(0), self.imgsz, self.resize)[0]
-        image = x.mul_(255.0).round_().clamp_(0, 255).to(torch.uint8)
+        image, p = self._letterbox_u8(torch.from_numpy(_decode_file(sample.image)))
         targets = torch.from_numpy(sample.labels).to(torch.float32).reshape(-1, 5).clone()
         targets[:, 1::2] = targets[:, 1::2] * p.new_w + p.pad_x
         targets[:, 2::2] = targets[:, 2::2] * p.new_h + p.pad_y
@@ -205,35 +214,31 @@ class DetectionDataset(Dataset):
 
     def _detr_recipe(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         """RT-DETR / D-FINE training transforms on the decoded image, then predict's resize."""
-        from torchvision import tv_tensors
-        from torchvision.transforms import v2
-
         sample = self.samples[index]
         hwc = torch.from_numpy(_decode_file(sample.image))
         h, w = int(hwc.shape[0]), int(hwc.shape[1])
         labels = torch.from_numpy(sample.labels).to(torch.float32).reshape(-1, 5)
-        boxes = labels[:, 1:] * torch.tensor([w, h, w, h], dtype=torch.float32)
-        ops = []
-        if float(self._strong[0]) > 0:
-            ops += [v2.RandomPhotometricDistort(p=0.5), v2.RandomZoomOut(fill=0, p=0.5),
-                    v2.RandomApply([v2.RandomIoUCrop()], p=0.8), v2.SanitizeBoundingBoxes(min_size=1)]
-        if self.fliplr > 0:
-            ops.append(v2.RandomHorizontalFlip(p=self.fliplr))
-        out = v2.Compose(ops)({"image": tv_tensors.Image(hwc.permute(2, 0, 1).contiguous()),
-                               "boxes": tv_tensors.BoundingBoxes(boxes, format="XYXY", canvas_size=(h, w)),
-                               "labels": labels[:, 0]}) if ops else {"image": hwc.permute(2, 0, 1),
-                                                                    "boxes": boxes, "labels": labels[:, 0]}
-        img = out["image"].as_subclass(torch.Tensor)
-        h, w = int(img.shape[1]), int(img.shape[2])
-        p = letterbox_params(h, w, self.imgsz, self.resize)
-        x = letterbox(img.permute(1, 2, 0).unsqueeze(0).contiguous(), self.imgsz, self.resize)[0]
-        image = x.mul_(255.0).round_().clamp_(0, 255).to(torch.uint8)
-        b = out["boxes"].as_subclass(torch.Tensor).to(torch.float32).reshape(-1, 4)
+        chw, boxes, cls = hwc.permute(2, 0, 1), labels[:, 1:] * torch.tensor([w, h, w, h], dtype=torch.float32), labels[:, 0]
+        ops = self._detr_ops[0 if float(self._strong[0]) > 0 else 1]
+        if ops is not None:
+            out = ops({"image": tv_tensors.Image(chw.contiguous()),
+                       "boxes": tv_tensors.BoundingBoxes(boxes, format="XYXY", canvas_size=(h, w)), "labels": cls})
+            chw, boxes, cls = (out[k].as_subclass(torch.Tensor) for k in ("image", "boxes", "labels"))
+        h, w = int(chw.shape[1]), int(chw.shape[2])
+        image, p = self._letterbox_u8(chw.permute(1, 2, 0))
+        b = boxes.to(torch.float32).reshape(-1, 4)
         b[:, 0::2] = (b[:, 0::2] * (p.new_w / w) + p.pad_x).clamp_(0, self.imgsz)
         b[:, 1::2] = (b[:, 1::2] * (p.new_h / h) + p.pad_y).clamp_(0, self.imgsz)
-        targets = torch.cat((out["labels"].to(torch.float32).reshape(-1, 1), b), 1)
+        targets = torch.cat((cls.to(torch.float32).reshape(-1, 1), b), 1)
         keep = ((targets[:, 3] - targets[:, 1]) >= MIN_BOX_SIDE) & ((targets[:, 4] - targets[:, 2]) >= MIN_BOX_SIDE)
         return image, targets[keep]
+
+    def _letterbox_u8(self, hwc: torch.Tensor):
+        """(H, W, 3) uint8 -> ((3, S, S) uint8 in the dataset's resize mode, its letterbox parameters)."""
+        p = letterbox_params(int(hwc.shape[0]), int(hwc.shape[1]), self.imgsz, self.resize)
+        # letterbox() returns float in [0, 1]; back to the uint8 grid it interpolated on.
+        x = letterbox(hwc.unsqueeze(0).contiguous(), self.imgsz, self.resize)[0]
+        return x.mul_(255.0).round_().clamp_(0, 255).to(torch.uint8), p
 
     # ---- mosaic and affine ----------------------------------------------------------------------
 
