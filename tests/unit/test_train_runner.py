@@ -125,44 +125,13 @@ def test_release_forgets_graphs():
     assert r.info()["graphs"] == 0
 
 
-def test_whole_step_restores_state_after_warmup_and_matches_eager():
-    """whole=True: the update runs inside the step; capture warm-up must not advance training."""
-    def build(capturer, enabled):
-        torch.manual_seed(0)
-        net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
-        opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
-
-        def step(x, y, m):
-            loss = ((net(x).squeeze(-1) - y) ** 2 * m).sum()
-            loss.backward()
-            return loss.detach(), loss.detach().reshape(1)
-
-        def update():
-            opt.step()
-            opt.zero_grad(set_to_none=False)
-
-        def state():
-            return training_state(net.parameters(), opt)
-
-        return net, TrainStepRunner(net, step, enabled=enabled, family="toy", supported=True,
-                                    capturer=capturer, update=update, state=state)
-
-    data = batches(8)
-    net_e, eager = build(None, False)
-    net_g, graphed = build(StandIn(), True)
-    for b in data:
-        eager(*b, whole=True)
-        graphed(*b, whole=True)
-    assert graphed.info()["captures"] == 1 and graphed.info()["replays"] == 6
-    for a, b in zip(net_e.parameters(), net_g.parameters()):
-        assert torch.equal(a, b), "warm-up steps leaked into the weights"
-
-
-def _whole(prime: bool):
+def _whole(prime: bool = False, *, enabled: bool = True, repeat: int | None = 1, nesterov: bool = True):
+    """A toy net whose runner does the whole step (SGD update inside); ``repeat=None`` keeps the
+    runner's default repeat rule."""
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
     params = list(net.parameters())
-    opt = torch.optim.SGD(params, lr=0.1, momentum=0.9, nesterov=True)
+    opt = torch.optim.SGD(params, lr=0.1, momentum=0.9, nesterov=nesterov)
     if prime:
         prime_optimizer_state(opt)
 
@@ -178,8 +147,22 @@ def _whole(prime: bool):
     def state():
         return training_state(params, opt)
 
-    return net, opt, TrainStepRunner(net, step, enabled=True, family="toy", supported=True, capturer=StandIn(),
-                                     repeat=1, update=update, state=state)
+    kw = {} if repeat is None else {"repeat": repeat}
+    return net, opt, TrainStepRunner(net, step, enabled=enabled, family="toy", supported=True, capturer=StandIn(),
+                                     update=update, state=state, **kw)
+
+
+def test_whole_step_restores_state_after_warmup_and_matches_eager():
+    """whole=True: the update runs inside the step; capture warm-up must not advance training."""
+    data = batches(8)
+    net_e, _, eager = _whole(enabled=False, repeat=None, nesterov=False)
+    net_g, _, graphed = _whole(repeat=None, nesterov=False)
+    for b in data:
+        eager(*b, whole=True)
+        graphed(*b, whole=True)
+    assert graphed.info()["captures"] == 1 and graphed.info()["replays"] == 6
+    for a, b in zip(net_e.parameters(), net_g.parameters()):
+        assert torch.equal(a, b), "warm-up steps leaked into the weights"
 
 
 def test_primed_momentum_gives_the_lazy_first_step_bit_for_bit():
