@@ -225,8 +225,11 @@ class Model:
                 f"params={n:,}, device={self.device}, {state}{', fused' if self.fused else ''})")
 
     def to(self, device: Any) -> "Model":
-        """Move the model; graphs of the old placement are released automatically."""
-        self.device = select_device(device)
+        """Move the model; graphs of the old placement are released (with the weights they hold)."""
+        new = select_device(device)
+        if new != self.device:
+            self._runner.release()
+        self.device = new
         self.model.to(self.device)
         return self
 

@@ -224,3 +224,35 @@ def test_capture_touching_buffers_does_not_invalidate_itself():
         r("s", net, (x,), mode=True)
     info = r.info()
     assert info["captures"] == 1 and info["invalidations"] == 0 and info["graphs"][0]["replays"] == 5
+
+
+def test_cached_graph_is_launched_before_the_stale_check():
+    """A replay is launched first and the parameter check runs while the device works; a change
+    found after the launch drops that replay's output, releases and runs the stage again."""
+    net, cap, r = make()
+    x = torch.randn(2, 4)
+    r("s", net, (x,), mode=True)
+    order = []
+    fingerprint, replay = r.fingerprint, StandInGraph.replay
+    r.fingerprint = lambda: order.append("check") or fingerprint()
+    graph = r._graphs[next(iter(r._graphs))].graph
+    graph.replay = lambda inputs, clone=True: order.append("replay") or replay(graph, inputs, clone)
+    r("s", net, (x,), mode=True)
+    assert order == ["replay", "check"], order
+    with torch.no_grad():
+        net.weight = nn.Parameter(torch.zeros(3, 4))
+    out = r("s", net, (x,), mode=True)
+    assert torch.equal(out, net(x)) and r.info()["invalidations"] == 1 and len(cap.captures) == 2
+
+
+def test_a_graph_holds_the_storages_it_was_captured_with():
+    """Until the stale check runs, a graph may still be replayed against its old weights: it keeps
+    their storages alive so that such a replay reads memory that is still allocated."""
+    net, cap, r = make()
+    r("s", net, (torch.randn(2, 4),), mode=True)
+    old = net.weight.untyped_storage().data_ptr()
+    net.double()
+    held = [st.data_ptr() for st in r._graphs[next(iter(r._graphs))].held]
+    assert old in held and net.weight.untyped_storage().data_ptr() not in held
+    r("s", net, (torch.randn(2, 4, dtype=torch.float64),), mode=True)
+    assert all(old not in [st.data_ptr() for st in e.held] for e in r._graphs.values())
