@@ -6,6 +6,7 @@ use it can be captured in a CUDA graph. Targets come padded to a fixed ``M`` per
 
 * priors: :func:`grid_key`, :func:`prior_grid` and :func:`cached` build the per-stride prior
   points once per map shape (call a loss's ``prepare`` before capture);
+* padded targets: :func:`sanitize_targets` (padding rows made harmless);
 * candidates: :func:`points_in_boxes` and :func:`points_near_centres`;
 * class costs: :func:`gather_classes`, :func:`class_cost` (sum over classes with one positive
   class, without a (B, M, N, C) tensor) and :func:`pairwise_class_cost` (YOLOX / YOLOv7's BCE);
@@ -98,6 +99,16 @@ def points_near_centres(points: Tensor, boxes: Tensor, radius: Tensor) -> Tensor
     (B, M, 4) xyxy gt on both axes (the centre-sampling square of SimOTA)."""
     centres = ((boxes[..., :2] + boxes[..., 2:]) / 2).unsqueeze(-2)                # (B, M, 1, 2)
     return points_in_boxes(points, torch.cat((centres - radius, centres + radius), -1))
+
+
+def sanitize_targets(gt_labels: Tensor, gt_boxes: Tensor, mask_gt: Tensor, nc: int, dtype: torch.dtype
+                     ) -> tuple[Tensor, Tensor, Tensor]:
+    """(valid (B, M) bool, labels (B, M) long in [0, nc), boxes (B, M, 4) in ``dtype``): padding rows
+    become class 0 at the zero box, so whatever they held cannot produce NaN/inf or bad indices."""
+    valid = mask_gt.bool()
+    labels = torch.where(valid, gt_labels.to(dtype), 0).long().clamp(0, nc - 1)
+    boxes = torch.where(valid.unsqueeze(-1), gt_boxes.to(dtype), 0)
+    return valid, labels, boxes
 
 
 # -- class costs ---------------------------------------------------------------------------------

@@ -43,7 +43,7 @@ from torch import Tensor, nn
 
 from ...ops.iou import bbox_giou, bbox_overlaps
 from ..common.assign import (DenseMapsLoss, cached, class_cost, dynamic_k_matching, gather_classes, grid_key,
-                             points_in_boxes, points_near_centres, prior_grid)
+                             points_in_boxes, points_near_centres, prior_grid, sanitize_targets)
 from .nn import REG_MAX, STRIDES
 
 IOU_EPS = 1e-6          # eps of PaddleDetection's bbox_overlaps (assigner IoU/GIoU and the VFL target)
@@ -98,9 +98,7 @@ class SimOTAAssigner(nn.Module):
         """
         b, n, nc = pd_scores.shape
         dtype = pd_scores.dtype
-        valid = mask_gt.bool()
-        labels = torch.where(valid, gt_labels.to(dtype), 0).long().clamp(0, nc - 1)
-        boxes = torch.where(valid.unsqueeze(-1), gt_boxes.to(dtype), 0)
+        valid, labels, boxes = sanitize_targets(gt_labels, gt_boxes, mask_gt, nc, dtype)
 
         in_box = points_in_boxes(points, boxes.unsqueeze(2))                               # (B, M, N)
         in_centre = points_near_centres(points, boxes, self.center_radius * strides)

@@ -39,7 +39,7 @@ from torch import Tensor, nn
 
 from ...ops.iou import bbox_overlaps
 from ..common.assign import (DenseMapsLoss, cached, class_cost, dynamic_k_matching, gather_classes, grid_key,
-                             points_in_boxes, prior_grid)
+                             points_in_boxes, prior_grid, sanitize_targets)
 from .nn import STRIDES
 
 IOU_EPS = 1e-6          # eps of mmdetection's BboxOverlaps2D / bbox_overlaps (IoU and GIoU)
@@ -85,9 +85,7 @@ class DynamicSoftLabelAssigner(nn.Module):
         """
         b, n, nc = pd_logits.shape
         dtype = pd_logits.dtype
-        valid = mask_gt.bool()
-        labels = torch.where(valid, gt_labels.to(dtype), 0).long().clamp(0, nc - 1)       # (B, M)
-        boxes = torch.where(valid.unsqueeze(-1), gt_boxes.to(dtype), 0)                    # (B, M, 4)
+        valid, labels, boxes = sanitize_targets(gt_labels, gt_boxes, mask_gt, nc, dtype)   # (B, M), (B, M, 4)
 
         inside = points_in_boxes(points, boxes.unsqueeze(2))                               # (B, M, N)
         candidate = (inside & valid.unsqueeze(-1)).any(1)                                  # (B, N)

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from ...ops.iou import bbox_ciou   # the original's CIoU (eps 1e-7, alpha held constant)
 from ..common.assign import (cached, gather_classes, grid_key, points_in_boxes, prior_grid, resolve_conflicts,
-                             topk_mask)
+                             sanitize_targets, topk_mask)
 
 ASSIGN_EPS = 1e-9    # eps of the original TaskAlignedAssigner
 DFL_MARGIN = 0.01    # DFL targets are clamped to reg_max - 1 - 0.01 (original bbox2dist)
@@ -82,10 +82,7 @@ class TaskAlignedAssigner(nn.Module):
         """
         b, n, nc = pd_scores.shape
         dtype = pd_scores.dtype
-        valid = mask_gt.bool()
-        # Sanitise padded rows so that whatever they hold cannot produce NaN/inf or bad indices.
-        labels = torch.where(valid, gt_labels.to(dtype), 0).long().clamp(0, nc - 1)   # (B, M)
-        boxes = torch.where(valid.unsqueeze(-1), gt_bboxes.to(dtype), 0)               # (B, M, 4)
+        valid, labels, boxes = sanitize_targets(gt_labels, gt_bboxes, mask_gt, nc, dtype)   # (B, M), (B, M, 4)
 
         # Alignment metric for every (gt, anchor) pair.
         scores = gather_classes(pd_scores, labels)                                     # (B, M, N)
