@@ -4,9 +4,11 @@
 #   GPU 0: the whole GPU test suite (tests/gpu: inference graphs + training capture, every row),
 #          then parity + bench of the family sizes in $SIZES (none by default).
 #   GPU 1: where predict's GPU time goes (scripts/profile_stages.py), `libreyolo bench` for the
-#          models in $BENCH, the DETR seam train step at batch 2, 4, 8 for the models in $SEAM.
+#          models in $BENCH, the DETR seam train step at batch 2, 4, 8 for the models in $SEAM;
+#          with QUIET_BENCH=1 the benchmarks start only once the test suite has ended.
 # Lists are environment variables so one call can be aimed at what is pending.
 set -uo pipefail
+rm -f /tmp/tests-done
 # Each process keeps to its share of the host's cores: the benchmarks measure host-side costs
 # (upload, launch, the DETR step's eager decoder and loss) that oversubscribed OpenMP teams distort.
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-8}"
@@ -18,7 +20,7 @@ python3 -c "import torch;print(torch.__version__, torch.cuda.device_count(), tor
   export CUDA_VISIBLE_DEVICES=0
   timeout "${T0:-380}" python3 -m pytest -m cuda tests/gpu -q -p no:cacheprovider -rf \
     --tb=short --timeout=120 --durations=15 --junitxml="$J/gpu-tests.xml" > "$OUT/gpu-tests.log" 2>&1
-  echo "tests rc=$?" >> "$OUT/gpu-tests.log"; pack
+  echo "tests rc=$?" >> "$OUT/gpu-tests.log"; pack; touch /tmp/tests-done
   if [ -n "${SIZES:-}" ]; then
     timeout "${T0B:-150}" python3 scripts/gpu_families.py $SIZES --runs 100 --out "$J/families-sizes.json" >> "$OUT/families.log" 2>&1; pack
   fi
@@ -27,6 +29,8 @@ python3 -c "import torch;print(torch.__version__, torch.cuda.device_count(), tor
 (
   export CUDA_VISIBLE_DEVICES=1
   timeout 90 python3 scripts/profile_stages.py ${PROFILE:-yolox:n yolo9:t rtdetr:r18 dfine:n} --out "$J/stages.json" > "$OUT/stages.log" 2>&1; pack
+  # QUIET_BENCH=1: the benchmarks wait for the test suite to end (host-bound figures undisturbed)
+  if [ -n "${QUIET_BENCH:-}" ]; then while [ ! -e /tmp/tests-done ]; do sleep 2; done; fi
   for m in ${BENCH:-yoloxn yolo9t yolo7tiny rtmdett picodets rtdetrr18 dfinen}; do
     timeout 45 python3 -m libreyolo.cli bench model=$m imgsz=640 batch=1 runs=150 json="$J/bench-$m-b1.json" >> "$OUT/bench.log" 2>&1; pack
   done

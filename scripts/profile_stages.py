@@ -5,8 +5,9 @@
 For each family:size (untrained, seeded, batch 1, the 1280x720 sample, fp32): every piece
 of the predict stage is captured in its own CUDA graph and its replay timed with CUDA
 events (median of 200), so the figures are device time without Python or launch gaps:
-letterbox, network, top-k candidates, NMS bits, greedy walk, final selection, and the
-whole stage; plus the host side: staging into pinned memory and the upload. With
+letterbox, network, top-k candidates (and a full sort as the alternative), NMS with the
+selection, and the whole stage; plus the host side: staging into pinned memory (numpy, and
+torch's copy by thread count), the upload, and predict with each upload path, side by side. With
 ``--kernels`` a torch.profiler table of the eager network's kernels is written next to
 the JSON (kernel count and the heaviest kernels).
 """
@@ -77,14 +78,14 @@ def profile(spec: str, kernels: bool, out_prefix: str) -> dict:
         res["letterbox_ms"] = graph_ms(letterbox, u8, 640, m.RESIZE)
         res["network_ms"] = graph_ms(m.infer, x)
         res["topk_ms"] = graph_ms(top_candidates, *raw, 1000)
+        # the alternative candidate selection: one full sort, first 1000 (same order up to ties)
+        res["sort_first_k_ms"] = graph_ms(lambda s: s.sort(dim=1, descending=True)[0][:, :1000], raw[1])
+        res["topk_scores_only_ms"] = graph_ms(lambda s: s.topk(1000, dim=1)[0], raw[1])
         boxes, scores, cls = cand
         res["candidates_above_conf"] = int((scores > 0.25).sum())
-        if m.NMS:
-            b32, c32 = boxes.float().contiguous(), cls.to(torch.int32).contiguous()
-            count = (scores.float() > thr[0]).sum(1, dtype=torch.int32)
-            res["nms_keep_ms"] = graph_ms(nms_graph.greedy_keep, b32, c32, count, thr)
-            res["kept"] = int(nms_graph.greedy_keep(b32, c32, count, thr).sum())
-        res["select_ms"] = graph_ms(lambda c, t: nms_graph.select_detections(*c, t, 300, nms=m.NMS), cand, thr)
+        # NMS (when the family has it) + selection + packing: everything after the top-k
+        res["select_ms"] = graph_ms(lambda c, t: nms_graph.select_packed(*c, t, 300, nms=m.NMS), cand, thr)
+        res["kept"] = int(nms_graph.select_packed(*cand, thr, 300, nms=m.NMS)[0, -1])
         post = p._post(300, False, None)
         stage = p._stage_fns(640, 1000, post)[1]
         res["whole_stage_ms"] = graph_ms(stage, u8, thr)
@@ -93,13 +94,27 @@ def profile(spec: str, kernels: bool, out_prefix: str) -> dict:
     arr = np.ascontiguousarray(img)
     pinned = torch.empty(arr.shape, dtype=torch.uint8, pin_memory=True)
     src = torch.from_numpy(arr)
+    threads = torch.get_num_threads()
     res["stage_np_copyto_ms"] = host_ms(lambda: np.copyto(pinned.numpy(), arr))
-    res["stage_torch_copy_ms"] = host_ms(lambda: pinned.copy_(src))
+    for t in sorted({1, 2, 4, threads}):  # torch's copy into pinned memory by intra-op team size
+        torch.set_num_threads(t)
+        res[f"stage_torch_copy_{t}threads_ms"] = host_ms(lambda: pinned.copy_(src))
+    torch.set_num_threads(threads)
     res["h2d_ms"] = host_ms(lambda: pinned.to("cuda", non_blocking=True))
     res["h2d_pageable_ms"] = host_ms(lambda: src.to("cuda", non_blocking=True))
     res["upload_ms"] = host_ms(lambda: p._upload(img))
     try:  # families not yet flagged for graphs refuse cuda_graph=True
         res["predict_graph_ms"] = host_ms(lambda: m(img, cuda_graph=True), n=150)
+        # the two upload paths inside predict, side by side (alternating blocks of 50 calls)
+        arms = {"pinned": 1, "direct": 1 << 30}
+        times: dict = {k: [] for k in arms}
+        for _ in range(4):
+            for name, min_threads in arms.items():
+                type(p).STAGE_MIN_THREADS = min_threads
+                times[name].append(host_ms(lambda: m(img, cuda_graph=True), n=50))
+        type(p).STAGE_MIN_THREADS = 2
+        for name, v in times.items():
+            res[f"predict_graph_upload_{name}_ms"] = round(statistics.median(v), 4)
     except NotImplementedError as exc:
         res["predict_graph_ms"] = str(exc)
     res["torch_threads"] = torch.get_num_threads()

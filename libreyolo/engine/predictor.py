@@ -9,6 +9,7 @@ Post-processing is one batched NMS for the whole batch and one copy to the host.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import warnings
 from collections import Counter
@@ -23,7 +24,7 @@ from ..graphs.runner import normalize_mode
 from ..ops.letterbox import letterbox, letterbox_params, unletterbox_boxes
 from ..ops import nms_graph
 from ..ops.nms import nms_per_image, top_candidates
-from ..ops.nms_graph import select_detections
+from ..ops.nms_graph import select_packed
 from ..results import Boxes, Results
 
 log = logging.getLogger("libreyolo")
@@ -72,6 +73,7 @@ class Predictor:
     def __init__(self, model):
         self.model = model
         self._raw_seen: Counter = Counter()
+        self._local = threading.local()  # per-thread pinned staging buffers (see _upload)
 
     # ---------------------------------------------------------------- stages
     def _stage_fns(self, size: int, max_nms: int, post: tuple | None = None):
@@ -92,8 +94,7 @@ class Predictor:
             max_det, agnostic = post
 
             def finish(cand, thr):
-                dets, count = select_detections(*cand, thr, max_det, nms=model.NMS, agnostic=agnostic)
-                return torch.cat((dets.flatten(1), count[:, None].to(dets.dtype)), 1)
+                return select_packed(*cand, thr, max_det, nms=model.NMS, agnostic=agnostic)
 
         def net(x, *thr):
             return finish(top_candidates(*model.infer(x), max_nms), *thr)
@@ -238,7 +239,7 @@ class Predictor:
         for start in range(0, len(items), int(batch)):
             chunk = items[start:start + int(batch)]
             t0 = time.perf_counter()
-            dev_images = [self._upload(it.image) for it in chunk]
+            dev_images = [self._upload(it.image, j) for j, it in enumerate(chunk)]
             sync()
             t1 = time.perf_counter()
             post = self._post(max_det, agnostic_nms, classes)
@@ -278,20 +279,44 @@ class Predictor:
             log.info("libreyolo: saved %d annotated image(s) to %s", len(results), out_dir)
         return results
 
-    def _upload(self, image: Any) -> torch.Tensor:
-        """Host image -> device uint8 tensor.
+    #: numpy images are staged through pinned memory by torch's parallel copy when torch may use at
+    #: least this many threads; with fewer the driver's own staging is faster (see :meth:`_upload`)
+    STAGE_MIN_THREADS = 2
 
-        A numpy image is copied to the GPU straight from its own memory: the driver stages and
-        transfers it in one call, which returns once the bytes are staged (the array may change
-        afterwards). That measured 0.09-0.11 ms faster per 1280x720 frame than copying it into a
-        pinned buffer first and uploading that buffer (H200, session-3 runs A-C,
-        scripts/profile_stages.py: 0.25 vs 0.33 ms in run C). Such a copy first waits for the
-        work queued on the stream; predict uploads a batch before it queues any.
+    def _upload(self, image: Any, slot: int = 0) -> torch.Tensor:
+        """Host image -> device uint8 tensor (``slot``: the image's place in its batch).
+
+        On CUDA a host image is copied into a pinned buffer of this thread (one per image
+        shape and batch slot) by torch's multi-threaded copy, and the buffer is uploaded
+        asynchronously: the host goes on queuing the stage while the bytes travel. Before a
+        buffer is refilled, the event recorded after its last upload is waited on. With a
+        single torch thread the copy into pinned memory is slower than the driver staging the
+        array itself, so the array is then uploaded straight from its own memory (the call
+        returns once the driver has staged the bytes). Measured per 1280x720 frame on an H200:
+        docs/benchmarks.md, "Upload".
         """
         dev = self.model.device
         if isinstance(image, torch.Tensor):
-            return image.to(dev, non_blocking=True)
-        arr = np.ascontiguousarray(image)
-        if dev.type != "cuda":  # read-only arrays (np.asarray of a PIL image) are copied: torch needs writable
-            return torch.from_numpy(arr if arr.flags.writeable else arr.copy())
-        return torch.from_numpy(arr).to(dev, non_blocking=True)  # only read: a read-only array is fine
+            if image.device.type != "cpu" or dev.type != "cuda" or not image.is_contiguous():
+                return image.to(dev, non_blocking=True)
+            src = image
+        else:
+            arr = np.ascontiguousarray(image)
+            if dev.type != "cuda":  # read-only arrays (np.asarray of a PIL image) are copied: torch needs writable
+                return torch.from_numpy(arr if arr.flags.writeable else arr.copy())
+            src = torch.from_numpy(arr)  # only read: a read-only array is fine
+        if torch.get_num_threads() < self.STAGE_MIN_THREADS:
+            return src.to(dev, non_blocking=True)
+        cache = getattr(self._local, "staging", None)
+        if cache is None or len(cache) > 32:  # freed buffers stay safe: torch's pinned allocator
+            cache = self._local.staging = {}  # reuses a block only after its copies have finished
+        key = (tuple(src.shape), src.dtype, slot, str(dev))
+        entry = cache.get(key)
+        if entry is None:
+            entry = cache[key] = (torch.empty(src.shape, dtype=src.dtype, pin_memory=True), torch.cuda.Event())
+        buf, done = entry
+        done.synchronize()  # the previous upload from this buffer has finished (at once if never recorded)
+        buf.copy_(src)
+        out = buf.to(dev, non_blocking=True)
+        done.record(torch.cuda.current_stream(dev))
+        return out

@@ -237,3 +237,25 @@ def test_predict_post_stage_is_captured_with_nms(images):
     stages = [g["stage"] for g in m.graph_info()["graphs"]]
     assert any("post" in str(st) for st in stages), stages
     assert torch.equal(eager[0].boxes.data, graph[0].boxes.data) and len(eager[0]) > 0
+
+
+def test_pinned_staging_is_reused_only_after_its_upload_and_equals_direct(images):
+    """Back-to-back uploads through one staging buffer never overwrite bytes still travelling,
+    and predict gives the same boxes through the pinned staging path and the direct one."""
+    from libreyolo.engine.predictor import Predictor
+    model = filled_model("yolo9", "t")
+    p = model._get_predictor()
+    frames = [np.ascontiguousarray(np.roll(images[0], 101 * i, axis=0)) for i in range(6)]
+    torch.cuda._sleep(20_000_000)  # keep the stream busy (~10 ms) so that the uploads queue behind it
+    ups = [p._upload(f, 0) for f in frames]  # one buffer (same shape, slot 0) refilled 6 times
+    assert all(torch.equal(u.cpu(), torch.from_numpy(f)) for u, f in zip(ups, frames))
+    assert len(p._local.staging) == 1
+    results = {}
+    for name, min_threads in (("pinned", 1), ("direct", 1 << 30)):
+        Predictor.STAGE_MIN_THREADS = min_threads
+        try:
+            results[name] = [model(f, cuda_graph=mode)[0].boxes.data for f in frames[:3] for mode in (False, True)]
+        finally:
+            Predictor.STAGE_MIN_THREADS = 2
+    assert all(torch.equal(a, b) for a, b in zip(results["pinned"], results["direct"]))
+    assert sum(len(r) for r in results["pinned"]) > 0

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..common.assign import cached
 from ..common.blocks import ConvBN, fuse_modules
 
 STRIDES = (8, 16, 32)
@@ -234,6 +235,17 @@ class YoloxNet(nn.Module):
         return self
 
 
+#: (h, w, dtype, device) -> (1, h*w, 2) cell indices: built once, not as five kernels per level per call
+_GRIDS: dict = {}
+
+
+def _grid(h: int, w: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    ys = torch.arange(h, device=device, dtype=dtype)
+    xs = torch.arange(w, device=device, dtype=dtype)
+    gy, gx = torch.meshgrid(ys, xs, indexing="ij")
+    return torch.stack((gx, gy), -1).reshape(1, h * w, 2)
+
+
 def decode(maps: list[torch.Tensor], strides=STRIDES) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Eval-mode head maps -> boxes (B, N, 4) xyxy in input pixels, best score (B, N), class (B, N).
 
@@ -244,10 +256,7 @@ def decode(maps: list[torch.Tensor], strides=STRIDES) -> tuple[torch.Tensor, tor
     for m, s in zip(maps, strides):
         b, c, h, w = m.shape
         p = m.flatten(2).transpose(1, 2)                    # (B, h*w, 5+nc)
-        ys = torch.arange(h, device=m.device, dtype=m.dtype)
-        xs = torch.arange(w, device=m.device, dtype=m.dtype)
-        gy, gx = torch.meshgrid(ys, xs, indexing="ij")
-        grid = torch.stack((gx, gy), -1).reshape(1, h * w, 2)
+        grid, = cached(_GRIDS, (h, w, m.dtype, m.device), lambda: (_grid(h, w, m.dtype, m.device),))
         xy = (p[..., 0:2] + grid) * s
         half = torch.exp(p[..., 2:4]) * (s / 2)
         boxes.append(torch.cat((xy - half, xy + half), -1))
