@@ -63,7 +63,48 @@ def host_ms(fn, n: int = 200) -> float:
     return round(statistics.median(out), 4)
 
 
-def profile(spec: str, kernels: bool, out_prefix: str) -> dict:
+def predict_ladder(m, img, rounds: int = 5, n: int = 60) -> dict:
+    """Where a graphed predict's wall time goes: the same call with one more piece removed on
+    each rung, timed side by side (alternating blocks of ``n`` calls, ``rounds`` rounds, median).
+
+    e2e: ``m(img, cuda_graph=True)``; device_src: the image already on the GPU (no upload, no
+    host copy of it); run_batch: the predictor's stage call + the copy to the host (no source
+    handling, no Results); replay_cpu: the cached graph's replay + the copy to the host (no
+    runner); replay_sync: replay + synchronize; device: the graph's replay timed by CUDA events.
+    """
+    p = m._get_predictor()
+    thr = p._thresholds(0.25, 0.45)
+    post = p._post(300, False, None)
+    for _ in range(3):
+        m(img, cuda_graph=True)
+    dev_img = p._upload(img).clone()
+    torch.cuda.synchronize()
+    entry = next(e for sig, e in m._runner._graphs.items() if sig[0][0] == "u8")
+    g = entry.graph
+    u8 = dev_img.unsqueeze(0)
+    arms = {
+        "e2e": lambda: m(img, cuda_graph=True),
+        "device_src": lambda: m(dev_img, cuda_graph=True),
+        "run_batch": lambda: p.run_batch([dev_img], 640, True, None, 1000, post, thr)[0].cpu(),
+        "replay_cpu": lambda: g.replay((u8, thr), clone=False).cpu(),
+        "replay_sync": lambda: g.replay((u8, thr), clone=False),
+    }
+    times: dict = {k: [] for k in arms}
+    for _ in range(rounds):
+        for name, fn in arms.items():
+            times[name].append(host_ms(fn, n=n))
+    out = {k: round(statistics.median(v), 4) for k, v in times.items()}
+    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(100)]
+    for a, b in ev:
+        a.record()
+        g.replay((u8, thr), clone=False)
+        b.record()
+    torch.cuda.synchronize()
+    out["device"] = round(statistics.median(a.elapsed_time(b) for a, b in ev), 4)
+    return out
+
+
+def profile(spec: str, kernels: bool, out_prefix: str, ladder: bool = False) -> dict:
     fam, size = spec.split(":")
     m = LibreYOLO.new(fam, size, device="cuda", seed=0)
     img = load_sources(SAMPLE_IMAGE)[0].image
@@ -79,8 +120,9 @@ def profile(spec: str, kernels: bool, out_prefix: str) -> dict:
         res["network_ms"] = graph_ms(m.infer, x)
         res["topk_ms"] = graph_ms(top_candidates, *raw, 1000)
         # the alternative candidate selection: one full sort, first 1000 (same order up to ties)
-        res["sort_first_k_ms"] = graph_ms(lambda s: s.sort(dim=1, descending=True)[0][:, :1000], raw[1])
-        res["topk_scores_only_ms"] = graph_ms(lambda s: s.topk(1000, dim=1)[0], raw[1])
+        k = min(1000, raw[1].shape[1])
+        res["sort_first_k_ms"] = graph_ms(lambda s: s.sort(dim=1, descending=True)[0][:, :k], raw[1])
+        res["topk_scores_only_ms"] = graph_ms(lambda s: s.topk(k, dim=1)[0], raw[1])
         boxes, scores, cls = cand
         res["candidates_above_conf"] = int((scores > 0.25).sum())
         # NMS (when the family has it) + selection + packing: everything after the top-k
@@ -118,6 +160,8 @@ def profile(spec: str, kernels: bool, out_prefix: str) -> dict:
     except NotImplementedError as exc:
         res["predict_graph_ms"] = str(exc)
     res["torch_threads"] = torch.get_num_threads()
+    if ladder:
+        res["ladder"] = predict_ladder(m, img)
     if kernels:
         from torch.profiler import ProfilerActivity
         from torch.profiler import profile as tprof
@@ -140,14 +184,18 @@ def main() -> None:
     ap.add_argument("specs", nargs="+")
     ap.add_argument("--out", required=True)
     ap.add_argument("--kernels", action="store_true")
+    ap.add_argument("--ladder", action="store_true", help="where a graphed predict's wall time goes")
+    ap.add_argument("--tf32", action="store_true", help="PyTorch's default TF32 convolutions (as bench)")
     a = ap.parse_args()
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+    if not a.tf32:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
     report = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
-              "date": time.strftime("%Y-%m-%d"), "models": []}
+              "date": time.strftime("%Y-%m-%d"), "models": [],
+              "tf32": {"cudnn": torch.backends.cudnn.allow_tf32, "matmul": torch.backends.cuda.matmul.allow_tf32}}
     for spec in a.specs:
         try:
-            report["models"].append(profile(spec, a.kernels, a.out.rsplit(".", 1)[0]))
+            report["models"].append(profile(spec, a.kernels, a.out.rsplit(".", 1)[0], a.ladder))
         except Exception as exc:  # one model's failure must not hide the others
             report["models"].append({"spec": spec, "error": f"{type(exc).__name__}: {exc}"})
             print(spec, "ERROR", exc, flush=True)

@@ -22,9 +22,16 @@ HOST_NMS_LIMIT = 3000
 
 
 def top_candidates(boxes: torch.Tensor, scores: torch.Tensor, cls: torch.Tensor, k: int):
-    """(B, N, 4), (B, N), (B, N) -> the same for the ``k`` best-scoring anchors, sorted descending."""
+    """(B, N, 4), (B, N), (B, N) -> the same for the ``k`` best-scoring anchors, sorted descending.
+
+    One full sort and its first ``k``: on the GPU that is one segmented sort where ``topk``
+    runs a radix selection and then sorts its result (8,400 scores, k = 1,000 on an H200:
+    0.049 vs 0.072 ms, scripts/profile_stages.py, session 4). Equal scores may come in either
+    order; eager and graph run the same kernels, so they agree.
+    """
     k = min(int(k), scores.shape[1])
-    s, idx = scores.topk(k, dim=1, sorted=True)
+    s, idx = scores.sort(dim=1, descending=True)
+    s, idx = s[:, :k], idx[:, :k]
     b = boxes.gather(1, idx.unsqueeze(-1).expand(-1, -1, boxes.shape[-1]))
     return b, s, cls.gather(1, idx)
 
