@@ -28,7 +28,7 @@ python3 -c "import torch;print(torch.__version__, torch.cuda.device_count(), tor
 ) &
 (
   export CUDA_VISIBLE_DEVICES=1
-  timeout 90 python3 scripts/profile_stages.py ${PROFILE:-yolox:n yolo9:t rtdetr:r18 dfine:n} --out "$J/stages.json" > "$OUT/stages.log" 2>&1; pack
+  timeout "${TP:-90}" python3 scripts/profile_stages.py ${PROFILE:-yolox:n yolo9:t rtdetr:r18 dfine:n} ${PROFILE_ARGS:-} --out "$J/stages.json" > "$OUT/stages.log" 2>&1; pack
   # QUIET_BENCH=1: the benchmarks wait for the test suite to end (host-bound figures undisturbed)
   if [ -n "${QUIET_BENCH:-}" ]; then while [ ! -e /tmp/tests-done ]; do sleep 2; done; fi
   for m in ${BENCH:-yoloxn yolo9t yolo7tiny rtmdett picodets rtdetrr18 dfinen}; do

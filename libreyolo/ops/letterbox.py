@@ -61,9 +61,10 @@ def letterbox(images_u8: torch.Tensor, size: int, mode: str = "topleft") -> torc
     return x.div_(255.0)
 
 
-def unletterbox_boxes(boxes: torch.Tensor, sx: float, sy: float, h: int, w: int,
-                      pad_x: int = 0, pad_y: int = 0) -> torch.Tensor:
-    """Map xyxy boxes (n, >=4) from the canvas back to an (h, w) image and clip, in place."""
-    boxes[:, 0:4:2] = ((boxes[:, 0:4:2] - pad_x) / sx).clamp_(0, w)
-    boxes[:, 1:4:2] = ((boxes[:, 1:4:2] - pad_y) / sy).clamp_(0, h)
+def unletterbox_boxes(boxes, sx: float, sy: float, h: int, w: int, pad_x: int = 0, pad_y: int = 0):
+    """Map xyxy boxes (n, >=4), a torch tensor or a numpy array, from the canvas back to an
+    (h, w) image and clip, in place. Both give the same float32 numbers (the scalars are
+    rounded to float32 first, then one subtraction, one correctly rounded division, a clip)."""
+    boxes[:, 0:4:2] = ((boxes[:, 0:4:2] - pad_x) / sx).clip(0, w)
+    boxes[:, 1:4:2] = ((boxes[:, 1:4:2] - pad_y) / sy).clip(0, h)
     return boxes

@@ -86,6 +86,19 @@ def cached(cache: dict, key, build: Callable[[], tuple[Tensor, ...]], limit: int
     return hit
 
 
+def join_levels(maps: Sequence[Tensor]) -> Tensor:
+    """Per-level (B, C, h, w) maps -> (B, N, C): the levels one after another, each row-major
+    (one concatenation, seen transposed), so that decoding runs once over all levels."""
+    return torch.cat([m.flatten(2) for m in maps], 2).transpose(1, 2)
+
+
+def level_priors(cache: dict, hw: Sequence[tuple[int, int]], strides: Sequence[int], offset: float,
+                 pixels: bool, dtype: torch.dtype, device: torch.device) -> tuple[Tensor, Tensor]:
+    """:func:`prior_grid` as (1, N, 2) points and (1, N, 1) strides, cached in ``cache``."""
+    key = (tuple(hw), tuple(strides), offset, pixels, dtype, device)
+    return cached(cache, key, lambda: tuple(t[None] for t in prior_grid(hw, strides, offset, pixels, dtype, device)))
+
+
 # -- candidates ----------------------------------------------------------------------------------
 def points_in_boxes(points: Tensor, boxes: Tensor, eps: float = 0.0) -> Tensor:
     """Whether each point lies more than ``eps`` inside every edge of its box, broadcasting

@@ -6,9 +6,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from ...ops.boxes import clip_to_canvas, distance_to_xyxy, grid_points
+from ...ops.boxes import clip_to_canvas, distance_to_xyxy
 from ..base import Model
+from ..common.assign import cached, join_levels, level_priors
 from .nn import CONFIGS, REG_MAX, STRIDES, PicodetNet
+
+#: decode's prior points, strides and bins per input size (all levels joined: ~12 kernels per call, not ~60)
+_PRIORS: dict = {}
 
 # ImageNet statistics on the 0-255 scale, RGB order (the original checkpoints' input).
 RGB_MEAN = (123.675, 116.28, 103.53)
@@ -75,17 +79,14 @@ class Picodet(Model):
     def infer(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(B, 3, H, W) RGB in [0, 1] -> boxes (B, N, 4) xyxy canvas pixels, score (B, N), class (B, N)."""
         cls_maps, box_maps = self.model(self.normalize(x))
-        h_img, w_img = x.shape[-2], x.shape[-1]
-        bins = torch.arange(REG_MAX + 1, device=x.device, dtype=torch.float32)
-        boxes, logits = [], []
-        for c, d, s in zip(cls_maps, box_maps, STRIDES):
-            b, _, h, w = d.shape
-            # (B, 4*(R+1), h, w) -> (B, h*w, 4, R+1): expectation of the softmax over bins
-            d = d.float().reshape(b, 4, REG_MAX + 1, h * w).permute(0, 3, 1, 2)
-            dist = (d.softmax(-1) * bins).sum(-1) * s                     # (B, h*w, 4) l,t,r,b
-            pts = grid_points(h, w, s, 0.5, d.device, d.dtype)
-            boxes.append(distance_to_xyxy(pts, dist))
-            logits.append(c.float().flatten(2).transpose(1, 2))           # (B, h*w, nc)
-        box = clip_to_canvas(torch.cat(boxes, 1), h_img, w_img)
-        scores, cls = torch.cat(logits, 1).sigmoid().max(-1)
+        b = x.shape[0]
+        d = join_levels(box_maps).float()                                  # (B, N, 4*(R+1))
+        hw = [m.shape[-2:] for m in box_maps]
+        pts, strides = level_priors(_PRIORS, hw, STRIDES, 0.5, True, d.dtype, d.device)
+        bins, = cached(_PRIORS, ("bins", d.device), lambda: (torch.arange(REG_MAX + 1, device=d.device,
+                                                                         dtype=torch.float32),))
+        # (B, N, 4, R+1): expectation of the softmax over the bins, in pixels
+        dist = (d.reshape(b, -1, 4, REG_MAX + 1).softmax(-1) * bins).sum(-1) * strides
+        box = clip_to_canvas(distance_to_xyxy(pts, dist), x.shape[-2], x.shape[-1])
+        scores, cls = join_levels(cls_maps).float().sigmoid().max(-1)
         return box, scores, cls

@@ -4,9 +4,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ...ops.boxes import clip_to_canvas, distance_to_xyxy, grid_points
+from ...ops.boxes import clip_to_canvas, distance_to_xyxy
 from ..base import Model
+from ..common.assign import join_levels, level_priors
 from .nn import CONFIGS, STRIDES, RtmdetNet
+
+#: decode's prior points per input size (all levels joined: a few kernels per call, not ~36)
+_PRIORS: dict = {}
 
 # The original checkpoints take BGR pixels on the 0-255 scale, normalized with these.
 BGR_MEAN = (103.53, 116.28, 123.675)
@@ -63,14 +67,8 @@ class Rtmdet(Model):
     def infer(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(B, 3, H, W) RGB in [0, 1] -> boxes (B, N, 4) xyxy canvas pixels, score (B, N), class (B, N)."""
         cls_maps, box_maps = self.model(self.normalize(x))
-        h_img, w_img = x.shape[-2], x.shape[-1]
-        boxes, logits = [], []
-        for c, d, s in zip(cls_maps, box_maps, STRIDES):
-            b, _, h, w = d.shape
-            d = d.float().flatten(2).transpose(1, 2)                      # (B, h*w, 4) l,t,r,b
-            pts = grid_points(h, w, s, 0.0, d.device, d.dtype)
-            boxes.append(distance_to_xyxy(pts, d))
-            logits.append(c.float().flatten(2).transpose(1, 2))           # (B, h*w, nc)
-        box = clip_to_canvas(torch.cat(boxes, 1), h_img, w_img)
-        scores, cls = torch.cat(logits, 1).sigmoid().max(-1)
+        d = join_levels(box_maps).float()                                  # (B, N, 4) l,t,r,b
+        pts, _ = level_priors(_PRIORS, [m.shape[-2:] for m in box_maps], STRIDES, 0.0, True, d.dtype, d.device)
+        box = clip_to_canvas(distance_to_xyxy(pts, d), x.shape[-2], x.shape[-1])
+        scores, cls = join_levels(cls_maps).float().sigmoid().max(-1)
         return box, scores, cls

@@ -72,8 +72,4 @@ class Yolo7(Model):
     def infer(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(B, 3, S, S) RGB in [0, 1] -> boxes (B, N, 4) xyxy in canvas pixels,
         score = objectness * best class probability (B, N), class index (B, N)."""
-        pred = self.model.decode(self.model(x)).float()
-        cxcy, wh = pred[..., 0:2], pred[..., 2:4]
-        boxes = torch.cat((cxcy - 0.5 * wh, cxcy + 0.5 * wh), -1)
-        best, cls = pred[..., 5:].max(-1)
-        return boxes, pred[..., 4] * best, cls
+        return self.model.decode(self.model(x))

@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..common.assign import cached, prior_grid
 from ..common.blocks import ConvBN, RepConvN, fuse_modules
 
 STRIDES = (8, 16, 32)
@@ -317,32 +318,36 @@ class Yolo7Net(nn.Module):
         return out
 
     # ------------------------------------------------------------------ decode
-    def _grid(self, h: int, w: int, dtype, device):
-        key = (h, w, dtype, device)
-        hit = self._grid_cache.get(key)
-        if hit is None:
-            ys = torch.arange(h, dtype=dtype, device=device)
-            xs = torch.arange(w, dtype=dtype, device=device)
-            gy, gx = torch.meshgrid(ys, xs, indexing="ij")
-            hit = torch.stack((gx, gy), -1).reshape(1, 1, h, w, 2)
-            if len(self._grid_cache) > 32:
-                self._grid_cache.clear()
-            self._grid_cache[key] = hit
-        return hit
+    def _tables(self, hw, dtype, device) -> tuple[torch.Tensor, ...]:
+        """Per anchor, in (level, anchor, row, column) order: cell (col, row) (1, N, 2), stride
+        (1, N, 1) and anchor size in pixels (1, N, 2); cached per input size."""
+        def build():
+            grids, strides, sizes = [], [], []
+            for level, ((h, w), s) in enumerate(zip(hw, STRIDES)):
+                g, st = prior_grid([(h, w)], [s], 0.0, False, dtype, device)
+                grids.append(g.repeat(self.na, 1))
+                strides.append(st.repeat(self.na, 1))
+                sizes.append(self.anchors[level].to(device, dtype).repeat_interleave(h * w, 0))
+            return tuple(torch.cat(t)[None] for t in (grids, strides, sizes))
+        return cached(self._grid_cache, (hw, dtype, device), build, limit=32)
 
-    def decode(self, maps) -> torch.Tensor:
-        """Raw maps -> (B, N, 5+nc): cx, cy, w, h in input pixels, objectness, class
-        probabilities; N = sum over levels of na*H*W (anchor, row, column order)."""
-        out = []
-        for level, (p, s) in enumerate(zip(maps, STRIDES)):
-            b, _, h, w = p.shape
-            y = p.reshape(b, self.na, 5 + self.nc, h, w).permute(0, 1, 3, 4, 2).sigmoid()
-            grid = self._grid(h, w, y.dtype, y.device)
-            anchor = self.anchors[level].to(y.dtype).reshape(1, self.na, 1, 1, 2)
-            xy = (y[..., 0:2] * 2.0 - 0.5 + grid) * s
-            wh = (y[..., 2:4] * 2.0) ** 2 * anchor
-            out.append(torch.cat((xy, wh, y[..., 4:]), -1).reshape(b, -1, 5 + self.nc))
-        return torch.cat(out, 1)
+    def decode(self, maps) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Raw maps -> boxes (B, N, 4) xyxy in input pixels (float32), score = objectness * best
+        class probability (B, N) and class (B, N); N = sum over levels of na*H*W (level, anchor,
+        row, column order).
+
+        cx = (2 sig(tx) - 0.5 + col) * stride, w = (2 sig(tw))^2 * anchor_w (in the maps' dtype).
+        The levels are joined before the element-wise work (per-anchor tables, cached): about
+        18 kernels instead of 38, the same operations on the same numbers as level by level.
+        """
+        b, no = maps[0].shape[0], 5 + self.nc
+        y = torch.cat([p.view(b, self.na, no, *p.shape[-2:]).permute(0, 1, 3, 4, 2).reshape(b, -1, no)
+                       for p in maps], 1).sigmoid()
+        grid, stride, anchor = self._tables(tuple(tuple(p.shape[-2:]) for p in maps), y.dtype, y.device)
+        cxcy = ((y[..., 0:2] * 2.0 - 0.5 + grid) * stride).float()
+        half = 0.5 * ((y[..., 2:4] * 2.0) ** 2 * anchor).float()
+        best, cls = y[..., 5:].max(-1)
+        return torch.cat((cxcy - half, cxcy + half), -1), y[..., 4].float() * best.float(), cls
 
     @torch.no_grad()
     def initialize_biases(self, prior_prob: float = 0.01) -> None:

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..common.assign import cached
+from ..common.assign import cached, join_levels, prior_grid
 from ..common.blocks import ConvBN, fuse_modules
 
 STRIDES = (8, 16, 32)
@@ -235,31 +235,29 @@ class YoloxNet(nn.Module):
         return self
 
 
-#: (h, w, dtype, device) -> (1, h*w, 2) cell indices: built once, not as five kernels per level per call
+#: per input size: cell indices (1, N, 2), strides and half strides (1, N, 1)
 _GRIDS: dict = {}
-
-
-def _grid(h: int, w: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    ys = torch.arange(h, device=device, dtype=dtype)
-    xs = torch.arange(w, device=device, dtype=dtype)
-    gy, gx = torch.meshgrid(ys, xs, indexing="ij")
-    return torch.stack((gx, gy), -1).reshape(1, h * w, 2)
 
 
 def decode(maps: list[torch.Tensor], strides=STRIDES) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Eval-mode head maps -> boxes (B, N, 4) xyxy in input pixels, best score (B, N), class (B, N).
 
-    Per level: centre = (t_xy + cell index) * stride, size = exp(t_wh) * stride,
-    score = objectness * class probability. Fixed shapes, no host synchronisation.
+    Per cell: centre = (t_xy + cell index) * stride, size = exp(t_wh) * stride,
+    score = objectness * class probability. Fixed shapes, no host synchronisation. The levels
+    are joined first and decoded as one (cell indices and strides per anchor, cached per input
+    size): about ten kernels instead of thirty, and the same numbers as level by level (the
+    strides are powers of two, so every product and quotient is exact in either form).
     """
-    boxes, scores = [], []
-    for m, s in zip(maps, strides):
-        b, c, h, w = m.shape
-        p = m.flatten(2).transpose(1, 2)                    # (B, h*w, 5+nc)
-        grid, = cached(_GRIDS, (h, w, m.dtype, m.device), lambda: (_grid(h, w, m.dtype, m.device),))
-        xy = (p[..., 0:2] + grid) * s
-        half = torch.exp(p[..., 2:4]) * (s / 2)
-        boxes.append(torch.cat((xy - half, xy + half), -1))
-        scores.append(p[..., 4:5] * p[..., 5:])
-    score, cls = torch.cat(scores, 1).max(-1)
-    return torch.cat(boxes, 1), score, cls
+    m0 = maps[0]
+    hw = tuple(tuple(m.shape[-2:]) for m in maps)
+
+    def build():
+        grid, stride = prior_grid(hw, strides, 0.0, False, m0.dtype, m0.device)
+        return grid[None], stride[None], stride[None] / 2
+
+    grid, stride, half_stride = cached(_GRIDS, (hw, tuple(strides), m0.dtype, m0.device), build)
+    p = join_levels(maps)                                                   # (B, N, 5+nc)
+    xy = (p[..., 0:2] + grid) * stride
+    half = torch.exp(p[..., 2:4]) * half_stride
+    score, cls = (p[..., 4:5] * p[..., 5:]).max(-1)
+    return torch.cat((xy - half, xy + half), -1), score, cls

@@ -1,0 +1,108 @@
+"""The CNN families' decoders against their per-level formulas, bitwise.
+
+The decoders join the levels and decode once over all anchors (fewer kernels in the captured
+predict stage); these references decode level by level as the papers write it. Same operations
+on the same numbers, so the outputs must be equal, not close, in float32 and float16.
+"""
+import pytest
+import torch
+
+from libreyolo import LibreYOLO
+
+
+def cells(h, w, offset=0.0, stride=1, dtype=torch.float32):
+    ys = (torch.arange(h, dtype=dtype) + offset) * stride
+    xs = (torch.arange(w, dtype=dtype) + offset) * stride
+    gy, gx = torch.meshgrid(ys, xs, indexing="ij")
+    return torch.stack((gx, gy), -1).reshape(1, h * w, 2)
+
+
+def yolox_reference(maps, strides=(8, 16, 32)):
+    boxes, scores = [], []
+    for m, s in zip(maps, strides):
+        p = m.flatten(2).transpose(1, 2)
+        xy = (p[..., 0:2] + cells(*m.shape[-2:], dtype=m.dtype)) * s
+        half = torch.exp(p[..., 2:4]) * (s / 2)
+        boxes.append(torch.cat((xy - half, xy + half), -1))
+        scores.append(p[..., 4:5] * p[..., 5:])
+    score, cls = torch.cat(scores, 1).max(-1)
+    return torch.cat(boxes, 1), score, cls
+
+
+def yolo7_reference(net, maps, strides=(8, 16, 32)):
+    out = []
+    for level, (p, s) in enumerate(zip(maps, strides)):
+        b, _, h, w = p.shape
+        y = p.reshape(b, net.na, 5 + net.nc, h, w).permute(0, 1, 3, 4, 2).sigmoid()
+        grid = cells(h, w, dtype=y.dtype).reshape(1, 1, h, w, 2)
+        anchor = net.anchors[level].to(y.dtype).reshape(1, net.na, 1, 1, 2)
+        xy = (y[..., 0:2] * 2.0 - 0.5 + grid) * s
+        wh = (y[..., 2:4] * 2.0) ** 2 * anchor
+        out.append(torch.cat((xy, wh, y[..., 4:]), -1).reshape(b, -1, 5 + net.nc))
+    pred = torch.cat(out, 1).float()
+    cxcy, wh = pred[..., 0:2], pred[..., 2:4]
+    best, cls = pred[..., 5:].max(-1)
+    return torch.cat((cxcy - 0.5 * wh, cxcy + 0.5 * wh), -1), pred[..., 4] * best, cls
+
+
+def distance_reference(cls_maps, box_maps, size, strides, offset, reg_max=None):
+    boxes, logits = [], []
+    for c, d, s in zip(cls_maps, box_maps, strides):
+        b, _, h, w = d.shape
+        if reg_max is None:
+            dist = d.float().flatten(2).transpose(1, 2)
+        else:
+            d = d.float().reshape(b, 4, reg_max + 1, h * w).permute(0, 3, 1, 2)
+            dist = (d.softmax(-1) * torch.arange(reg_max + 1, dtype=torch.float32)).sum(-1) * s
+        pts = cells(h, w, offset, s)
+        boxes.append(torch.cat((pts - dist[..., :2], pts + dist[..., 2:]), -1))
+        logits.append(c.float().flatten(2).transpose(1, 2))
+    scores, cls = torch.cat(logits, 1).sigmoid().max(-1)
+    box = torch.cat(boxes, 1)
+    box = torch.stack([box[..., i].clamp(0, size) for i in range(4)], -1)
+    return box, scores, cls
+
+
+def assert_equal(got, ref):
+    assert len(got) == len(ref)
+    for g, r in zip(got, ref):
+        assert g.dtype == r.dtype and g.shape == r.shape
+        assert torch.equal(g, r), (g - r).abs().max()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("size", [640, 416])
+def test_yolox_decode_equals_per_level_formula(size, dtype):
+    from libreyolo.models.yolox.nn import decode
+    g = torch.Generator().manual_seed(size)
+    maps = [torch.randn(2, 85, size // s, size // s, generator=g) for s in (8, 16, 32)]
+    for m in maps:
+        m[:, 4:] = m[:, 4:].sigmoid()
+    maps = [m.to(dtype) for m in maps]
+    assert_equal(decode(maps), yolox_reference(maps))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("size", [640, 320])
+def test_yolo7_decode_equals_per_level_formula(size, dtype):
+    net = LibreYOLO.new("yolo7", "tiny", device="cpu", seed=0).model
+    g = torch.Generator().manual_seed(size)
+    maps = [(torch.randn(2, 3 * 85, size // s, size // s, generator=g) * 3).to(dtype) for s in (8, 16, 32)]
+    assert_equal(net.decode(maps), yolo7_reference(net, maps))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("family,size,strides,offset,reg_max",
+                         [("rtmdet", "t", (8, 16, 32), 0.0, None), ("picodet", "s", (8, 16, 32, 64), 0.5, 7)])
+def test_distance_decoders_equal_per_level_formula(family, size, strides, offset, reg_max, dtype, monkeypatch):
+    m = LibreYOLO.new(family, size, device="cpu", seed=0)
+    g = torch.Generator().manual_seed(1)
+    x = torch.rand(2, 3, 416, 416, generator=g)
+    with torch.no_grad():
+        cls_maps, box_maps = m.model(m.normalize(x))
+    cls_maps = [(c * 3).to(dtype) for c in cls_maps]
+    box_maps = [(d if reg_max else d.abs() * 30).to(dtype) for d in box_maps]
+    monkeypatch.setattr(m.model, "forward", lambda *_: (cls_maps, box_maps))
+    with torch.no_grad():
+        got = m.infer(x)
+    assert_equal(got, distance_reference(cls_maps, box_maps, 416, strides, offset, reg_max))
