@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One call on a two-GPU machine (device kind nvidia-h200-x2), everything written straight into
 # $OUT as it is produced (JSON bundled into $OUT/json.tgz after every step):
-#   GPU 0: the whole GPU test suite (tests/gpu: inference graphs + training capture, every row),
+#   GPU 0: every cuda-marked test (tests/gpu: inference graphs + training capture, every row;
+#          tests/unit: per-family loss capture, decoders on the GPU),
 #          then parity + bench of the family sizes in $SIZES (none by default).
 #   GPU 1: where predict's GPU time goes (scripts/profile_stages.py), `libreyolo bench` for the
 #          models in $BENCH, the DETR seam train step at batch 2, 4, 8 for the models in $SEAM;
@@ -18,7 +19,7 @@ export PYTHONPATH="$PWD:${PYTHONPATH:-}" PYTHONUNBUFFERED=1
 python3 -c "import torch;print(torch.__version__, torch.cuda.device_count(), torch.cuda.get_device_name(0))" > "$OUT/env.txt" 2>&1
 (
   export CUDA_VISIBLE_DEVICES=0
-  timeout "${T0:-380}" python3 -m pytest -m cuda tests/gpu -q -p no:cacheprovider -rf \
+  timeout "${T0:-380}" python3 -m pytest -m cuda tests -q -p no:cacheprovider -rf \
     --tb=short --timeout=120 --durations=15 --junitxml="$J/gpu-tests.xml" > "$OUT/gpu-tests.log" 2>&1
   echo "tests rc=$?" >> "$OUT/gpu-tests.log"; pack; touch /tmp/tests-done
   if [ -n "${SIZES:-}" ]; then

@@ -10,9 +10,12 @@ import torch
 from libreyolo import LibreYOLO
 
 
-def cells(h, w, offset=0.0, stride=1, dtype=torch.float32):
-    ys = (torch.arange(h, dtype=dtype) + offset) * stride
-    xs = (torch.arange(w, dtype=dtype) + offset) * stride
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
+
+
+def cells(h, w, offset=0.0, stride=1, dtype=torch.float32, device="cpu"):
+    ys = (torch.arange(h, dtype=dtype, device=device) + offset) * stride
+    xs = (torch.arange(w, dtype=dtype, device=device) + offset) * stride
     gy, gx = torch.meshgrid(ys, xs, indexing="ij")
     return torch.stack((gx, gy), -1).reshape(1, h * w, 2)
 
@@ -21,7 +24,7 @@ def yolox_reference(maps, strides=(8, 16, 32)):
     boxes, scores = [], []
     for m, s in zip(maps, strides):
         p = m.flatten(2).transpose(1, 2)
-        xy = (p[..., 0:2] + cells(*m.shape[-2:], dtype=m.dtype)) * s
+        xy = (p[..., 0:2] + cells(*m.shape[-2:], dtype=m.dtype, device=m.device)) * s
         half = torch.exp(p[..., 2:4]) * (s / 2)
         boxes.append(torch.cat((xy - half, xy + half), -1))
         scores.append(p[..., 4:5] * p[..., 5:])
@@ -34,7 +37,7 @@ def yolo7_reference(net, maps, strides=(8, 16, 32)):
     for level, (p, s) in enumerate(zip(maps, strides)):
         b, _, h, w = p.shape
         y = p.reshape(b, net.na, 5 + net.nc, h, w).permute(0, 1, 3, 4, 2).sigmoid()
-        grid = cells(h, w, dtype=y.dtype).reshape(1, 1, h, w, 2)
+        grid = cells(h, w, dtype=y.dtype, device=y.device).reshape(1, 1, h, w, 2)
         anchor = net.anchors[level].to(y.dtype).reshape(1, net.na, 1, 1, 2)
         xy = (y[..., 0:2] * 2.0 - 0.5 + grid) * s
         wh = (y[..., 2:4] * 2.0) ** 2 * anchor
@@ -53,8 +56,8 @@ def distance_reference(cls_maps, box_maps, size, strides, offset, reg_max=None):
             dist = d.float().flatten(2).transpose(1, 2)
         else:
             d = d.float().reshape(b, 4, reg_max + 1, h * w).permute(0, 3, 1, 2)
-            dist = (d.softmax(-1) * torch.arange(reg_max + 1, dtype=torch.float32)).sum(-1) * s
-        pts = cells(h, w, offset, s)
+            dist = (d.softmax(-1) * torch.arange(reg_max + 1, dtype=torch.float32, device=d.device)).sum(-1) * s
+        pts = cells(h, w, offset, s, device=d.device)
         boxes.append(torch.cat((pts - dist[..., :2], pts + dist[..., 2:]), -1))
         logits.append(c.float().flatten(2).transpose(1, 2))
     scores, cls = torch.cat(logits, 1).sigmoid().max(-1)
@@ -70,34 +73,38 @@ def assert_equal(got, ref):
         assert torch.equal(g, r), (g - r).abs().max()
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("size", [640, 416])
-def test_yolox_decode_equals_per_level_formula(size, dtype):
+def test_yolox_decode_equals_per_level_formula(size, dtype, device):
     from libreyolo.models.yolox.nn import decode
     g = torch.Generator().manual_seed(size)
     maps = [torch.randn(2, 85, size // s, size // s, generator=g) for s in (8, 16, 32)]
     for m in maps:
         m[:, 4:] = m[:, 4:].sigmoid()
-    maps = [m.to(dtype) for m in maps]
+    maps = [m.to(device, dtype) for m in maps]
     assert_equal(decode(maps), yolox_reference(maps))
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("size", [640, 320])
-def test_yolo7_decode_equals_per_level_formula(size, dtype):
-    net = LibreYOLO.new("yolo7", "tiny", device="cpu", seed=0).model
+def test_yolo7_decode_equals_per_level_formula(size, dtype, device):
+    net = LibreYOLO.new("yolo7", "tiny", device=device, seed=0).model
     g = torch.Generator().manual_seed(size)
-    maps = [(torch.randn(2, 3 * 85, size // s, size // s, generator=g) * 3).to(dtype) for s in (8, 16, 32)]
+    maps = [(torch.randn(2, 3 * 85, size // s, size // s, generator=g) * 3).to(device, dtype) for s in (8, 16, 32)]
     assert_equal(net.decode(maps), yolo7_reference(net, maps))
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("family,size,strides,offset,reg_max",
                          [("rtmdet", "t", (8, 16, 32), 0.0, None), ("picodet", "s", (8, 16, 32, 64), 0.5, 7)])
-def test_distance_decoders_equal_per_level_formula(family, size, strides, offset, reg_max, dtype, monkeypatch):
-    m = LibreYOLO.new(family, size, device="cpu", seed=0)
+def test_distance_decoders_equal_per_level_formula(family, size, strides, offset, reg_max, dtype, device,
+                                                   monkeypatch):
+    m = LibreYOLO.new(family, size, device=device, seed=0)
     g = torch.Generator().manual_seed(1)
-    x = torch.rand(2, 3, 416, 416, generator=g)
+    x = torch.rand(2, 3, 416, 416, generator=g).to(device)
     with torch.no_grad():
         cls_maps, box_maps = m.model(m.normalize(x))
     cls_maps = [(c * 3).to(dtype) for c in cls_maps]
