@@ -39,17 +39,20 @@ def available(device: torch.device) -> bool:
 
 if triton is not None:
     @triton.jit
-    def _overlap_bits_kernel(boxes_ptr, cls_ptr, count_ptr, thr_ptr, bits_ptr, K, W,
+    def _overlap_bits_kernel(boxes_ptr, cls_ptr, thr_ptr, bits_ptr, K, W,
                              AGNOSTIC: tl.constexpr, BLOCK_R: tl.constexpr):
-        """bits[b, r, w] bit j = candidate r suppresses candidate 32*w + j (later, same class, IoU > thr)."""
+        """bits[b, r, w] bit j = candidate r suppresses candidate 32*w + j (later, same class, IoU > thr).
+
+        Every pair of the K candidates: the walk reads only the rows and columns of the ones
+        above ``conf`` (a prefix: they are sorted), so nothing here needs their count.
+        """
         b = tl.program_id(0)
         rows = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
         w = tl.program_id(2)
         lane = tl.arange(0, 32)
         cols = w * 32 + lane
-        n = tl.load(count_ptr + b)
-        rlive = rows < n
-        clive = cols < n
+        rlive = rows < K
+        clive = cols < K
         base = boxes_ptr + b * K * 4
         rx1 = tl.load(base + rows * 4 + 0, mask=rlive, other=0.0)
         ry1 = tl.load(base + rows * 4 + 1, mask=rlive, other=0.0)
@@ -78,8 +81,8 @@ if triton is not None:
         return a | b
 
     @triton.jit
-    def _walk_select_kernel(bits_ptr, count_ptr, boxes_ptr, scores_ptr, cls_ptr, out_ptr, K, W, MAX_DET, ROW,
-                            NMS: tl.constexpr, BLOCK_W: tl.constexpr):
+    def _walk_select_kernel(bits_ptr, thr_ptr, boxes_ptr, scores_ptr, cls_ptr, out_ptr, K, W, MAX_DET, ROW,
+                            NMS: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr):
         """The sequential part of greedy NMS and the selection, one program per image.
 
         Walks the sorted candidates 32 at a time. With ``NMS``, one load brings the block's 32
@@ -91,16 +94,24 @@ if triton is not None:
         ``NMS`` (set-prediction heads) every candidate above ``conf`` is kept.
         Each kept candidate's rank (kept ones before it) is its output row while below
         ``MAX_DET``: its box, score and class are written there directly; the image's row of
-        ``out`` (``ROW`` floats) ends with the count, and the rows past it are zeroed.
+        ``out`` (``ROW`` floats) ends with the count, and the rows past it are zeroed. The walk
+        stops once ``MAX_DET`` are kept: later candidates could not be written.
+        The count above ``conf`` (the walk's length) is taken here first, one pass over K scores.
         """
         b = tl.program_id(0)
         words = tl.arange(0, BLOCK_W)
         lane = tl.arange(0, 32)
-        n = tl.load(count_ptr + b)
+        conf = tl.load(thr_ptr)
+        ks = tl.arange(0, BLOCK_K)
+        n = tl.sum((tl.load(scores_ptr + b * K + ks, mask=ks < K, other=0.0) > conf).to(tl.int32), axis=0)
+        for k0 in range(BLOCK_K, K, BLOCK_K):
+            n += tl.sum((tl.load(scores_ptr + b * K + k0 + ks, mask=k0 + ks < K, other=0.0) > conf).to(tl.int32),
+                        axis=0)
         removed = tl.zeros((BLOCK_W,), dtype=tl.int32)
         total = n * 0
+        c = n * 0
         out = out_ptr + b * ROW
-        for c in range(0, tl.cdiv(n, 32)):
+        while (c * 32 < n) & (total < MAX_DET):
             rows = c * 32 + lane
             live = rows < n
             if NMS:
@@ -123,6 +134,7 @@ if triton is not None:
             tl.store(out + rank * 6 + 4, tl.load(scores_ptr + src, mask=put, other=0.0), mask=put)
             tl.store(out + rank * 6 + 5, tl.load(cls_ptr + src, mask=put, other=0).to(tl.float32), mask=put)
             total += tl.sum(k32, axis=0)
+            c += 1
         num = tl.minimum(total, MAX_DET)
         for r in range(num * 6, MAX_DET * 6, 32):
             tl.store(out + r + lane, tl.zeros((32,), dtype=tl.float32), mask=r + lane < MAX_DET * 6)
@@ -137,9 +149,9 @@ def select_packed(boxes: torch.Tensor, scores: torch.Tensor, cls: torch.Tensor, 
     reaches the host in one copy.
 
     ``thresholds`` is a float32 device tensor ``[conf, iou]``. ``nms=False`` (set-prediction
-    heads) keeps every candidate above ``conf``. Three kernels (two without NMS): the count
-    above ``conf``, the pairwise suppression bits in parallel (as torchvision's CUDA kernel
-    builds them), and the walk that keeps and writes (one program per image).
+    heads) keeps every candidate above ``conf``. Two kernels (one without NMS): the pairwise
+    suppression bits in parallel (as torchvision's CUDA kernel builds them), and the walk
+    that counts the candidates above ``conf``, keeps and writes (one program per image).
     """
     bsz, k = scores.shape
     if nms and k > MAX_CANDIDATES:
@@ -147,20 +159,19 @@ def select_packed(boxes: torch.Tensor, scores: torch.Tensor, cls: torch.Tensor, 
     boxes = boxes.float().contiguous()
     scores = scores.float().contiguous()
     cls = cls.contiguous()
-    count = (scores > thresholds[0]).sum(1, dtype=torch.int32)
     w = triton.cdiv(k, 32)
     row = int(max_det) * 6 + 1
     out = torch.empty((bsz, row), dtype=torch.float32, device=scores.device)
     if nms:
         bits = torch.empty((bsz, k, w), dtype=torch.int32, device=scores.device)
         block_r = 32
-        _overlap_bits_kernel[(bsz, triton.cdiv(k, block_r), w)](boxes, cls, count, thresholds, bits, k, w,
+        _overlap_bits_kernel[(bsz, triton.cdiv(k, block_r), w)](boxes, cls, thresholds, bits, k, w,
                                                                 AGNOSTIC=bool(agnostic), BLOCK_R=block_r)
         block_w = max(32, triton.next_power_of_2(w))
     else:
-        bits, block_w = count, 32  # not read
-    _walk_select_kernel[(bsz,)](bits, count, boxes, scores, cls, out, k, w, int(max_det), row,
-                                NMS=bool(nms), BLOCK_W=block_w, num_warps=1 if block_w <= 32 else 4)
+        bits, block_w = out, 32  # not read
+    _walk_select_kernel[(bsz,)](bits, thresholds, boxes, scores, cls, out, k, w, int(max_det), row,
+                                NMS=bool(nms), BLOCK_W=block_w, BLOCK_K=1024, num_warps=1 if block_w <= 32 else 4)
     return out
 
 

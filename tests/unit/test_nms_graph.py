@@ -56,6 +56,13 @@ SCRIPT = textwrap.dedent('''
             ref = reference(many[0][0], many[1][0], many[2][0], conf, iou, 1100, agnostic)
             assert 1 < ref.shape[0] < 1000 and int(count[0]) == ref.shape[0], (ref.shape, count)
             assert torch.equal(dets[0, :ref.shape[0]], ref)
+    # the walk stops once max_det are kept: max_det at and just past a 32-candidate block's tally
+    first_block = int((reference(many[0][0], many[1][0], many[2][0], 0.0, 0.5, 1100, False)[:, 4]
+                       >= many[1][0, 31]).sum())
+    for max_det in (first_block, first_block + 1, first_block + 2):
+        dets, count = nms_graph.select_detections(*many, torch.tensor([0.0, 0.5]), max_det)
+        ref = reference(many[0][0], many[1][0], many[2][0], 0.0, 0.5, max_det, False)
+        assert int(count[0]) == ref.shape[0] == max_det and torch.equal(dets[0], ref), max_det
     # set-prediction heads: no suppression, only conf and max_det
     dets, count = nms_graph.select_detections(*cand, torch.tensor([0.5, 0.5]), 20, nms=False)
     assert torch.equal(count, torch.minimum((cand[1] > 0.5).sum(1), torch.tensor(20)))
