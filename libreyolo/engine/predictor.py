@@ -295,7 +295,7 @@ class Predictor:
         single torch thread the copy into pinned memory is slower than the driver staging the
         array itself, so the array is then uploaded straight from its own memory (the call
         returns once the driver has staged the bytes). Measured per 1280x720 frame on an H200:
-        docs/benchmarks.md, "Upload".
+        docs/benchmarks.md, session 4, "What changed, measured side by side".
         """
         dev = self.model.device
         if isinstance(image, torch.Tensor):

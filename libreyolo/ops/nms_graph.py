@@ -13,8 +13,9 @@ compares class ids instead of offsetting boxes, which also avoids the rounding o
 offsets.
 
 The result is fixed-shape: (B, max_det, 6) rows ``[x1, y1, x2, y2, score, cls]`` in score
-order plus a (B,) count, written by the walk itself (each kept candidate's rank is its row). ``conf`` and ``iou``
-are read from a small device tensor, so one captured graph serves every threshold.
+order plus a (B,) count, written by the walk itself (each kept candidate's rank is its row;
+the walk stops once max_det are kept). ``conf`` and ``iou`` are read from a small device
+tensor, so one captured graph serves every threshold.
 Without Triton or off the GPU, :func:`available` is False and the caller uses
 :func:`libreyolo.ops.nms.nms_per_image` (torchvision) instead.
 """
