@@ -17,10 +17,8 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -31,6 +29,7 @@ SEAM_ARMS = ("eager", "seam")
 
 def run_arm(arm: str, spec: str, batch: int, imgsz: int, amp: bool, runs: int, warmup: int) -> dict:
     from libreyolo import LibreYOLO
+    from libreyolo.benchmark import time_call
     from libreyolo.data.augment import DetectionDataset, collate_detections
     from libreyolo.data.datasets import resolve_data
     from libreyolo.graphs.training import TrainStepRunner, prime_optimizer_state, training_state
@@ -83,16 +82,8 @@ def run_arm(arm: str, spec: str, batch: int, imgsz: int, amp: bool, runs: int, w
             runner(x, t, k)
             update()
 
-    for _ in range(warmup):
-        one()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        one()
-        torch.cuda.synchronize()
-        samples.append((time.perf_counter() - t0) * 1e3)
-    return {"arm": arm, "median_ms": statistics.median(samples), "min_ms": min(samples), "runs": runs,
+    timing = time_call(one, torch.device("cuda"), runs, warmup)
+    return {"arm": arm, "median_ms": timing["median_ms"], "min_ms": timing["min_ms"], "runs": runs,
             "runner": runner.info() if seg is None else seg.info()}
 
 

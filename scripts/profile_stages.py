@@ -22,10 +22,24 @@ import numpy as np
 import torch
 
 from libreyolo import SAMPLE_IMAGE, LibreYOLO
+from libreyolo.benchmark import time_call
 from libreyolo.data.sources import load_sources
 from libreyolo.ops import nms_graph
 from libreyolo.ops.letterbox import letterbox
 from libreyolo.ops.nms import top_candidates
+
+
+def event_ms(replay, n: int = 200) -> float:
+    """Median device time of ``replay()`` (a graph replay), by CUDA events around each of ``n``."""
+    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
+    for _ in range(10):
+        replay()
+    for a, b in ev:
+        a.record()
+        replay()
+        b.record()
+    torch.cuda.synchronize()
+    return round(statistics.median(a.elapsed_time(b) for a, b in ev), 4)
 
 
 def graph_ms(fn, *args, n: int = 200) -> float:
@@ -39,28 +53,21 @@ def graph_ms(fn, *args, n: int = 200) -> float:
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         fn(*args)
-    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
-    for _ in range(10):
-        g.replay()
-    for a, b in ev:
-        a.record()
-        g.replay()
-        b.record()
-    torch.cuda.synchronize()
-    return round(statistics.median(a.elapsed_time(b) for a, b in ev), 4)
+    return event_ms(g.replay, n)
 
 
 def host_ms(fn, n: int = 200) -> float:
-    for _ in range(10):
-        fn()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(n):
-        t = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        out.append((time.perf_counter() - t) * 1e3)
-    return round(statistics.median(out), 4)
+    """Median wall time of ``fn()`` with the device synchronized after each call (10 warm-up calls)."""
+    return round(time_call(fn, torch.device("cuda"), n, 10)["median_ms"], 4)
+
+
+def side_by_side(arms: dict, rounds: int, n: int) -> dict:
+    """``{name: fn}`` timed in alternating blocks of ``n`` calls, ``rounds`` rounds: median per arm."""
+    times: dict = {k: [] for k in arms}
+    for _ in range(rounds):
+        for name, fn in arms.items():
+            times[name].append(host_ms(fn, n=n))
+    return {k: round(statistics.median(v), 4) for k, v in times.items()}
 
 
 def predict_ladder(m, img, rounds: int = 5, n: int = 60) -> dict:
@@ -70,7 +77,8 @@ def predict_ladder(m, img, rounds: int = 5, n: int = 60) -> dict:
     e2e: ``m(img, cuda_graph=True)``; device_src: the image already on the GPU (no upload, no
     host copy of it); run_batch: the predictor's stage call + the copy to the host (no source
     handling, no Results); replay_cpu: the cached graph's replay + the copy to the host (no
-    runner); replay_pinned: the same copy into pinned memory; replay_sync: replay + synchronize; device: the graph's replay timed by CUDA events.
+    runner); replay_pinned: the same copy into pinned memory; replay_sync: replay + synchronize;
+    device: the graph's replay timed by CUDA events.
     """
     p = m._get_predictor()
     thr = p._thresholds(0.25, 0.45)
@@ -97,18 +105,8 @@ def predict_ladder(m, img, rounds: int = 5, n: int = 60) -> dict:
         "replay_pinned": replay_pinned,
         "replay_sync": lambda: g.replay((u8, thr), clone=False),
     }
-    times: dict = {k: [] for k in arms}
-    for _ in range(rounds):
-        for name, fn in arms.items():
-            times[name].append(host_ms(fn, n=n))
-    out = {k: round(statistics.median(v), 4) for k, v in times.items()}
-    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(100)]
-    for a, b in ev:
-        a.record()
-        g.replay((u8, thr), clone=False)
-        b.record()
-    torch.cuda.synchronize()
-    out["device"] = round(statistics.median(a.elapsed_time(b) for a, b in ev), 4)
+    out = side_by_side(arms, rounds, n)
+    out["device"] = event_ms(lambda: g.replay((u8, thr), clone=False), 100)
     return out
 
 
@@ -156,15 +154,19 @@ def profile(spec: str, kernels: bool, out_prefix: str, ladder: bool = False) -> 
     try:  # families not yet flagged for graphs refuse cuda_graph=True
         res["predict_graph_ms"] = host_ms(lambda: m(img, cuda_graph=True), n=150)
         # the two upload paths inside predict, side by side (alternating blocks of 50 calls)
-        arms = {"pinned": 1, "direct": 1 << 30}
-        times: dict = {k: [] for k in arms}
-        for _ in range(4):
-            for name, min_threads in arms.items():
+        default = type(p).STAGE_MIN_THREADS
+
+        def upload_arm(min_threads):
+            def call():
                 type(p).STAGE_MIN_THREADS = min_threads
-                times[name].append(host_ms(lambda: m(img, cuda_graph=True), n=50))
-        type(p).STAGE_MIN_THREADS = 2
-        for name, v in times.items():
-            res[f"predict_graph_upload_{name}_ms"] = round(statistics.median(v), 4)
+                return m(img, cuda_graph=True)
+            return call
+        try:
+            medians = side_by_side({"pinned": upload_arm(1), "direct": upload_arm(1 << 30)}, 4, 50)
+        finally:
+            type(p).STAGE_MIN_THREADS = default
+        for name, v in medians.items():
+            res[f"predict_graph_upload_{name}_ms"] = v
     except NotImplementedError as exc:
         res["predict_graph_ms"] = str(exc)
     res["torch_threads"] = torch.get_num_threads()

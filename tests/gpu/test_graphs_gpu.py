@@ -259,12 +259,12 @@ def test_pinned_staging_is_reused_only_after_its_upload_and_equals_direct(images
     ups = [p._upload(f, 0) for f in frames]  # one buffer (same shape, slot 0) refilled 6 times
     assert all(torch.equal(u.cpu(), torch.from_numpy(f)) for u, f in zip(ups, frames))
     assert len(p._local.staging) == 1
-    results = {}
+    results, default = {}, Predictor.STAGE_MIN_THREADS
     for name, min_threads in (("pinned", 1), ("direct", 1 << 30)):
         Predictor.STAGE_MIN_THREADS = min_threads
         try:
             results[name] = [model(f, cuda_graph=mode)[0].boxes.data for f in frames[:3] for mode in (False, True)]
         finally:
-            Predictor.STAGE_MIN_THREADS = 2
+            Predictor.STAGE_MIN_THREADS = default
     assert all(torch.equal(a, b) for a, b in zip(results["pinned"], results["direct"]))
     assert sum(len(r) for r in results["pinned"]) > 0
