@@ -8,6 +8,7 @@ aspect ratio, no padding (PicoDet's convention). Output is float RGB in [0, 1], 
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -31,6 +32,7 @@ class LetterboxParams:
 MODES = ("topleft", "center", "stretch")
 
 
+@functools.lru_cache(maxsize=512)  # called per image per predict; a frozen dataclass is slow to build
 def letterbox_params(h: int, w: int, size: int, mode: str = "topleft") -> LetterboxParams:
     if h <= 0 or w <= 0:
         raise ValueError(f"cannot letterbox an empty image of size {h}x{w}")
@@ -46,14 +48,21 @@ def letterbox_params(h: int, w: int, size: int, mode: str = "topleft") -> Letter
 
 
 def letterbox(images_u8: torch.Tensor, size: int, mode: str = "topleft") -> torch.Tensor:
-    """(B, H, W, 3) uint8 RGB -> (B, 3, size, size) float32 in [0, 1], image at top-left."""
+    """(B, H, W, 3) uint8 RGB -> (B, 3, size, size) float32 in [0, 1], image at top-left.
+
+    To float, resize, pad with 114, divide by 255. The padding is divided with the image (on
+    CUDA a division by a scalar multiplies by its float32 reciprocal, so the padding's value
+    depends on the device: computing it on the host would not give the same numbers).
+    """
     if images_u8.dim() != 4 or images_u8.shape[-1] != 3:
         raise ValueError(f"letterbox expects (B, H, W, 3) images, got shape {tuple(images_u8.shape)}")
+    if images_u8.dtype != torch.uint8:
+        raise ValueError(f"letterbox expects uint8 images, got {images_u8.dtype}")
     _, h, w, _ = images_u8.shape
     p = letterbox_params(h, w, size, mode)
-    # Contiguous NCHW before anything else: a permuted (channels-last) tensor would carry its
+    # Contiguous NCHW float in one copy: a permuted (channels-last) tensor would carry its
     # memory format through interpolate/pad into every convolution of the network.
-    x = images_u8.permute(0, 3, 1, 2).contiguous().float()
+    x = images_u8.permute(0, 3, 1, 2).to(torch.float32, memory_format=torch.contiguous_format)
     if (p.new_h, p.new_w) != (h, w):
         x = F.interpolate(x, size=(p.new_h, p.new_w), mode="bilinear", align_corners=False)
     if (p.new_h, p.new_w) != (size, size):

@@ -1,4 +1,5 @@
-"""The CNN families' decoders against their per-level formulas, bitwise.
+"""The CNN families' decoders against their per-level formulas, and the letterbox against its
+plain formula, bitwise.
 
 The decoders join the levels and decode once over all anchors (fewer kernels in the captured
 predict stage); these references decode level by level as the papers write it. Same operations
@@ -113,3 +114,39 @@ def test_distance_decoders_equal_per_level_formula(family, size, strides, offset
     with torch.no_grad():
         got = m.infer(x)
     assert_equal(got, distance_reference(cls_maps, box_maps, 416, strides, offset, reg_max))
+
+
+def letterbox_reference(u8, size, mode):
+    """To float, resize, pad with 114, divide by 255, written plainly (letterbox makes the float
+    NCHW copy in one kernel instead of two)."""
+    import torch.nn.functional as F
+    from libreyolo.ops.letterbox import PAD_VALUE, letterbox_params
+    _, h, w, _ = u8.shape
+    p = letterbox_params(h, w, size, mode)
+    x = u8.permute(0, 3, 1, 2).contiguous().float()
+    if (p.new_h, p.new_w) != (h, w):
+        x = F.interpolate(x, size=(p.new_h, p.new_w), mode="bilinear", align_corners=False)
+    if (p.new_h, p.new_w) != (size, size):
+        x = F.pad(x, (p.pad_x, size - p.new_w - p.pad_x, p.pad_y, size - p.new_h - p.pad_y), value=PAD_VALUE)
+    return x.div_(255.0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("mode", ["topleft", "center", "stretch"])
+@pytest.mark.parametrize("hw,batch", [((720, 1280), 1), ((300, 500), 2), ((160, 160), 1), ((161, 97), 1)])
+def test_letterbox_equals_plain_formula(hw, batch, mode, device):
+    from libreyolo.ops.letterbox import letterbox
+    g = torch.Generator().manual_seed(hw[0])
+    u8 = torch.randint(0, 256, (batch, *hw, 3), generator=g, dtype=torch.uint8).to(device)
+    got = letterbox(u8, 160, mode)
+    assert got.is_contiguous() and got.shape == (batch, 3, 160, 160)
+    assert_equal([got], [letterbox_reference(u8, 160, mode)])
+    if device == "cuda":  # inside predict's autocast as well
+        with torch.autocast("cuda", dtype=torch.float16):
+            assert_equal([letterbox(u8, 160, mode)], [letterbox_reference(u8, 160, mode)])
+
+
+def test_letterbox_refuses_non_uint8():
+    from libreyolo.ops.letterbox import letterbox
+    with pytest.raises(ValueError, match="uint8"):
+        letterbox(torch.zeros(1, 8, 8, 3), 32)
