@@ -69,8 +69,20 @@ class SourceItem:
     def own(self) -> None:
         """Replace a borrowed image by a private copy (no-op otherwise)."""
         if self.borrowed:
-            self.image = self.image.copy()
+            self.image = _parallel_copy(self.image)
             self.borrowed = False
+
+
+def _parallel_copy(a: np.ndarray) -> np.ndarray:
+    """A copy of a C-contiguous array made by torch's multi-threaded copy: a 1280x720 frame in
+    ~20 us on 16 threads where numpy's single thread takes ~250 us, and the calling core's caches
+    are left mostly alone (docs/benchmarks.md, session 5)."""
+    out = np.empty_like(a)
+    if a.flags.writeable and a.flags.c_contiguous and torch.get_num_threads() > 1:
+        torch.from_numpy(out).copy_(torch.from_numpy(a))
+    else:  # torch warns on read-only arrays; on one thread numpy's copy is as fast
+        np.copyto(out, a)
+    return out
 
 
 def load_sources(source: Any, *, bgr: bool = False, borrow: bool = False) -> list[SourceItem]:

@@ -343,6 +343,13 @@ def test_borrow_uses_rgb_uint8_arrays_in_place_until_owned():
     item.own()
     assert not item.borrowed and not np.shares_memory(item.image, arr)
     np.testing.assert_array_equal(item.image, arr)
+    big = np.random.default_rng(1).integers(0, 256, (480, 640, 3), dtype=np.uint8)  # torch's threaded copy
+    for frozen in (False, True):  # a read-only array is copied by numpy (torch warns on those)
+        big.flags.writeable = not frozen
+        (item,) = load_sources(big, borrow=True)
+        item.own()
+        assert item.image.flags.writeable and not np.shares_memory(item.image, big)
+        np.testing.assert_array_equal(item.image, big)
     # arrays that need a conversion are never borrowed
     (bgr,) = load_sources(arr, bgr=True, borrow=True)
     assert not bgr.borrowed and not np.shares_memory(bgr.image, arr)
