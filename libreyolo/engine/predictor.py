@@ -8,6 +8,7 @@ Post-processing is one batched NMS for the whole batch and one copy to the host.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -28,6 +29,7 @@ from ..ops.nms_graph import select_packed
 from ..results import Boxes, Results
 
 log = logging.getLogger("libreyolo")
+_NO_CONTEXT = contextlib.nullcontext()
 
 
 def _amp_dtype(amp: Any, default: torch.dtype = torch.float16) -> torch.dtype | None:
@@ -122,18 +124,24 @@ class Predictor:
 
     def _autocast(self, amp_dtype):
         dev = self.model.device.type
-        if amp_dtype is None:
-            return torch.autocast(dev, enabled=False)
+        if amp_dtype is None:  # shield the stage from a caller's autocast region, if any
+            return torch.autocast(dev, enabled=False) if torch.is_autocast_enabled(dev) else _NO_CONTEXT
         if dev != "cuda":
             raise ValueError("amp=True needs a CUDA device; on the CPU predict runs in float32 (amp=False)")
         return torch.autocast("cuda", dtype=amp_dtype)
 
     def run_batch(self, images: list[torch.Tensor], size: int, mode: Any, amp_dtype,
-                  max_nms: int = 1000, post: tuple | None = None, thr: torch.Tensor | None = None) -> tuple:
-        """uint8 HWC device tensors -> (stage outputs, per-image letterbox scale)."""
+                  max_nms: int = 1000, post: tuple | None = None, thr: torch.Tensor | None = None,
+                  host: bool = False) -> tuple:
+        """uint8 HWC device tensors -> (stage outputs, per-image letterbox scale).
+
+        ``host=True``: the outputs come as a :class:`~libreyolo.graphs.capture.HostCopy`
+        (``wait()`` gives them in host memory; see :meth:`GraphRunner.__call__`).
+        """
         runner = self.model._runner
         net, from_u8 = self._stage_fns(size, max_nms, post)
         extra, tag = self._stage_args(post, thr)
+        opts = {"host": host, "constant": (1,) if extra else ()}  # the cached [conf, iou] tensor
         resize = self.model.RESIZE
         scales = []
         for im in images:  # per-axis: the resized size is rounded, so x and y scales differ slightly
@@ -152,11 +160,11 @@ class Predictor:
                 if len(self._raw_seen) > 256:
                     self._raw_seen.clear()
                 if use_u8:
-                    return runner(key, from_u8, (u8, *extra), mode), scales
+                    return runner(key, from_u8, (u8, *extra), mode, **opts), scales
                 x = letterbox(u8, size, resize)
             else:
                 x = torch.cat([letterbox(im.unsqueeze(0), size, resize) for im in images])
-            return runner(("net", size, max_nms, *tag), net, (x, *extra), mode), scales
+            return runner(("net", size, max_nms, *tag), net, (x, *extra), mode, **opts), scales
 
     def _post(self, max_det: int, agnostic: bool, classes) -> tuple | None:
         """Whether NMS + selection run inside the stage (CUDA with Triton, no class filter)."""
@@ -224,6 +232,8 @@ class Predictor:
             m._warned_untrained = True
         sync = (torch.cuda.synchronize if profile and m.device.type == "cuda" else (lambda: None))
         t_load = time.perf_counter()
+        if getattr(self._local, "busy", None):  # left by a call that failed mid-way: maybe still
+            self._local.busy.clear()           # uploading, so to torch's allocator, not the free list
         items = load_sources(source, bgr=bgr, borrow=True)  # owned below, while the GPU works
         t_load = (time.perf_counter() - t_load) * 1e3 / max(1, len(items))
         results: list[Results] = []
@@ -239,12 +249,13 @@ class Predictor:
         for start in range(0, len(items), int(batch)):
             chunk = items[start:start + int(batch)]
             t0 = time.perf_counter()
-            dev_images = [self._upload(it.image, j) for j, it in enumerate(chunk)]
+            dev_images = [self._upload(it.image) for it in chunk]
             sync()
             t1 = time.perf_counter()
             post = self._post(max_det, agnostic_nms, classes)
             thr = None if post is None else self._thresholds(conf, iou)
-            out, scales = self.run_batch(dev_images, size, mode, amp_dtype, int(max_nms), post, thr)
+            out, scales = self.run_batch(dev_images, size, mode, amp_dtype, int(max_nms), post, thr,
+                                         host=post is not None)
             for it in chunk:  # the host copy of borrowed arrays overlaps with the queued GPU work
                 it.own()
             sync()
@@ -257,9 +268,10 @@ class Predictor:
                 img_col = dets[:, 0]
                 per_image = [dets[img_col == i, 1:] for i in range(len(chunk))]
             else:  # one copy: (B, max_det * 6 + 1) = detections in score order + count per image
-                host = out.cpu().numpy()
+                host = out.wait().numpy()
                 counts = host[:, -1].astype(np.int64).tolist()
                 per_image = [host[i, :n * 6].reshape(n, 6).copy() for i, n in enumerate(counts)]
+            self._release_staging()  # the outputs came after this chunk's uploads on the same stream
             t3 = time.perf_counter()
             speed = {"load": t_load, "preprocess": (t1 - t0) * 1e3 / len(chunk),
                      "inference": (t2 - t1) * 1e3 / len(chunk), "postprocess": (t3 - t2) * 1e3 / len(chunk)}
@@ -285,17 +297,20 @@ class Predictor:
     #: least this many threads; with fewer the driver's own staging is faster (see :meth:`_upload`)
     STAGE_MIN_THREADS = 2
 
-    def _upload(self, image: Any, slot: int = 0) -> torch.Tensor:
-        """Host image -> device uint8 tensor (``slot``: the image's place in its batch).
+    def _upload(self, image: Any) -> torch.Tensor:
+        """Host image -> device uint8 tensor.
 
-        On CUDA a host image is copied into a pinned buffer of this thread (one per image
-        shape and batch slot) by torch's multi-threaded copy, and the buffer is uploaded
-        asynchronously: the host goes on queuing the stage while the bytes travel. Before a
-        buffer is refilled, the event recorded after its last upload is waited on. With a
+        On CUDA a host image is copied into a pinned buffer by torch's multi-threaded copy and
+        uploaded asynchronously: the host goes on queuing the stage while the bytes travel.
+        The buffer is this thread's: taken from its free list (or allocated) and kept busy
+        until :meth:`_release_staging`, which the predict loop calls once it has waited for
+        the chunk's outputs - queued after the upload on the same stream, so the upload has
+        arrived by then. A caller that never releases just gets fresh buffers from torch's
+        pinned allocator, which reuses a block only after its copies have finished. With a
         single torch thread the copy into pinned memory is slower than the driver staging the
         array itself, so the array is then uploaded straight from its own memory (the call
-        returns once the driver has staged the bytes). Measured per 1280x720 frame on an H200:
-        docs/benchmarks.md, session 4, "What changed, measured side by side".
+        returns once the driver has staged the bytes). Measured per 1280x720 frame on an
+        H200: docs/benchmarks.md, sessions 4 and 5.
         """
         dev = self.model.device
         if isinstance(image, torch.Tensor):
@@ -309,16 +324,27 @@ class Predictor:
             src = torch.from_numpy(arr)  # only read: a read-only array is fine
         if torch.get_num_threads() < self.STAGE_MIN_THREADS:
             return src.to(dev, non_blocking=True)
-        cache = getattr(self._local, "staging", None)
-        if cache is None or len(cache) > 32:  # freed buffers stay safe: torch's pinned allocator
-            cache = self._local.staging = {}  # reuses a block only after its copies have finished
-        key = (tuple(src.shape), src.dtype, slot, str(dev))
-        entry = cache.get(key)
-        if entry is None:
-            entry = cache[key] = (torch.empty(src.shape, dtype=src.dtype, pin_memory=True), torch.cuda.Event())
-        buf, done = entry
-        done.synchronize()  # the previous upload from this buffer has finished (at once if never recorded)
+        local = self._local
+        if not hasattr(local, "free"):
+            local.free, local.busy = {}, []
+        if len(local.busy) >= 64:  # uploads never released (not from predict): torch's allocator keeps them safe
+            del local.busy[:32]
+        key = (tuple(src.shape), src.dtype)
+        free = local.free.get(key)
+        buf = free.pop() if free else torch.empty(src.shape, dtype=src.dtype, pin_memory=True)
+        local.busy.append((key, buf))
         buf.copy_(src)
-        out = buf.to(dev, non_blocking=True)
-        done.record(torch.cuda.current_stream(dev))
-        return out
+        return buf.to(dev, non_blocking=True)
+
+    def _release_staging(self) -> None:
+        """Return this thread's busy staging buffers to its free list: call only once the work
+        queued after their uploads (on the same stream) has been waited for."""
+        local = self._local
+        busy = getattr(local, "busy", None)
+        if not busy:
+            return
+        if len(local.free) > 16:  # many image sizes: let torch's allocator have the idle buffers
+            local.free.clear()
+        for key, buf in busy:
+            local.free.setdefault(key, []).append(buf)
+        busy.clear()

@@ -55,7 +55,12 @@ def restore_buffers(saved: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
 
 @dataclass
 class CapturedGraph:
-    """A captured graph with its static input and output tensors."""
+    """A captured graph with its static input and output tensors.
+
+    ``writes_inputs`` says whether the captured function wrote into its inputs (their version
+    counters moved during warm-up or capture); only a graph that never does may skip the copy
+    of an input that is the very tensor it copied last time (see :meth:`replay`).
+    """
 
     graph: Any
     static_inputs: tuple[torch.Tensor, ...]
@@ -64,21 +69,77 @@ class CapturedGraph:
     pool_bytes: int = 0
     replays: int = 0
     meta: dict = field(default_factory=dict)
+    writes_inputs: bool = True
+    _copied: dict = field(default_factory=dict, repr=False)  # input position -> (tensor, version) copied last
 
-    def replay(self, inputs: Sequence[torch.Tensor], clone: bool = True) -> Any:
+    def replay(self, inputs: Sequence[torch.Tensor], clone: bool = True, constant: Sequence[int] = ()) -> Any:
         """Copy ``inputs`` into the static buffers, replay, return the outputs.
 
         With ``clone`` the outputs are fresh tensors that stay valid after the next
         replay; without it they are the static buffers (borrowed until the next replay).
+        ``constant``: positions of inputs the caller never modifies in place (a cached
+        thresholds tensor, say); such an input is not copied again when it is the same tensor
+        object, at the same version, as the one copied last time and the graph never writes
+        its inputs (one copy and its launch fewer per replay).
         """
-        for dst, src in zip(self.static_inputs, inputs):
-            if dst.data_ptr() != src.data_ptr():
-                dst.copy_(src, non_blocking=True)
+        for i, (dst, src) in enumerate(zip(self.static_inputs, inputs)):
+            if dst.data_ptr() == src.data_ptr():
+                continue
+            if i in constant and not self.writes_inputs:
+                last = self._copied.get(i)
+                if last is not None and last[0] is src and last[1] == src._version:
+                    continue
+                self._copied[i] = (src, src._version)
+            else:
+                self._copied.pop(i, None)
+            dst.copy_(src, non_blocking=True)
         self.graph.replay()
         self.replays += 1
         if clone:
             return tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, self.static_outputs)
         return self.static_outputs
+
+
+class HostCopy:
+    """Outputs on their way to the host (see :func:`to_host`): :meth:`wait` returns them."""
+
+    __slots__ = ("_outputs", "_event")
+
+    def __init__(self, outputs: Any, event: Any = None):
+        self._outputs = outputs
+        self._event = event
+
+    def wait(self) -> Any:
+        """The outputs as host tensors, once their copies have arrived."""
+        if self._event is not None:
+            self._event.synchronize()
+            self._event = None
+        return self._outputs
+
+
+def to_host(outputs: Any) -> HostCopy:
+    """Queue copies of the CUDA tensors in ``outputs`` (a tensor or a tree of them) into pinned
+    host memory, on their device's current stream, and return at once.
+
+    Queued right after a replay (under the runner's lock), the copy is ordered before any later
+    replay of the same graph, so the static outputs can be read without cloning them on the
+    device first; and the caller waits on one event instead of a synchronous copy to pageable
+    memory (docs/benchmarks.md, session 5). Host tensors are passed through.
+    """
+    leaves, _ = tree_flatten(outputs)
+    dev = next((t.device for t in leaves if isinstance(t, torch.Tensor) and t.is_cuda), None)
+    if dev is None:
+        return HostCopy(outputs)
+
+    def copy(t):
+        if not (isinstance(t, torch.Tensor) and t.is_cuda):
+            return t
+        # torch's pinned allocator hands this block out again only after the copy has finished
+        return torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True)
+    host = tree_map(copy, outputs)
+    event = torch.cuda.Event()
+    event.record(torch.cuda.current_stream(dev))
+    return HostCopy(host, event)
 
 
 class CudaGraphCapturer:
@@ -112,6 +173,7 @@ class CudaGraphCapturer:
         with CAPTURE_LOCK, torch.cuda.device(device):
             t0 = time.perf_counter()
             static_inputs = tuple(x.detach().clone() for x in inputs)
+            versions = [x._version for x in static_inputs]
             saved = snapshot_buffers(module)
             rng = torch.cuda.get_rng_state(device)
             side = torch.cuda.Stream(device)
@@ -135,4 +197,5 @@ class CudaGraphCapturer:
             if not any(isinstance(t, torch.Tensor) for t in leaves):
                 raise RuntimeError("the captured function returned no tensor")
             return CapturedGraph(graph, static_inputs, static_outputs,
-                                 (time.perf_counter() - t0) * 1e3, pool_bytes)
+                                 (time.perf_counter() - t0) * 1e3, pool_bytes,
+                                 writes_inputs=[x._version for x in static_inputs] != versions)

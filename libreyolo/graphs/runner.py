@@ -32,7 +32,7 @@ from typing import Any, Callable, Hashable, Sequence
 
 import torch
 
-from .capture import CudaGraphCapturer, autocast_state
+from .capture import CudaGraphCapturer, autocast_state, to_host
 
 log = logging.getLogger("libreyolo")
 
@@ -149,7 +149,7 @@ class GraphRunner:
     def signature(key: Hashable, inputs: Sequence[torch.Tensor]) -> tuple:
         dev = inputs[0].device.type if inputs else "cpu"
         return (key,
-                tuple((tuple(x.shape), x.dtype, str(x.device)) for x in inputs),
+                tuple([(tuple(x.shape), x.dtype, x.device) for x in inputs]),
                 autocast_state(dev if dev in ("cuda", "cpu") else "cuda"),
                 torch.is_grad_enabled())
 
@@ -168,18 +168,31 @@ class GraphRunner:
             log.info("libreyolo: cuda_graph='auto' runs %s eager: %s", self.family, reason)
         self._fallbacks[reason] += 1
 
-    def _eager(self, fn, inputs):
+    def _eager(self, fn, inputs, host: bool = False):
         self.eager_calls += 1
-        return fn(*inputs)
+        out = fn(*inputs)
+        return to_host(out) if host else out
+
+    @staticmethod
+    def _replay(entry: _Entry, inputs, clone: bool, host: bool, constant: Sequence[int]):
+        out = entry.graph.replay(inputs, clone=clone and not host, constant=constant)
+        # The host copy is queued under the lock: before any later replay overwrites the outputs.
+        return to_host(out) if host else out
 
     def __call__(self, key: Hashable, fn: Callable[..., Any], inputs: Sequence[torch.Tensor],
-                 mode: Any = "auto", clone: bool = True) -> Any:
-        """Run stage ``key`` = ``fn(*inputs)`` eager, captured or replayed per ``mode``."""
+                 mode: Any = "auto", clone: bool = True, host: bool = False, constant: Sequence[int] = ()) -> Any:
+        """Run stage ``key`` = ``fn(*inputs)`` eager, captured or replayed per ``mode``.
+
+        ``host=True`` returns a :class:`~libreyolo.graphs.capture.HostCopy` of the outputs (its
+        ``wait()`` gives them in host memory) instead of device tensors: a replay's outputs are
+        then copied straight from the graph's buffers, without a device clone. ``constant``:
+        positions of inputs the caller never modifies in place (see ``CapturedGraph.replay``).
+        """
         mode = normalize_mode(mode)
         inputs = tuple(inputs)
         self.last_mode = mode
         if mode is False:
-            return self._eager(fn, inputs)
+            return self._eager(fn, inputs, host)
         if not self.supported:
             if mode is True:
                 raise NotImplementedError(
@@ -187,7 +200,7 @@ class GraphRunner:
                     f"{self.unsupported_reason}. Use cuda_graph=False or 'auto' (which runs eager).")
             with self._lock:
                 self._note_fallback(f"family '{self.family}' is not graph-capturable: {self.unsupported_reason}")
-            return self._eager(fn, inputs)
+            return self._eager(fn, inputs, host)
         dev = inputs[0].device if inputs else torch.device("cpu")
         if not self.capturer.can_capture(dev):
             if mode is True:
@@ -197,7 +210,7 @@ class GraphRunner:
                     + ". Move it with model.to('cuda'), or use cuda_graph='auto' (eager where graphs cannot run).")
             with self._lock:
                 self._note_fallback(f"inputs are on '{dev}', CUDA graphs need a CUDA device")
-            return self._eager(fn, inputs)
+            return self._eager(fn, inputs, host)
         sig = self.signature(key, inputs)
         with self._lock:
             entry = self._graphs.get(sig)
@@ -208,7 +221,7 @@ class GraphRunner:
                 # replay harmless; its output is dropped and the stage runs again below.
                 self._graphs.move_to_end(sig)
                 entry.last_used = time.time()
-                out = entry.graph.replay(inputs, clone=clone)
+                out = self._replay(entry, inputs, clone, host, constant)
                 if self.fingerprint() == self._fingerprint:
                     return out
                 if dev.type == "cuda":
@@ -217,10 +230,10 @@ class GraphRunner:
             entry = self._graphs.get(sig)
             if entry is None:
                 if sig in self._failed:
-                    return self._eager(fn, inputs)
+                    return self._eager(fn, inputs, host)
                 self._seen[sig] += 1
                 if mode == "auto" and self._seen[sig] < self.capture_after:
-                    return self._eager(fn, inputs)
+                    return self._eager(fn, inputs, host)
                 try:
                     graph = self.capturer.capture(fn, inputs, module=self.module)
                 except Exception as exc:  # capture failure: raise for True, eager for auto
@@ -229,14 +242,14 @@ class GraphRunner:
                     reason = f"capture of {_describe(sig)['stage']} failed: {type(exc).__name__}: {exc}"
                     self._failed[sig] = reason
                     self._note_fallback(reason)
-                    return self._eager(fn, inputs)
+                    return self._eager(fn, inputs, host)
                 self.captures += 1
                 self._fingerprint = self.fingerprint()  # capture may bump buffer versions
                 entry = self._insert(sig, graph)
             else:
                 self._graphs.move_to_end(sig)
             entry.last_used = time.time()
-            return entry.graph.replay(inputs, clone=clone)
+            return self._replay(entry, inputs, clone, host, constant)
 
     def _insert(self, sig: tuple, graph) -> _Entry:
         held = tuple(t.untyped_storage() for t in self._tensors or ())

@@ -248,17 +248,22 @@ def test_predict_post_stage_is_captured_with_nms(images):
     assert torch.equal(eager[0].boxes.data, graph[0].boxes.data) and len(eager[0]) > 0
 
 
-def test_pinned_staging_is_reused_only_after_its_upload_and_equals_direct(images):
-    """Back-to-back uploads through one staging buffer never overwrite bytes still travelling,
-    and predict gives the same boxes through the pinned staging path and the direct one."""
+def test_pinned_uploads_arrive_intact_and_equal_direct(images):
+    """Back-to-back uploads never share a staging buffer until it is released (after the wait
+    that covers them), and predict gives the same boxes through the pinned staging path and the
+    direct one."""
     from libreyolo.engine.predictor import Predictor
     model = filled_model("yolo9", "t")
     p = model._get_predictor()
     frames = [np.ascontiguousarray(np.roll(images[0], 101 * i, axis=0)) for i in range(6)]
-    torch.cuda._sleep(20_000_000)  # keep the stream busy (~10 ms) so that the uploads queue behind it
-    ups = [p._upload(f, 0) for f in frames]  # one buffer (same shape, slot 0) refilled 6 times
-    assert all(torch.equal(u.cpu(), torch.from_numpy(f)) for u, f in zip(ups, frames))
-    assert len(p._local.staging) == 1
+    key = (tuple(frames[0].shape), torch.uint8)
+    for _ in range(2):  # first six fresh buffers, then the same six again from the free list
+        torch.cuda._sleep(20_000_000)  # keep the stream busy (~10 ms) so that the uploads queue behind it
+        ups = [p._upload(f) for f in frames]
+        assert not p._local.free.get(key) and len(p._local.busy) == 6
+        assert all(torch.equal(u.cpu(), torch.from_numpy(f)) for u, f in zip(ups, frames))
+        p._release_staging()
+        assert len(p._local.free[key]) == 6 and not p._local.busy
     results, default = {}, Predictor.STAGE_MIN_THREADS
     for name, min_threads in (("pinned", 1), ("direct", 1 << 30)):
         Predictor.STAGE_MIN_THREADS = min_threads
@@ -268,3 +273,40 @@ def test_pinned_staging_is_reused_only_after_its_upload_and_equals_direct(images
             Predictor.STAGE_MIN_THREADS = default
     assert all(torch.equal(a, b) for a, b in zip(results["pinned"], results["direct"]))
     assert sum(len(r) for r in results["pinned"]) > 0
+
+
+def test_host_copies_are_ordered_before_the_next_replay():
+    """Outputs copied to the host straight from a graph's buffers: four replays queued behind a
+    busy stream, each HostCopy still holds its own call's numbers after the later replays."""
+    from libreyolo.graphs.runner import GraphRunner
+    net = torch.nn.Linear(64, 32).cuda()
+    runner = GraphRunner(net, "toy", True)
+    t = torch.tensor([0.5, 2.0], device="cuda")
+
+    def fn(x, t):
+        return net(x).sigmoid() * t[1] - t[0]
+    xs = [torch.randn(8, 64, device="cuda") for _ in range(4)]
+    with torch.no_grad():
+        runner("s", fn, (xs[0], t), True, host=True, constant=(1,)).wait()
+        torch.cuda._sleep(20_000_000)
+        outs = [runner("s", fn, (x, t), True, host=True, constant=(1,)) for x in xs]
+        for out, x in zip(outs, xs):
+            got = out.wait()
+            assert got.is_pinned() and torch.equal(got, fn(x, t).cpu())
+    assert runner.info()["captures"] == 1
+
+
+def test_changed_thresholds_reach_the_graph_and_writing_graphs_are_flagged(images):
+    """The cached [conf, iou] tensor is copied into the graph only when another one comes: each
+    threshold pair in turn still gives eager's boxes. A captured function that writes its input
+    is flagged, so its inputs are always copied."""
+    from libreyolo.graphs.capture import CudaGraphCapturer
+    m = filled_model("yolox", "n")
+    for conf, iou in ((0.25, 0.45), (0.5, 0.45), (0.25, 0.3), (0.25, 0.45)):
+        eager = m(images[0], conf=conf, iou=iou)
+        for _ in range(2):
+            assert same_results(m(images[0], conf=conf, iou=iou, cuda_graph=True), eager), (conf, iou)
+    x = torch.randn(16, device="cuda")
+    cap = CudaGraphCapturer()
+    assert not cap.capture(lambda a: a * 2, (x,)).writes_inputs
+    assert cap.capture(lambda a: a.mul_(2) + 1, (x,)).writes_inputs

@@ -19,7 +19,7 @@ class StandInGraph:
         self.pool_bytes = 0
         self.replays = 0
 
-    def replay(self, inputs, clone=True):
+    def replay(self, inputs, clone=True, constant=()):
         for d, s in zip(self.static_inputs, inputs):
             d.copy_(s)
         self.replays += 1
@@ -236,7 +236,7 @@ def test_cached_graph_is_launched_before_the_stale_check():
     fingerprint, replay = r.fingerprint, StandInGraph.replay
     r.fingerprint = lambda: order.append("check") or fingerprint()
     graph = r._graphs[next(iter(r._graphs))].graph
-    graph.replay = lambda inputs, clone=True: order.append("replay") or replay(graph, inputs, clone)
+    graph.replay = lambda inputs, clone=True, **kw: order.append("replay") or replay(graph, inputs, clone, **kw)
     r("s", net, (x,), mode=True)
     assert order == ["replay", "check"], order
     with torch.no_grad():
@@ -256,3 +256,58 @@ def test_a_graph_holds_the_storages_it_was_captured_with():
     assert old in held and net.weight.untyped_storage().data_ptr() not in held
     r("s", net, (torch.randn(2, 4, dtype=torch.float64),), mode=True)
     assert all(old not in [st.data_ptr() for st in e.held] for e in r._graphs.values())
+
+
+class RecomputingGraph:
+    """Stands in for torch.cuda.CUDAGraph: a replay recomputes the static output from the static inputs."""
+
+    def __init__(self, fn, static_inputs, static_output):
+        self.fn, self.static_inputs, self.static_output = fn, static_inputs, static_output
+
+    def replay(self):
+        self.static_output.copy_(self.fn(*self.static_inputs))
+
+
+def captured(fn, inputs, writes_inputs):
+    from libreyolo.graphs.capture import CapturedGraph
+    static = tuple(x.clone() for x in inputs)
+    out = fn(*static)
+    return CapturedGraph(RecomputingGraph(fn, static, out), static, out, 0.0, writes_inputs=writes_inputs)
+
+
+def test_constant_input_is_copied_again_only_when_it_may_have_changed():
+    """A constant input is skipped only when it is the very tensor copied last time, at the same
+    version; other inputs, and every input of a graph that writes its inputs, are always copied."""
+    def fn(x, t):
+        return x * t[0] + t[1]
+    x, t = torch.randn(5), torch.tensor([2.0, 1.0])
+    g = captured(fn, (x, t), writes_inputs=False)
+    g.replay((x, t), constant=(1,))
+    sentinel = torch.tensor([-7.0, -7.0])
+    g.static_inputs[0].fill_(99.0)
+    g.static_inputs[1].copy_(sentinel)   # a skipped copy leaves the sentinel in place
+    g.replay((x, t), constant=(1,))
+    assert torch.equal(g.static_inputs[1], sentinel) and torch.equal(g.static_inputs[0], x)
+    t.mul_(1.0)                           # in place: a new version, copied again
+    assert torch.equal(g.replay((x, t), constant=(1,)), fn(x, t))
+    g.static_inputs[1].copy_(sentinel)
+    twin = t.clone()                      # equal values, another tensor: copied
+    assert torch.equal(g.replay((x, twin), constant=(1,)), fn(x, t))
+    g.static_inputs[1].copy_(sentinel)
+    assert torch.equal(g.replay((x, t), constant=()), fn(x, t))  # not declared constant: copied
+    w = captured(fn, (x, t), writes_inputs=True)
+    w.replay((x, t), constant=(1,))
+    w.static_inputs[1].copy_(sentinel)
+    assert torch.equal(w.replay((x, t), constant=(1,)), fn(x, t))
+
+
+def test_host_outputs_eager_and_replayed():
+    """host=True hands back a HostCopy whose wait() gives the stage's outputs in host memory."""
+    from libreyolo.graphs.capture import HostCopy
+    net, cap, r = make()
+    x = torch.randn(2, 4)
+    for mode in (False, True, True):
+        out = r("s", net, (x,), mode=mode, host=True)
+        assert isinstance(out, HostCopy)
+        got = out.wait()
+        assert got.device.type == "cpu" and torch.equal(got, net(x)) and out.wait() is got
