@@ -81,6 +81,7 @@ def main() -> None:
     r["predictor_upload_us"] = after_idle(lambda: p._upload(img), n)
     # --- bookkeeping around the stage
     thr = p._thresholds(0.25, 0.45)
+    geo = p._geometry((tuple(img.shape[:2]),), 640)
     post = p._post(300, False, None)
     for _ in range(5):
         m(img, cuda_graph=True)
@@ -92,11 +93,11 @@ def main() -> None:
         with torch.no_grad(), p._autocast(None):
             pass
     r["no_grad_autocast_off_us"] = after_idle(autocast_off, n)
-    r["signature_us"] = after_idle(lambda: m._runner.signature(key, (u8, thr)), n)
-    r["has_graph_us"] = after_idle(lambda: m._runner.has_graph(key, (u8, thr)), n)
+    r["signature_us"] = after_idle(lambda: m._runner.signature(key, (u8, thr, geo)), n)
+    r["has_graph_us"] = after_idle(lambda: m._runner.has_graph(key, (u8, thr, geo)), n)
     r["fingerprint_us"] = after_idle(m._runner.fingerprint, n)
     fn = p._stage_fns(640, 1000, post)[1]
-    r["runner_call_us"] = after_idle(lambda: m._runner(key, fn, (u8, thr), True), n)
+    r["runner_call_us"] = after_idle(lambda: m._runner(key, fn, (u8, thr, geo), True), n)
     r["run_batch_us"] = after_idle(lambda: p.run_batch([u8[0]], 640, True, None, 1000, post, thr), n)
     g = next(e.graph for sig, e in m._runner._graphs.items() if sig[0] == key)
     r["static_input_copy_u8_us"] = after_idle(lambda: g.static_inputs[0].copy_(u8, non_blocking=True), n)

@@ -82,6 +82,7 @@ def predict_ladder(m, img, rounds: int = 5, n: int = 60) -> dict:
     """
     p = m._get_predictor()
     thr = p._thresholds(0.25, 0.45)
+    geo = p._geometry((tuple(img.shape[:2]),), 640)
     post = p._post(300, False, None)
     for _ in range(3):
         m(img, cuda_graph=True)
@@ -94,19 +95,19 @@ def predict_ladder(m, img, rounds: int = 5, n: int = 60) -> dict:
     pinned = torch.empty(g.static_outputs.shape, dtype=g.static_outputs.dtype, pin_memory=True)
 
     def replay_pinned():
-        pinned.copy_(g.replay((u8, thr), clone=False), non_blocking=True)
+        pinned.copy_(g.replay((u8, thr, geo), clone=False), non_blocking=True)
         torch.cuda.current_stream().synchronize()
         return pinned
     arms = {
         "e2e": lambda: m(img, cuda_graph=True),
         "device_src": lambda: m(chw, cuda_graph=True),
         "run_batch": lambda: p.run_batch([dev_img], 640, True, None, 1000, post, thr)[0].cpu(),
-        "replay_cpu": lambda: g.replay((u8, thr), clone=False).cpu(),
+        "replay_cpu": lambda: g.replay((u8, thr, geo), clone=False).cpu(),
         "replay_pinned": replay_pinned,
-        "replay_sync": lambda: g.replay((u8, thr), clone=False),
+        "replay_sync": lambda: g.replay((u8, thr, geo), clone=False),
     }
     out = side_by_side(arms, rounds, n)
-    out["device"] = event_ms(lambda: g.replay((u8, thr), clone=False), 100)
+    out["device"] = event_ms(lambda: g.replay((u8, thr, geo), clone=False), 100)
     return out
 
 
@@ -116,6 +117,7 @@ def profile(spec: str, kernels: bool, out_prefix: str, ladder: bool = False) -> 
     img = load_sources(SAMPLE_IMAGE)[0].image
     p = m._get_predictor()
     thr = p._thresholds(0.25, 0.45)
+    geo = p._geometry((tuple(img.shape[:2]),), 640)
     u8 = p._upload(img).unsqueeze(0)
     res: dict = {"spec": spec, "image": list(img.shape)}
     with torch.no_grad():
@@ -136,7 +138,7 @@ def profile(spec: str, kernels: bool, out_prefix: str, ladder: bool = False) -> 
         res["kept"] = int(nms_graph.select_packed(*cand, thr, 300, nms=m.NMS)[0, -1])
         post = p._post(300, False, None)
         stage = p._stage_fns(640, 1000, post)[1]
-        res["whole_stage_ms"] = graph_ms(stage, u8, thr)
+        res["whole_stage_ms"] = graph_ms(stage, u8, thr, geo)
         res["forward_stage_sum_ms"] = round(res["letterbox_ms"] + res["network_ms"] + res["topk_ms"]
                                             + res["select_ms"], 4)
     arr = np.ascontiguousarray(img)
@@ -177,7 +179,7 @@ def profile(spec: str, kernels: bool, out_prefix: str, ladder: bool = False) -> 
         from torch.profiler import profile as tprof
         with torch.no_grad(), tprof(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(10):
-                stage(u8, thr)
+                stage(u8, thr, geo)
             torch.cuda.synchronize()
         try:
             table = prof.key_averages().table(sort_by="self_device_time_total", row_limit=40)

@@ -22,7 +22,7 @@ import torch
 
 from ..data.sources import load_sources
 from ..graphs.runner import normalize_mode
-from ..ops.letterbox import letterbox, letterbox_params, unletterbox_boxes
+from ..ops.letterbox import geometry_rows, letterbox, letterbox_params, unletterbox_boxes, unletterbox_packed
 from ..ops import nms_graph
 from ..ops.nms import nms_per_image, top_candidates
 from ..ops.nms_graph import select_packed
@@ -83,9 +83,11 @@ class Predictor:
 
         Both end with the fixed-shape top-``max_nms`` candidate selection. With ``post =
         (max_det, agnostic)`` (CUDA with Triton) they also run NMS and the final selection
-        (:mod:`libreyolo.ops.nms_graph`) and return one packed (B, max_det * 6 + 1) tensor,
-        so the whole predict is one graph and one copy to the host; the extra stage input
-        is the [conf, iou] device tensor. Otherwise NMS runs eager on the candidates.
+        (:mod:`libreyolo.ops.nms_graph`) and map the boxes back to each image's pixels, and
+        return one packed (B, max_det * 6 + 1) tensor, so the whole predict is one graph and
+        one copy to the host; the extra stage inputs are the [conf, iou] device tensor and the
+        (B, 3, 4) letterbox geometry (:meth:`_geometry`). Otherwise NMS runs eager on the
+        candidates.
         """
         model = self.model
         resize = model.RESIZE
@@ -95,31 +97,41 @@ class Predictor:
         else:
             max_det, agnostic = post
 
-            def finish(cand, thr):
-                return select_packed(*cand, thr, max_det, nms=model.NMS, agnostic=agnostic)
+            def finish(cand, thr, geo):
+                packed = select_packed(*cand, thr, max_det, nms=model.NMS, agnostic=agnostic)
+                return unletterbox_packed(packed, geo, max_det)
 
-        def net(x, *thr):
-            return finish(top_candidates(*model.infer(x), max_nms), *thr)
+        def net(x, *extra):
+            return finish(top_candidates(*model.infer(x), max_nms), *extra)
 
-        def from_u8(u8, *thr):
-            return net(letterbox(u8, size, resize), *thr)
+        def from_u8(u8, *extra):
+            return net(letterbox(u8, size, resize), *extra)
 
         return net, from_u8
 
     @staticmethod
-    def _stage_args(post: tuple | None, thr: torch.Tensor | None) -> tuple[tuple, tuple]:
-        """The stage's extra input after the images and the tag its graph keys carry."""
-        return ((), ()) if post is None else ((thr,), ("post", *post))
+    def _stage_args(post: tuple | None, thr: torch.Tensor | None, geo: torch.Tensor | None) -> tuple[tuple, tuple]:
+        """The stage's extra inputs after the images and the tag its graph keys carry."""
+        return ((), ()) if post is None else ((thr, geo), ("post", *post))
 
     def _thresholds(self, conf: float, iou: float) -> torch.Tensor:
         """The [conf, iou] device tensor a post-processing stage reads (cached: no copy per call)."""
-        cache = self.__dict__.setdefault("_thr_cache", {})
-        key = (float(conf), float(iou), str(self.model.device))
+        return self._cached_tensor("thr", (float(conf), float(iou)), lambda: [conf, iou])
+
+    def _geometry(self, shapes: tuple, size: int) -> torch.Tensor:
+        """The (B, 3, 4) letterbox geometry of images of ``shapes`` ((h, w) each) that a
+        post-processing stage maps boxes back with (cached per shapes: no copy per call)."""
+        resize = self.model.RESIZE
+        return self._cached_tensor("geo", (shapes, size, resize), lambda: geometry_rows(shapes, size, resize))
+
+    def _cached_tensor(self, kind: str, key: tuple, values) -> torch.Tensor:
+        cache = self.__dict__.setdefault("_tensor_cache", {})
+        key = (kind, *key, str(self.model.device))
         t = cache.get(key)
         if t is None:
-            if len(cache) > 64:
+            if len(cache) > 128:
                 cache.clear()
-            t = cache[key] = torch.tensor([conf, iou], dtype=torch.float32, device=self.model.device)
+            t = cache[key] = torch.tensor(values(), dtype=torch.float32, device=self.model.device)
         return t
 
     def _autocast(self, amp_dtype):
@@ -135,19 +147,22 @@ class Predictor:
                   host: bool = False) -> tuple:
         """uint8 HWC device tensors -> (stage outputs, per-image letterbox scale).
 
-        ``host=True``: the outputs come as a :class:`~libreyolo.graphs.capture.HostCopy`
-        (``wait()`` gives them in host memory; see :meth:`GraphRunner.__call__`).
+        With ``post`` the outputs' boxes are already in each image's pixels. ``host=True``: the
+        outputs come as a :class:`~libreyolo.graphs.capture.HostCopy` (``wait()`` gives them in
+        host memory; see :meth:`GraphRunner.__call__`).
         """
         runner = self.model._runner
         net, from_u8 = self._stage_fns(size, max_nms, post)
-        extra, tag = self._stage_args(post, thr)
-        opts = {"host": host, "constant": (1,) if extra else ()}  # the cached [conf, iou] tensor
         resize = self.model.RESIZE
+        shapes = tuple((int(im.shape[0]), int(im.shape[1])) for im in images)
+        geo = None if post is None else self._geometry(shapes, size)
+        extra, tag = self._stage_args(post, thr, geo)
+        opts = {"host": host, "constant": (1, 2) if extra else ()}  # the cached thresholds and geometry
         scales = []
-        for im in images:  # per-axis: the resized size is rounded, so x and y scales differ slightly
-            p = letterbox_params(int(im.shape[0]), int(im.shape[1]), size, resize)
-            scales.append((p.new_w / int(im.shape[1]), p.new_h / int(im.shape[0]), p.pad_x, p.pad_y))
-        same = len({tuple(im.shape) for im in images}) == 1
+        for h, w in shapes:  # per-axis: the resized size is rounded, so x and y scales differ slightly
+            p = letterbox_params(h, w, size, resize)
+            scales.append((p.new_w / w, p.new_h / h, p.pad_x, p.pad_y))
+        same = len(set(shapes)) == 1
         with torch.no_grad(), self._autocast(amp_dtype):
             if same:
                 u8 = images[0].unsqueeze(0) if len(images) == 1 else torch.stack(images)
@@ -178,7 +193,9 @@ class Predictor:
         size = check_imgsz(imgsz or m.imgsz, m.STRIDE)
         post = self._post(max_det, agnostic, None)
         net, from_u8 = self._stage_fns(size, max_nms, post)
-        extra, tag = self._stage_args(post, None if post is None else self._thresholds(0.25, 0.45))
+        shapes = ((size, size) if source_shape is None else tuple(int(v) for v in source_shape),) * int(batch)
+        extra, tag = self._stage_args(post, None if post is None else self._thresholds(0.25, 0.45),
+                                      None if post is None else self._geometry(shapes, size))
         amp_dtype = None if dtype in (None, torch.float32) else _amp_dtype(dtype, m.AMP_DTYPE)
         g = torch.Generator().manual_seed(0)
         with torch.no_grad(), self._autocast(amp_dtype):
@@ -278,8 +295,9 @@ class Predictor:
             for i, it in enumerate(chunk):
                 d = per_image[i]
                 h, w = int(it.image.shape[0]), int(it.image.shape[1])
-                sx, sy, px, py = scales[i]
-                unletterbox_boxes(d, sx, sy, h, w, px, py)
+                if post is None:  # the post stage mapped its boxes back on the device
+                    sx, sy, px, py = scales[i]
+                    unletterbox_boxes(d, sx, sy, h, w, px, py)
                 d = torch.from_numpy(d)
                 r = Results(it.image, it.name, m.names, Boxes(d, (h, w)), speed=dict(speed))
                 if out_dir is not None:

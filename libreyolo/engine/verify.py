@@ -87,5 +87,6 @@ def verify_model(model, *, imgsz: int | None = None, batches: tuple[int, ...] = 
                                         module=net))
                 if post is not None:  # the stage predict really captures: + top-k, NMS, selection
                     thr = pred._thresholds(0.25, 0.45)
-                    out.append(check_parity(stage + " +nms", from_u8_post, (ua, thr), (ub, thr), module=net))
+                    geo = pred._geometry((tuple(source_hw),) * b, size)
+                    out.append(check_parity(stage + " +nms", from_u8_post, (ua, thr, geo), (ub, thr, geo), module=net))
     return out

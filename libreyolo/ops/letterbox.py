@@ -77,3 +77,31 @@ def unletterbox_boxes(boxes, sx: float, sy: float, h: int, w: int, pad_x: int = 
     boxes[:, 0:4:2] = ((boxes[:, 0:4:2] - pad_x) / sx).clip(0, w)
     boxes[:, 1:4:2] = ((boxes[:, 1:4:2] - pad_y) / sy).clip(0, h)
     return boxes
+
+
+def geometry_rows(shapes, size: int, mode: str = "topleft") -> list[list[list[float]]]:
+    """Per image (h, w): ``[[pad_x, pad_y] * 2, [scale_x, scale_y] * 2, [w, h] * 2]``, the three
+    (4,) rows :func:`unletterbox_packed` reads for the x1, y1, x2, y2 columns."""
+    rows = []
+    for h, w in shapes:
+        p = letterbox_params(int(h), int(w), size, mode)
+        sx, sy = p.new_w / int(w), p.new_h / int(h)
+        rows.append([[p.pad_x, p.pad_y] * 2, [sx, sy] * 2, [float(w), float(h)] * 2])
+    return rows
+
+
+def unletterbox_packed(packed: torch.Tensor, geometry: torch.Tensor, max_det: int) -> torch.Tensor:
+    """In place: the boxes of a packed (B, max_det * 6 + 1) detection tensor (see
+    :func:`libreyolo.ops.nms_graph.select_packed`) from the canvas to each image's pixels,
+    clipped; ``geometry`` is the (B, 3, 4) float32 tensor of :func:`geometry_rows`.
+
+    The same float32 operations as :func:`unletterbox_boxes` on the host (a subtraction, a
+    correctly rounded division by a tensor - not a scalar, which CUDA would turn into a
+    multiplication by its reciprocal -, a clip), so the numbers are the same; run on the device,
+    inside the captured stage, it spares the host a numpy pass per image.
+    """
+    boxes = packed[:, :max_det * 6].view(packed.shape[0], max_det, 6)[..., :4]
+    g = geometry[:, None]
+    boxes.sub_(g[..., 0, :]).div_(g[..., 1, :]).clamp_(min=0)
+    torch.minimum(boxes, g[..., 2, :], out=boxes)
+    return packed

@@ -150,3 +150,25 @@ def test_letterbox_refuses_non_uint8():
     from libreyolo.ops.letterbox import letterbox
     with pytest.raises(ValueError, match="uint8"):
         letterbox(torch.zeros(1, 8, 8, 3), 32)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("mode", ["topleft", "center", "stretch"])
+def test_boxes_mapped_back_in_the_stage_equal_the_host_mapping(mode, device):
+    """unletterbox_packed (on the device, inside the predict stage) gives the numbers of the host's
+    unletterbox_boxes, row for row, for a batch of images of different sizes."""
+    import numpy as np
+    from libreyolo.ops.letterbox import geometry_rows, letterbox_params, unletterbox_boxes, unletterbox_packed
+    shapes, max_det = ((720, 1280), (517, 333), (640, 640)), 50
+    g = torch.Generator().manual_seed(7)
+    rows = torch.rand((3, max_det, 6), generator=g) * 900 - 100
+    rows[0, 3, 0] = float("nan")
+    packed = torch.cat((rows.reshape(3, -1), torch.full((3, 1), 17.0)), 1)
+    geo = torch.tensor(geometry_rows(shapes, 640, mode), dtype=torch.float32, device=device)
+    got = unletterbox_packed(packed.to(device), geo, max_det).cpu()
+    assert torch.equal(got[:, -1], packed[:, -1]) and torch.equal(got[..., :-1].reshape(3, max_det, 6)[..., 4:],
+                                                                  rows[..., 4:])
+    for i, (h, w) in enumerate(shapes):
+        p = letterbox_params(h, w, 640, mode)
+        ref = unletterbox_boxes(rows[i].numpy().copy(), p.new_w / w, p.new_h / h, h, w, p.pad_x, p.pad_y)
+        assert np.array_equal(got[i, :-1].reshape(max_det, 6).numpy(), ref, equal_nan=True), (i, mode)
