@@ -7,7 +7,7 @@ With several baselines (``--baseline a,b``) every tree is an arm of the same alt
 
 The package imports itself relatively, so a copy under another name loads beside it. For each
 family:size both trees build the same seeded, input-sensitive model (as ``libreyolo bench``
-does), predict the 1280x720 sample at 640 with ``cuda_graph=True``, and are timed in
+does), predict the 1280x720 sample at ``--imgsz`` (640) with ``cuda_graph=True``, and are timed in
 alternating blocks (``--rounds`` x ``--n`` calls each, wall time with a synchronize after each
 call, median of the block medians). Also: the boxes of both trees must be equal, and the
 network's graphed forward (the ratio's denominator) is timed in the same process.
@@ -40,6 +40,7 @@ def main() -> None:
     ap.add_argument("--baseline", required=True,
                     help="importable name of the earlier tree's package copy (several: comma-separated)")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--imgsz", type=int, default=640, help="predict and forward size (as libreyolo bench)")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--n", type=int, default=100)
     a = ap.parse_args()
@@ -53,8 +54,8 @@ def main() -> None:
         olds = {b.__name__: build(b, spec) for b in bases}
         same_weights = all(torch.equal(x, y) for old in olds.values()
                            for x, y in zip(new.model.state_dict().values(), old.model.state_dict().values()))
-        arms = {"this_tree": lambda: new(img, cuda_graph=True)}
-        arms.update({name: (lambda o=old: o(img, cuda_graph=True)) for name, old in olds.items()})
+        arms = {"this_tree": lambda: new(img, imgsz=a.imgsz, cuda_graph=True)}
+        arms.update({name: (lambda o=old: o(img, imgsz=a.imgsz, cuda_graph=True)) for name, old in olds.items()})
         for fn in arms.values():
             fn()
             fn()
@@ -65,7 +66,7 @@ def main() -> None:
         for _ in range(a.rounds):
             for k, fn in arms.items():
                 times[k].append(time_call(fn, dev, a.n, 10)["median_ms"])
-        x = torch.rand((1, 3, 640, 640), generator=torch.Generator().manual_seed(0)).to(dev)
+        x = torch.rand((1, 3, a.imgsz, a.imgsz), generator=torch.Generator().manual_seed(0)).to(dev)
         net = new.model.eval()
         with torch.no_grad():
             g = CudaGraphCapturer().capture(lambda t: net(t), (x,), module=net)
