@@ -13,7 +13,7 @@ The profiler's own overhead lengthens host phases by a few microseconds each: re
 shares, not the absolute figures; ``libreyolo bench`` gives those.
 
 Also measured (device time, CUDA events, median of 200 replays of each piece captured alone):
-the letterbox against its plain six-kernel formula, and the candidate sort variants.
+the letterbox, the network with and without its decoder, and the candidate sort variants.
 """
 from __future__ import annotations
 
@@ -36,6 +36,7 @@ from libreyolo.graphs import capture as capture_mod
 from libreyolo.graphs import runner as runner_mod
 from libreyolo.ops.letterbox import letterbox
 from libreyolo.ops.nms import top_candidates
+from profile_stages import graph_ms  # scripts/ is on the path when this file runs
 
 PHASES = {  # (owner, attribute) -> range name
     (predictor_mod, "load_sources"): "load_sources",
@@ -142,39 +143,14 @@ def summarize(trace_path: Path) -> dict:
     return out
 
 
-def graph_ms(fn, *args, n: int = 200) -> float:
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn(*args)
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn(*args)
-    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
-    for _ in range(10):
-        g.replay()
-    for a, b in ev:
-        a.record()
-        g.replay()
-        b.record()
+def warm(spec: str, img, calls: int = 30):
+    """The model ``libreyolo bench`` would time (seeded, input-sensitive head), after ``calls``
+    graphed predicts of ``img``."""
+    model = input_sensitive(LibreYOLO.new(*spec.split(":"), device="cuda", seed=0))
+    for _ in range(calls):
+        model(img, cuda_graph=True)
     torch.cuda.synchronize()
-    return round(statistics.median(a.elapsed_time(b) for a, b in ev), 4)
-
-
-def plain_letterbox(u8, size, mode):
-    """The formulation letterbox replaced in session 5: NCHW copy and float conversion apart."""
-    import torch.nn.functional as F
-    from libreyolo.ops.letterbox import PAD_VALUE, letterbox_params
-    _, h, w, _ = u8.shape
-    p = letterbox_params(h, w, size, mode)
-    x = u8.permute(0, 3, 1, 2).contiguous().float()
-    if (p.new_h, p.new_w) != (h, w):
-        x = F.interpolate(x, size=(p.new_h, p.new_w), mode="bilinear", align_corners=False)
-    if (p.new_h, p.new_w) != (size, size):
-        x = F.pad(x, (p.pad_x, size - p.new_w - p.pad_x, p.pad_y, size - p.new_h - p.pad_y), value=PAD_VALUE)
-    return x.div_(255.0)
+    return model
 
 
 def pieces(m, img) -> dict:
@@ -183,9 +159,6 @@ def pieces(m, img) -> dict:
     res = {}
     with torch.no_grad():
         res["letterbox_ms"] = graph_ms(letterbox, u8, 640, m.RESIZE)
-        res["letterbox_plain_ms"] = graph_ms(plain_letterbox, u8, 640, m.RESIZE)
-        res["letterbox_equal_plain"] = bool(torch.equal(letterbox(u8, 640, m.RESIZE),
-                                                        plain_letterbox(u8, 640, m.RESIZE)))
         x = letterbox(u8, 640, m.RESIZE)
         raw = m.infer(x)
         s = raw[1]
@@ -217,11 +190,7 @@ def main() -> None:
               "torch_threads": torch.get_num_threads(), "models": {}}
     img = sources.load_sources(SAMPLE_IMAGE)[0].image
     for spec in a.specs:
-        fam, size = spec.split(":")
-        m = input_sensitive(LibreYOLO.new(fam, size, device="cuda", seed=0))
-        for _ in range(30):
-            m(img, cuda_graph=True)
-        torch.cuda.synchronize()
+        m = warm(spec, img)
         wall = []
         for _ in range(200):
             t0 = time.perf_counter()
@@ -234,10 +203,9 @@ def main() -> None:
     mark_phases("stamps")
     for spec in a.specs:
         m = report["models"][spec]
-        model = input_sensitive(LibreYOLO.new(*spec.split(":"), device="cuda", seed=0))
+        model = warm(spec, img)
         chw = model._get_predictor()._upload(img).permute(2, 0, 1).clone()
         for _ in range(30):
-            model(img, cuda_graph=True)
             model(chw, cuda_graph=True)
         m["stamps_numpy_source"] = stamped_calls(lambda: model(img, cuda_graph=True), a.stamps)
         m["stamps_cuda_tensor_source"] = stamped_calls(lambda: model(chw, cuda_graph=True), a.stamps)
@@ -249,17 +217,13 @@ def main() -> None:
         setattr(owner, name, getattr(owner, name).__wrapped__)
     mark_phases("profiler")
     for spec in a.specs:
-        fam, size = spec.split(":")
-        m = input_sensitive(LibreYOLO.new(fam, size, device="cuda", seed=0))
-        for _ in range(30):
-            m(img, cuda_graph=True)
-        torch.cuda.synchronize()
+        m = warm(spec, img)
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             for _ in range(a.calls):
                 with record_function("call"):
                     m(img, cuda_graph=True)
                 torch.cuda.synchronize()
-        path = out / f"trace-{fam}{size}.json"
+        path = out / f"trace-{spec.replace(':', '')}.json"
         prof.export_chrome_trace(str(path))
         report["models"][spec]["timeline"] = summarize(path)
         print(spec, json.dumps(report["models"][spec]["timeline"]), flush=True)
