@@ -101,7 +101,7 @@ def predict_ladder(m, img, rounds: int = 5, n: int = 60) -> dict:
     arms = {
         "e2e": lambda: m(img, cuda_graph=True),
         "device_src": lambda: m(chw, cuda_graph=True),
-        "run_batch": lambda: p.run_batch([dev_img], 640, True, None, 1000, post, thr)[0].cpu(),
+        "run_batch": lambda: p.run_batch([dev_img], 640, True, None, 1000, post, thr).cpu(),
         "replay_cpu": lambda: g.replay((u8, thr, geo), clone=False).cpu(),
         "replay_pinned": replay_pinned,
         "replay_sync": lambda: g.replay((u8, thr, geo), clone=False),

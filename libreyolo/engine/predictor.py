@@ -22,7 +22,7 @@ import torch
 
 from ..data.sources import load_sources
 from ..graphs.runner import normalize_mode
-from ..ops.letterbox import geometry_rows, letterbox, letterbox_params, unletterbox_boxes, unletterbox_packed
+from ..ops.letterbox import geometry_rows, inverse_params, letterbox, unletterbox_boxes, unletterbox_packed
 from ..ops import nms_graph
 from ..ops.nms import nms_per_image, top_candidates
 from ..ops.nms_graph import select_packed
@@ -145,9 +145,10 @@ class Predictor:
     def run_batch(self, images: list[torch.Tensor], size: int, mode: Any, amp_dtype,
                   max_nms: int = 1000, post: tuple | None = None, thr: torch.Tensor | None = None,
                   host: bool = False) -> tuple:
-        """uint8 HWC device tensors -> (stage outputs, per-image letterbox scale).
+        """uint8 HWC device tensors -> the stage's outputs.
 
-        With ``post`` the outputs' boxes are already in each image's pixels. ``host=True``: the
+        With ``post`` the outputs' boxes are already in each image's pixels; without, they are
+        on the canvas (:func:`~libreyolo.ops.letterbox.inverse_params` maps them back). ``host=True``: the
         outputs come as a :class:`~libreyolo.graphs.capture.HostCopy` (``wait()`` gives them in
         host memory; see :meth:`GraphRunner.__call__`).
         """
@@ -158,10 +159,6 @@ class Predictor:
         geo = None if post is None else self._geometry(shapes, size)
         extra, tag = self._stage_args(post, thr, geo)
         opts = {"host": host, "constant": (1, 2) if extra else ()}  # the cached thresholds and geometry
-        scales = []
-        for h, w in shapes:  # per-axis: the resized size is rounded, so x and y scales differ slightly
-            p = letterbox_params(h, w, size, resize)
-            scales.append((p.new_w / w, p.new_h / h, p.pad_x, p.pad_y))
         same = len(set(shapes)) == 1
         with torch.no_grad(), self._autocast(amp_dtype):
             if same:
@@ -175,11 +172,11 @@ class Predictor:
                 if len(self._raw_seen) > 256:
                     self._raw_seen.clear()
                 if use_u8:
-                    return runner(key, from_u8, (u8, *extra), mode, **opts), scales
+                    return runner(key, from_u8, (u8, *extra), mode, **opts)
                 x = letterbox(u8, size, resize)
             else:
                 x = torch.cat([letterbox(im.unsqueeze(0), size, resize) for im in images])
-            return runner(("net", size, max_nms, *tag), net, (x, *extra), mode, **opts), scales
+            return runner(("net", size, max_nms, *tag), net, (x, *extra), mode, **opts)
 
     def _post(self, max_det: int, agnostic: bool, classes) -> tuple | None:
         """Whether NMS + selection run inside the stage (CUDA with Triton, no class filter)."""
@@ -271,8 +268,7 @@ class Predictor:
             t1 = time.perf_counter()
             post = self._post(max_det, agnostic_nms, classes)
             thr = None if post is None else self._thresholds(conf, iou)
-            out, scales = self.run_batch(dev_images, size, mode, amp_dtype, int(max_nms), post, thr,
-                                         host=post is not None)
+            out = self.run_batch(dev_images, size, mode, amp_dtype, int(max_nms), post, thr, host=post is not None)
             for it in chunk:  # the host copy of borrowed arrays overlaps with the queued GPU work
                 it.own()
             sync()
@@ -296,7 +292,7 @@ class Predictor:
                 d = per_image[i]
                 h, w = int(it.image.shape[0]), int(it.image.shape[1])
                 if post is None:  # the post stage mapped its boxes back on the device
-                    sx, sy, px, py = scales[i]
+                    sx, sy, px, py = inverse_params(h, w, size, m.RESIZE)
                     unletterbox_boxes(d, sx, sy, h, w, px, py)
                 d = torch.from_numpy(d)
                 r = Results(it.image, it.name, m.names, Boxes(d, (h, w)), speed=dict(speed))

@@ -79,14 +79,21 @@ def unletterbox_boxes(boxes, sx: float, sy: float, h: int, w: int, pad_x: int = 
     return boxes
 
 
+def inverse_params(h: int, w: int, size: int, mode: str = "topleft") -> tuple[float, float, int, int]:
+    """``(scale_x, scale_y, pad_x, pad_y)`` that map an (h, w) image's canvas boxes back
+    (:func:`unletterbox_boxes`): per axis the resized size over the original, which rounding
+    makes differ slightly between x and y."""
+    p = letterbox_params(h, w, size, mode)
+    return p.new_w / w, p.new_h / h, p.pad_x, p.pad_y
+
+
 def geometry_rows(shapes, size: int, mode: str = "topleft") -> list[list[list[float]]]:
     """Per image (h, w): ``[[pad_x, pad_y] * 2, [scale_x, scale_y] * 2, [w, h] * 2]``, the three
     (4,) rows :func:`unletterbox_packed` reads for the x1, y1, x2, y2 columns."""
     rows = []
     for h, w in shapes:
-        p = letterbox_params(int(h), int(w), size, mode)
-        sx, sy = p.new_w / int(w), p.new_h / int(h)
-        rows.append([[p.pad_x, p.pad_y] * 2, [sx, sy] * 2, [float(w), float(h)] * 2])
+        sx, sy, px, py = inverse_params(int(h), int(w), size, mode)
+        rows.append([[px, py] * 2, [sx, sy] * 2, [float(w), float(h)] * 2])
     return rows
 
 
