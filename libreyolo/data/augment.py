@@ -49,7 +49,7 @@ from torchvision import tv_tensors
 from torchvision.transforms import v2
 
 from ..ops.letterbox import MODES as LETTERBOX_MODES
-from ..ops.letterbox import PAD_VALUE, letterbox, letterbox_params
+from ..ops.letterbox import PAD_VALUE, LetterboxParams, letterbox, letterbox_params
 from .datasets import Sample
 from .sources import _decode_file
 
@@ -159,7 +159,7 @@ class DetectionDataset(Dataset):
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(image uint8 (3, S, S) RGB, targets float32 (n, 5) [cls, x1, y1, x2, y2] pixels)."""
         if not self.augment:
-            image, _, _, targets = self.load_letterboxed(index)
+            image, _, targets = self.load_letterboxed(index)
             return image, targets
         image, targets = self._augmented(index)
         if self.mixup > 0 and float(torch.rand(())) < self.mixup:
@@ -180,7 +180,7 @@ class DetectionDataset(Dataset):
         elif self.policy == "detr":
             return self._detr_recipe(index)
         else:
-            canvas, _, _, targets = self.load_letterboxed(index)
+            canvas, _, targets = self.load_letterboxed(index)
             ref_area = _areas(targets)
             center = (s / 2.0, s / 2.0)
             dense = False
@@ -198,19 +198,20 @@ class DetectionDataset(Dataset):
                 targets[:, 1] = x1
         return image, targets
 
-    def load_letterboxed(self, index: int) -> tuple[torch.Tensor, int, int, torch.Tensor]:
-        """Image ``index`` letterboxed like predict: (uint8 (3, S, S), new_h, new_w, targets px).
+    def load_letterboxed(self, index: int) -> tuple[torch.Tensor, LetterboxParams, torch.Tensor]:
+        """Image ``index`` letterboxed like predict: (uint8 (3, S, S), its letterbox parameters,
+        targets px).
 
-        The image occupies ``[:new_h, :new_w]`` ("topleft", "stretch": all of it) or that size
-        centred ("center"); targets are scaled per axis by new/original size and shifted by the
-        padding, exactly as predict maps its boxes back.
+        The image occupies ``new_h`` x ``new_w`` at ``(pad_y, pad_x)`` (zero but for "center";
+        "stretch": all of it); targets are scaled per axis by new/original size and shifted by
+        the padding, exactly as predict maps its boxes back.
         """
         sample = self.samples[index]
         image, p = self._letterbox_u8(torch.from_numpy(_decode_file(sample.image)))
         targets = torch.from_numpy(sample.labels).to(torch.float32).reshape(-1, 5).clone()
         targets[:, 1::2] = targets[:, 1::2] * p.new_w + p.pad_x
         targets[:, 2::2] = targets[:, 2::2] * p.new_h + p.pad_y
-        return image, p.new_h, p.new_w, targets
+        return image, p, targets
 
     def _detr_recipe(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         """RT-DETR / D-FINE training transforms on the decoded image, then predict's resize."""
@@ -258,12 +259,11 @@ class DetectionDataset(Dataset):
         others = torch.randint(len(self.samples), (3,)).tolist()
         all_targets, all_ref = [], []
         for k, i in enumerate([index, *others]):
-            tile, nh, nw, targets = self.load_letterboxed(i)
-            if self.resize == "center":  # the tile is the image itself, without its padding
-                px, py = (s - nw) // 2, (s - nh) // 2
-                tile = tile[:, py:py + nh, px:px + nw]
-                targets[:, 1::2] -= px
-                targets[:, 2::2] -= py
+            tile, p, targets = self.load_letterboxed(i)
+            nh, nw = p.new_h, p.new_w  # the tile is the image itself, without its padding
+            tile = tile[:, p.pad_y:p.pad_y + nh, p.pad_x:p.pad_x + nw]
+            targets[:, 1::2] -= p.pad_x
+            targets[:, 2::2] -= p.pad_y
             x0 = xc - nw if k in (0, 2) else xc  # top-left corner of the tile on the canvas
             y0 = yc - nh if k in (0, 1) else yc
             cx0, cy0 = max(x0, 0), max(y0, 0)
