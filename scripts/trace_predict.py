@@ -115,12 +115,11 @@ def summarize(trace_path: Path) -> dict:
         inside = [e for e in ev if t0 <= e["ts"] <= t1 and e is not c]
         for e in inside:
             if e["name"].startswith("phase:") or e.get("cat") == "cuda_runtime" or e.get("cat") == "cuda_driver":
-                r = rows.setdefault(e["name"], {"start_us": [], "dur_us": [], "count": []})
+                r = rows.setdefault(e["name"], {"start_us": [], "dur_us": []})
                 r["start_us"].append(e["ts"] - t0)
                 r["dur_us"].append(e["dur"])
-        # device work launched by this call: from its first to its last activity before the next call
-        d = [e for e in dev if t0 <= e["ts"] <= t1 + 5000 and e["ts"] >= t0]
-        d = [e for e in d if e["ts"] < t1]
+        # device work launched by this call: its activities that start within the call
+        d = [e for e in dev if t0 <= e["ts"] < t1]
         if d:
             busy = sum(e["dur"] for e in d)
             gaps = [b["ts"] - (a["ts"] + a["dur"]) for a, b in zip(d, d[1:])]
@@ -137,7 +136,7 @@ def summarize(trace_path: Path) -> dict:
     out = {}
     for name, r in rows.items():
         out[name] = {k: (round(statistics.median(v), 2) if v and not isinstance(v[0], list) else v[-1] if v else None)
-                     for k, v in r.items() if k != "count"}
+                     for k, v in r.items()}
         if "dur_us" in r:
             out[name]["per_call"] = round(len(r["dur_us"]) / max(1, len(calls)), 2)
     return out
