@@ -1,4 +1,5 @@
 """Helpers of the parity protocol that need no GPU."""
+import pytest
 import torch
 
 from libreyolo import LibreYOLO
@@ -20,15 +21,25 @@ def test_input_sensitive_copy_of_untrained_model_is_independent():
     assert input_sensitive(trained) is trained
 
 
-def test_bench_cli_on_cpu_records_its_settings(tmp_path, monkeypatch):
+@pytest.fixture
+def tf32_restored():
+    """Put the process-wide TF32 switches back after the test. Not monkeypatch: with torch 2.14
+    ``allow_tf32`` is served by the backend module's ``__getattr__``, which pytest's monkeypatch
+    records as an absent attribute and then fails to delete at teardown."""
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    yield
+    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+def test_bench_cli_on_cpu_records_its_settings(tmp_path, tf32_restored):
     """`libreyolo bench` runs its eager arms on the CPU, skips the graph arms, and the JSON names
     the device, torch version, date and the TF32 settings it ran under."""
     import json
 
     from libreyolo.cli import main
 
-    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    torch.backends.cudnn.allow_tf32 = True    # the bench's tf32=false must switch both off
+    torch.backends.cuda.matmul.allow_tf32 = True
     out = tmp_path / "b.json"
     assert main(["bench", "model=yoloxn", "imgsz=64", "runs=2", "warmup=1", "device=cpu", "tf32=false",
                  f"json={out}"]) == 0
