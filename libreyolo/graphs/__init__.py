@@ -4,6 +4,8 @@ Imports torch only and never a model family: families declare what is capturable
 the engine captures, replays, invalidates and reports.
 """
 from .capture import CAPTURE_LOCK, CapturedGraph, CudaGraphCapturer
+from .cache import GraphCache, signature
 from .runner import GraphRunner, GraphUnavailableError
 
-__all__ = ["CAPTURE_LOCK", "CapturedGraph", "CudaGraphCapturer", "GraphRunner", "GraphUnavailableError"]
+__all__ = ["CAPTURE_LOCK", "CapturedGraph", "CudaGraphCapturer", "GraphCache", "GraphRunner", "GraphUnavailableError",
+           "signature"]

@@ -27,12 +27,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import Counter, OrderedDict
+from collections import Counter
 from typing import Any, Callable, Hashable, Sequence
 
 import torch
 
-from .capture import CudaGraphCapturer, autocast_state, to_host
+from .cache import GraphCache, signature
+from .capture import CudaGraphCapturer, to_host
 
 log = logging.getLogger("libreyolo")
 
@@ -104,19 +105,15 @@ class GraphRunner:
     def __init__(self, module: torch.nn.Module, family: str, supported: bool, *,
                  max_graphs: int = 8, capture_after: int = 2,
                  capturer: Any | None = None, unsupported_reason: str | None = None):
-        if max_graphs < 1:
-            raise ValueError("max_graphs must be >= 1")
         self.module = module
         self.family = family
         self.supported = bool(supported)
         self.unsupported_reason = unsupported_reason or (
             "it has not passed the CUDA-graph parity protocol")
-        self.max_graphs = max_graphs
-        self.capture_after = max(1, capture_after)
         self.capturer = capturer if capturer is not None else CudaGraphCapturer()
         self._lock = threading.RLock()
-        self._graphs: OrderedDict[tuple, _Entry] = OrderedDict()
-        self._seen: Counter = Counter()
+        # ``capture_after`` applies to mode "auto"; mode True captures on first use
+        self._graphs = GraphCache(max_graphs, repeat=capture_after, on_evict=self._evicted)
         self._failed: dict[tuple, str] = {}
         self._fallbacks: Counter = Counter()
         self._fingerprint: tuple | None = None
@@ -124,10 +121,32 @@ class GraphRunner:
         self._tensors_gen = -1
         self.last_mode: bool | str = False
         self.captures = 0
-        self.evictions = 0
         self.invalidations = 0
         self.eager_calls = 0
         self._thrash_warned = False
+
+    @property
+    def max_graphs(self) -> int:
+        return self._graphs.max_graphs
+
+    @max_graphs.setter
+    def max_graphs(self, value: int) -> None:
+        self._graphs.max_graphs = int(value)
+
+    @property
+    def capture_after(self) -> int:
+        return self._graphs.repeat
+
+    @property
+    def evictions(self) -> int:
+        return self._graphs.evictions
+
+    def _evicted(self, evictions: int) -> None:
+        if evictions >= self.max_graphs and not self._thrash_warned:
+            self._thrash_warned = True
+            log.warning("libreyolo: the CUDA-graph cache of %s is thrashing (%d evictions, cap %d): "
+                        "inputs keep changing shape; fix imgsz/batch or raise max_graphs",
+                        self.family, evictions, self.max_graphs)
 
     # ------------------------------------------------------------------ policy
     def fingerprint(self) -> tuple:
@@ -145,13 +164,7 @@ class GraphRunner:
         ts = self._tensors
         return (len(ts), tuple([t.data_ptr() for t in ts]), tuple([t._version for t in ts]))
 
-    @staticmethod
-    def signature(key: Hashable, inputs: Sequence[torch.Tensor]) -> tuple:
-        dev = inputs[0].device.type if inputs else "cpu"
-        return (key,
-                tuple([(tuple(x.shape), x.dtype, x.device) for x in inputs]),
-                autocast_state(dev if dev in ("cuda", "cpu") else "cuda"),
-                torch.is_grad_enabled())
+    signature = staticmethod(signature)
 
     def _check_fingerprint(self) -> None:
         fp = self.fingerprint()
@@ -219,7 +232,6 @@ class GraphRunner:
                 # the device works (it reads every parameter's address and version: ~0.1 ms for a
                 # small model, on the critical path when it ran first). Held storages make a stale
                 # replay harmless; its output is dropped and the stage runs again below.
-                self._graphs.move_to_end(sig)
                 entry.last_used = time.time()
                 out = self._replay(entry, inputs, clone, host, constant)
                 if self.fingerprint() == self._fingerprint:
@@ -231,8 +243,7 @@ class GraphRunner:
             if entry is None:
                 if sig in self._failed:
                     return self._eager(fn, inputs, host)
-                self._seen[sig] += 1
-                if mode == "auto" and self._seen[sig] < self.capture_after:
+                if not self._graphs.note(sig) and mode == "auto":
                     return self._eager(fn, inputs, host)
                 try:
                     graph = self.capturer.capture(fn, inputs, module=self.module)
@@ -246,24 +257,12 @@ class GraphRunner:
                 self.captures += 1
                 self._fingerprint = self.fingerprint()  # capture may bump buffer versions
                 entry = self._insert(sig, graph)
-            else:
-                self._graphs.move_to_end(sig)
             entry.last_used = time.time()
             return self._replay(entry, inputs, clone, host, constant)
 
     def _insert(self, sig: tuple, graph) -> _Entry:
         held = tuple(t.untyped_storage() for t in self._tensors or ())
-        entry = _Entry(graph, sig, held)
-        self._graphs[sig] = entry
-        while len(self._graphs) > self.max_graphs:
-            self._graphs.popitem(last=False)
-            self.evictions += 1
-            if self.evictions >= self.max_graphs and not self._thrash_warned:
-                self._thrash_warned = True
-                log.warning("libreyolo: the CUDA-graph cache of %s is thrashing (%d evictions, cap %d): "
-                            "inputs keep changing shape; fix imgsz/batch or raise max_graphs",
-                            self.family, self.evictions, self.max_graphs)
-        return entry
+        return self._graphs.insert(sig, _Entry(graph, sig, held))
 
     # ----------------------------------------------------------------- control
     def has_graph(self, key: Hashable, inputs: Sequence[torch.Tensor]) -> bool:
@@ -291,9 +290,7 @@ class GraphRunner:
             return {**_describe(sig), "capture_ms": round(e.graph.capture_ms, 3)}
 
     def _release_locked(self) -> int:
-        n = len(self._graphs)
-        self._graphs.clear()
-        self._seen.clear()
+        n = self._graphs.clear()
         self._failed.clear()
         reset = getattr(self.capturer, "reset_pool", None)
         if reset is not None:

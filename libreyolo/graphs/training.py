@@ -29,11 +29,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import Counter, OrderedDict
 from typing import Any, Callable
 
 import torch
 
+from .cache import GraphCache, signature
 from .capture import CAPTURE_LOCK, CudaGraphCapturer
 
 log = logging.getLogger("libreyolo")
@@ -105,11 +105,8 @@ class TrainStepRunner:
         self.update = update
         self.state = state
         self.family = family
-        self.repeat = max(1, repeat)
-        self.max_graphs = max_graphs
         self.capturer = capturer if capturer is not None else CudaGraphCapturer(warmup=3)
-        self._graphs: OrderedDict[tuple, Any] = OrderedDict()
-        self._seen: Counter = Counter()
+        self._graphs = GraphCache(max_graphs, repeat=repeat)
         self.captures = 0
         self.replays = 0
         self.eager_steps = 0
@@ -128,21 +125,18 @@ class TrainStepRunner:
         self.active = False
         self._graphs.clear()
 
+    max_graphs = property(lambda self: self._graphs.max_graphs,
+                          lambda self, value: setattr(self._graphs, "max_graphs", int(value)))
+    repeat = property(lambda self: self._graphs.repeat)
+
     def release(self, why: str = "") -> None:
         """Drop the graphs (e.g. at a phase change that alters what the step computes)."""
         if self._graphs:
             log.info("libreyolo: released %d training graph(s)%s", len(self._graphs), f": {why}" if why else "")
         self._graphs.clear()
-        self._seen.clear()
         reset = getattr(self.capturer, "reset_pool", None)
         if reset is not None:
             reset()
-
-    def _signature(self, inputs, whole: bool) -> tuple:
-        dev = inputs[0].device.type
-        ac = torch.is_autocast_enabled(dev if dev in ("cuda", "cpu") else "cuda")
-        return (tuple((tuple(x.shape), x.dtype) for x in inputs), ac,
-                torch.get_autocast_dtype("cuda") if ac else None, whole)
 
     def _full_step(self, *inputs):
         out = self.step(*inputs)
@@ -162,11 +156,10 @@ class TrainStepRunner:
             self._disable(f"inputs are on '{inputs[0].device}', CUDA graphs need a CUDA device")
         if not self.active:
             return self._eager(fn, inputs)
-        sig = self._signature(inputs, whole)
+        sig = signature("whole" if whole else "step", inputs)
         graph = self._graphs.get(sig)
         if graph is None:
-            self._seen[sig] += 1
-            if self._seen[sig] < self.repeat:
+            if not self._graphs.note(sig):
                 return self._eager(fn, inputs)
             ensure_grads(self.net)
             tensors = [p.grad for p in self.net.parameters() if p.grad is not None]
@@ -197,11 +190,7 @@ class TrainStepRunner:
             if graph is None:
                 self._disable(f"capture failed: {type(failure).__name__}: {failure}")
                 return self._eager(fn, inputs)
-            self._graphs[sig] = graph
-            while len(self._graphs) > self.max_graphs:
-                self._graphs.popitem(last=False)
-        else:
-            self._graphs.move_to_end(sig)
+            self._graphs.insert(sig, graph)
         try:
             out = graph.replay(inputs, clone=True)
         except Exception as exc:
@@ -235,17 +224,10 @@ class GraphedSegment(torch.nn.Module):
         super().__init__()
         self.__dict__["inner"] = module   # not a registered submodule (no state-dict keys)
         self.name = name
-        self.repeat = max(1, repeat)
-        self.max_graphs = max_graphs
-        self._graphs: OrderedDict[tuple, Any] = OrderedDict()
-        self._seen: Counter = Counter()
+        self._graphs = GraphCache(max_graphs, repeat=repeat)
         self.captures = 0
         self.replays = 0
         self.disabled_reason: str | None = None
-
-    def _signature(self, x: torch.Tensor) -> tuple:
-        ac = torch.is_autocast_enabled("cuda")
-        return (tuple(x.shape), x.dtype, str(x.device), ac, torch.get_autocast_dtype("cuda") if ac else None)
 
     @staticmethod
     def _capturable(x: torch.Tensor) -> bool:
@@ -256,20 +238,15 @@ class GraphedSegment(torch.nn.Module):
         if self.disabled_reason is not None or not inner.training or not self._capturable(x) \
                 or not torch.is_grad_enabled():
             return inner(x)
-        sig = self._signature(x)
+        sig = signature(self.name, (x,))
         graphed = self._graphs.get(sig)
         if graphed is None:
-            self._seen[sig] += 1
-            if self._seen[sig] < self.repeat:
+            if not self._graphs.note(sig):
                 return inner(x)
             graphed = self._capture(x)
             if graphed is None:
                 return inner(x)
-            self._graphs[sig] = graphed
-            while len(self._graphs) > self.max_graphs:
-                self._graphs.popitem(last=False)
-        else:
-            self._graphs.move_to_end(sig)
+            self._graphs.insert(sig, graphed)
         ensure_grads(self.inner)
         self.replays += 1
         return graphed(x)

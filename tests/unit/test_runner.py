@@ -311,3 +311,38 @@ def test_host_outputs_eager_and_replayed():
         assert isinstance(out, HostCopy)
         got = out.wait()
         assert got.device.type == "cpu" and torch.equal(got, net(x)) and out.wait() is got
+
+
+def test_graph_cache_policy_repeat_lru_and_clear():
+    from libreyolo.graphs.cache import GraphCache
+
+    evicted = []
+    c = GraphCache(2, repeat=3, on_evict=evicted.append)
+    assert [c.note("a") for _ in range(4)] == [False, False, True, True]
+    c.insert("a", 1)
+    c.insert("b", 2)
+    assert c.get("a") == 1          # a is now the most recently used
+    c.insert("c", 3)                # so b goes
+    assert list(c) == ["a", "c"] and evicted == [1] and c.evictions == 1
+    assert c.clear() == 2 and len(c) == 0 and not c.note("a")  # counts are forgotten too
+    with pytest.raises(ValueError, match="max_graphs"):
+        GraphCache(0)
+
+
+def test_every_runner_keys_graphs_by_the_one_signature():
+    """Inference runner, training-step runner and graphed segment share one signature function:
+    shape, dtype, device, autocast and grad mode all separate graphs."""
+    from libreyolo.graphs import training
+    from libreyolo.graphs import runner as inference
+    from libreyolo.graphs.cache import signature
+
+    assert inference.signature is signature and training.signature is signature
+    x = torch.zeros(2, 3)
+    with torch.no_grad():
+        no_grad = signature("k", (x,))
+    assert no_grad != signature("k", (x,))
+    assert signature("k", (x,)) != signature("k", (x.double(),)) != signature("k", (torch.zeros(3, 3),))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert signature("k", (x,)) != signature("j", (x,))
+        ac = signature("k", (x,))
+    assert ac != signature("k", (x,))
