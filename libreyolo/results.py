@@ -192,15 +192,27 @@ class Results:
     Attributes: ``orig_img`` (HxWx3 uint8 RGB numpy), ``orig_shape`` (h, w), ``path`` (file path or
     ``imageN``), ``names`` (class index -> name), ``boxes`` (:class:`Boxes` or None) and ``speed``
     (milliseconds per stage: ``preprocess``, ``inference``, ``postprocess``; None when not measured).
+
+    Tasks other than detection fill their own field instead of ``boxes`` (``probs`` for
+    classification, ``masks`` for semantic segmentation). Such a field is an object of the task's
+    result type (``libreyolo/tasks/<task>/``) with ``plot_on(image, names) -> image``,
+    ``summary(names, decimals)``, and ``cpu()`` / ``numpy()`` / ``to(...)``; :meth:`plot`,
+    :meth:`summary` and the conversions use it.
     """
+
+    #: the task fields besides ``boxes``, in drawing order (masks under labels)
+    FIELDS = ("masks", "probs")
 
     def __init__(
         self,
         orig_img: np.ndarray | torch.Tensor,
         path: str,
         names: dict[int, str],
-        boxes: Boxes | None,
+        boxes: Boxes | None = None,
         speed: dict[str, float] | None = None,
+        *,
+        probs: Any = None,
+        masks: Any = None,
     ):
         self.orig_img: np.ndarray = _to_numpy_image(orig_img)
         self.orig_shape: tuple[int, int] = (int(self.orig_img.shape[0]), int(self.orig_img.shape[1]))
@@ -208,6 +220,8 @@ class Results:
         # A list of names (index = class) is accepted too, as checkpoints sometimes store one.
         self.names = dict(enumerate(names)) if isinstance(names, (list, tuple)) else dict(names)
         self.boxes = boxes
+        self.probs = probs
+        self.masks = masks
         self.speed: dict[str, float | None] = (
             dict(speed) if speed is not None
             else {"preprocess": None, "inference": None, "postprocess": None}
@@ -216,26 +230,33 @@ class Results:
     def __len__(self) -> int:
         return 0 if self.boxes is None else len(self.boxes)
 
+    def _fields(self) -> list[tuple[str, Any]]:
+        return [(f, getattr(self, f)) for f in self.FIELDS if getattr(self, f) is not None]
+
     def __repr__(self) -> str:
+        extra = "".join(f", {f}={v!r}" for f, v in self._fields())
         return (
-            f"Results(path={self.path!r}, orig_shape={self.orig_shape}, boxes={len(self)}, "
+            f"Results(path={self.path!r}, orig_shape={self.orig_shape}, boxes={len(self)}{extra}, "
             f"classes={len(self.names)}, speed={self.speed})"
         )
 
-    def _with_boxes(self, boxes: Boxes | None) -> "Results":
-        return Results(self.orig_img, self.path, self.names, boxes, self.speed)
+    def _convert(self, how: str, *args: Any, **kwargs: Any) -> "Results":
+        def conv(v):
+            return None if v is None else getattr(v, how)(*args, **kwargs)
+        return Results(self.orig_img, self.path, self.names, conv(self.boxes), self.speed,
+                       **{f: conv(v) for f, v in self._fields()})
 
     def cpu(self) -> "Results":
-        """The same result with the boxes' data on the CPU."""
-        return self._with_boxes(None if self.boxes is None else self.boxes.cpu())
+        """The same result with its data (boxes, probs, masks) on the CPU."""
+        return self._convert("cpu")
 
     def numpy(self) -> "Results":
-        """The same result with the boxes' data as numpy arrays."""
-        return self._with_boxes(None if self.boxes is None else self.boxes.numpy())
+        """The same result with its data as numpy arrays."""
+        return self._convert("numpy")
 
     def to(self, *args: Any, **kwargs: Any) -> "Results":
-        """The same result with the boxes' data moved/cast like ``torch.Tensor.to``."""
-        return self._with_boxes(None if self.boxes is None else self.boxes.to(*args, **kwargs))
+        """The same result with its data moved/cast like ``torch.Tensor.to``."""
+        return self._convert("to", *args, **kwargs)
 
     def _rows(self) -> np.ndarray:
         """Box data as a float64 (n, 6) numpy array, fetched from the device once."""
@@ -249,11 +270,15 @@ class Results:
     def _name(self, cls: int) -> str:
         return self.names.get(cls, str(cls))
 
-    def summary(self, normalize: bool = False, decimals: int = 5) -> list[dict[str, Any]]:
-        """One dict per box: name, class, confidence and box corners (plain Python numbers).
+    def summary(self, normalize: bool = False, decimals: int = 5) -> Any:
+        """One dict per box: name, class, confidence and box corners (plain Python numbers);
+        for the other tasks, their field's summary (classification: the top-5 classes).
 
         ``normalize=True`` divides the corners by the image width/height.
         """
+        if self.boxes is None and self._fields():
+            parts = {f: v.summary(self.names, decimals) for f, v in self._fields()}
+            return next(iter(parts.values())) if len(parts) == 1 else parts
         h, w = self.orig_shape
         out = []
         for x1, y1, x2, y2, conf, cls in self._rows():
@@ -294,7 +319,10 @@ class Results:
         lw = int(line_width) if line_width is not None else max(2, round((h + w) / 2 * 0.003))
         lw = max(1, lw)
         fs = int(round(font_size)) if font_size is not None else max(12, round((h + w) / 2 * 0.02))
-        image = Image.fromarray(self.orig_img.copy())
+        base = self.orig_img.copy()
+        for _, field in self._fields():
+            base = field.plot_on(base, self.names)
+        image = Image.fromarray(base)
         draw = ImageDraw.Draw(image)
         font = _font(max(1, fs))
         pad = max(1, lw // 2 + 1)

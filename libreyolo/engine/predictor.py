@@ -1,10 +1,12 @@
-"""Task-generic predict loop: sources -> batches -> GPU letterbox -> stage -> Results.
+"""Task-generic predict loop: sources -> batches -> GPU preprocessing -> stage -> Results.
 
-The uint8 images are uploaded once; letterbox and normalization run in torch on the
-model's device. The network stage (and, for batches whose images share one size, the
-letterbox too) goes through the model's :class:`GraphRunner`, so ``cuda_graph`` only
-changes *how* the same ops run, never *what* they compute: eager numbers are the truth.
-Post-processing is one batched NMS for the whole batch and one copy to the host.
+The uint8 images are uploaded once; the family's preprocessing (``model.preprocess``: letterbox,
+stretch or resize+crop, then normalization) runs in torch on the model's device. The stage -
+network, then the task's on-device post-processing (:meth:`PredictPlan.finish`) - goes through
+the model's :class:`GraphRunner`, together with the preprocessing when a batch's images share
+one size, so ``cuda_graph`` only changes *how* the same ops run, never *what* they compute:
+eager numbers are the truth. The task turns the stage's outputs into Results
+(:meth:`PredictPlan.results`).
 """
 from __future__ import annotations
 
@@ -22,11 +24,8 @@ import torch
 
 from ..data.sources import load_sources
 from ..graphs.runner import normalize_mode
-from ..ops.letterbox import geometry_rows, inverse_params, letterbox, unletterbox_boxes, unletterbox_packed
-from ..ops import nms_graph
-from ..ops.nms import nms_per_image, top_candidates
-from ..ops.nms_graph import select_packed
-from ..results import Boxes, Results
+from ..results import Results
+from ..tasks.base import PredictPlan
 
 log = logging.getLogger("libreyolo")
 _NO_CONTEXT = contextlib.nullcontext()
@@ -75,57 +74,32 @@ class Predictor:
     def __init__(self, model):
         self.model = model
         self._raw_seen: Counter = Counter()
+        self._pinned: set = set()          # net-stage keys captured by capture_graph (see capture)
         self._local = threading.local()  # per-thread pinned staging buffers (see _upload)
+        self._tensor_cache: dict = {}
 
     # ---------------------------------------------------------------- stages
-    def _stage_fns(self, size: int, max_nms: int, post: tuple | None = None):
-        """The two capturable stages: from a letterboxed batch, and from raw uint8 images.
+    def _stage_fns(self, size: int, plan: PredictPlan):
+        """The two capturable stages: from a preprocessed batch, and from raw uint8 images.
 
-        Both end with the fixed-shape top-``max_nms`` candidate selection. With ``post =
-        (max_det, agnostic)`` (CUDA with Triton) they also run NMS and the final selection
-        (:mod:`libreyolo.ops.nms_graph`) and map the boxes back to each image's pixels, and
-        return one packed (B, max_det * 6 + 1) tensor, so the whole predict is one graph and
-        one copy to the host; the extra stage inputs are the [conf, iou] device tensor and the
-        (B, 3, 4) letterbox geometry (:meth:`_geometry`). Otherwise NMS runs eager on the
-        candidates.
+        Both run the network (``model.infer``) and the task's post-processing
+        (:meth:`PredictPlan.finish`, which also takes the plan's extra inputs).
         """
         model = self.model
-        resize = model.RESIZE
-        if post is None:
-            def finish(cand):
-                return cand
-        else:
-            max_det, agnostic = post
-
-            def finish(cand, thr, geo):
-                packed = select_packed(*cand, thr, max_det, nms=model.NMS, agnostic=agnostic)
-                return unletterbox_packed(packed, geo, max_det)
+        prep = model.preprocess
 
         def net(x, *extra):
-            return finish(top_candidates(*model.infer(x), max_nms), *extra)
+            return plan.finish(model.infer(x), *extra)
 
         def from_u8(u8, *extra):
-            return net(letterbox(u8, size, resize), *extra)
+            return net(prep(u8, size), *extra)
 
         return net, from_u8
 
-    @staticmethod
-    def _stage_args(post: tuple | None, thr: torch.Tensor | None, geo: torch.Tensor | None) -> tuple[tuple, tuple]:
-        """The stage's extra inputs after the images and the tag its graph keys carry."""
-        return ((), ()) if post is None else ((thr, geo), ("post", *post))
-
-    def _thresholds(self, conf: float, iou: float) -> torch.Tensor:
-        """The [conf, iou] device tensor a post-processing stage reads (cached: no copy per call)."""
-        return self._cached_tensor("thr", (float(conf), float(iou)), lambda: [conf, iou])
-
-    def _geometry(self, shapes: tuple, size: int) -> torch.Tensor:
-        """The (B, 3, 4) letterbox geometry of images of ``shapes`` ((h, w) each) that a
-        post-processing stage maps boxes back with (cached per shapes: no copy per call)."""
-        resize = self.model.RESIZE
-        return self._cached_tensor("geo", (shapes, size, resize), lambda: geometry_rows(shapes, size, resize))
-
-    def _cached_tensor(self, kind: str, key: tuple, values) -> torch.Tensor:
-        cache = self.__dict__.setdefault("_tensor_cache", {})
+    def constant(self, kind: str, key: tuple, values) -> torch.Tensor:
+        """A float32 device tensor of ``values()`` cached under (kind, key): stage inputs that stay
+        the same from call to call (thresholds, letterbox geometry) are not copied again."""
+        cache = self._tensor_cache
         key = (kind, *key, str(self.model.device))
         t = cache.get(key)
         if t is None:
@@ -142,73 +116,83 @@ class Predictor:
             raise ValueError("amp=True needs a CUDA device; on the CPU predict runs in float32 (amp=False)")
         return torch.autocast("cuda", dtype=amp_dtype)
 
-    def run_batch(self, images: list[torch.Tensor], size: int, mode: Any, amp_dtype,
-                  max_nms: int = 1000, post: tuple | None = None, thr: torch.Tensor | None = None,
-                  host: bool = False) -> tuple:
-        """uint8 HWC device tensors -> the stage's outputs.
+    def plan(self, size: int, **opts) -> PredictPlan:
+        """The task's plan for one call with its predict options ``opts``."""
+        return self.model.task.plan(self.model, size, self.constant, **opts)
 
-        With ``post`` the outputs' boxes are already in each image's pixels; without, they are
-        on the canvas (:func:`~libreyolo.ops.letterbox.inverse_params` maps them back). ``host=True``: the
-        outputs come as a :class:`~libreyolo.graphs.capture.HostCopy` (``wait()`` gives them in
-        host memory; see :meth:`GraphRunner.__call__`).
-        """
+    def run_batch(self, images: list[torch.Tensor], size: int, mode: Any, amp_dtype, plan: PredictPlan) -> Any:
+        """uint8 HWC device tensors -> the stage's outputs (a HostCopy when ``plan.host``)."""
         runner = self.model._runner
-        net, from_u8 = self._stage_fns(size, max_nms, post)
-        resize = self.model.RESIZE
+        net, from_u8 = self._stage_fns(size, plan)
+        prep = self.model.preprocess
         shapes = tuple((int(im.shape[0]), int(im.shape[1])) for im in images)
-        geo = None if post is None else self._geometry(shapes, size)
-        extra, tag = self._stage_args(post, thr, geo)
-        opts = {"host": host, "constant": (1, 2) if extra else ()}  # the cached thresholds and geometry
+        extra = plan.extra(shapes, size)
+        opts = {"host": plan.host, "constant": plan.constant}
         same = len(set(shapes)) == 1
         with torch.no_grad(), self._autocast(amp_dtype):
             if same:
                 u8 = images[0].unsqueeze(0) if len(images) == 1 else torch.stack(images)
-                key = ("u8", size, max_nms, *tag)
-                # Letterbox inside the graph only for a raw size seen before (a video, a camera,
-                # a fixed pipeline): otherwise each new photo size would cost a capture.
+                key = ("u8", size, *plan.tag)
+                net_key = ("net", size, *plan.tag)
+                # Preprocess inside the graph only for a raw size seen before (a video, a camera,
+                # a fixed pipeline) - otherwise each new photo size would cost a capture - and not
+                # when capture_graph pinned the network stage for this request.
                 raw = (tuple(u8.shape), str(u8.device))
-                use_u8 = mode is not False and (self._raw_seen[raw] >= 1 or runner.has_graph(key, (u8, *extra)))
+                use_u8 = mode is not False and (runner.has_graph(key, (u8, *extra)) or (
+                    self._raw_seen[raw] >= 1 and net_key not in self._pinned))
                 self._raw_seen[raw] += 1
                 if len(self._raw_seen) > 256:
                     self._raw_seen.clear()
                 if use_u8:
                     return runner(key, from_u8, (u8, *extra), mode, **opts)
-                x = letterbox(u8, size, resize)
+                x = prep(u8, size)
             else:
-                x = torch.cat([letterbox(im.unsqueeze(0), size, resize) for im in images])
-            return runner(("net", size, max_nms, *tag), net, (x, *extra), mode, **opts)
+                x = torch.cat([prep(im.unsqueeze(0), size) for im in images])
+            return runner(("net", size, *plan.tag), net, (x, *extra), mode, **opts)
 
-    def _post(self, max_det: int, agnostic: bool, classes) -> tuple | None:
-        """Whether NMS + selection run inside the stage (CUDA with Triton, no class filter)."""
-        if classes is not None or not nms_graph.available(self.model.device):
-            return None
-        return int(max_det), bool(agnostic)
+    def capture(self, imgsz=None, batch=1, dtype=None, source=None, source_shape=None, bgr: bool = False,
+                **opts) -> dict:
+        """Capture what predict will replay for a request now (``model.capture_graph``).
 
-    def capture(self, imgsz=None, batch=1, dtype=None, source_shape=None, max_nms: int = 1000,
-                max_det: int = 300, agnostic: bool = False) -> dict:
+        With a ``source`` (anything predict takes; its first ``batch`` images must share one size)
+        or a ``source_shape`` (h, w), the whole uint8 stage for images of that size: a predict
+        of such images then replays it from its first call. Without either, the stage from the
+        preprocessed batch, pinned so that predict keeps replaying it for every image size
+        (preprocessing eager) instead of capturing a uint8 stage when a size repeats.
+        ``opts`` are the task's predict options (e.g. conf, iou, max_det for detection): pass
+        the ones predict will use if they change what the stage computes.
+        """
         m = self.model
         size = check_imgsz(imgsz or m.imgsz, m.STRIDE)
-        post = self._post(max_det, agnostic, None)
-        net, from_u8 = self._stage_fns(size, max_nms, post)
-        shapes = ((size, size) if source_shape is None else tuple(int(v) for v in source_shape),) * int(batch)
-        extra, tag = self._stage_args(post, None if post is None else self._thresholds(0.25, 0.45),
-                                      None if post is None else self._geometry(shapes, size))
+        plan = self.plan(size, **opts)
         amp_dtype = None if dtype in (None, torch.float32) else _amp_dtype(dtype, m.AMP_DTYPE)
+        net, from_u8 = self._stage_fns(size, plan)
+        if source is not None:
+            items = load_sources(source, bgr=bgr)[:int(batch)]
+            shapes = {tuple(it.image.shape[:2]) for it in items}
+            if len(shapes) != 1:
+                raise ValueError(f"capture_graph(source=...): the first {batch} image(s) have different sizes "
+                                 f"{sorted(shapes)}; a graph serves one size")
+            source_shape = shapes.pop()
+            batch = len(items)
+        shapes = ((size, size) if source_shape is None else tuple(int(v) for v in source_shape),) * int(batch)
+        extra = plan.extra(shapes, size)
         g = torch.Generator().manual_seed(0)
         with torch.no_grad(), self._autocast(amp_dtype):
             if source_shape is None:
                 x = torch.rand((batch, 3, size, size), generator=g).to(m.device)
-                return m._runner.capture(("net", size, max_nms, *tag), net, (x, *extra))
-            h, w = source_shape
+                key = ("net", size, *plan.tag)
+                info = m._runner.capture(key, net, (x, *extra))
+                self._pinned.add(key)
+                return info
+            h, w = shapes[0]
             u8 = torch.randint(0, 256, (batch, h, w, 3), generator=g, dtype=torch.uint8).to(m.device)
-            return m._runner.capture(("u8", size, max_nms, *tag), from_u8, (u8, *extra))
+            return m._runner.capture(("u8", size, *plan.tag), from_u8, (u8, *extra))
 
     # ------------------------------------------------------------------ call
-    def __call__(self, source: Any, *, conf: float = 0.25, iou: float = 0.45, imgsz: int | None = None,
-                 batch: int = 1, cuda_graph: Any = False, max_det: int = 300, max_nms: int = 1000,
-                 classes: list[int] | None = None, agnostic_nms: bool = False, amp: Any = False,
-                 bgr: bool = False, save: bool = False, save_dir: str | Path | None = None,
-                 verbose: bool = False, profile: bool = False) -> list[Results]:
+    def __call__(self, source: Any, *, imgsz: int | None = None, batch: int = 1, cuda_graph: Any = False,
+                 amp: Any = False, bgr: bool = False, save: bool = False, save_dir: str | Path | None = None,
+                 verbose: bool = False, profile: bool = False, **task_opts) -> list[Results]:
         """Predict on ``source`` (path, directory, glob, PIL, numpy RGB - or BGR with
         ``bgr=True`` -, torch tensor, or a list of them) and return one Results per image.
 
@@ -217,32 +201,26 @@ class Predictor:
         never raises). ``amp``: True for the family's autocast dtype (``AMP_DTYPE``: float16 unless
         the family says otherwise), "fp16" or "bf16" to choose (CUDA only).
         ``save`` writes annotated pictures to ``save_dir`` (default runs/predict).
-        ``max_nms`` caps the candidates per image that enter NMS (the best-scoring ones).
         ``profile`` synchronizes the device between stages so that ``Results.speed``
         (ms per image: load, preprocess, inference, postprocess) is exact; without
         it the stages overlap and ``speed`` shows host time only.
+        The task's own options (detection: ``conf``, ``iou``, ``max_det``, ``max_nms`` - the
+        candidates per image that enter NMS -, ``classes``, ``agnostic_nms``) follow.
         """
         m = self.model
         mode = normalize_mode(cuda_graph)
-        if not 0.0 <= float(conf) <= 1.0:
-            raise ValueError(f"conf must be in [0, 1], got {conf}")
-        if not 0.0 <= float(iou) <= 1.0:
-            raise ValueError(f"iou must be in [0, 1], got {iou}")
+        unknown = sorted(set(task_opts) - set(m.task.predict_defaults))
+        if unknown:
+            raise TypeError(f"unknown predict option(s) {', '.join(unknown)} for a {m.TASK} model; "
+                            f"known: imgsz, batch, cuda_graph, amp, bgr, save, save_dir, verbose, profile, "
+                            + ", ".join(m.task.predict_defaults))
         if int(batch) < 1:
             raise ValueError(f"batch must be >= 1, got {batch}")
-        if int(max_det) < 1:
-            raise ValueError(f"max_det must be >= 1, got {max_det}")
-        if int(max_nms) < int(max_det):
-            raise ValueError(f"max_nms ({max_nms}) must be >= max_det ({max_det})")
-        if classes is not None:
-            classes = [int(c) for c in ([classes] if isinstance(classes, int) else classes)]
-            bad = [c for c in classes if not 0 <= c < m.nc]
-            if bad:
-                raise ValueError(f"classes {bad} out of range for a model with {m.nc} classes")
         size = check_imgsz(imgsz or m.imgsz, m.STRIDE)
+        plan = self.plan(size, **task_opts)
         amp_dtype = _amp_dtype(amp, m.AMP_DTYPE)
         if not m.trained and not getattr(m, "_warned_untrained", False):
-            log.warning("libreyolo: %s is UNTRAINED (random weights): its detections are meaningless", m)
+            log.warning("libreyolo: %s is UNTRAINED (random weights): its predictions are meaningless", m)
             m._warned_untrained = True
         sync = (torch.cuda.synchronize if profile and m.device.type == "cuda" else (lambda: None))
         t_load = time.perf_counter()
@@ -266,39 +244,21 @@ class Predictor:
             dev_images = [self._upload(it.image) for it in chunk]
             sync()
             t1 = time.perf_counter()
-            post = self._post(max_det, agnostic_nms, classes)
-            thr = None if post is None else self._thresholds(conf, iou)
-            out = self.run_batch(dev_images, size, mode, amp_dtype, int(max_nms), post, thr, host=post is not None)
+            out = self.run_batch(dev_images, size, mode, amp_dtype, plan)
             for it in chunk:  # the host copy of borrowed arrays overlaps with the queued GPU work
                 it.own()
             sync()
             t2 = time.perf_counter()
-            # The rest is host work on a few hundred numbers: numpy, whose small-array calls cost
-            # about a microsecond where a CPU torch op costs several.
-            if post is None:
-                dets = nms_per_image(*out, conf=float(conf), iou=float(iou), max_det=int(max_det),
-                                     classes=classes, agnostic=agnostic_nms, nms_free=not m.NMS).numpy()
-                img_col = dets[:, 0]
-                per_image = [dets[img_col == i, 1:] for i in range(len(chunk))]
-            else:  # one copy: (B, max_det * 6 + 1) = detections in score order + count per image
-                host = out.wait().numpy()
-                counts = host[:, -1].astype(np.int64).tolist()
-                per_image = [host[i, :n * 6].reshape(n, 6).copy() for i, n in enumerate(counts)]
-            self._release_staging()  # the outputs came after this chunk's uploads on the same stream
-            t3 = time.perf_counter()
             speed = {"load": t_load, "preprocess": (t1 - t0) * 1e3 / len(chunk),
-                     "inference": (t2 - t1) * 1e3 / len(chunk), "postprocess": (t3 - t2) * 1e3 / len(chunk)}
-            for i, it in enumerate(chunk):
-                d = per_image[i]
-                h, w = int(it.image.shape[0]), int(it.image.shape[1])
-                if post is None:  # the post stage mapped its boxes back on the device
-                    sx, sy, px, py = inverse_params(h, w, size, m.RESIZE)
-                    unletterbox_boxes(d, sx, sy, h, w, px, py)
-                d = torch.from_numpy(d)
-                r = Results(it.image, it.name, m.names, Boxes(d, (h, w)), speed=dict(speed))
+                     "inference": (t2 - t1) * 1e3 / len(chunk)}
+            chunk_results = plan.results(out, chunk, size, speed)
+            self._release_staging()  # the outputs came after this chunk's uploads on the same stream
+            post_ms = (time.perf_counter() - t2) * 1e3 / len(chunk)
+            for r in chunk_results:
+                r.speed["postprocess"] = post_ms
                 if out_dir is not None:
-                    r.save(out_dir / f"{Path(it.name).stem}.jpg")
-                results.append(r)
+                    r.save(out_dir / f"{Path(r.path).stem}.jpg")
+            results.extend(chunk_results)
             if progress is not None:
                 progress.update(len(chunk))
         if progress is not None:

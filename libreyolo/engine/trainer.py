@@ -1,26 +1,28 @@
-"""Task-generic training loop; the family supplies the network and the loss.
+"""Task-generic training loop: the task supplies the data, the evaluator and the fitness; the
+family supplies the network and the loss; ``graphs/`` captures the step.
 
-Features: YOLO/COCO datasets or the built-in ``shapes`` set, mosaic/affine/flip/HSV
-augmentation (mosaic and MixUp closed for the last ``close_mosaic`` epochs), DataLoader with workers and
-pinned memory, AMP on CUDA, SGD or AdamW with parameter groups (no decay on norms and
-biases), warm-up then linear or cosine decay, gradient accumulation to a nominal batch,
-an exponential moving average of the weights, validation (mAP50, mAP50-95) every epoch,
-``last.pt`` / ``best.pt`` in the LibreYOLO format written atomically, ``resume``, a
-progress bar with running losses, ``results.csv`` and ``results.png``.
+:meth:`Trainer.train` is set-up (seeding, data, network, loss, optimizer, EMA, resume, the
+graph decision), then per epoch :meth:`Trainer.train_epoch` - each batch one :meth:`Trainer.step`,
+the schedule's warm-up before it - and the end-of-epoch hooks in order: evaluation (the task's
+evaluator on the EMA weights), logging (``results.csv``, the per-epoch line, ``results.png``) and
+checkpoints (``last.pt`` with the training state for ``resume``, ``best.pt`` without it, both
+written atomically). Features: SGD or AdamW with parameter groups (no decay on norms and biases),
+warm-up then linear or cosine decay, gradient accumulation to a nominal batch, an exponential
+moving average of the weights, AMP on CUDA.
 
-With ``cuda_graph=True`` the forward + loss + backward step goes through
-:class:`libreyolo.graphs.training.TrainStepRunner`, which captures it once a batch shape
-repeats and falls back to eager with one log line wherever that is not possible.
+With ``cuda_graph=True`` the step goes through :class:`libreyolo.graphs.training.TrainStepRunner`
+(forward + loss + backward, and the whole step with the update where graph-safe) or, for families
+with a seam, a :class:`~libreyolo.graphs.training.GraphedSegment`; anything that cannot be
+captured logs one line and trains eager.
 """
 from __future__ import annotations
 
 import copy
 import csv
-import functools
 import logging
 import math
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -28,20 +30,37 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..device import select_device
 from ..graphs.training import GraphedSegment, TrainStepRunner, prime_optimizer_state, training_state
-from ..ops.nms import nms_per_image, top_candidates
+from ..tasks import Task, TaskOptions, get_task
 
 log = logging.getLogger("libreyolo")
 
 
 @dataclass
-class TrainConfig:
+class RunConfig:
+    """What to train on and where the run goes."""
+
     data: str = "shapes"
     epochs: int = 100
     batch: int = 16
     imgsz: int = 640
     device: str = "auto"
     workers: int = 2
+    val: bool = True
+    project: str = "runs/train"
+    name: str = "exp"
+    exist_ok: bool = False
+    resume: Any = False             # True (the run's last.pt) or a path
+    seed: int = 0
+    plots: bool = True
+    verbose: bool = True
+
+
+@dataclass
+class OptimConfig:
+    """Optimizer, schedule, accumulation, EMA."""
+
     optimizer: str = "SGD"          # SGD or AdamW
     lr0: float | None = None        # default 0.01 for SGD, 0.001 for AdamW
     lrf: float = 0.01               # final lr = lr0 * lrf
@@ -53,42 +72,63 @@ class TrainConfig:
     warmup_bias_lr: float = 0.1
     cos_lr: bool = False
     nbs: int = 64                   # nominal batch: gradients accumulate up to it
-    amp: Any = True                 # True: float16 autocast + GradScaler; "bf16": bfloat16, no scaler (CUDA only)
     ema: bool = True
-    close_mosaic: int = 10
-    mosaic: float = 1.0
-    dense_mosaic: bool = False      # DEIM's Dense O2O: mosaic tiles shrunk so each image holds all four
-    mixup: float = 0.0              # probability of blending two augmented samples (closed with mosaic)
-    augment_policy: str = "yolo"    # "yolo" (affine + HSV) or "detr" (photometric, zoom-out, IoU crop)
-    degrees: float = 0.0
-    translate: float = 0.1
-    scale: float = 0.5
-    fliplr: float = 0.5
-    hsv_h: float = 0.015
-    hsv_s: float = 0.7
-    hsv_v: float = 0.4
-    bucket: int = 16                # targets padded to a multiple of this (fixed loss shapes)
-    val: bool = True
-    val_conf: float = 0.001
-    val_iou: float = 0.7
-    max_det: int = 300
-    project: str = "runs/train"
-    name: str = "exp"
-    exist_ok: bool = False
-    resume: Any = False             # True (the run's last.pt) or a path
-    seed: int = 0
+
+
+@dataclass
+class GraphConfig:
+    """How the step runs: CUDA graphs, mixed precision."""
+
     cuda_graph: bool = False
-    plots: bool = True
-    verbose: bool = True
-    extra: dict = field(default_factory=dict)
+    amp: Any = True                 # True: float16 autocast + GradScaler; "bf16": bfloat16, no scaler (CUDA only)
+
+
+_GROUPS = {"run": RunConfig, "optim": OptimConfig, "graph": GraphConfig}
+
+
+class TrainConfig:
+    """Training options in groups: ``run`` (:class:`RunConfig`), ``optim`` (:class:`OptimConfig`),
+    ``graph`` (:class:`GraphConfig`) and ``task`` (the task's options dataclass, e.g.
+    :class:`~libreyolo.tasks.detect.DetectOptions`: augmentation, validation thresholds).
+
+    Built from flat keyword arguments (``TrainConfig(epochs=10, lr0=0.01, mosaic=0.5)``), each
+    routed to its group; an unknown name is a TypeError listing the known ones. Reading a flat
+    name (``cfg.lr0``) reads it from its group.
+    """
+
+    def __init__(self, task: str | Task = "detect", **kw: Any):
+        task = get_task(task) if isinstance(task, str) else task
+        known = {name: group for group, cls in _GROUPS.items() for name in (f.name for f in fields(cls))}
+        task_names = task.Options.names()
+        unknown = sorted(set(kw) - set(known) - task_names - {"extra"})
+        if unknown:
+            raise TypeError(f"unknown training option(s): {', '.join(unknown)}; known: "
+                            f"{', '.join(sorted(set(known) | task_names))}")
+        split: dict[str, dict[str, Any]] = {g: {} for g in _GROUPS}
+        for k, v in kw.items():
+            if k in known:
+                split[known[k]][k] = v
+        self.run = RunConfig(**split["run"])
+        self.optim = OptimConfig(**split["optim"])
+        self.graph = GraphConfig(**split["graph"])
+        self.task: TaskOptions = task.Options(**{k: v for k, v in kw.items() if k in task_names})
+        self.extra: dict = dict(kw.get("extra") or {})
 
     @classmethod
-    def from_kwargs(cls, **kw) -> "TrainConfig":
-        names = {f.name for f in fields(cls)}
-        unknown = sorted(set(kw) - names)
-        if unknown:
-            raise TypeError(f"unknown training option(s): {', '.join(unknown)}; known: {', '.join(sorted(names))}")
-        return cls(**kw)
+    def from_kwargs(cls, task: str | Task = "detect", **kw: Any) -> "TrainConfig":
+        return cls(task, **kw)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_") or name in ("run", "optim", "graph", "task", "extra"):
+            raise AttributeError(name)
+        for group in (self.run, self.optim, self.graph, self.task):
+            if name in group.__dataclass_fields__:
+                return getattr(group, name)
+        raise AttributeError(f"TrainConfig has no option {name!r}")
+
+    def as_dict(self) -> dict[str, Any]:
+        """Every option, flat."""
+        return {**asdict(self.run), **asdict(self.optim), **asdict(self.graph), **asdict(self.task)}
 
 
 class ModelEMA:
@@ -171,119 +211,115 @@ class Trainer:
     """Trains ``model`` (a libreyolo Model) according to a :class:`TrainConfig`."""
 
     def __init__(self, model, cfg: TrainConfig):
-        from ..models.base import select_device
         self.model = model
+        self.task: Task = model.task
         self.cfg = cfg
-        self.device = select_device(cfg.device) if cfg.device != "auto" else model.device
+        self.device = select_device(cfg.run.device) if cfg.run.device != "auto" else model.device
         self.model.to(self.device)
-        amp = str(cfg.amp).lower()
+        amp = str(cfg.graph.amp).lower()
         self.amp_dtype = None
         if self.device.type == "cuda" and amp not in ("false", "0", "none", ""):
             self.amp_dtype = torch.bfloat16 if amp in ("bf16", "bfloat16") else torch.float16
         self.amp = self.amp_dtype is not None
+        self.hooks = [EvaluationHook(), LoggingHook(), CheckpointHook()]
 
     # ------------------------------------------------------------------ data
     def _loaders(self, data):
-        from ..data.augment import DetectionDataset, collate_detections
         cfg = self.cfg
-        hyp = dict(mosaic=cfg.mosaic, degrees=cfg.degrees, translate=cfg.translate, scale=cfg.scale,
-                   fliplr=cfg.fliplr, hsv_h=cfg.hsv_h, hsv_s=cfg.hsv_s, hsv_v=cfg.hsv_v,
-                   dense_mosaic=cfg.dense_mosaic, mixup=cfg.mixup, policy=cfg.augment_policy)
-        resize = self.model.RESIZE   # as predict feeds the network: letterbox or stretch
-        self.train_set = DetectionDataset(data.train, cfg.imgsz, augment=True, resize=resize, **hyp)
-        self.val_set = DetectionDataset(data.val, cfg.imgsz, augment=False, resize=resize)
-        collate = functools.partial(collate_detections, bucket=cfg.bucket)  # picklable under spawn
-
+        self.train_set, self.val_set, collate = self.task.datasets(data, cfg.run.imgsz, self.model, cfg.task)
         # One generator, re-seeded at every epoch (seed + epoch): the shuffle order and the
         # workers' augmentation seeds of epoch e are the same in a resumed run.
-        self.loader_gen = torch.Generator().manual_seed(cfg.seed)
+        self.loader_gen = torch.Generator().manual_seed(cfg.run.seed)
         pin = self.device.type == "cuda"
-        workers = max(0, int(cfg.workers))
+        workers = max(0, int(cfg.run.workers))
         common = dict(num_workers=workers, pin_memory=pin, collate_fn=collate)
-        train = torch.utils.data.DataLoader(self.train_set, batch_size=cfg.batch, shuffle=True,
+        batch = cfg.run.batch
+        train = torch.utils.data.DataLoader(self.train_set, batch_size=batch, shuffle=True,
                                             generator=self.loader_gen,
-                                            drop_last=len(self.train_set) > cfg.batch, **common)
-        val = torch.utils.data.DataLoader(self.val_set, batch_size=cfg.batch, shuffle=False, **common)
+                                            drop_last=len(self.train_set) > batch, **common)
+        val = torch.utils.data.DataLoader(self.val_set, batch_size=batch, shuffle=False, **common)
         return train, val
 
     # ------------------------------------------------------------------ validate
     @torch.no_grad()
-    def validate(self, net: nn.Module, loader, nc: int, names: dict[int, str]) -> dict:
-        from .metrics import evaluate_detections
+    def validate(self, net: nn.Module, loader, progress: bool = False) -> dict:
+        """The task's metrics of ``net`` on ``loader`` (eval mode, the AMP of the run)."""
         was_training = net.training
         net.eval()
         infer = self.model.infer_with(net)
-        preds, gts = [], []
-        for imgs, targets, mask in loader:
-            x = imgs.to(self.device, non_blocking=True).float().div_(255)
+        prep = self.model.preprocess
+        evaluator = self.task.evaluator(self.model, self.cfg.task)
+        evaluator.reset()
+        bar = None
+        if progress:
+            from tqdm import tqdm
+            bar = tqdm(total=len(loader), desc="  validate", unit="batch", leave=False)
+        for batch in loader:
+            x = prep.normalize(batch[0].to(self.device, non_blocking=True).float().div_(255))
             with torch.autocast(self.device.type, dtype=self.amp_dtype or torch.float16, enabled=self.amp):
-                cand = top_candidates(*infer(x), 30000)
-            dets = nms_per_image(*cand, conf=self.cfg.val_conf, iou=self.cfg.val_iou,
-                                 max_det=self.cfg.max_det, nms_free=not self.model.NMS)
-            for i in range(imgs.shape[0]):
-                d = dets[dets[:, 0] == i, 1:]
-                preds.append(d.numpy())
-                gts.append(targets[i][mask[i]].numpy())
+                out = infer(x)
+            evaluator.process(out, batch)
+            if bar is not None:
+                bar.update(1)
+        if bar is not None:
+            bar.close()
         net.train(was_training)
-        return evaluate_detections(preds, gts, nc, names)
+        return evaluator.evaluate()
 
-    # ------------------------------------------------------------------ train
-    def train(self) -> dict:
-        from ..data.datasets import resolve_data
-        from ..weights import load_checkpoint, save_checkpoint
+    # ------------------------------------------------------------------ set-up
+    def _setup(self) -> None:
+        """Seeds, data, network, loss, optimizer, EMA, resume state, run folder, step runner."""
+        from ..weights import load_checkpoint
         cfg, m = self.cfg, self.model
-        torch.manual_seed(cfg.seed)
-        np.random.seed(cfg.seed)
-        data = resolve_data(cfg.data)
+        run, opt_cfg = cfg.run, cfg.optim
+        torch.manual_seed(run.seed)
+        np.random.seed(run.seed)
+        data = self.task.resolve_data(run.data)
         if data.nc != m.nc:
             log.info("libreyolo: dataset has %d classes, model %d: rebuilding the head for %d classes",
                      data.nc, m.nc, data.nc)
             m.reset_classes(data.nc, data.names)
         else:
             m.names = dict(data.names)
-        m.imgsz = cfg.imgsz
-        net = m.model
-        if not m.trained and not cfg.resume:
+        m.imgsz = run.imgsz
+        net = self.net = m.model
+        if not m.trained and not run.resume:
             m.init_for_training(net)   # the original recipes' prior bias on class/objectness logits
         net.to(self.device).train()
-        loss_fn = m.build_loss().to(self.device)
-        item_names = tuple(loss_fn.item_names)  # the loss contract: see Model.build_loss
-        train_loader, val_loader = self._loaders(data)
-        nb = len(train_loader)
-        accumulate = max(round(cfg.nbs / cfg.batch), 1)
-        if cfg.lr0 is None:
-            cfg.lr0 = 0.001 if cfg.optimizer.lower() == "adamw" else 0.01
-        wd = cfg.weight_decay * cfg.batch * accumulate / cfg.nbs
+        self.loss_fn = m.build_loss().to(self.device)
+        self.item_names = tuple(self.loss_fn.item_names)  # the loss contract: see Model.build_loss
+        self.train_loader, self.val_loader = self._loaders(data)
+        self.nb = len(self.train_loader)
+        self.accumulate = max(round(opt_cfg.nbs / run.batch), 1)
+        if opt_cfg.lr0 is None:
+            opt_cfg.lr0 = 0.001 if opt_cfg.optimizer.lower() == "adamw" else 0.01
+        wd = opt_cfg.weight_decay * run.batch * self.accumulate / opt_cfg.nbs
         # A whole training step (optimizer included) can be captured only with a fused SGD
         # whose lr is a device tensor (updated in place by the schedule) and no GradScaler.
-        self.whole_step = (cfg.optimizer.lower() == "sgd" and bool(cfg.cuda_graph) and m.SUPPORTS_CUDA_GRAPH_TRAIN
-                           and self.device.type == "cuda" and self.amp_dtype != torch.float16)
+        self.whole_step = (opt_cfg.optimizer.lower() == "sgd" and bool(cfg.graph.cuda_graph)
+                           and m.SUPPORTS_CUDA_GRAPH_TRAIN and self.device.type == "cuda"
+                           and self.amp_dtype != torch.float16)
         groups = _param_groups(net, wd)
-        if cfg.optimizer.lower() == "adamw":
-            opt = torch.optim.AdamW(groups, lr=cfg.lr0, betas=(cfg.momentum, 0.999))
-        elif cfg.optimizer.lower() == "sgd":
+        if opt_cfg.optimizer.lower() == "adamw":
+            opt = torch.optim.AdamW(groups, lr=opt_cfg.lr0, betas=(opt_cfg.momentum, 0.999))
+        elif opt_cfg.optimizer.lower() == "sgd":
             if self.whole_step:
                 for g in groups:
-                    g["lr"] = torch.tensor(cfg.lr0, device=self.device)
-            opt = torch.optim.SGD(groups, lr=cfg.lr0, momentum=cfg.momentum, nesterov=True,
+                    g["lr"] = torch.tensor(opt_cfg.lr0, device=self.device)
+            opt = torch.optim.SGD(groups, lr=opt_cfg.lr0, momentum=opt_cfg.momentum, nesterov=True,
                                   fused=True if self.whole_step else None)
         else:
-            raise ValueError(f"optimizer must be SGD or AdamW, got {cfg.optimizer!r}")
+            raise ValueError(f"optimizer must be SGD or AdamW, got {opt_cfg.optimizer!r}")
         for g in opt.param_groups:
-            g["initial_lr"] = cfg.lr0
-        scaler = torch.amp.GradScaler("cuda", enabled=self.amp_dtype == torch.float16)
-        ema = ModelEMA(net) if cfg.ema else None
+            g["initial_lr"] = opt_cfg.lr0
+        self.opt = opt
+        self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp_dtype == torch.float16)
+        self.ema = ModelEMA(net) if opt_cfg.ema else None
 
-        def lf(epoch: float) -> float:
-            x = epoch / max(1, cfg.epochs)
-            if cfg.cos_lr:
-                return ((1 - math.cos(x * math.pi)) / 2) * (cfg.lrf - 1) + 1
-            return (1 - x) * (1.0 - cfg.lrf) + cfg.lrf
-
-        run_dir, start_epoch, best_fitness = None, 0, -1.0
-        if cfg.resume:
-            last = Path(cfg.resume) if isinstance(cfg.resume, (str, Path)) and cfg.resume is not True \
-                else Path(cfg.project) / cfg.name / "weights" / "last.pt"
+        self.run_dir, self.start_epoch, self.best_fitness = None, 0, -1.0
+        if run.resume:
+            last = Path(run.resume) if isinstance(run.resume, (str, Path)) and run.resume is not True \
+                else Path(run.project) / run.name / "weights" / "last.pt"
             ck = load_checkpoint(last)
             st = ck.get("train_state")
             if not st:
@@ -293,26 +329,31 @@ class Trainer:
             if self.whole_step:  # a loaded tensor lr comes back on the CPU
                 for g in opt.param_groups:
                     g["lr"] = torch.tensor(float(g["lr"]), device=self.device)
-            scaler.load_state_dict(st["scaler"])
-            if ema is not None and st.get("ema_updates") is not None:
-                ema.ema.load_state_dict(ck["model"])
-                ema.updates = int(st["ema_updates"])
-            start_epoch, best_fitness = int(st["epoch"]) + 1, float(st["best_fitness"])
-            run_dir = last.parent.parent
-            log.info("libreyolo: resuming %s from epoch %d", run_dir, start_epoch + 1)
-        if run_dir is None:
-            run_dir = _next_run_dir(cfg.project, cfg.name, cfg.exist_ok)
-        (run_dir / "weights").mkdir(parents=True, exist_ok=True)
-        csv_path = run_dir / "results.csv"
+            self.scaler.load_state_dict(st["scaler"])
+            if self.ema is not None and st.get("ema_updates") is not None:
+                self.ema.ema.load_state_dict(ck["model"])
+                self.ema.updates = int(st["ema_updates"])
+            self.start_epoch, self.best_fitness = int(st["epoch"]) + 1, float(st["best_fitness"])
+            self.run_dir = last.parent.parent
+            log.info("libreyolo: resuming %s from epoch %d", self.run_dir, self.start_epoch + 1)
+        if self.run_dir is None:
+            self.run_dir = _next_run_dir(run.project, run.name, run.exist_ok)
+        (self.run_dir / "weights").mkdir(parents=True, exist_ok=True)
+        self.csv_path = self.run_dir / "results.csv"
+        self._setup_runner()
 
-        amp_dtype = self.amp_dtype
+    def _setup_runner(self) -> None:
+        """The step (forward, loss, backward), the update, and how they run: graphed or eager."""
+        cfg, m, net = self.cfg, self.model, self.net
+        amp_dtype, loss_fn, prep = self.amp_dtype, self.loss_fn, m.preprocess
+        scaler, opt, ema = self.scaler, self.opt, self.ema
 
-        def step(x, targets, mask):
+        def step(x, *targets):
             # no autocast weight cache: a captured graph must not record casts the cache frees later
             with torch.autocast(self.device.type, dtype=amp_dtype or torch.float16, enabled=amp_dtype is not None,
                                 cache_enabled=False):
-                outputs = m.train_forward(net, x, targets, mask)
-                loss, items = loss_fn(outputs, targets, mask)
+                outputs = m.train_forward(net, prep.normalize(x), *targets)
+                loss, items = loss_fn(outputs, *targets)
             scaler.scale(loss).backward()
             return loss.detach(), items.detach()
 
@@ -321,7 +362,7 @@ class Trainer:
         def optimizer_step() -> None:
             if scaler.is_enabled():
                 scaler.unscale_(opt)
-            torch.nn.utils.clip_grad_norm_(params, max_norm=cfg.clip_grad, foreach=True)
+            torch.nn.utils.clip_grad_norm_(params, max_norm=cfg.optim.clip_grad, foreach=True)
             scaler.step(opt)
             scaler.update()
             opt.zero_grad(set_to_none=False)
@@ -335,137 +376,264 @@ class Trainer:
             prime_optimizer_state(opt)  # buffers a captured update writes must exist before capture
         # Families whose step cannot be one graph may capture a fixed-shape front part instead
         # (DETR: backbone + encoder forward and backward; decoder, matcher and loss eager).
-        seam = None
-        if (cfg.cuda_graph and self.device.type == "cuda" and not m.SUPPORTS_CUDA_GRAPH_TRAIN
+        self.seam = None
+        if (cfg.graph.cuda_graph and self.device.type == "cuda" and not m.SUPPORTS_CUDA_GRAPH_TRAIN
                 and m.SUPPORTS_CUDA_GRAPH_TRAIN_SEAM):
             front = m.train_seam(net)
             if front is not None:
-                seam = GraphedSegment(front, name=f"{m.FAMILY} backbone+encoder")
-                m.set_train_seam(net, seam)
+                self.seam = GraphedSegment(front, name=f"{m.FAMILY} backbone+encoder")
+                m.set_train_seam(net, self.seam)
                 log.info("libreyolo: training %s with its backbone+encoder in CUDA graphs (forward and "
                          "backward); decoder, matching and loss eager", m.FAMILY)
-        runner = TrainStepRunner(net, step, enabled=bool(cfg.cuda_graph) and seam is None, family=m.FAMILY,
-                                 supported=m.SUPPORTS_CUDA_GRAPH_TRAIN, update=optimizer_step, state=mutable_state)
-        self.step_runner = runner
-        nw = max(round(cfg.warmup_epochs * nb), 1) if cfg.warmup_epochs > 0 else 0
-        last_opt_step = nb * start_epoch - 1
+        self.optimizer_step = optimizer_step
+        self.step_runner = TrainStepRunner(net, step, enabled=bool(cfg.graph.cuda_graph) and self.seam is None,
+                                           family=m.FAMILY, supported=m.SUPPORTS_CUDA_GRAPH_TRAIN,
+                                           update=optimizer_step, state=mutable_state)
 
-        history: list[dict] = []
-        opt.zero_grad(set_to_none=False)
-        t_start = time.time()
-        mosaic_closed = False
-        for epoch in range(start_epoch, cfg.epochs):
-            if cfg.close_mosaic and not mosaic_closed and epoch >= max(0, cfg.epochs - cfg.close_mosaic):
-                self.train_set.close_mosaic()
-                mosaic_closed = True
-                runner.release("mosaic closed for the final epochs")
-                log.info("libreyolo: mosaic off for the last %d epochs", cfg.epochs - epoch)
-            on_epoch = getattr(loss_fn, "on_epoch", None)
-            if on_epoch is not None and on_epoch(epoch, cfg.epochs):
-                # the loss computes something else from now on: graphs of the old loss are stale
-                runner.release(f"{type(loss_fn).__name__} changed at epoch {epoch + 1}")
-            self.loader_gen.manual_seed(cfg.seed + epoch)
-            torch.manual_seed(cfg.seed + epoch)
-            np.random.seed((cfg.seed + epoch) % 2**32)
-            net.train()
-            mloss = torch.zeros(len(item_names))
-            progress = None
-            if cfg.verbose:
-                from tqdm import tqdm
-                progress = tqdm(total=nb, desc=f"epoch {epoch + 1}/{cfg.epochs}", unit="batch", leave=True)
-            for i, (imgs, targets, mask) in enumerate(train_loader):
-                ni = i + nb * epoch
-                if ni <= nw and nw > 0:
-                    xi = [0, nw]
-                    accumulate = max(1, round(float(np.interp(ni, xi, [1, cfg.nbs / cfg.batch]))))
-                    for j, g in enumerate(opt.param_groups):
-                        start = cfg.warmup_bias_lr if j == 2 else 0.0
-                        _set_lr(g, float(np.interp(ni, xi, [start, g["initial_lr"] * lf(epoch)])))
-                        if "momentum" in g:
-                            g["momentum"] = float(np.interp(ni, xi, [cfg.warmup_momentum, cfg.momentum]))
-                x = imgs.to(self.device, non_blocking=True).float().div_(255)
-                targets = targets.to(self.device, non_blocking=True)
-                mask = mask.to(self.device, non_blocking=True)
-                update_now = ni - last_opt_step >= accumulate
-                if self.whole_step and update_now and ni > nw:  # micro-batches replay the fwd+bwd graph
-                    loss, items = runner(x, targets, mask, whole=True)  # update included
-                    last_opt_step = ni
-                else:
-                    loss, items = runner(x, targets, mask)
-                    if update_now:
-                        optimizer_step()
-                        last_opt_step = ni
-                items = items.float().cpu()
-                if not torch.isfinite(items).all():
-                    raise FloatingPointError(f"non-finite loss at epoch {epoch + 1} batch {i}: {items.tolist()}")
-                mloss = (mloss * i + items) / (i + 1)
-                if progress is not None:
-                    progress.set_postfix({**{n: f"{v:.3f}" for n, v in zip(item_names, mloss.tolist())},
-                                          "inst": int(mask.sum()), "size": x.shape[-1]})
-                    progress.update(1)
+    # ------------------------------------------------------------------ schedule
+    def lr_factor(self, epoch: float) -> float:
+        """The learning rate's factor at ``epoch`` (linear or cosine from 1 to ``lrf``)."""
+        o = self.cfg.optim
+        x = epoch / max(1, self.cfg.run.epochs)
+        if o.cos_lr:
+            return ((1 - math.cos(x * math.pi)) / 2) * (o.lrf - 1) + 1
+        return (1 - x) * (1.0 - o.lrf) + o.lrf
+
+    def warmup(self, ni: int, epoch: int) -> None:
+        """Before batch ``ni`` of the warm-up: accumulation, learning rates and momentum ramp up."""
+        o, nw = self.cfg.optim, self.nw
+        if not (nw > 0 and ni <= nw):
+            return
+        xi = [0, nw]
+        self.accumulate = max(1, round(float(np.interp(ni, xi, [1, o.nbs / self.cfg.run.batch]))))
+        for j, g in enumerate(self.opt.param_groups):
+            start = o.warmup_bias_lr if j == 2 else 0.0
+            _set_lr(g, float(np.interp(ni, xi, [start, g["initial_lr"] * self.lr_factor(epoch)])))
+            if "momentum" in g:
+                g["momentum"] = float(np.interp(ni, xi, [o.warmup_momentum, o.momentum]))
+
+    # ------------------------------------------------------------------ loop
+    def step(self, ni: int, batch) -> torch.Tensor:
+        """One batch: forward, loss, backward and - once ``accumulate`` batches are in - the
+        update, graphed where the runner can. Returns the loss items (host)."""
+        imgs, *targets = batch
+        x = imgs.to(self.device, non_blocking=True).float().div_(255)
+        targets = [t.to(self.device, non_blocking=True) for t in targets]
+        update_now = ni - self.last_opt_step >= self.accumulate
+        runner = self.step_runner
+        if self.whole_step and update_now and ni > self.nw:  # micro-batches replay the fwd+bwd graph
+            _, items = runner(x, *targets, whole=True)  # update included
+            self.last_opt_step = ni
+        else:
+            _, items = runner(x, *targets)
+            if update_now:
+                self.optimizer_step()
+                self.last_opt_step = ni
+        self.last_batch = (x, targets)
+        return items.float().cpu()
+
+    def train_epoch(self, epoch: int) -> torch.Tensor:
+        """One epoch over the training set; returns the mean loss items."""
+        cfg, nb = self.cfg, self.nb
+        self.loader_gen.manual_seed(cfg.run.seed + epoch)
+        torch.manual_seed(cfg.run.seed + epoch)
+        np.random.seed((cfg.run.seed + epoch) % 2**32)
+        self.net.train()
+        mloss = torch.zeros(len(self.item_names))
+        progress = None
+        if cfg.run.verbose:
+            from tqdm import tqdm
+            progress = tqdm(total=nb, desc=f"epoch {epoch + 1}/{cfg.run.epochs}", unit="batch", leave=True)
+        for i, batch in enumerate(self.train_loader):
+            ni = i + nb * epoch
+            self.warmup(ni, epoch)
+            items = self.step(ni, batch)
+            if not torch.isfinite(items).all():
+                raise FloatingPointError(f"non-finite loss at epoch {epoch + 1} batch {i}: {items.tolist()}")
+            mloss = (mloss * i + items) / (i + 1)
             if progress is not None:
-                progress.close()
-            if last_opt_step < nb * (epoch + 1) - 1:
-                # flush gradients still accumulating, so an epoch is self-contained and a
-                # resumed run continues exactly where the interrupted one stopped
-                optimizer_step()
-                last_opt_step = nb * (epoch + 1) - 1
-            for g in opt.param_groups:
-                _set_lr(g, g["initial_lr"] * lf(epoch + 1))
-            eval_net = ema.ema if ema is not None else net
-            metrics = {"map50": float("nan"), "map50_95": float("nan")}
-            if cfg.val and (len(self.val_set) > 0):
-                metrics = self.validate(eval_net, val_loader, m.nc, m.names)
-            fitness = 0.1 * _nz(metrics["map50"]) + 0.9 * _nz(metrics["map50_95"])
-            row = {"epoch": epoch + 1, **{f"train/{n}_loss": float(v) for n, v in zip(item_names, mloss.tolist())},
-                   "metrics/mAP50": metrics["map50"], "metrics/mAP50-95": metrics["map50_95"],
-                   "lr/pg0": float(opt.param_groups[0]["lr"])}
-            history.append(row)
-            _append_csv(csv_path, row)
-            if cfg.verbose:
-                log.info("libreyolo: epoch %d/%d  %s  mAP50 %.4f  mAP50-95 %.4f", epoch + 1, cfg.epochs,
-                         "  ".join(f"{n} {v:.4f}" for n, v in zip(item_names, mloss.tolist())),
-                         metrics["map50"], metrics["map50_95"])
-            is_best = fitness > best_fitness
-            best_fitness = max(best_fitness, fitness)
-            ck = self._checkpoint(eval_net, net, opt, scaler, ema, epoch, best_fitness)
-            save_checkpoint(ck, run_dir / "weights" / "last.pt")
-            if is_best:
-                save_checkpoint(ck, run_dir / "weights" / "best.pt")
-            if cfg.plots:
-                try:
-                    from .plots import plot_results
-                    plot_results(csv_path)
-                except Exception as exc:  # a plot is never worth a failed run
-                    log.warning("libreyolo: could not draw results.png: %s", exc)
-        if seam is not None:
-            m.set_train_seam(net, None)
-        # the trained weights the Model keeps are the EMA's
-        if ema is not None:
-            net.load_state_dict(ema.ema.state_dict())
-        net.eval()
-        m.trained = True
-        elapsed = time.time() - t_start
-        final = history[-1] if history else {}
-        return {"run_dir": str(run_dir), "epochs": len(history), "time_s": elapsed,
-                "map50": final.get("metrics/mAP50"), "map50_95": final.get("metrics/mAP50-95"),
-                "best_fitness": best_fitness, "history": history,
-                "loss_names": list(item_names),
-                "losses": [[h[f"train/{n}_loss"] for n in item_names] for h in history],
-                "cuda_graph": runner.info() if seam is None else {**runner.info(), "seam": seam.info()}, "best": str(run_dir / "weights" / "best.pt"),
-                "last": str(run_dir / "weights" / "last.pt")}
+                x, targets = self.last_batch
+                post = {n: f"{v:.3f}" for n, v in zip(self.item_names, mloss.tolist())}
+                post.update(self.task_postfix(targets), size=x.shape[-1])
+                progress.set_postfix(post)
+                progress.update(1)
+        if progress is not None:
+            progress.close()
+        if self.last_opt_step < nb * (epoch + 1) - 1:
+            # flush gradients still accumulating, so an epoch is self-contained and a
+            # resumed run continues exactly where the interrupted one stopped
+            self.optimizer_step()
+            self.last_opt_step = nb * (epoch + 1) - 1
+        for g in self.opt.param_groups:
+            _set_lr(g, g["initial_lr"] * self.lr_factor(epoch + 1))
+        return mloss
 
-    def _checkpoint(self, eval_net, net, opt, scaler, ema, epoch, best_fitness) -> dict:
-        m = self.model
-        ck = m.checkpoint_of(eval_net)
-        ck["train_state"] = {
-            "model_raw": {k: v.detach().cpu().clone() for k, v in net.state_dict().items()},
-            "optimizer": opt.state_dict(), "scaler": scaler.state_dict(),
-            "ema_updates": ema.updates if ema is not None else None,
-            "epoch": epoch, "best_fitness": best_fitness,
-            "args": {k: v for k, v in asdict(self.cfg).items() if isinstance(v, (int, float, str, bool))},
-        }
+    @staticmethod
+    def task_postfix(targets) -> dict:
+        """Progress-bar fields of the batch's targets (detection: instances)."""
+        if len(targets) == 2 and targets[1].dtype == torch.bool:
+            return {"inst": int(targets[1].sum())}
+        return {}
+
+    def _phase(self, epoch: int) -> None:
+        """Before an epoch: phase changes that alter what the step computes release its graphs."""
+        why = self.task.on_epoch(self.train_set, epoch, self.cfg.run.epochs, self.cfg.task)
+        if why:
+            self.step_runner.release(why)
+            log.info("libreyolo: %s", why)
+        on_epoch = getattr(self.loss_fn, "on_epoch", None)
+        if on_epoch is not None and on_epoch(epoch, self.cfg.run.epochs):
+            # the loss computes something else from now on: graphs of the old loss are stale
+            self.step_runner.release(f"{type(self.loss_fn).__name__} changed at epoch {epoch + 1}")
+
+    def train(self) -> dict:
+        self._setup()
+        cfg = self.cfg
+        self.nw = max(round(cfg.optim.warmup_epochs * self.nb), 1) if cfg.optim.warmup_epochs > 0 else 0
+        self.last_opt_step = self.nb * self.start_epoch - 1
+        self.history: list[dict] = []
+        self.opt.zero_grad(set_to_none=False)
+        t_start = time.time()
+        for hook in self.hooks:
+            hook.on_train_start(self)
+        try:
+            for epoch in range(self.start_epoch, cfg.run.epochs):
+                t_epoch = time.time()
+                self._phase(epoch)
+                mloss = self.train_epoch(epoch)
+                state = {"epoch": epoch, "mloss": mloss, "time_s": time.time() - t_epoch}
+                for hook in self.hooks:
+                    hook.on_epoch_end(self, state)
+        finally:
+            for hook in self.hooks:
+                hook.on_train_end(self)
+        if self.seam is not None:
+            self.model.set_train_seam(self.net, None)
+        # the trained weights the Model keeps are the EMA's
+        if self.ema is not None:
+            self.net.load_state_dict(self.ema.ema.state_dict())
+        self.net.eval()
+        self.model.trained = True
+        final = self.history[-1] if self.history else {}
+        item_names = self.item_names
+        runner, seam = self.step_runner, self.seam
+        best = self.best_metrics or {}
+        return {"run_dir": str(self.run_dir), "epochs": len(self.history), "time_s": time.time() - t_start,
+                **{k: final.get(k) for k in self.metric_keys}, "best_metrics": best,
+                "best_epoch": self.best_epoch, "best_fitness": self.best_fitness, "history": self.history,
+                "loss_names": list(item_names),
+                "losses": [[h[f"train/{n}_loss"] for n in item_names] for h in self.history],
+                "cuda_graph": runner.info() if seam is None else {**runner.info(), "seam": seam.info()},
+                "best": str(self.run_dir / "weights" / "best.pt"), "last": str(self.run_dir / "weights" / "last.pt")}
+
+    @property
+    def eval_net(self) -> nn.Module:
+        return self.ema.ema if self.ema is not None else self.net
+
+    def checkpoint(self, epoch: int, with_state: bool) -> dict:
+        """The LibreYOLO checkpoint of the EMA weights; ``with_state`` adds what ``resume`` needs
+        (raw weights, optimizer, scaler, EMA count, epoch): ``last.pt`` only."""
+        ck = self.model.checkpoint_of(self.eval_net)
+        ck["train_metrics"] = self.epoch_metrics
+        if with_state:
+            ck["train_state"] = {
+                "model_raw": {k: v.detach().cpu().clone() for k, v in self.net.state_dict().items()},
+                "optimizer": self.opt.state_dict(), "scaler": self.scaler.state_dict(),
+                "ema_updates": self.ema.updates if self.ema is not None else None,
+                "epoch": epoch, "best_fitness": self.best_fitness,
+                "args": {k: v for k, v in self.cfg.as_dict().items() if isinstance(v, (int, float, str, bool))},
+            }
         return ck
+
+
+class Hook:
+    """Something done around the epochs (see :meth:`Trainer.train`); hooks run in list order."""
+
+    def on_train_start(self, t: Trainer) -> None:
+        pass
+
+    def on_epoch_end(self, t: Trainer, state: dict) -> None:
+        pass
+
+    def on_train_end(self, t: Trainer) -> None:
+        pass
+
+
+class EvaluationHook(Hook):
+    """The task's metrics of the EMA weights on the validation split; fitness and best epoch."""
+
+    def on_train_start(self, t: Trainer) -> None:
+        t.best_metrics, t.best_epoch, t.epoch_metrics = None, None, {}
+        t.metric_keys = list(t.task.empty_metrics())
+
+    def on_epoch_end(self, t: Trainer, state: dict) -> None:
+        metrics = t.task.empty_metrics()
+        if t.cfg.run.val and len(t.val_set) > 0:
+            metrics = t.validate(t.eval_net, t.val_loader, progress=t.cfg.run.verbose)
+        fitness = t.task.fitness(metrics)
+        state["metrics"], state["is_best"] = metrics, fitness > t.best_fitness
+        t.best_fitness = max(t.best_fitness, fitness)
+        t.epoch_metrics = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
+        if state["is_best"]:
+            t.best_metrics, t.best_epoch = dict(t.epoch_metrics), state["epoch"] + 1
+
+
+class LoggingHook(Hook):
+    """``results.csv``, the per-epoch log line, ``results.png``.
+
+    With ``verbose`` the line reaches the user even where logging is not configured (the Python
+    API): a handler is attached to the ``libreyolo`` logger for the run when it has none and the
+    root logger has none either.
+    """
+
+    def on_train_start(self, t: Trainer) -> None:
+        self._handler = None
+        root, lib = logging.getLogger(), logging.getLogger("libreyolo")
+        if t.cfg.run.verbose and not lib.handlers and not root.handlers:
+            self._handler = logging.StreamHandler()
+            self._handler.setFormatter(logging.Formatter("%(message)s"))
+            lib.addHandler(self._handler)
+            self._level = lib.level
+            if lib.getEffectiveLevel() > logging.INFO:
+                lib.setLevel(logging.INFO)
+
+    def on_epoch_end(self, t: Trainer, state: dict) -> None:
+        epoch, mloss, metrics = state["epoch"], state["mloss"], state["metrics"]
+        row = {"epoch": epoch + 1, **{f"train/{n}_loss": float(v) for n, v in zip(t.item_names, mloss.tolist())},
+               **t.task.metric_columns(metrics), "lr/pg0": float(t.opt.param_groups[0]["lr"]),
+               "time/epoch_s": round(state["time_s"], 3)}
+        row.update({k: metrics[k] for k in t.metric_keys if k in metrics})
+        t.history.append(row)
+        _append_csv(t.csv_path, {k: v for k, v in row.items() if k not in t.metric_keys})
+        if t.cfg.run.verbose:
+            log.info("libreyolo: epoch %d/%d  %s  %s  (%.1f s)", epoch + 1, t.cfg.run.epochs,
+                     "  ".join(f"{n} {v:.4f}" for n, v in zip(t.item_names, mloss.tolist())),
+                     t.task.summary(metrics), state["time_s"])
+        if t.cfg.run.plots:
+            try:
+                from .plots import plot_results
+                plot_results(t.csv_path)
+            except Exception as exc:  # a plot is never worth a failed run
+                log.warning("libreyolo: could not draw results.png: %s", exc)
+
+    def on_train_end(self, t: Trainer) -> None:
+        if self._handler is not None:
+            lib = logging.getLogger("libreyolo")
+            lib.removeHandler(self._handler)
+            lib.setLevel(self._level)
+            self._handler = None
+
+
+class CheckpointHook(Hook):
+    """``last.pt`` every epoch (with the training state, for ``resume``), ``best.pt`` when the
+    fitness improved (weights and metadata only: a third of the size)."""
+
+    def on_epoch_end(self, t: Trainer, state: dict) -> None:
+        from ..weights import save_checkpoint
+        epoch = state["epoch"]
+        save_checkpoint(t.checkpoint(epoch, with_state=True), t.run_dir / "weights" / "last.pt")
+        if state["is_best"]:
+            save_checkpoint(t.checkpoint(epoch, with_state=False), t.run_dir / "weights" / "best.pt")
 
 
 def _set_lr(group: dict, value: float) -> None:
@@ -474,10 +642,6 @@ def _set_lr(group: dict, value: float) -> None:
         group["lr"].fill_(value)
     else:
         group["lr"] = value
-
-
-def _nz(v: float) -> float:
-    return 0.0 if v is None or (isinstance(v, float) and math.isnan(v)) else float(v)
 
 
 def _append_csv(path: Path, row: dict) -> None:

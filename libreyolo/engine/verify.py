@@ -8,7 +8,6 @@ from typing import Any
 import torch
 
 from ..graphs.parity import ParityResult, check_parity
-from ..ops.letterbox import letterbox
 
 
 def _probes_float(batch: int, size: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -70,8 +69,9 @@ def verify_model(model, *, imgsz: int | None = None, batches: tuple[int, ...] = 
     model = input_sensitive(model)
     net = model.model.eval()
     pred = model._get_predictor()
-    post = pred._post(300, False, None)
-    from_u8_post = pred._stage_fns(size, 1000, post)[1] if post is not None else None
+    plan = pred.plan(size)                   # the task's default predict options
+    from_u8 = pred._stage_fns(size, plan)[1]
+    prep = model.preprocess
     out: list[ParityResult] = []
     for amp in amp_dtypes:
         tag = "fp32" if amp is None else f"amp-{str(amp).replace('torch.', '')}"
@@ -83,10 +83,9 @@ def verify_model(model, *, imgsz: int | None = None, batches: tuple[int, ...] = 
                                         lambda x: net(x), (pa,), (pb,), module=net))
                 ua, ub = _probes_u8(b, *source_hw, model.device)
                 stage = f"{model.FAMILY}-{model.size} predict-stage {tag} b{b} {source_hw[0]}x{source_hw[1]}->{size}"
-                out.append(check_parity(stage, lambda u: model.infer(letterbox(u, size, model.RESIZE)), (ua,), (ub,),
-                                        module=net))
-                if post is not None:  # the stage predict really captures: + top-k, NMS, selection
-                    thr = pred._thresholds(0.25, 0.45)
-                    geo = pred._geometry((tuple(source_hw),) * b, size)
-                    out.append(check_parity(stage + " +nms", from_u8_post, (ua, thr, geo), (ub, thr, geo), module=net))
+                out.append(check_parity(stage, lambda u: model.infer(prep(u, size)), (ua,), (ub,), module=net))
+                # the stage predict really captures: + the task's post-processing (detection: top-k,
+                # and with Triton NMS and the selection)
+                extra = plan.extra((tuple(source_hw),) * b, size)
+                out.append(check_parity(stage + " +post", from_u8, (ua, *extra), (ub, *extra), module=net))
     return out

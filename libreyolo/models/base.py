@@ -1,10 +1,11 @@
 """The family-independent model wrapper: declarations + thin entry points.
 
-A family subclasses :class:`Model`, declares what it is (``FAMILY``, ``SIZES``,
-``TASK``, ``FILE_PREFIX``, ``SUPPORTS_CUDA_GRAPH``) and implements three hooks:
-``build_network(size, nc)``, ``infer(x)`` (network input -> fixed-shape outputs, the
-part that gets captured) and, if needed, ``sniff_size(state_dict)``. Everything else -
-predict, checkpoints, graphs - is shared and delegates to ``engine/`` and ``graphs/``.
+A family subclasses :class:`Model`, declares what it is (``FAMILY``, ``SIZES``, ``TASK``,
+``FILE_PREFIX``, ``PREPROCESS``, ``SUPPORTS_CUDA_GRAPH``) and implements three hooks:
+``build_network(size, nc)``, ``infer(x)`` (network input -> fixed-shape outputs, the part that
+gets captured) and, if needed, ``sniff_size(state_dict)``. Everything else - predict, train,
+val, checkpoints, graphs - is shared: the task object (``libreyolo/tasks``) says what is
+task-specific, ``engine/`` runs the loops and ``graphs/`` captures.
 """
 from __future__ import annotations
 
@@ -17,25 +18,15 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from ..device import select_device
 from ..graphs.runner import GraphRunner
+from ..ops.preprocess import Preprocess
+from ..tasks import Task, get_task
 from .common.names import normalize_names
 
 log = logging.getLogger("libreyolo")
 
 SCHEMA_VERSION = "1.0"
-
-
-def select_device(device: str | torch.device | int | None = "auto") -> torch.device:
-    """'auto' -> cuda if available else cpu; also accepts 'cpu', 'cuda', 'cuda:1', 0, '0'."""
-    if device is None or (isinstance(device, str) and device.lower() == "auto"):
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if isinstance(device, int) or (isinstance(device, str) and device.isdigit()):
-        device = f"cuda:{int(device)}"
-    dev = torch.device(device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError(f"device '{device}' was asked for, but this machine has no CUDA GPU "
-                           "(torch.cuda.is_available() is False); use device='cpu' or 'auto'")
-    return dev
 
 
 class Model:
@@ -53,9 +44,9 @@ class Model:
     STRIDE: ClassVar[int] = 32
     DEFAULT_IMGSZ: ClassVar[int] = 640
     UNSUPPORTED_REASON: ClassVar[str | None] = None
-    #: how images reach the network: "topleft" letterbox (default), "center" letterbox, or
-    #: "stretch" (resize to the square ignoring the aspect ratio), as the family was trained
-    RESIZE: ClassVar[str] = "topleft"
+    #: how images reach the network (resize mode, normalization), as the family was trained; a
+    #: checkpoint's ``preprocess`` metadata overrides it (see :mod:`libreyolo.ops.preprocess`)
+    PREPROCESS: ClassVar[Preprocess] = Preprocess("topleft")
     #: training options this family's original recipe uses, under whatever the caller passes
     TRAIN_DEFAULTS: ClassVar[dict[str, Any]] = {}
     #: autocast dtype of ``amp=True`` (predict) and of the parity protocol's AMP arm
@@ -72,22 +63,28 @@ class Model:
         """Letterboxed float batch -> fixed-shape outputs (the capturable part)."""
         raise NotImplementedError(f"{type(self).__name__} must implement infer")
 
+    @property
+    def task(self) -> Task:
+        """The task object (``libreyolo.tasks``) this family's ``TASK`` names."""
+        return get_task(self.TASK)
+
     def build_loss(self) -> nn.Module:
-        """The family's training loss module.
+        """The family's training loss module (default: the task's).
 
-        Contract: ``loss(outputs, targets, mask) -> (loss, items)`` where ``outputs`` is what
-        :meth:`train_forward` returns, ``targets`` float (B, M, 5) ``[cls, x1, y1, x2, y2]`` in
-        input pixels padded to M rows, ``mask`` bool (B, M) marks the real rows; ``items`` is a
-        detached 1-D tensor named by the module's ``item_names`` tuple. An optional
-        ``on_epoch(epoch, epochs) -> bool`` returns True when what it computes changes from that
-        epoch on (the trainer then releases its captured training graphs).
+        Contract: ``loss(outputs, *targets) -> (loss, items)`` where ``outputs`` is what
+        :meth:`train_forward` returns and ``targets`` what the task's collate gives after the
+        images (detection: ``targets`` float (B, M, 5) ``[cls, x1, y1, x2, y2]`` in input pixels
+        padded to M rows and ``mask`` bool (B, M) marking the real rows); ``items`` is a detached
+        1-D tensor named by the module's ``item_names`` tuple. An optional ``on_epoch(epoch,
+        epochs) -> bool`` returns True when what it computes changes from that epoch on (the
+        trainer then releases its captured training graphs).
         """
-        raise NotImplementedError(f"training is not implemented for the {self.FAMILY} family yet")
+        return self.task.build_loss(self)
 
-    def train_forward(self, net: nn.Module, x: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> Any:
-        """Training-mode forward: ``x`` is the (B, 3, S, S) RGB [0, 1] batch, ``targets``/``mask``
-        the padded boxes (families whose training forward needs them, e.g. DETR denoising, use
-        them). Returns what ``build_loss()``'s module takes as its first argument."""
+    def train_forward(self, net: nn.Module, x: torch.Tensor, *targets: torch.Tensor) -> Any:
+        """Training-mode forward: ``x`` is the (B, 3, S, S) normalized network input, ``targets``
+        the task's (families whose training forward needs them, e.g. DETR denoising, use them).
+        Returns what ``build_loss()``'s module takes as its first argument."""
         return net(x)
 
     #: (module prefix, first channel, channel count or None for all) of the class/objectness
@@ -185,6 +182,9 @@ class Model:
         self.trained = trained
         self.source = source
         self.meta = dict(meta or {})
+        default = self.preprocess_for(size)
+        self.preprocess = (Preprocess.from_meta(self.meta["preprocess"], default)
+                           if self.meta.get("preprocess") is not None else default)
         self.fused = False
         self.device = select_device(device)
         self._attach(net.to(self.device).eval())
@@ -216,6 +216,16 @@ class Model:
         meta = {k: v for k, v in ckpt.items() if k not in ("model", "train_state")}
         return cls(net, size=size, nc=nc, names=ckpt.get("names"), imgsz=ckpt.get("imgsz"),
                    device=device, trained=True, source=source, meta=meta)
+
+    @classmethod
+    def preprocess_for(cls, size: str) -> Preprocess:
+        """The preprocessing of ``size`` (``PREPROCESS`` unless a family's sizes differ)."""
+        return cls.PREPROCESS
+
+    @property
+    def resize(self) -> str:
+        """How images are resized for the network (``preprocess.resize``)."""
+        return self.preprocess.resize
 
     # ---------------------------------------------------------------- plumbing
     def __repr__(self) -> str:
@@ -266,7 +276,9 @@ class Model:
         sd = {k: v.detach().to("cpu").clone() for k, v in net.state_dict().items()}
         ckpt = {"model": sd, "schema_version": SCHEMA_VERSION, "libreyolo_version": __version__,
                 "model_family": self.FAMILY, "size": self.size, "task": self.TASK, "nc": self.nc,
-                "names": dict(self.names), "imgsz": self.imgsz, "letterbox_pad": self.RESIZE}
+                "names": dict(self.names), "imgsz": self.imgsz, "preprocess": self.preprocess.as_dict()}
+        if self.preprocess.resize in ("topleft", "center"):
+            ckpt["letterbox_pad"] = self.preprocess.resize   # LibreYOLO's detection checkpoint field
         for k, v in self.meta.items():
             ckpt.setdefault(k, v)
         return ckpt
@@ -284,14 +296,18 @@ class Model:
 
     # ------------------------------------------------------------------ graphs
     def capture_graph(self, imgsz: int | None = None, batch: int = 1, dtype: torch.dtype | None = None,
-                      source_shape: tuple[int, int] | None = None) -> dict:
-        """Capture the inference graph now rather than on first use.
+                      source: Any = None, source_shape: tuple[int, int] | None = None, **opts) -> dict:
+        """Capture now what predict will replay, so the first request pays no capture.
 
-        Without ``source_shape`` the network stage for (batch, 3, imgsz, imgsz) is captured;
-        with it, the stage that also letterboxes uint8 images of that (h, w) on the GPU.
-        ``dtype`` float16/bfloat16 captures under autocast (use the same ``amp`` in predict).
+        With ``source`` (an image, a path, anything predict takes) or ``source_shape`` (h, w): the
+        whole stage from uint8 images of that size (preprocessing, network, post-processing).
+        Without: the stage from the preprocessed (batch, 3, imgsz, imgsz) input, which predict then
+        uses for images of every size. ``dtype`` float16/bfloat16 captures under autocast (use
+        the same ``amp`` in predict); ``opts``: the task's predict options predict will use
+        (detection: conf/iou are graph inputs, max_det, max_nms and agnostic_nms are not).
         """
-        return self._get_predictor().capture(imgsz=imgsz, batch=batch, dtype=dtype, source_shape=source_shape)
+        return self._get_predictor().capture(imgsz=imgsz, batch=batch, dtype=dtype, source=source,
+                                             source_shape=source_shape, **opts)
 
     def graph_info(self) -> dict:
         """Family, support, mode, each graph (signature, capture ms, replays), fallbacks, memory."""
@@ -315,30 +331,32 @@ class Model:
         return dict(self.TRAIN_DEFAULTS)
 
     def train(self, **kwargs) -> dict:
-        """Train on ``data`` (a dataset YAML, or "shapes" for the built-in set).
+        """Train on ``data`` (a dataset YAML, or a built-in set such as "shapes").
 
-        Options are those of :class:`libreyolo.engine.trainer.TrainConfig` (epochs, batch,
-        imgsz, optimizer, lr0, amp, cuda_graph, resume, ...). Returns final metrics, the
-        per-epoch losses and metrics, and the paths of best.pt / last.pt.
+        Options are those of :class:`libreyolo.engine.trainer.TrainConfig` (epochs, batch, imgsz,
+        optimizer, lr0, amp, cuda_graph, resume, ...) and the task's (detection: mosaic, mixup,
+        ...). Returns the final and best metrics, the per-epoch losses and metrics, and the paths
+        of best.pt / last.pt.
         """
         from ..engine.trainer import TrainConfig, Trainer
         given = {k: v for k, v in kwargs.items() if v is not None}   # None: "not given", the family decides
-        cfg = TrainConfig.from_kwargs(**{**self.train_defaults(), **given})
+        cfg = TrainConfig.from_kwargs(self.task, **{**self.train_defaults(), **given})
         return Trainer(self, cfg).train()
 
-    def val(self, data: str = "shapes", *, imgsz: int | None = None, batch: int = 16, conf: float = 0.001,
-            iou: float = 0.7, workers: int = 2) -> dict:
-        """mAP50 / mAP50-95 of the current weights on the dataset's validation split."""
+    def val(self, data: str = "shapes", *, imgsz: int | None = None, batch: int = 16, workers: int = 2,
+            verbose: bool = False, **task_opts) -> dict:
+        """The task's metrics of the current weights on the dataset's validation split
+        (detection: mAP50 / mAP50-95; ``conf`` and ``iou`` set the NMS thresholds)."""
         from ..engine.trainer import TrainConfig, Trainer
-        from ..data.datasets import resolve_data
-        cfg = TrainConfig(data=data, imgsz=int(imgsz or self.imgsz), batch=batch, val_conf=conf, val_iou=iou,
-                          workers=workers, verbose=False)
-        ds = resolve_data(data)
+        task_opts = {self.task.val_option_names.get(k, k): v for k, v in task_opts.items()}
+        cfg = TrainConfig(self.task, data=data, imgsz=int(imgsz or self.imgsz), batch=batch, workers=workers,
+                          verbose=verbose, **task_opts)
+        ds = self.task.resolve_data(data)
         if ds.nc != self.nc:
             raise ValueError(f"the dataset has {ds.nc} classes but the model predicts {self.nc}")
         t = Trainer(self, cfg)
         _, val_loader = t._loaders(ds)
-        return t.validate(self.model, val_loader, self.nc, self.names)
+        return t.validate(self.model, val_loader, progress=verbose)
 
     def predict(self, source: Any, **kwargs) -> list:
         """Run inference; see :meth:`libreyolo.engine.predictor.Predictor.__call__` for options."""

@@ -9,6 +9,7 @@ from conftest import FIXTURES_DIR
 
 from libreyolo import LibreYOLO
 from libreyolo.models.deimv2.model import Deimv2
+from libreyolo.models.detr_common.model import IMAGENET, STRETCH
 from libreyolo.models.deimv2.nn import DEIMV2_CONFIGS, DINO_SIZES, DINOv3STABackbone, DinoSpec
 from libreyolo.models.detr_common.rtdetr_decoder import generate_anchors
 from libreyolo.models.ec.model import EC
@@ -78,9 +79,10 @@ def test_vit_sizes_are_sniffed_from_their_own_state_dict(size):
 
 def test_vit_size_round_trips_and_normalises_with_imagenet_statistics():
     m = Deimv2.new("s", device="cpu", seed=0)
-    assert m.INPUT_NORM == "imagenet" and m.imgsz == 640 and Deimv2.INPUT_NORM == "none"
+    assert m.preprocess == IMAGENET and m.imgsz == 640 and Deimv2.PREPROCESS.mean is None
     back = Deimv2.from_checkpoint(m.checkpoint(), device="cpu")
-    assert back.size == "s" and back.INPUT_NORM == "imagenet"
+    assert back.size == "s" and back.preprocess == IMAGENET
+    assert Deimv2.new("atto", device="cpu").preprocess == STRETCH
     assert all(torch.equal(a, b) for a, b in zip(m.model.state_dict().values(), back.model.state_dict().values()))
 
 
@@ -158,7 +160,7 @@ def test_fused_network_still_reproduces_the_fixture(cls, size, name):
 
 def test_ec_normalises_with_imagenet_statistics_outside_the_network():
     m = EC.new("s", device="cpu", seed=0)
-    assert m.INPUT_NORM == "imagenet" and Deimv2.INPUT_NORM == "none"
+    assert m.preprocess == IMAGENET and m.preprocess.mean == (0.485, 0.456, 0.406)
     assert m.imgsz == 640 and Deimv2.new("atto", device="cpu").imgsz == 320
 
 

@@ -9,7 +9,8 @@ from fill import fill_state_dict
 from conftest import FIXTURES_DIR
 from libreyolo.models.detr_common.deformable import MSDeformableAttention
 from libreyolo.models.detr_common.hybrid_encoder import sincos_pos_embed_2d
-from libreyolo.models.detr_common.model import DetrModel, detr_postprocess, normalize_input
+from libreyolo.models.detr_common.model import IMAGENET, STRETCH, DetrModel, detr_postprocess
+from libreyolo.ops.preprocess import Preprocess
 from libreyolo.models.detr_common.rtdetr_decoder import generate_anchors
 from libreyolo.models.registry import FAMILIES, parse_spec
 from libreyolo.models.rtdetr.model import RTDETR
@@ -88,16 +89,16 @@ def test_postprocess_is_the_rtdetr_topk_over_queries_and_classes():
 def test_imagenet_input_norm_uses_scalar_math():
     x = torch.rand(2, 3, 4, 4)
     mean, std = torch.tensor([0.485, 0.456, 0.406]), torch.tensor([0.229, 0.224, 0.225])
-    assert torch.allclose(normalize_input(x, "imagenet"), (x - mean[:, None, None]) / std[:, None, None], atol=1e-6)
-    assert normalize_input(x, "none") is x
+    assert torch.allclose(IMAGENET.normalize(x), (x - mean[:, None, None]) / std[:, None, None], atol=1e-6)
+    assert STRETCH.normalize(x) is x
     with pytest.raises(ValueError):
-        normalize_input(x, "bgr")
+        Preprocess("stretch", mean=(0.5, 0.5, 0.5))   # mean without std
 
 
 def test_detr_declarations():
     for cls in (RTDETR, RTDETRv2):
         assert issubclass(cls, DetrModel) and FAMILIES[cls.FAMILY] is cls
-        assert cls.RESIZE == "stretch" and cls.NMS is False and cls.INPUT_NORM == "none"
+        assert cls.PREPROCESS == STRETCH and cls.NMS is False
         assert cls.SIZES == ("r18", "r34", "r50", "r101")
     assert parse_spec("LibreRTDETRr18.pt") == (RTDETR, "r18")
     assert parse_spec("LibreRTDETRv2r18.pt") == (RTDETRv2, "r18")
@@ -166,7 +167,7 @@ def test_predict_end_to_end_without_nms():
     import numpy as np
     from libreyolo import SAMPLE_IMAGE
     m = RTDETR.new("r18", nc=3, device="cpu", seed=0)
-    assert m.NMS is False and m.RESIZE == "stretch"
+    assert m.NMS is False and m.resize == "stretch"
     img = np.random.default_rng(0).integers(0, 256, (90, 150, 3), dtype=np.uint8)
     (r,) = m(img, imgsz=128, conf=0.0, max_det=7)
     assert len(r) == 7

@@ -9,7 +9,7 @@ import torch
 
 pytest.importorskip("faster_coco_eval")
 
-from libreyolo.engine.metrics import evaluate_detections  # noqa: E402
+from libreyolo.tasks.detect.metrics import evaluate_detections  # noqa: E402
 
 GT = [torch.tensor([[0, 10, 10, 50, 60], [1, 60, 20, 90, 90]], dtype=torch.float32),
       torch.tensor([[2, 5, 5, 95, 40]], dtype=torch.float32)]

@@ -141,7 +141,7 @@ def test_batched_equals_one_by_one(model):
     from libreyolo.ops.letterbox import letterbox
     pil = Image.open(SAMPLE_IMAGE).convert("RGB")
     imgs = [np.asarray(pil), np.asarray(pil.resize((500, 400))), np.asarray(pil.rotate(90, expand=True))]
-    x = torch.cat([letterbox(torch.from_numpy(im.copy()).unsqueeze(0), 320, model.RESIZE) for im in imgs])
+    x = torch.cat([letterbox(torch.from_numpy(im.copy()).unsqueeze(0), 320, model.resize) for im in imgs])
     with torch.no_grad():
         many = model.infer(x)
         for i in range(len(imgs)):

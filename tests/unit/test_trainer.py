@@ -142,8 +142,8 @@ def test_dense_mosaic_and_mixup_options_reach_the_training_set(shapes96):
         m = LibreYOLO.new(fam, size, nc=5, device="cpu", seed=0)
         t = Trainer(m, TrainConfig(data=shapes96, imgsz=64, batch=8, workers=0))
         t._loaders(resolve_data(shapes96))
-        assert t.train_set.resize == t.val_set.resize == m.RESIZE
-    assert LibreYOLO.new("picodet", "s", device="cpu").RESIZE == "stretch"
+        assert t.train_set.resize == t.val_set.resize == m.resize
+    assert LibreYOLO.new("picodet", "s", device="cpu").resize == "stretch"
 
 
 def test_family_training_defaults_apply_under_what_the_caller_passes(monkeypatch):

@@ -5,7 +5,8 @@ from typing import Any
 
 from torch import nn
 
-from ..detr_common.model import DetrModel
+from ...ops.preprocess import Preprocess
+from ..detr_common.model import IMAGENET, STRETCH, DetrModel
 from .nn import DEIMV2_CONFIGS, DINO_SIZES, DEIMv2Net
 
 
@@ -14,9 +15,9 @@ class Deimv2(DetrModel):
     pico (three-stage HGNetv2 + lite encoder), n (HGNetv2-B0 + hybrid encoder) and s, m, l, x
     (a DINOv3-derived ViT + the Spatial Tuning Adapter + hybrid encoder, see :mod:`.nn`).
 
-    Input normalisation depends on the size: the HGNetv2 sizes take RGB in [0, 1]
-    (``INPUT_NORM = "none"``, the class default); the ViT sizes s-x take ImageNet mean/std,
-    set per instance (``model.INPUT_NORM == "imagenet"``) and applied in :meth:`infer`.
+    Input normalisation depends on the size: the HGNetv2 sizes take RGB in [0, 1] (``STRETCH``,
+    the class default); the ViT sizes s-x take ImageNet mean/std (``IMAGENET``, by
+    :meth:`preprocess_for`).
 
     No fixture pins the checkpoint layout of s-x (see :mod:`.nn`): their keys follow the
     upstream module names as read from the reference code, unconfirmed against released weights.
@@ -25,7 +26,6 @@ class Deimv2(DetrModel):
     FAMILY = "deimv2"
     SIZES = tuple(DEIMV2_CONFIGS)
     FILE_PREFIX = "LibreDEIMv2"
-    INPUT_NORM = "none"   # the HGNetv2 sizes take RGB in [0, 1]
     # Parity protocol passed on an H200 for size atto (fp32 and fp16 autocast, batch 1 and 8, network and
     # predict stage, both probes distinct under autocast): session-3 GPU run A, 2026-11-30,
     # scripts/gpu_families.py (benchmarks/results/session3/runA-families-detr.json).
@@ -37,8 +37,10 @@ class Deimv2(DetrModel):
 
     def __init__(self, net: nn.Module, *, size: str, imgsz: int | None = None, **kwargs: Any):
         super().__init__(net, size=size, imgsz=imgsz or DEIMV2_CONFIGS[size].input_size, **kwargs)
-        if size in DINO_SIZES:
-            self.INPUT_NORM = "imagenet"   # the ViT sizes were trained on ImageNet-normalised input
+
+    @classmethod
+    def preprocess_for(cls, size: str) -> Preprocess:
+        return IMAGENET if size in DINO_SIZES else STRETCH   # the ViT sizes were trained on ImageNet statistics
 
     @classmethod
     def build_network(cls, size: str, nc: int) -> nn.Module:

@@ -22,26 +22,13 @@ import torch
 from torch import nn
 from torchvision.ops import box_convert
 
+from ...ops.preprocess import IMAGENET_MEAN, IMAGENET_STD, Preprocess
 from ..base import Model
 
-#: ImageNet statistics (RGB), for families whose backbones expect them (``INPUT_NORM = "imagenet"``)
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
-
-
-def normalize_input(x: torch.Tensor, how: str) -> torch.Tensor:
-    """Apply the family's input convention to an RGB [0, 1] batch.
-
-    ``"none"`` passes ``x`` through; ``"imagenet"`` subtracts the ImageNet mean and divides
-    by its std per channel. Python scalars only (no tensor built from a list), so nothing is
-    copied from the host while a CUDA graph is being captured.
-    """
-    if how == "none":
-        return x
-    if how == "imagenet":
-        chans = [(x[:, i:i + 1] - m) / s for i, (m, s) in enumerate(zip(IMAGENET_MEAN, IMAGENET_STD))]
-        return torch.cat(chans, 1)
-    raise ValueError(f"unknown INPUT_NORM {how!r} (expected 'none' or 'imagenet')")
+#: DETRs are trained on images resized to the square, ignoring the aspect ratio; most take RGB in
+#: [0, 1], those with ImageNet-pretrained ViT backbones take ImageNet mean/std (``IMAGENET``)
+STRETCH = Preprocess("stretch")
+IMAGENET = Preprocess("stretch", mean=IMAGENET_MEAN, std=IMAGENET_STD)
 
 
 def detr_postprocess(logits: torch.Tensor, boxes: torch.Tensor, width: int, height: int,
@@ -70,17 +57,14 @@ class DetrModel(Model):
     """Base of the DETR-style families: stretch resize, no NMS, top-K post-processing.
 
     Subclasses declare ``FAMILY``, ``SIZES``, ``FILE_PREFIX``, ``SIGNATURE_KEYS``, ``NC_KEY``
-    and implement ``build_network(size, nc)``; they may change ``INPUT_NORM`` ("none": RGB in
-    [0, 1]; "imagenet": ImageNet mean/std applied inside :meth:`infer`) and ``NUM_TOP``.
+    and implement ``build_network(size, nc)``; they may change ``PREPROCESS`` (``STRETCH``: RGB in
+    [0, 1]; ``IMAGENET``: ImageNet mean/std) and ``NUM_TOP``.
     """
 
     TASK = "detect"
-    #: DETRs are trained on images resized to the square, ignoring the aspect ratio
-    RESIZE: ClassVar[str] = "stretch"
+    PREPROCESS: ClassVar[Preprocess] = STRETCH
     #: NMS-free: the predictor applies only the confidence threshold and max_det
     NMS: ClassVar[bool] = False
-    #: how the RGB [0, 1] canvas is normalised before the network ("none" or "imagenet")
-    INPUT_NORM: ClassVar[str] = "none"
     #: how many (query, class) pairs :meth:`infer` returns per image (at most Q * nc)
     NUM_TOP: ClassVar[int] = 300
     #: the RT-DETR / D-FINE recipes: AdamW, lr 1e-4, weight decay 1e-4, gradients clipped at 0.1, their
@@ -101,12 +85,12 @@ class DetrModel(Model):
         return out["pred_logits"], out["pred_boxes"]
 
     def infer(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(B, 3, S, S) RGB [0, 1] canvas -> boxes (B, K, 4) xyxy canvas pixels, scores (B, K),
+        """(B, 3, S, S) preprocessed canvas -> boxes (B, K, 4) xyxy canvas pixels, scores (B, K),
         classes (B, K) int64, sorted by score descending; K = min(NUM_TOP, Q * nc).
 
         Fixed shapes and no host synchronisation: the engine captures this whole.
         """
-        logits, boxes = self.split_outputs(self.model(normalize_input(x, self.INPUT_NORM)))
+        logits, boxes = self.split_outputs(self.model(x))
         return detr_postprocess(logits.float(), boxes.float(), x.shape[-1], x.shape[-2], self.NUM_TOP)
 
     #: which set criterion trains the family: "rtdetr" (VFL + L1 + GIoU) or "dfine" (adds union
@@ -148,7 +132,7 @@ class DetrModel(Model):
 
     def train_forward(self, net: nn.Module, x: torch.Tensor, targets: torch.Tensor | None,
                       mask: torch.Tensor | None) -> Any:
-        """Training-mode forward: ``x`` (B, 3, S, S) RGB [0, 1]; ``targets`` (B, M, 5) ``[cls, x1,
+        """Training-mode forward: ``x`` (B, 3, S, S) preprocessed input; ``targets`` (B, M, 5) ``[cls, x1,
         y1, x2, y2]`` in input pixels with ``mask`` (B, M) feed query denoising (normalised cxcywh
         inside). Returns the network's training dict plus ``input_size`` (h, w), which the loss
         uses to normalise the targets."""
@@ -159,6 +143,6 @@ class DetrModel(Model):
             dn_targets = {"labels": labels, "boxes": boxes, "mask": mask.bool()}
             if self.DN_PAD_TO is not None:
                 dn_targets["pad_to"] = self.DN_PAD_TO
-        out = net(normalize_input(x, self.INPUT_NORM), dn_targets)
+        out = net(x, dn_targets)
         out["input_size"] = (int(x.shape[-2]), int(x.shape[-1]))
         return out

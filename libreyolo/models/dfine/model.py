@@ -25,7 +25,6 @@ class Dfine(DetrModel):
     FAMILY = "dfine"
     SIZES = tuple(DFINE_CONFIGS)
     FILE_PREFIX = "LibreDFINE"
-    INPUT_NORM = "none"
     # Parity protocol passed on an H200 for size n (fp32 and fp16 autocast, batch 1 and 8, network and
     # predict stage, both probes distinct under autocast): session-3 GPU run A, 2026-11-30,
     # scripts/gpu_families.py (benchmarks/results/session3/runA-families-detr.json).

@@ -3,21 +3,21 @@ from __future__ import annotations
 
 from torch import nn
 
-from ..detr_common.model import DetrModel
+from ..detr_common.model import IMAGENET, DetrModel
 from .nn import EC_CONFIGS, INPUT_SIZE, ECNet
 
 
 class EC(DetrModel):
     """EdgeCrafter's ECDet (compact ViT + FDR decoder), sizes s, m, l, x.
 
-    The backbone expects ImageNet mean/std normalisation, applied in :meth:`infer` before the
-    network (``INPUT_NORM = "imagenet"``); ``model.model`` itself takes the normalised tensor.
+    The backbone expects ImageNet mean/std normalisation (``PREPROCESS = IMAGENET``, applied by
+    the engine before the network); ``model.model`` itself takes the normalised tensor.
     """
 
     FAMILY = "ec"
     SIZES = tuple(EC_CONFIGS)
     FILE_PREFIX = "LibreEC"
-    INPUT_NORM = "imagenet"
+    PREPROCESS = IMAGENET
     DEFAULT_IMGSZ = INPUT_SIZE
     # Parity protocol passed on an H200 for size s (fp32 and fp16 autocast, batch 1 and 8, network,
     # predict stage and predict stage + selection): session-2 GPU run 6, 2026-11-30, scripts/gpu_families.py.

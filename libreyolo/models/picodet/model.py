@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from ...ops.boxes import clip_to_canvas, distance_to_xyxy
+from ...ops.preprocess import Preprocess
 from ..base import Model
 from ..common.assign import cached, join_levels, level_priors
 from .nn import CONFIGS, REG_MAX, STRIDES, PicodetNet
@@ -36,7 +37,7 @@ class Picodet(Model):
     # e.g. 416 -> 7x7), so the trained size 416 of size m is kept as is.
     STRIDE = 32
     DEFAULT_IMGSZ = 320
-    RESIZE = "stretch"  # LibreYOLO and the original pipeline resize to the square, no letterbox
+    PREPROCESS = Preprocess("stretch")  # LibreYOLO and the original pipeline resize to the square, no letterbox
     # Set by the lead only after the GPU parity protocol passes.
     # Parity protocol passed on an H200 for sizes s (fp32 and fp16 autocast, batch 1 and 8, network and
     # predict stage): session-2 GPU run 2, 2026-11-30, scripts/gpu_families.py (docs/families.md).

@@ -1,0 +1,137 @@
+"""What a task is to the engine: the hooks that make predict, train and val task-generic.
+
+A task (detect, classify, semantic, ...) is one folder under ``libreyolo/tasks/`` with a
+:class:`Task` subclass. The engine's loops (``engine/predictor.py``, ``engine/trainer.py``) call
+only these hooks; a family declares its task by name (``Model.TASK``) and supplies the network,
+its ``infer`` (network input -> fixed-shape outputs) and, for training, ``train_forward``.
+
+Predict: :meth:`Task.plan` returns a :class:`PredictPlan` for one call. Its :meth:`finish` runs
+on the device after ``model.infer`` - inside the captured stage, so it must be graph-safe (fixed
+shapes, no host synchronisation) - and its :meth:`results` turns the stage's outputs into one
+:class:`~libreyolo.results.Results` per image on the host.
+
+Training and validation: :meth:`Task.resolve_data` reads a dataset spec, :meth:`Task.datasets`
+builds the train and val datasets whose collate gives ``(images_uint8, *targets)``; the loss
+takes ``(outputs, *targets)``; an :class:`Evaluator` accumulates validation batches and returns
+the metrics, of which :meth:`Task.fitness` picks what ``best.pt`` is chosen by.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, Callable, ClassVar, Sequence
+
+import torch
+
+
+class Evaluator:
+    """Accumulates a validation split: ``reset()``, ``process(outputs, batch)`` per batch (the
+    model's ``infer`` outputs on the device and the loader's CPU batch), then ``evaluate()``."""
+
+    def reset(self) -> None:
+        raise NotImplementedError
+
+    def process(self, outputs: Any, batch: Sequence[torch.Tensor]) -> None:
+        raise NotImplementedError
+
+    def evaluate(self) -> dict[str, float]:
+        raise NotImplementedError
+
+
+class PredictPlan:
+    """The task-specific part of one predict call (see the module docstring).
+
+    ``tag``: what the stage computes besides the network (part of every graph key);
+    ``host``: the stage's outputs go to the host as a :class:`~libreyolo.graphs.capture.HostCopy`;
+    ``constant``: positions of :meth:`extra` inputs that are cached tensors never written in place.
+    """
+
+    tag: tuple = ()
+    host: bool = False
+
+    def finish(self, outputs: Any, *extra: torch.Tensor) -> Any:
+        """``model.infer`` outputs (+ :meth:`extra` inputs) -> the stage's outputs (graph-safe)."""
+        return outputs
+
+    def extra(self, shapes: tuple[tuple[int, int], ...], size: int) -> tuple[torch.Tensor, ...]:
+        """Device tensors the stage reads besides the images, for a chunk of images of ``shapes``."""
+        return ()
+
+    @property
+    def constant(self) -> tuple[int, ...]:
+        return ()
+
+    def results(self, out: Any, chunk: Sequence[Any], size: int, speed: dict[str, float]) -> list:
+        """The stage's outputs for ``chunk`` (:class:`~libreyolo.data.sources.SourceItem` list) ->
+        one Results per image."""
+        raise NotImplementedError
+
+
+@dataclass
+class TaskOptions:
+    """Base of a task's training options (augmentation, validation thresholds, ...)."""
+
+    @classmethod
+    def names(cls) -> set[str]:
+        return {f.name for f in fields(cls)}
+
+
+class Task:
+    """Base of the tasks; see the module docstring for what each hook is for."""
+
+    name: ClassVar[str] = ""
+    #: the metric (a key of :meth:`Evaluator.evaluate`'s dict) that names the best checkpoint
+    primary_metric: ClassVar[str] = ""
+    #: the task's training options dataclass (routed there by ``TrainConfig.from_kwargs``)
+    Options: ClassVar[type[TaskOptions]] = TaskOptions
+    #: predict options this task takes, with their defaults (validated by :meth:`plan`)
+    predict_defaults: ClassVar[dict[str, Any]] = {}
+    #: ``model.val()`` option names -> the training option they set (detection: conf -> val_conf)
+    val_option_names: ClassVar[dict[str, str]] = {}
+
+    # ---------------------------------------------------------------- predict
+    def plan(self, model, size: int, constants: Callable[..., torch.Tensor], **opts) -> PredictPlan:
+        """The :class:`PredictPlan` of one call with the task's predict options ``opts``.
+        ``constants(kind, key, values)`` returns a cached float32 device tensor."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------- data
+    def resolve_data(self, data: Any):
+        """A dataset spec (a YAML path or a built-in name) -> an object with ``nc``, ``names``,
+        ``train`` and ``val`` (what :meth:`datasets` takes)."""
+        raise NotImplementedError
+
+    def datasets(self, data: Any, imgsz: int, model, options: TaskOptions) -> tuple[Any, Any, Callable]:
+        """(train dataset, val dataset, collate) for ``data`` at ``imgsz``; the collate gives
+        ``(images uint8 (B, 3, S, S), *targets)``."""
+        raise NotImplementedError
+
+    def on_epoch(self, train_set: Any, epoch: int, epochs: int, options: TaskOptions) -> str | None:
+        """Called before each epoch; returns a reason when what the step computes changes from
+        this epoch on (the trainer then releases its captured graphs), else None."""
+        return None
+
+    # ------------------------------------------------------------ evaluation
+    def evaluator(self, model, options: TaskOptions) -> Evaluator:
+        raise NotImplementedError
+
+    def fitness(self, metrics: dict[str, float]) -> float:
+        """The number ``best.pt`` maximises."""
+        v = metrics.get(self.primary_metric)
+        return 0.0 if v is None or v != v else float(v)
+
+    def metric_columns(self, metrics: dict[str, float]) -> dict[str, float]:
+        """``results.csv`` columns of one epoch's metrics."""
+        return {f"metrics/{k}": v for k, v in metrics.items()}
+
+    def empty_metrics(self) -> dict[str, float]:
+        """The metrics of an epoch without validation."""
+        return {self.primary_metric: float("nan")}
+
+    def summary(self, metrics: dict[str, float]) -> str:
+        """The metrics part of the per-epoch log line."""
+        return "  ".join(f"{k} {v:.4f}" for k, v in metrics.items() if isinstance(v, float))
+
+    # ------------------------------------------------------------------ loss
+    def build_loss(self, model) -> torch.nn.Module:
+        """The loss module of a family that does not bring its own (``Model.build_loss``)."""
+        raise NotImplementedError(f"training is not implemented for the {model.FAMILY} family yet")

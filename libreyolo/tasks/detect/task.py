@@ -1,0 +1,203 @@
+"""Object detection: boxes, NMS (or none for set-prediction heads), COCO mAP.
+
+Predict stage (on the device, captured): ``model.infer`` (boxes, scores, classes per anchor or
+query) -> the top ``max_nms`` candidates -> with Triton on CUDA and no class filter, NMS and the
+final selection (:mod:`libreyolo.ops.nms_graph`) and the boxes mapped back to each image's
+pixels, as one packed (B, max_det * 6 + 1) tensor copied to the host once; otherwise NMS runs
+after the stage (torchvision) and the boxes are mapped back on the host.
+
+Training: YOLO/COCO datasets or the built-in ``shapes`` set, mosaic / affine / HSV / flip (or the
+DETR recipe), targets padded to a bucketed row count so losses have fixed shapes; validation
+mAP50 and mAP50-95, fitness 0.1 * mAP50 + 0.9 * mAP50-95.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import torch
+
+from ...ops import nms_graph
+from ...ops.letterbox import geometry_rows, inverse_params, unletterbox_boxes, unletterbox_packed
+from ...ops.nms import nms_per_image, top_candidates
+from ...ops.nms_graph import select_packed
+from ..base import Evaluator, PredictPlan, Task, TaskOptions
+
+
+@dataclass
+class DetectOptions(TaskOptions):
+    """Detection training options: augmentation, target padding, validation thresholds."""
+
+    close_mosaic: int = 10          # mosaic and MixUp off for the last N epochs
+    mosaic: float = 1.0
+    dense_mosaic: bool = False      # DEIM's Dense O2O: mosaic tiles shrunk so each image holds all four
+    mixup: float = 0.0              # probability of blending two augmented samples (closed with mosaic)
+    augment_policy: str = "yolo"    # "yolo" (affine + HSV) or "detr" (photometric, zoom-out, IoU crop)
+    degrees: float = 0.0
+    translate: float = 0.1
+    scale: float = 0.5
+    fliplr: float = 0.5
+    hsv_h: float = 0.015
+    hsv_s: float = 0.7
+    hsv_v: float = 0.4
+    bucket: int = 16                # targets padded to a multiple of this (fixed loss shapes)
+    val_conf: float = 0.001
+    val_iou: float = 0.7
+    max_det: int = 300
+
+
+class DetectPlan(PredictPlan):
+    """One detection predict call (see the module docstring)."""
+
+    def __init__(self, model, constants: Callable[..., torch.Tensor], *, conf: float, iou: float,
+                 max_det: int, max_nms: int, classes: list[int] | None, agnostic_nms: bool):
+        self.model = model
+        self.constants = constants
+        self.conf, self.iou = float(conf), float(iou)
+        self.max_det, self.max_nms = int(max_det), int(max_nms)
+        self.classes, self.agnostic = classes, bool(agnostic_nms)
+        # NMS + selection inside the stage: CUDA with Triton and no class filter
+        self.post = (self.max_det, self.agnostic) if classes is None and nms_graph.available(model.device) else None
+        self.host = self.post is not None
+        self.tag = (self.max_nms,) if self.post is None else (self.max_nms, "post", *self.post)
+
+    @property
+    def constant(self) -> tuple[int, ...]:
+        return (1, 2) if self.post is not None else ()   # the cached thresholds and geometry
+
+    def finish(self, outputs, *extra):
+        cand = top_candidates(*outputs, self.max_nms)
+        if self.post is None:
+            return cand
+        thr, geo = extra
+        packed = select_packed(*cand, thr, self.max_det, nms=self.model.NMS, agnostic=self.agnostic)
+        return unletterbox_packed(packed, geo, self.max_det)
+
+    def extra(self, shapes, size):
+        if self.post is None:
+            return ()
+        resize = self.model.preprocess.resize
+        thr = self.constants("thr", (self.conf, self.iou), lambda: [self.conf, self.iou])
+        geo = self.constants("geo", (shapes, size, resize), lambda: geometry_rows(shapes, size, resize))
+        return thr, geo
+
+    def results(self, out, chunk, size, speed):
+        from ...results import Boxes, Results
+        m = self.model
+        # Host work on a few hundred numbers: numpy, whose small-array calls cost about a
+        # microsecond where a CPU torch op costs several.
+        if self.post is None:
+            dets = nms_per_image(*out, conf=self.conf, iou=self.iou, max_det=self.max_det,
+                                 classes=self.classes, agnostic=self.agnostic, nms_free=not m.NMS).numpy()
+            img_col = dets[:, 0]
+            per_image = [dets[img_col == i, 1:] for i in range(len(chunk))]
+        else:  # one copy: (B, max_det * 6 + 1) = detections in score order + count per image
+            host = out.wait().numpy()
+            counts = host[:, -1].astype(np.int64).tolist()
+            per_image = [host[i, :n * 6].reshape(n, 6).copy() for i, n in enumerate(counts)]
+        results = []
+        for i, it in enumerate(chunk):
+            d = per_image[i]
+            h, w = int(it.image.shape[0]), int(it.image.shape[1])
+            if self.post is None:  # the post stage maps its boxes back on the device
+                sx, sy, px, py = inverse_params(h, w, size, m.preprocess.resize)
+                unletterbox_boxes(d, sx, sy, h, w, px, py)
+            results.append(Results(it.image, it.name, m.names, Boxes(torch.from_numpy(d), (h, w)),
+                                   speed=dict(speed)))
+        return results
+
+
+class DetectionEvaluator(Evaluator):
+    """COCO mAP50 / mAP50-95 of a validation split (NMS as predict does, at ``val_conf``)."""
+
+    def __init__(self, model, options: DetectOptions):
+        self.model, self.options = model, options
+        self.reset()
+
+    def reset(self) -> None:
+        self.preds: list[np.ndarray] = []
+        self.gts: list[np.ndarray] = []
+
+    def process(self, outputs, batch) -> None:
+        _, targets, mask = batch
+        o = self.options
+        cand = top_candidates(*outputs, 30000)
+        dets = nms_per_image(*cand, conf=o.val_conf, iou=o.val_iou, max_det=o.max_det, nms_free=not self.model.NMS)
+        for i in range(targets.shape[0]):
+            self.preds.append(dets[dets[:, 0] == i, 1:].numpy())
+            self.gts.append(targets[i][mask[i]].numpy())
+
+    def evaluate(self) -> dict:
+        from .metrics import evaluate_detections
+        return evaluate_detections(self.preds, self.gts, self.model.nc, self.model.names)
+
+
+class DetectTask(Task):
+    name = "detect"
+    primary_metric = "map50_95"
+    Options = DetectOptions
+    predict_defaults = {"conf": 0.25, "iou": 0.45, "max_det": 300, "max_nms": 1000, "classes": None,
+                        "agnostic_nms": False}
+    val_option_names = {"conf": "val_conf", "iou": "val_iou"}
+
+    def plan(self, model, size, constants, **opts) -> DetectPlan:
+        o = {**self.predict_defaults, **opts}
+        for name in ("conf", "iou"):
+            if not 0.0 <= float(o[name]) <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {o[name]}")
+        if int(o["max_det"]) < 1:
+            raise ValueError(f"max_det must be >= 1, got {o['max_det']}")
+        if int(o["max_nms"]) < int(o["max_det"]):
+            raise ValueError(f"max_nms ({o['max_nms']}) must be >= max_det ({o['max_det']})")
+        classes = o["classes"]
+        if classes is not None:
+            classes = [int(c) for c in ([classes] if isinstance(classes, int) else classes)]
+            bad = [c for c in classes if not 0 <= c < model.nc]
+            if bad:
+                raise ValueError(f"classes {bad} out of range for a model with {model.nc} classes")
+        return DetectPlan(model, constants, conf=o["conf"], iou=o["iou"], max_det=o["max_det"],
+                          max_nms=o["max_nms"], classes=classes, agnostic_nms=o["agnostic_nms"])
+
+    # ------------------------------------------------------------------- data
+    def resolve_data(self, data):
+        from ...data.datasets import resolve_data
+        return resolve_data(data)
+
+    def datasets(self, data, imgsz, model, options: DetectOptions):
+        from ...data.augment import DetectionDataset, collate_detections
+        o = options
+        hyp = dict(mosaic=o.mosaic, degrees=o.degrees, translate=o.translate, scale=o.scale, fliplr=o.fliplr,
+                   hsv_h=o.hsv_h, hsv_s=o.hsv_s, hsv_v=o.hsv_v, dense_mosaic=o.dense_mosaic, mixup=o.mixup,
+                   policy=o.augment_policy)
+        resize = model.preprocess.resize   # as predict feeds the network: letterbox or stretch
+        train = DetectionDataset(data.train, imgsz, augment=True, resize=resize, **hyp)
+        val = DetectionDataset(data.val, imgsz, augment=False, resize=resize)
+        return train, val, functools.partial(collate_detections, bucket=o.bucket)  # picklable under spawn
+
+    def on_epoch(self, train_set, epoch, epochs, options: DetectOptions) -> str | None:
+        if options.close_mosaic and not getattr(train_set, "mosaic_closed", False) \
+                and epoch >= max(0, epochs - options.close_mosaic):
+            train_set.close_mosaic()
+            train_set.mosaic_closed = True
+            return f"mosaic closed for the last {epochs - epoch} epochs"
+        return None
+
+    # ------------------------------------------------------------ evaluation
+    def evaluator(self, model, options: DetectOptions) -> DetectionEvaluator:
+        return DetectionEvaluator(model, options)
+
+    def fitness(self, metrics) -> float:
+        def nz(v):
+            return 0.0 if v is None or v != v else float(v)
+        return 0.1 * nz(metrics.get("map50")) + 0.9 * nz(metrics.get("map50_95"))
+
+    def metric_columns(self, metrics) -> dict[str, float]:
+        return {"metrics/mAP50": metrics["map50"], "metrics/mAP50-95": metrics["map50_95"]}
+
+    def summary(self, metrics) -> str:
+        return f"mAP50 {metrics['map50']:.4f}  mAP50-95 {metrics['map50_95']:.4f}"
+
+    def empty_metrics(self) -> dict[str, float]:
+        return {"map50": float("nan"), "map50_95": float("nan")}
