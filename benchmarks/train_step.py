@@ -3,9 +3,10 @@
     PYTHONPATH=. python3 benchmarks/train_step.py --arm eager --batch 8 --imgsz 640 --amp
     PYTHONPATH=. python3 benchmarks/train_step.py --all --json out.json   # each arm in its own process
 
-One real batch of the built-in shapes set is replayed. Every arm runs the same step:
-forward, the family's loss, backward, gradient clipping, a fused SGD update with a tensor
-learning rate (capturable) and an in-place zero_grad. ``eager`` runs it all eagerly,
+One real batch of the task's built-in set (shapes, shapes-cls, shapes-seg) is replayed. Every arm
+runs the same step: forward, the family's loss, backward, gradient clipping, a fused SGD or AdamW
+update (``--optim``, default the family's recipe) with a tensor learning rate (capturable) and an
+in-place zero_grad. ``eager`` runs it all eagerly,
 ``fwd_bwd`` replays a graph of forward + loss + backward and runs the update eagerly,
 ``whole`` replays one graph of the entire step; ``seam`` (set-prediction families) replays
 graphs of the backbone+encoder forward and backward, the decoder, matcher and loss eager. ``--amp`` means bfloat16 autocast (no
@@ -27,34 +28,43 @@ ARMS = ("eager", "fwd_bwd", "whole")
 SEAM_ARMS = ("eager", "seam")
 
 
-def run_arm(arm: str, spec: str, batch: int, imgsz: int, amp: bool, runs: int, warmup: int) -> dict:
+DEFAULT_DATA = {"detect": "shapes", "classify": "shapes-cls", "semantic": "shapes-seg"}
+
+
+def run_arm(arm: str, spec: str, batch: int, imgsz: int, amp: bool, runs: int, warmup: int,
+            optim: str | None = None) -> dict:
     from libreyolo import LibreYOLO
     from libreyolo.benchmark import time_call
-    from libreyolo.data.augment import DetectionDataset, collate_detections
-    from libreyolo.data.datasets import resolve_data
     from libreyolo.graphs.training import TrainStepRunner, prime_optimizer_state, training_state
 
-    data = resolve_data("shapes")
-    ds = DetectionDataset(data.train, imgsz, augment=False)
-    imgs, targets, mask = collate_detections([ds[i] for i in range(batch)], bucket=16)
     if Path(spec).is_file():
         model = LibreYOLO(spec, device="cuda")
-        model.reset_classes(data.nc, data.names)
     else:
         from libreyolo.models.registry import parse_spec
         cls, size = parse_spec(spec)
-        model = cls.new(size, nc=data.nc, device="cuda", seed=0)
+        model = cls.new(size, device="cuda", seed=0)
+    task = model.task
+    data = task.resolve_data(DEFAULT_DATA[task.name])
+    if data.nc != model.nc:
+        model.reset_classes(data.nc, data.names)
+    _, val, collate = task.datasets(data, imgsz, model, task.Options())   # unaugmented: one fixed batch
+    imgs, *targets = collate([val[i % len(val)] for i in range(batch)])
     net = model.model.train()
     loss_fn = model.build_loss().cuda()
     params = [p for p in net.parameters() if p.requires_grad]
-    opt = torch.optim.SGD(params, lr=torch.tensor(1e-3, device="cuda"), momentum=0.9, nesterov=True, fused=True)
+    optim = (optim or model.train_defaults().get("optimizer", "SGD")).lower()
+    if optim == "adamw":
+        opt = torch.optim.AdamW(params, lr=torch.tensor(1e-3, device="cuda"), weight_decay=0.05, fused=True)
+    else:
+        opt = torch.optim.SGD(params, lr=torch.tensor(1e-3, device="cuda"), momentum=0.9, nesterov=True, fused=True)
     prime_optimizer_state(opt)
     x = imgs.cuda().float().div_(255)
-    t, k = targets.cuda(), mask.cuda()
+    targets = [t.cuda() for t in targets]
+    prep = model.preprocess
 
-    def step(x, t, k):
+    def step(x, *t):
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp, cache_enabled=False):
-            loss, items = loss_fn(model.train_forward(net, x, t, k), t, k)
+            loss, items = loss_fn(model.train_forward(net, prep.normalize(x), *t), *t)
         loss.backward()
         return loss.detach(), items.detach()
 
@@ -77,13 +87,13 @@ def run_arm(arm: str, spec: str, batch: int, imgsz: int, amp: bool, runs: int, w
 
     def one():
         if arm == "whole":
-            runner(x, t, k, whole=True)
+            runner(x, *targets, whole=True)
         else:
-            runner(x, t, k)
+            runner(x, *targets)
             update()
 
     timing = time_call(one, torch.device("cuda"), runs, warmup)
-    return {"arm": arm, "median_ms": timing["median_ms"], "min_ms": timing["min_ms"], "runs": runs,
+    return {"arm": arm, "optimizer": optim, "median_ms": timing["median_ms"], "min_ms": timing["min_ms"], "runs": runs,
             "runner": runner.info() if seg is None else seg.info()}
 
 
@@ -111,10 +121,11 @@ def main() -> None:
     ap.add_argument("--amp", action="store_true", help="bfloat16 autocast")
     ap.add_argument("--runs", type=int, default=100)
     ap.add_argument("--warmup", type=int, default=15)
+    ap.add_argument("--optim", choices=("sgd", "adamw"), default=None, help="default: the family's recipe")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     if not a.all:
-        print(json.dumps(run_arm(a.arm, a.model, a.batch, a.imgsz, a.amp, a.runs, a.warmup)))
+        print(json.dumps(run_arm(a.arm, a.model, a.batch, a.imgsz, a.amp, a.runs, a.warmup, a.optim)))
         return
     if a.arms is None:
         from libreyolo.models.base import Model
@@ -123,7 +134,8 @@ def main() -> None:
         a.arms = ",".join(SEAM_ARMS if has_seam else ARMS)
     arms = run_in_processes(__file__, a.arms.split(","),
                             ["--model", a.model, "--batch", str(a.batch), "--imgsz", str(a.imgsz), "--runs",
-                             str(a.runs), "--warmup", str(a.warmup)] + (["--amp"] if a.amp else []))
+                             str(a.runs), "--warmup", str(a.warmup)] + (["--amp"] if a.amp else [])
+                            + (["--optim", a.optim] if a.optim else []))
     res = {"model": a.model, "batch": a.batch, "imgsz": a.imgsz, "amp": "bf16" if a.amp else False, "arms": arms,
            "device": torch.cuda.get_device_name(0), "torch": torch.__version__, "date": dt.date.today().isoformat()}
     eager = arms.get("eager", {}).get("median_ms")

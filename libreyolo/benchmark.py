@@ -48,9 +48,18 @@ def device_name(device: torch.device) -> str:
     return f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
 
 
+def _result_data(r) -> torch.Tensor:
+    """The tensor a task's Results holds (boxes, probs or masks), for equality checks."""
+    for field in ("boxes", *r.FIELDS):
+        v = getattr(r, field)
+        if v is not None:
+            return torch.as_tensor(v.data)
+    raise ValueError("a Results with no data field")
+
+
 def bench_model(model, *, imgsz: int = 640, batch: int = 1, runs: int = 200, warmup: int = 30,
                 image: np.ndarray | None = None, conf: float = 0.25) -> dict:
-    """Measure every arm for ``model`` and return a JSON-ready dict."""
+    """Measure every arm for ``model`` and return a JSON-ready dict (``conf``: detection only)."""
     from .assets import SAMPLE_IMAGE
     from .data.sources import load_sources
 
@@ -62,14 +71,15 @@ def bench_model(model, *, imgsz: int = 640, batch: int = 1, runs: int = 200, war
     if image is None:
         image = load_sources(SAMPLE_IMAGE)[0].image
     images = [image] * batch
+    opts = {"conf": conf} if "conf" in model.task.predict_defaults else {}
     net = model.model.eval()
     x = torch.rand((batch, 3, imgsz, imgsz), generator=torch.Generator().manual_seed(0)).to(dev)
     arms: dict[str, Any] = {}
     with torch.no_grad():
         arms["forward_eager"] = time_call(lambda: net(x), dev, runs, warmup)
-    arms["predict_eager"] = time_call(lambda: model.predict(images, imgsz=imgsz, batch=batch, conf=conf),
+    arms["predict_eager"] = time_call(lambda: model.predict(images, imgsz=imgsz, batch=batch, **opts),
                                       dev, runs, warmup)
-    dets = sum(len(r) for r in model.predict(images, imgsz=imgsz, batch=batch, conf=conf)) / batch
+    dets = sum(len(r) for r in model.predict(images, imgsz=imgsz, batch=batch, **opts)) / batch  # boxes only
     if dev.type == "cuda" and model.SUPPORTS_CUDA_GRAPH:
         with torch.no_grad():
             t0 = time.perf_counter()
@@ -81,16 +91,16 @@ def bench_model(model, *, imgsz: int = 640, batch: int = 1, runs: int = 200, war
         del graph
         model.release_graphs()
         t0 = time.perf_counter()
-        model.predict(images, imgsz=imgsz, batch=batch, conf=conf, cuda_graph=True)
-        model.predict(images, imgsz=imgsz, batch=batch, conf=conf, cuda_graph=True)
+        model.predict(images, imgsz=imgsz, batch=batch, **opts, cuda_graph=True)
+        model.predict(images, imgsz=imgsz, batch=batch, **opts, cuda_graph=True)
         first_calls_ms = (time.perf_counter() - t0) * 1e3
         arms["predict_graph"] = time_call(
-            lambda: model.predict(images, imgsz=imgsz, batch=batch, conf=conf, cuda_graph=True), dev, runs, warmup)
+            lambda: model.predict(images, imgsz=imgsz, batch=batch, **opts, cuda_graph=True), dev, runs, warmup)
         # Where the end-to-end time goes: the same call with the device synchronized between
         # stages (ms per image, medians over the runs).
         stages: dict[str, list[float]] = {}
         for _ in range(max(20, runs // 4)):
-            for k, v in model.predict(images, imgsz=imgsz, batch=batch, conf=conf, cuda_graph=True,
+            for k, v in model.predict(images, imgsz=imgsz, batch=batch, **opts, cuda_graph=True,
                                       profile=True)[0].speed.items():
                 stages.setdefault(k, []).append(v)
         arms["predict_graph_stages_ms_per_image"] = {k: statistics.median(v) for k, v in stages.items()}
@@ -99,13 +109,13 @@ def bench_model(model, *, imgsz: int = 640, batch: int = 1, runs: int = 200, war
                            "predict_graphs": [{"stage": g["stage"], "capture_ms": g["capture_ms"]}
                                               for g in info["graphs"]]}
         arms["forward_graph_bitwise_equal_eager"] = bool(same)
-        ref_eager = model.predict(images, imgsz=imgsz, batch=batch, conf=conf, cuda_graph=False)
-        ref_graph = model.predict(images, imgsz=imgsz, batch=batch, conf=conf, cuda_graph=True)
-        arms["predict_graph_equal_eager"] = all(torch.equal(a.boxes.data, b.boxes.data)
+        ref_eager = model.predict(images, imgsz=imgsz, batch=batch, **opts, cuda_graph=False)
+        ref_graph = model.predict(images, imgsz=imgsz, batch=batch, **opts, cuda_graph=True)
+        arms["predict_graph_equal_eager"] = all(torch.equal(_result_data(a), _result_data(b))
                                                 for a, b in zip(ref_eager, ref_graph))
         model.release_graphs()
     result = {
-        "model": f"{model.FAMILY}-{model.size}", "fused": model.fused, "trained": model.trained, "imgsz": imgsz,
+        "model": f"{model.FAMILY}-{model.size}", "task": model.TASK, "fused": model.fused, "trained": model.trained, "imgsz": imgsz,
         "batch": batch,
         "image_hw": list(image.shape[:2]), "detections_per_image": dets,
         "device": device_name(dev), "torch": torch.__version__,

@@ -26,6 +26,7 @@ from ..data.sources import load_sources
 from ..graphs.runner import normalize_mode
 from ..results import Results
 from ..tasks.base import PredictPlan
+from .paths import UniqueNames, next_run_dir
 
 log = logging.getLogger("libreyolo")
 _NO_CONTEXT = contextlib.nullcontext()
@@ -192,7 +193,8 @@ class Predictor:
     # ------------------------------------------------------------------ call
     def __call__(self, source: Any, *, imgsz: int | None = None, batch: int = 1, cuda_graph: Any = False,
                  amp: Any = False, bgr: bool = False, save: bool = False, save_dir: str | Path | None = None,
-                 verbose: bool = False, profile: bool = False, **task_opts) -> list[Results]:
+                 exist_ok: bool = False, verbose: bool = False, profile: bool = False,
+                 **task_opts) -> list[Results]:
         """Predict on ``source`` (path, directory, glob, PIL, numpy RGB - or BGR with
         ``bgr=True`` -, torch tensor, or a list of them) and return one Results per image.
 
@@ -200,7 +202,9 @@ class Predictor:
         unsupported family or without CUDA) or "auto" (capture once a signature repeats,
         never raises). ``amp``: True for the family's autocast dtype (``AMP_DTYPE``: float16 unless
         the family says otherwise), "fp16" or "bf16" to choose (CUDA only).
-        ``save`` writes annotated pictures to ``save_dir`` (default runs/predict).
+        ``save`` writes annotated pictures to ``save_dir`` (default: a new ``runs/predict``,
+        ``runs/predict2``, ... per call, or ``runs/predict`` itself with ``exist_ok=True``); inputs
+        with the same file stem get distinct names (``a.jpg``, ``a_2.jpg``).
         ``profile`` synchronizes the device between stages so that ``Results.speed``
         (ms per image: load, preprocess, inference, postprocess) is exact; without
         it the stages overlap and ``speed`` shows host time only.
@@ -212,7 +216,7 @@ class Predictor:
         unknown = sorted(set(task_opts) - set(m.task.predict_defaults))
         if unknown:
             raise TypeError(f"unknown predict option(s) {', '.join(unknown)} for a {m.TASK} model; "
-                            f"known: imgsz, batch, cuda_graph, amp, bgr, save, save_dir, verbose, profile, "
+                            f"known: imgsz, batch, cuda_graph, amp, bgr, save, save_dir, exist_ok, verbose, profile, "
                             + ", ".join(m.task.predict_defaults))
         if int(batch) < 1:
             raise ValueError(f"batch must be >= 1, got {batch}")
@@ -236,8 +240,9 @@ class Predictor:
                             disable=not verbose and len(items) <= 32)
         out_dir = None
         if save:
-            out_dir = Path(save_dir or "runs/predict")
+            out_dir = Path(save_dir) if save_dir else next_run_dir("runs", "predict", exist_ok)
             out_dir.mkdir(parents=True, exist_ok=True)
+            unique = UniqueNames()
         for start in range(0, len(items), int(batch)):
             chunk = items[start:start + int(batch)]
             t0 = time.perf_counter()
@@ -257,7 +262,7 @@ class Predictor:
             for r in chunk_results:
                 r.speed["postprocess"] = post_ms
                 if out_dir is not None:
-                    r.save(out_dir / f"{Path(r.path).stem}.jpg")
+                    r.save(out_dir / unique(Path(r.path).stem))
             results.extend(chunk_results)
             if progress is not None:
                 progress.update(len(chunk))

@@ -33,6 +33,7 @@ from torch import nn
 from ..device import select_device
 from ..graphs.training import GraphedSegment, TrainStepRunner, prime_optimizer_state, training_state
 from ..tasks import Task, TaskOptions, get_task
+from .paths import next_run_dir
 
 log = logging.getLogger("libreyolo")
 
@@ -197,16 +198,6 @@ def _param_groups(net: nn.Module, weight_decay: float):
             {"params": bias, "weight_decay": 0.0}]
 
 
-def _next_run_dir(project: str, name: str, exist_ok: bool) -> Path:
-    base = Path(project) / name
-    if exist_ok or not base.exists():
-        return base
-    i = 2
-    while (Path(project) / f"{name}{i}").exists():
-        i += 1
-    return Path(project) / f"{name}{i}"
-
-
 class Trainer:
     """Trains ``model`` (a libreyolo Model) according to a :class:`TrainConfig`."""
 
@@ -294,22 +285,22 @@ class Trainer:
         if opt_cfg.lr0 is None:
             opt_cfg.lr0 = 0.001 if opt_cfg.optimizer.lower() == "adamw" else 0.01
         wd = opt_cfg.weight_decay * run.batch * self.accumulate / opt_cfg.nbs
-        # A whole training step (optimizer included) can be captured only with a fused SGD
-        # whose lr is a device tensor (updated in place by the schedule) and no GradScaler.
-        self.whole_step = (opt_cfg.optimizer.lower() == "sgd" and bool(cfg.graph.cuda_graph)
-                           and m.SUPPORTS_CUDA_GRAPH_TRAIN and self.device.type == "cuda"
-                           and self.amp_dtype != torch.float16)
-        groups = _param_groups(net, wd)
-        if opt_cfg.optimizer.lower() == "adamw":
-            opt = torch.optim.AdamW(groups, lr=opt_cfg.lr0, betas=(opt_cfg.momentum, 0.999))
-        elif opt_cfg.optimizer.lower() == "sgd":
-            if self.whole_step:
-                for g in groups:
-                    g["lr"] = torch.tensor(opt_cfg.lr0, device=self.device)
-            opt = torch.optim.SGD(groups, lr=opt_cfg.lr0, momentum=opt_cfg.momentum, nesterov=True,
-                                  fused=True if self.whole_step else None)
-        else:
+        # A whole training step (optimizer included) can be captured only with a fused SGD or
+        # AdamW whose lr is a device tensor (updated in place by the schedule) and no GradScaler.
+        name = opt_cfg.optimizer.lower()
+        if name not in ("sgd", "adamw"):
             raise ValueError(f"optimizer must be SGD or AdamW, got {opt_cfg.optimizer!r}")
+        self.whole_step = (bool(cfg.graph.cuda_graph) and m.SUPPORTS_CUDA_GRAPH_TRAIN
+                           and self.device.type == "cuda" and self.amp_dtype != torch.float16)
+        groups = _param_groups(net, wd)
+        if self.whole_step:
+            for g in groups:
+                g["lr"] = torch.tensor(opt_cfg.lr0, device=self.device)
+        fused = True if self.whole_step else None
+        if name == "adamw":
+            opt = torch.optim.AdamW(groups, lr=opt_cfg.lr0, betas=(opt_cfg.momentum, 0.999), fused=fused)
+        else:
+            opt = torch.optim.SGD(groups, lr=opt_cfg.lr0, momentum=opt_cfg.momentum, nesterov=True, fused=fused)
         for g in opt.param_groups:
             g["initial_lr"] = opt_cfg.lr0
         self.opt = opt
@@ -337,7 +328,7 @@ class Trainer:
             self.run_dir = last.parent.parent
             log.info("libreyolo: resuming %s from epoch %d", self.run_dir, self.start_epoch + 1)
         if self.run_dir is None:
-            self.run_dir = _next_run_dir(run.project, run.name, run.exist_ok)
+            self.run_dir = next_run_dir(run.project, run.name, run.exist_ok)
         (self.run_dir / "weights").mkdir(parents=True, exist_ok=True)
         self.csv_path = self.run_dir / "results.csv"
         self._setup_runner()

@@ -40,23 +40,37 @@ log = logging.getLogger("libreyolo")
 
 
 def prime_optimizer_state(opt: torch.optim.Optimizer) -> None:
-    """Create an SGD optimizer's momentum buffers now (zeros) instead of at its first step.
+    """Create an SGD or Adam/AdamW optimizer's state now (zeros) instead of at its first step.
 
     A whole-step capture must find every tensor the update writes already allocated, so
     that warm-up can be undone and the graph writes to tensors the optimizer keeps. SGD
     creates its momentum buffer lazily as a copy of the first gradient; a zero buffer gives
-    the same first step bit for bit (``0 * momentum + grad == grad``). Other optimizers are
-    left alone (the trainer captures whole steps for SGD only).
+    the same first step bit for bit (``0 * momentum + grad == grad``). Adam and AdamW create
+    zero moments and a zero step count at their first step, exactly what is made here (the
+    step count as a device tensor, as their fused and capturable implementations keep it).
+    Other optimizers are left alone (the trainer captures whole steps for these only).
     """
-    if not isinstance(opt, torch.optim.SGD):
-        return
-    for group in opt.param_groups:
-        if not group.get("momentum"):
-            continue
-        for p in group["params"]:
-            st = opt.state[p]
-            if st.get("momentum_buffer") is None:
-                st["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+    if isinstance(opt, torch.optim.SGD):
+        for group in opt.param_groups:
+            if not group.get("momentum"):
+                continue
+            for p in group["params"]:
+                st = opt.state[p]
+                if st.get("momentum_buffer") is None:
+                    st["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+    elif isinstance(opt, torch.optim.Adam):   # AdamW subclasses Adam
+        for group in opt.param_groups:
+            on_device = bool(group.get("fused") or group.get("capturable"))
+            for p in group["params"]:
+                st = opt.state[p]
+                if len(st) != 0:
+                    continue
+                st["step"] = (torch.zeros((), dtype=torch.float32, device=p.device) if on_device
+                              else torch.tensor(0.0, dtype=torch.float32))
+                st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                st["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                if group.get("amsgrad"):
+                    st["max_exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
 
 
 def training_state(params, optimizer: torch.optim.Optimizer, *extra) -> list[torch.Tensor]:

@@ -26,7 +26,7 @@ def top_candidates(boxes: torch.Tensor, scores: torch.Tensor, cls: torch.Tensor,
 
     One full sort and its first ``k``: on the GPU that is one segmented sort where ``topk``
     runs a radix selection and then sorts its result (8,400 scores, k = 1,000 on an H200:
-    0.049 vs 0.072 ms, scripts/profile_stages.py, session 4). Equal scores may come in either
+    measured in docs/benchmarks.md, "sort vs top-k"). Equal scores may come in either
     order; eager and graph run the same kernels, so they agree.
     """
     k = min(int(k), scores.shape[1])

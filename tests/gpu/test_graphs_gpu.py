@@ -187,6 +187,24 @@ def test_capture_graph_then_predict_uses_it(images):
     assert model.release_graphs() == 1 and model.graph_info()["graphs"] == []
 
 
+@pytest.mark.parametrize("how", ["source", "none"])
+def test_capture_graph_covers_the_following_requests(images, how):
+    """After capture_graph, predict captures nothing more for that request, however often it
+    repeats: with a source, its uint8 stage; without, the pinned network stage (every size)."""
+    model = filled_model("yolox", "n")
+    eager = model(images[1])
+    if how == "source":
+        d = model.capture_graph(imgsz=640, source=images[1])
+        assert d["stage"].startswith("('u8'")
+    else:
+        d = model.capture_graph(imgsz=640)
+        assert d["stage"].startswith("('net'")
+    for _ in range(3):
+        assert same_results(model(images[1], cuda_graph=True), eager)
+    info = model.graph_info()
+    assert info["captures"] == 1 and info["replays"] == 3, info
+
+
 def test_host_and_device_nms_paths_agree():
     """The packed host NMS (few survivors) and the CUDA NMS (many) give the same detections."""
     from libreyolo.ops.nms import nms_per_image, top_candidates

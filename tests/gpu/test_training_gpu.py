@@ -115,13 +115,16 @@ def test_gradient_accumulation_parity(batches, spec):
     assert diff <= max(2 * noise, 1e-6), (noise, diff)
 
 
-def make_whole(seed=0, amp=False, spec=FAMILY):
-    """A net, its step and a capturable update (clip + fused SGD with a tensor lr + zero_grad)."""
+def make_whole(seed=0, amp=False, spec=FAMILY, optim="sgd"):
+    """A net, its step and a capturable update (clip + fused SGD or AdamW with a tensor lr + zero_grad)."""
     net, step = make(amp, seed, spec=spec)
     params = [p for p in net.parameters() if p.requires_grad]
     for p in params:
         p.grad = torch.zeros_like(p)
-    opt = torch.optim.SGD(params, lr=torch.tensor(0.01, device="cuda"), momentum=0.9, nesterov=True, fused=True)
+    if optim == "adamw":
+        opt = torch.optim.AdamW(params, lr=torch.tensor(1e-3, device="cuda"), weight_decay=0.05, fused=True)
+    else:
+        opt = torch.optim.SGD(params, lr=torch.tensor(0.01, device="cuda"), momentum=0.9, nesterov=True, fused=True)
     prime_optimizer_state(opt)
 
     def update():
@@ -137,12 +140,13 @@ def make_whole(seed=0, amp=False, spec=FAMILY):
 
 @pytest.mark.parametrize("spec", TRAIN_GRAPH_MODELS, ids=lambda s: "-".join(s))
 @pytest.mark.parametrize("amp", [False, True])
-def test_whole_step_step0_loss_and_bn_buffers_bitwise_equal(batches, amp, spec):
+@pytest.mark.parametrize("optim", ["sgd", "adamw"])
+def test_whole_step_step0_loss_and_bn_buffers_bitwise_equal(batches, amp, spec, optim):
     x, t, k = to_dev(batches[0])
-    net_e, step_e, update_e, _ = make_whole(amp=amp, spec=spec)
+    net_e, step_e, update_e, _ = make_whole(amp=amp, spec=spec, optim=optim)
     loss_e, _ = step_e(x, t, k)
     update_e()
-    net_g, step_g, update_g, state_g = make_whole(amp=amp, spec=spec)
+    net_g, step_g, update_g, state_g = make_whole(amp=amp, spec=spec, optim=optim)
     runner = TrainStepRunner(net_g, step_g, enabled=True, family="test", supported=True, repeat=1,
                              update=update_g, state=state_g)
     loss_g, _ = runner(x, t, k, whole=True)
@@ -156,11 +160,11 @@ def test_whole_step_step0_loss_and_bn_buffers_bitwise_equal(batches, amp, spec):
     assert max(moved) <= 1e-5, max(moved)
 
 
-def _curve(batches, graph: bool, whole: bool, steps=20, spec=FAMILY):
+def _curve(batches, graph: bool, whole: bool, steps=20, spec=FAMILY, optim="sgd"):
     """20 training steps on two batches of one shape; the captured run replays after 3 repeats.
-    ``whole``: the update (clip + fused SGD) inside the graph too; else fwd+bwd captured, eager SGD."""
+    ``whole``: the update (clip + fused SGD or AdamW) inside the graph too; else fwd+bwd captured, eager SGD."""
     if whole:
-        net, step, update, state = make_whole(spec=spec)
+        net, step, update, state = make_whole(spec=spec, optim=optim)
         runner = TrainStepRunner(net, step, enabled=graph, family="test", supported=True, update=update,
                                  state=state)
     else:
@@ -192,6 +196,16 @@ def test_20_step_curve_within_eager_noise(batches, whole, spec):
     few samples for a stable bound; the step-0 checks above stay bitwise."""
     eager = [_curve(batches, False, whole, spec=spec)[0] for _ in range(5)]
     g, info = _curve(batches, True, whole, spec=spec)
+    assert info["captures"] >= 1 and info["replays"] >= 10, info
+    noise = max(_max_gap(a, b) for i, a in enumerate(eager) for b in eager[i + 1:])
+    diff = max(_max_gap(g, e) for e in eager)
+    assert diff <= max(noise * 2, 1e-5 * max(abs(v) for v in eager[0])), (noise, diff)
+
+
+def test_20_step_adamw_whole_step_curve_within_eager_noise(batches):
+    """The whole step with a fused AdamW (tensor lr, primed state) replays within eager's spread."""
+    eager = [_curve(batches, False, True, optim="adamw")[0] for _ in range(5)]
+    g, info = _curve(batches, True, True, optim="adamw")
     assert info["captures"] >= 1 and info["replays"] >= 10, info
     noise = max(_max_gap(a, b) for i, a in enumerate(eager) for b in eager[i + 1:])
     diff = max(_max_gap(g, e) for e in eager)

@@ -1,6 +1,7 @@
 """Training-step capture policy on the CPU (stand-in capturer) and its fallbacks."""
 import logging
 
+import pytest
 import torch
 from torch import nn
 
@@ -264,3 +265,25 @@ def test_graphed_segment_accumulates_micro_batches_like_eager(monkeypatch):
     assert seg.info()["captures"] == 1 and seg.info()["replays"] == 2
     for a, b in zip(eager, graphed):
         assert torch.allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("fused", [None, True])
+def test_primed_adamw_state_gives_the_lazy_first_steps_bit_for_bit(fused):
+    """prime_optimizer_state makes AdamW's moments and step count before its first step (a
+    captured whole step needs them allocated); the first steps equal an unprimed AdamW's."""
+    from libreyolo.graphs.training import prime_optimizer_state
+
+    def run(prime):
+        torch.manual_seed(0)
+        net = torch.nn.Linear(5, 3)
+        opt = torch.optim.AdamW(net.parameters(), lr=1e-2, weight_decay=0.05, fused=fused)
+        if prime:
+            prime_optimizer_state(opt)
+            assert all(len(opt.state[p]) == 3 for p in net.parameters())
+        for i in range(3):
+            net(torch.full((4, 5), float(i + 1))).square().sum().backward()
+            opt.step()
+            opt.zero_grad(set_to_none=False)
+        return [p.detach().clone() for p in net.parameters()]
+
+    assert all(torch.equal(a, b) for a, b in zip(run(False), run(True)))

@@ -26,9 +26,7 @@ class Deimv2(DetrModel):
     FAMILY = "deimv2"
     SIZES = tuple(DEIMV2_CONFIGS)
     FILE_PREFIX = "LibreDEIMv2"
-    # Parity protocol passed on an H200 for size atto (fp32 and fp16 autocast, batch 1 and 8, network and
-    # predict stage, both probes distinct under autocast): session-3 GPU run A, 2026-11-30,
-    # scripts/gpu_families.py (benchmarks/results/session3/runA-families-detr.json).
+    # Declared after the GPU parity protocol passed (fp32 and AMP, batch 1 and 8): see docs/families.md.
     SUPPORTS_CUDA_GRAPH = True
     #: the SwiGLU feed-forward and RMSNorm of the decoder layers exist in no other family
     SIGNATURE_KEYS = ("decoder.decoder.layers.0.swish_ffn.w12.weight", "decoder.decoder.layers.0.norm1.scale",

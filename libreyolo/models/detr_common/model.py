@@ -77,7 +77,7 @@ class DetrModel(Model):
     # decoder, matcher and loss run eager. Proven for every DETR family on an H200 (tests/gpu,
     # SEAM_MODELS: rtdetr-r18, rtdetrv2-r18, dfine-n, deim-n, rtdetrv4-s, deimv2-atto, ec-s): step-0 loss
     # and BatchNorm buffers bitwise equal to eager, two accumulated micro-batches' gradients within
-    # eager's run-to-run noise, the trainer replays it. Session-3 runs A (rtdetr, dfine) and B (all).
+    # eager's run-to-run noise, the trainer replays it. See docs/families.md.
     SUPPORTS_CUDA_GRAPH_TRAIN_SEAM: ClassVar[bool] = True
 
     def split_outputs(self, out: Any) -> tuple[torch.Tensor, torch.Tensor]:

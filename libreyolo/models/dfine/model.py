@@ -25,9 +25,7 @@ class Dfine(DetrModel):
     FAMILY = "dfine"
     SIZES = tuple(DFINE_CONFIGS)
     FILE_PREFIX = "LibreDFINE"
-    # Parity protocol passed on an H200 for size n (fp32 and fp16 autocast, batch 1 and 8, network and
-    # predict stage, both probes distinct under autocast): session-3 GPU run A, 2026-11-30,
-    # scripts/gpu_families.py (benchmarks/results/session3/runA-families-detr.json).
+    # Declared after the GPU parity protocol passed (fp32 and AMP, batch 1 and 8): see docs/families.md.
     SUPPORTS_CUDA_GRAPH = True
     SIGNATURE_KEYS = DFINE_LINE_KEYS
     NC_KEY = "decoder.dec_score_head.0.weight"

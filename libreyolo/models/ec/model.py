@@ -19,8 +19,7 @@ class EC(DetrModel):
     FILE_PREFIX = "LibreEC"
     PREPROCESS = IMAGENET
     DEFAULT_IMGSZ = INPUT_SIZE
-    # Parity protocol passed on an H200 for size s (fp32 and fp16 autocast, batch 1 and 8, network,
-    # predict stage and predict stage + selection): session-2 GPU run 6, 2026-11-30, scripts/gpu_families.py.
+    # Declared after the GPU parity protocol passed (fp32 and AMP, batch 1 and 8): see docs/families.md.
     SUPPORTS_CUDA_GRAPH = True
     #: the ViT's register token and rotary periods and the decoder layers' ``norm2``-named output norm
     SIGNATURE_KEYS = ("backbone.backbone.register_token", "backbone.backbone.rope_embed.periods",

@@ -13,8 +13,7 @@ class RTDETR(DetrModel):
     FAMILY = "rtdetr"
     SIZES = tuple(CONFIGS)
     FILE_PREFIX = "LibreRTDETR"
-    # Parity protocol passed on an H200 for sizes r18 (fp32 and fp16 autocast, batch 1 and 8, network and
-    # predict stage): session-2 GPU run 2, 2026-11-30, scripts/gpu_families.py (docs/families.md).
+    # Declared after the GPU parity protocol passed (fp32 and AMP, batch 1 and 8): see docs/families.md.
     SUPPORTS_CUDA_GRAPH = True
     # PResNet stem + RT-DETR (v1) encoder-output naming; v2 has enc_output.proj and anchors
     SIGNATURE_KEYS = ("backbone.conv1.conv1_1.conv.weight", "backbone.res_layers.0.blocks.0.branch2a.conv.weight",

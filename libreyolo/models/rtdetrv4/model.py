@@ -16,9 +16,7 @@ class RTDETRv4(Dfine):
     FAMILY = "rtdetrv4"
     SIZES = tuple(RTDETRV4_CONFIGS)
     FILE_PREFIX = "LibreRTDETRv4"
-    # Parity protocol passed on an H200 for size s (fp32 and fp16 autocast, batch 1 and 8, network and
-    # predict stage, both probes distinct under autocast): session-3 GPU run A, 2026-11-30,
-    # scripts/gpu_families.py (benchmarks/results/session3/runA-families-detr.json).
+    # Declared after the GPU parity protocol passed (fp32 and AMP, batch 1 and 8): see docs/families.md.
     SUPPORTS_CUDA_GRAPH = True
     SIGNATURE_KEYS = ()
     CONFIGS = RTDETRV4_CONFIGS

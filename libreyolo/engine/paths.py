@@ -1,0 +1,32 @@
+"""Run folders and output file names shared by predict and train."""
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def next_run_dir(project: str | Path, name: str, exist_ok: bool = False) -> Path:
+    """``project/name``, or with ``exist_ok=False`` and that folder present the first free
+    ``project/name2``, ``name3``, ... (as training runs are numbered)."""
+    base = Path(project) / name
+    if exist_ok or not base.exists():
+        return base
+    i = 2
+    while (Path(project) / f"{name}{i}").exists():
+        i += 1
+    return Path(project) / f"{name}{i}"
+
+
+class UniqueNames:
+    """Output file names that never collide within one call: ``a.jpg``, then ``a_2.jpg``, ... for
+    inputs with the same stem (``x/a.png`` and ``y/a.png``)."""
+
+    def __init__(self) -> None:
+        self._used: set[str] = set()
+
+    def __call__(self, stem: str, suffix: str = ".jpg") -> str:
+        stem = stem or "image"
+        name, i = f"{stem}{suffix}", 2
+        while name in self._used:
+            name, i = f"{stem}_{i}{suffix}", i + 1
+        self._used.add(name)
+        return name

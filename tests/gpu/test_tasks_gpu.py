@@ -1,0 +1,191 @@
+"""CUDA graphs for the tasks beyond detection (classification, semantic segmentation), on a GPU.
+
+Parametrized over rows.CLASSIFY_GRAPH_MODELS and rows.SEMANTIC_GRAPH_MODELS: the parity protocol
+on the predict stages, predict with graphs equal to eager, and training capture (step-0 loss and
+BatchNorm buffers bitwise, the whole step with the update, a 20-step curve within eager's noise,
+the trainer replaying the captured step). A family may declare SUPPORTS_CUDA_GRAPH* only after
+these pass. Run through scripts/gpu-check.
+"""
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from rows import CLASSIFY_GRAPH_MODELS, SEMANTIC_GRAPH_MODELS
+
+from libreyolo import SAMPLE_IMAGE, LibreYOLO
+from libreyolo.engine.verify import input_sensitive, verify_model
+from libreyolo.graphs.capture import CudaGraphCapturer
+from libreyolo.graphs.training import TrainStepRunner, prime_optimizer_state, training_state
+
+pytestmark = pytest.mark.cuda
+
+MODELS = CLASSIFY_GRAPH_MODELS + SEMANTIC_GRAPH_MODELS
+DATA = {"classify": "shapes-cls", "semantic": "shapes-seg"}
+IMGSZ = {"classify": 224, "semantic": 256}
+FIELD = {"classify": "probs", "semantic": "masks"}
+
+
+def ids(spec):
+    return "-".join(spec)
+
+
+def build(spec, nc=None, seed=0):
+    kw = {} if nc is None else {"nc": nc}
+    return LibreYOLO.new(spec[0], spec[1], device="cuda", seed=seed, **kw)
+
+
+@pytest.fixture(scope="module")
+def images():
+    pil = Image.open(SAMPLE_IMAGE).convert("RGB")
+    return [np.asarray(pil), np.asarray(pil.resize((333, 517))), np.asarray(pil.rotate(180))]
+
+
+@pytest.mark.parametrize("spec", MODELS, ids=ids)
+def test_parity_protocol_fp32_and_amp_batch_1_and_8(spec):
+    model = build(spec)
+    results = verify_model(model, imgsz=IMGSZ[model.TASK], batches=(1, 8), amp_dtypes=(None, model.AMP_DTYPE))
+    assert len(results) == 12
+    failed = [r.as_dict() for r in results if not r.passed]
+    assert not failed, failed
+
+
+@pytest.mark.parametrize("spec", MODELS, ids=ids)
+def test_predict_with_graph_equals_eager(spec, images):
+    model = input_sensitive(build(spec))
+    field = FIELD[model.TASK]
+    size = IMGSZ[model.TASK]
+    for batch, imgs in ((1, images[:1]), (1, images[1:2]), (2, images[:1] * 2), (3, images)):
+        eager = model(imgs, batch=batch, imgsz=size)
+        for _ in range(3):  # first use, uint8-stage capture, replay
+            got = model(imgs, batch=batch, imgsz=size, cuda_graph=True)
+            assert all(torch.equal(torch.as_tensor(getattr(a, field).data), torch.as_tensor(getattr(b, field).data))
+                       for a, b in zip(got, eager))
+    assert model.graph_info()["replays"] > 0
+
+
+# ------------------------------------------------------------------------------------ training
+@pytest.fixture(scope="module")
+def task_batches():
+    cache = {}
+
+    def get(model):
+        task = model.task
+        if task.name not in cache:
+            data = task.resolve_data(DATA[task.name])
+            _, val, collate = task.datasets(data, 128, model, task.Options())
+            cache[task.name] = (data.nc, [collate([val[j] for j in range(i, i + 8)]) for i in (0, 8)])
+        return cache[task.name]
+    return get
+
+
+def make(spec, nc, amp=False, seed=0):
+    torch.manual_seed(seed)
+    m = build(spec, nc=nc, seed=seed)
+    net = m.model.train()
+    loss_fn = m.build_loss().cuda()
+    prep = m.preprocess
+
+    def step(x, *t):
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp, cache_enabled=False):
+            loss, items = loss_fn(m.train_forward(net, prep.normalize(x), *t), *t)
+        loss.backward()
+        return loss.detach(), items.detach()
+
+    return m, net, step
+
+
+def to_dev(b):
+    imgs, *t = b
+    return (imgs.cuda().float().div_(255), *[v.cuda() for v in t])
+
+
+def whole(spec, nc, amp=False, optim="adamw", seed=0):
+    m, net, step = make(spec, nc, amp, seed)
+    params = [p for p in net.parameters() if p.requires_grad]
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    if optim == "adamw":
+        opt = torch.optim.AdamW(params, lr=torch.tensor(1e-3, device="cuda"), weight_decay=0.05, fused=True)
+    else:
+        opt = torch.optim.SGD(params, lr=torch.tensor(0.01, device="cuda"), momentum=0.9, nesterov=True, fused=True)
+    prime_optimizer_state(opt)
+
+    def update():
+        torch.nn.utils.clip_grad_norm_(params, max_norm=10.0, foreach=True)
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+
+    return net, step, update, lambda: training_state(params, opt, net.buffers())
+
+
+def _nc(spec, task_batches):
+    return task_batches(build(spec))
+
+
+@pytest.mark.parametrize("spec", MODELS, ids=ids)
+@pytest.mark.parametrize("amp", [False, True])
+def test_step0_loss_and_bn_buffers_bitwise_equal(spec, amp, task_batches):
+    nc, batches = _nc(spec, task_batches)
+    inputs = to_dev(batches[0])
+    _, net_e, step_e = make(spec, nc, amp)
+    loss_e, _ = step_e(*inputs)
+    _, net_g, step_g = make(spec, nc, amp)
+    graph = CudaGraphCapturer().capture(step_g, inputs, module=net_g)
+    for p in net_g.parameters():
+        p.grad = None if p.grad is None else p.grad.zero_()
+    loss_g, _ = graph.replay(inputs)
+    torch.cuda.synchronize()
+    assert torch.equal(loss_e, loss_g)
+    for a, b in zip(net_e.buffers(), net_g.buffers()):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("spec", MODELS, ids=ids)
+@pytest.mark.parametrize("optim", ["adamw", "sgd"])
+def test_whole_step_step0_bitwise_equal(spec, optim, task_batches):
+    nc, batches = _nc(spec, task_batches)
+    inputs = to_dev(batches[0])
+    net_e, step_e, update_e, _ = whole(spec, nc, optim=optim)
+    loss_e, _ = step_e(*inputs)
+    update_e()
+    net_g, step_g, update_g, state_g = whole(spec, nc, optim=optim)
+    runner = TrainStepRunner(net_g, step_g, enabled=True, family="test", supported=True, repeat=1,
+                             update=update_g, state=state_g)
+    loss_g, _ = runner(*inputs, whole=True)
+    torch.cuda.synchronize()
+    assert runner.info()["captures"] == 1 and runner.info()["replays"] == 1, runner.info()
+    assert torch.equal(loss_e, loss_g)
+    for a, b in zip(net_e.buffers(), net_g.buffers()):
+        assert torch.equal(a, b)
+    moved = [(a - b).abs().max().item() for a, b in zip(net_e.parameters(), net_g.parameters())]
+    assert max(moved) <= 1e-5, max(moved)
+
+
+@pytest.mark.parametrize("spec", [CLASSIFY_GRAPH_MODELS[0], SEMANTIC_GRAPH_MODELS[0]], ids=ids)
+def test_20_step_whole_step_curve_within_eager_noise(spec, task_batches):
+    nc, batches = _nc(spec, task_batches)
+
+    def curve(graph):
+        net, step, update, state = whole(spec, nc)
+        runner = TrainStepRunner(net, step, enabled=graph, family="test", supported=True, update=update, state=state)
+        out = [float(runner(*to_dev(batches[i % 2]), whole=True)[0]) for i in range(20)]
+        return out, runner.info()
+
+    eager = [curve(False)[0] for _ in range(4)]
+    g, info = curve(True)
+    assert info["captures"] >= 1 and info["replays"] >= 10, info
+    gap = lambda a, b: max(abs(x - y) for x, y in zip(a, b))  # noqa: E731
+    noise = max(gap(a, b) for i, a in enumerate(eager) for b in eager[i + 1:])
+    diff = max(gap(g, e) for e in eager)
+    assert diff <= max(noise * 2, 1e-5 * max(abs(v) for v in eager[0])), (noise, diff)
+
+
+@pytest.mark.parametrize("spec", [CLASSIFY_GRAPH_MODELS[0], SEMANTIC_GRAPH_MODELS[0]], ids=ids)
+def test_trainer_replays_the_whole_step(spec, tmp_path):
+    model = build(spec)
+    model.SUPPORTS_CUDA_GRAPH_TRAIN = True
+    res = model.train(data=DATA[model.TASK], epochs=2, batch=8, nbs=16, imgsz=128, workers=2, project=str(tmp_path),
+                      cuda_graph=True, amp="bf16", warmup_epochs=0, verbose=False)
+    g = res["cuda_graph"]
+    assert g["replays"] > 0 and g["graphs"] == 2 and g["disabled_reason"] is None, g
+    assert all(v == v for row in res["losses"] for v in row)

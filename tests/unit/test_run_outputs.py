@@ -1,0 +1,69 @@
+"""What predict and train leave on disk and print: run folders, file names, checkpoints, the
+per-epoch line of the Python API."""
+import logging
+import os
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from libreyolo import LibreYOLO
+from libreyolo.data.synthetic import make_shapes_dataset
+from libreyolo.engine.paths import UniqueNames, next_run_dir
+
+
+def test_unique_names_and_next_run_dir(tmp_path):
+    u = UniqueNames()
+    assert [u("a"), u("a"), u("b"), u("a"), u("")] == ["a.jpg", "a_2.jpg", "b.jpg", "a_3.jpg", "image.jpg"]
+    assert next_run_dir(tmp_path, "predict") == tmp_path / "predict"
+    (tmp_path / "predict").mkdir()
+    (tmp_path / "predict2").mkdir()
+    assert next_run_dir(tmp_path, "predict") == tmp_path / "predict3"
+    assert next_run_dir(tmp_path, "predict", exist_ok=True) == tmp_path / "predict"
+
+
+def test_predict_save_numbers_runs_and_keeps_same_stems_apart(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for sub, shade in (("x", 40), ("y", 200)):
+        (tmp_path / sub).mkdir()
+        Image.fromarray(np.full((48, 64, 3), shade, np.uint8)).save(tmp_path / sub / "a.png")
+    model = LibreYOLO.new("yolox", "n", nc=3, device="cpu", seed=0)
+    sources = [str(tmp_path / "x" / "a.png"), str(tmp_path / "y" / "a.png")]
+    model(sources, imgsz=64, save=True)
+    first = sorted(os.listdir(tmp_path / "runs" / "predict"))
+    assert first == ["a.jpg", "a_2.jpg"]
+    model(sources[:1], imgsz=64, save=True)
+    assert os.listdir(tmp_path / "runs" / "predict2") == ["a.jpg"]
+    model(sources[:1], imgsz=64, save=True, exist_ok=True)
+    assert not (tmp_path / "runs" / "predict3").exists()
+    with pytest.raises(TypeError, match="unknown predict option"):
+        model(sources[:1], imgsz=64, sav=True)
+
+
+@pytest.fixture(scope="module")
+def tiny_data(tmp_path_factory):
+    return str(make_shapes_dataset(tmp_path_factory.mktemp("d") / "s", n_train=8, n_val=4, imgsz=64, seed=0))
+
+
+def test_python_training_prints_the_per_epoch_line_and_writes_lean_best(tmp_path, tiny_data, capsys, monkeypatch):
+    """With logging unconfigured (as in a plain script) train(verbose=True) still prints one line
+    per epoch; verbose=False prints none. best.pt holds no optimizer state (last.pt does, for
+    resume) and both load."""
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", [])          # a plain script: no logging configured
+    monkeypatch.setattr(logging.getLogger("libreyolo"), "propagate", False)
+    model = LibreYOLO.new("yolox", "n", nc=5, device="cpu", seed=0)
+    res = model.train(data=tiny_data, epochs=2, batch=4, imgsz=64, workers=0, project=str(tmp_path), name="r",
+                      warmup_epochs=0, close_mosaic=0, verbose=True, plots=False)
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.startswith("libreyolo: epoch ")]
+    assert len(lines) == 2 and "mAP50" in lines[0] and "epoch 2/2" in lines[1], err[-2000:]
+    assert not logging.getLogger("libreyolo").handlers    # the run's handler is gone again
+    model.train(data=tiny_data, epochs=1, batch=4, imgsz=64, workers=0, project=str(tmp_path), name="q",
+                warmup_epochs=0, close_mosaic=0, verbose=False, plots=False)
+    assert "libreyolo: epoch" not in capsys.readouterr().err
+    best, last = os.path.getsize(res["best"]), os.path.getsize(res["last"])
+    assert best < 0.6 * last, (best, last)
+    assert LibreYOLO(res["best"], device="cpu").trained and LibreYOLO(res["last"], device="cpu").trained
+    assert res["best_metrics"] and set(res["best_metrics"]) >= {"map50", "map50_95"}
+    assert res["best_epoch"] in (1, 2)
