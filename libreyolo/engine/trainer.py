@@ -239,7 +239,7 @@ class Trainer:
         net.eval()
         infer = self.model.infer_with(net)
         prep = self.model.preprocess
-        evaluator = self.task.evaluator(self.model, self.cfg.task)
+        evaluator = self.last_evaluator = self.task.evaluator(self.model, self.cfg.task)
         evaluator.reset()
         bar = None
         if progress:
@@ -608,6 +608,12 @@ class LoggingHook(Hook):
                 log.warning("libreyolo: could not draw results.png: %s", exc)
 
     def on_train_end(self, t: Trainer) -> None:
+        evaluator = getattr(t, "last_evaluator", None)
+        if t.cfg.run.plots and evaluator is not None and t.history:
+            try:   # the last epoch's validation: PR curves, confusion matrix, a validation batch
+                evaluator.plot(t.run_dir)
+            except Exception as exc:  # a plot is never worth a failed run
+                log.warning("libreyolo: could not draw the validation plots: %s", exc)
         if self._handler is not None:
             lib = logging.getLogger("libreyolo")
             lib.removeHandler(self._handler)

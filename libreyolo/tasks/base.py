@@ -36,6 +36,10 @@ class Evaluator:
     def evaluate(self) -> dict[str, float]:
         raise NotImplementedError
 
+    def plot(self, run_dir) -> list:
+        """Pictures of the last evaluation written into ``run_dir`` (none by default)."""
+        return []
+
 
 class PredictPlan:
     """The task-specific part of one predict call (see the module docstring).

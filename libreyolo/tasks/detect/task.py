@@ -116,22 +116,54 @@ class DetectionEvaluator(Evaluator):
         self.model, self.options = model, options
         self.reset()
 
+    #: the confidence of the confusion matrix (and of the validation-batch picture)
+    PLOT_CONF = 0.25
+
     def reset(self) -> None:
         self.preds: list[np.ndarray] = []
         self.gts: list[np.ndarray] = []
+        self.first_batch: np.ndarray | None = None
+        self.pr = None
 
     def process(self, outputs, batch) -> None:
-        _, targets, mask = batch
+        imgs, targets, mask = batch
         o = self.options
         cand = top_candidates(*outputs, 30000)
         dets = nms_per_image(*cand, conf=o.val_conf, iou=o.val_iou, max_det=o.max_det, nms_free=not self.model.NMS)
+        if self.first_batch is None:
+            self.first_batch = imgs[:16].numpy()
         for i in range(targets.shape[0]):
             self.preds.append(dets[dets[:, 0] == i, 1:].numpy())
             self.gts.append(targets[i][mask[i]].numpy())
 
     def evaluate(self) -> dict:
+        """COCO mAP50 / mAP50-95 (per class too), and precision / recall at the confidence of the
+        best mean F1 (IoU 0.5)."""
+        from .curves import pr_summary
         from .metrics import evaluate_detections
-        return evaluate_detections(self.preds, self.gts, self.model.nc, self.model.names)
+        out = evaluate_detections(self.preds, self.gts, self.model.nc, self.model.names)
+        self.pr = pr_summary(self.preds, self.gts, self.model.nc)
+        out["precision"], out["recall"] = self.pr.p, self.pr.r
+        return out
+
+    def plot(self, run_dir) -> list:
+        """pr_curve.png, confusion_matrix.png, val_batch0_labels.jpg, val_batch0_pred.jpg."""
+        from pathlib import Path
+
+        from .curves import confusion_matrix
+        from .plots import plot_batch, plot_confusion_matrix, plot_pr_curves
+        run_dir, names, nc = Path(run_dir), self.model.names, self.model.nc
+        if self.pr is None:
+            self.evaluate()
+        out = [plot_pr_curves(self.pr, names, run_dir / "pr_curve.png"),
+               plot_confusion_matrix(confusion_matrix(self.preds, self.gts, nc, self.PLOT_CONF), names,
+                                     run_dir / "confusion_matrix.png", self.PLOT_CONF)]
+        if self.first_batch is not None:
+            n = len(self.first_batch)
+            out.append(plot_batch(self.first_batch, self.gts[:n], names, run_dir / "val_batch0_labels.jpg", False))
+            preds = [p[p[:, 4] >= self.PLOT_CONF] for p in self.preds[:n]]
+            out.append(plot_batch(self.first_batch, preds, names, run_dir / "val_batch0_pred.jpg", True))
+        return out
 
 
 class DetectTask(Task):
@@ -194,10 +226,12 @@ class DetectTask(Task):
         return 0.1 * nz(metrics.get("map50")) + 0.9 * nz(metrics.get("map50_95"))
 
     def metric_columns(self, metrics) -> dict[str, float]:
-        return {"metrics/mAP50": metrics["map50"], "metrics/mAP50-95": metrics["map50_95"]}
+        return {"metrics/precision": metrics["precision"], "metrics/recall": metrics["recall"],
+                "metrics/mAP50": metrics["map50"], "metrics/mAP50-95": metrics["map50_95"]}
 
     def summary(self, metrics) -> str:
-        return f"mAP50 {metrics['map50']:.4f}  mAP50-95 {metrics['map50_95']:.4f}"
+        return (f"P {metrics['precision']:.3f}  R {metrics['recall']:.3f}  mAP50 {metrics['map50']:.4f}  "
+                f"mAP50-95 {metrics['map50_95']:.4f}")
 
     def empty_metrics(self) -> dict[str, float]:
-        return {"map50": float("nan"), "map50_95": float("nan")}
+        return {"precision": float("nan"), "recall": float("nan"), "map50": float("nan"), "map50_95": float("nan")}

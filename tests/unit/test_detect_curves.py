@@ -1,0 +1,54 @@
+"""Precision/recall, PR curves, confusion matrix and the validation pictures of detection."""
+import numpy as np
+
+from libreyolo.tasks.detect.curves import confusion_matrix, pr_summary
+
+GT = [np.array([[0, 10, 10, 50, 50], [1, 60, 60, 90, 90]], np.float64),
+      np.array([[1, 0, 0, 20, 20]], np.float64)]
+
+
+def perfect():
+    return [np.array([[*g[1:], 0.9, g[0]] for g in gt]) for gt in GT]
+
+
+def test_perfect_predictions():
+    pr = pr_summary(perfect(), GT, nc=3)
+    assert pr.p == 1.0 and pr.r == 1.0 and list(pr.present) == [True, True, False]
+    m = confusion_matrix(perfect(), GT, nc=3)
+    assert m[0, 0] == 1 and m[1, 1] == 2 and m.sum() == 3
+
+
+def test_false_positive_missed_box_and_wrong_class():
+    preds = perfect()
+    preds[0] = np.vstack([preds[0], [100, 100, 120, 120, 0.8, 0]])      # a box on background
+    preds[1] = np.array([[0, 0, 20, 20, 0.7, 2]])                       # right place, wrong class
+    pr = pr_summary(preds, GT, nc=3)
+    # at the best operating point class 0 has P 1/2 or 1 (conf cut), class 1 recall 1/2
+    assert 0 < pr.r < 1 and 0 < pr.p <= 1
+    m = confusion_matrix(preds, GT, nc=3)
+    assert m[0, 3] == 1          # predicted class 0 on background
+    assert m[2, 1] == 1          # a class-1 object predicted as class 2
+    assert m[1, 1] == 1 and m[0, 0] == 1
+    low = confusion_matrix(preds, GT, nc=3, conf=0.85)                  # only the 0.9 boxes remain
+    assert low[3, 1] == 1 and low[0, 3] == 0
+
+
+def test_no_ground_truth_and_no_predictions():
+    pr = pr_summary([np.zeros((0, 6))], [np.zeros((0, 5))], nc=2)
+    assert pr.p == pr.r == 0.0
+    assert confusion_matrix([np.zeros((0, 6))], [GT[1]], nc=2)[2, 1] == 1
+
+
+def test_evaluator_plots_its_pictures(tmp_path):
+    import torch
+
+    from libreyolo import LibreYOLO
+    from libreyolo.tasks.detect import DetectOptions
+    from libreyolo.tasks.detect.task import DetectionEvaluator
+    m = LibreYOLO.new("yolox", "n", nc=3, device="cpu", seed=0)
+    ev = DetectionEvaluator(m, DetectOptions())
+    imgs = torch.randint(0, 255, (2, 3, 96, 96), dtype=torch.uint8)
+    ev.preds, ev.gts, ev.first_batch = perfect(), GT, imgs.numpy()
+    names = [p.name for p in ev.plot(tmp_path)]
+    assert names == ["pr_curve.png", "confusion_matrix.png", "val_batch0_labels.jpg", "val_batch0_pred.jpg"]
+    assert all((tmp_path / n).stat().st_size > 1000 for n in names)
