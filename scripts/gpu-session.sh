@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# One call on the GPU machine (device tool), everything written into $OUT as it is produced.
+#   PART=tests : every cuda-marked test, spread over $WORKERS pytest-xdist processes on the one GPU
+#                (correctness only: no test asserts a time), junit + log in $OUT.
+#   PART=bench : `libreyolo bench` for $BENCH (model:imgsz[:batch]) and benchmarks/train_step.py for
+#                $TRAIN (model:imgsz:batch), one process each, JSON bundled into $OUT/json.tgz.
+# Wheels missing on the machine travel in .whl (carry it).
+set -uo pipefail
+OUT="${OUT:-.out}"; mkdir -p "$OUT"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site
+fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+J=/tmp/json; mkdir -p "$J"; pack() { tar czf "$OUT/json.tgz" -C "$J" . 2>/dev/null; }
+python3 -c "import torch, torchvision; print(torch.__version__, torchvision.__version__, torch.cuda.get_device_name(0))" > "$OUT/env.txt" 2>&1
+case "${PART:-tests}" in
+tests)
+  timeout "${T:-540}" python3 -m pytest -m cuda ${TESTS:-tests} -q -p no:cacheprovider -rf --tb=short --timeout=240 \
+    -n "${WORKERS:-3}" --durations=20 --junitxml="$OUT/gpu-tests.xml" > "$OUT/gpu-tests.log" 2>&1
+  echo "tests rc=$?" >> "$OUT/gpu-tests.log"; tail -40 "$OUT/gpu-tests.log";;
+bench)
+  export OMP_NUM_THREADS="${OMP_NUM_THREADS:-8}"
+  for spec in ${BENCH:-}; do
+    IFS=: read -r m sz b <<< "$spec"
+    timeout 60 python3 -m libreyolo.cli bench model="$m" imgsz="$sz" batch="${b:-1}" runs="${RUNS:-150}" \
+      json="$J/bench-$m-$sz-b${b:-1}.json" >> "$OUT/bench.log" 2>&1; echo "bench $spec rc=$?" >> "$OUT/bench.log"; pack
+  done
+  for spec in ${TRAIN:-}; do
+    IFS=: read -r m sz b <<< "$spec"
+    timeout 90 python3 benchmarks/train_step.py --all --arms eager,whole --model "$m" --batch "$b" --imgsz "$sz" --amp \
+      --runs "${TRAIN_RUNS:-30}" --warmup 5 --json "$J/train-$m-$sz-b$b.json" >> "$OUT/train.log" 2>&1
+    echo "train $spec rc=$?" >> "$OUT/train.log"; pack
+  done
+  grep -h "median\|speedup\|rc=\|predict_graph\b\|forward_graph\b" "$OUT"/*.log | tail -60;;
+esac
+pack
