@@ -82,7 +82,10 @@ _IMGSZ_WARNED: set[tuple[str, int, int]] = set()
 
 def _show(value: Any) -> str:
     """The value as it appears in an error message (repr, shortened)."""
-    text = repr(value)
+    try:
+        text = repr(value)
+    except Exception:  # e.g. an int of more digits than Python prints
+        text = f"<{type(value).__name__}>"
     return text if len(text) <= 80 else text[:77] + "..."
 
 
@@ -96,7 +99,10 @@ def _as_int(value: Any) -> int | None:
     if isinstance(value, float):
         return int(value) if math.isfinite(value) and value.is_integer() else None
     if isinstance(value, str) and re.fullmatch(r"\s*[+-]?\d+\s*", value):
-        return int(value)
+        try:
+            return int(value)
+        except ValueError:  # more digits than Python converts (sys.get_int_max_str_digits)
+            return None
     return None
 
 
@@ -104,13 +110,13 @@ def _as_float(value: Any) -> float | None:
     """``value`` as a float if it is a real number (or its text), else None (booleans too)."""
     if isinstance(value, bool):
         return None
-    if isinstance(value, numbers.Real):
-        return float(value)
-    if isinstance(value, str):
-        try:
+    try:
+        if isinstance(value, numbers.Real):
+            return float(value)
+        if isinstance(value, str):
             return float(value.strip())
-        except ValueError:
-            return None
+    except (ValueError, OverflowError):  # not a number; an int too large for a float
+        return None
     return None
 
 
@@ -200,8 +206,8 @@ def check_imgsz(value: Any, stride: int = 1, name: str = "imgsz", max_size: int 
         raise OptionError(f"{name} must be a positive integer (pixels), got {_show(given)}")
     aligned = -(-size // stride) * stride
     if aligned > max_size:
-        raise OptionError(f"{name}={size} is too large: at most {max_size} (memory grows with the "
-                          "square of the size)")
+        raise OptionError(f"{name}={_show(size)} is too large: at most {max_size} (memory grows with "
+                          "the square of the size)")
     if aligned != size:
         key = (name, size, stride)
         level = logging.DEBUG if key in _IMGSZ_WARNED else logging.WARNING
@@ -324,7 +330,7 @@ def parse_classes(value: Any, names: Mapping[int, str] | Sequence[str]) -> list[
                 raise OptionError(f"classes: {where}{_show(item)} is not a class id (an integer) or "
                                   "a class name")
         if not 0 <= n < nc:
-            raise OptionError(f"classes: {where}{n} is out of range: this model has {nc} classes "
+            raise OptionError(f"classes: {where}{_show(n)} is out of range: this model has {nc} classes "
                               f"(ids 0..{nc - 1})")
         return n
 

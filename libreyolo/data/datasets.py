@@ -207,10 +207,9 @@ def _names_from_spec(yaml_path: Path, spec: dict) -> tuple[int | None, dict[int,
     elif isinstance(raw, dict):
         names = {}
         for k, v in raw.items():
-            try:
-                names[int(k)] = str(v)
-            except (TypeError, ValueError):
-                raise ValueError(f"{yaml_path}: 'names' key {k!r} is not a class id") from None
+            if not (_is_int(k) or (isinstance(k, str) and k.strip().isdigit())):
+                raise ValueError(f"{yaml_path}: 'names' key {k!r} is not a class id")
+            names[int(k)] = str(v)
         if sorted(names) != list(range(len(names))):
             raise ValueError(f"{yaml_path}: 'names' ids must be 0..{len(names) - 1} without gaps, "
                              f"got {sorted(names)}")
@@ -691,10 +690,10 @@ def _load_coco_split(split: str, sp: _CocoSplit, doc: dict, cat_map: dict[int, i
         if not isinstance(a, dict) or "image_id" not in a or "category_id" not in a or "bbox" not in a:
             found.append(f"{tag}: needs 'image_id', 'category_id' and 'bbox'")
             continue
-        if a["image_id"] not in entries:
+        if not _is_int(a["image_id"]) or a["image_id"] not in entries:
             found.append(f"{tag}: unknown image_id {a['image_id']!r}")
             continue
-        if a["category_id"] not in cat_map:
+        if not _is_int(a["category_id"]) or a["category_id"] not in cat_map:
             found.append(f"{tag}: unknown category_id {a['category_id']!r}")
             continue
         bb = a["bbox"]
