@@ -2,7 +2,9 @@
 
 Arguments follow the LibreYOLO convention ``key=value`` and also accept ``--key value``,
 ``--key=value`` and bare ``--flag`` (= true). click/typer cannot parse the ``key=value``
-form, hence this small parser; output uses rich.
+form, hence this small parser; output uses rich. Every value is checked by the functions of
+:mod:`libreyolo.options` that the Python API uses, so a bad value stops the command before any
+model is loaded, with the same message (exit status 2).
 """
 from __future__ import annotations
 
@@ -15,6 +17,9 @@ from typing import Any, Callable
 from rich.console import Console
 from rich.table import Table
 
+from .options import (AMP_FAMILY_DEFAULT, OptionError, check_choice, check_float, check_fraction, check_imgsz,
+                      check_int, parse_amp, parse_bool, parse_classes)
+
 console = Console()
 
 
@@ -22,22 +27,86 @@ class UsageError(Exception):
     pass
 
 
-def _bool(v: str) -> bool:
-    s = str(v).strip().lower()
-    if s in ("1", "true", "yes", "on", ""):
-        return True
-    if s in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"expected true/false, got {v!r}")
+# Option converters: each takes the text of one argument and returns its value, or raises
+# OptionError (a ValueError) naming the option; the checks are those of the Python API
+# (libreyolo.options), so `amp=flase` or `epochs=0` fail here exactly as they would there.
+
+
+def _int(name: str, minimum: int | None = None, maximum: int | None = None) -> Callable[[str], int]:
+    return lambda v: check_int(name, v, minimum, maximum)
+
+
+def _frac(name: str) -> Callable[[str], float]:
+    return lambda v: check_fraction(name, v)
+
+
+def _positive_float(name: str) -> Callable[[str], float]:
+    return lambda v: check_float(name, v, 0.0, min_inclusive=False)
+
+
+def _imgsz(name: str = "imgsz") -> Callable[[str], int]:
+    # the family's stride is applied once the model is known (rounding up, with one warning)
+    return lambda v: check_imgsz(v, 1, name)
+
+
+def _flag(name: str) -> Callable[[str], bool]:
+    return lambda v: parse_bool(name, v)
+
+
+def _choice(name: str, choices: tuple[str, ...]) -> Callable[[str], str]:
+    return lambda v: check_choice(name, v, choices)
 
 
 def _graph_mode(v: str):
     s = str(v).strip().lower()
-    return "auto" if s == "auto" else _bool(s)
+    if s == "auto":
+        return "auto"
+    try:
+        return parse_bool("cuda_graph", v)
+    except OptionError:
+        raise OptionError(f"cuda_graph must be auto, true or false, got {v!r}") from None
 
 
-def _int_list(v: str) -> list[int]:
-    return [int(x) for x in str(v).replace(" ", "").split(",") if x]
+def _amp(v: str):
+    """amp as predict and train take it: False, True (the family's dtype), "fp16" or "bf16"."""
+    import torch
+
+    dtype = parse_amp(v)
+    if dtype is None:
+        return False
+    if dtype is AMP_FAMILY_DEFAULT:
+        return True
+    return "bf16" if dtype is torch.bfloat16 else "fp16"
+
+
+def _int_list(name: str, minimum: int) -> Callable[[str], list[int]]:
+    def conv(v: str) -> list[int]:
+        parts = [x.strip() for x in str(v).split(",")]
+        if not parts or any(not x for x in parts):
+            raise OptionError(f"{name} must be integers separated by commas, e.g. {name}=1,8, got {v!r}")
+        return [check_int(name, x, minimum) for x in parts]
+    return conv
+
+
+def _classes(v: str) -> str:
+    """The text of classes=; ids and names are checked against the model once it is loaded."""
+    if not str(v).strip() or any(not t.strip() for t in str(v).split(",")):
+        raise OptionError(f"classes must be class ids or names separated by commas, e.g. classes=0,2 or "
+                          f"classes=person,car, got {v!r}")
+    return str(v)
+
+
+def _resume(v: str):
+    """true/false, or the path of a run's last.pt."""
+    try:
+        return parse_bool("resume", v)
+    except OptionError:
+        pass
+    from pathlib import Path
+    if not Path(v).expanduser().is_file():
+        raise OptionError(f"resume must be true, false or the path of a last.pt file, got {v!r} "
+                          "(no such file)")
+    return v
 
 
 @dataclass
@@ -75,8 +144,8 @@ def _parse(argv: list[str], spec: dict[str, Opt], command: str) -> dict[str, Any
         if k in raw:
             try:
                 out[k] = o.conv(raw[k])
-            except ValueError as exc:
-                raise UsageError(f"bad value for {k}: {exc}") from None
+            except ValueError as exc:  # OptionError: the message names the option and the value
+                raise UsageError(str(exc)) from None
         else:
             out[k] = o.default
     return out
@@ -102,16 +171,16 @@ def _load(opts: dict, seed: int | None = None):
 PREDICT = {
     "model": Opt(str, None, "checkpoint path or family/size name"),
     "source": Opt(str, None, "image, directory, glob (default: the bundled sample image)"),
-    "imgsz": Opt(int, None, "inference size (default: the checkpoint's)"),
-    "conf": Opt(float, 0.25, "confidence threshold"),
-    "iou": Opt(float, 0.45, "NMS IoU threshold"),
-    "batch": Opt(int, 1, "images per forward"),
-    "max_det": Opt(int, 300, "detections kept per image"),
-    "classes": Opt(_int_list, None, "only these class ids, e.g. 0,2"),
+    "imgsz": Opt(_imgsz(), None, "inference size (default: the checkpoint's)"),
+    "conf": Opt(_frac("conf"), 0.25, "confidence threshold"),
+    "iou": Opt(_frac("iou"), 0.45, "NMS IoU threshold"),
+    "batch": Opt(_int("batch", 1), 1, "images per forward"),
+    "max_det": Opt(_int("max_det", 1), 300, "detections kept per image"),
+    "classes": Opt(_classes, None, "only these classes: ids or names, e.g. 0,2 or person,car"),
     "device": Opt(str, "auto", "auto, cpu, cuda, cuda:1"),
     "cuda_graph": Opt(_graph_mode, "auto", "false, true or auto"),
-    "amp": Opt(str, "false", "false, true (fp16) or bf16"),
-    "save": Opt(_bool, True, "write annotated images"),
+    "amp": Opt(_amp, False, "false, true (the family's dtype), fp16 or bf16"),
+    "save": Opt(_flag("save"), True, "write annotated images"),
     "save_dir": Opt(str, "runs/predict", "where annotated images go"),
     "json": Opt(str, None, "also write all detections to this JSON file"),
 }
@@ -124,11 +193,10 @@ def cmd_predict(opts: dict) -> int:
     if not model.trained:
         console.print(f"[bold yellow]note:[/] {model.FAMILY}-{model.size} is UNTRAINED (random weights): "
                       "boxes, if any, are meaningless")
-    amp = opts["amp"]
-    amp = False if amp.lower() in ("false", "0", "no") else ("bf16" if "bf" in amp.lower() else True)
+    classes = parse_classes(opts["classes"], model.names)
     results = model.predict(opts["source"] or SAMPLE_IMAGE, imgsz=opts["imgsz"], conf=opts["conf"],
                             iou=opts["iou"], batch=opts["batch"], max_det=opts["max_det"],
-                            classes=opts["classes"], cuda_graph=opts["cuda_graph"], amp=amp,
+                            classes=classes, cuda_graph=opts["cuda_graph"], amp=opts["amp"],
                             save=opts["save"], save_dir=opts["save_dir"], verbose=True)
     for r in results:
         counts: dict[str, int] = {}
@@ -151,7 +219,7 @@ def cmd_predict(opts: dict) -> int:
     return 0
 
 
-INFO = {"json": Opt(_bool, False, "print JSON instead of tables")}
+INFO = {"json": Opt(_flag("json"), False, "print JSON instead of tables")}
 
 
 def cmd_info(opts: dict) -> int:
@@ -191,9 +259,9 @@ def _version(pkg: str) -> str:
 
 VERIFY = {
     "model": Opt(str, None, "checkpoint path or family/size name"),
-    "imgsz": Opt(int, 640, "network input size"),
-    "batch": Opt(_int_list, [1, 8], "batch sizes, e.g. 1,8"),
-    "amp": Opt(_bool, True, "also verify under float16 autocast"),
+    "imgsz": Opt(_imgsz(), 640, "network input size"),
+    "batch": Opt(_int_list("batch", 1), [1, 8], "batch sizes, e.g. 1,8"),
+    "amp": Opt(_flag("amp"), True, "also verify under the family's autocast dtype"),
     "device": Opt(str, "cuda", "CUDA device"),
     "json": Opt(str, None, "write the report to this JSON file"),
 }
@@ -233,13 +301,13 @@ def cmd_verify(opts: dict) -> int:
 
 BENCH = {
     "model": Opt(str, "yolo9t", "checkpoint path or family/size name"),
-    "imgsz": Opt(int, 640, "network input size"),
-    "batch": Opt(int, 1, "batch size"),
-    "runs": Opt(int, 200, "timed runs per arm (median reported)"),
-    "warmup": Opt(int, 30, "untimed warm-up runs per arm"),
+    "imgsz": Opt(_imgsz(), 640, "network input size"),
+    "batch": Opt(_int("batch", 1), 1, "batch size"),
+    "runs": Opt(_int("runs", 1), 200, "timed runs per arm (median reported)"),
+    "warmup": Opt(_int("warmup", 0), 30, "untimed warm-up runs per arm"),
     "device": Opt(str, "auto", "auto, cpu, cuda"),
-    "fuse": Opt(_bool, False, "fold BatchNorm / re-parameterize first (every arm runs the fused network)"),
-    "tf32": Opt(_bool, None, "allow TF32 in float32 convolutions and matmuls (default: PyTorch's settings, "
+    "fuse": Opt(_flag("fuse"), False, "fold BatchNorm / re-parameterize first (every arm runs the fused network)"),
+    "tf32": Opt(_flag("tf32"), None, "allow TF32 in float32 convolutions and matmuls (default: PyTorch's settings, "
                              "convolutions on, matmuls off); false = strict fp32"),
     "json": Opt(str, None, "where to write the JSON result (default runs/bench/<model>-<imgsz>-b<batch>.json)"),
 }
@@ -290,34 +358,36 @@ def cmd_bench(opts: dict) -> int:
 TRAIN = {
     "model": Opt(str, "yolo9t", "checkpoint to fine-tune, or a family/size name for an untrained model"),
     "data": Opt(str, "shapes", "dataset YAML (YOLO or COCO format) or 'shapes' (built-in synthetic set)"),
-    "epochs": Opt(int, 100, "training epochs"),
-    "batch": Opt(int, 16, "batch size"),
-    "imgsz": Opt(int, 640, "training size"),
+    "epochs": Opt(_int("epochs", 1), 100, "training epochs"),
+    "batch": Opt(_int("batch", 1), 16, "batch size"),
+    "imgsz": Opt(_imgsz(), 640, "training size"),
     "device": Opt(str, "auto", "auto, cpu, cuda, cuda:1"),
-    "workers": Opt(int, 2, "DataLoader workers"),
-    "optimizer": Opt(str, None, "SGD or AdamW (default: the family's recipe, SGD for the YOLO families)"),
-    "lr0": Opt(float, None, "initial learning rate (default: the family's, else 0.01 SGD, 0.001 AdamW)"),
-    "cos_lr": Opt(_bool, False, "cosine instead of linear decay"),
-    "amp": Opt(_bool, True, "float16 autocast on CUDA"),
-    "close_mosaic": Opt(int, None, "epochs at the end trained without mosaic and MixUp (default: the family's, "
-                                   "else 10)"),
-    "mixup": Opt(float, None, "probability of MixUp (default: the family's, else 0)"),
-    "mosaic": Opt(float, None, "probability of mosaic (default: the family's, else 1; DETRs 0)"),
-    "augment_policy": Opt(str, None, "yolo (affine + HSV) or detr (photometric, zoom-out, IoU crop); "
-                                     "default: the family's"),
+    "workers": Opt(_int("workers", 0), 2, "DataLoader workers"),
+    "optimizer": Opt(_choice("optimizer", ("SGD", "AdamW")), None,
+                     "SGD or AdamW (default: the family's recipe, SGD for the YOLO families)"),
+    "lr0": Opt(_positive_float("lr0"), None, "initial learning rate (default: the family's, else 0.01 SGD, "
+                                             "0.001 AdamW)"),
+    "cos_lr": Opt(_flag("cos_lr"), False, "cosine instead of linear decay"),
+    "amp": Opt(_amp, True, "autocast on CUDA: true (float16), fp16, bf16 or false"),
+    "close_mosaic": Opt(_int("close_mosaic", 0), None, "epochs at the end trained without mosaic and MixUp "
+                                                      "(default: the family's, else 10)"),
+    "mixup": Opt(_frac("mixup"), None, "probability of MixUp (default: the family's, else 0)"),
+    "mosaic": Opt(_frac("mosaic"), None, "probability of mosaic (default: the family's, else 1; DETRs 0)"),
+    "augment_policy": Opt(_choice("augment_policy", ("yolo", "detr")), None,
+                          "yolo (affine + HSV) or detr (photometric, zoom-out, IoU crop); default: the family's"),
     "project": Opt(str, "runs/train", "where runs are written"),
     "name": Opt(str, "exp", "run name"),
-    "exist_ok": Opt(_bool, False, "reuse the run folder"),
-    "resume": Opt(str, "false", "true (this run's last.pt) or a path to last.pt"),
-    "seed": Opt(int, 0, "random seed"),
-    "cuda_graph": Opt(_bool, False, "capture the training step in CUDA graphs (eager fallback, one log line)"),
+    "exist_ok": Opt(_flag("exist_ok"), False, "reuse the run folder"),
+    "resume": Opt(_resume, False, "true (this run's last.pt) or a path to last.pt"),
+    "seed": Opt(_int("seed", 0), 0, "random seed"),
+    "cuda_graph": Opt(_flag("cuda_graph"), False, "capture the training step in CUDA graphs (eager fallback, "
+                                                  "one log line)"),
 }
 
 
 def cmd_train(opts: dict) -> int:
     model = _load(opts, seed=opts["seed"])
     resume = opts.pop("resume")
-    resume = False if resume.lower() in ("false", "0", "no", "") else (True if resume.lower() in ("true", "1", "yes") else resume)
     kw = {k: v for k, v in opts.items() if k not in ("model",)}
     res = model.train(resume=resume, **kw)
     t = Table(title=f"trained {model.FAMILY}-{model.size} on {opts['data']} ({res['epochs']} epochs, "
@@ -342,15 +412,15 @@ DEMO_FALLBACK_CONF = 0.001
 
 DEMO = {
     "model": Opt(str, "yolo9t", "family/size to train from scratch, or a checkpoint to fine-tune"),
-    "epochs": Opt(int, 25, "training epochs"),
-    "imgsz": Opt(int, 160, "training and inference size"),
-    "batch": Opt(int, 16, "batch size"),
+    "epochs": Opt(_int("epochs", 1), 25, "training epochs"),
+    "imgsz": Opt(_imgsz(), 160, "training and inference size"),
+    "batch": Opt(_int("batch", 1), 16, "batch size"),
     "device": Opt(str, "auto", "auto, cpu, cuda"),
-    "workers": Opt(int, 2, "DataLoader workers"),
+    "workers": Opt(_int("workers", 0), 2, "DataLoader workers"),
     "cuda_graph": Opt(_graph_mode, "auto", "auto = on when a CUDA GPU is present"),
     "project": Opt(str, "runs/demo", "where the run and the picture go"),
-    "conf": Opt(float, 0.15, "confidence threshold for the held-out prediction"),
-    "seed": Opt(int, 0, "random seed (initial weights, data order, augmentation)"),
+    "conf": Opt(_frac("conf"), 0.15, "confidence threshold for the held-out prediction"),
+    "seed": Opt(_int("seed", 0), 0, "random seed (initial weights, data order, augmentation)"),
 }
 
 
@@ -398,11 +468,11 @@ def cmd_demo(opts: dict) -> int:
 VAL = {
     "model": Opt(str, None, "checkpoint path"),
     "data": Opt(str, "shapes", "dataset YAML or 'shapes'"),
-    "imgsz": Opt(int, None, "size (default: the checkpoint's)"),
-    "batch": Opt(int, 16, "batch size"),
+    "imgsz": Opt(_imgsz(), None, "size (default: the checkpoint's)"),
+    "batch": Opt(_int("batch", 1), 16, "batch size"),
     "device": Opt(str, "auto", "auto, cpu, cuda"),
-    "conf": Opt(float, 0.001, "confidence threshold"),
-    "iou": Opt(float, 0.7, "NMS IoU threshold"),
+    "conf": Opt(_frac("conf"), 0.001, "confidence threshold"),
+    "iou": Opt(_frac("iou"), 0.7, "NMS IoU threshold"),
 }
 
 
@@ -431,6 +501,33 @@ COMMANDS: dict[str, tuple[Callable[[dict], int], dict, str]] = {
 }
 
 
+def _show_default(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return ",".join(map(str, value))
+    return str(value)
+
+
+def _options_help(spec: dict[str, Opt], width: int | None = None) -> str:
+    """One entry per option: the name, then its help in one aligned column (wrapped to the
+    terminal), with one default note: the help's own when it explains the default, else
+    "(default: X)"; none for options that are off unless given (default None)."""
+    import shutil
+    import textwrap
+
+    width = width or max(60, min(shutil.get_terminal_size((100, 24)).columns, 120))
+    col = 2 + max(len(k) for k in spec) + 2
+    lines = []
+    for k, o in spec.items():
+        text = o.help
+        if "default" not in text.lower() and o.default is not None:
+            text += f" (default: {_show_default(o.default)})"
+        lines.extend(textwrap.wrap(text, width=width, initial_indent=f"  {k}".ljust(col),
+                                   subsequent_indent=" " * col, break_on_hyphens=False))
+    return "\n".join(lines)
+
+
 def _usage() -> str:
     lines = ["usage: libreyolo COMMAND key=value ...", "", "commands:"]
     for name, (_, spec, text) in COMMANDS.items():
@@ -457,12 +554,11 @@ def main(argv: list[str] | None = None) -> int:
     fn, spec, text = COMMANDS[name]
     if any(a in ("-h", "--help") for a in rest):
         print(f"libreyolo {name}: {text}\n\noptions (key=value or --key value):")
-        for k, o in spec.items():
-            print(f"  {k:12s} {o.help} (default: {o.default})")
+        print(_options_help(spec))
         return 0
     try:
         return fn(_parse(rest, spec, name))
-    except UsageError as exc:
+    except (UsageError, OptionError) as exc:  # OptionError: a value only checkable with the model (classes)
         print(f"libreyolo {name}: {exc}", file=sys.stderr)
         return 2
     except (FileNotFoundError, ValueError, NotImplementedError, RuntimeError) as exc:

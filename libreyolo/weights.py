@@ -13,11 +13,14 @@ place that touches checkpoint files, so the safety rules live here once:
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
 import re
+import shutil
 import tempfile
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -31,6 +34,7 @@ __all__ = [
     "resolve_weights",
     "default_repo_for",
     "downloads_allowed",
+    "CheckpointSaveError",
 ]
 
 logger = logging.getLogger("libreyolo")
@@ -160,6 +164,7 @@ def _normalize_checkpoint(raw: Any, path: Path) -> dict[str, Any]:
             if key != "model":
                 ckpt["model"] = ckpt.pop(key)
             ckpt["model"] = dict(ckpt["model"])
+            _check_metadata(ckpt, path)
             return ckpt
     raise ValueError(
         f"cannot load checkpoint '{path}': no state dict found (expected a 'model' entry mapping "
@@ -167,9 +172,76 @@ def _normalize_checkpoint(raw: Any, path: Path) -> dict[str, Any]:
     )
 
 
+def _check_metadata(ckpt: dict[str, Any], path: Path) -> None:
+    """Check (in place) the metadata fields a model is built from, so that a bad value is named
+    here rather than failing as a bare ``int()`` later: ``nc`` and ``imgsz`` positive integers
+    (``imgsz`` may be a square pair, stored back as one int), ``names`` a list of str or a dict
+    {class id: str}, ``size``/``model_family``/``task`` strings. Absent or None fields are left to
+    the defaults (whether ``names`` covers ``nc`` classes is checked when the model is built)."""
+
+    def bad(field: str, wanted: str) -> ValueError:
+        value = ckpt[field]
+        shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
+        return ValueError(f"cannot load checkpoint '{path}': metadata field '{field}' must be {wanted}, "
+                          f"got {shown} ({type(value).__name__})")
+
+    def present(field: str) -> bool:
+        return ckpt.get(field) is not None
+
+    if present("nc"):
+        nc = ckpt["nc"]
+        if isinstance(nc, bool) or not isinstance(nc, int) or nc < 1:
+            raise bad("nc", "a positive integer")
+    if present("imgsz"):
+        from .options import OptionError, check_imgsz
+
+        try:
+            ckpt["imgsz"] = check_imgsz(ckpt["imgsz"], 1)
+        except OptionError:
+            raise bad("imgsz", "a positive integer (pixels) or a square pair") from None
+    for field in ("size", "model_family", "task"):
+        if present(field) and not isinstance(ckpt[field], str):
+            raise bad(field, "a string")
+    if present("names"):
+        names = ckpt["names"]
+        if isinstance(names, (list, tuple)):
+            ok = all(isinstance(n, str) for n in names)
+        elif isinstance(names, Mapping):
+            ok = all(isinstance(n, str) for n in names.values()) and all(
+                (isinstance(k, int) and not isinstance(k, bool) and k >= 0)
+                or (isinstance(k, str) and k.isdigit()) for k in names)
+        else:
+            ok = False
+        if not ok:
+            raise bad("names", "a list of class names or a dict {class id: name} of strings")
+
+
 # --------------------------------------------------------------------------------------------------
 # Saving
 # --------------------------------------------------------------------------------------------------
+
+
+class CheckpointSaveError(OSError):
+    """A checkpoint could not be written. The message names the file, the space it needs and the
+    space free; the previous file at that path (if any) is intact. ``errno`` and ``filename`` are
+    set where known (``errno.ENOSPC`` for a full disk)."""
+
+    def __init__(self, message: str, *, errno: int | None = None, filename: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.errno = errno
+        self.filename = filename
+
+    def __str__(self) -> str:  # OSError's own would print "[Errno 28] None: 'file'" instead
+        return self.message
+
+
+#: Temp files of an earlier, interrupted save of the same target older than this are removed by
+#: the next save (a save in progress keeps its temp file's modification time fresh).
+STALE_TEMP_AGE_S = 60.0
+
+# NamedTemporaryFile names: prefix, 8 characters of [a-z0-9_], suffix
+_TEMP_TAIL = r"\.[a-z0-9_]{8}\.tmp"
 
 
 def save_checkpoint(ckpt: Mapping[str, Any], path: str | os.PathLike[str]) -> Path:
@@ -177,7 +249,10 @@ def save_checkpoint(ckpt: Mapping[str, Any], path: str | os.PathLike[str]) -> Pa
 
     The bytes go to a temp file in the same directory, are fsync'ed, then ``os.replace``'d onto the
     target, so readers see either the old file or the complete new one. On any error the temp file
-    is removed and an existing target is left untouched. A ``.safetensors`` suffix writes
+    is removed and an existing target is left untouched; a failed write (a full disk: torch's
+    "unexpected pos", or any ``OSError``) raises :class:`CheckpointSaveError` naming the file, the
+    space needed and the space free. Temp files left by interrupted saves of the same target are
+    removed first (see :func:`_remove_stale_temps`). A ``.safetensors`` suffix writes
     safetensors (``ckpt["model"]`` as tensors, the other fields as JSON header metadata); any other
     suffix uses ``torch.save``. Parent directories are created.
     """
@@ -190,6 +265,8 @@ def save_checkpoint(ckpt: Mapping[str, Any], path: str | os.PathLike[str]) -> Pa
     payload = _safetensors_bytes(ckpt, path) if path.suffix.lower() == _SAFETENSORS_SUFFIX else None
     mode = _target_mode(path)
 
+    _remove_stale_temps(path)
+
     tmp = tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp", delete=False)
     try:
         with tmp:
@@ -201,14 +278,113 @@ def save_checkpoint(ckpt: Mapping[str, Any], path: str | os.PathLike[str]) -> Pa
             os.fsync(tmp.fileno())
         os.chmod(tmp.name, mode)
         os.replace(tmp.name, path)
-    except BaseException:
+    except BaseException as exc:
         try:
             os.unlink(tmp.name)
         except FileNotFoundError:
             pass
+        if isinstance(exc, OSError) or (isinstance(exc, RuntimeError) and _is_write_failure(exc)):
+            needed = len(payload) if payload is not None else _tensor_bytes(ckpt)
+            raise _save_error(path, exc, needed) from exc
         raise
     _fsync_dir(path.parent)
     return path
+
+
+def _remove_stale_temps(path: Path) -> None:
+    """Remove temp files that interrupted saves of ``path`` left behind (``.<name>.XXXXXXXX.tmp``,
+    untouched for :data:`STALE_TEMP_AGE_S`): nothing else would, and on a nearly full disk they
+    hold the space the next save needs. Temp files of other targets are never touched."""
+    pattern = re.compile(re.escape(f".{path.name}") + _TEMP_TAIL)
+    now = time.time()
+    try:
+        entries = list(os.scandir(path.parent))
+    except OSError:
+        return
+    for entry in entries:
+        if not pattern.fullmatch(entry.name):
+            continue
+        try:
+            if not entry.is_file(follow_symlinks=False) or now - entry.stat().st_mtime < STALE_TEMP_AGE_S:
+                continue
+            os.unlink(entry.path)
+            logger.info("libreyolo: removed %s, left by an interrupted save of %s", entry.path, path)
+        except OSError as exc:  # gone already, or not ours to remove: leave it
+            logger.debug("libreyolo: could not remove stale temp file %s: %s", entry.path, exc)
+
+
+_WRITE_FAILURE_MARKERS = ("inline_container", "unexpected pos", "file write failed", "PytorchStreamWriter")
+
+
+def _is_write_failure(exc: BaseException) -> bool:
+    """Whether a RuntimeError from ``torch.save`` reports a failed write (torch's zip writer turns
+    the OSError of a full disk into "[enforce fail at inline_container.cc] unexpected pos")."""
+    text = str(exc)
+    return any(m in text for m in _WRITE_FAILURE_MARKERS) or _os_error_in_chain(exc) is not None
+
+
+def _os_error_in_chain(exc: BaseException) -> OSError | None:
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        if isinstance(cur, OSError):
+            return cur
+        seen.add(id(cur))
+        cur = cur.__cause__ or cur.__context__
+    return None
+
+
+def _tensor_bytes(obj: Any) -> int:
+    """Bytes of the tensor data in ``obj`` (nested dicts/lists), each storage counted once: about
+    what ``torch.save`` writes (the pickled metadata adds little)."""
+    seen: set[tuple[str, int]] = set()
+    total = 0
+    stack = [obj]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, torch.Tensor):
+            storage = x.untyped_storage()
+            key = (str(x.device), storage.data_ptr())
+            if key not in seen or storage.data_ptr() == 0:
+                seen.add(key)
+                total += storage.nbytes()
+        elif isinstance(x, Mapping):
+            stack.extend(x.values())
+        elif isinstance(x, (list, tuple)):
+            stack.extend(x)
+    return total
+
+
+def _save_error(path: Path, exc: BaseException, needed: int) -> CheckpointSaveError:
+    """The one error a failed save raises: file, cause, space needed and free, what is left."""
+    os_err = _os_error_in_chain(exc)
+    cause = _short(os_err if os_err is not None else exc)
+    if os_err is not None and exc is not os_err:
+        cause += f" (torch: {_short(exc, 160)})"
+    try:
+        free: int | None = shutil.disk_usage(path.parent).free
+    except OSError:
+        free = None
+    code = os_err.errno if os_err is not None else None
+    full = code == errno.ENOSPC or (free is not None and free < needed)
+    space = f"it needs about {_size(needed)}; " + (
+        f"{_size(free)} free on the filesystem of '{path.parent}'" if free is not None
+        else "free space unknown")
+    kept = (f"the previous '{path}' is intact" if path.exists() else f"nothing was written at '{path}'")
+    advice = ("free some space or save elsewhere" if full
+              else "check that the filesystem has room and the directory is writable")
+    return CheckpointSaveError(
+        f"cannot save checkpoint '{path}': {cause}; {space}{' (the disk is full)' if full else ''}; "
+        f"{kept} and no temp file was left behind: {advice}",
+        errno=errno.ENOSPC if full and code is None else code, filename=str(path))
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return f"{n} B"
 
 
 def _safetensors_bytes(ckpt: Mapping[str, Any], path: Path) -> bytes:

@@ -38,9 +38,11 @@ step capturable in a CUDA graph.
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 import torchvision.transforms.v2.functional as TF
@@ -51,7 +53,7 @@ from torchvision.transforms import v2
 from ..ops.letterbox import MODES as LETTERBOX_MODES
 from ..ops.letterbox import PAD_VALUE, LetterboxParams, letterbox, letterbox_params
 from .datasets import Sample
-from .sources import _decode_file
+from .sources import decode_image
 
 __all__ = ["DetectionDataset", "collate_detections", "max_targets_bucket",
            "MIN_BOX_SIDE", "MIN_AREA_KEPT"]
@@ -68,6 +70,8 @@ def _detr_transforms(fliplr: float):
                          v2.RandomApply([v2.RandomIoUCrop()], p=0.8), v2.SanitizeBoundingBoxes(min_size=1), *flip])
     return strong, (v2.Compose(flip) if flip else None)
 
+
+LOGGER = logging.getLogger("libreyolo")
 
 #: Boxes narrower or shorter than this many pixels after augmentation are dropped.
 MIN_BOX_SIDE = 2.0
@@ -132,6 +136,9 @@ class DetectionDataset(Dataset):
         self.resize = resize
         self.policy = policy
         self._strong = torch.ones(1, dtype=torch.float64).share_memory_()  # the DETR recipe's zoom/crop/colour
+        # 1 where a sample's image failed to decode during this run (shared with the workers, so
+        # each bad file is warned about once and not retried)
+        self._undecodable = torch.zeros(len(self.samples), dtype=torch.uint8).share_memory_()
         self._detr_ops = _detr_transforms(self.fliplr) if policy == "detr" else None
 
     # ---- public ---------------------------------------------------------------------------------
@@ -206,8 +213,8 @@ class DetectionDataset(Dataset):
         "stretch": all of it); targets are scaled per axis by new/original size and shifted by
         the padding, exactly as predict maps its boxes back.
         """
-        sample = self.samples[index]
-        image, p = self._letterbox_u8(torch.from_numpy(_decode_file(sample.image)))
+        sample, hwc = self._decode(index)
+        image, p = self._letterbox_u8(torch.from_numpy(hwc))
         targets = torch.from_numpy(sample.labels).to(torch.float32).reshape(-1, 5).clone()
         targets[:, 1::2] = targets[:, 1::2] * p.new_w + p.pad_x
         targets[:, 2::2] = targets[:, 2::2] * p.new_h + p.pad_y
@@ -215,8 +222,8 @@ class DetectionDataset(Dataset):
 
     def _detr_recipe(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         """RT-DETR / D-FINE training transforms on the decoded image, then predict's resize."""
-        sample = self.samples[index]
-        hwc = torch.from_numpy(_decode_file(sample.image))
+        sample, decoded = self._decode(index)
+        hwc = torch.from_numpy(decoded)
         h, w = int(hwc.shape[0]), int(hwc.shape[1])
         labels = torch.from_numpy(sample.labels).to(torch.float32).reshape(-1, 5)
         chw, boxes, cls = hwc.permute(2, 0, 1), labels[:, 1:] * torch.tensor([w, h, w, h], dtype=torch.float32), labels[:, 0]
@@ -233,6 +240,31 @@ class DetectionDataset(Dataset):
         targets = torch.cat((cls.to(torch.float32).reshape(-1, 1), b), 1)
         keep = ((targets[:, 3] - targets[:, 1]) >= MIN_BOX_SIDE) & ((targets[:, 4] - targets[:, 2]) >= MIN_BOX_SIDE)
         return image, targets[keep]
+
+    def _decode(self, index: int) -> tuple[Sample, np.ndarray]:
+        """Sample ``index`` and its decoded image; if that image does not decode, the next
+        sample (``index + 1``, ``index + 2``, ... cyclically) whose image does.
+
+        The dataset check decodes every image before training, so this only happens to a file
+        that changed (or broke) since: the run goes on without it, with one warning per file,
+        instead of dying at the batch that holds it.
+        """
+        n = len(self.samples)
+        for k in range(n):
+            i = (index + k) % n
+            if self._undecodable[i]:
+                continue
+            sample = self.samples[i]
+            try:
+                return sample, decode_image(sample.image)
+            except (ValueError, OSError) as e:  # undecodable, deleted or unreadable since the check
+                already = bool(self._undecodable[i])
+                self._undecodable[i] = 1
+                if not already:
+                    LOGGER.warning("libreyolo: skipping dataset sample %d for the rest of the run, the next "
+                                   "decodable sample stands in for it: %s", i, e)
+        raise RuntimeError(f"none of the {n} images of the dataset can be decoded any more (each was "
+                           "warned about above); check the dataset's files")
 
     def _letterbox_u8(self, hwc: torch.Tensor):
         """(H, W, 3) uint8 -> ((3, S, S) uint8 in the dataset's resize mode, its letterbox parameters)."""

@@ -58,7 +58,9 @@ LOGGER = logging.getLogger("libreyolo")
 MAX_LISTED_PROBLEMS = 20
 #: Tolerance on normalized coordinates: values in [-tol, 1 + tol] are accepted (and clipped).
 COORD_TOLERANCE = 1e-3
-_CACHE_VERSION = "libreyolo-labels-v1"
+# v2: images are decoded by the check (v1 caches only saw Image.verify(), which misses truncated
+# JPEG data), so a v1 cache is checked again
+_CACHE_VERSION = "libreyolo-labels-v2"
 _EXIF_ORIENTATION = 274  # EXIF tag; values 5..8 mean the stored image is rotated by 90 degrees
 
 
@@ -169,7 +171,7 @@ def _is_under(p: Path, root: Path) -> bool:
 def _resolve_yaml(yaml_path: Path) -> DatasetConfig:
     yaml_path = yaml_path.absolute()
     try:
-        spec = yaml.safe_load(yaml_path.read_text())
+        spec = yaml.safe_load(_read_text(yaml_path))
     except yaml.YAMLError as e:
         raise ValueError(f"{yaml_path}: not valid YAML: {e}") from e
     if not isinstance(spec, dict):
@@ -205,10 +207,9 @@ def _names_from_spec(yaml_path: Path, spec: dict) -> tuple[int | None, dict[int,
     elif isinstance(raw, dict):
         names = {}
         for k, v in raw.items():
-            try:
-                names[int(k)] = str(v)
-            except (TypeError, ValueError):
-                raise ValueError(f"{yaml_path}: 'names' key {k!r} is not a class id") from None
+            if not (_is_int(k) or (isinstance(k, str) and k.strip().isdigit())):
+                raise ValueError(f"{yaml_path}: 'names' key {k!r} is not a class id")
+            names[int(k)] = str(v)
         if sorted(names) != list(range(len(names))):
             raise ValueError(f"{yaml_path}: 'names' ids must be 0..{len(names) - 1} without gaps, "
                              f"got {sorted(names)}")
@@ -273,7 +274,7 @@ def _is_image(p: Path) -> bool:
 def _read_image_list(list_file: Path, root: Path, out: list[Path], problems: _Problems) -> list[str]:
     """Append the images named in a .txt list to ``out``; return a problem per missing entry."""
     found = []
-    for n, line in enumerate(list_file.read_text().splitlines(), 1):
+    for n, line in enumerate(_read_text(list_file).splitlines(), 1):
         text = line.strip()
         if not text or text.startswith("#"):
             continue
@@ -376,13 +377,24 @@ def _parallel(fn: Callable[[int], Any], n: int, desc: str) -> list[Any]:
 
 
 def _inspect_image(path: Path, problems: _Problems, found: list[str]) -> tuple[int, int] | None:
-    """(width, height) of the upright image from its header, after checking it with verify()."""
+    """(width, height) of the upright image, after checking its structure (``verify()``: PNG
+    chunk checksums, ...) and decoding it: ``verify()`` alone does not read JPEG data, so a
+    truncated JPEG would pass and end the run at its first batch.
+
+    JPEGs are decoded at 1/8 scale (``draft``: libjpeg skips most of the inverse DCT but still
+    reads every byte of entropy-coded data, so truncation and corruption surface); other formats
+    are decoded in full. This runs once per image and file change: the result is cached.
+    """
     try:
         with Image.open(path) as im:
-            w, h = im.size
+            im.verify()  # must come right after open(); the image cannot be loaded after it
+        with Image.open(path) as im:
+            w, h = im.size  # before draft(), which shrinks the decoded size
+            if im.format == "JPEG":
+                im.draft("RGB", (max(1, w // 8), max(1, h // 8)))
+            im.load()
             orientation = _exif_orientation(im.info.get("exif"))
-            im.verify()  # must come right after open(); getexif() would load the pixels
-    except Exception as e:  # UnidentifiedImageError, truncated or corrupt data, ...
+    except Exception as e:  # UnidentifiedImageError, truncated or corrupt data, bombs, ...
         found.append(f"{problems.rel(path)}: cannot decode image ({type(e).__name__}: {e})")
         return None
     if w < 1 or h < 1:
@@ -407,7 +419,7 @@ def _parse_yolo_label_file(path: Path, nc: int, problems: _Problems,
                            found: list[str]) -> np.ndarray | None:
     """Rows of a YOLO label file as float32 (n, 5) xyxy-normalized; None if any row is bad."""
     try:
-        text = path.read_text()
+        text = _read_text(path).replace(_BOM, "")  # also BOMs left inside by concatenated files
     except FileNotFoundError:
         return np.zeros((0, 5), np.float32)
     except (OSError, UnicodeDecodeError) as e:
@@ -457,6 +469,22 @@ def _check_row(fields: list[str], nc: int) -> str | None:
             return (f"{name}={fields[k]} outside [0, 1] (coordinates must be normalized by the "
                     "image size)")
     return None
+
+
+_BOM = "\ufeff"
+
+
+def _read_text(path: Path) -> str:
+    """A text file as str: UTF-8 with or without a byte-order mark (editors on Windows write
+    one; left in, it makes the first value of a label file '\\ufeff0', not a number), or UTF-16
+    when it starts with a UTF-16 BOM. Other bytes raise ``UnicodeDecodeError``."""
+    try:
+        return path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError:
+        raw = path.read_bytes()
+        if raw[:2] in (b"\xff\xfe", b"\xfe\xff"):
+            return raw.decode("utf-16")
+        raise
 
 
 def _is_float(s: str) -> bool:
@@ -597,7 +625,7 @@ def _resolve_coco(yaml_path: Path, spec: dict, root: Path) -> DatasetConfig:
 
 def _load_json(path: Path, problems: _Problems) -> dict | None:
     try:
-        doc = json.loads(path.read_text())
+        doc = json.loads(_read_text(path))
     except (OSError, UnicodeDecodeError, ValueError) as e:
         problems.extend([f"{problems.rel(path)}: not valid JSON ({e})"])
         return None
@@ -662,10 +690,10 @@ def _load_coco_split(split: str, sp: _CocoSplit, doc: dict, cat_map: dict[int, i
         if not isinstance(a, dict) or "image_id" not in a or "category_id" not in a or "bbox" not in a:
             found.append(f"{tag}: needs 'image_id', 'category_id' and 'bbox'")
             continue
-        if a["image_id"] not in entries:
+        if not _is_int(a["image_id"]) or a["image_id"] not in entries:
             found.append(f"{tag}: unknown image_id {a['image_id']!r}")
             continue
-        if a["category_id"] not in cat_map:
+        if not _is_int(a["category_id"]) or a["category_id"] not in cat_map:
             found.append(f"{tag}: unknown category_id {a['category_id']!r}")
             continue
         bb = a["bbox"]

@@ -10,25 +10,30 @@ Accepted inputs:
 * a ``str`` / :class:`pathlib.Path` naming an image file, a directory (its images, sorted by name,
   not recursive, hidden files skipped) or a glob pattern (``"imgs/*.jpg"``, ``**`` recurses; matches
   without an image extension are skipped);
-* a :class:`PIL.Image.Image` (EXIF orientation applied, like a file);
-* a numpy array HxW, HxWx1, HxWx3 or HxWx4 of ``uint8``, or of floats in [0, 1] (converted with
-  ``round(x * 255)``). Numpy arrays are taken as RGB(A) unless ``bgr=True``: pass that for images from
-  OpenCV (``cv2.imread`` returns BGR);
-* a torch tensor CHW or BCHW, ``uint8`` or floating in [0, 1], with 1, 3 or 4 channels (a BCHW tensor
-  gives B items). Tensors are always RGB(A);
+* a :class:`PIL.Image.Image` of any mode (EXIF orientation applied, like a file). Files and PIL
+  images of more than 8 bits are scaled to 8 bits by their range (16-bit: ``round(v / 257)``),
+  not clipped; see :func:`pil_to_rgb` for every mode;
+* a numpy array HxW, HxWx1, HxWx3 or HxWx4 of ``uint8``, or of finite floats in [0, 1] (converted
+  with ``round(x * 255)``; 0..255 floats, NaN and infinities are refused). Numpy arrays are
+  taken as RGB(A) unless ``bgr=True``: pass that for images from OpenCV (``cv2.imread`` returns
+  BGR);
+* a torch tensor CHW or BCHW, ``uint8`` or floating in [0, 1] (the same check as arrays, made on
+  the tensor's device), with 1, 3 or 4 channels (a BCHW tensor gives B items). Tensors are always
+  RGB(A);
 * a list or tuple mixing any of the above (not nested).
 
 Grayscale is replicated to three channels; a fourth (alpha) channel is dropped.
 
 Errors are raised before any file is decoded where possible, each naming the offending input:
 ``FileNotFoundError`` for a missing path, an empty directory or a glob without matches,
-``ValueError`` for an undecodable file or an array/tensor of the wrong shape or dtype (and for an
-empty list), ``TypeError`` for anything else.
+``ValueError`` for an undecodable file, an array/tensor of the wrong shape or dtype, float values
+outside [0, 1] (and for an empty list), ``TypeError`` for anything else.
 """
 
 from __future__ import annotations
 
 import glob
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +43,8 @@ import numpy as np
 import torch
 from PIL import Image, ImageOps
 
-__all__ = ["IMAGE_EXTENSIONS", "SourceItem", "Source", "load_sources", "iter_sources"]
+__all__ = ["IMAGE_EXTENSIONS", "SourceItem", "Source", "load_sources", "iter_sources", "decode_image",
+           "pil_to_rgb"]
 
 #: File suffixes (lower case, with the dot) treated as images in directories and glob matches.
 IMAGE_EXTENSIONS: frozenset[str] = frozenset(
@@ -192,33 +198,125 @@ def _expand_path(item: str | os.PathLike) -> list[Path]:
 
 
 def _file_loader(path: Path) -> _Loader:
-    return lambda: _decode_file(path)
+    return lambda: decode_image(path)
 
 
-def _decode_file(path: Path) -> np.ndarray:
-    """Decode an image file to HxWx3 uint8 RGB, upright according to its EXIF orientation."""
+def decode_image(path: str | os.PathLike) -> np.ndarray:
+    """Decode an image file to HxWx3 uint8 RGB, upright according to its EXIF orientation.
+
+    The one decoder of predict and training (see :func:`pil_to_rgb` for how each pixel format
+    becomes 8-bit RGB). Raises ``FileNotFoundError``/``PermissionError`` as ``open`` does, and
+    ``ValueError`` naming the file for anything that does not decode (unknown format, truncated
+    or corrupt data, decompression bomb, unsupported pixel format).
+    """
     try:
         with Image.open(path) as im:
             im.load()  # PIL opens lazily; load() is where truncation and corruption surface
-            return _pil_to_rgb(im)
+            return pil_to_rgb(im)
     except (FileNotFoundError, PermissionError, IsADirectoryError):
         raise
     except Exception as e:  # UnidentifiedImageError, truncated data, decompression bombs, ...
         raise ValueError(f"cannot decode image '{path}': {e}") from e
 
 
+#: Kept for callers of the former private name.
+_decode_file = decode_image
+
+
 def _pil_loader(image: Image.Image) -> _Loader:
-    return lambda: _pil_to_rgb(image)
+    return lambda: pil_to_rgb(image)
 
 
-def _pil_to_rgb(image: Image.Image) -> np.ndarray:
-    # Applied to PIL inputs as well as files so model("a.jpg") and model(Image.open("a.jpg")) agree.
+#: Pillow's 16-bit greyscale modes (native, little- and big-endian storage).
+_GREY16_MODES = frozenset({"I;16", "I;16L", "I;16B", "I;16N"})
+
+
+def pil_to_rgb(image: Image.Image) -> np.ndarray:
+    """A PIL image of any mode as a new HxWx3 uint8 RGB array, upright by its EXIF orientation.
+
+    Pillow's own ``convert("RGB")`` clips every value above 255, so a 16-bit image of 100 * 257
+    comes out white; here every mode Pillow has is scaled to 8 bits by its range:
+
+    * 16-bit grey (``I;16``, ``I;16L``, ``I;16B``, ``I;16N``): ``round(v / 257)``, i.e.
+      ``(v + 128) // 257``. 257 is 65535 / 255, so 0 -> 0, 65535 -> 255 and ``k * 257`` -> ``k``
+      exactly (the inverse of the usual 8 -> 16 bit widening ``k * 257``); each value goes to the
+      nearest 8-bit level, where ``v >> 8`` would truncate (a bias of up to one level downward).
+      16-bit RGB(A) files are reduced to 8 bits per channel by Pillow itself when it opens them.
+    * 32-bit int (``I``): Pillow's mode for 16-bit data of some formats and for 32-bit integer
+      TIFFs. Values within [0, 65535] are scaled as 16-bit; an image with values outside that
+      range is stretched linearly from its own minimum..maximum to 0..255.
+    * 32-bit float (``F``): values within [0, 1] are scaled by 255 (the convention of float
+      arrays); any other range is stretched from its minimum..maximum to 0..255. NaN and
+      infinities become 0.
+    * palette (``P``, ``PA``) and alpha modes (``LA``, ``La``, ``RGBA``, ``RGBa``): the colour of
+      each pixel, alpha dropped (as for 4-channel arrays and tensors); premultiplied modes are
+      un-premultiplied first. ``LAB`` goes through an ICC Lab -> sRGB transform.
+    * ``1``, ``L``, ``CMYK``, ``YCbCr``, ``HSV``, ``RGBX``: Pillow's conversion to RGB.
+
+    Raises ``ValueError`` for a mode Pillow cannot convert to RGB.
+    """
     upright = ImageOps.exif_transpose(image)
     if upright is None:  # older Pillow returns None when in_place is set; be defensive
         upright = image
-    rgb = upright if upright.mode == "RGB" else upright.convert("RGB")
-    out = np.array(rgb, dtype=np.uint8)  # np.array copies: never shares the PIL buffer
+    mode = upright.mode
+    if mode == "RGB":
+        out = np.array(upright, dtype=np.uint8)  # np.array copies: never shares the PIL buffer
+    elif mode in _GREY16_MODES:
+        out = _grey_to_rgb(_scale_16bit(np.asarray(upright)))
+    elif mode == "I":
+        a = np.asarray(upright, dtype=np.int64)
+        lo, hi = (int(a.min()), int(a.max())) if a.size else (0, 0)
+        out = _grey_to_rgb(_scale_16bit(a) if 0 <= lo and hi <= 65535 else _stretch(a, lo, hi))
+    elif mode == "F":
+        a = np.asarray(upright, dtype=np.float64)
+        finite = np.isfinite(a)
+        vals = a[finite]
+        lo, hi = (float(vals.min()), float(vals.max())) if vals.size else (0.0, 0.0)
+        a = np.where(finite, a, lo)
+        g = np.rint(a * 255.0).astype(np.uint8) if 0.0 <= lo and hi <= 1.0 else _stretch(a, lo, hi)
+        out = _grey_to_rgb(np.where(finite, g, 0).astype(np.uint8))
+    else:
+        out = _convert_8bit(upright)
     return np.ascontiguousarray(out)
+
+
+def _scale_16bit(a: np.ndarray) -> np.ndarray:
+    """16-bit values (any integer dtype, within [0, 65535]) to the nearest 8-bit level."""
+    return ((a.astype(np.uint32) + 128) // 257).astype(np.uint8)
+
+
+def _stretch(a: np.ndarray, lo: float, hi: float) -> np.ndarray:
+    """Values stretched linearly from ``lo``..``hi`` (their minimum and maximum) to uint8
+    0..255; a constant image (``hi == lo``) gives 0."""
+    if hi <= lo:
+        return np.zeros(a.shape, np.uint8)
+    scaled = (a.astype(np.float64) - lo) * (255.0 / (float(hi) - float(lo)))
+    return np.rint(scaled).clip(0, 255).astype(np.uint8)
+
+
+def _grey_to_rgb(g: np.ndarray) -> np.ndarray:
+    return np.repeat(g[:, :, None], 3, axis=2)
+
+
+def _convert_8bit(image: Image.Image) -> np.ndarray:
+    """An 8-bit mode (anything but RGB and the 16/32-bit ones) as an HxWx3 uint8 array."""
+    mode = image.mode
+    try:
+        if mode in ("P", "PA"):
+            # through RGBA: the palette colours with any transparency resolved, alpha then dropped
+            # (a direct RGB conversion warns about transparency given as bytes)
+            return np.array(image.convert("RGBA"), dtype=np.uint8)[:, :, :3]
+        if mode == "La":
+            image = image.convert("LA")  # un-premultiply; Pillow has no La -> RGB conversion
+        elif mode == "LAB":
+            from PIL import ImageCms
+
+            lab_to_srgb = ImageCms.buildTransform(ImageCms.createProfile("LAB"),
+                                                  ImageCms.createProfile("sRGB"), "LAB", "RGB")
+            return np.array(ImageCms.applyTransform(image, lab_to_srgb), dtype=np.uint8)
+        return np.array(image.convert("RGB"), dtype=np.uint8)
+    except (ValueError, OSError, ImportError) as e:
+        raise ValueError(f"cannot convert a PIL image of mode {mode!r} to RGB: {e}") from e
 
 
 def _describe(x: np.ndarray | torch.Tensor, where: str) -> str:
@@ -238,16 +336,12 @@ def _numpy_loader(arr: np.ndarray, bgr: bool, where: str) -> _Loader:
     if arr.dtype == np.uint8:
         pass
     elif arr.dtype.kind == "f":
-        lo, hi = float(np.min(arr)), float(np.max(arr))
-        # A little slack for rounding error; anything further out is a real mistake (often 0..255).
-        if not (np.isfinite(lo) and np.isfinite(hi)) or lo < -1e-3 or hi > 1 + 1e-3:
-            raise ValueError(
-                f"float values of {_describe(arr, where)} span [{lo:g}, {hi:g}]: float images must "
-                "lie in [0, 1] (for 0..255 data use arr.astype(np.uint8))"
-            )
+        _check_float_range(arr, where)
     else:
+        hint = ("; for 16-bit data pass (arr / 65535) or ((arr.astype(np.uint32) + 128) // 257)"
+                ".astype(np.uint8)" if arr.dtype == np.uint16 else "")
         raise ValueError(
-            f"bad dtype for {_describe(arr, where)}: expected uint8, or float in [0, 1]"
+            f"bad dtype for {_describe(arr, where)}: expected uint8, or float in [0, 1]{hint}"
         )
     if arr.dtype == np.uint8 and arr.ndim == 3 and arr.shape[2] == 3 and not bgr and arr.flags.c_contiguous:
         def as_is() -> np.ndarray:  # nothing to convert: the caller's array itself (see _item)
@@ -271,6 +365,34 @@ def _numpy_to_rgb(arr: np.ndarray, bgr: bool) -> np.ndarray:
     return np.array(out, dtype=np.uint8, order="C", copy=True)
 
 
+#: Slack on the [0, 1] range of float images, for rounding error (0..255 data is far outside).
+FLOAT_RANGE_TOLERANCE = 1e-3
+
+
+def _check_float_range(x: np.ndarray | torch.Tensor, where: str) -> None:
+    """Refuse a float array/tensor with NaN, infinities or values outside [0, 1] (+- tolerance).
+
+    The same rule for numpy and torch. A tensor is reduced on its own device; reading the two
+    numbers back synchronises once, which only float inputs pay (uint8 never comes here).
+    """
+    if isinstance(x, np.ndarray):
+        lo, hi = float(np.min(x)), float(np.max(x))  # NaN propagates through both
+    else:
+        with torch.no_grad():
+            lo_t, hi_t = torch.aminmax(x.detach())
+        lo, hi = float(lo_t), float(hi_t)
+    ok = math.isfinite(lo) and math.isfinite(hi)
+    if ok and -FLOAT_RANGE_TOLERANCE <= lo and hi <= 1 + FLOAT_RANGE_TOLERANCE:
+        return
+    fix = ("arr / 255, or pass uint8: arr.astype(np.uint8)" if isinstance(x, np.ndarray)
+           else "t / 255, or pass uint8: t.to(torch.uint8)")
+    what = "hold NaN or infinite values" if not ok else f"span [{lo:g}, {hi:g}]"
+    raise ValueError(
+        f"float values of {_describe(x, where)} {what}: float images must be finite and lie in "
+        f"[0, 1]; for 0..255 data divide by 255 ({fix})"
+    )
+
+
 def _tensor_loaders(t: torch.Tensor, where: str) -> list[_Loader]:
     expected = "expected CHW or BCHW with 1, 3 or 4 channels"
     if t.ndim not in (3, 4) or t.shape[-3] not in (1, 3, 4):
@@ -284,6 +406,8 @@ def _tensor_loaders(t: torch.Tensor, where: str) -> list[_Loader]:
         raise ValueError(
             f"bad dtype for {_describe(t, where)}: expected uint8, or floating point in [0, 1]"
         )
+    if t.dtype.is_floating_point:
+        _check_float_range(t, where)
     if t.ndim == 3:
         return [lambda: _tensor_to_rgb(t)]
     return [(lambda i=i: _tensor_to_rgb(t[i])) for i in range(t.shape[0])]

@@ -410,3 +410,64 @@ def test_close_mosaic_reaches_persistent_workers(shapes):
     assert torch.cat(list(loader)).tolist() == [1.0] * 4
     probe.ds.close_mosaic()
     assert torch.cat(list(loader)).tolist() == [0.0] * 4
+
+
+# ---- an image that breaks after the dataset check ---------------------------------------------------
+
+
+def three_samples(tmp_path: Path) -> list[Sample]:
+    return [rect_sample(tmp_path / f"{i}.png", 48, 32, (4 + 8 * i, 4, 20 + 8 * i, 20), cls=i) for i in range(3)]
+
+
+@pytest.mark.parametrize("augment, policy", [(False, "yolo"), (True, "yolo"), (True, "detr")])
+def test_image_corrupted_after_the_check_is_skipped_with_one_warning(tmp_path, caplog, augment, policy):
+    samples = three_samples(tmp_path)
+    kw = dict(NO_AUG, policy=policy) if augment else {}
+    ds = DetectionDataset(samples, 48, augment=augment, **kw)
+    expected = ds[2]
+    samples[1].image.write_bytes(b"not an image any more")
+    with caplog.at_level("WARNING", logger="libreyolo"):
+        for _ in range(3):
+            if policy == "detr":  # the recipe is random: compare shapes and labels only
+                torch.manual_seed(0)
+            image, targets = ds[1]
+            assert image.shape == (3, 48, 48) and image.dtype == torch.uint8
+            assert targets[:, 0].tolist() == [2.0]  # the next sample stands in, with its own labels
+            if policy != "detr":
+                assert torch.equal(image, expected[0]) and torch.equal(targets, expected[1])
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1
+    assert "skipping dataset sample 1" in warnings[0] and "1.png" in warnings[0]
+
+
+def test_skipped_sample_wraps_around_and_mosaic_survives(tmp_path, caplog):
+    samples = three_samples(tmp_path)
+    ds = DetectionDataset(samples, 48, augment=True, **dict(NO_AUG, mosaic=1.0))
+    samples[2].image.unlink()   # deleted since the check: the same skip
+    image, targets = ds.load_letterboxed(2)[0], ds.load_letterboxed(2)[2]
+    assert torch.equal(image, ds.load_letterboxed(0)[0]) and targets[:, 0].tolist() == [0.0]
+    torch.manual_seed(0)
+    for i in range(3):
+        img, t = ds[i]
+        assert img.shape == (3, 48, 48)
+        assert 2.0 not in t[:, 0].tolist()
+    assert sum(r.levelname == "WARNING" for r in caplog.records) == 1
+
+
+def test_no_decodable_image_left_is_a_clear_error(tmp_path):
+    samples = three_samples(tmp_path)
+    ds = DetectionDataset(samples, 48)
+    for s in samples:
+        s.image.write_bytes(b"")
+    with pytest.raises(RuntimeError, match="none of the 3 images of the dataset can be decoded"):
+        ds[0]
+
+
+def test_undecodable_flags_are_shared_with_dataloader_workers(tmp_path, caplog):
+    samples = three_samples(tmp_path)
+    ds = DetectionDataset(samples, 48)
+    samples[0].image.write_bytes(b"broken")
+    loader = DataLoader(ds, batch_size=3, num_workers=1, collate_fn=collate_detections)
+    (images, targets, mask), = list(loader)
+    assert targets[0, 0, 0] == 1.0  # sample 0 was replaced by sample 1
+    assert ds._undecodable.tolist() == [1, 0, 0]  # seen by the main process too: not retried

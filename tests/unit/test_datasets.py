@@ -422,3 +422,114 @@ def test_corrupt_cache_is_ignored_and_rewritten(tmp_path):
     assert len(resolve_data(y).train) == 3
     with np.load(cache, allow_pickle=False) as z:
         assert int(z["counts"].sum()) == 2
+
+
+# ---- decoding check, byte-order marks ---------------------------------------------------------------
+
+
+def truncated_jpeg(path: Path, w: int = 96, h: int = 64) -> Path:
+    """A JPEG cut in the middle of its entropy-coded data: Image.verify() accepts it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    noise = np.random.default_rng(0).integers(0, 256, (h, w, 3), dtype=np.uint8)
+    Image.fromarray(noise).save(path, quality=90)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with Image.open(path) as im:
+        im.verify()  # the old check passed it
+    return path
+
+
+def test_truncated_jpegs_in_both_splits_are_reported_up_front_with_the_other_problems(tmp_path):
+    labels = dict(GOOD, **{"train/badrow": "0 0.5\n"})
+    yolo_dataset(tmp_path, labels)
+    truncated_jpeg(tmp_path / "images/train/cut.jpg")
+    truncated_jpeg(tmp_path / "images/val/cutval.jpg")
+    with pytest.raises(ValueError) as e:
+        resolve_data(tmp_path / "data.yaml")
+    found = problems_of(e)
+    assert len(found) == 3
+    assert found[0].startswith("labels/train/badrow.txt line 1: expected 5 values")
+    assert found[1].startswith("images/train/cut.jpg: cannot decode image (OSError: image file is truncated")
+    assert found[2].startswith("images/val/cutval.jpg: cannot decode image (OSError: image file is truncated")
+    assert not (tmp_path / "labels" / "train.libreyolo.cache").exists()
+    assert not (tmp_path / "labels" / "val.libreyolo.cache").exists()
+
+
+def test_truncated_jpeg_in_a_coco_split_is_reported(tmp_path):
+    y = coco_dataset(tmp_path)
+    truncated_jpeg(tmp_path / "val2017" / "c.jpg", 60, 40)
+    with pytest.raises(ValueError) as e:
+        resolve_data(y)
+    assert problems_of(e) == [f"val2017/c.jpg: cannot decode image (OSError: image file is truncated "
+                              f"{problems_of(e)[0].split('truncated ', 1)[1]}"]
+
+
+def test_jpeg_check_decodes_at_one_eighth_scale(tmp_path, monkeypatch):
+    """The check asks libjpeg for a reduced decode of JPEGs; other formats decode in full."""
+    y = yolo_dataset(tmp_path, GOOD)
+    write_image(tmp_path / "images/train/big.jpg", 320, 240)
+    drafts = []
+    from PIL.JpegImagePlugin import JpegImageFile
+    real = JpegImageFile.draft
+
+    def spy(self, mode, size):
+        drafts.append((self.format, self.size, size))
+        return real(self, mode, size)
+
+    monkeypatch.setattr(JpegImageFile, "draft", spy)
+    cfg = resolve_data(y)
+    assert drafts == [("JPEG", (320, 240), (40, 30))]
+    big = next(s for s in cfg.train if s.image.name == "big.jpg")
+    assert (big.width, big.height) == (320, 240)  # the full size, not the draft's
+
+
+def test_old_cache_version_is_checked_again(tmp_path, monkeypatch):
+    """A cache written by a release whose check did not decode images (verify() only) may hold a
+    truncated JPEG: the new version string makes it be checked again."""
+    y = yolo_dataset(tmp_path, GOOD)
+    truncated_jpeg(tmp_path / "images/val/late.jpg")
+
+    def verify_only(path, problems, found):  # the old check
+        with Image.open(path) as im:
+            size = im.size
+            im.verify()
+        return size
+
+    with monkeypatch.context() as old:
+        old.setattr(datasets, "_CACHE_VERSION", "libreyolo-labels-v1")
+        old.setattr(datasets, "_inspect_image", verify_only)
+        assert len(resolve_data(y).val) == 2  # accepted, and cached
+    assert (tmp_path / "labels" / "val.libreyolo.cache").is_file()
+    with pytest.raises(ValueError, match="late.jpg: cannot decode image"):
+        resolve_data(y)
+
+
+def test_label_file_with_a_utf8_bom(tmp_path):
+    y = yolo_dataset(tmp_path, GOOD)
+    (tmp_path / "labels/train/a.txt").write_bytes("\ufeff0 0.5 0.5 0.2 0.4\n1 0.5 0.5 0.2 0.2\n".encode())
+    (tmp_path / "labels/train/b.txt").write_bytes(b"\xef\xbb\xbf")  # a BOM and nothing else: no objects
+    # two files concatenated with `cat`: a BOM at the start of a later line
+    (tmp_path / "labels/val/v.txt").write_bytes("\ufeff4 0.5 0.5 1 1\n\ufeff2 0.5 0.5 0.5 0.5\n".encode())
+    cfg = resolve_data(y)
+    a = next(s for s in cfg.train if s.image.stem == "a")
+    np.testing.assert_allclose(a.labels[:, 0], [0, 1])
+    assert len(next(s for s in cfg.train if s.image.stem == "b").labels) == 0
+    np.testing.assert_allclose(cfg.val[0].labels[:, 0], [4, 2])
+
+
+def test_label_file_in_utf16(tmp_path):
+    y = yolo_dataset(tmp_path, GOOD)
+    (tmp_path / "labels/val/v.txt").write_bytes("3 0.5 0.5 1 1\r\n".encode("utf-16"))  # with its BOM
+    np.testing.assert_allclose(resolve_data(y).val[0].labels[:, 0], [3])
+
+
+def test_yaml_json_and_list_files_with_a_bom(tmp_path):
+    yolo_dataset(tmp_path, GOOD)
+    (tmp_path / "train.txt").write_bytes("\ufeffimages/train/a.png\n".encode())
+    y = tmp_path / "bom.yaml"
+    y.write_bytes("\ufeffpath: .\ntrain: train.txt\nval: images/val\nnc: 5\n".encode())
+    assert [s.image.name for s in resolve_data(y).train] == ["a.png"]
+    c = coco_dataset(tmp_path / "coco")
+    ann = tmp_path / "coco/annotations/instances_val.json"
+    ann.write_bytes(b"\xef\xbb\xbf" + ann.read_bytes())
+    assert len(resolve_data(c).val) == 1

@@ -169,10 +169,54 @@ def test_tensor_chw_float_and_uint8():
     assert torch.equal(c.image, torch.from_numpy(arr))
 
 
-def test_tensor_out_of_range_float_is_clamped():
-    t = torch.tensor([-0.5, 0.2, 1.5]).reshape(3, 1, 1)
+def test_tensor_float_within_the_rounding_slack_is_clamped():
+    t = torch.tensor([-0.0005, 0.2, 1.0005]).reshape(3, 1, 1)
     (item,) = load_sources(t)
     assert item.image[0, 0].tolist() == [0, 51, 255]
+
+
+@pytest.mark.parametrize("make", [
+    lambda: torch.rand(3, 8, 8) * 255,                       # 0..255 data as float
+    lambda: torch.tensor([-0.5, 0.2, 0.5]).reshape(3, 1, 1),
+    lambda: torch.rand(2, 3, 4, 4).double() * 2,             # a batch: one check for all of it
+    lambda: (torch.rand(3, 4, 4) * 255).half(),
+])
+def test_tensor_float_outside_unit_range_is_refused_with_the_fix(make):
+    with pytest.raises(ValueError, match=r"torch tensor .* span \[.*\]: float images must be finite and lie "
+                                         r"in \[0, 1\]; for 0..255 data divide by 255 \(t / 255, or pass "
+                                         r"uint8: t.to\(torch.uint8\)\)"):
+        load_sources(make())
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_non_finite_floats_are_refused_for_arrays_and_tensors(bad):
+    arr = np.full((4, 4, 3), 0.5, np.float32)
+    arr[1, 2, 0] = bad
+    t = torch.from_numpy(arr).permute(2, 0, 1).contiguous()
+    for src, kind in ((arr, "numpy array"), (t, "torch tensor"), (t.to(torch.bfloat16), "torch tensor")):
+        with pytest.raises(ValueError, match=f"{kind} .* hold NaN or infinite values: float images must be "
+                                             "finite"):
+            load_sources(src)
+
+
+def test_numpy_and_tensor_range_errors_agree():
+    arr = np.full((4, 4, 3), 200.0)
+    t = torch.from_numpy(arr).permute(2, 0, 1)
+    msgs = []
+    for src in (arr, t):
+        with pytest.raises(ValueError) as info:
+            load_sources(src)
+        msgs.append(str(info.value).split(": ", 1)[1])
+    assert msgs[0].replace("arr.astype(np.uint8)", "X").replace("arr / 255", "Y") == \
+        msgs[1].replace("t.to(torch.uint8)", "X").replace("t / 255", "Y")
+
+
+def test_uint8_tensor_skips_the_value_check(monkeypatch):
+    import libreyolo.data.sources as sources
+
+    monkeypatch.setattr(sources, "_check_float_range", lambda *a: pytest.fail("uint8 input was range-checked"))
+    (item,) = load_sources(torch.zeros(3, 4, 4, dtype=torch.uint8))
+    check_item(item, (4, 4))
 
 
 @pytest.mark.parametrize("channels", [1, 4])
@@ -282,6 +326,7 @@ def test_empty_list():
         (np.zeros((4, 4, 3), bool), "bool"),
         (np.zeros((4, 4, 3), np.complex64), "complex64"),
         (np.full((4, 4, 3), 200.0), r"\[0, 1\]"),
+        (np.zeros((4, 4, 3), np.uint16), r"uint16.*for 16-bit data pass \(arr / 65535\)"),
     ],
 )
 def test_bad_numpy_arrays(arr, needle):

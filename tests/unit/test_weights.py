@@ -6,11 +6,16 @@ temp dir, and the one download test talks to a small Hugging Face hub stand-in o
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import http.server
 import io
+import os
 import pickle
+import shutil
+import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import unquote
@@ -204,6 +209,196 @@ def test_save_keeps_existing_mode(tmp_path: Path) -> None:
     target.chmod(0o640)
     W.save_checkpoint({"model": {"w": torch.zeros(1)}}, target)
     assert target.stat().st_mode & 0o777 == 0o640
+
+
+def torch_full_disk(limit: int):
+    """A torch.save whose file object accepts ``limit`` bytes and then fails like a full disk:
+    the OSError(ENOSPC) of the write surfaces from torch's zip writer as its RuntimeError."""
+    real_save = torch.save
+
+    class Full(io.RawIOBase):
+        def __init__(self, f):
+            self.f, self.n = f, 0
+
+        def writable(self):
+            return True
+
+        def write(self, b):
+            if self.n + len(b) > limit:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            self.n += len(b)
+            return self.f.write(b)
+
+    def save(obj, f, *args, **kwargs):
+        return real_save(obj, Full(f), *args, **kwargs)
+
+    return save
+
+
+def test_full_disk_during_torch_save_is_one_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    target = tmp_path / "last.pt"
+    W.save_checkpoint(make_ckpt(), target)
+    before = target.read_bytes()
+    monkeypatch.setattr(torch, "save", torch_full_disk(600))
+    big = {"model": {"w": torch.zeros(1000, 256)}, "optimizer": {"m": torch.zeros(1000, 256)}}
+    with pytest.raises(W.CheckpointSaveError) as info:
+        W.save_checkpoint(big, target)
+    err = info.value
+    msg = str(err)
+    assert isinstance(err, OSError) and err.errno == errno.ENOSPC and err.filename == str(target)
+    assert msg.startswith(f"cannot save checkpoint '{target}': OSError: [Errno 28] No space left on device")
+    assert "it needs about 2.0 MiB" in msg  # two float32 tensors of 1 MiB each
+    assert " free on the filesystem of " in msg and "(the disk is full)" in msg
+    assert f"the previous '{target}' is intact" in msg and "free some space or save elsewhere" in msg
+    assert isinstance(err.__cause__, (OSError, RuntimeError))  # where the write failed decides which
+    assert target.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == [target.name]
+
+
+def test_torch_zip_writer_error_names_file_need_and_free_space(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The error as reported (torch's message, no path): wrapped, with the OSError behind it if any."""
+    target = tmp_path / "w.pt"
+    monkeypatch.setattr(torch, "save", torch_full_disk(600))  # fails inside torch's zip writer
+    with pytest.raises(W.CheckpointSaveError) as info:
+        W.save_checkpoint({"model": {"w": torch.zeros(1000, 256)}}, target)
+    assert str(info.value).startswith(
+        f"cannot save checkpoint '{target}': OSError: [Errno 28] No space left on device (torch: RuntimeError: "
+        "[enforce fail at inline_container.cc")
+    assert "unexpected pos" in str(info.value) and info.value.errno == errno.ENOSPC
+
+    def enforce_fail(obj, f, *a, **k):
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 577 vs 530")
+
+    monkeypatch.setattr(torch, "save", enforce_fail)
+    monkeypatch.setattr(W.shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10**9, 10**9 - 1000, 1000))
+    with pytest.raises(W.CheckpointSaveError) as info:
+        W.save_checkpoint({"model": {"w": torch.zeros(1000)}}, target)
+    msg = str(info.value)
+    assert msg == (f"cannot save checkpoint '{target}': RuntimeError: [enforce fail at inline_container.cc:672] . "
+                   f"unexpected pos 577 vs 530; it needs about 3.9 KiB; 1000 B free on the filesystem of "
+                   f"'{tmp_path}' (the disk is full); nothing was written at '{target}' and no temp file was "
+                   "left behind: free some space or save elsewhere")
+    assert info.value.errno == errno.ENOSPC
+
+
+def test_full_disk_without_an_old_file_says_nothing_was_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch, "save", torch_full_disk(0))
+    target = tmp_path / "best.pt"
+    with pytest.raises(W.CheckpointSaveError, match=f"nothing was written at '{target}'"):
+        W.save_checkpoint({"model": {"w": torch.zeros(10)}}, target)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_enospc_while_writing_safetensors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    target = tmp_path / "w.safetensors"
+    real_write = tempfile._TemporaryFileWrapper.__getattr__
+
+    def no_space(self, name):
+        if name == "write":
+            def write(b):
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return write
+        return real_write(self, name)
+
+    monkeypatch.setattr(tempfile._TemporaryFileWrapper, "__getattr__", no_space)
+    ckpt = {"model": {"w": torch.zeros(64, 64)}, "nc": 3}
+    expected = len(W._safetensors_bytes(ckpt, target))
+    with pytest.raises(W.CheckpointSaveError) as info:
+        W.save_checkpoint(ckpt, target)
+    assert f"it needs about {expected / 1024:.1f} KiB" in str(info.value)
+    assert info.value.errno == errno.ENOSPC
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_other_torch_errors_are_not_disguised_as_disk_errors(tmp_path: Path) -> None:
+    with pytest.raises(Exception) as info:
+        W.save_checkpoint({"model": {"w": torch.zeros(1)}, "fn": lambda: 0}, tmp_path / "x.pt")
+    assert not isinstance(info.value, W.CheckpointSaveError)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_stale_temp_files_of_the_target_are_removed_on_the_next_save(tmp_path: Path) -> None:
+    target = tmp_path / "last.pt"
+    stale = [tmp_path / ".last.pt.ab3d_f9z.tmp", tmp_path / ".last.pt.00000000.tmp"]
+    fresh = tmp_path / ".last.pt.freshone.tmp"          # a save in progress elsewhere: too young
+    other = [tmp_path / ".best.pt.ab3d_f9z.tmp",          # another target's
+             tmp_path / ".last.pt.bak.ab3d_f9z.tmp",      # the temp of a target named 'last.pt.bak'
+             tmp_path / ".last.pt.toolongname.tmp",       # not a temp-file name
+             tmp_path / "last.pt.ab3d_f9z.tmp"]           # not hidden: not ours
+    old = time.time() - 2 * W.STALE_TEMP_AGE_S
+    for p in [*stale, fresh, *other]:
+        p.write_bytes(b"partial")
+        if p is not fresh:
+            os.utime(p, (old, old))
+    W.save_checkpoint({"model": {"w": torch.ones(1)}}, target)
+    left = {p.name for p in tmp_path.iterdir()}
+    assert left == {target.name, fresh.name, *(p.name for p in other)}
+
+
+def test_stale_temp_cleanup_frees_space_before_writing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cleanup runs before the temp file is created: on a full disk it is what makes room."""
+    stale = tmp_path / ".w.pt.zzzzzzzz.tmp"
+    stale.write_bytes(b"x")
+    os.utime(stale, (0, 0))
+    order = []
+    real_ntf = tempfile.NamedTemporaryFile
+    monkeypatch.setattr(W.tempfile, "NamedTemporaryFile",
+                        lambda *a, **k: order.append(stale.exists()) or real_ntf(*a, **k))
+    W.save_checkpoint({"model": {"w": torch.ones(1)}}, tmp_path / "w.pt")
+    assert order == [False]
+
+
+# ---------------------------------------------------------------------------------------------
+# Checkpoint metadata
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("field, value, wanted", [
+    ("nc", "eighty", "a positive integer"),
+    ("nc", 0, "a positive integer"),
+    ("nc", True, "a positive integer"),
+    ("nc", 2.0, "a positive integer"),
+    ("imgsz", "640px", "a positive integer (pixels) or a square pair"),
+    ("imgsz", -640, "a positive integer (pixels) or a square pair"),
+    ("imgsz", [640, 480], "a positive integer (pixels) or a square pair"),
+    ("names", "person,car", "a list of class names or a dict {class id: name} of strings"),
+    ("names", [1, 2], "a list of class names or a dict {class id: name} of strings"),
+    ("names", {0: "a", "x": "b"}, "a list of class names or a dict {class id: name} of strings"),
+    ("names", {0: 5}, "a list of class names or a dict {class id: name} of strings"),
+    ("size", 3, "a string"),
+    ("model_family", ["yolo9"], "a string"),
+    ("task", 1, "a string"),
+])
+def test_bad_metadata_is_named(tmp_path: Path, field: str, value: object, wanted: str) -> None:
+    path = tmp_path / "bad.pt"
+    ckpt = make_ckpt()
+    ckpt[field] = value
+    torch.save(ckpt, path)
+    with pytest.raises(ValueError) as info:
+        W.load_checkpoint(path)
+    assert str(info.value).startswith(f"cannot load checkpoint '{path}': metadata field '{field}' must be "
+                                      f"{wanted}, got {value!r} ({type(value).__name__})")
+
+
+def test_metadata_accepted_forms(tmp_path: Path) -> None:
+    path = tmp_path / "ok.pt"
+    ckpt = make_ckpt()
+    ckpt.update(imgsz=[320, 320], names=["a", "b"], size=None, task=None)
+    torch.save(ckpt, path)
+    loaded = W.load_checkpoint(path)
+    assert loaded["imgsz"] == 320 and loaded["names"] == ["a", "b"] and loaded["size"] is None
+    ckpt["names"] = {"0": "a", "1": "b"}  # digit-string keys, as JSON would give
+    torch.save(ckpt, path)
+    assert W.load_checkpoint(path)["names"] == {"0": "a", "1": "b"}
+
+
+def test_bad_metadata_in_safetensors_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "bad.safetensors"
+    ckpt = make_ckpt()
+    ckpt["nc"] = "eighty"
+    W.save_checkpoint(ckpt, path)  # saving does not judge metadata; loading names it
+    with pytest.raises(ValueError, match="metadata field 'nc' must be a positive integer, got 'eighty'"):
+        W.load_checkpoint(path)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,0 +1,363 @@
+"""Validation of the public options, in one place, for the Python API and the CLI alike.
+
+Every function here is pure (apart from one log warning in :func:`check_imgsz`): it takes the
+value as the user gave it - a Python object, or the text of a ``key=value`` command-line
+argument - and returns it in canonical form, or raises :class:`OptionError` (a ``ValueError``)
+whose message names the option, repeats the value and states what is allowed::
+
+    >>> check_fraction("conf", "abc")
+    Traceback (most recent call last):
+    ...
+    libreyolo.options.OptionError: conf must be a number in [0, 1], got 'abc'
+
+Numbers given as text (``"0.25"``, ``"640"``) are accepted so that the CLI needs no parsing of
+its own; booleans are never taken for numbers (``True`` is not ``1`` here).
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+import math
+import numbers
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+__all__ = [
+    "OptionError",
+    "MAX_IMGSZ",
+    "AMP_FAMILY_DEFAULT",
+    "BOOL_TRUE",
+    "BOOL_FALSE",
+    "check_imgsz",
+    "check_fraction",
+    "check_float",
+    "check_int",
+    "check_choice",
+    "parse_bool",
+    "parse_amp",
+    "parse_classes",
+]
+
+LOGGER = logging.getLogger("libreyolo")
+
+#: Largest accepted image size. Activation memory grows with its square: a YOLO at 8192 needs
+#: about 160x the memory of one at 640, which is already tens of GiB for training.
+MAX_IMGSZ = 8192
+
+#: Spellings :func:`parse_bool` accepts (compared case-insensitively, surrounding blanks ignored).
+BOOL_TRUE = ("true", "1", "yes", "on")
+BOOL_FALSE = ("false", "0", "no", "off")
+
+
+class OptionError(ValueError):
+    """A public option has a value outside what it accepts; the message says which and why."""
+
+
+class _FamilyDefault:
+    """Type of :data:`AMP_FAMILY_DEFAULT`."""
+
+    _instance: "_FamilyDefault | None" = None
+
+    def __new__(cls) -> "_FamilyDefault":  # a singleton, so that ``is`` comparisons survive copies
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "AMP_FAMILY_DEFAULT"
+
+    def __reduce__(self) -> str:
+        return "AMP_FAMILY_DEFAULT"
+
+
+#: What :func:`parse_amp` returns for ``amp=True`` when no ``family_default`` is given: "autocast
+#: in the model family's own dtype" (``Model.AMP_DTYPE``), to be resolved by the caller.
+AMP_FAMILY_DEFAULT = _FamilyDefault()
+
+# warnings already given by check_imgsz: (name, size, stride), so a predict loop logs once
+_IMGSZ_WARNED: set[tuple[str, int, int]] = set()
+
+
+def _show(value: Any) -> str:
+    """The value as it appears in an error message (repr, shortened)."""
+    try:
+        text = repr(value)
+    except Exception:  # e.g. an int of more digits than Python prints
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _as_int(value: Any) -> int | None:
+    """``value`` as an int if it is one (an integral number or its text), else None. Booleans
+    and non-integral floats are not ints."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, float):
+        return int(value) if math.isfinite(value) and value.is_integer() else None
+    if isinstance(value, str) and re.fullmatch(r"\s*[+-]?\d+\s*", value):
+        try:
+            return int(value)
+        except ValueError:  # more digits than Python converts (sys.get_int_max_str_digits)
+            return None
+    return None
+
+
+def _as_float(value: Any) -> float | None:
+    """``value`` as a float if it is a real number (or its text), else None (booleans too)."""
+    if isinstance(value, bool):
+        return None
+    try:
+        if isinstance(value, numbers.Real):
+            return float(value)
+        if isinstance(value, str):
+            return float(value.strip())
+    except (ValueError, OverflowError):  # not a number; an int too large for a float
+        return None
+    return None
+
+
+# --------------------------------------------------------------------------------------------------
+# Numbers
+
+
+def check_int(name: str, value: Any, minimum: int | None = None, maximum: int | None = None) -> int:
+    """``value`` as an int in ``[minimum, maximum]`` (either bound may be None: unbounded).
+
+    Accepts ints (numpy's too), whole floats (``16.0``) and their text (``"16"``); rejects
+    booleans, fractions (``2.5``) and anything else, naming ``name`` and the value.
+    """
+    n = _as_int(value)
+    if minimum is not None and maximum is not None:
+        allowed = f"an integer in [{minimum}, {maximum}]"
+    elif minimum is not None:
+        allowed = f"an integer >= {minimum}"
+    elif maximum is not None:
+        allowed = f"an integer <= {maximum}"
+    else:
+        allowed = "an integer"
+    if n is None or (minimum is not None and n < minimum) or (maximum is not None and n > maximum):
+        raise OptionError(f"{name} must be {allowed}, got {_show(value)}")
+    return n
+
+
+def check_float(name: str, value: Any, minimum: float | None = None, maximum: float | None = None,
+                *, min_inclusive: bool = True, max_inclusive: bool = True) -> float:
+    """``value`` as a finite float within the given bounds (None: unbounded on that side).
+
+    Accepts ints, floats and their text; rejects booleans, NaN, infinities and anything else.
+    """
+    x = _as_float(value)
+    lo = "" if minimum is None else ("[" if min_inclusive else "(") + f"{minimum:g}"
+    hi = "" if maximum is None else f"{maximum:g}" + ("]" if max_inclusive else ")")
+    if lo and hi:
+        allowed = f"a number in {lo}, {hi}"
+    elif lo:
+        allowed = f"a number {'>=' if min_inclusive else '>'} {minimum:g}"
+    elif hi:
+        allowed = f"a number {'<=' if max_inclusive else '<'} {maximum:g}"
+    else:
+        allowed = "a finite number"
+    ok = x is not None and math.isfinite(x)
+    if ok and minimum is not None:
+        ok = x >= minimum if min_inclusive else x > minimum
+    if ok and maximum is not None:
+        ok = x <= maximum if max_inclusive else x < maximum
+    if not ok:
+        raise OptionError(f"{name} must be {allowed}, got {_show(value)}")
+    return float(x)  # type: ignore[arg-type]
+
+
+def check_fraction(name: str, value: Any) -> float:
+    """``value`` as a float in [0, 1]: thresholds (``conf``, ``iou``) and probabilities."""
+    return check_float(name, value, 0.0, 1.0)
+
+
+def check_imgsz(value: Any, stride: int = 1, name: str = "imgsz", max_size: int = MAX_IMGSZ) -> int:
+    """The image size as one int, a multiple of ``stride``.
+
+    ``value`` is a positive int, its text, or a square pair (``(640, 640)``, ``"640,640"``); a
+    non-square pair is refused (only square inputs are supported). A size that is not a multiple
+    of ``stride`` is rounded UP to the next multiple, with one warning per size and stride (the
+    same rule for predict, train and val, so a model trained at a size predicts at it). Sizes
+    above ``max_size`` are refused before anything is allocated.
+    """
+    if isinstance(stride, bool) or not isinstance(stride, numbers.Integral) or stride < 1:
+        raise OptionError(f"stride must be a positive integer, got {_show(stride)}")
+    stride = int(stride)
+    given = value
+    if isinstance(value, str) and "," in value:
+        value = [v for v in value.split(",")]
+    if isinstance(value, Sequence) and not isinstance(value, str):
+        sides = [_as_int(v) for v in value]
+        if not 1 <= len(sides) <= 2 or any(s is None for s in sides):
+            raise OptionError(f"{name} must be a positive integer or a square pair (n, n), "
+                              f"got {_show(given)}")
+        if len(set(sides)) != 1:
+            raise OptionError(f"{name}={_show(given)} is not square: only square sizes are "
+                              f"supported, e.g. {name}={max(sides)}")  # type: ignore[type-var]
+        size = sides[0]
+    else:
+        size = _as_int(value)
+    if size is None or size < 1:
+        raise OptionError(f"{name} must be a positive integer (pixels), got {_show(given)}")
+    aligned = -(-size // stride) * stride
+    if aligned > max_size:
+        raise OptionError(f"{name}={_show(size)} is too large: at most {max_size} (memory grows with "
+                          "the square of the size)")
+    if aligned != size:
+        key = (name, size, stride)
+        level = logging.DEBUG if key in _IMGSZ_WARNED else logging.WARNING
+        _IMGSZ_WARNED.add(key)
+        LOGGER.log(level, "libreyolo: %s=%d is not a multiple of the stride %d; using %d",
+                   name, size, stride, aligned)
+    return aligned
+
+
+# --------------------------------------------------------------------------------------------------
+# Words
+
+
+def check_choice(name: str, value: Any, choices: Iterable[str]) -> str:
+    """``value`` as the matching entry of ``choices`` (compared case-insensitively)."""
+    options = list(choices)
+    if isinstance(value, str):
+        for c in options:
+            if c.lower() == value.strip().lower():
+                return c
+    raise OptionError(f"{name} must be one of {', '.join(options)}, got {_show(value)}")
+
+
+def parse_bool(name: str, value: Any) -> bool:
+    """``value`` as a bool: a bool, 0/1, or one of :data:`BOOL_TRUE` / :data:`BOOL_FALSE`
+    (any case). Anything else - ``"flase"``, ``2``, ``""`` - is refused, listing the spellings."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, numbers.Integral) and int(value) in (0, 1):
+        return bool(value)
+    if isinstance(value, str):
+        s = value.strip().lower()
+        if s in BOOL_TRUE:
+            return True
+        if s in BOOL_FALSE:
+            return False
+    raise OptionError(f"{name} must be true or false (accepted: {'/'.join(BOOL_TRUE)} and "
+                      f"{'/'.join(BOOL_FALSE)}, any case), got {_show(value)}")
+
+
+_AMP_FP16 = ("fp16", "float16", "half")
+_AMP_BF16 = ("bf16", "bfloat16")
+
+
+def parse_amp(value: Any, family_default: Any = AMP_FAMILY_DEFAULT) -> Any:
+    """The autocast dtype ``amp`` asks for: None (off), ``torch.float16`` or ``torch.bfloat16``.
+
+    Off: False, None, 0 and the false spellings of :func:`parse_bool` (and ``"none"``).
+    ``fp16``/``float16``/``half``/``torch.float16`` and ``bf16``/``bfloat16``/``torch.bfloat16``
+    choose a dtype. True (1, or a true spelling) means "the family's default autocast dtype" and
+    returns ``family_default``: pass the model's ``AMP_DTYPE``, or leave it to get
+    :data:`AMP_FAMILY_DEFAULT` back and resolve it later.
+    """
+    import torch
+
+    if value is None or value is torch.float32:
+        return None
+    if value is torch.float16:
+        return torch.float16
+    if value is torch.bfloat16:
+        return torch.bfloat16
+    if isinstance(value, str):
+        s = value.strip().lower()
+        if s in _AMP_FP16:
+            return torch.float16
+        if s in _AMP_BF16:
+            return torch.bfloat16
+        if s == "none":
+            return None
+    try:
+        on = parse_bool("amp", value)
+    except OptionError:
+        raise OptionError(
+            f"amp must be false, true (the family's autocast dtype), fp16/float16/half or "
+            f"bf16/bfloat16 (true/false also as {'/'.join(BOOL_TRUE)} and {'/'.join(BOOL_FALSE)}), "
+            f"got {_show(value)}"
+        ) from None
+    return family_default if on else None
+
+
+# --------------------------------------------------------------------------------------------------
+# Classes
+
+
+def parse_classes(value: Any, names: Mapping[int, str] | Sequence[str]) -> list[int] | None:
+    """``classes=`` as a list of class ids (in the given order, duplicates dropped), or None.
+
+    Accepted: None (every class); a class id (``3``); a class name (``"person"``); a sequence of
+    ids and/or names; a comma-separated string of them (``"0,2"``, ``"person, car"``). Text that
+    is a whole number is an id - ``"34"`` is class 34, never 3 and 4 -, other text must be a
+    class name (exact, else case-insensitive). Fractions (``0.7``), booleans, empty selections,
+    unknown names and ids outside ``0..nc-1`` are refused, naming the value and the range.
+    """
+    if value is None:
+        return None
+    table = dict(enumerate(names)) if not isinstance(names, Mapping) else dict(names)
+    nc = len(table)
+    by_name = {str(n): int(i) for i, n in table.items()}
+    by_lower: dict[str, list[int]] = {}
+    for n, i in by_name.items():
+        by_lower.setdefault(n.lower(), []).append(i)
+
+    def one(item: Any, where: str) -> int:
+        if isinstance(item, str):
+            text = item.strip()
+            n = _as_int(text)
+            if n is None:
+                if text in by_name:
+                    return by_name[text]
+                hits = by_lower.get(text.lower(), [])
+                if len(hits) == 1:
+                    return hits[0]
+                close = difflib.get_close_matches(text, list(by_name), n=3)
+                hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
+                raise OptionError(f"classes: {where}{_show(item)} is not a class id nor one of this "
+                                  f"model's {nc} class names{hint}")
+        else:
+            n = _as_int(item) if isinstance(item, numbers.Integral) else None
+            if n is None:
+                raise OptionError(f"classes: {where}{_show(item)} is not a class id (an integer) or "
+                                  "a class name")
+        if not 0 <= n < nc:
+            raise OptionError(f"classes: {where}{_show(n)} is out of range: this model has {nc} classes "
+                              f"(ids 0..{nc - 1})")
+        return n
+
+    if isinstance(value, str):
+        text = value.strip()
+        if text in by_name or _as_int(text) is not None:
+            items: list[Any] = [text]
+        else:
+            items = [t for t in text.split(",")]
+            if any(not t.strip() for t in items):
+                raise OptionError(f"classes={_show(value)} has an empty entry: give ids or names "
+                                  "separated by commas, e.g. classes=0,2")
+    elif isinstance(value, (Sequence, set, frozenset)) and not isinstance(value, (bytes, bytearray)):
+        items = list(value) if not isinstance(value, (set, frozenset)) else sorted(value, key=str)
+        for x in items:
+            if isinstance(x, (list, tuple, set, frozenset)):
+                raise OptionError(f"classes must be a flat list of ids or names, got {_show(value)}")
+    elif isinstance(value, numbers.Number):  # one id; a float or a bool is refused by one()
+        items = [value]
+    else:
+        raise OptionError(f"classes must be None, a class id, a class name or a list of them, got "
+                          f"{_show(value)} ({type(value).__name__})")
+    if not items:
+        raise OptionError("classes is empty: pass None for every class, or the ids/names to keep")
+    ids: list[int] = []
+    for i, item in enumerate(items):
+        n = one(item, "" if len(items) == 1 else f"entry {i}: ")
+        if n not in ids:
+            ids.append(n)
+    return ids

@@ -1,0 +1,167 @@
+"""The CLI's option parsing and --help: the checks of libreyolo.options, aligned help text."""
+
+from __future__ import annotations
+
+import re
+from types import SimpleNamespace
+
+import pytest
+
+from libreyolo import cli
+from libreyolo.cli import COMMANDS, PREDICT, TRAIN, _options_help, _parse, main
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+    """Loading a model is a failure: a bad option must stop the command before that."""
+    monkeypatch.setattr(cli, "_load", lambda *a, **k: pytest.fail("a model was loaded despite a bad option"))
+
+
+# ---- --help -----------------------------------------------------------------------------------------
+
+
+def help_entries(text: str, spec: dict) -> tuple[dict[str, str], set[int]]:
+    """{option: its help text, continuation lines joined} and the set of help-column offsets."""
+    lines = text.splitlines()
+    start = lines.index("options (key=value or --key value):") + 1
+    entries: dict[str, str] = {}
+    columns = set()
+    current = None
+    for line in lines[start:]:
+        m = re.match(r"^  (\w+)( +)(\S.*)$", line)
+        if m and m.group(1) in spec and m.group(1) not in entries:
+            current = m.group(1)
+            columns.add(2 + len(current) + len(m.group(2)))
+            entries[current] = m.group(3)
+        else:
+            assert current is not None and line.startswith(" "), line
+            indent = len(line) - len(line.lstrip(" "))
+            columns.add(indent)
+            entries[current] += " " + line.strip()
+    return entries, columns
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_help_lists_every_option_once_aligned_with_one_default_note(command, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "90")
+    assert main([command, "--help"]) == 0
+    out = capsys.readouterr().out
+    spec = COMMANDS[command][1]
+    entries, columns = help_entries(out, spec)
+    assert list(entries) == list(spec)
+    assert len(columns) == 1, f"help text starts in several columns: {sorted(columns)}"
+    assert columns == {2 + max(map(len, spec)) + 2}
+    for key, text in entries.items():
+        assert text.lower().count("default") <= 1, (key, text)
+        assert "(default: None)" not in text
+        assert text.startswith(spec[key].help.split()[0])
+    options = out.split("options (key=value or --key value):\n", 1)[1]
+    assert all(len(line) <= 90 for line in options.splitlines())
+
+
+def test_help_default_notes():
+    text = _options_help(TRAIN, width=200)
+    assert "  optimizer       SGD or AdamW (default: the family's recipe, SGD for the YOLO families)\n" in text
+    assert "  epochs          training epochs (default: 100)\n" in text
+    assert "  exist_ok        reuse the run folder (default: false)\n" in text
+    assert re.search(r"^  lr0 +initial learning rate \(default: the family's, else 0.01 SGD, 0.001 AdamW\)$",
+                     text, re.M)
+    pred = _options_help(PREDICT, width=200)
+    assert re.search(r"^  json +also write all detections to this JSON file$", pred, re.M)  # off: no note
+
+
+def test_help_wraps_long_text_under_its_column():
+    text = _options_help(TRAIN, width=60)
+    col = 2 + len("augment_policy") + 2
+    for line in text.splitlines():
+        assert len(line) <= 60
+        assert line.startswith("  ") and (line[2] != " " or line[:col].strip() == "")
+
+
+# ---- bad values stop the command before a model is loaded --------------------------------------------
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["train", "amp=flase"], "amp must be false, true (the family's autocast dtype), fp16/float16/half or "
+                             "bf16/bfloat16 (true/false also as true/1/yes/on and false/0/no/off), got 'flase'"),
+    (["predict", "model=x.pt", "amp=flase"], "got 'flase'"),
+    (["demo", "epochs=0"], "epochs must be an integer >= 1, got '0'"),
+    (["bench", "runs=0"], "runs must be an integer >= 1, got '0'"),
+    (["bench", "warmup=-1"], "warmup must be an integer >= 0, got '-1'"),
+    (["train", "batch=0"], "batch must be an integer >= 1, got '0'"),
+    (["train", "epochs=2.5"], "epochs must be an integer >= 1, got '2.5'"),
+    (["train", "workers=-1"], "workers must be an integer >= 0, got '-1'"),
+    (["train", "imgsz=640,480"], "imgsz='640,480' is not square: only square sizes are supported"),
+    (["train", "lr0=0"], "lr0 must be a number > 0, got '0'"),
+    (["train", "mosaic=1.5"], "mosaic must be a number in [0, 1], got '1.5'"),
+    (["train", "optimizer=adam"], "optimizer must be one of SGD, AdamW, got 'adam'"),
+    (["train", "resume=flase"], "resume must be true, false or the path of a last.pt file, got 'flase'"),
+    (["train", "exist_ok=maybe"], "exist_ok must be true or false"),
+    (["predict", "model=x.pt", "imgsz=0"], "imgsz must be a positive integer (pixels), got '0'"),
+    (["predict", "model=x.pt", "imgsz=100000"], "imgsz=100000 is too large: at most 8192"),
+    (["predict", "model=x.pt", "conf=abc"], "conf must be a number in [0, 1], got 'abc'"),
+    (["val", "model=x.pt", "conf=5"], "conf must be a number in [0, 1], got '5'"),
+    (["predict", "model=x.pt", "classes=1,,2"], "classes must be class ids or names separated by commas"),
+    (["predict", "model=x.pt", "cuda_graph=maybe"], "cuda_graph must be auto, true or false, got 'maybe'"),
+    (["verify", "model=x.pt", "batch=1,0"], "batch must be an integer >= 1, got '0'"),
+    (["verify", "model=x.pt", "batch=1,"], "batch must be integers separated by commas"),
+])
+def test_bad_values_are_usage_errors(argv, message, capsys, no_model):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"libreyolo {argv[0]}: ") and message in err, err
+
+
+def test_values_are_converted_to_what_the_api_takes(tmp_path):
+    opts = _parse(["amp=BF16", "classes=person,2", "imgsz=320", "save=no", "--cuda_graph", "conf=0.5"],
+                  PREDICT, "predict")
+    assert (opts["amp"], opts["classes"], opts["imgsz"], opts["save"], opts["cuda_graph"], opts["conf"]) == \
+        ("bf16", "person,2", 320, False, True, 0.5)
+    assert _parse(["amp=true"], PREDICT, "predict")["amp"] is True
+    assert _parse(["amp=float16"], PREDICT, "predict")["amp"] == "fp16"
+    assert _parse(["amp=off"], TRAIN, "train")["amp"] is False
+    last = tmp_path / "last.pt"
+    last.write_bytes(b"")
+    assert _parse([f"resume={last}"], TRAIN, "train")["resume"] == str(last)
+    assert _parse(["resume=Yes"], TRAIN, "train")["resume"] is True
+    assert _parse([], TRAIN, "train")["resume"] is False
+    assert _parse(["optimizer=adamw"], TRAIN, "train")["optimizer"] == "AdamW"
+
+
+class FakeModel:
+    """What cmd_predict needs of a model; records the predict call."""
+
+    names = {0: "person", 1: "bicycle", 2: "car"}
+    trained = True
+
+    def __init__(self):
+        self.kwargs = None
+
+    def predict(self, source, **kwargs):
+        self.kwargs = kwargs
+        return []
+
+    def graph_info(self):
+        return {"graphs": [], "replays": 0, "fallbacks": []}
+
+
+def test_predict_classes_by_name_are_resolved_with_the_models_names(monkeypatch, capsys):
+    model = FakeModel()
+    monkeypatch.setattr(cli, "_load", lambda opts, seed=None: model)
+    assert main(["predict", "model=x.pt", "classes=car, 0", "save=false", "amp=fp16"]) == 0
+    assert model.kwargs["classes"] == [2, 0] and model.kwargs["amp"] == "fp16"
+    assert main(["predict", "model=x.pt", "classes=34", "save=false"]) == 2
+    assert "classes: 34 is out of range: this model has 3 classes (ids 0..2)" in capsys.readouterr().err
+    assert main(["predict", "model=x.pt", "classes=cra", "save=false"]) == 2
+    assert "did you mean 'car'?" in capsys.readouterr().err
+    assert main(["predict", "model=x.pt", "save=false"]) == 0 and model.kwargs["classes"] is None
+
+
+def test_every_option_default_passes_its_own_check():
+    """Defaults are not run through the converters: make sure none would be refused."""
+    for command, (_, spec, _) in COMMANDS.items():
+        for key, opt in spec.items():
+            if opt.default is None or opt.conv is str:
+                continue
+            text = ",".join(map(str, opt.default)) if isinstance(opt.default, list) else str(opt.default)
+            assert opt.conv(text) == opt.default, (command, key)
