@@ -181,7 +181,7 @@ PREDICT = {
     "cuda_graph": Opt(_graph_mode, "auto", "false, true or auto"),
     "amp": Opt(_amp, False, "false, true (the family's dtype), fp16 or bf16"),
     "save": Opt(_flag("save"), True, "write annotated images"),
-    "save_dir": Opt(str, "runs/predict", "where annotated images go"),
+    "save_dir": Opt(str, None, "where annotated images go (default: a new runs/predict, runs/predict2, ...)"),
     "json": Opt(str, None, "also write all detections to this JSON file"),
 }
 
@@ -190,24 +190,28 @@ def cmd_predict(opts: dict) -> int:
     _need_model(opts, "predict")
     from . import SAMPLE_IMAGE
     model = _load(opts)
-    if not model.trained:
-        console.print(f"[bold yellow]note:[/] {model.FAMILY}-{model.size} is UNTRAINED (random weights): "
-                      "boxes, if any, are meaningless")
-    classes = parse_classes(opts["classes"], model.names)
-    results = model.predict(opts["source"] or SAMPLE_IMAGE, imgsz=opts["imgsz"], conf=opts["conf"],
-                            iou=opts["iou"], batch=opts["batch"], max_det=opts["max_det"],
-                            classes=classes, cuda_graph=opts["cuda_graph"], amp=opts["amp"],
-                            save=opts["save"], save_dir=opts["save_dir"], verbose=True)
+    task_opts = {}
+    if "conf" in model.task.predict_defaults:   # detection's options
+        task_opts = dict(conf=opts["conf"], iou=opts["iou"], max_det=opts["max_det"],
+                         classes=parse_classes(opts["classes"], model.names))
+    results = model.predict(opts["source"] or SAMPLE_IMAGE, imgsz=opts["imgsz"], batch=opts["batch"],
+                            cuda_graph=opts["cuda_graph"], amp=opts["amp"], save=opts["save"],
+                            save_dir=opts["save_dir"], verbose=True, **task_opts)
+    saved_to = str(Path(results[0].saved_to).parent) if results and results[0].saved_to else opts["save_dir"]
     for r in results:
-        counts: dict[str, int] = {}
-        for c in r.boxes.cls.tolist():
-            name = r.names[int(c)]
-            counts[name] = counts.get(name, 0) + 1
-        what = ", ".join(f"{n} {k}" for k, n in sorted(counts.items(), key=lambda kv: -kv[1])) or "no detections"
-        ms = sum(r.speed.values())
+        if r.boxes is not None:
+            counts: dict[str, int] = {}
+            for c in r.boxes.cls.tolist():
+                name = r.names[int(c)]
+                counts[name] = counts.get(name, 0) + 1
+            what = ", ".join(f"{n} {k}" for k, n in sorted(counts.items(), key=lambda kv: -kv[1])) or "no detections"
+        else:
+            top = r.summary()[:3]
+            what = ", ".join(f"{d['name']} {d.get('confidence', d.get('area', 0)):.2f}" for d in top)
+        ms = sum(v for v in r.speed.values() if v is not None)
         console.print(f"{r.path}: {r.orig_shape[1]}x{r.orig_shape[0]}, {what} ({ms:.1f} ms)")
     if opts["save"]:
-        console.print(f"annotated images saved to [bold]{opts['save_dir']}[/]")
+        console.print(f"annotated images saved to [bold]{saved_to}[/]")
     if opts["json"]:
         from pathlib import Path
         Path(opts["json"]).write_text(json.dumps([{"path": r.path, "detections": r.summary()} for r in results],
@@ -229,9 +233,11 @@ def cmd_info(opts: dict) -> int:
     env = {"libreyolo": __version__, "torch": torch.__version__, "torchvision": _version("torchvision"),
            "cuda_available": torch.cuda.is_available(), "cuda": torch.version.cuda,
            "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]}
+    from .tasks import TASKS
     models = list_models()
+    tasks = {name: sorted(m["family"] for m in models if m["task"] == name) for name in TASKS}
     if opts["json"]:
-        print(json.dumps({"environment": env, "models": models}, indent=2))
+        print(json.dumps({"environment": env, "tasks": tasks, "models": models}, indent=2))
         return 0
     t = Table(title="libreyolo model families")
     for col in ("family", "sizes", "task", "checkpoint names", "predict graph", "train graph"):
@@ -242,6 +248,7 @@ def cmd_info(opts: dict) -> int:
         t.add_row(m["family"], ", ".join(m["sizes"]), m["task"], f"{m['file_prefix']}<size>.pt",
                   "yes" if m["cuda_graph"] else "no (eager)", train)
     console.print(t)
+    console.print("tasks: " + "; ".join(f"{k} ({', '.join(v) or '-'})" for k, v in tasks.items()))
     e = Table(title="environment", show_header=False)
     for k, v in env.items():
         e.add_row(k, str(v if v not in (None, []) else "-"))

@@ -222,6 +222,7 @@ class Results:
         self.boxes = boxes
         self.probs = probs
         self.masks = masks
+        self.saved_to: str | None = None   # set by predict(save=True)
         self.speed: dict[str, float | None] = (
             dict(speed) if speed is not None
             else {"preprocess": None, "inference": None, "postprocess": None}

@@ -24,6 +24,7 @@ import torch
 
 from ..data.sources import load_sources
 from ..graphs.runner import normalize_mode
+from ..options import check_imgsz, check_int, parse_amp, parse_bool
 from ..results import Results
 from ..tasks.base import PredictPlan
 from .paths import UniqueNames, next_run_dir
@@ -34,33 +35,7 @@ _NO_CONTEXT = contextlib.nullcontext()
 
 def _amp_dtype(amp: Any, default: torch.dtype = torch.float16) -> torch.dtype | None:
     """``amp`` option -> autocast dtype; True means the family's ``AMP_DTYPE`` (``default``)."""
-    if amp in (None, False, 0, "false", "False", "0", ""):
-        return None
-    if amp is True or amp in ("true", "True", "1"):
-        return default
-    if amp in ("fp16", "float16", "half", torch.float16):
-        return torch.float16
-    if amp in ("bf16", "bfloat16", torch.bfloat16):
-        return torch.bfloat16
-    raise ValueError(f"amp must be False, True (the family's autocast dtype), 'fp16' or 'bf16', got {amp!r}")
-
-
-def check_imgsz(imgsz: Any, stride: int) -> int:
-    """An int imgsz rounded up to the stride (with one log line when it changes)."""
-    if isinstance(imgsz, (list, tuple)):
-        if len(set(imgsz)) != 1:
-            raise ValueError(f"imgsz must be square (one int), got {imgsz!r}")
-        imgsz = imgsz[0]
-    try:
-        size = int(imgsz)
-    except (TypeError, ValueError):
-        raise ValueError(f"imgsz must be a positive int, got {imgsz!r}") from None
-    if size <= 0:
-        raise ValueError(f"imgsz must be a positive int, got {imgsz!r}")
-    aligned = -(-size // stride) * stride
-    if aligned != size:
-        log.warning("libreyolo: imgsz=%d is not a multiple of the stride %d; using %d", size, stride, aligned)
-    return aligned
+    return parse_amp(amp, default)
 
 
 # The GPU upload reads a borrowed numpy image through a tensor view and never writes it; torch
@@ -164,7 +139,8 @@ class Predictor:
         the ones predict will use if they change what the stage computes.
         """
         m = self.model
-        size = check_imgsz(imgsz or m.imgsz, m.STRIDE)
+        size = check_imgsz(m.imgsz if imgsz is None else imgsz, m.STRIDE)
+        batch = check_int("batch", batch, 1)
         plan = self.plan(size, **opts)
         amp_dtype = None if dtype in (None, torch.float32) else _amp_dtype(dtype, m.AMP_DTYPE)
         net, from_u8 = self._stage_fns(size, plan)
@@ -218,9 +194,9 @@ class Predictor:
             raise TypeError(f"unknown predict option(s) {', '.join(unknown)} for a {m.TASK} model; "
                             f"known: imgsz, batch, cuda_graph, amp, bgr, save, save_dir, exist_ok, verbose, profile, "
                             + ", ".join(m.task.predict_defaults))
-        if int(batch) < 1:
-            raise ValueError(f"batch must be >= 1, got {batch}")
-        size = check_imgsz(imgsz or m.imgsz, m.STRIDE)
+        batch = check_int("batch", batch, 1)
+        save, bgr = parse_bool("save", save), parse_bool("bgr", bgr)
+        size = check_imgsz(m.imgsz if imgsz is None else imgsz, m.STRIDE)
         plan = self.plan(size, **task_opts)
         amp_dtype = _amp_dtype(amp, m.AMP_DTYPE)
         if not m.trained and not getattr(m, "_warned_untrained", False):
@@ -262,7 +238,7 @@ class Predictor:
             for r in chunk_results:
                 r.speed["postprocess"] = post_ms
                 if out_dir is not None:
-                    r.save(out_dir / unique(Path(r.path).stem))
+                    r.saved_to = r.save(out_dir / unique(Path(r.path).stem))
             results.extend(chunk_results)
             if progress is not None:
                 progress.update(len(chunk))

@@ -198,19 +198,49 @@ def _param_groups(net: nn.Module, weight_decay: float):
             {"params": bias, "weight_decay": 0.0}]
 
 
+def check_config(cfg: TrainConfig, stride: int) -> None:
+    """Validate every option once, before anything is loaded; canonical values in place. The
+    image size is rounded up to the model's stride with one warning, as predict does."""
+    from ..options import check_choice, check_float, check_fraction, check_imgsz, check_int, parse_amp, parse_bool
+    r, o, g = cfg.run, cfg.optim, cfg.graph
+    r.epochs = check_int("epochs", r.epochs, 1)
+    r.batch = check_int("batch", r.batch, 1)
+    r.imgsz = check_imgsz(r.imgsz, stride)
+    r.workers = check_int("workers", r.workers, 0)
+    r.seed = check_int("seed", r.seed)
+    for name in ("val", "exist_ok", "plots", "verbose"):
+        setattr(r, name, parse_bool(name, getattr(r, name)))
+    if not (isinstance(r.resume, (str, Path)) and str(r.resume).lower() not in ("true", "false", "1", "0")):
+        r.resume = parse_bool("resume", r.resume)
+    o.optimizer = check_choice("optimizer", o.optimizer, ("SGD", "AdamW"))
+    if o.lr0 is not None:
+        o.lr0 = check_float("lr0", o.lr0, 0.0, min_inclusive=False)
+    o.lrf = check_float("lrf", o.lrf, 0.0, 1.0, min_inclusive=False)
+    o.momentum = check_float("momentum", o.momentum, 0.0, 1.0, max_inclusive=False)
+    o.weight_decay = check_float("weight_decay", o.weight_decay, 0.0)
+    o.clip_grad = check_float("clip_grad", o.clip_grad, 0.0, min_inclusive=False)
+    o.warmup_epochs = check_float("warmup_epochs", o.warmup_epochs, 0.0)
+    o.warmup_momentum = check_fraction("warmup_momentum", o.warmup_momentum)
+    o.warmup_bias_lr = check_float("warmup_bias_lr", o.warmup_bias_lr, 0.0)
+    o.nbs = check_int("nbs", o.nbs, 1)
+    o.cos_lr, o.ema = parse_bool("cos_lr", o.cos_lr), parse_bool("ema", o.ema)
+    g.cuda_graph = parse_bool("cuda_graph", g.cuda_graph)
+    parse_amp(g.amp)   # validated here; resolved against the device by the trainer
+    cfg.task.check()
+
+
 class Trainer:
     """Trains ``model`` (a libreyolo Model) according to a :class:`TrainConfig`."""
 
     def __init__(self, model, cfg: TrainConfig):
+        check_config(cfg, model.STRIDE)
         self.model = model
         self.task: Task = model.task
         self.cfg = cfg
         self.device = select_device(cfg.run.device) if cfg.run.device != "auto" else model.device
         self.model.to(self.device)
-        amp = str(cfg.graph.amp).lower()
-        self.amp_dtype = None
-        if self.device.type == "cuda" and amp not in ("false", "0", "none", ""):
-            self.amp_dtype = torch.bfloat16 if amp in ("bf16", "bfloat16") else torch.float16
+        from ..options import parse_amp
+        self.amp_dtype = parse_amp(cfg.graph.amp, model.AMP_DTYPE) if self.device.type == "cuda" else None
         self.amp = self.amp_dtype is not None
         self.hooks = [EvaluationHook(), LoggingHook(), CheckpointHook()]
 

@@ -195,6 +195,8 @@ class Model:
         """An untrained (randomly initialised) model, built explicitly from its size."""
         if size not in cls.SIZES:
             raise ValueError(f"unknown size {size!r} for {cls.FAMILY}; sizes: {', '.join(cls.SIZES)}")
+        from ..options import check_int
+        nc = check_int("nc", nc, 1)
         if seed is not None:
             torch.manual_seed(seed)
         return cls(cls.build_network(size, nc), size=size, nc=nc, names=names, imgsz=imgsz,

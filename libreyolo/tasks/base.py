@@ -78,6 +78,9 @@ class TaskOptions:
     def names(cls) -> set[str]:
         return {f.name for f in fields(cls)}
 
+    def check(self) -> None:
+        """Validate (and canonicalise in place) the options; raise OptionError naming a bad one."""
+
 
 class Task:
     """Base of the tasks; see the module docstring for what each hook is for."""

@@ -47,6 +47,18 @@ class DetectOptions(TaskOptions):
     val_iou: float = 0.7
     max_det: int = 300
 
+    def check(self) -> None:
+        from ...options import check_choice, check_float, check_fraction, check_int, parse_bool
+        for name in ("mosaic", "mixup", "fliplr", "hsv_h", "hsv_s", "hsv_v", "translate", "val_conf", "val_iou"):
+            setattr(self, name, check_fraction(name, getattr(self, name)))
+        self.scale = check_float("scale", self.scale, 0.0, 1.0, max_inclusive=False)
+        self.degrees = check_float("degrees", self.degrees, 0.0, 180.0)
+        self.close_mosaic = check_int("close_mosaic", self.close_mosaic, 0)
+        self.bucket = check_int("bucket", self.bucket, 1)
+        self.max_det = check_int("max_det", self.max_det, 1)
+        self.dense_mosaic = parse_bool("dense_mosaic", self.dense_mosaic)
+        self.augment_policy = check_choice("augment_policy", self.augment_policy, ("yolo", "detr"))
+
 
 class DetectPlan(PredictPlan):
     """One detection predict call (see the module docstring)."""
@@ -175,22 +187,14 @@ class DetectTask(Task):
     val_option_names = {"conf": "val_conf", "iou": "val_iou"}
 
     def plan(self, model, size, constants, **opts) -> DetectPlan:
+        from ...options import check_fraction, check_int, parse_bool, parse_classes
         o = {**self.predict_defaults, **opts}
-        for name in ("conf", "iou"):
-            if not 0.0 <= float(o[name]) <= 1.0:
-                raise ValueError(f"{name} must be in [0, 1], got {o[name]}")
-        if int(o["max_det"]) < 1:
-            raise ValueError(f"max_det must be >= 1, got {o['max_det']}")
-        if int(o["max_nms"]) < int(o["max_det"]):
-            raise ValueError(f"max_nms ({o['max_nms']}) must be >= max_det ({o['max_det']})")
-        classes = o["classes"]
-        if classes is not None:
-            classes = [int(c) for c in ([classes] if isinstance(classes, int) else classes)]
-            bad = [c for c in classes if not 0 <= c < model.nc]
-            if bad:
-                raise ValueError(f"classes {bad} out of range for a model with {model.nc} classes")
-        return DetectPlan(model, constants, conf=o["conf"], iou=o["iou"], max_det=o["max_det"],
-                          max_nms=o["max_nms"], classes=classes, agnostic_nms=o["agnostic_nms"])
+        conf, iou = check_fraction("conf", o["conf"]), check_fraction("iou", o["iou"])
+        max_det = check_int("max_det", o["max_det"], 1)
+        max_nms = check_int("max_nms", o["max_nms"], max_det)
+        classes = parse_classes(o["classes"], model.names)
+        return DetectPlan(model, constants, conf=conf, iou=iou, max_det=max_det, max_nms=max_nms,
+                          classes=classes, agnostic_nms=parse_bool("agnostic_nms", o["agnostic_nms"]))
 
     # ------------------------------------------------------------------- data
     def resolve_data(self, data):
