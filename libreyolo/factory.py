@@ -2,13 +2,16 @@
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
 from .models.base import Model
-from .models.registry import family_for_checkpoint, get_family, parse_spec
+from .models.registry import FAMILIES, family_for_checkpoint, get_family, parse_spec
 
 log = logging.getLogger("libreyolo")
+
+_CHECKPOINT_SUFFIXES = (".pt", ".pth", ".safetensors")
 
 
 class LibreYOLO:
@@ -20,6 +23,9 @@ class LibreYOLO:
     * A missing weight file (``LibreYOLO9t.pt``) is looked for in the weights cache and
       downloaded from the Hugging Face hub where allowed; otherwise ``FileNotFoundError``
       says where it looked and how to get weights. Never a silent random init.
+    * A missing file whose name is none of ours (``yolov8n.pt``, ``best.pt``) is a
+      ``FileNotFoundError`` at once, listing the families and their file names, without
+      contacting the hub (unless ``download=True`` or ``$LIBREYOLO_HF_REPO`` asks for it).
     * A bare family/size name without extension (``"yolo9t"``, ``"yolo9-s"``) builds an
       UNTRAINED model explicitly, as does ``LibreYOLO.new("yolo9", "t")``.
     """
@@ -28,17 +34,22 @@ class LibreYOLO:
                 nc: int | None = None, names: Any = None, imgsz: int | None = None) -> Model:
         text = str(model)
         path = Path(text)
-        is_file_like = path.suffix.lower() in (".pt", ".pth", ".safetensors") or path.exists()
+        is_file_like = path.suffix.lower() in _CHECKPOINT_SUFFIXES or path.exists()
         if not is_file_like:
             spec = parse_spec(text)
             if spec is None:
                 raise ValueError(f"{text!r} is neither a checkpoint file (.pt, .pth, .safetensors) nor a "
-                                 "family/size name such as 'yolo9t'")
+                                 "family/size name such as 'yolo9t'. Known families and their weight "
+                                 f"files:\n{_families_and_file_names()}")
             fam, size = spec
-            log.warning("libreyolo: building an UNTRAINED %s-%s from its configuration (random weights)",
-                        fam.FAMILY, size)
-            return fam.new(size, nc=nc or 80, names=names, imgsz=imgsz, device=device)
+            log.warning("libreyolo: building an UNTRAINED %s-%s from its configuration (random weights): "
+                        "its detections are meaningless until it is trained", fam.FAMILY, size)
+            m = fam.new(size, nc=nc or 80, names=names, imgsz=imgsz, device=device)
+            m._warned_untrained = True  # said here once; the predictor's first-call warning checks this
+            return m
         from .weights import load_checkpoint, resolve_weights
+        if not path.exists():
+            _refuse_unknown_name(text, download)
         resolved = resolve_weights(text, download=download)
         ckpt = load_checkpoint(resolved)
         fam, size, how = family_for_checkpoint(ckpt, resolved.name)
@@ -53,3 +64,50 @@ class LibreYOLO:
             device: Any = "auto", seed: int | None = None) -> Model:
         """Build an untrained model of ``family`` and ``size`` (e.g. ``LibreYOLO.new("yolo9", "t")``)."""
         return get_family(family).new(size, nc=nc, names=names, imgsz=imgsz, device=device, seed=seed)
+
+
+def _is_libreyolo_file_name(name: str) -> bool:
+    """Whether ``name`` reads like a published LibreYOLO weight file: a family's file prefix first.
+
+    Covers names :func:`parse_spec` does not resolve to a size, such as task variants
+    (``LibreYOLO9c-seg.pt``), which may still exist on the hub."""
+    low = name.lower()
+    return any(low.startswith(cls.FILE_PREFIX.lower()) for cls in FAMILIES.values() if cls.FILE_PREFIX)
+
+
+def _families_and_file_names() -> str:
+    """One line per family: its weight-file pattern, sizes and an example."""
+    rows = []
+    for family, cls in FAMILIES.items():
+        sizes = ", ".join(cls.SIZES)
+        rows.append(f"  - {family}: {cls.FILE_PREFIX}<size>.pt, sizes {sizes} (e.g. {cls.FILE_PREFIX}{cls.SIZES[0]}.pt)")
+    return "\n".join(rows)
+
+
+def _refuse_unknown_name(text: str, download: bool | None) -> None:
+    """Raise at once for a missing file whose name is not one of ours, instead of asking the hub.
+
+    The hub publishes only LibreYOLO files (``LibreYOLO/<stem>``), so ``yolov8n.pt`` can only come
+    back as a 404 after a network round trip (or a long wait offline). Let the lookup go on when
+    the name is ours, when the file is in the weights cache, when ``$LIBREYOLO_HF_REPO`` names a
+    repo of the user's own, or when ``download=True`` asks for the hub explicitly.
+    """
+    from .weights import weights_dir
+
+    name = Path(text).name
+    if parse_spec(text) is not None or _is_libreyolo_file_name(name):
+        return
+    cached = weights_dir() / name
+    if cached.is_file() or download is True or os.environ.get("LIBREYOLO_HF_REPO"):
+        return
+    stem = Path(name).stem
+    raise FileNotFoundError(
+        f"weights '{text}' not found: there is no such file ({Path(text).expanduser().absolute()}) and none "
+        f"in the weights cache ({cached.absolute()}), and '{stem}' is not a libreyolo model family, so "
+        "there is nothing to download (the hub was not contacted).\n"
+        "Known families and their weight files:\n"
+        f"{_families_and_file_names()}\n"
+        "Pass the path of an existing checkpoint (any file name loads), one of these file names, or a "
+        "family/size name such as 'yolo9t' for an untrained model; to fetch this file from a hub repo "
+        f"of your own, set LIBREYOLO_HF_REPO (or pass download=True to try LibreYOLO/{stem})."
+    )

@@ -10,16 +10,23 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
+import sys
 import uuid
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from PIL import Image, ImageDraw, ImageFont
+from PIL import Image, ImageDraw, ImageFont, ImageShow
 
 __all__ = ["Boxes", "Results", "PALETTE", "class_color"]
+
+log = logging.getLogger("libreyolo")
+
+#: Whether :meth:`Results.show` has already said that it cannot show anything (said once a process).
+_warned_cannot_show = False
 
 #: Fixed per-class colours (RGB), picked to be distinguishable on photos; class k uses PALETTE[k % 20].
 PALETTE: tuple[tuple[int, int, int], ...] = (
@@ -378,6 +385,39 @@ class Results:
             raise
         return str(path)
 
-    def show(self) -> None:
-        """Open the annotated image in the system's image viewer (PIL ``Image.show``)."""
-        Image.fromarray(self.plot()).show(title=Path(self.path).name or None)
+    def show(self) -> bool:
+        """Open the annotated image in the system's image viewer (``PIL.ImageShow``).
+
+        Returns whether a viewer was started. Where none can be (a Linux/BSD machine with neither
+        ``DISPLAY`` nor ``WAYLAND_DISPLAY`` set, as on servers and in containers, or no viewer
+        installed) it logs one warning per process pointing to :meth:`save` instead of doing
+        nothing silently.
+        """
+        problem = _display_problem()
+        if problem is None:
+            if ImageShow.show(Image.fromarray(self.plot()), title=Path(self.path).name or None):
+                return True
+            problem = "no image viewer was found (PIL.ImageShow has none for this system)"
+        _warn_cannot_show(problem)
+        return False
+
+
+def _display_problem() -> str | None:
+    """Why no window can open here, or None when a display may exist.
+
+    X11/Wayland systems (Linux, the BSDs) need ``DISPLAY`` or ``WAYLAND_DISPLAY``; macOS and
+    Windows always have a desktop session to try.
+    """
+    if os.name == "posix" and sys.platform != "darwin":
+        if not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
+            return "no display was found (DISPLAY and WAYLAND_DISPLAY are unset)"
+    return None
+
+
+def _warn_cannot_show(problem: str) -> None:
+    global _warned_cannot_show
+    if _warned_cannot_show:
+        return
+    _warned_cannot_show = True
+    log.warning("libreyolo: Results.show() cannot open the image: %s; use r.save('out.jpg') to write the "
+                "annotated image to a file instead (this warning is shown once)", problem)

@@ -14,12 +14,15 @@ place that touches checkpoint files, so the safety rules live here once:
 from __future__ import annotations
 
 import errno
+import inspect
 import json
 import logging
+import math
 import os
 import re
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -35,6 +38,8 @@ __all__ = [
     "default_repo_for",
     "downloads_allowed",
     "CheckpointSaveError",
+    "hub_endpoint",
+    "hub_timeout",
 ]
 
 logger = logging.getLogger("libreyolo")
@@ -46,6 +51,11 @@ HF_ORG = "LibreYOLO"
 SAFETENSORS_META_KEY = "libreyolo"
 #: Key of the safetensors header metadata entry holding the state-dict key order (JSON list).
 _SAFETENSORS_ORDER_KEY = "libreyolo.keys"
+
+#: Environment variable: seconds the one reachability check of the hub may take before a download is
+#: given up (no retries either way).
+HUB_TIMEOUT_ENV = "LIBREYOLO_HUB_TIMEOUT"
+DEFAULT_HUB_TIMEOUT = 2.0
 
 _TRUE = {"1", "true", "yes", "on"}
 _SAFETENSORS_SUFFIX = ".safetensors"
@@ -516,7 +526,9 @@ def resolve_weights(
     """Find a weight file: the given path, then the weights cache, then the Hugging Face hub.
 
     Downloads go into :func:`weights_dir` through ``huggingface_hub.hf_hub_download`` (progress bar,
-    atomic rename). The repo is ``repo_id``, else ``$LIBREYOLO_HF_REPO``, else
+    atomic rename), after one HEAD request for the file (no retries, at most :func:`hub_timeout`
+    seconds) has shown that the hub (:func:`hub_endpoint`) answers; without network the download
+    is skipped at once. The repo is ``repo_id``, else ``$LIBREYOLO_HF_REPO``, else
     :func:`default_repo_for`. When nothing is found, one ``FileNotFoundError`` lists every place
     looked and how to get weights; there is never a fallback to random weights.
     """
@@ -535,31 +547,120 @@ def resolve_weights(
     repo = repo_id or os.environ.get("LIBREYOLO_HF_REPO") or default_repo_for(filename)
     allowed, why_not = downloads_allowed(download)
     if allowed:
+        timeout = hub_timeout()  # a bad LIBREYOLO_HUB_TIMEOUT is the user's error, raised as such
         try:
-            return _download(repo, filename, cached.parent)
-        except Exception as exc:  # network, 404, auth, disk: all end in the one error below
+            return _download(repo, filename, cached.parent, timeout)
+        except _HubUnreachable as exc:
+            looked.append(f"Hugging Face hub repo '{repo}', file '{filename}': download skipped: {exc}")
+        except Exception as exc:  # 404, auth, disk, ...: all end in the one error below
             looked.append(f"Hugging Face hub repo '{repo}', file '{filename}': download failed: {_short(exc)}")
     else:
         looked.append(f"Hugging Face hub repo '{repo}', file '{filename}': not tried ({why_not})")
 
+    hints = [
+        f"download the file and pass its path, e.g. LibreYOLO('/path/to/{filename}')",
+        "or set LIBREYOLO_HF_REPO to a hub repo that holds it (downloads need LIBREYOLO_OFFLINE "
+        "and HF_HUB_OFFLINE unset)",
+        'or build an untrained model explicitly, e.g. libreyolo.LibreYOLO.new("yolo9", "t")',
+    ]
+    if allowed:  # the hub was tried and failed
+        hints.append("without network, set LIBREYOLO_OFFLINE=1 to skip the hub attempt (files on disk and "
+                     "in the weights cache still load)")
     raise FileNotFoundError(
         f"weights '{name_or_path}' not found. Looked in:\n"
         + "".join(f"  - {line}\n" for line in looked)
         + "To get weights:\n"
-        f"  - download the file and pass its path, e.g. LibreYOLO('/path/to/{filename}')\n"
-        "  - or set LIBREYOLO_HF_REPO to a hub repo that holds it (downloads need LIBREYOLO_OFFLINE "
-        "and HF_HUB_OFFLINE unset)\n"
-        '  - or build an untrained model explicitly, e.g. libreyolo.LibreYOLO.new("yolo9", "t")'
+        + "\n".join(f"  - {hint}" for hint in hints)
     )
 
 
-def _download(repo: str, filename: str, local_dir: Path) -> Path:
-    """Fetch ``filename`` from hub repo ``repo`` into ``local_dir`` and return its path."""
+def hub_endpoint() -> str:
+    """The hub's base URL: ``$HF_ENDPOINT`` when set, else ``huggingface_hub.constants.ENDPOINT``."""
+    env = os.environ.get("HF_ENDPOINT", "").strip()
+    if env:
+        return env.rstrip("/")
+    from huggingface_hub import constants
+
+    return str(constants.ENDPOINT).rstrip("/")
+
+
+def hub_timeout() -> float:
+    """Seconds the hub's reachability check may take: ``$LIBREYOLO_HUB_TIMEOUT``, default 2."""
+    raw = os.environ.get(HUB_TIMEOUT_ENV, "").strip()
+    if not raw:
+        return DEFAULT_HUB_TIMEOUT
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{HUB_TIMEOUT_ENV}={raw!r} is not a positive number of seconds")
+    return value
+
+
+class _HubUnreachable(OSError):
+    """The hub did not answer the reachability check; the message is the reason."""
+
+
+def _probe_hub(repo: str, filename: str, endpoint: str, timeout: float) -> None:
+    """One HEAD request for the file, no retries, bounded by ``timeout`` seconds in all.
+
+    Returns when the hub has the file. Raises :class:`_HubUnreachable` when no answer came in time
+    (no network, DNS failure, a refused or silent port), or the hub's own HTTP error (404, 401,
+    5xx) when it answered with one. ``hf_hub_download`` is only called after a successful check:
+    on a network error its first metadata request is followed by a backoff loop (five retries,
+    "Retrying in 1s [Retry 1/5]" ... about 25 s) that it offers no switch for.
+
+    The request runs in a daemon thread joined with ``timeout`` so that the bound also covers what
+    an HTTP timeout does not (a hanging DNS lookup). huggingface_hub builds the request (token,
+    proxies, user agent) and follows the hub's redirects.
+    """
+    from urllib.parse import urlparse
+
+    from huggingface_hub import get_hf_file_metadata, hf_hub_url
+    from huggingface_hub.utils import HfHubHTTPError
+
+    url = hf_hub_url(repo, filename, endpoint=endpoint)
+    kwargs: dict[str, Any] = {"timeout": timeout}
+    if "retry_on_errors" in inspect.signature(get_hf_file_metadata).parameters:
+        kwargs["retry_on_errors"] = False  # newer releases; older ones never retried this request
+    outcome: dict[str, BaseException] = {}
+
+    def attempt() -> None:
+        try:
+            get_hf_file_metadata(url, **kwargs)
+        except BaseException as exc:  # handed to the caller's thread below
+            outcome["error"] = exc
+
+    worker = threading.Thread(target=attempt, name="libreyolo-hub-check", daemon=True)
+    worker.start()
+    worker.join(timeout)
+    host = urlparse(endpoint).netloc or endpoint
+    reason = f"the hub ({host}) could not be reached within {timeout:g} s"
+    hint = f"; set {HUB_TIMEOUT_ENV} to wait longer"
+    if worker.is_alive():
+        raise _HubUnreachable(f"{reason} (no answer){hint}")
+    error = outcome.get("error")
+    if error is None:
+        return
+    if isinstance(error, HfHubHTTPError):
+        raise error  # the hub answered: 404 (no such repo or file), 401, 5xx
+    raise _HubUnreachable(f"{reason} ({_short(error, 200)}){hint}") from error
+
+
+def _download(repo: str, filename: str, local_dir: Path, timeout: float) -> Path:
+    """Fetch ``filename`` from hub repo ``repo`` into ``local_dir`` and return its path.
+
+    A quick check comes first (:func:`_probe_hub`, at most ``timeout`` seconds), so an offline
+    machine fails at once instead of sitting through huggingface_hub's retries.
+    """
     from huggingface_hub import hf_hub_download  # imported lazily: only needed to download
 
+    endpoint = hub_endpoint()
+    _probe_hub(repo, filename, endpoint, timeout)
     local_dir.mkdir(parents=True, exist_ok=True)
     logger.info("downloading %s from Hugging Face hub repo %s into %s", filename, repo, local_dir)
-    result = Path(hf_hub_download(repo_id=repo, filename=filename, local_dir=local_dir))
+    result = Path(hf_hub_download(repo_id=repo, filename=filename, local_dir=local_dir, endpoint=endpoint))
     if not result.is_file():
         raise FileNotFoundError(f"hf_hub_download returned '{result}', which is not a file")
     return result

@@ -270,8 +270,74 @@ def test_save_unknown_suffix_and_failure_cleanup(tmp_path, monkeypatch):
     assert os.listdir(tmp_path) == ["out.png"]  # and the temporary file is gone
 
 
-def test_show_uses_pil(monkeypatch):
-    shown = []
-    monkeypatch.setattr(Image.Image, "show", lambda self, title=None: shown.append((self.size, title)))
-    make_results().show()
-    assert shown == [((W, H), "street.png")]
+# ---- show -----------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def show_env(monkeypatch):
+    """A Linux process that has not warned yet; PIL's viewer call recorded, answering ``True``."""
+    import libreyolo.results as R
+
+    monkeypatch.setattr(R, "_warned_cannot_show", False)
+    monkeypatch.setattr(R.sys, "platform", "linux")
+    monkeypatch.setattr(R.os, "name", "posix")
+    calls: list[tuple[tuple[int, int], str | None]] = []
+    answer = {"viewer_found": True}
+
+    def fake_show(image, title=None, **options):
+        calls.append((image.size, title))
+        return answer["viewer_found"]
+
+    monkeypatch.setattr(R.ImageShow, "show", fake_show)
+    return calls, answer
+
+
+def _show_warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "Results.show()" in r.getMessage()]
+
+
+def test_show_headless_warns_once_and_points_to_save(show_env, monkeypatch, caplog):
+    calls, _ = show_env
+    monkeypatch.delenv("DISPLAY", raising=False)
+    monkeypatch.delenv("WAYLAND_DISPLAY", raising=False)
+    with caplog.at_level("WARNING", logger="libreyolo"):
+        assert make_results().show() is False
+        assert make_results().show() is False
+    assert calls == []  # no viewer is started that could not show anything
+    warnings = _show_warnings(caplog)
+    assert len(warnings) == 1, warnings
+    assert "no display was found" in warnings[0] and "save(" in warnings[0]
+
+
+@pytest.mark.parametrize("var", ["DISPLAY", "WAYLAND_DISPLAY"])
+def test_show_with_a_display_opens_the_viewer(show_env, monkeypatch, caplog, var):
+    calls, _ = show_env
+    monkeypatch.delenv("DISPLAY", raising=False)
+    monkeypatch.delenv("WAYLAND_DISPLAY", raising=False)
+    monkeypatch.setenv(var, ":0" if var == "DISPLAY" else "wayland-0")
+    with caplog.at_level("WARNING", logger="libreyolo"):
+        assert make_results().show() is True
+    assert calls == [((W, H), "street.png")]
+    assert _show_warnings(caplog) == []
+
+
+def test_show_without_a_viewer_warns_once(show_env, monkeypatch, caplog):
+    calls, answer = show_env
+    monkeypatch.setenv("DISPLAY", ":0")
+    answer["viewer_found"] = False
+    with caplog.at_level("WARNING", logger="libreyolo"):
+        assert make_results().show() is False
+        assert make_results().show() is False
+    assert len(calls) == 2
+    warnings = _show_warnings(caplog)
+    assert len(warnings) == 1 and "no image viewer was found" in warnings[0]
+
+
+def test_show_on_macos_needs_no_display_variable(show_env, monkeypatch):
+    import libreyolo.results as R
+
+    calls, _ = show_env
+    monkeypatch.setattr(R.sys, "platform", "darwin")
+    monkeypatch.delenv("DISPLAY", raising=False)
+    monkeypatch.delenv("WAYLAND_DISPLAY", raising=False)
+    assert make_results().show() is True and len(calls) == 1

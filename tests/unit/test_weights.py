@@ -13,6 +13,7 @@ import io
 import os
 import pickle
 import shutil
+import socket
 import tempfile
 import threading
 import time
@@ -553,11 +554,13 @@ class FakeHub:
     """Serves ``/{repo_id}/resolve/{revision}/{filename}`` (HEAD and GET) like the hub does.
 
     Only what ``hf_hub_download`` needs: ``X-Repo-Commit``, an ``ETag``, ``Content-Length`` on
-    success; a 404 with ``X-Error-Code`` when the repo or the file is unknown.
+    success; a 404 with ``X-Error-Code`` when the repo or the file is unknown; ``fail_with`` set to a
+    status code answers every request with it (a hub having trouble).
     """
 
     def __init__(self, files: dict[tuple[str, str], bytes]) -> None:
         self.files = files
+        self.fail_with: int | None = None
         self.requests: list[tuple[str, str]] = []
         hub = self
 
@@ -575,6 +578,11 @@ class FakeHub:
 
             def _answer(self, send_body: bool) -> None:
                 hub.requests.append((self.command, self.path))
+                if hub.fail_with is not None:
+                    self.send_response(hub.fail_with)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 path = unquote(self.path.split("?", 1)[0])
                 parts = path.lstrip("/").split("/")
                 # org / repo / "resolve" / revision / filename
@@ -631,6 +639,39 @@ def _reset_hub_sessions() -> None:
             fn()
 
 
+def _point_hub_at(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, url: str) -> None:
+    """Point huggingface_hub (and libreyolo's hub check) at ``url``, downloads on, no proxies."""
+    # Environment first (read by anything that imports huggingface_hub from now on) ...
+    monkeypatch.setenv("HF_ENDPOINT", url)
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
+    for var in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
+    monkeypatch.setenv("HF_HUB_ETAG_TIMEOUT", "5")
+    monkeypatch.setenv("HF_HUB_DOWNLOAD_TIMEOUT", "5")
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.delenv(W.HUB_TIMEOUT_ENV, raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
+    monkeypatch.setenv("LIBREYOLO_OFFLINE", "0")
+
+    # ... then the values huggingface_hub already read at import time.
+    from huggingface_hub import constants, file_download
+
+    template = url + "/{repo_id}/resolve/{revision}/{filename}"
+    monkeypatch.setattr(constants, "ENDPOINT", url)
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", template)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "HF_HUB_ETAG_TIMEOUT", 5, raising=False)
+    monkeypatch.setattr(constants, "HF_HUB_DOWNLOAD_TIMEOUT", 5, raising=False)
+    # 2.x asks the endpoint for an "agent harness" list once and caches it under HF_HOME.
+    monkeypatch.setattr(constants, "AGENT_HARNESSES_PATH", str(tmp_path / "hf_home" / "agents.json"), raising=False)
+    # Older releases copied these names into file_download at import time.
+    for name, value in (("ENDPOINT", url), ("HUGGINGFACE_CO_URL_TEMPLATE", template), ("HF_HUB_OFFLINE", False)):
+        if hasattr(file_download, name):
+            monkeypatch.setattr(file_download, name, value)
+
+
 @pytest.fixture
 def fake_hub(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[FakeHub]:
     """A local hub on 127.0.0.1 serving one checkpoint, with huggingface_hub pointed at it."""
@@ -638,35 +679,7 @@ def fake_hub(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[FakeHu
     files = {("LibreYOLO/LibreYOLO9t", "LibreYOLO9t.pt"): ckpt_path.read_bytes()}
 
     with FakeHub(files) as hub:
-        # Environment first (read by anything that imports huggingface_hub from now on) ...
-        monkeypatch.setenv("HF_ENDPOINT", hub.url)
-        monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
-        monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
-        for var in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
-            monkeypatch.delenv(var, raising=False)
-        monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
-        monkeypatch.setenv("HF_HUB_ETAG_TIMEOUT", "5")
-        monkeypatch.setenv("HF_HUB_DOWNLOAD_TIMEOUT", "5")
-        monkeypatch.delenv("HF_TOKEN", raising=False)
-        monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
-        monkeypatch.setenv("LIBREYOLO_OFFLINE", "0")
-
-        # ... then the values huggingface_hub already read at import time.
-        from huggingface_hub import constants, file_download
-
-        template = hub.url + "/{repo_id}/resolve/{revision}/{filename}"
-        monkeypatch.setattr(constants, "ENDPOINT", hub.url)
-        monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", template)
-        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-        monkeypatch.setattr(constants, "HF_HUB_ETAG_TIMEOUT", 5, raising=False)
-        monkeypatch.setattr(constants, "HF_HUB_DOWNLOAD_TIMEOUT", 5, raising=False)
-        # 2.x asks the endpoint for an "agent harness" list once and caches it under HF_HOME.
-        monkeypatch.setattr(constants, "AGENT_HARNESSES_PATH", str(tmp_path / "hf_home" / "agents.json"), raising=False)
-        # Older releases copied these names into file_download at import time.
-        for name, value in (("ENDPOINT", hub.url), ("HUGGINGFACE_CO_URL_TEMPLATE", template), ("HF_HUB_OFFLINE", False)):
-            if hasattr(file_download, name):
-                monkeypatch.setattr(file_download, name, value)
-
+        _point_hub_at(monkeypatch, tmp_path, hub.url)
         _reset_hub_sessions()
         hub.served_ckpt = ckpt_path  # type: ignore[attr-defined]
         try:
@@ -720,3 +733,124 @@ def test_download_404(fake_hub: FakeHub, _isolated: Path, monkeypatch: pytest.Mo
 def test_download_404_for_missing_file_in_known_repo(fake_hub: FakeHub, _isolated: Path) -> None:
     with pytest.raises(FileNotFoundError, match="LibreYOLO/LibreYOLO9t"):
         W.resolve_weights("other.pt", repo_id="LibreYOLO/LibreYOLO9t")
+
+
+def test_download_from_hub_in_trouble_is_not_retried(fake_hub: FakeHub, caplog: pytest.LogCaptureFixture) -> None:
+    """A hub answering 503 is reported at once: one HEAD, no backoff loop, no GET."""
+    fake_hub.fail_with = 503
+    start = time.monotonic()
+    with caplog.at_level("WARNING"), pytest.raises(FileNotFoundError) as info:
+        W.resolve_weights("LibreYOLO9t.pt")
+    assert time.monotonic() - start < 5
+    assert "download failed" in str(info.value) and "503" in str(info.value)
+    assert [method for method, _ in fake_hub.requests] == ["HEAD"]
+    assert "Retrying" not in caplog.text
+
+
+# ---------------------------------------------------------------------------------------------
+# No network: the hub check fails fast, without huggingface_hub's retries
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def no_download_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """hf_hub_download must not run when the hub check failed (its retries are what we avoid)."""
+
+    def refuse(**kwargs: object) -> None:
+        raise AssertionError("hf_hub_download called although the hub could not be reached")
+
+    monkeypatch.setattr("huggingface_hub.hf_hub_download", refuse)
+
+
+def _closed_loopback_port() -> int:
+    """A loopback port nothing listens on (bound once by us, then closed): connections are refused."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _assert_fast_offline_error(message: str, host: str, timeout_text: str) -> None:
+    assert f"the hub ({host}) could not be reached within {timeout_text} s" in message
+    assert "download skipped" in message
+    assert "set LIBREYOLO_OFFLINE=1 to skip the hub attempt" in message
+    assert W.HUB_TIMEOUT_ENV in message
+
+
+def test_refused_connection_fails_fast(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture, no_download_call: None
+) -> None:
+    url = f"http://127.0.0.1:{_closed_loopback_port()}"
+    _point_hub_at(monkeypatch, tmp_path, url)
+    _reset_hub_sessions()
+    start = time.monotonic()
+    with caplog.at_level("DEBUG"), pytest.raises(FileNotFoundError) as info:
+        W.resolve_weights("LibreYOLO9t.pt")
+    elapsed = time.monotonic() - start
+    assert elapsed < 4, f"took {elapsed:.1f} s"
+    _assert_fast_offline_error(str(info.value), url.removeprefix("http://"), "2")
+    assert "Connection refused" in str(info.value) or "ConnectError" in str(info.value)
+    assert "Retrying" not in caplog.text and "Retry 1/" not in caplog.text
+
+
+def test_silent_hub_is_bounded_by_the_timeout(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture, no_download_call: None
+) -> None:
+    """A port that accepts connections but never answers: the check gives up after the timeout."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)  # the kernel completes handshakes; nobody ever reads or answers
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        _point_hub_at(monkeypatch, tmp_path, url)
+        monkeypatch.setenv(W.HUB_TIMEOUT_ENV, "0.5")
+        _reset_hub_sessions()
+        start = time.monotonic()
+        with caplog.at_level("DEBUG"), pytest.raises(FileNotFoundError) as info:
+            W.resolve_weights("LibreYOLO9t.pt")
+        elapsed = time.monotonic() - start
+        _reset_hub_sessions()
+    assert 0.4 <= elapsed < 3, f"took {elapsed:.2f} s"
+    _assert_fast_offline_error(str(info.value), url.removeprefix("http://"), "0.5")
+    assert "Retrying" not in caplog.text
+
+
+def test_offline_flag_skips_the_check(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """LIBREYOLO_OFFLINE=1 (the hint in the error above) means no request at all."""
+    _point_hub_at(monkeypatch, tmp_path, f"http://127.0.0.1:{_closed_loopback_port()}")
+    monkeypatch.setenv("LIBREYOLO_OFFLINE", "1")
+
+    def no_check(*args: object, **kwargs: object) -> None:
+        raise AssertionError("hub checked while offline")
+
+    monkeypatch.setattr(W, "_probe_hub", no_check)
+    with pytest.raises(FileNotFoundError) as info:
+        W.resolve_weights("LibreYOLO9t.pt")
+    message = str(info.value)
+    assert "not tried (downloads are disabled by LIBREYOLO_OFFLINE=1)" in message
+    assert "skip the hub attempt" not in message  # nothing was attempted
+
+
+@pytest.mark.parametrize(("value", "expected"), [(None, 2.0), ("", 2.0), ("0.25", 0.25), (" 10 ", 10.0)])
+def test_hub_timeout(monkeypatch: pytest.MonkeyPatch, value: str | None, expected: float) -> None:
+    if value is None:
+        monkeypatch.delenv(W.HUB_TIMEOUT_ENV, raising=False)
+    else:
+        monkeypatch.setenv(W.HUB_TIMEOUT_ENV, value)
+    assert W.hub_timeout() == expected
+
+
+@pytest.mark.parametrize("value", ["soon", "0", "-1", "nan", "inf"])
+def test_bad_hub_timeout_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    monkeypatch.setenv(W.HUB_TIMEOUT_ENV, value)
+    monkeypatch.setenv("LIBREYOLO_OFFLINE", "0")
+    with pytest.raises(ValueError, match=rf"{W.HUB_TIMEOUT_ENV}='{value}' is not a positive number of seconds"):
+        W.resolve_weights("LibreYOLO9t.pt")
+
+
+def test_hub_endpoint(monkeypatch: pytest.MonkeyPatch) -> None:
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "ENDPOINT", "https://hub.example.invalid")
+    monkeypatch.delenv("HF_ENDPOINT", raising=False)
+    assert W.hub_endpoint() == "https://hub.example.invalid"
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:8080/")
+    assert W.hub_endpoint() == "http://127.0.0.1:8080"
