@@ -200,7 +200,8 @@ class Predictor:
         plan = self.plan(size, **task_opts)
         amp_dtype = _amp_dtype(amp, m.AMP_DTYPE)
         if not m.trained and not getattr(m, "_warned_untrained", False):
-            log.warning("libreyolo: %s is UNTRAINED (random weights): its predictions are meaningless", m)
+            log.warning("libreyolo: %s-%s is UNTRAINED (random weights): its predictions are meaningless",
+                        m.FAMILY, m.size)
             m._warned_untrained = True
         sync = (torch.cuda.synchronize if profile and m.device.type == "cuda" else (lambda: None))
         t_load = time.perf_counter()

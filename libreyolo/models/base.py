@@ -219,6 +219,16 @@ class Model:
         return cls(net, size=size, nc=nc, names=ckpt.get("names"), imgsz=ckpt.get("imgsz"),
                    device=device, trained=True, source=source, meta=meta)
 
+    def info(self, imgsz: int | None = None, verbose: bool = True) -> dict:
+        """Layers, parameters, GFLOPs at ``imgsz`` (default the model's), task and graph support;
+        printed as one line with ``verbose``."""
+        from .summary import format_summary, model_summary
+        d = model_summary(self.model, int(imgsz or self.imgsz), self.TASK, self.FAMILY, self.size,
+                          self.SUPPORTS_CUDA_GRAPH)
+        if verbose:
+            print(format_summary(d))
+        return d
+
     @classmethod
     def preprocess_for(cls, size: str) -> Preprocess:
         """The preprocessing of ``size`` (``PREPROCESS`` unless a family's sizes differ)."""

@@ -121,3 +121,12 @@ def test_small_detector(yolox_n) -> None:
 def test_bad_imgsz() -> None:
     with pytest.raises(ValueError, match="imgsz"):
         S.model_summary(_tiny_conv_net(), 0, "detect", "tiny", "s", cuda_graph=False)
+
+
+def test_model_info_prints_one_line_and_returns_the_summary(capsys) -> None:
+    from libreyolo import LibreYOLO
+    m = LibreYOLO.new("yolox", "n", device="cpu", seed=0)
+    d = m.info(imgsz=64)
+    out = capsys.readouterr().out
+    assert d["parameters"] == sum(p.numel() for p in m.model.parameters()) and d["task"] == "detect"
+    assert out.count("\n") == 1 and "yolox" in out
