@@ -17,6 +17,10 @@ FIXTURES = [
     ("rtdetrv4", "s", "rtdetrv4-s"),
     ("deimv2", "atto", "deimv2-atto"),
     ("ec", "s", "ec-s"),
+    ("resnet", "18", "resnet-18"),
+    ("efficientnetv2", "b0", "efficientnetv2-b0"),
+    ("mobilenetv4", "s", "mobilenetv4-s"),
+    ("convnext", "t", "convnext-t"),
 ]
 
 # Families whose checkpoints share another family's layout key for key: a bare state dict (no
@@ -87,4 +91,21 @@ TRAIN_MODELS = [
     ("yolo7", "tiny", {}),
     ("rtmdet", "t", {"optimizer": "AdamW", "lr0": 0.008}),
     ("picodet", "s", {}),
+]
+
+# (family, size) of classifiers for the fast CPU classification tests (tests/unit/test_classify.py).
+CLASSIFY_SMALL_MODELS = [
+    ("resnet", "18"),
+    ("efficientnetv2", "b0"),
+    ("mobilenetv4", "s"),
+    ("convnext", "t"),
+]
+
+# (family, size) of classifiers that must pass the GPU parity protocol (predict stage: crop,
+# normalization, network, softmax and top-k) and the training-step parity tests.
+CLASSIFY_GRAPH_MODELS = [
+    ("resnet", "18"),
+    ("efficientnetv2", "b0"),
+    ("mobilenetv4", "s"),
+    ("convnext", "t"),
 ]

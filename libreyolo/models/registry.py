@@ -8,11 +8,15 @@ import re
 from pathlib import Path
 
 from .base import Model
+from .convnext.model import ConvNeXt
 from .deim.model import Deim
 from .deimv2.model import Deimv2
 from .dfine.model import Dfine
 from .ec.model import EC
+from .efficientnetv2.model import EfficientNetV2
+from .mobilenetv4.model import MobileNetV4
 from .picodet.model import Picodet
+from .resnet.model import ResNet
 from .rtdetr.model import RTDETR
 from .rtdetrv2.model import RTDETRv2
 from .rtdetrv4.model import RTDETRv4
@@ -34,6 +38,10 @@ FAMILIES: dict[str, type[Model]] = {
     "deimv2": Deimv2,
     "ec": EC,
     "rtdetrv4": RTDETRv4,
+    "resnet": ResNet,
+    "efficientnetv2": EfficientNetV2,
+    "mobilenetv4": MobileNetV4,
+    "convnext": ConvNeXt,
 }
 
 

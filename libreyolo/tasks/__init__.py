@@ -7,10 +7,12 @@ in ``TASKS``.
 from __future__ import annotations
 
 from .base import Evaluator, PredictPlan, Task, TaskOptions
+from .classify import ClassifyTask
 from .detect import DetectTask
 
 TASKS: dict[str, Task] = {
     "detect": DetectTask(),
+    "classify": ClassifyTask(),
 }
 
 

@@ -38,7 +38,7 @@ def test_registry_rows_are_complete():
     seam = {r["family"] for r in list_models() if r["cuda_graph_train_seam"]}
     assert seam == {"rtdetr", "rtdetrv2", "rtdetrv4", "dfine", "deim", "deimv2", "ec"}, seam
     assert parse_spec("LibreYOLO9t.pt")[1] == "t" and parse_spec("yolo9-s")[1] == "s"
-    assert parse_spec("resnet50.pt") is None
+    assert parse_spec("alexnet.pt") is None and parse_spec("resnet51.pt") is None
     with pytest.raises(ValueError, match="unknown model family"):
         get_family("nope")
 

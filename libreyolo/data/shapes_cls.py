@@ -1,0 +1,128 @@
+"""The built-in ``shapes-cls`` dataset: one synthetic shape per image, six classes, ImageFolder layout.
+
+The classification counterpart of the detection ``shapes`` set (:mod:`libreyolo.data.synthetic`),
+drawn with the same code: its backgrounds (flat, gradient, smooth noise, stripes, clutter lines,
+grain on half of them), its shape masks and its contrast-checked colours. Each image (64 to 96 px
+a side, not square) holds one large filled shape (45% to 85% of the short side) of class
+``circle, square, triangle, star, cross`` or ``hexagon``; classes take turns, so both splits are
+balanced. Written as ``train/<class>/*.jpg``, ``val/<class>/*.jpg`` and a ``data.yaml``.
+
+Generation is deterministic (each image has its own seeded generator: the same arguments give
+byte-identical files), idempotent (a complete set with a matching manifest is reused) and atomic
+(written into a temporary folder renamed into place), in the same cache as the detection set.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageDraw
+
+from .synthetic import SHAPE_NAMES, _background, _is_complete, _pick_color, _sha256, _shape_mask, default_datasets_dir
+
+__all__ = ["SHAPES_CLS_NAMES", "make_shapes_cls_dataset", "render_shape_image"]
+
+LOGGER = logging.getLogger("libreyolo")
+
+#: Class names, in class-id order: the detection set's five shapes and a hexagon.
+SHAPES_CLS_NAMES: tuple[str, ...] = (*SHAPE_NAMES, "hexagon")
+
+_VERSION = "shapes-cls-v1"
+_JPEG_QUALITY = 92
+_MIN_SIDE, _MAX_SIDE = 64, 96
+_MIN_REL, _MAX_REL = 0.45, 0.85
+_MAX_TILT = 20.0
+
+
+def make_shapes_cls_dataset(root: Path | str | None = None, n_train: int = 300, n_val: int = 96,
+                            seed: int = 0) -> Path:
+    """Write (or reuse) the synthetic classification set and return the path of its ``data.yaml``.
+
+    ``root`` defaults to ``<datasets dir>/shapes-cls-v1-<n_train>-<n_val>-<seed>`` (see
+    :func:`~libreyolo.data.synthetic.default_datasets_dir`).
+    """
+    nc = len(SHAPES_CLS_NAMES)
+    if n_train < nc or n_val < nc:
+        raise ValueError(f"n_train and n_val must be >= {nc} (one image per class), got {n_train} and {n_val}")
+    params = {"version": _VERSION, "n_train": int(n_train), "n_val": int(n_val), "seed": int(seed)}
+    if root is None:
+        root = default_datasets_dir() / f"{_VERSION}-{n_train}-{n_val}-{seed}"
+    root = Path(root).expanduser().absolute()
+    if _is_complete(root, params):
+        return root / "data.yaml"
+    if root.exists() and (not root.is_dir() or any(root.iterdir())):
+        raise FileExistsError(f"cannot create the shapes-cls dataset at '{root}': it exists and is not a complete "
+                              "shapes-cls dataset with these parameters; remove it or choose another root")
+    root.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.tmp-", dir=root.parent))
+    try:
+        LOGGER.info("generating the shapes-cls dataset (%d train + %d val images) in %s", n_train, n_val, root)
+        _generate(tmp, params)
+        try:
+            os.rename(tmp, root)  # atomic; also replaces an empty directory left at root
+        except OSError:
+            if _is_complete(root, params):  # another process finished first: use its copy
+                return root / "data.yaml"
+            raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return root / "data.yaml"
+
+
+def _generate(out: Path, params: dict) -> None:
+    files: dict[str, str] = {}
+    for split, n in (("train", params["n_train"]), ("val", params["n_val"])):
+        for name in SHAPES_CLS_NAMES:
+            (out / split / name).mkdir(parents=True)
+        for i in range(n):
+            rng = np.random.default_rng([params["seed"], 0 if split == "train" else 1, i])
+            cls = i % len(SHAPES_CLS_NAMES)
+            pixels = render_shape_image(rng, cls)
+            rel = f"{split}/{SHAPES_CLS_NAMES[cls]}/{split}_{i:05d}.jpg"
+            Image.fromarray(pixels).save(out / rel, format="JPEG", quality=_JPEG_QUALITY)
+            files[rel] = _sha256(out / rel)
+    names = "\n".join(f"  - {n}" for n in SHAPES_CLS_NAMES)
+    (out / "data.yaml").write_text("# libreyolo built-in synthetic classification dataset (libreyolo.data.shapes_cls)\n"
+                                   f"path: .\ntrain: train\nval: val\nnames:\n{names}\n")
+    files["data.yaml"] = _sha256(out / "data.yaml")
+    manifest = {"params": params, "files": dict(sorted(files.items()))}
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+
+
+def render_shape_image(rng: np.random.Generator, cls: int) -> np.ndarray:
+    """One HxWx3 uint8 RGB image of a single shape of class ``cls`` on a random background."""
+    w, h = (int(v) for v in rng.integers(_MIN_SIDE, _MAX_SIDE + 1, 2))
+    img = _background(rng, w, h)
+    owner = np.full((h, w), -1, dtype=np.int16)
+    short = min(w, h)
+    for _attempt in range(25):
+        extent = rng.uniform(_MIN_REL, _MAX_REL) * short
+        mask = _mask(rng, cls, extent, w, h)
+        color = _pick_color(rng, img, owner, mask, [])
+        if color is not None:
+            break
+    else:  # a background no colour stands out from: the inverse of its mean under the shape
+        color = tuple(int(255 - v) for v in img[mask].reshape(-1, 3).mean(0))
+    img[mask] = color
+    return img
+
+
+def _mask(rng: np.random.Generator, cls: int, extent: float, w: int, h: int) -> np.ndarray:
+    if cls < len(SHAPE_NAMES):
+        return _shape_mask(rng, cls, extent, w, h)
+    if cls != len(SHAPE_NAMES):
+        raise ValueError(f"unknown shapes-cls class {cls}")
+    r = extent / 2.0  # hexagon of circumradius r, slightly rotated
+    cx, cy = rng.uniform(r, w - r), rng.uniform(r, h - r)
+    tilt = math.radians(rng.uniform(-_MAX_TILT, _MAX_TILT))
+    pts = [(cx + r * math.cos(tilt + k * math.pi / 3), cy + r * math.sin(tilt + k * math.pi / 3)) for k in range(6)]
+    im = Image.new("L", (w, h), 0)
+    ImageDraw.Draw(im).polygon(pts, fill=255)
+    return np.asarray(im) > 0
