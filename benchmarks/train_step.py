@@ -54,7 +54,7 @@ def run_arm(arm: str, spec: str, batch: int, imgsz: int, amp: bool, runs: int, w
     params = [p for p in net.parameters() if p.requires_grad]
     optim = (optim or model.train_defaults().get("optimizer", "SGD")).lower()
     if optim == "adamw":
-        opt = torch.optim.AdamW(params, lr=torch.tensor(1e-3, device="cuda"), weight_decay=0.05, fused=True)
+        opt = torch.optim.AdamW(params, lr=torch.tensor(1e-3, device="cuda"), weight_decay=0.05, fused=True, capturable=True)
     else:
         opt = torch.optim.SGD(params, lr=torch.tensor(1e-3, device="cuda"), momentum=0.9, nesterov=True, fused=True)
     prime_optimizer_state(opt)

@@ -16,6 +16,13 @@ J=/tmp/json; mkdir -p "$J"; pack() { tar czf "$OUT/json.tgz" -C "$J" . 2>/dev/nu
 python3 -c "import torch, torchvision; print(torch.__version__, torchvision.__version__, torch.cuda.get_device_name(0))" > "$OUT/env.txt" 2>&1
 case "${PART:-tests}" in
 tests)
+  # the built-in sets are generated once, here, before xdist workers could race to write them
+  python3 -c "
+from libreyolo.tasks import TASKS
+for task, data in (('detect', 'shapes'), ('classify', 'shapes-cls'), ('semantic', 'shapes-seg')):
+    if task in TASKS:
+        TASKS[task].resolve_data(data)
+" >> "$OUT/gpu-tests.log" 2>&1
   timeout "${T:-540}" python3 -m pytest -m cuda ${TESTS:-tests} -q -p no:cacheprovider -rf --tb=short --timeout=240 \
     -n "${WORKERS:-3}" --durations=20 --junitxml="$OUT/gpu-tests.xml" > "$OUT/gpu-tests.log" 2>&1
   echo "tests rc=$?" >> "$OUT/gpu-tests.log"; tail -40 "$OUT/gpu-tests.log";;

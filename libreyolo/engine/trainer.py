@@ -328,7 +328,9 @@ class Trainer:
                 g["lr"] = torch.tensor(opt_cfg.lr0, device=self.device)
         fused = True if self.whole_step else None
         if name == "adamw":
-            opt = torch.optim.AdamW(groups, lr=opt_cfg.lr0, betas=(opt_cfg.momentum, 0.999), fused=fused)
+            # capturable: AdamW refuses to be captured without it (it keeps its step on the device)
+            opt = torch.optim.AdamW(groups, lr=opt_cfg.lr0, betas=(opt_cfg.momentum, 0.999), fused=fused,
+                                    capturable=bool(self.whole_step))
         else:
             opt = torch.optim.SGD(groups, lr=opt_cfg.lr0, momentum=opt_cfg.momentum, nesterov=True, fused=fused)
         for g in opt.param_groups:

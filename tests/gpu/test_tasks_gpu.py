@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from rows import CLASSIFY_GRAPH_MODELS, SEMANTIC_GRAPH_MODELS
+import rows
 
 from libreyolo import SAMPLE_IMAGE, LibreYOLO
 from libreyolo.engine.verify import input_sensitive, verify_model
@@ -19,7 +19,9 @@ from libreyolo.graphs.training import TrainStepRunner, prime_optimizer_state, tr
 
 pytestmark = pytest.mark.cuda
 
-MODELS = CLASSIFY_GRAPH_MODELS + SEMANTIC_GRAPH_MODELS
+GROUPS = [getattr(rows, name, []) for name in ("CLASSIFY_GRAPH_MODELS", "SEMANTIC_GRAPH_MODELS")]
+MODELS = [spec for group in GROUPS for spec in group]
+FIRSTS = [group[0] for group in GROUPS if group]   # one model per task for the longer tests
 DATA = {"classify": "shapes-cls", "semantic": "shapes-seg"}
 IMGSZ = {"classify": 224, "semantic": 256}
 FIELD = {"classify": "probs", "semantic": "masks"}
@@ -105,7 +107,7 @@ def whole(spec, nc, amp=False, optim="adamw", seed=0):
     for p in params:
         p.grad = torch.zeros_like(p)
     if optim == "adamw":
-        opt = torch.optim.AdamW(params, lr=torch.tensor(1e-3, device="cuda"), weight_decay=0.05, fused=True)
+        opt = torch.optim.AdamW(params, lr=torch.tensor(1e-3, device="cuda"), weight_decay=0.05, fused=True, capturable=True)
     else:
         opt = torch.optim.SGD(params, lr=torch.tensor(0.01, device="cuda"), momentum=0.9, nesterov=True, fused=True)
     prime_optimizer_state(opt)
@@ -161,7 +163,7 @@ def test_whole_step_step0_bitwise_equal(spec, optim, task_batches):
     assert max(moved) <= 1e-5, max(moved)
 
 
-@pytest.mark.parametrize("spec", [CLASSIFY_GRAPH_MODELS[0], SEMANTIC_GRAPH_MODELS[0]], ids=ids)
+@pytest.mark.parametrize("spec", FIRSTS, ids=ids)
 def test_20_step_whole_step_curve_within_eager_noise(spec, task_batches):
     nc, batches = _nc(spec, task_batches)
 
@@ -180,7 +182,7 @@ def test_20_step_whole_step_curve_within_eager_noise(spec, task_batches):
     assert diff <= max(noise * 2, 1e-5 * max(abs(v) for v in eager[0])), (noise, diff)
 
 
-@pytest.mark.parametrize("spec", [CLASSIFY_GRAPH_MODELS[0], SEMANTIC_GRAPH_MODELS[0]], ids=ids)
+@pytest.mark.parametrize("spec", FIRSTS, ids=ids)
 def test_trainer_replays_the_whole_step(spec, tmp_path):
     model = build(spec)
     model.SUPPORTS_CUDA_GRAPH_TRAIN = True

@@ -122,7 +122,7 @@ def make_whole(seed=0, amp=False, spec=FAMILY, optim="sgd"):
     for p in params:
         p.grad = torch.zeros_like(p)
     if optim == "adamw":
-        opt = torch.optim.AdamW(params, lr=torch.tensor(1e-3, device="cuda"), weight_decay=0.05, fused=True)
+        opt = torch.optim.AdamW(params, lr=torch.tensor(1e-3, device="cuda"), weight_decay=0.05, fused=True, capturable=True)
     else:
         opt = torch.optim.SGD(params, lr=torch.tensor(0.01, device="cuda"), momentum=0.9, nesterov=True, fused=True)
     prime_optimizer_state(opt)

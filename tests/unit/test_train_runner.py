@@ -269,6 +269,7 @@ def test_graphed_segment_accumulates_micro_batches_like_eager(monkeypatch):
 
 @pytest.mark.parametrize("fused", [None, True])
 def test_primed_adamw_state_gives_the_lazy_first_steps_bit_for_bit(fused):
+    # (capturable=True, what a captured whole step uses, needs CUDA tensors: the GPU suite covers it)
     """prime_optimizer_state makes AdamW's moments and step count before its first step (a
     captured whole step needs them allocated); the first steps equal an unprimed AdamW's."""
     from libreyolo.graphs.training import prime_optimizer_state

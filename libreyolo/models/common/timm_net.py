@@ -56,6 +56,11 @@ class TimmClassifier(Model):
     """
 
     TASK = "classify"
+    # Declared after the GPU parity protocol passed (predict stages fp32 and AMP, batch 1 and 8) and the
+    # training parity (step-0 loss and BatchNorm buffers bitwise, whole step with SGD and AdamW, 20-step
+    # curve within eager noise): see docs/families.md.
+    SUPPORTS_CUDA_GRAPH = True
+    SUPPORTS_CUDA_GRAPH_TRAIN = True
     STRIDE = 32
     DEFAULT_IMGSZ = 224
     PREPROCESS = Preprocess("crop", mean=IMAGENET_MEAN, std=IMAGENET_STD, crop_pct=0.875, interpolation="bicubic")
