@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from .base import Evaluator, PredictPlan, Task, TaskOptions
 from .detect import DetectTask
+from .semantic import SemanticTask
 
 TASKS: dict[str, Task] = {
     "detect": DetectTask(),
+    "semantic": SemanticTask(),
 }
 
 
