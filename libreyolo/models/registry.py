@@ -17,6 +17,7 @@ from .rtdetr.model import RTDETR
 from .rtdetrv2.model import RTDETRv2
 from .rtdetrv4.model import RTDETRv4
 from .rtmdet.model import Rtmdet
+from .segformer.model import Segformer
 from .yolo7.model import Yolo7
 from .yolo9.model import Yolo9
 from .yolox.model import Yolox
@@ -34,6 +35,7 @@ FAMILIES: dict[str, type[Model]] = {
     "deimv2": Deimv2,
     "ec": EC,
     "rtdetrv4": RTDETRv4,
+    "segformer": Segformer,
 }
 
 
