@@ -21,6 +21,7 @@ FIXTURES = [
     ("efficientnetv2", "b0", "efficientnetv2-b0"),
     ("mobilenetv4", "s", "mobilenetv4-s"),
     ("convnext", "t", "convnext-t"),
+    ("segformer", "b0", "segformer-b0"),
 ]
 
 # Families whose checkpoints share another family's layout key for key: a bare state dict (no
@@ -108,4 +109,9 @@ CLASSIFY_GRAPH_MODELS = [
     ("efficientnetv2", "b0"),
     ("mobilenetv4", "s"),
     ("convnext", "t"),
+]
+
+# (family, size) of semantic-segmentation models that must pass the GPU suites (tests/gpu/test_tasks_gpu.py).
+SEMANTIC_GRAPH_MODELS = [
+    ("segformer", "b0"),
 ]

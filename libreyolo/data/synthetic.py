@@ -32,7 +32,8 @@ import numpy as np
 from PIL import Image, ImageDraw
 from tqdm import tqdm
 
-__all__ = ["SHAPE_NAMES", "DrawnShape", "default_datasets_dir", "make_shapes_dataset", "render_shapes"]
+__all__ = ["SHAPE_NAMES", "DrawnShape", "default_datasets_dir", "make_shapes_dataset", "render_shapes",
+           "render_shapes_labelled"]
 
 LOGGER = logging.getLogger("libreyolo")
 
@@ -183,6 +184,16 @@ def render_shapes(
     ``plain=True`` uses a flat background with no clutter, which makes the labels checkable pixel
     by pixel (every pixel outside all boxes is the background colour).
     """
+    img, shapes, _ = render_shapes_labelled(rng, width, height, plain)
+    return img, shapes
+
+
+def render_shapes_labelled(
+    rng: np.random.Generator, width: int, height: int, plain: bool = False
+) -> tuple[np.ndarray, list[DrawnShape], np.ndarray]:
+    """:func:`render_shapes` (the same random draws, so the same image and shapes for the same
+    generator state) plus the per-pixel labels: an HxW int16 map holding the class id of the
+    shape each pixel shows, -1 where it shows the background (semantic segmentation sets)."""
     img = _flat(rng, width, height) if plain else _background(rng, width, height)
     owner = np.full((height, width), -1, dtype=np.int16)  # which shape each pixel shows
     areas: list[int] = []
@@ -213,7 +224,10 @@ def render_shapes(
         ys, xs = np.nonzero(owner == k)
         box = (int(xs.min()), int(ys.min()), int(xs.max()) + 1, int(ys.max()) + 1)
         shapes.append(DrawnShape(cls, box, color))
-    return img, shapes
+    labels = np.full((height, width), -1, dtype=np.int16)
+    visible = owner >= 0
+    labels[visible] = np.asarray(classes, dtype=np.int16)[owner[visible]]
+    return img, shapes, labels
 
 
 def _occlusion_ok(owner: np.ndarray, mask: np.ndarray, areas: list[int]) -> bool:

@@ -21,6 +21,7 @@ from .rtdetr.model import RTDETR
 from .rtdetrv2.model import RTDETRv2
 from .rtdetrv4.model import RTDETRv4
 from .rtmdet.model import Rtmdet
+from .segformer.model import Segformer
 from .yolo7.model import Yolo7
 from .yolo9.model import Yolo9
 from .yolox.model import Yolox
@@ -42,6 +43,7 @@ FAMILIES: dict[str, type[Model]] = {
     "efficientnetv2": EfficientNetV2,
     "mobilenetv4": MobileNetV4,
     "convnext": ConvNeXt,
+    "segformer": Segformer,
 }
 
 

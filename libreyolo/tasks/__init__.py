@@ -9,10 +9,12 @@ from __future__ import annotations
 from .base import Evaluator, PredictPlan, Task, TaskOptions
 from .classify import ClassifyTask
 from .detect import DetectTask
+from .semantic import SemanticTask
 
 TASKS: dict[str, Task] = {
     "detect": DetectTask(),
     "classify": ClassifyTask(),
+    "semantic": SemanticTask(),
 }
 
 

@@ -1,0 +1,1 @@
+"""SegFormer semantic-segmentation family (network in ``nn``)."""
