@@ -215,7 +215,7 @@ def check_config(cfg: TrainConfig, stride: int) -> None:
     o.optimizer = check_choice("optimizer", o.optimizer, ("SGD", "AdamW"))
     if o.lr0 is not None:
         o.lr0 = check_float("lr0", o.lr0, 0.0, min_inclusive=False)
-    o.lrf = check_float("lrf", o.lrf, 0.0, 1.0, min_inclusive=False)
+    o.lrf = check_float("lrf", o.lrf, 0.0, 1.0)
     o.momentum = check_float("momentum", o.momentum, 0.0, 1.0, max_inclusive=False)
     o.weight_decay = check_float("weight_decay", o.weight_decay, 0.0)
     o.clip_grad = check_float("clip_grad", o.clip_grad, 0.0, min_inclusive=False)

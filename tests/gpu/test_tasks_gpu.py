@@ -150,6 +150,9 @@ def test_whole_step_step0_bitwise_equal(spec, optim, task_batches):
     net_e, step_e, update_e, _ = whole(spec, nc, optim=optim)
     loss_e, _ = step_e(*inputs)
     update_e()
+    net_e2, step_e2, update_e2, _ = whole(spec, nc, optim=optim)   # eager's own noise
+    step_e2(*inputs)
+    update_e2()
     net_g, step_g, update_g, state_g = whole(spec, nc, optim=optim)
     runner = TrainStepRunner(net_g, step_g, enabled=True, family="test", supported=True, repeat=1,
                              update=update_g, state=state_g)
@@ -159,8 +162,9 @@ def test_whole_step_step0_bitwise_equal(spec, optim, task_batches):
     assert torch.equal(loss_e, loss_g)
     for a, b in zip(net_e.buffers(), net_g.buffers()):
         assert torch.equal(a, b)
-    moved = [(a - b).abs().max().item() for a, b in zip(net_e.parameters(), net_g.parameters())]
-    assert max(moved) <= 1e-5, max(moved)
+    moved = max((a - b).abs().max().item() for a, b in zip(net_e.parameters(), net_g.parameters()))
+    noise = max((a - b).abs().max().item() for a, b in zip(net_e.parameters(), net_e2.parameters()))
+    assert moved <= max(2 * noise, 1e-5), (moved, noise)   # within eager's spread (see test_training_gpu)
 
 
 @pytest.mark.parametrize("spec", FIRSTS, ids=ids)

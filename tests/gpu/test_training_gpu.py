@@ -146,6 +146,9 @@ def test_whole_step_step0_loss_and_bn_buffers_bitwise_equal(batches, amp, spec, 
     net_e, step_e, update_e, _ = make_whole(amp=amp, spec=spec, optim=optim)
     loss_e, _ = step_e(x, t, k)
     update_e()
+    net_e2, step_e2, update_e2, _ = make_whole(amp=amp, spec=spec, optim=optim)   # eager's own noise
+    step_e2(x, t, k)
+    update_e2()
     net_g, step_g, update_g, state_g = make_whole(amp=amp, spec=spec, optim=optim)
     runner = TrainStepRunner(net_g, step_g, enabled=True, family="test", supported=True, repeat=1,
                              update=update_g, state=state_g)
@@ -155,9 +158,12 @@ def test_whole_step_step0_loss_and_bn_buffers_bitwise_equal(batches, amp, spec, 
     assert torch.equal(loss_e, loss_g)
     for a, b in zip(net_e.buffers(), net_g.buffers()):
         assert torch.equal(a, b)
-    # the update inside the graph moved the weights like the eager update did
-    moved = [(a - b).abs().max().item() for a, b in zip(net_e.parameters(), net_g.parameters())]
-    assert max(moved) <= 1e-5, max(moved)
+    # the update inside the graph moved the weights like the eager update did, within eager's own
+    # run-to-run spread: cuDNN's weight gradients sum with atomics, and AdamW's first step divides
+    # by sqrt(g^2) + eps, so gradients near zero turn that noise into updates of up to lr
+    moved = max((a - b).abs().max().item() for a, b in zip(net_e.parameters(), net_g.parameters()))
+    noise = max((a - b).abs().max().item() for a, b in zip(net_e.parameters(), net_e2.parameters()))
+    assert moved <= max(2 * noise, 1e-5), (moved, noise)
 
 
 def _curve(batches, graph: bool, whole: bool, steps=20, spec=FAMILY, optim="sgd"):
