@@ -4,7 +4,7 @@ import sys
 
 import torch
 
-sys.path.insert(0, "tests")
+sys.path[:0] = ["tests", "tests/gpu", "tests/fixtures"]
 import test_tasks_gpu as T  # noqa: E402
 
 spec = ("segformer", "b0")

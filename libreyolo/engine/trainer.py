@@ -320,7 +320,7 @@ class Trainer:
         name = opt_cfg.optimizer.lower()
         if name not in ("sgd", "adamw"):
             raise ValueError(f"optimizer must be SGD or AdamW, got {opt_cfg.optimizer!r}")
-        self.whole_step = (bool(cfg.graph.cuda_graph) and m.SUPPORTS_CUDA_GRAPH_TRAIN
+        self.whole_step = (bool(cfg.graph.cuda_graph) and m.SUPPORTS_CUDA_GRAPH_TRAIN and name in m.WHOLE_STEP_OPTIMIZERS
                            and self.device.type == "cuda" and self.amp_dtype != torch.float16)
         groups = _param_groups(net, wd)
         if self.whole_step:

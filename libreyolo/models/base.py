@@ -41,6 +41,9 @@ class Model:
     #: the training step cannot be one graph, but a fixed-shape front part of the network can
     #: (forward and backward captured, the rest eager): see :meth:`train_seam`
     SUPPORTS_CUDA_GRAPH_TRAIN_SEAM: ClassVar[bool] = False
+    #: optimizers whose update the whole-step capture was proven with for this family (the step-0
+    #: update within eager's noise); with another the trainer captures forward+backward only
+    WHOLE_STEP_OPTIMIZERS: ClassVar[tuple[str, ...]] = ("sgd",)
     STRIDE: ClassVar[int] = 32
     DEFAULT_IMGSZ: ClassVar[int] = 640
     UNSUPPORTED_REASON: ClassVar[str | None] = None

@@ -140,7 +140,7 @@ def make_whole(seed=0, amp=False, spec=FAMILY, optim="sgd"):
 
 @pytest.mark.parametrize("spec", TRAIN_GRAPH_MODELS, ids=lambda s: "-".join(s))
 @pytest.mark.parametrize("amp", [False, True])
-@pytest.mark.parametrize("optim", ["sgd", "adamw"])
+@pytest.mark.parametrize("optim", ["sgd"])   # the detection families' WHOLE_STEP_OPTIMIZERS
 def test_whole_step_step0_loss_and_bn_buffers_bitwise_equal(batches, amp, spec, optim):
     x, t, k = to_dev(batches[0])
     net_e, step_e, update_e, _ = make_whole(amp=amp, spec=spec, optim=optim)

@@ -61,6 +61,7 @@ class TimmClassifier(Model):
     # curve within eager noise): see docs/families.md.
     SUPPORTS_CUDA_GRAPH = True
     SUPPORTS_CUDA_GRAPH_TRAIN = True
+    WHOLE_STEP_OPTIMIZERS = ("sgd", "adamw")
     STRIDE = 32
     DEFAULT_IMGSZ = 224
     PREPROCESS = Preprocess("crop", mean=IMAGENET_MEAN, std=IMAGENET_STD, crop_pct=0.875, interpolation="bicubic")
