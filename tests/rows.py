@@ -17,6 +17,7 @@ FIXTURES = [
     ("rtdetrv4", "s", "rtdetrv4-s"),
     ("deimv2", "atto", "deimv2-atto"),
     ("ec", "s", "ec-s"),
+    ("segformer", "b0", "segformer-b0"),
 ]
 
 # Families whose checkpoints share another family's layout key for key: a bare state dict (no
@@ -87,4 +88,10 @@ TRAIN_MODELS = [
     ("yolo7", "tiny", {}),
     ("rtmdet", "t", {"optimizer": "AdamW", "lr0": 0.008}),
     ("picodet", "s", {}),
+]
+
+# (family, size) of semantic-segmentation models that must pass the GPU parity protocol (predict
+# stage with the argmax inside the graph; training step) before their SUPPORTS_CUDA_GRAPH* flags flip.
+SEMANTIC_GRAPH_MODELS = [
+    ("segformer", "b0"),
 ]
