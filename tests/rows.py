@@ -111,7 +111,8 @@ CLASSIFY_GRAPH_MODELS = [
     ("convnext", "t"),
 ]
 
-# (family, size) of semantic-segmentation models that must pass the GPU suites (tests/gpu/test_tasks_gpu.py).
+# (family, size) of semantic-segmentation models that must pass the GPU parity protocol (predict
+# stage with the argmax inside the graph; training step) before their SUPPORTS_CUDA_GRAPH* flags flip.
 SEMANTIC_GRAPH_MODELS = [
     ("segformer", "b0"),
 ]
