@@ -134,6 +134,9 @@ class FakeModel:
     names = {0: "person", 1: "bicycle", 2: "car"}
     trained = True
 
+    class task:   # a detection model's predict options
+        predict_defaults = {"conf": 0.25, "iou": 0.45, "max_det": 300, "classes": None}
+
     def __init__(self):
         self.kwargs = None
 
