@@ -16,15 +16,12 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageDraw
 
-from .synthetic import SHAPE_NAMES, _background, _is_complete, _pick_color, _sha256, _shape_mask, default_datasets_dir
+from .synthetic import SHAPE_NAMES, _background, _pick_color, _sha256, _shape_mask, build_once, default_datasets_dir
 
 __all__ = ["SHAPES_CLS_NAMES", "make_shapes_cls_dataset", "render_shape_image"]
 
@@ -54,26 +51,7 @@ def make_shapes_cls_dataset(root: Path | str | None = None, n_train: int = 300, 
     if root is None:
         root = default_datasets_dir() / f"{_VERSION}-{n_train}-{n_val}-{seed}"
     root = Path(root).expanduser().absolute()
-    if _is_complete(root, params):
-        return root / "data.yaml"
-    if root.exists() and (not root.is_dir() or any(root.iterdir())):
-        raise FileExistsError(f"cannot create the shapes-cls dataset at '{root}': it exists and is not a complete "
-                              "shapes-cls dataset with these parameters; remove it or choose another root")
-    root.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.tmp-", dir=root.parent))
-    try:
-        LOGGER.info("generating the shapes-cls dataset (%d train + %d val images) in %s", n_train, n_val, root)
-        _generate(tmp, params)
-        try:
-            os.rename(tmp, root)  # atomic; also replaces an empty directory left at root
-        except OSError:
-            if _is_complete(root, params):  # another process finished first: use its copy
-                return root / "data.yaml"
-            raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return root / "data.yaml"
+    return build_once(root, params, "shapes-cls", _generate, f"{n_train} train + {n_val} val images")
 
 
 def _generate(out: Path, params: dict) -> None:

@@ -84,21 +84,28 @@ def make_shapes_dataset(
     if root is None:
         root = default_datasets_dir() / f"{_VERSION}-{n_train}-{n_val}-{imgsz}-{seed}"
     root = Path(root).expanduser().absolute()
+    return build_once(root, params, "shapes", _generate, f"{n_train} train + {n_val} val images")
+
+
+def build_once(root: Path, params: dict, kind: str, generate, what: str) -> Path:
+    """``root/data.yaml`` of a built-in dataset, generated into ``root`` unless it already holds a
+    complete one with these ``params`` (its manifest says so). ``generate(tmp, params)`` writes
+    every file and, last, the manifest into a temporary sibling folder, which is renamed onto
+    ``root`` at once: readers never see half a dataset, and when two processes race the second
+    uses the first one's copy. A ``root`` holding something else is refused, naming it."""
     if _is_complete(root, params):
-        LOGGER.debug("shapes dataset found complete at %s", root)
+        LOGGER.debug("%s dataset found complete at %s", kind, root)
         return root / "data.yaml"
     if root.exists() and (not root.is_dir() or any(root.iterdir())):
         raise FileExistsError(
-            f"cannot create the shapes dataset at '{root}': it exists and is not a complete shapes "
+            f"cannot create the {kind} dataset at '{root}': it exists and is not a complete {kind} "
             "dataset with these parameters; remove it or choose another root"
         )
-
     root.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.tmp-", dir=root.parent))
     try:
-        LOGGER.info("generating the shapes dataset (%d train + %d val images) in %s",
-                    n_train, n_val, root)
-        _generate(tmp, params)
+        LOGGER.info("generating the %s dataset (%s) in %s", kind, what, root)
+        generate(tmp, params)
         try:
             os.rename(tmp, root)  # atomic; also replaces an empty directory left at root
         except OSError:

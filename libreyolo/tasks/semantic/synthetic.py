@@ -13,9 +13,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -26,8 +23,8 @@ from ...data.synthetic import (
     _JPEG_QUALITY,
     SHAPE_NAMES,
     _image_size,
-    _is_complete,
     _sha256,
+    build_once,
     default_datasets_dir,
     render_shapes_labelled,
 )
@@ -57,26 +54,7 @@ def make_shapes_seg_dataset(root: Path | str | None = None, n_train: int = 200, 
     if root is None:
         root = default_datasets_dir() / f"{_VERSION}-{n_train}-{n_val}-{imgsz}-{seed}"
     root = Path(root).expanduser().absolute()
-    if _is_complete(root, params):
-        return root / "data.yaml"
-    if root.exists() and (not root.is_dir() or any(root.iterdir())):
-        raise FileExistsError(f"cannot create the shapes-seg dataset at '{root}': it exists and is not a complete "
-                              "shapes-seg dataset with these parameters; remove it or choose another root")
-    root.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.tmp-", dir=root.parent))
-    try:
-        log.info("generating the shapes-seg dataset (%d train + %d val images) in %s", n_train, n_val, root)
-        _generate(tmp, params)
-        try:
-            os.rename(tmp, root)
-        except OSError:
-            if _is_complete(root, params):   # another process finished first: use its copy
-                return root / "data.yaml"
-            raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return root / "data.yaml"
+    return build_once(root, params, "shapes-seg", _generate, f"{n_train} train + {n_val} val images")
 
 
 def _generate(out: Path, params: dict) -> None:
