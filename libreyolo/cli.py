@@ -331,9 +331,10 @@ def cmd_bench(opts: dict) -> int:
     if opts["tf32"] is not None:  # for this process only: the bench is its own process
         torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = bool(opts["tf32"])
     res = bench_model(model, imgsz=opts["imgsz"], batch=opts["batch"], runs=opts["runs"], warmup=opts["warmup"])
+    tf32 = (f", TF32 conv {res['tf32']['cudnn']} / matmul {res['tf32']['matmul']}"
+            if model.device.type == "cuda" else "")   # TF32 exists on CUDA only
     t = Table(title=f"{res['model']} imgsz={res['imgsz']} batch={res['batch']} on {res['device']} "
-                    f"(torch {res['torch']}, {res['date']}, TF32 conv {res['tf32']['cudnn']} / matmul "
-                    f"{res['tf32']['matmul']})")
+                    f"(torch {res['torch']}, {res['date']}{tf32})")
     for col in ("arm", "median ms", "p90 ms", "runs"):
         t.add_column(col)
     for arm in ("forward_eager", "forward_graph", "predict_eager", "predict_graph"):
@@ -356,8 +357,9 @@ def cmd_bench(opts: dict) -> int:
     else:
         console.print("graph arms skipped: " + ("no CUDA device" if model.device.type != "cuda"
                                                 else f"{model.FAMILY} is not graph-capturable"))
-    console.print(f"detections per image: {res['detections_per_image']:.1f}"
-                  + ("" if res["trained"] else " (untrained weights)"))
+    if model.TASK == "detect":
+        console.print(f"detections per image: {res['detections_per_image']:.1f}"
+                      + ("" if res["trained"] else " (untrained weights)"))
     path = write_json(res, opts["json"] or f"runs/bench/{res['model']}-{res['imgsz']}-b{res['batch']}.json")
     console.print(f"written to {path}")
     return 0
