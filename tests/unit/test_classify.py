@@ -17,7 +17,7 @@ from libreyolo.data.shapes_cls import SHAPES_CLS_NAMES, make_shapes_cls_dataset
 from libreyolo.models.registry import get_family, parse_spec
 from libreyolo.tasks import get_task
 from libreyolo.tasks.classify import ClassificationEvaluator, ClassifyLoss, ClassifyOptions, Probs
-from libreyolo.tasks.classify.data import ClassifyCollate, ClassifyDataset
+from libreyolo.tasks.classify.data import ClassifyCollate
 
 NC = 10
 NAMES = [f"kind{i}" for i in range(NC)]
@@ -221,7 +221,7 @@ def test_datasets_give_uint8_crops_and_validation_matches_predict_resize(tmp_pat
     yaml_path = make_shapes_cls_dataset(tmp_path / "ds", n_train=6, n_val=6)
     m = LibreYOLO.new("resnet", "18", nc=6, device="cpu")
     data = get_task("classify").resolve_data(str(yaml_path))
-    train, val, collate = get_task("classify").datasets(data, 48, m, ClassifyOptions())
+    train, val, collate = get_task("classify").datasets(data, 48, m, ClassifyOptions(auto_augment="randaugment"))
     x, cls, aug = train[0]
     assert x.dtype == torch.uint8 and x.shape == (3, 48, 48) and aug
     xv, _, aug = val[0]
@@ -264,7 +264,8 @@ def test_two_epoch_train_then_load_and_val(tmp_path):
     yaml_path = str(make_shapes_cls_dataset(tmp_path / "ds", n_train=12, n_val=6))
     model = LibreYOLO.new("resnet", "18", device="cpu", seed=0)
     res = model.train(data=yaml_path, epochs=2, batch=6, imgsz=64, workers=0, project=str(tmp_path), name="run",
-                      verbose=False, seed=0, plots=False, mixup=0.4, cutmix=1.0)
+                      verbose=False, seed=0, plots=False, mixup=0.4, cutmix=1.0,
+                      auto_augment="trivialaugment")
     assert res["epochs"] == 2 and res["loss_names"] == ["cls"]
     assert all(math.isfinite(v) and v > 0 for epoch in res["losses"] for v in epoch), res["losses"]
     with open(res["run_dir"] + "/results.csv") as f:
@@ -280,3 +281,10 @@ def test_two_epoch_train_then_load_and_val(tmp_path):
     assert set(metrics) == {"top1", "top5"} and 0 <= metrics["top1"] <= metrics["top5"] <= 1
     r = back(str(make_shapes_cls_dataset(tmp_path / "ds", n_train=12, n_val=6).parent / "val" / "star"))[0]
     assert r.probs.data.shape == (6,) and r.summary()[0]["name"] in SHAPES_CLS_NAMES
+
+
+def test_builtin_name_generates_into_the_datasets_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("LIBREYOLO_DATASETS_DIR", str(tmp_path))
+    d = get_task("classify").resolve_data("shapes")   # a classify model's "shapes" is shapes-cls
+    assert d.source == "shapes-cls" and d.nc == 6 and (len(d.train), len(d.val)) == (600, 120)
+    assert d.root.parent == tmp_path and d.root.name.startswith("shapes-cls-")

@@ -67,10 +67,11 @@ class TimmClassifier(Model):
     PREPROCESS = Preprocess("crop", mean=IMAGENET_MEAN, std=IMAGENET_STD, crop_pct=0.875, interpolation="bicubic")
     #: size -> timm model and evaluation preprocessing
     CONFIGS: ClassVar[dict[str, TimmSize]] = {}
-    #: The classification recipe, adapted for fine-tuning at modest batch sizes: AdamW (beta1 0.9),
-    #: lr 1e-3 with one warm-up epoch then cosine decay to 1 %, weight decay 0.05 on weights only
-    #: (norms and biases undecayed). The warm-up starts every group at lr 0 - the detection
-    #: recipes' bias warm-up from 0.1 would throw a fresh classifier head off.
+    #: The classification recipe for modest batch sizes and short runs: AdamW (beta1 0.9), lr 1e-3
+    #: with one warm-up epoch then cosine decay to 1 %, weight decay 0.05 on weights only (norms
+    #: and biases undecayed). The warm-up starts every group at lr 0 - the detection recipes'
+    #: bias warm-up from 0.1 would throw a fresh classifier head off. (Task options: label
+    #: smoothing 0.1, crop + flip; TrivialAugment / RandAugment and MixUp / CutMix off.)
     TRAIN_DEFAULTS: ClassVar[dict[str, Any]] = {
         "optimizer": "AdamW", "lr0": 1e-3, "lrf": 0.01, "momentum": 0.9, "weight_decay": 0.05,
         "warmup_epochs": 1.0, "warmup_bias_lr": 0.0, "warmup_momentum": 0.8, "cos_lr": True,

@@ -16,9 +16,7 @@ class ResNet(TimmClassifier):
     CONFIGS = {s: TimmSize(f"resnet{s}", **_EVAL) for s in SIZES}
     SIGNATURE_KEYS = ("conv1.weight", "bn1.weight", "layer1.0.conv1.weight", "layer4.0.conv1.weight", "fc.weight")
     NC_KEY = "fc.weight"
-    #: ResNet keeps the classic SGD recipe (the torchvision one: Nesterov momentum 0.9, weight
-    #: decay 1e-4, lr 0.1 per 256 images -> 0.01 at a batch of ~26, cosine to 1 %, one warm-up
-    #: epoch from lr 0 for every group). SGD is also what a fully captured training step
-    #: (update included) needs.
-    TRAIN_DEFAULTS = {**TimmClassifier.TRAIN_DEFAULTS, "optimizer": "SGD", "lr0": 0.01, "momentum": 0.9,
-                      "weight_decay": 1e-4}
+    # Training: the shared AdamW recipe. The classic SGD one (Nesterov, momentum 0.9, weight decay
+    # 1e-4, lr 0.1 per 256 images) is optimizer="SGD", lr0=..., momentum=0.9, weight_decay=1e-4 -
+    # and is what a fully captured training step (update included) needs; from scratch on small
+    # sets it learns far slower than AdamW (docs/families.md).

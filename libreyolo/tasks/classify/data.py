@@ -2,7 +2,7 @@
 
 Training images: random resized crop to ``imgsz`` (area ``scale``..1, aspect 3/4..4/3, the
 family's interpolation, antialiased), horizontal flip, then TrivialAugment or RandAugment
-(option ``auto_augment``). Validation images: predict's own resize (``model.preprocess``: the
+(option ``auto_augment``, off by default). Validation images: predict's own resize (``model.preprocess``: the
 shorter side to ``imgsz / crop_pct``, the centre crop) run on the CPU, rounded back to uint8.
 Both give uint8 (3, S, S); the trainer scales to [0, 1] and normalizes as predict does.
 

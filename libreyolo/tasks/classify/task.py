@@ -27,7 +27,7 @@ class ClassifyOptions(TaskOptions):
     """Classification training options."""
 
     label_smoothing: float = 0.1       # eps of the smoothed targets (cross-entropy with label smoothing)
-    auto_augment: str = "trivialaugment"  # "trivialaugment", "randaugment" or "none"
+    auto_augment: str = "none"         # "trivialaugment", "randaugment" or "none" (long ImageNet-style runs: on)
     mixup: float = 0.0                 # MixUp's Beta alpha, 0 = off (ImageNet recipes: 0.8)
     cutmix: float = 0.0                # CutMix's Beta alpha, 0 = off (ImageNet recipes: 1.0)
     fliplr: float = 0.5                # horizontal flip probability
