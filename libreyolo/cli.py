@@ -370,7 +370,7 @@ TRAIN = {
     "data": Opt(str, "shapes", "dataset YAML (YOLO or COCO format) or 'shapes' (built-in synthetic set)"),
     "epochs": Opt(_int("epochs", 1), 100, "training epochs"),
     "batch": Opt(_int("batch", 1), 16, "batch size"),
-    "imgsz": Opt(_imgsz(), 640, "training size"),
+    "imgsz": Opt(_imgsz(), None, "training size (default: the family's, e.g. 640 for detectors, 224 for classifiers)"),
     "device": Opt(str, "auto", "auto, cpu, cuda, cuda:1"),
     "workers": Opt(_int("workers", 0), 2, "DataLoader workers"),
     "optimizer": Opt(_choice("optimizer", ("SGD", "AdamW")), None,
@@ -403,11 +403,11 @@ def cmd_train(opts: dict) -> int:
     t = Table(title=f"trained {model.FAMILY}-{model.size} on {opts['data']} ({res['epochs']} epochs, "
                     f"{res['time_s']:.0f} s)")
     names = res["loss_names"]
-    for col in ("epoch", *names, "mAP50", "mAP50-95"):
+    metric_cols = [k for k in (res["history"][0] if res["history"] else {}) if k.startswith("metrics/")]
+    for col in ("epoch", *names, *(k.split("/", 1)[1] for k in metric_cols)):
         t.add_column(col)
     for h, losses in zip(res["history"], res["losses"]):
-        t.add_row(str(h["epoch"]), *(f"{v:.4f}" for v in losses),
-                  f"{h['metrics/mAP50']:.4f}", f"{h['metrics/mAP50-95']:.4f}")
+        t.add_row(str(h["epoch"]), *(f"{v:.4f}" for v in losses), *(f"{h[k]:.4f}" for k in metric_cols))
     console.print(t)
     g = res["cuda_graph"]
     if opts["cuda_graph"]:
@@ -489,6 +489,16 @@ VAL = {
 def cmd_val(opts: dict) -> int:
     _need_model(opts, "val")
     model = _load(opts)
+    if model.TASK != "detect":
+        res = model.val(data=opts["data"], imgsz=opts["imgsz"], batch=opts["batch"])
+        t = Table(title=f"{model.FAMILY}-{model.size} on {opts['data']}")
+        for col in ("metric", "value"):
+            t.add_column(col)
+        for k, v in res.items():
+            if isinstance(v, float):
+                t.add_row(k, f"{v:.4f}")
+        console.print(t)
+        return 0
     res = model.val(data=opts["data"], imgsz=opts["imgsz"], batch=opts["batch"], conf=opts["conf"], iou=opts["iou"])
     t = Table(title=f"{model.FAMILY}-{model.size} on {opts['data']}")
     for col in ("class", "instances", "mAP50", "mAP50-95"):

@@ -168,3 +168,22 @@ def test_every_option_default_passes_its_own_check():
                 continue
             text = ",".join(map(str, opt.default)) if isinstance(opt.default, list) else str(opt.default)
             assert opt.conv(text) == opt.default, (command, key)
+
+
+def test_train_and_val_of_a_classifier_through_the_cli(tmp_path, capsys):
+    """The CLI's train and val follow the model's task (metric columns, no detection options)."""
+    import numpy as np
+    from PIL import Image
+    for split in ("train", "val"):
+        for k, name in enumerate(("dark", "light")):
+            (tmp_path / "d" / split / name).mkdir(parents=True)
+            for i in range(4):
+                Image.fromarray(np.full((40, 48, 3), 30 + 180 * k + i, np.uint8)).save(
+                    tmp_path / "d" / split / name / f"{i}.png")
+    args = ["model=resnet18", f"data={tmp_path / 'd'}", "imgsz=32", "batch=4", "workers=0", "device=cpu"]
+    assert main(["train", *args, "epochs=1", f"project={tmp_path}", "name=r"]) == 0
+    assert "top1" in capsys.readouterr().out
+    best = tmp_path / "r" / "weights" / "best.pt"
+    assert main(["val", f"model={best}", *args[1:4], "device=cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "top1" in out and "top5" in out
