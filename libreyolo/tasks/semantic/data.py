@@ -9,7 +9,7 @@ Layout and YAML::
     train: images/train       # image folders (searched recursively)
     val: images/val
     names: [background, road, car]   # or {0: background, ...}; nc may replace or accompany it
-    ignore_index: 255         # mask value that is not a class (default 255)
+    ignore_index: 255         # mask value that is not a class (default 255; 65535 above 255 classes)
     masks: {train: masks/train, val: masks/val}   # optional; default: the image path with its
                               # last ``images`` folder replaced by ``masks``, suffix .png
 
@@ -139,7 +139,8 @@ def _resolve_yaml(yaml_path: Path) -> SemanticData:
     if nc is None:
         raise ValueError(f"{yaml_path}: give 'names' (a list or {{id: name}}) or 'nc'")
     names = names or {i: f"class{i}" for i in range(nc)}
-    ignore = spec.get("ignore_index", DEFAULT_IGNORE_INDEX)
+    # 255 unless that is a class id (more than 255 classes: 16-bit masks), then 65535
+    ignore = spec.get("ignore_index", DEFAULT_IGNORE_INDEX if nc <= DEFAULT_IGNORE_INDEX else 65535)
     if not isinstance(ignore, int) or isinstance(ignore, bool) or ignore < 0:
         raise ValueError(f"{yaml_path}: 'ignore_index' must be a non-negative integer, got {ignore!r}")
     if ignore < nc:
