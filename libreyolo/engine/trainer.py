@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from ..device import select_device
-from ..graphs.training import GraphedSegment, TrainStepRunner, prime_optimizer_state, training_state
+from ..graphs.training import GraphedSegment, TrainStepRunner, prime_optimizer_state, scaler_tensors, training_state
 from ..tasks import Task, TaskOptions, get_task
 from .paths import next_run_dir
 
@@ -316,12 +316,14 @@ class Trainer:
             opt_cfg.lr0 = 0.001 if opt_cfg.optimizer.lower() == "adamw" else 0.01
         wd = opt_cfg.weight_decay * run.batch * self.accumulate / opt_cfg.nbs
         # A whole training step (optimizer included) can be captured only with a fused SGD or
-        # AdamW whose lr is a device tensor (updated in place by the schedule) and no GradScaler.
+        # AdamW whose lr is a device tensor (updated in place by the schedule). float16's
+        # GradScaler is graph-safe with a fused optimizer: unscale and the inf check are device
+        # kernels, the fused step skips itself on found_inf, and update() rescales in place.
         name = opt_cfg.optimizer.lower()
         if name not in ("sgd", "adamw"):
             raise ValueError(f"optimizer must be SGD or AdamW, got {opt_cfg.optimizer!r}")
         self.whole_step = (bool(cfg.graph.cuda_graph) and m.SUPPORTS_CUDA_GRAPH_TRAIN and name in m.WHOLE_STEP_OPTIMIZERS
-                           and self.device.type == "cuda" and self.amp_dtype != torch.float16)
+                           and self.device.type == "cuda")
         groups = _param_groups(net, wd)
         if self.whole_step:
             for g in groups:
@@ -393,10 +395,13 @@ class Trainer:
                 ema.update(net)
 
         def mutable_state() -> list[torch.Tensor]:
-            return training_state(params, opt, net.buffers(), ema.tensors() if ema is not None else ())
+            return training_state(params, opt, net.buffers(), ema.tensors() if ema is not None else (),
+                                  scaler_tensors(scaler))
 
         if self.whole_step:
             prime_optimizer_state(opt)  # buffers a captured update writes must exist before capture
+            if scaler.is_enabled():     # its scale and growth tracker are made at the first scale()
+                scaler.scale(torch.zeros((), device=self.device))
         # Families whose step cannot be one graph may capture a fixed-shape front part instead
         # (DETR: backbone + encoder forward and backward; decoder, matcher and loss eager).
         self.seam = None
