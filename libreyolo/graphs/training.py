@@ -36,7 +36,7 @@ from typing import Any, Callable
 import torch
 
 from .cache import GraphCache, signature
-from .capture import CAPTURE_LOCK, CudaGraphCapturer
+from .capture import CAPTURE_LOCK, CudaGraphCapturer, no_gc
 
 log = logging.getLogger("libreyolo")
 
@@ -298,7 +298,7 @@ class GraphedSegment(torch.nn.Module):
             kwargs["capture_error_mode"] = "thread_local"  # a pin-memory thread must not break it
         t0 = time.perf_counter()
         try:
-            with CAPTURE_LOCK:
+            with CAPTURE_LOCK, no_gc():
                 graphed = torch.cuda.make_graphed_callables(_Thin(inner), (x.detach().requires_grad_(x.requires_grad),),
                                                             **kwargs)
         except Exception as exc:  # optional optimization: never fatal
