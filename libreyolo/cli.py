@@ -54,6 +54,11 @@ def _flag(name: str) -> Callable[[str], bool]:
     return lambda v: parse_bool(name, v)
 
 
+def _auto_flag(name: str) -> Callable[[str], bool | None]:
+    """true/false, or auto (None: the library decides)."""
+    return lambda v: None if str(v).strip().lower() in ("auto", "none") else parse_bool(name, v)
+
+
 def _choice(name: str, choices: tuple[str, ...]) -> Callable[[str], str]:
     return lambda v: check_choice(name, v, choices)
 
@@ -392,6 +397,8 @@ TRAIN = {
     "seed": Opt(_int("seed", 0), 0, "random seed"),
     "cuda_graph": Opt(_flag("cuda_graph"), False, "capture the training step in CUDA graphs (eager fallback, "
                                                   "one log line)"),
+    "channels_last": Opt(_auto_flag("channels_last"), None, "NHWC network and batches: true, false or auto "
+                                                           "(on CUDA for the families that declare it)"),
 }
 
 

@@ -82,6 +82,7 @@ class GraphConfig:
 
     cuda_graph: bool = False
     amp: Any = True                 # True: float16 autocast + GradScaler; "bf16": bfloat16, no scaler (CUDA only)
+    channels_last: Any = None       # network and batches in NHWC; None: on CUDA if the family declares CHANNELS_LAST
 
 
 _GROUPS = {"run": RunConfig, "optim": OptimConfig, "graph": GraphConfig}
@@ -226,6 +227,8 @@ def check_config(cfg: TrainConfig, stride: int) -> None:
     o.cos_lr, o.ema = parse_bool("cos_lr", o.cos_lr), parse_bool("ema", o.ema)
     g.cuda_graph = parse_bool("cuda_graph", g.cuda_graph)
     parse_amp(g.amp)   # validated here; resolved against the device by the trainer
+    if g.channels_last is not None:
+        g.channels_last = parse_bool("channels_last", g.channels_last)
     cfg.task.check()
 
 
@@ -242,6 +245,9 @@ class Trainer:
         from ..options import parse_amp
         self.amp_dtype = parse_amp(cfg.graph.amp, model.AMP_DTYPE) if self.device.type == "cuda" else None
         self.amp = self.amp_dtype is not None
+        cl = cfg.graph.channels_last
+        self.channels_last = bool(model.CHANNELS_LAST and self.device.type == "cuda") if cl is None else cl
+        self.memory_format = torch.channels_last if self.channels_last else torch.contiguous_format
         self.hooks = [EvaluationHook(), LoggingHook(), CheckpointHook()]
 
     # ------------------------------------------------------------------ data
@@ -276,7 +282,8 @@ class Trainer:
             from tqdm import tqdm
             bar = tqdm(total=len(loader), desc="  validate", unit="batch", leave=False)
         for batch in loader:
-            x = prep.normalize(batch[0].to(self.device, non_blocking=True).float().div_(255))
+            x = batch[0].to(self.device, non_blocking=True).float().div_(255)
+            x = prep.normalize(x.contiguous(memory_format=self.memory_format))
             with torch.autocast(self.device.type, dtype=self.amp_dtype or torch.float16, enabled=self.amp):
                 out = infer(x)
             evaluator.process(out, batch)
@@ -306,7 +313,7 @@ class Trainer:
         net = self.net = m.model
         if not m.trained and not run.resume:
             m.init_for_training(net)   # the original recipes' prior bias on class/objectness logits
-        net.to(self.device).train()
+        net.to(self.device, memory_format=self.memory_format).train()
         self.loss_fn = m.build_loss().to(self.device)
         self.item_names = tuple(self.loss_fn.item_names)  # the loss contract: see Model.build_loss
         self.train_loader, self.val_loader = self._loaders(data)
@@ -445,7 +452,7 @@ class Trainer:
         """One batch: forward, loss, backward and - once ``accumulate`` batches are in - the
         update, graphed where the runner can. Returns the loss items (host)."""
         imgs, *targets = batch
-        x = imgs.to(self.device, non_blocking=True).float().div_(255)
+        x = imgs.to(self.device, non_blocking=True).float().div_(255).contiguous(memory_format=self.memory_format)
         targets = [t.to(self.device, non_blocking=True) for t in targets]
         update_now = ni - self.last_opt_step >= self.accumulate
         runner = self.step_runner
@@ -540,6 +547,8 @@ class Trainer:
         # the trained weights the Model keeps are the EMA's
         if self.ema is not None:
             self.net.load_state_dict(self.ema.ema.state_dict())
+        if self.channels_last:   # predict's layout is the contiguous one (its graphs and numbers)
+            self.net.to(memory_format=torch.contiguous_format)
         self.net.eval()
         self.model.trained = True
         final = self.history[-1] if self.history else {}
@@ -565,7 +574,8 @@ class Trainer:
         ck["train_metrics"] = self.epoch_metrics
         if with_state:
             ck["train_state"] = {
-                "model_raw": {k: v.detach().cpu().clone() for k, v in self.net.state_dict().items()},
+                "model_raw": {k: v.detach().cpu().clone(memory_format=torch.contiguous_format)
+                              for k, v in self.net.state_dict().items()},
                 "optimizer": self.opt.state_dict(), "scaler": self.scaler.state_dict(),
                 "ema_updates": self.ema.updates if self.ema is not None else None,
                 "epoch": epoch, "best_fitness": self.best_fitness,

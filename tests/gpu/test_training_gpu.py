@@ -34,10 +34,13 @@ def batches(tmp_path_factory):
 FAMILY = ("yolo9", "t")
 
 
-def make(amp=False, seed=0, spec=FAMILY):
+LAYOUTS = {"nchw": torch.contiguous_format, "nhwc": torch.channels_last}
+
+
+def make(amp=False, seed=0, spec=FAMILY, layout="nchw"):
     torch.manual_seed(seed)
     m = get_family(spec[0]).new(spec[1], nc=5, device="cuda", seed=seed)
-    net = m.model.train()
+    net = m.model.train().to(memory_format=LAYOUTS[layout])
     loss_fn = m.build_loss().cuda()
 
     def step(x, t, k):
@@ -115,9 +118,9 @@ def test_gradient_accumulation_parity(batches, spec):
     assert diff <= max(2 * noise, 1e-6), (noise, diff)
 
 
-def make_whole(seed=0, amp=False, spec=FAMILY, optim="sgd"):
+def make_whole(seed=0, amp=False, spec=FAMILY, optim="sgd", layout="nchw"):
     """A net, its step and a capturable update (clip + fused SGD or AdamW with a tensor lr + zero_grad)."""
-    net, step = make(amp, seed, spec=spec)
+    net, step = make(amp, seed, spec=spec, layout=layout)
     params = [p for p in net.parameters() if p.requires_grad]
     for p in params:
         p.grad = torch.zeros_like(p)
@@ -141,15 +144,17 @@ def make_whole(seed=0, amp=False, spec=FAMILY, optim="sgd"):
 @pytest.mark.parametrize("spec", TRAIN_GRAPH_MODELS, ids=lambda s: "-".join(s))
 @pytest.mark.parametrize("amp", [False, True])
 @pytest.mark.parametrize("optim", ["sgd"])   # the detection families' WHOLE_STEP_OPTIMIZERS
-def test_whole_step_step0_loss_and_bn_buffers_bitwise_equal(batches, amp, spec, optim):
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])   # nhwc: channels_last, the trainer's CUDA default
+def test_whole_step_step0_loss_and_bn_buffers_bitwise_equal(batches, amp, spec, optim, layout):
     x, t, k = to_dev(batches[0])
-    net_e, step_e, update_e, _ = make_whole(amp=amp, spec=spec, optim=optim)
+    x = x.contiguous(memory_format=LAYOUTS[layout])
+    net_e, step_e, update_e, _ = make_whole(amp=amp, spec=spec, optim=optim, layout=layout)
     loss_e, _ = step_e(x, t, k)
     update_e()
-    net_e2, step_e2, update_e2, _ = make_whole(amp=amp, spec=spec, optim=optim)   # eager's own noise
+    net_e2, step_e2, update_e2, _ = make_whole(amp=amp, spec=spec, optim=optim, layout=layout)   # eager's own noise
     step_e2(x, t, k)
     update_e2()
-    net_g, step_g, update_g, state_g = make_whole(amp=amp, spec=spec, optim=optim)
+    net_g, step_g, update_g, state_g = make_whole(amp=amp, spec=spec, optim=optim, layout=layout)
     runner = TrainStepRunner(net_g, step_g, enabled=True, family="test", supported=True, repeat=1,
                              update=update_g, state=state_g)
     loss_g, _ = runner(x, t, k, whole=True)
