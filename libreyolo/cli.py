@@ -377,7 +377,7 @@ TRAIN = {
     "batch": Opt(_int("batch", 1), 16, "batch size"),
     "imgsz": Opt(_imgsz(), None, "training size (default: the family's, e.g. 640 for detectors, 224 for classifiers)"),
     "device": Opt(str, "auto", "auto, cpu, cuda, cuda:1"),
-    "workers": Opt(_int("workers", 0), 2, "DataLoader workers"),
+    "workers": Opt(_int("workers", 0), None, "DataLoader workers (default: up to 8 on CUDA, 2 on the CPU)"),
     "optimizer": Opt(_choice("optimizer", ("SGD", "AdamW")), None,
                      "SGD or AdamW (default: the family's recipe, SGD for the YOLO families)"),
     "lr0": Opt(_positive_float("lr0"), None, "initial learning rate (default: the family's, else 0.01 SGD, "
@@ -433,7 +433,7 @@ DEMO = {
     "imgsz": Opt(_imgsz(), 160, "training and inference size"),
     "batch": Opt(_int("batch", 1), 16, "batch size"),
     "device": Opt(str, "auto", "auto, cpu, cuda"),
-    "workers": Opt(_int("workers", 0), 2, "DataLoader workers"),
+    "workers": Opt(_int("workers", 0), None, "DataLoader workers (default: up to 8 on CUDA, 2 on the CPU)"),
     "cuda_graph": Opt(_graph_mode, "auto", "auto = on when a CUDA GPU is present"),
     "project": Opt(str, "runs/demo", "where the run and the picture go"),
     "conf": Opt(_frac("conf"), 0.15, "confidence threshold for the held-out prediction"),

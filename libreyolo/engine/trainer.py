@@ -47,7 +47,7 @@ class RunConfig:
     batch: int = 16
     imgsz: int = 640
     device: str = "auto"
-    workers: int = 2
+    workers: Any = None             # DataLoader workers; None: auto (see default_workers)
     val: bool = True
     project: str = "runs/train"
     name: str = "exp"
@@ -133,6 +133,52 @@ class TrainConfig:
         return {**asdict(self.run), **asdict(self.optim), **asdict(self.graph), **asdict(self.task)}
 
 
+def default_workers(device: torch.device) -> int:
+    """DataLoader workers when ``workers`` is not given: on CUDA as many as keep a graphed step fed
+    (up to 8, one core left for the main process); on the CPU at most 2, since workers there
+    compete with the training arithmetic for the same cores."""
+    import os
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(8 if device.type == "cuda" else 2, cores - 1)) if cores > 1 else 0
+
+
+class EpochSeeded(torch.utils.data.Dataset):
+    """The training set as the loader sees it: in a worker process, the augmentation RNGs (torch,
+    numpy, random) are re-seeded from (seed, epoch, worker id) at the first sample of each epoch.
+
+    Persistent workers live across epochs, so without this their random streams would continue
+    from the previous epoch and a resumed run would augment differently from an uninterrupted
+    one; with it, epoch e draws the same in both (as non-persistent workers, seeded per epoch by
+    the loader's re-seeded generator, did). Without workers, the main process's RNGs are the
+    trainer's, re-seeded per epoch there. The epoch lives in shared memory, so running workers see
+    it."""
+
+    def __init__(self, dataset, seed: int):
+        self.dataset = dataset
+        self.seed = int(seed)
+        self._epoch = torch.zeros(1, dtype=torch.int64).share_memory_()
+        self._seen = -1   # per process: the epoch this process's RNGs were seeded for
+
+    def set_epoch(self, epoch: int) -> None:
+        self._epoch.fill_(int(epoch))
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index):
+        info = torch.utils.data.get_worker_info()
+        if info is not None:
+            epoch = int(self._epoch[0])
+            if epoch != self._seen:
+                import random
+                seed = int(np.random.SeedSequence([self.seed, epoch, info.id]).generate_state(1)[0])
+                torch.manual_seed(seed)
+                np.random.seed(seed)
+                random.seed(seed)
+                self._seen = epoch
+        return self.dataset[index]
+
+
 class ModelEMA:
     """Exponential moving average of weights with a warm-up of the decay (tau iterations).
 
@@ -207,7 +253,8 @@ def check_config(cfg: TrainConfig, stride: int) -> None:
     r.epochs = check_int("epochs", r.epochs, 1)
     r.batch = check_int("batch", r.batch, 1)
     r.imgsz = check_imgsz(r.imgsz, stride)
-    r.workers = check_int("workers", r.workers, 0)
+    if r.workers is not None:
+        r.workers = check_int("workers", r.workers, 0)
     r.seed = check_int("seed", r.seed)
     for name in ("val", "exist_ok", "plots", "verbose"):
         setattr(r, name, parse_bool(name, getattr(r, name)))
@@ -258,10 +305,12 @@ class Trainer:
         # workers' augmentation seeds of epoch e are the same in a resumed run.
         self.loader_gen = torch.Generator().manual_seed(cfg.run.seed)
         pin = self.device.type == "cuda"
-        workers = max(0, int(cfg.run.workers))
-        common = dict(num_workers=workers, pin_memory=pin, collate_fn=collate)
+        workers = default_workers(self.device) if cfg.run.workers is None else int(cfg.run.workers)
+        # persistent workers: no process start-up per epoch; EpochSeeded re-seeds them per epoch
+        common = dict(num_workers=workers, pin_memory=pin, collate_fn=collate, persistent_workers=workers > 0)
         batch = cfg.run.batch
-        train = torch.utils.data.DataLoader(self.train_set, batch_size=batch, shuffle=True,
+        self.epoch_seeded = EpochSeeded(self.train_set, cfg.run.seed)
+        train = torch.utils.data.DataLoader(self.epoch_seeded, batch_size=batch, shuffle=True,
                                             generator=self.loader_gen,
                                             drop_last=len(self.train_set) > batch, **common)
         val = torch.utils.data.DataLoader(self.val_set, batch_size=batch, shuffle=False, **common)
@@ -471,6 +520,13 @@ class Trainer:
         """One epoch over the training set; returns the mean loss items."""
         cfg, nb = self.cfg, self.nb
         self.loader_gen.manual_seed(cfg.run.seed + epoch)
+        if self.train_loader.persistent_workers and getattr(self, "_loader_started", False):
+            # a loader draws its workers' base seed from the generator before the shuffle, and a
+            # persistent one only when it starts: the same draw here keeps every epoch's order the
+            # one a freshly started loader gives (so a resumed run shuffles as an uninterrupted one)
+            torch.empty((), dtype=torch.int64).random_(generator=self.loader_gen)
+        self._loader_started = True
+        self.epoch_seeded.set_epoch(epoch)
         torch.manual_seed(cfg.run.seed + epoch)
         np.random.seed((cfg.run.seed + epoch) % 2**32)
         self.net.train()
