@@ -53,6 +53,7 @@ class RunConfig:
     name: str = "exp"
     exist_ok: bool = False
     resume: Any = False             # True (the run's last.pt) or a path
+    cache: Any = False              # "ram" / "disk": decode + letterbox every image once (False: each epoch)
     seed: int = 0
     plots: bool = True
     verbose: bool = True
@@ -131,6 +132,17 @@ class TrainConfig:
     def as_dict(self) -> dict[str, Any]:
         """Every option, flat."""
         return {**asdict(self.run), **asdict(self.optim), **asdict(self.graph), **asdict(self.task)}
+
+
+def parse_cache(value: Any) -> str | bool:
+    """``cache``: False (and the false spellings), "ram" (True means it) or "disk"."""
+    from ..options import OptionError, parse_bool
+    if isinstance(value, str) and value.strip().lower() in ("ram", "disk"):
+        return value.strip().lower()
+    try:
+        return "ram" if parse_bool("cache", value) else False
+    except OptionError:
+        raise OptionError(f"cache must be ram, disk or false, got {value!r}") from None
 
 
 def default_workers(device: torch.device) -> int:
@@ -253,6 +265,7 @@ def check_config(cfg: TrainConfig, stride: int) -> None:
     r.epochs = check_int("epochs", r.epochs, 1)
     r.batch = check_int("batch", r.batch, 1)
     r.imgsz = check_imgsz(r.imgsz, stride)
+    r.cache = parse_cache(r.cache)
     if r.workers is not None:
         r.workers = check_int("workers", r.workers, 0)
     r.seed = check_int("seed", r.seed)
@@ -301,6 +314,14 @@ class Trainer:
     def _loaders(self, data):
         cfg = self.cfg
         self.train_set, self.val_set, collate = self.task.datasets(data, cfg.run.imgsz, self.model, cfg.task)
+        if cfg.run.cache:   # before the workers start: forked workers share a RAM cache
+            for ds in (self.train_set, self.val_set):
+                fill = getattr(ds, "cache_images", None)
+                if fill is None:
+                    log.warning("libreyolo: cache=%s: the %s task's datasets have no image cache; they read "
+                                "their files every epoch", cfg.run.cache, self.task.name)
+                    break
+                fill(cfg.run.cache, progress=cfg.run.verbose)
         # One generator, re-seeded at every epoch (seed + epoch): the shuffle order and the
         # workers' augmentation seeds of epoch e are the same in a resumed run.
         self.loader_gen = torch.Generator().manual_seed(cfg.run.seed)
