@@ -556,7 +556,9 @@ class Trainer:
         if cfg.run.verbose:
             from tqdm import tqdm
             progress = tqdm(total=nb, desc=f"epoch {epoch + 1}/{cfg.run.epochs}", unit="batch", leave=True)
+        wait, t_ready = 0.0, time.perf_counter()
         for i, batch in enumerate(self.train_loader):
+            wait += time.perf_counter() - t_ready   # the step waited this long for the loader
             ni = i + nb * epoch
             self.warmup(ni, epoch)
             items = self.step(ni, batch)
@@ -569,6 +571,8 @@ class Trainer:
                 post.update(self.task_postfix(targets), size=x.shape[-1])
                 progress.set_postfix(post)
                 progress.update(1)
+            t_ready = time.perf_counter()
+        self.loader_wait_s = wait
         if progress is not None:
             progress.close()
         if self.last_opt_step < nb * (epoch + 1) - 1:
@@ -683,8 +687,10 @@ class EvaluationHook(Hook):
 
     def on_epoch_end(self, t: Trainer, state: dict) -> None:
         metrics = t.task.empty_metrics()
+        t0 = time.perf_counter()
         if t.cfg.run.val and len(t.val_set) > 0:
             metrics = t.validate(t.eval_net, t.val_loader, progress=t.cfg.run.verbose)
+        state["val_s"] = time.perf_counter() - t0
         fitness = t.task.fitness(metrics)
         state["metrics"], state["is_best"] = metrics, fitness > t.best_fitness
         t.best_fitness = max(t.best_fitness, fitness)
@@ -716,7 +722,10 @@ class LoggingHook(Hook):
         epoch, mloss, metrics = state["epoch"], state["mloss"], state["metrics"]
         row = {"epoch": epoch + 1, **{f"train/{n}_loss": float(v) for n, v in zip(t.item_names, mloss.tolist())},
                **t.task.metric_columns(metrics), "lr/pg0": float(t.opt.param_groups[0]["lr"]),
-               "time/epoch_s": round(state["time_s"], 3)}
+               "time/epoch_s": round(state["time_s"], 3),
+               # where an epoch goes: waiting for batches, validating (the rest is the steps)
+               "time/loader_wait_s": round(getattr(t, "loader_wait_s", 0.0), 3),
+               "time/val_s": round(state.get("val_s", 0.0), 3)}
         row.update({k: metrics[k] for k in t.metric_keys if k in metrics})
         t.history.append(row)
         _append_csv(t.csv_path, {k: v for k, v in row.items() if k not in t.metric_keys})
