@@ -10,7 +10,7 @@ from torch import nn
 from ...ops.preprocess import Preprocess
 from ...options import parse_bool
 from ..base import Model
-from .nn import CONFIGS, MobileSAMNet
+from .nn import CONFIGS, MobileSAMNet, check_frame
 
 
 class MobileSAM(Model):
@@ -53,6 +53,18 @@ class MobileSAM(Model):
     def _attach(self, net: nn.Module) -> None:
         super()._attach(net)
         self._runner.max_graphs = self.MAX_GRAPHS
+        net.img_size = check_frame(self.imgsz)
+
+    @property
+    def imgsz(self) -> int:
+        """The default frame size; the network's own default (its ``forward``) follows it."""
+        return self._imgsz
+
+    @imgsz.setter
+    def imgsz(self, value: int) -> None:
+        self._imgsz = check_frame(int(value))
+        if getattr(self, "model", None) is not None:
+            self.model.img_size = self._imgsz
 
     def infer(self, x: torch.Tensor) -> torch.Tensor:
         """(B, 3, h', w') RGB in [0, 1] with the longer side the frame size -> image embeddings

@@ -133,3 +133,33 @@ def unpack(packed: torch.Tensor, n_points: int, n_boxes: int):
     lab = packed[:, p2:p2 + n_points] if n_points else None
     boxes = packed[:, p2 + n_points:].reshape(b, n_boxes, 4) if n_boxes else None
     return pts, lab, boxes
+
+
+def parse_cli(points: str | None, labels: str | None, boxes: str | None) -> dict[str, Any]:
+    """``libreyolo predict`` text options -> predict options: ``points="x,y;x,y"``,
+    ``labels="1,0"``, ``boxes="x1,y1,x2,y2;..."``; neither points nor boxes: ``points="center"``."""
+    def rows(name: str, text: str, width: int):
+        out = []
+        for part in text.split(";"):
+            try:
+                vals = [float(v) for v in part.split(",")]
+            except ValueError:
+                raise ValueError(f"{name} must be numbers: {'x,y;x,y' if width == 2 else 'x1,y1,x2,y2;...'}, "
+                                 f"got {text!r}") from None
+            if len(vals) != width:
+                raise ValueError(f"{name}: each entry needs {width} numbers separated by commas, got {part!r}")
+            out.append(vals)
+        return out
+    opts: dict[str, Any] = {}
+    if points:
+        opts["points"] = CENTER if points == CENTER else rows("points", points, 2)
+    if labels:
+        try:
+            opts["labels"] = [int(v) for v in labels.split(",")]
+        except ValueError:
+            raise ValueError(f"labels must be 0/1 separated by commas, got {labels!r}") from None
+    if boxes:
+        opts["boxes"] = rows("boxes", boxes, 4)
+    if "points" not in opts and "boxes" not in opts:
+        opts["points"] = CENTER
+    return opts
