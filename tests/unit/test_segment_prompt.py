@@ -238,6 +238,7 @@ def test_bench_measures_the_image_stage_and_the_prompt_call(model):
     res = bench_model(model, imgsz=SIZE, runs=1, warmup=0, image=img)
     assert {"forward_eager", "predict_eager", "set_image_eager", "prompt_eager"} <= set(res["arms"])
     assert res["task"] == "segment-prompt"
+    assert model.info(imgsz=SIZE, verbose=False)["parameters"] == 10_130_092   # libreyolo info / flops
 
 
 def test_cli_predict_with_a_prompt(tmp_path, image):

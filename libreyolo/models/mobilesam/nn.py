@@ -440,12 +440,11 @@ class MaskDecoder(nn.Module):
         self.output_hypernetworks_mlps = nn.ModuleList(MLP(dim, dim, dim // 8, 3) for _ in range(self.NUM_MASK_TOKENS))
         self.iou_prediction_head = MLP(dim, 256, self.NUM_MASK_TOKENS, 3)
 
-    def forward(self, image: torch.Tensor, image_pe: torch.Tensor, sparse: torch.Tensor, dense: torch.Tensor):
-        """(B, 256, h, w) embeddings, (1, 256, h, w) PE, (B, N, 256) prompt tokens, (B, 256, h, w)
-        dense prompt -> mask logits (B, 4, 4h, 4w) and predicted IoU (B, 4), all four tokens."""
+    def forward(self, src: torch.Tensor, image_pe: torch.Tensor, sparse: torch.Tensor):
+        """(B, 256, h, w) image embeddings plus the dense prompt, (1, 256, h, w) PE, (B, N, 256)
+        prompt tokens -> mask logits (B, 4, 4h, 4w) and predicted IoU (B, 4), all four tokens."""
         out_tokens = torch.cat([self.iou_token.weight, self.mask_tokens.weight], dim=0)
         tokens = torch.cat([out_tokens.unsqueeze(0).expand(sparse.shape[0], -1, -1), sparse], dim=1)
-        src = image + dense
         pos = image_pe.expand(src.shape[0], -1, -1, -1)
         b, c, h, w = src.shape
         hs, src = self.transformer(src, pos, tokens)
@@ -498,9 +497,11 @@ class MobileSAMNet(nn.Module):
         s = self.img_size if img_size is None else check_frame(img_size)
         b, _, h, w = image_embeddings.shape
         sparse = self.prompt_encoder(points, labels, boxes, b, s)
-        dense = self.prompt_encoder.no_mask_embed.weight.reshape(1, -1, 1, 1).expand(b, -1, h, w)
+        # the dense prompt ("no mask"), added here rather than passed in: a parameter view as a
+        # module input trips FlopCounterMode's module tracker (model.info())
+        src = image_embeddings + self.prompt_encoder.no_mask_embed.weight.reshape(1, -1, 1, 1).expand(b, -1, h, w)
         pe = self.prompt_encoder.pe_layer.grid(h, w).unsqueeze(0)
-        masks, iou = self.mask_decoder(image_embeddings, pe, sparse, dense)
+        masks, iou = self.mask_decoder(src, pe, sparse)
         sel = slice(1, None) if multimask else slice(0, 1)
         return masks[:, sel], iou[:, sel]
 
