@@ -78,7 +78,7 @@ class SegmentPromptTask(Task):
     def bench_arms(self, model, image, runs: int, warmup: int, imgsz: int, time_call) -> dict[str, Any]:
         """The interactive case: ``set_image`` (the image stage) and a prompt call on the set
         image (uint8 image / prompt in, Results out), eager and with graphs; whether the graphed
-        prompt call's masks and scores equal eager's."""
+        prompt call's masks and scores equal eager's; with graphs, each stage's replay alone."""
         dev = model.device
         arms: dict[str, Any] = {}
         graphs = [False] + ([True] if dev.type == "cuda" and model.SUPPORTS_CUDA_GRAPH else [])
@@ -93,4 +93,26 @@ class SegmentPromptTask(Task):
         if "graph" in out:
             arms["prompt_graph_equal_eager"] = bool(torch.equal(out["graph"].data, out["eager"].data)
                                                     and torch.equal(out["graph"].scores, out["eager"].scores))
+            arms.update(self._stage_replays(model, image, imgsz, runs, warmup, time_call))
+        return arms
+
+    @staticmethod
+    def _stage_replays(model, image, imgsz, runs, warmup, time_call) -> dict[str, Any]:
+        """The two stages' graphs replayed alone (device inputs, no host work): where an
+        end-to-end call's time goes."""
+        from ...graphs.capture import CudaGraphCapturer
+        from .prompts import pack, parse_prompt
+        dev, pred = model.device, model._get_predictor()
+        st = pred.current
+        u8 = torch.from_numpy(image).to(dev)[None]
+        p = parse_prompt(**BENCH_PROMPT).for_image(*st.hw)
+        packed = torch.from_numpy(pack(p, *st.hw, *st.resized)).to(dev)
+        stage = pred.prompt_stage(st.size, st.resized, st.hw, len(p.points), len(p.boxes), True)
+        arms = {}
+        with torch.no_grad():
+            g = CudaGraphCapturer().capture(pred.encoder_stage(imgsz), (u8,), module=model.model)
+            arms["image_stage_graph_replay"] = time_call(lambda: g.replay((u8,), clone=False), dev, runs, warmup)
+            g2 = CudaGraphCapturer().capture(stage, (st.embedding, packed), module=model.model)
+            arms["prompt_stage_graph_replay"] = time_call(lambda: g2.replay((st.embedding, packed), clone=False),
+                                                          dev, runs, warmup)
         return arms
