@@ -189,6 +189,9 @@ PREDICT = {
     "save": Opt(_flag("save"), True, "write annotated images"),
     "save_dir": Opt(str, None, "where annotated images go (default: a new runs/predict, runs/predict2, ...)"),
     "json": Opt(str, None, "also write all detections to this JSON file"),
+    "points": Opt(str, None, "segment-prompt: points x,y;x,y in pixels, or 'center' (the default without boxes)"),
+    "labels": Opt(str, None, "segment-prompt: one label per point, 1 foreground / 0 background, e.g. 1,0"),
+    "boxes": Opt(str, None, "segment-prompt: boxes x1,y1,x2,y2;... in pixels"),
 }
 
 
@@ -200,6 +203,12 @@ def cmd_predict(opts: dict) -> int:
     if "conf" in model.task.predict_defaults:   # detection's options
         task_opts = dict(conf=opts["conf"], iou=opts["iou"], max_det=opts["max_det"],
                          classes=parse_classes(opts["classes"], model.names))
+    elif model.TASK == "segment-prompt":        # the prompt (one per image)
+        from .tasks.segment_prompt.prompts import parse_cli
+        try:
+            task_opts = parse_cli(opts["points"], opts["labels"], opts["boxes"])
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
     results = model.predict(opts["source"] or SAMPLE_IMAGE, imgsz=opts["imgsz"], batch=opts["batch"],
                             cuda_graph=opts["cuda_graph"], amp=opts["amp"], save=opts["save"],
                             save_dir=opts["save_dir"], verbose=True, **task_opts)
@@ -219,7 +228,6 @@ def cmd_predict(opts: dict) -> int:
     if opts["save"]:
         console.print(f"annotated images saved to [bold]{saved_to}[/]")
     if opts["json"]:
-        from pathlib import Path
         Path(opts["json"]).write_text(json.dumps([{"path": r.path, "detections": r.summary()} for r in results],
                                                  indent=2))
         console.print(f"detections written to {opts['json']}")
@@ -342,7 +350,9 @@ def cmd_bench(opts: dict) -> int:
                     f"(torch {res['torch']}, {res['date']}{tf32})")
     for col in ("arm", "median ms", "p90 ms", "runs"):
         t.add_column(col)
-    for arm in ("forward_eager", "forward_graph", "predict_eager", "predict_graph"):
+    fixed = ("forward_eager", "forward_graph", "predict_eager", "predict_graph")
+    extra = [k for k, v in res["arms"].items() if k not in fixed and isinstance(v, dict) and "median_ms" in v]
+    for arm in (*fixed, *extra):   # extra: the task's own arms (segment-prompt: set_image, prompt)
         if arm in res["arms"]:
             a = res["arms"][arm]
             t.add_row(arm, f"{a['median_ms']:.3f}", f"{a['p90_ms']:.3f}", str(a["runs"]))
@@ -355,6 +365,8 @@ def cmd_bench(opts: dict) -> int:
         console.print(f"capture: forward {c['forward_ms']:.1f} ms; "
                       f"forward graph bitwise == eager: {res['arms']['forward_graph_bitwise_equal_eager']}; "
                       f"predict graph == eager: {res['arms']['predict_graph_equal_eager']}")
+    if "prompt_graph_equal_eager" in res["arms"]:
+        console.print(f"prompt call graph == eager: {res['arms']['prompt_graph_equal_eager']}")
     r = res["ratios"]
     if r["forward_speedup"]:
         console.print(f"speedups: forward x{r['forward_speedup']:.2f}, predict x{r['predict_speedup']:.2f}; "

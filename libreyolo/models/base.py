@@ -340,8 +340,11 @@ class Model:
     # ----------------------------------------------------------------- predict
     def _get_predictor(self):
         if self._predictor is None:
-            from ..engine.predictor import Predictor
-            self._predictor = Predictor(self)
+            custom = self.task.predictor(self)   # a task whose predict is not one stage
+            if custom is None:
+                from ..engine.predictor import Predictor
+                custom = Predictor(self)
+            self._predictor = custom
         return self._predictor
 
     def train_defaults(self) -> dict[str, Any]:

@@ -20,14 +20,16 @@ from libreyolo.models.registry import get_family
 
 pytestmark = pytest.mark.cuda
 
-GROUPS = [getattr(rows, name, []) for name in ("CLASSIFY_GRAPH_MODELS", "SEMANTIC_GRAPH_MODELS")]
+GROUPS = [getattr(rows, name, []) for name in ("CLASSIFY_GRAPH_MODELS", "SEMANTIC_GRAPH_MODELS",
+                                               "SEGMENT_PROMPT_GRAPH_MODELS")]
 MODELS = [spec for group in GROUPS for spec in group]
 # training capture rows: the models whose family declares it (a family enrols by declaring)
 TRAIN = [spec for spec in MODELS if get_family(spec[0]).SUPPORTS_CUDA_GRAPH_TRAIN]
 FIRSTS = [next(s for s in group if s in TRAIN) for group in GROUPS if any(s in TRAIN for s in group)]
 DATA = {"classify": "shapes-cls", "semantic": "shapes-seg"}
-IMGSZ = {"classify": 224, "semantic": 256}
-FIELD = {"classify": "probs", "semantic": "masks"}
+IMGSZ = {"classify": 224, "semantic": 256, "segment-prompt": 1024}
+FIELD = {"classify": "probs", "semantic": "masks", "segment-prompt": "masks"}
+OPTS = {"segment-prompt": {"points": "center"}}   # predict options a task needs (a prompt)
 
 
 def ids(spec):
@@ -60,9 +62,10 @@ def test_predict_with_graph_equals_eager(spec, images):
     field = FIELD[model.TASK]
     size = IMGSZ[model.TASK]
     for batch, imgs in ((1, images[:1]), (1, images[1:2]), (2, images[:1] * 2), (3, images)):
-        eager = model(imgs, batch=batch, imgsz=size)
+        opts = OPTS.get(model.TASK, {})
+        eager = model(imgs, batch=batch, imgsz=size, **opts)
         for _ in range(3):  # first use, uint8-stage capture, replay
-            got = model(imgs, batch=batch, imgsz=size, cuda_graph=True)
+            got = model(imgs, batch=batch, imgsz=size, cuda_graph=True, **opts)
             assert all(torch.equal(torch.as_tensor(getattr(a, field).data), torch.as_tensor(getattr(b, field).data))
                        for a, b in zip(got, eager))
     assert model.graph_info()["replays"] > 0
