@@ -22,6 +22,7 @@ FIXTURES = [
     ("mobilenetv4", "s", "mobilenetv4-s"),
     ("convnext", "t", "convnext-t"),
     ("segformer", "b0", "segformer-b0"),
+    ("depth_anything", "s", "depth_anything-s"),
 ]
 
 # Families whose checkpoints share another family's layout key for key: a bare state dict (no

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from .base import Evaluator, PredictPlan, Task, TaskOptions
 from .classify import ClassifyTask
+from .depth import DepthTask
 from .detect import DetectTask
 from .semantic import SemanticTask
 
@@ -15,6 +16,7 @@ TASKS: dict[str, Task] = {
     "detect": DetectTask(),
     "classify": ClassifyTask(),
     "semantic": SemanticTask(),
+    "depth": DepthTask(),
 }
 
 
