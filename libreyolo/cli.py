@@ -206,6 +206,8 @@ def cmd_predict(opts: dict) -> int:
                 name = r.names[int(c)]
                 counts[name] = counts.get(name, 0) + 1
             what = ", ".join(f"{n} {k}" for k, n in sorted(counts.items(), key=lambda kv: -kv[1])) or "no detections"
+        elif getattr(r, "depth", None) is not None:
+            what = f"relative inverse depth {r.depth.min:.3g} .. {r.depth.max:.3g}"
         else:
             top = r.summary()[:3]
             what = ", ".join(f"{d['name']} {d.get('confidence', d.get('area', 0)):.2f}" for d in top)
@@ -214,7 +216,6 @@ def cmd_predict(opts: dict) -> int:
     if opts["save"]:
         console.print(f"annotated images saved to [bold]{saved_to}[/]")
     if opts["json"]:
-        from pathlib import Path
         Path(opts["json"]).write_text(json.dumps([{"path": r.path, "detections": r.summary()} for r in results],
                                                  indent=2))
         console.print(f"detections written to {opts['json']}")
