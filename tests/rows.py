@@ -117,3 +117,10 @@ CLASSIFY_GRAPH_MODELS = [
 SEMANTIC_GRAPH_MODELS = [
     ("segformer", "b0"),
 ]
+
+# (family, size) of depth models that must pass the GPU parity protocol (predict stage: stretch to
+# the square, network, and the map resized back to the image inside the uint8 stage's graph)
+# before SUPPORTS_CUDA_GRAPH flips. No training rows: the family does not train.
+DEPTH_GRAPH_MODELS = [
+    ("depth_anything", "s"),
+]
