@@ -96,6 +96,10 @@ def test_depth_uint8_stage_is_one_graph_with_the_resize_back(spec, images):
             out = model._runner(("u8-probe", size, *plan.tag), from_u8, (u8,), True)
     torch.cuda.synchronize()
     assert out.shape == (1, *img.shape[:2]) and torch.equal(out, ref)
+    from libreyolo.tasks.depth.task import download   # the maps' way to the host, through pinned memory
+    t = torch.rand(720, 1280, device="cuda")
+    host = download(t)
+    assert host.device.type == "cpu" and not host.is_pinned() and torch.equal(host, t.cpu())
 
 
 # ------------------------------------------------------------------------------------ training

@@ -7,7 +7,8 @@ of the graph's key - resizes the map back to the images' (h, w) (bilinear, align
 Depth Anything's own inference does), so one graph runs resize -> network -> resize back. The
 stage that starts from a preprocessed batch serves images of every size; its maps are resized
 after it, on the device, by the same function (identical numbers). The maps of a chunk reach the
-host in one copy and become ``Results.depth`` (:class:`~.results.DepthMap`).
+host in one copy (through pinned memory: :func:`download`) and become ``Results.depth``
+(:class:`~.results.DepthMap`).
 """
 from __future__ import annotations
 
@@ -24,6 +25,27 @@ def resize_depth(depth: torch.Tensor, h: int, w: int) -> torch.Tensor:
     if tuple(depth.shape[-2:]) == (h, w):
         return depth
     return F.interpolate(depth[:, None], size=(int(h), int(w)), mode="bilinear", align_corners=True)[:, 0]
+
+
+#: below this many torch threads a map is copied to the host directly (see :func:`download`)
+STAGE_MIN_THREADS = 2
+
+
+def download(t: torch.Tensor) -> torch.Tensor:
+    """A device tensor's copy in (pageable) host memory, through pinned memory.
+
+    A float32 map at the image's size is megabytes (1280x720: 3.7 MB), which a direct copy to
+    pageable memory moves through the driver's staging buffers; the copy into pinned memory
+    (:func:`~libreyolo.graphs.capture.to_host`) runs at the link's speed and torch's multi-threaded
+    copy then moves it out, so that the pinned block goes back to torch's allocator instead of
+    living on in the results (the same trade as the predictor's uploads). With a single torch
+    thread, or on the CPU, it is a plain ``.cpu()``. The numbers are the same either way.
+    """
+    if t.device.type != "cuda" or torch.get_num_threads() < STAGE_MIN_THREADS:
+        return t.cpu()
+    from ...graphs.capture import to_host
+    pinned = to_host(t).wait()
+    return torch.empty(pinned.shape, dtype=pinned.dtype).copy_(pinned)
 
 
 def check_resize(mode: str) -> None:
@@ -52,7 +74,7 @@ class DepthPlan(PredictPlan):
         m = self.model
         maps = [resize_depth(out[i:i + 1], int(it.image.shape[0]), int(it.image.shape[1]))[0]
                 for i, it in enumerate(chunk)]
-        host = torch.cat([d.reshape(-1) for d in maps]).cpu() if len(maps) > 1 else maps[0].reshape(-1).cpu()
+        host = download(torch.cat([d.reshape(-1) for d in maps]) if len(maps) > 1 else maps[0].reshape(-1))
         results, start = [], 0
         for it, d in zip(chunk, maps):
             n = d.numel()
