@@ -240,3 +240,146 @@ def test_cli_bench_runs_the_depth_arms_on_the_cpu(tmp_path):
     res = json.loads(out.read_text())
     assert res["model"] == "depth_anything-s" and res["task"] == "depth" and res["imgsz"] == SIZE
     assert {"forward_eager", "predict_eager"} <= set(res["arms"])
+
+
+# ----------------------------------------------------------------------------------------- training
+from libreyolo.tasks.depth import DepthEvaluator, ScaleShiftInvariantLoss, align_scale_shift, depth_metrics  # noqa: E402
+from libreyolo.tasks.depth.data import (DepthDataset, check_samples, collate_depth, read_target,  # noqa: E402
+                                        resolve_depth_data)
+from libreyolo.tasks.depth.synthetic import make_shapes_depth_dataset, render_depth_scene  # noqa: E402
+
+
+def test_alignment_recovers_scale_and_shift_over_valid_pixels_only():
+    g = torch.Generator().manual_seed(0)
+    pred = torch.rand(2, 8, 9, generator=g)
+    target = torch.stack([3.0 * pred[0] + 2.0, -0.5 * pred[1] + 1.0])
+    valid = torch.rand(2, 8, 9, generator=g) > 0.3
+    target_noisy = torch.where(valid, target, torch.full_like(target, 1e3))   # invalid pixels: anything
+    torch.testing.assert_close(align_scale_shift(pred, target_noisy, valid)[valid], target[valid])
+    loss_fn = ScaleShiftInvariantLoss()
+    loss, items = loss_fn(pred[:, None], target_noisy, valid)
+    assert loss.item() < 1e-5 and items.shape == (1,)
+    other = torch.rand(2, 1, 8, 9, generator=g)
+    a, _ = loss_fn(other, target, valid)
+    b, _ = loss_fn(7.0 * other - 3.0, target, valid)     # invariant to the prediction's scale and shift
+    torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_loss_is_finite_for_flat_maps_and_empty_masks_and_has_gradients():
+    loss_fn = ScaleShiftInvariantLoss()
+    target = torch.rand(2, 6, 6)
+    flat = torch.full((2, 1, 6, 6), 0.5, requires_grad=True)
+    loss, _ = loss_fn(flat, target, torch.ones(2, 6, 6, dtype=torch.bool))
+    assert torch.isfinite(loss)                          # no scale to fit: s = 0, t = the target's mean
+    none, _ = loss_fn(flat, target, torch.zeros(2, 6, 6, dtype=torch.bool))
+    assert none.item() == 0.0
+    pred = torch.rand(2, 1, 6, 6, requires_grad=True)
+    loss, _ = loss_fn(pred, target, torch.ones(2, 6, 6, dtype=torch.bool))
+    loss.backward()
+    assert torch.isfinite(pred.grad).all() and pred.grad.abs().sum() > 0
+
+
+def test_metrics_of_a_perfect_and_a_wrong_prediction():
+    target = torch.rand(1, 10, 10) + 0.5
+    valid = torch.ones(1, 10, 10, dtype=torch.bool)
+    ev = DepthEvaluator()
+    ev.reset()
+    ev.process((2.0 * target + 1.0)[:, None], (None, target, valid))   # an affine copy: perfect
+    m = ev.evaluate()
+    assert m["delta1"] == pytest.approx(1.0) and m["abs_rel"] == pytest.approx(0.0, abs=1e-5)
+    absrel, hits, n = depth_metrics(torch.rand(1, 10, 10), target, valid)
+    assert n.item() == 100 and 0 <= hits.item() <= 100 and absrel.item() > 0
+    ev.reset()
+    assert np.isnan(ev.evaluate()["delta1"])
+
+
+def _write_pair(root, split, stem, img, depth, suffix=".npy"):
+    (root / "images" / split).mkdir(parents=True, exist_ok=True)
+    (root / "depth" / split).mkdir(parents=True, exist_ok=True)
+    Image.fromarray(img).save(root / "images" / split / f"{stem}.png")
+    if suffix == ".npy":
+        np.save(root / "depth" / split / f"{stem}.npy", depth)
+    else:
+        Image.fromarray(depth).save(root / "depth" / split / f"{stem}.png")
+
+
+def test_targets_are_read_as_disparity_with_holes_invalid(tmp_path):
+    d = np.array([[2.0, 0.0], [np.nan, 4.0]], np.float32)
+    np.save(tmp_path / "a.npy", d)
+    disp, valid = read_target(tmp_path / "a.npy", "depth")
+    assert valid.tolist() == [[True, False], [False, True]]
+    assert disp.tolist() == [[0.5, 0.0], [0.0, 0.25]]
+    same, _ = read_target(tmp_path / "a.npy", "disparity")
+    assert same[0, 0] == 2.0
+    Image.fromarray(np.array([[2000, 0]], np.uint16)).save(tmp_path / "b.png")   # 16-bit, millimetres
+    disp, valid = read_target(tmp_path / "b.png", "depth", 1000.0)
+    assert disp.tolist() == [[0.5, 0.0]] and valid.tolist() == [[True, False]]
+    Image.fromarray(np.zeros((2, 2, 3), np.uint8)).save(tmp_path / "c.png")
+    with pytest.raises(ValueError, match="one channel.*RGB"):
+        read_target(tmp_path / "c.png")
+
+
+def test_dataset_problems_are_reported_together_naming_each_file(tmp_path):
+    root = tmp_path / "ds"
+    img = _image(12, 16, 0)
+    _write_pair(root, "train", "ok", img, np.ones((12, 16), np.float32))
+    _write_pair(root, "train", "small", img, np.ones((6, 16), np.float32))
+    _write_pair(root, "val", "holes", img, np.zeros((12, 16), np.float32))
+    Image.fromarray(img).save(root / "images" / "val" / "lonely.png")
+    (root / "data.yaml").write_text("path: .\ntrain: images/train\nval: images/val\n")
+    data = resolve_depth_data(root)
+    with pytest.raises(ValueError) as e:
+        check_samples(data)
+    msg = str(e.value)
+    assert "has 3 problems" in msg
+    assert "depth/train/small.npy: map is 16x6 but its image images/train/small.png is 16x12" in msg
+    assert "depth/val/holes.npy: no valid pixel" in msg
+    assert "images/val/lonely.png: depth map not found (expected depth/val/lonely.png" in msg
+    (root / "bad.yaml").write_text("path: .\ntrain: images/train\nval: images/val\ntarget: metres\n")
+    with pytest.raises(ValueError, match="'target' must be one of depth, disparity, got 'metres'"):
+        resolve_depth_data(root / "bad.yaml")
+    with pytest.raises(FileNotFoundError, match="expected 'shapes-depth'"):
+        resolve_depth_data(tmp_path / "nowhere.yaml")
+
+
+def test_flip_moves_image_and_map_together(tmp_path):
+    root = tmp_path / "ds"
+    rng = np.random.default_rng(0)
+    img, depth = render_depth_scene(rng, 40, 30)
+    _write_pair(root, "train", "a", img, depth)
+    _write_pair(root, "val", "a", img, depth)
+    (root / "data.yaml").write_text("path: .\ntrain: images/train\nval: images/val\n")
+    data = resolve_depth_data(root)
+    plain = DepthDataset(data.train, 28)[0]
+    flipped = DepthDataset(data.train, 28, augment=True, fliplr=1.0, color_jitter=0.0)[0]
+    for a, b in zip(plain, flipped):
+        assert torch.equal(a.flip(-1), b)
+    x, t, v = collate_depth([plain, flipped])
+    assert x.shape == (2, 3, 28, 28) and x.dtype == torch.uint8 and t.dtype == torch.float32 and v.dtype == torch.bool
+    assert float(t[0].max()) <= 1 / 1.5 + 1e-6 and float(t[0].min()) >= 1 / 10 - 1e-6
+
+
+def test_shapes_depth_is_deterministic_and_layered(tmp_path):
+    a = make_shapes_depth_dataset(tmp_path / "a", n_train=3, n_val=2, imgsz=48)
+    b = make_shapes_depth_dataset(tmp_path / "b", n_train=3, n_val=2, imgsz=48)
+    fa = json.loads((a.parent / "manifest.json").read_text())["files"]
+    fb = json.loads((b.parent / "manifest.json").read_text())["files"]
+    assert fa == fb
+    pixels, depth = render_depth_scene(np.random.default_rng(1), 64, 48)
+    assert pixels.shape == (48, 64, 3) and depth.shape == (48, 64)
+    assert depth.min() >= 1.5 - 1e-6 and depth.max() == pytest.approx(10.0)
+    assert depth[0].min() == pytest.approx(10.0) and depth[-1].mean() < depth[0].mean()   # wall far, floor near
+
+
+def test_one_step_training_then_checkpoint_predicts(tmp_path):
+    """The mechanics through the shared trainer: the loss is finite, the metrics are reported,
+    best.pt loads as a depth model and predicts (learning itself is measured in docs/families.md)."""
+    yaml_path = make_shapes_depth_dataset(tmp_path / "sd", n_train=4, n_val=2, imgsz=40)
+    m = LibreYOLO.new("depth_anything", "s", device="cpu", seed=0)
+    res = m.train(data=str(yaml_path), epochs=1, imgsz=28, batch=4, workers=0, project=str(tmp_path / "runs"),
+                  plots=False)
+    assert all(np.isfinite(v) for row in res["losses"] for v in row)
+    assert 0 <= res["delta1"] <= 1 and res["abs_rel"] >= 0 and res["best_epoch"] == 1
+    best = LibreYOLO(res["best"], device="cpu")
+    assert best.TASK == "depth" and best.trained
+    assert best(_image(20, 30, 0), imgsz=28)[0].depth.shape == (20, 30)
