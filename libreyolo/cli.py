@@ -189,6 +189,8 @@ PREDICT = {
 
 def cmd_predict(opts: dict) -> int:
     _need_model(opts, "predict")
+    from pathlib import Path
+
     from . import SAMPLE_IMAGE
     model = _load(opts)
     task_opts = {}
@@ -206,6 +208,8 @@ def cmd_predict(opts: dict) -> int:
                 name = r.names[int(c)]
                 counts[name] = counts.get(name, 0) + 1
             what = ", ".join(f"{n} {k}" for k, n in sorted(counts.items(), key=lambda kv: -kv[1])) or "no detections"
+        elif isinstance(r.summary(), dict):   # one summary of the whole image (matting)
+            what = ", ".join(f"{k} {v:.2f}" for k, v in r.summary().items() if isinstance(v, float))
         else:
             top = r.summary()[:3]
             what = ", ".join(f"{d['name']} {d.get('confidence', d.get('area', 0)):.2f}" for d in top)
@@ -214,7 +218,6 @@ def cmd_predict(opts: dict) -> int:
     if opts["save"]:
         console.print(f"annotated images saved to [bold]{saved_to}[/]")
     if opts["json"]:
-        from pathlib import Path
         Path(opts["json"]).write_text(json.dumps([{"path": r.path, "detections": r.summary()} for r in results],
                                                  indent=2))
         console.print(f"detections written to {opts['json']}")
@@ -247,7 +250,8 @@ def cmd_info(opts: dict) -> int:
         train = ("whole step" if m["cuda_graph_train"] else
                  "backbone+encoder" if m["cuda_graph_train_seam"] else "no (eager)")
         t.add_row(m["family"], ", ".join(m["sizes"]), m["task"], f"{m['file_prefix']}<size>.pt",
-                  "yes" if m["cuda_graph"] else "no (eager)", train)
+                  ("front part (seam)" if m["cuda_graph_predict_seam"] else "yes") if m["cuda_graph"] else "no (eager)",
+                  train)
     console.print(t)
     console.print("tasks: " + "; ".join(f"{k} ({', '.join(v) or '-'})" for k, v in tasks.items()))
     e = Table(title="environment", show_header=False)
@@ -337,11 +341,18 @@ def cmd_bench(opts: dict) -> int:
                     f"(torch {res['torch']}, {res['date']}{tf32})")
     for col in ("arm", "median ms", "p90 ms", "runs"):
         t.add_column(col)
-    for arm in ("forward_eager", "forward_graph", "predict_eager", "predict_graph"):
-        if arm in res["arms"]:
-            a = res["arms"][arm]
+    for arm in ("forward_eager", "forward_graph", "forward_graph_front_only", "forward_whole_graph",
+                "predict_eager", "predict_graph"):
+        a = res["arms"].get(arm)
+        if a is not None and "median_ms" in a:
             t.add_row(arm, f"{a['median_ms']:.3f}", f"{a['p90_ms']:.3f}", str(a["runs"]))
     console.print(t)
+    console.print(f"captured: {res['captured']}")
+    whole = res["arms"].get("forward_whole_graph")
+    if whole is not None:   # a seam family: the whole network captured as an experiment
+        console.print("whole network captured (experiment, not what predict does): "
+                      + (f"failed: {whole['error']}" if "error" in whole
+                         else f"replay bitwise == eager: {whole['bitwise_equal_eager']}"))
     if "predict_graph_stages_ms_per_image" in res["arms"]:
         st = res["arms"]["predict_graph_stages_ms_per_image"]
         console.print("predict(graph) stages, ms per image: " + ", ".join(f"{k} {v:.3f}" for k, v in st.items()))

@@ -44,8 +44,15 @@ class Model:
     #: optimizers whose update the whole-step capture was proven with for this family (the step-0
     #: update within eager's noise); with another the trainer captures forward+backward only
     WHOLE_STEP_OPTIMIZERS: ClassVar[tuple[str, ...]] = ("sgd",)
+    #: predict captures only the front of the network (preprocessing + :meth:`infer_front`) and
+    #: runs the rest (:meth:`infer_back`, the task's post-processing) eager: for a family with an op
+    #: that is not bitwise capturable, shown by a GPU test; ``SUPPORTS_CUDA_GRAPH`` then vouches
+    #: for the front part
+    PREDICT_SEAM: ClassVar[bool] = False
     STRIDE: ClassVar[int] = 32
     DEFAULT_IMGSZ: ClassVar[int] = 640
+    #: the class count of a model built without one (``Model.new``; matting: its one alpha channel)
+    DEFAULT_NC: ClassVar[int] = 80
     UNSUPPORTED_REASON: ClassVar[str | None] = None
     #: how images reach the network (resize mode, normalization), as the family was trained; a
     #: checkpoint's ``preprocess`` metadata overrides it (see :mod:`libreyolo.ops.preprocess`)
@@ -65,6 +72,15 @@ class Model:
     def infer(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Letterboxed float batch -> fixed-shape outputs (the capturable part)."""
         raise NotImplementedError(f"{type(self).__name__} must implement infer")
+
+    def infer_front(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """With ``PREDICT_SEAM``: the captured side, network input -> fixed-shape tensors."""
+        raise NotImplementedError(f"{type(self).__name__} declares no predict seam")
+
+    def infer_back(self, *front: torch.Tensor) -> Any:
+        """With ``PREDICT_SEAM``: the eager side, :meth:`infer_front`'s outputs -> what
+        :meth:`infer` returns (``infer_back(*infer_front(x))`` equals ``infer(x)`` bit for bit)."""
+        raise NotImplementedError(f"{type(self).__name__} declares no predict seam")
 
     @property
     def task(self) -> Task:
@@ -193,13 +209,14 @@ class Model:
         self._attach(net.to(self.device).eval())
 
     @classmethod
-    def new(cls, size: str, nc: int = 80, names: Any = None, *, imgsz: int | None = None,
+    def new(cls, size: str, nc: int | None = None, names: Any = None, *, imgsz: int | None = None,
             device: Any = "auto", seed: int | None = None) -> "Model":
-        """An untrained (randomly initialised) model, built explicitly from its size."""
+        """An untrained (randomly initialised) model, built explicitly from its size (``nc``
+        defaults to the family's ``DEFAULT_NC``)."""
         if size not in cls.SIZES:
             raise ValueError(f"unknown size {size!r} for {cls.FAMILY}; sizes: {', '.join(cls.SIZES)}")
         from ..options import check_int
-        nc = check_int("nc", nc, 1)
+        nc = check_int("nc", cls.DEFAULT_NC if nc is None else nc, 1)
         if seed is not None:
             torch.manual_seed(seed)
         return cls(cls.build_network(size, nc), size=size, nc=nc, names=names, imgsz=imgsz,
