@@ -22,6 +22,7 @@ FIXTURES = [
     ("mobilenetv4", "s", "mobilenetv4-s"),
     ("convnext", "t", "convnext-t"),
     ("segformer", "b0", "segformer-b0"),
+    ("birefnet", "t", "birefnet-t"),
 ]
 
 # Families whose checkpoints share another family's layout key for key: a bare state dict (no
@@ -115,4 +116,10 @@ CLASSIFY_GRAPH_MODELS = [
 # stage with the argmax inside the graph; training step) before their SUPPORTS_CUDA_GRAPH* flags flip.
 SEMANTIC_GRAPH_MODELS = [
     ("segformer", "b0"),
+]
+
+# (family, size) of matting models that must pass the GPU parity protocol (with a predict seam: the
+# captured encoder, and the seam's claim that replayed encoder + eager decoder == all eager).
+MATTE_GRAPH_MODELS = [
+    ("birefnet", "t"),
 ]

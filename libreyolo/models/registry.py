@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 from .base import Model
+from .birefnet.model import BiRefNet
 from .convnext.model import ConvNeXt
 from .deim.model import Deim
 from .deimv2.model import Deimv2
@@ -44,6 +45,7 @@ FAMILIES: dict[str, type[Model]] = {
     "mobilenetv4": MobileNetV4,
     "convnext": ConvNeXt,
     "segformer": Segformer,
+    "birefnet": BiRefNet,
 }
 
 
