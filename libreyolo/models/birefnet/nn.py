@@ -96,7 +96,9 @@ class WindowAttention(nn.Module):
         bias = bias.reshape(n, n, self.heads).permute(2, 0, 1).unsqueeze(0)   # (1, heads, N, N)
         if mask is not None:
             nw = mask.shape[0]
-            bias = (bias + mask.unsqueeze(1)).repeat(bw // nw, 1, 1, 1)      # (B*nW, heads, N, N)
+            bias = bias + mask.unsqueeze(1)                                   # (nW, heads, N, N)
+            if bw != nw:   # windows are batch-major: image b's window w is row b * nW + w
+                bias = bias.repeat(bw // nw, 1, 1, 1)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype))
         return self.proj(out.transpose(1, 2).reshape(bw, n, c))
 
