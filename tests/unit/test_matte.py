@@ -211,3 +211,10 @@ def test_a_size_off_the_stride_is_rounded_up_and_odd_grids_work(model, caplog):
 def test_declarations():
     assert BiRefNet.TASK == "matte" and BiRefNet.SIZES == ("t", "l") and BiRefNet.DEFAULT_IMGSZ == 1024
     assert BiRefNet.PREPROCESS.resize == "stretch" and BiRefNet.PREPROCESS.mean == (0.485, 0.456, 0.406)
+
+
+def test_bench_runs_its_eager_arms_on_the_cpu_and_names_the_seam(model):
+    from libreyolo.benchmark import bench_model
+    res = bench_model(model, imgsz=SIZE, runs=1, warmup=0)
+    assert res["task"] == "matte" and res["captured"] == "front part (seam), rest eager"
+    assert {"forward_eager", "predict_eager"} <= set(res["arms"]) and "forward_graph" not in res["arms"]
