@@ -1,9 +1,11 @@
 """The harness behind ``libreyolo bench``: one process, every arm side by side.
 
-Arms: eager forward, graphed forward (replay of the captured network), end-to-end
-predict eager and with ``cuda_graph=True`` (uint8 numpy image in, Results out), and
-the capture time. Each arm is warmed up, then timed ``runs`` times with a device
-synchronize around every call; medians (and p90) are reported.
+Arms: eager forward, graphed forward (replay of the captured network; for a family with a
+predict seam, the replayed front part + the eager rest, and as an experiment the whole network
+captured, with whether it replays bitwise), end-to-end predict eager and with
+``cuda_graph=True`` (uint8 numpy image in, Results out), and the capture time. Each arm is
+warmed up, then timed ``runs`` times with a device synchronize around every call; medians (and
+p90) are reported.
 """
 from __future__ import annotations
 
@@ -57,6 +59,17 @@ def _result_data(r) -> torch.Tensor:
     raise ValueError("a Results with no data field")
 
 
+def _whole_graph_arm(net, x: torch.Tensor, eager_out: list, dev: torch.device, runs: int, warmup: int) -> dict:
+    """For a family with a predict seam: the whole network captured anyway (not what predict
+    does), timed, with whether its replay equals eager bit for bit - or why it could not run."""
+    try:
+        graph = CudaGraphCapturer().capture(lambda t: net(t), (x,), module=net)
+        timing = time_call(lambda: graph.replay((x,), clone=False), dev, runs, warmup)
+        return {**timing, "bitwise_equal_eager": all_equal(_clone(graph.replay((x,), clone=False)), eager_out)}
+    except Exception as exc:  # the experiment failing is a result, not an error
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
 def bench_model(model, *, imgsz: int = 640, batch: int = 1, runs: int = 200, warmup: int = 30,
                 image: np.ndarray | None = None, conf: float = 0.25) -> dict:
     """Measure every arm for ``model`` and return a JSON-ready dict (``conf``: detection only)."""
@@ -81,14 +94,28 @@ def bench_model(model, *, imgsz: int = 640, batch: int = 1, runs: int = 200, war
     arms["predict_eager"] = time_call(lambda: model.predict(images, imgsz=imgsz, batch=batch, **opts),
                                       dev, runs, warmup)
     dets = sum(len(r) for r in model.predict(images, imgsz=imgsz, batch=batch, **opts)) / batch  # boxes only
+    seam = bool(model.PREDICT_SEAM)
     if dev.type == "cuda" and model.SUPPORTS_CUDA_GRAPH:
         with torch.no_grad():
-            t0 = time.perf_counter()
-            graph = CudaGraphCapturer().capture(lambda t: net(t), (x,), module=net)
-            capture_ms = (time.perf_counter() - t0) * 1e3
-            arms["forward_graph"] = time_call(lambda: graph.replay((x,), clone=False), dev, runs, warmup)
             eager_out = _clone(net(x))
-            same = all_equal(_clone(graph.replay((x,), clone=False)), eager_out)
+            if seam:   # what predict captures: the front part; the rest runs eager after its replay
+                t0 = time.perf_counter()
+                graph = CudaGraphCapturer().capture(lambda t: model.infer_front(t), (x,), module=net)
+                capture_ms = (time.perf_counter() - t0) * 1e3
+
+                def forward_graph():
+                    return model.infer_back(*graph.replay((x,), clone=False))
+                arms["forward_graph_front_only"] = time_call(lambda: graph.replay((x,), clone=False), dev, runs,
+                                                             warmup)
+            else:
+                t0 = time.perf_counter()
+                graph = CudaGraphCapturer().capture(lambda t: net(t), (x,), module=net)
+                capture_ms = (time.perf_counter() - t0) * 1e3
+
+                def forward_graph():
+                    return graph.replay((x,), clone=False)
+            arms["forward_graph"] = time_call(forward_graph, dev, runs, warmup)
+            same = all_equal(_clone(forward_graph()), eager_out)
         del graph
         model.release_graphs()
         t0 = time.perf_counter()
@@ -115,10 +142,14 @@ def bench_model(model, *, imgsz: int = 640, batch: int = 1, runs: int = 200, war
         arms["predict_graph_equal_eager"] = all(torch.equal(_result_data(a), _result_data(b))
                                                 for a, b in zip(ref_eager, ref_graph))
         model.release_graphs()
+        if seam:   # last: a capture that fails here must not disturb the arms above
+            with torch.no_grad():
+                arms["forward_whole_graph"] = _whole_graph_arm(net, x, eager_out, dev, runs, warmup)
     # the task's own arms (segment-prompt: the image stage alone and a prompt call on a set image)
     arms.update(model.task.bench_arms(model, image, runs, warmup, imgsz, time_call))
     result = {
-        "model": f"{model.FAMILY}-{model.size}", "task": model.TASK, "fused": model.fused, "trained": model.trained, "imgsz": imgsz,
+        "model": f"{model.FAMILY}-{model.size}", "task": model.TASK,
+        "captured": "front part (seam), rest eager" if seam else "whole stage", "fused": model.fused, "trained": model.trained, "imgsz": imgsz,
         "batch": batch,
         "image_hw": list(image.shape[:2]), "detections_per_image": dets,
         "device": device_name(dev), "torch": torch.__version__,

@@ -108,7 +108,6 @@ def _resume(v: str):
         return parse_bool("resume", v)
     except OptionError:
         pass
-    from pathlib import Path
     if not Path(v).expanduser().is_file():
         raise OptionError(f"resume must be true, false or the path of a last.pt file, got {v!r} "
                           "(no such file)")
@@ -197,6 +196,7 @@ PREDICT = {
 
 def cmd_predict(opts: dict) -> int:
     _need_model(opts, "predict")
+
     from . import SAMPLE_IMAGE
     model = _load(opts)
     task_opts = {}
@@ -222,6 +222,8 @@ def cmd_predict(opts: dict) -> int:
             what = ", ".join(f"{n} {k}" for k, n in sorted(counts.items(), key=lambda kv: -kv[1])) or "no detections"
         elif getattr(r, "depth", None) is not None:
             what = f"relative inverse depth {r.depth.min:.3g} .. {r.depth.max:.3g}"
+        elif isinstance(r.summary(), dict):   # one summary of the whole image (matting)
+            what = ", ".join(f"{k} {v:.2f}" for k, v in r.summary().items() if isinstance(v, float))
         else:
             top = r.summary()[:3]
             what = ", ".join(f"{d['name']} {d.get('confidence', d.get('area', 0)):.2f}" for d in top)
@@ -262,7 +264,8 @@ def cmd_info(opts: dict) -> int:
         train = ("whole step" if m["cuda_graph_train"] else
                  "backbone+encoder" if m["cuda_graph_train_seam"] else "no (eager)")
         t.add_row(m["family"], ", ".join(m["sizes"]), m["task"], f"{m['file_prefix']}<size>.pt",
-                  "yes" if m["cuda_graph"] else "no (eager)", train)
+                  ("front part (seam)" if m["cuda_graph_predict_seam"] else "yes") if m["cuda_graph"] else "no (eager)",
+                  train)
     console.print(t)
     console.print("tasks: " + "; ".join(f"{k} ({', '.join(v) or '-'})" for k, v in tasks.items()))
     e = Table(title="environment", show_header=False)
@@ -317,7 +320,6 @@ def cmd_verify(opts: dict) -> int:
     ok = all(r.passed for r in res)
     console.print("[bold green]VERDICT: bitwise parity holds[/]" if ok else "[bold red]VERDICT: parity FAILED[/]")
     if opts["json"]:
-        from pathlib import Path
         Path(opts["json"]).write_text(json.dumps([r.as_dict() for r in res], indent=2))
     return 0 if ok else 1
 
@@ -352,13 +354,20 @@ def cmd_bench(opts: dict) -> int:
                     f"(torch {res['torch']}, {res['date']}{tf32})")
     for col in ("arm", "median ms", "p90 ms", "runs"):
         t.add_column(col)
-    fixed = ("forward_eager", "forward_graph", "predict_eager", "predict_graph")
+    fixed = ("forward_eager", "forward_graph", "forward_graph_front_only", "forward_whole_graph",
+             "predict_eager", "predict_graph")
     extra = [k for k, v in res["arms"].items() if k not in fixed and isinstance(v, dict) and "median_ms" in v]
     for arm in (*fixed, *extra):   # extra: the task's own arms (segment-prompt: set_image, prompt)
         if arm in res["arms"]:
             a = res["arms"][arm]
             t.add_row(arm, f"{a['median_ms']:.3f}", f"{a['p90_ms']:.3f}", str(a["runs"]))
     console.print(t)
+    console.print(f"captured: {res['captured']}")
+    whole = res["arms"].get("forward_whole_graph")
+    if whole is not None:   # a seam family: the whole network captured as an experiment
+        console.print("whole network captured (experiment, not what predict does): "
+                      + (f"failed: {whole['error']}" if "error" in whole
+                         else f"replay bitwise == eager: {whole['bitwise_equal_eager']}"))
     if "predict_graph_stages_ms_per_image" in res["arms"]:
         st = res["arms"]["predict_graph_stages_ms_per_image"]
         console.print("predict(graph) stages, ms per image: " + ", ".join(f"{k} {v:.3f}" for k, v in st.items()))
@@ -459,7 +468,6 @@ DEMO = {
 
 def cmd_demo(opts: dict) -> int:
     """Train briefly on the built-in shapes set, validate, predict a held-out image, save it."""
-    from pathlib import Path
 
     from .data.datasets import resolve_data
     from .weights import load_checkpoint

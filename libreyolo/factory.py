@@ -44,7 +44,7 @@ class LibreYOLO:
             fam, size = spec
             log.warning("libreyolo: building an UNTRAINED %s-%s from its configuration (random weights): "
                         "its detections are meaningless until it is trained", fam.FAMILY, size)
-            m = fam.new(size, nc=nc or 80, names=names, imgsz=imgsz, device=device)
+            m = fam.new(size, nc=nc, names=names, imgsz=imgsz, device=device)
             m._warned_untrained = True  # said here once; the predictor's first-call warning checks this
             return m
         from .weights import load_checkpoint, resolve_weights

@@ -201,14 +201,16 @@ class Results:
     (milliseconds per stage: ``preprocess``, ``inference``, ``postprocess``; None when not measured).
 
     Tasks other than detection fill their own field instead of ``boxes`` (``probs`` for
-    classification, ``masks`` for semantic segmentation, ``depth`` for depth estimation). Such a field is an object of the task's
+    classification, ``masks`` for semantic segmentation, ``depth`` for depth estimation, ``alpha`` for matting). Such a field is an object of the task's
     result type (``libreyolo/tasks/<task>/``) with ``plot_on(image, names) -> image``,
     ``summary(names, decimals)``, and ``cpu()`` / ``numpy()`` / ``to(...)``; :meth:`plot`,
     :meth:`summary` and the conversions use it.
     """
 
     #: the task fields besides ``boxes``, in drawing order (masks under labels)
-    FIELDS = ("masks", "depth", "probs")
+    FIELDS = ("alpha", "masks", "depth", "probs")
+    #: image formats :meth:`save` can write a cut-out (RGBA) to
+    RGBA_FORMATS = ("PNG", "WEBP", "TIFF")
 
     def __init__(
         self,
@@ -221,6 +223,7 @@ class Results:
         probs: Any = None,
         masks: Any = None,
         depth: Any = None,
+        alpha: Any = None,
     ):
         self.orig_img: np.ndarray = _to_numpy_image(orig_img)
         self.orig_shape: tuple[int, int] = (int(self.orig_img.shape[0]), int(self.orig_img.shape[1]))
@@ -231,6 +234,7 @@ class Results:
         self.probs = probs
         self.masks = masks
         self.depth = depth
+        self.alpha = alpha
         self.saved_to: str | None = None   # set by predict(save=True)
         self.speed: dict[str, float | None] = (
             dict(speed) if speed is not None
@@ -359,23 +363,38 @@ class Results:
             draw.text((tx + pad, ty + pad), text, fill=ink, font=font)
         return np.array(image, dtype=np.uint8)
 
+    def _cutout_field(self) -> Any:
+        """The task field that saves as a cut-out (one with ``rgba(image)``: matting), or None."""
+        return next((v for _, v in self._fields() if hasattr(v, "rgba")), None)
+
+    @property
+    def save_suffix(self) -> str:
+        """The file suffix :meth:`save` writes by default: ``.png`` for a cut-out, else ``.jpg``."""
+        return ".png" if self._cutout_field() is not None else ".jpg"
+
     def _default_filename(self) -> str:
         stem = Path(self.path).stem or "image"
-        return f"{stem}_pred.jpg"
+        return f"{stem}_pred{self.save_suffix}"
 
     def save(self, filename: str | os.PathLike | None = None) -> str:
-        """Write :meth:`plot` to ``filename`` and return the path written.
+        """Write :meth:`plot` to ``filename`` and return the path written; for a matte, the cut-out
+        instead (the image with the alpha as a fourth channel: RGBA, in PNG, WebP or TIFF).
 
-        The default is ``<input stem>_pred.jpg`` in the current directory. The format follows the
-        suffix; parent directories are created; the file appears atomically (written to a temporary
-        file in the same directory, then renamed), so readers never see a half-written image.
+        The default is ``<input stem>_pred.jpg`` (a matte: ``.png``) in the current directory. The
+        format follows the suffix; parent directories are created; the file appears atomically
+        (written to a temporary file in the same directory, then renamed), so readers never see a
+        half-written image.
         """
         path = Path(filename) if filename is not None else Path(self._default_filename())
         fmt = Image.registered_extensions().get(path.suffix.lower())
         if fmt is None:
             raise ValueError(f"cannot save '{path}': unknown image format for suffix '{path.suffix}'")
+        cutout = self._cutout_field()
+        if cutout is not None and fmt not in self.RGBA_FORMATS:
+            raise ValueError(f"cannot save '{path}': a matte is saved as an RGBA cut-out, which {fmt} cannot "
+                             f"hold; use .png, .webp or .tiff")
         path.parent.mkdir(parents=True, exist_ok=True)
-        image = Image.fromarray(self.plot())
+        image = Image.fromarray(cutout.rgba(self.orig_img)) if cutout is not None else Image.fromarray(self.plot())
         options = {"quality": 95} if fmt == "JPEG" else {}
         tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
         try:

@@ -24,6 +24,7 @@ FIXTURES = [
     ("segformer", "b0", "segformer-b0"),
     ("mobilesam", "tiny", "mobilesam-tiny"),
     ("depth_anything", "s", "depth_anything-s"),
+    ("birefnet", "t", "birefnet-t"),
 ]
 
 # Families whose checkpoints share another family's layout key for key: a bare state dict (no
@@ -130,4 +131,10 @@ SEGMENT_PROMPT_GRAPH_MODELS = [
 # before SUPPORTS_CUDA_GRAPH flips. No training rows: the family does not train.
 DEPTH_GRAPH_MODELS = [
     ("depth_anything", "s"),
+]
+
+# (family, size) of matting models that must pass the GPU parity protocol (with a predict seam: the
+# captured encoder, and the seam's claim that replayed encoder + eager decoder == all eager).
+MATTE_GRAPH_MODELS = [
+    ("birefnet", "t"),
 ]

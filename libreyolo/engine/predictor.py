@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from ..data.sources import load_sources
+from ..graphs.capture import to_host
 from ..graphs.runner import normalize_mode
 from ..options import check_imgsz, check_int, parse_amp, parse_bool
 from ..results import Results
@@ -60,18 +61,35 @@ class Predictor:
 
         Both run the network (``model.infer``) and the task's post-processing
         (:meth:`PredictPlan.finish`, which also takes the plan's extra inputs); the one from uint8
-        images then maps the outputs back to their size (:meth:`PredictPlan.to_source`).
+        images then maps the outputs back to their size (:meth:`PredictPlan.to_source`). For a family that
+        declares a seam (``model.PREDICT_SEAM``: a part of its network is not bitwise capturable)
+        they end there: they run ``model.infer_front`` only, and :meth:`after_seam` runs the
+        rest eager.
         """
         model = self.model
         prep = model.preprocess
 
-        def net(x, *extra):
-            return plan.finish(model.infer(x), *extra)
+        if model.PREDICT_SEAM:
+            def net(x, *extra):
+                return model.infer_front(x)
+        else:
+            def net(x, *extra):
+                return plan.finish(model.infer(x), *extra)
 
         def from_u8(u8, *extra):
             return plan.to_source(net(prep(u8, size), *extra), (int(u8.shape[1]), int(u8.shape[2])))
 
         return net, from_u8
+
+    def after_seam(self, out: Any, plan: PredictPlan, extra: tuple) -> Any:
+        """The stage's outputs as predict uses them. Without a seam: ``out`` itself. With one: the
+        eager side - ``model.infer_back`` on the captured side's outputs, then the task's
+        post-processing (all-eager predict computes exactly these ops in this order), then the
+        host copy when ``plan.host``."""
+        if not self.model.PREDICT_SEAM:
+            return out
+        out = plan.finish(self.model.infer_back(*out), *extra)
+        return to_host(out) if plan.host else out
 
     def constant(self, kind: str, key: tuple, values) -> torch.Tensor:
         """A float32 device tensor of ``values()`` cached under (kind, key): stage inputs that stay
@@ -104,7 +122,7 @@ class Predictor:
         prep = self.model.preprocess
         shapes = tuple((int(im.shape[0]), int(im.shape[1])) for im in images)
         extra = plan.extra(shapes, size)
-        opts = {"host": plan.host, "constant": plan.constant}
+        opts = {"host": plan.host and not self.model.PREDICT_SEAM, "constant": plan.constant}
         same = len(set(shapes)) == 1
         with torch.no_grad(), self._autocast(amp_dtype):
             if same:
@@ -121,11 +139,11 @@ class Predictor:
                 if len(self._raw_seen) > 256:
                     self._raw_seen.clear()
                 if use_u8:
-                    return runner(key, from_u8, (u8, *extra), mode, **opts)
+                    return self.after_seam(runner(key, from_u8, (u8, *extra), mode, **opts), plan, extra)
                 x = prep(u8, size)
             else:
                 x = torch.cat([prep(im.unsqueeze(0), size) for im in images])
-            return runner(("net", size, *plan.tag), net, (x, *extra), mode, **opts)
+            return self.after_seam(runner(("net", size, *plan.tag), net, (x, *extra), mode, **opts), plan, extra)
 
     def capture(self, imgsz=None, batch=1, dtype=None, source=None, source_shape=None, bgr: bool = False,
                 **opts) -> dict:
@@ -240,7 +258,7 @@ class Predictor:
             for r in chunk_results:
                 r.speed["postprocess"] = post_ms
                 if out_dir is not None:
-                    r.saved_to = r.save(out_dir / unique(Path(r.path).stem))
+                    r.saved_to = r.save(out_dir / unique(Path(r.path).stem, r.save_suffix))
             results.extend(chunk_results)
             if progress is not None:
                 progress.update(len(chunk))

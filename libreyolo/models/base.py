@@ -49,6 +49,11 @@ class Model:
     CHANNELS_LAST: ClassVar[bool] = False
     #: classes of a model built without ``nc`` (the label set the family's checkpoints use)
     DEFAULT_NC: ClassVar[int] = 80
+    #: predict captures only the front of the network (preprocessing + :meth:`infer_front`) and
+    #: runs the rest (:meth:`infer_back`, the task's post-processing) eager: for a family with an op
+    #: that is not bitwise capturable, shown by a GPU test; ``SUPPORTS_CUDA_GRAPH`` then vouches
+    #: for the front part
+    PREDICT_SEAM: ClassVar[bool] = False
     STRIDE: ClassVar[int] = 32
     DEFAULT_IMGSZ: ClassVar[int] = 640
     UNSUPPORTED_REASON: ClassVar[str | None] = None
@@ -70,6 +75,15 @@ class Model:
     def infer(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Letterboxed float batch -> fixed-shape outputs (the capturable part)."""
         raise NotImplementedError(f"{type(self).__name__} must implement infer")
+
+    def infer_front(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """With ``PREDICT_SEAM``: the captured side, network input -> fixed-shape tensors."""
+        raise NotImplementedError(f"{type(self).__name__} declares no predict seam")
+
+    def infer_back(self, *front: torch.Tensor) -> Any:
+        """With ``PREDICT_SEAM``: the eager side, :meth:`infer_front`'s outputs -> what
+        :meth:`infer` returns (``infer_back(*infer_front(x))`` equals ``infer(x)`` bit for bit)."""
+        raise NotImplementedError(f"{type(self).__name__} declares no predict seam")
 
     @property
     def task(self) -> Task:
