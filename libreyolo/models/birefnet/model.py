@@ -36,6 +36,9 @@ class BiRefNet(Model):
     STRIDE = 32                        # the input-patch tiles need sizes that divide by 32
     PREPROCESS = Preprocess("stretch", mean=IMAGENET_MEAN, std=IMAGENET_STD)
     PREDICT_SEAM = True
+    # with the seam it vouches for the captured encoder stage (GPU: tests/gpu/test_birefnet_gpu.py,
+    # MATTE_GRAPH_MODELS in test_tasks_gpu.py; docs/families.md)
+    SUPPORTS_CUDA_GRAPH = True
 
     SIGNATURE_KEYS = ("bb.patch_embed.proj.weight", "squeeze_module.0.conv_in.weight",
                       "decoder.ipt_blk5.conv1.weight")

@@ -27,6 +27,7 @@ class DepthAnything(Model):
 
     FAMILY = "depth_anything"
     TASK = "depth"
+    SUPPORTS_CUDA_GRAPH = True   # GPU parity: DEPTH_GRAPH_MODELS in tests/gpu/test_tasks_gpu.py (docs/families.md)
     SIZES = tuple(CONFIGS)
     FILE_PREFIX = "LibreDepthAnythingV2"   # the LibreYOLO checkpoint names: LibreDepthAnythingV2s.pt, ...
     DEFAULT_IMGSZ = 518
