@@ -230,6 +230,11 @@ class Results:
         self.probs = probs
         self.masks = masks
         self.saved_to: str | None = None   # set by predict(save=True)
+        # video frames (set by predict): position in the source, seconds since its first frame,
+        # position of the source in a .streams list; None for images
+        self.frame_index: int | None = None
+        self.timestamp: float | None = None
+        self.stream: int | None = None
         self.speed: dict[str, float | None] = (
             dict(speed) if speed is not None
             else {"preprocess": None, "inference": None, "postprocess": None}
@@ -251,8 +256,10 @@ class Results:
     def _convert(self, how: str, *args: Any, **kwargs: Any) -> "Results":
         def conv(v):
             return None if v is None else getattr(v, how)(*args, **kwargs)
-        return Results(self.orig_img, self.path, self.names, conv(self.boxes), self.speed,
-                       **{f: conv(v) for f, v in self._fields()})
+        out = Results(self.orig_img, self.path, self.names, conv(self.boxes), self.speed,
+                      **{f: conv(v) for f, v in self._fields()})
+        out.frame_index, out.timestamp, out.stream = self.frame_index, self.timestamp, self.stream
+        return out
 
     def cpu(self) -> "Results":
         """The same result with its data (boxes, probs, masks) on the CPU."""
