@@ -71,11 +71,12 @@ class SourceItem:
     name: str
     image: np.ndarray | torch.Tensor
     borrowed: bool = False
-    #: for video frames: position in the source, seconds since its first frame, and which source
-    #: of a ``.streams`` list it came from (None for images)
+    #: for video frames: position in the source, seconds since its first frame, which source of a
+    #: ``.streams`` list it came from, and that source's frame rate (None for images)
     frame_index: int | None = None
     timestamp: float | None = None
     stream: int | None = None
+    fps: float | None = None
 
     def own(self) -> None:
         """Replace a borrowed image by a private copy (no-op otherwise)."""

@@ -11,6 +11,7 @@ eager numbers are the truth. The task turns the stage's outputs into Results
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import threading
 import time
@@ -31,6 +32,8 @@ from ..tasks.base import PredictPlan
 from .paths import UniqueNames, next_run_dir
 
 log = logging.getLogger("libreyolo")
+#: ``model.track``'s default ``conf``: detections from here on reach the tracker
+TRACK_CONF = 0.1
 _NO_CONTEXT = contextlib.nullcontext()
 
 
@@ -54,6 +57,7 @@ class Predictor:
         self._pinned: set = set()          # net-stage keys captured by capture_graph (see capture)
         self._local = threading.local()  # per-thread pinned staging buffers (see _upload)
         self._tensor_cache: dict = {}
+        self._track_state: tuple | None = None   # (tracker spec, {stream: TrackGlue}) of model.track
 
     # ---------------------------------------------------------------- stages
     def _stage_fns(self, size: int, plan: PredictPlan):
@@ -329,6 +333,42 @@ class Predictor:
             for wr in writers.values():
                 log.info("libreyolo: saved the annotated video %s (%d frames)", wr.path, wr.count)
 
+    # ----------------------------------------------------------------- track
+    def track(self, source: Any, *, tracker: Any = "bytetrack", persist: bool = False,
+              **kwargs) -> list[Results] | Iterator[Results]:
+        """``model.track``: predict (every option of :meth:`__call__`) with a tracker after each
+        frame (:mod:`libreyolo.engine.track`); one tracker per source of a ``.streams`` list.
+
+        ``tracker``: ``"bytetrack"``, ``"botsort"`` or a tracker object of the ``trackers``
+        package. ``persist=True`` keeps the trackers (and their ids) from the previous
+        ``track`` call, for feeding a stream frame by frame (``model.track(frame, persist=True)``
+        in a loop); otherwise each call starts new tracks. ``conf`` defaults to
+        :data:`TRACK_CONF`, below the trackers' threshold for starting a track, so that weaker
+        detections can still extend the tracks they match (ByteTrack's second association).
+        """
+        from .track import TRACKERS, TrackGlue
+        m = self.model
+        if m.TASK != "detect":
+            raise ValueError(f"model.track needs a detection model; {m.FAMILY}-{m.size} is a {m.TASK} model")
+        if isinstance(tracker, str) and tracker.strip().lower().removesuffix(".yaml") not in TRACKERS:
+            raise ValueError(f"unknown tracker {tracker!r}; available: {', '.join(TRACKERS)} (or pass a tracker "
+                             "object of the trackers package)")
+        persist = parse_bool("persist", persist)
+        kwargs.setdefault("conf", TRACK_CONF)
+        state = self._track_state
+        if not persist or state is None or state[0] is not tracker and state[0] != tracker:
+            state = self._track_state = (tracker, {})
+        glues: dict[int, TrackGlue] = state[1]
+
+        def on_results(r: Results, it: SourceItem) -> None:
+            k = int(it.stream or 0)
+            glue = glues.get(k)
+            if glue is None:  # a tracker object serves one source; further sources get copies
+                spec = tracker if isinstance(tracker, str) or not glues else copy.deepcopy(tracker)
+                glue = glues[k] = TrackGlue(spec, it.fps or 30.0)
+            glue.update(r, it.image, it.timestamp)
+        return self(source, on_results=on_results, **kwargs)
+
     #: numpy images are staged through pinned memory by torch's parallel copy when torch may use at
     #: least this many threads; with fewer the driver's own staging is faster (see :meth:`_upload`)
     STAGE_MIN_THREADS = 2
@@ -393,8 +433,9 @@ def _video_chunks(videos: VideoSources, batch: int) -> Iterator[list[SourceItem]
     """Video frames as predict chunks: ``batch`` consecutive frames of a single source, or one
     frame of each running source of a ``.streams`` list per step."""
     def item(f) -> SourceItem:
-        return SourceItem(videos.streams[f.stream].name, f.image, frame_index=f.index, timestamp=f.timestamp,
-                          stream=f.stream)
+        src = videos.streams[f.stream]
+        return SourceItem(src.name, f.image, frame_index=f.index, timestamp=f.timestamp, stream=f.stream,
+                          fps=src.fps)
     if len(videos) > 1:
         for step in videos.steps():
             yield [item(f) for f in step]
