@@ -263,11 +263,11 @@ class Predictor:
         m = self.model
         sync = (torch.cuda.synchronize if profile and m.device.type == "cuda" else (lambda: None))
         progress = None
-        if verbose or (total or 0) > 32:
+        many = videos is None and total > 32   # a bar for many images by default; for videos on verbose
+        if verbose or many:
             from tqdm import tqdm
             progress = tqdm(total=total, desc=f"predict {m.FAMILY}-{m.size}",
-                            unit="frame" if videos is not None else "img",
-                            disable=not verbose and (total or 0) <= 32)
+                            unit="frame" if videos is not None else "img", disable=not (verbose or many))
         unique = UniqueNames()
         writers: dict[int, VideoWriter] = {}
         viewers: dict[int, _Viewer] = {}

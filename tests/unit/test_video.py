@@ -345,3 +345,27 @@ def test_stream_that_drops_mid_way_ends_cleanly(model, ts_bytes, caplog, stall, 
     assert 0 < len(rs) < 30
     assert [r.frame_index for r in rs] == list(range(len(rs)))  # HTTP never drops frames
     assert any(url in m and why in m and "frames already delivered are kept" in m for m in caplog.messages)
+
+
+# ---- command line ---------------------------------------------------------------------------------
+
+
+def test_cli_predict_track_and_bench_on_a_clip(clip, tmp_path, capsys):
+    from libreyolo.cli import main
+    rc = main(["predict", "model=yolo9t", f"source={clip}", "imgsz=64", "vid_stride=4", f"save_dir={tmp_path / 'p'}",
+               f"json={tmp_path / 'p.json'}"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "3 frame(s)" in out and (tmp_path / "p" / "clip.mp4").is_file()
+    import json
+    rows = json.loads((tmp_path / "p.json").read_text())
+    assert [r["frame"] for r in rows] == [0, 4, 8]
+    rc = main(["track", "model=yolo9t", f"source={clip}", "imgsz=64", "vid_stride=6", "tracker=botsort",
+               f"save_dir={tmp_path / 't'}"])
+    assert rc == 0 and "track(s)" in capsys.readouterr().out and (tmp_path / "t" / "clip.mp4").is_file()
+    rc = main(["bench", "model=yolo9t", f"source={clip}", "imgsz=64", "frames=3", "warmup=1", "device=cpu",
+               f"json={tmp_path / 'b.json'}"])
+    out = capsys.readouterr().out
+    res = json.loads((tmp_path / "b.json").read_text())
+    assert rc == 0 and "graph arms skipped: needs a CUDA device" in out
+    assert set(res["arms"]) == {"decode", "predict_eager", "video_eager"}
+    assert res["arms"]["decode"]["frames"] == 3 and res["arms"]["video_eager"]["frames"] == 3
