@@ -195,7 +195,8 @@ def _expand_path(item: str | os.PathLike) -> list[Path]:
             )
             raise FileNotFoundError(f"glob pattern '{text}' found no images ({detail})")
         return files
-    hint = " (URLs are not supported; download the file first)" if "://" in text else ""
+    hint = (" (only rtsp, rtmp and http(s) URLs are read, as video streams; download other files first)"
+            if "://" in text else "")
     raise FileNotFoundError(f"image file or directory not found: '{text}'{hint}")
 
 
