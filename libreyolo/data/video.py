@@ -138,7 +138,9 @@ def _target(spec: Any, timeout: float) -> tuple[str, str, str, dict[str, Any]]:
                                                                          "options": options}
     path = Path(text).expanduser()
     if not path.exists():
-        raise FileNotFoundError(f"video file not found: '{text}'")
+        hint = (" (glob patterns of videos are not expanded: list the files in a .streams file)"
+                if set("*?[") & set(text) else "")
+        raise FileNotFoundError(f"video file not found: '{text}'{hint}")
     if not path.is_file():
         raise VideoSourceError(f"'{text}' is not a video file")
     return "file", text, str(path), {}

@@ -108,6 +108,19 @@ def test_stream_is_a_generator_list_is_a_list_same_results(model, clip):
     assert {r.path for r in listed} == {str(clip)} and {r.stream for r in listed} == {0}
 
 
+def test_stream_holds_no_past_frames(model, clip):
+    """Constant memory: once the consumer lets go of a frame's Results, nothing keeps it alive."""
+    import gc
+    import weakref
+    refs, alive = [], []
+    for r in model.predict(clip, imgsz=64, stream=True):
+        refs.append(weakref.ref(r))
+        del r
+        gc.collect()
+        alive.append(sum(ref() is not None for ref in refs[:-1]))
+    assert len(refs) == 12 and max(alive) == 0
+
+
 def test_batch_of_frames_gives_the_same_results(model, clip):
     one = model.predict(clip, imgsz=64, conf=0.0)
     four = model.predict(clip, imgsz=64, conf=0.0, batch=4)
@@ -224,8 +237,13 @@ def test_corrupt_truncated_and_non_video_files_fail_at_the_call(model, clip, tmp
         fr.sample_rate = 8000
         for p in s.encode(fr):
             c.mux(p)
+    # a codec no decoder knows: an mpeg4 AVI whose codec tag is overwritten
+    avi = write_with(tmp_path / "odd.avi", "mpeg4").read_bytes()
+    assert b"FMP4" in avi
+    (tmp_path / "codec.avi").write_bytes(avi.replace(b"FMP4", b"QQZZ"))
     for name, match in (("junk.mp4", "corrupt or truncated"), ("half.mp4", "corrupt or truncated"),
-                        ("notes.mkv", "corrupt or truncated"), ("sound.mkv", "no video stream")):
+                        ("notes.mkv", "corrupt or truncated"), ("sound.mkv", "no video stream"),
+                        ("codec.avi", "unsupported codec")):
         path = tmp_path / name
         with pytest.raises(VideoSourceError, match=match) as e:
             model.predict(path, imgsz=64, stream=True)  # raised by the call, not by the first next()
