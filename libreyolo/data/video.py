@@ -281,15 +281,15 @@ class VideoStream:
                     return
                 index = decoded
                 decoded += 1
-                if index % self.vid_stride:
-                    continue  # decoded (later frames depend on it) but not converted to RGB
                 t = frame.time
                 if t is None:
                     t = index / self.fps if self.fps else float(index)
                 if t0 is None:
                     t0 = t
-                image = frame.to_ndarray(format="rgb24")
                 self._last_time = t - t0
+                if index % self.vid_stride:
+                    continue  # decoded (later frames depend on it) but not converted to RGB
+                image = frame.to_ndarray(format="rgb24")
                 self._put(Frame(np.ascontiguousarray(image), index, float(t - t0), self.stream))
             self._decoded = decoded
             self._put(_END)
