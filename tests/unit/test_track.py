@@ -167,3 +167,15 @@ def test_model_track_end_to_end_on_a_clip(tmp_path):
     assert len(cont) and set(cont.boxes.id.tolist()) <= last_ids
     fresh = m.track(frame, imgsz=64, max_det=20)[0]
     assert fresh.boxes.is_track and len(fresh) == 0
+
+
+def test_track_a_stream_list_one_tracker_per_stream(tmp_path):
+    write_moving_shapes_clip(tmp_path / "a.mp4", 96, 64, frames=4, fps=10, objects=1, seed=0)
+    write_moving_shapes_clip(tmp_path / "b.mp4", 96, 64, frames=3, fps=20, objects=1, seed=1)
+    (tmp_path / "two.streams").write_text("a.mp4\nb.mp4\n")
+    m = LibreYOLO.new("yolo9", "t", device="cpu", seed=0)
+    rs = m.track(tmp_path / "two.streams", imgsz=64, tracker="botsort", conf=0.0, max_det=5)
+    assert [r.stream for r in rs] == [0, 1, 0, 1, 0, 1, 0] and all(r.boxes.is_track for r in rs)
+    glues = m._get_predictor()._track_state[1]
+    assert sorted(glues) == [0, 1] and glues[0].tracker is not glues[1].tracker
+    assert glues[0].frames == 4 and glues[1].frames == 3
