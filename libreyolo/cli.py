@@ -233,6 +233,8 @@ def cmd_predict(opts: dict, track: bool = False) -> int:
                 name = r.names[int(c)]
                 counts[name] = counts.get(name, 0) + 1
             what = ", ".join(f"{n} {k}" for k, n in sorted(counts.items(), key=lambda kv: -kv[1])) or "no detections"
+        elif getattr(r, "depth", None) is not None:
+            what = f"relative inverse depth {r.depth.min:.3g} .. {r.depth.max:.3g}"
         else:
             top = r.summary()[:3]
             what = ", ".join(f"{d['name']} {d.get('confidence', d.get('area', 0)):.2f}" for d in top)

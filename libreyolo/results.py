@@ -227,14 +227,14 @@ class Results:
     (milliseconds per stage: ``preprocess``, ``inference``, ``postprocess``; None when not measured).
 
     Tasks other than detection fill their own field instead of ``boxes`` (``probs`` for
-    classification, ``masks`` for semantic segmentation). Such a field is an object of the task's
+    classification, ``masks`` for semantic segmentation, ``depth`` for depth estimation). Such a field is an object of the task's
     result type (``libreyolo/tasks/<task>/``) with ``plot_on(image, names) -> image``,
     ``summary(names, decimals)``, and ``cpu()`` / ``numpy()`` / ``to(...)``; :meth:`plot`,
     :meth:`summary` and the conversions use it.
     """
 
     #: the task fields besides ``boxes``, in drawing order (masks under labels)
-    FIELDS = ("masks", "probs")
+    FIELDS = ("masks", "depth", "probs")
 
     def __init__(
         self,
@@ -246,6 +246,7 @@ class Results:
         *,
         probs: Any = None,
         masks: Any = None,
+        depth: Any = None,
     ):
         self.orig_img: np.ndarray = _to_numpy_image(orig_img)
         self.orig_shape: tuple[int, int] = (int(self.orig_img.shape[0]), int(self.orig_img.shape[1]))
@@ -255,6 +256,7 @@ class Results:
         self.boxes = boxes
         self.probs = probs
         self.masks = masks
+        self.depth = depth
         self.saved_to: str | None = None   # set by predict(save=True)
         # video frames (set by predict): position in the source, seconds since its first frame,
         # position of the source in a .streams list; None for images
@@ -291,7 +293,7 @@ class Results:
         return out
 
     def cpu(self) -> "Results":
-        """The same result with its data (boxes, probs, masks) on the CPU."""
+        """The same result with its data (boxes, probs, masks, depth) on the CPU."""
         return self._convert("cpu")
 
     def numpy(self) -> "Results":

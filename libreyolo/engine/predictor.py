@@ -64,7 +64,8 @@ class Predictor:
         """The two capturable stages: from a preprocessed batch, and from raw uint8 images.
 
         Both run the network (``model.infer``) and the task's post-processing
-        (:meth:`PredictPlan.finish`, which also takes the plan's extra inputs).
+        (:meth:`PredictPlan.finish`, which also takes the plan's extra inputs); the one from uint8
+        images then maps the outputs back to their size (:meth:`PredictPlan.to_source`).
         """
         model = self.model
         prep = model.preprocess
@@ -73,7 +74,7 @@ class Predictor:
             return plan.finish(model.infer(x), *extra)
 
         def from_u8(u8, *extra):
-            return net(prep(u8, size), *extra)
+            return plan.to_source(net(prep(u8, size), *extra), (int(u8.shape[1]), int(u8.shape[2])))
 
         return net, from_u8
 

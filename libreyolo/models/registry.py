@@ -11,6 +11,7 @@ from .base import Model
 from .convnext.model import ConvNeXt
 from .deim.model import Deim
 from .deimv2.model import Deimv2
+from .depth_anything.model import DepthAnything
 from .dfine.model import Dfine
 from .ec.model import EC
 from .efficientnetv2.model import EfficientNetV2
@@ -46,6 +47,7 @@ FAMILIES: dict[str, type[Model]] = {
     "convnext": ConvNeXt,
     "segformer": Segformer,
     "mobilesam": MobileSAM,
+    "depth_anything": DepthAnything,
 }
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from .base import Evaluator, PredictPlan, Task, TaskOptions
 from .classify import ClassifyTask
+from .depth import DepthTask
 from .detect import DetectTask
 from .segment_prompt import SegmentPromptTask
 from .semantic import SemanticTask
@@ -17,6 +18,7 @@ TASKS: dict[str, Task] = {
     "classify": ClassifyTask(),
     "semantic": SemanticTask(),
     "segment-prompt": SegmentPromptTask(),
+    "depth": DepthTask(),
 }
 
 
