@@ -175,3 +175,86 @@ def write_json(result: dict, path: str | Path) -> Path:
     tmp.write_text(json.dumps(result, indent=2))
     tmp.replace(p)
     return p
+
+
+def bench_video(model, source: Any, *, imgsz: int = 640, frames: int = 300, conf: float = 0.25,
+                warmup: int = 5) -> dict:
+    """Frames per second on a video (``libreyolo bench source=clip.mp4``), decode reported apart.
+
+    * ``decode``: PyAV decoding + RGB conversion of the first ``frames`` frames alone (the reader
+      thread as predict uses it, nothing else running).
+    * ``predict_eager`` / ``predict_graph``: predict on those decoded frames one at a time (the
+      numpy frames, so no decoding), with the device synchronized after each; ``graph`` is
+      ``cuda_graph="auto"`` (CUDA only), whose uint8 stage is captured once the frame size
+      repeats. Medians after ``warmup`` frames; the first frames' times are listed.
+    * ``video_eager`` / ``video_graph``: ``model.predict(source, stream=True)`` end to end -
+      decoding in its thread, overlapped with the device - frames/s over the whole pass, with the
+      number of captures and the frame at which the first replay happened.
+    """
+    from .data.video import open_video_sources
+    from .engine.verify import input_sensitive
+
+    dev = model.device
+    model = input_sensitive(model)  # an untrained head detects nothing: give NMS a real load
+    opts = {"conf": conf} if "conf" in model.task.predict_defaults else {}
+    images = []
+    t0 = time.perf_counter()
+    with open_video_sources(source) as vs:
+        src = vs.streams[0]
+        meta = {"source": str(src.name), "codec": src.codec, "width": src.width, "height": src.height,
+                "fps": src.fps, "frames_declared": src.frames}
+        for step in vs.steps():
+            images.append(step[0].image)
+            if len(images) >= frames:
+                break
+    decode_s = time.perf_counter() - t0
+    n = len(images)
+    if n == 0:
+        raise ValueError(f"bench: '{source}' gave no frame")
+    arms: dict[str, Any] = {"decode": {"frames": n, "ms_per_frame": decode_s * 1e3 / n, "fps": n / decode_s}}
+    modes = [("eager", False)]
+    graph_ok = dev.type == "cuda" and model.SUPPORTS_CUDA_GRAPH
+    if graph_ok:
+        modes.append(("graph", "auto"))
+    for name, mode in modes:
+        model.release_graphs()
+        model._predictor = None  # a fresh predictor: the first frames pay what a new stream pays
+        times = []
+        for im in images:
+            t = time.perf_counter()
+            model.predict(im, imgsz=imgsz, cuda_graph=mode, **opts)
+            _sync(dev)
+            times.append((time.perf_counter() - t) * 1e3)
+        steady = times[min(warmup, n - 1):]
+        med = statistics.median(steady)
+        arms[f"predict_{name}"] = {"median_ms": med, "fps": 1e3 / med, "first_frames_ms": times[:5],
+                                   "frames": n}
+        model.release_graphs()
+        model._predictor = None
+        t = time.perf_counter()
+        replay_at = None
+        count = 0
+        for r in model.predict(source, imgsz=imgsz, cuda_graph=mode, stream=True, **opts):
+            count += 1
+            if replay_at is None and mode and model.graph_info()["replays"] > 0:
+                replay_at = count
+            if count >= n:
+                break
+        _sync(dev)
+        wall = time.perf_counter() - t
+        info = model.graph_info()
+        arms[f"video_{name}"] = {"frames": count, "fps": count / wall, "captures": info["captures"],
+                                 "first_replay_at_frame": replay_at}
+    model.release_graphs()
+    result = {
+        "model": f"{model.FAMILY}-{model.size}", "task": model.TASK, "trained": model.trained, "imgsz": imgsz,
+        "video": meta, "device": device_name(dev), "torch": torch.__version__, "cuda": torch.version.cuda,
+        "date": _dt.date.today().isoformat(), "warmup": warmup, "arms": arms,
+        "graph": "measured" if graph_ok else ("needs a CUDA device" if dev.type != "cuda"
+                                              else f"{model.FAMILY} is not graph-capturable"),
+    }
+    pe, pg = arms["predict_eager"]["median_ms"], arms.get("predict_graph", {}).get("median_ms")
+    result["ratios"] = {"predict_speedup": pe / pg if pg else None,
+                        "video_speedup": (arms["video_graph"]["fps"] / arms["video_eager"]["fps"]
+                                          if "video_graph" in arms else None)}
+    return result

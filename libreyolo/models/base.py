@@ -409,6 +409,13 @@ class Model:
 
     __call__ = predict
 
+    def track(self, source: Any, *, tracker: Any = "bytetrack", persist: bool = False, **kwargs) -> list:
+        """Predict with multi-object tracking (``Results.boxes.id``); see
+        :meth:`libreyolo.engine.predictor.Predictor.track` for the options."""
+        if self.TASK != "detect":
+            raise ValueError(f"model.track needs a detection model; {self.FAMILY}-{self.size} is a {self.TASK} model")
+        return self._get_predictor().track(source, tracker=tracker, persist=persist, **kwargs)
+
 
 def _load_strict(net: nn.Module, sd: dict, what: str, source: str | None) -> None:
     ref = net.state_dict()
