@@ -201,14 +201,15 @@ class Results:
     (milliseconds per stage: ``preprocess``, ``inference``, ``postprocess``; None when not measured).
 
     Tasks other than detection fill their own field instead of ``boxes`` (``probs`` for
-    classification, ``masks`` for semantic segmentation, ``depth`` for depth estimation). Such a field is an object of the task's
+    classification, ``masks`` for semantic segmentation, ``depth`` for depth estimation, ``texts`` for
+    OCR). Such a field is an object of the task's
     result type (``libreyolo/tasks/<task>/``) with ``plot_on(image, names) -> image``,
     ``summary(names, decimals)``, and ``cpu()`` / ``numpy()`` / ``to(...)``; :meth:`plot`,
     :meth:`summary` and the conversions use it.
     """
 
     #: the task fields besides ``boxes``, in drawing order (masks under labels)
-    FIELDS = ("masks", "depth", "probs")
+    FIELDS = ("masks", "depth", "probs", "texts")
 
     def __init__(
         self,
@@ -221,6 +222,7 @@ class Results:
         probs: Any = None,
         masks: Any = None,
         depth: Any = None,
+        texts: Any = None,
     ):
         self.orig_img: np.ndarray = _to_numpy_image(orig_img)
         self.orig_shape: tuple[int, int] = (int(self.orig_img.shape[0]), int(self.orig_img.shape[1]))
@@ -231,6 +233,7 @@ class Results:
         self.probs = probs
         self.masks = masks
         self.depth = depth
+        self.texts = texts
         self.saved_to: str | None = None   # set by predict(save=True)
         self.speed: dict[str, float | None] = (
             dict(speed) if speed is not None

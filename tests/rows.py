@@ -24,7 +24,15 @@ FIXTURES = [
     ("segformer", "b0", "segformer-b0"),
     ("mobilesam", "tiny", "mobilesam-tiny"),
     ("depth_anything", "s", "depth_anything-s"),
+    ("ppocr", "t", "ppocr-t-det"),
+    ("ppocr", "t", "ppocr-t-rec"),
 ]
+
+# The sub-network a fixture's forward ran (its json's "forward"), where it is not the whole network.
+FIXTURE_FORWARD = {
+    "ppocr-t-det": "det",
+    "ppocr-t-rec": "rec",
+}
 
 # Families whose checkpoints share another family's layout key for key: a bare state dict (no
 # metadata, anonymous file name) is read as the family given here (documented on the classes).

@@ -96,4 +96,7 @@ def verify_model(model, *, imgsz: int | None = None, batches: tuple[int, ...] = 
                 # and with Triton NMS and the selection)
                 extra = plan.extra((tuple(source_hw),) * b, size)
                 out.append(check_parity(stage + " +post", from_u8, (ua, *extra), (ub, *extra), module=net))
+                # further stages the task runs after the first (OCR: recognition per bucket width)
+                for name, fn, pa_, pb_ in plan.parity_stages(b, model.device):
+                    out.append(check_parity(f"{model.FAMILY}-{model.size} {name} {tag} b{b}", fn, pa_, pb_, module=net))
     return out

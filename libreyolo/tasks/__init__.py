@@ -11,6 +11,7 @@ from .classify import ClassifyTask
 from .depth import DepthTask
 from .detect import DetectTask
 from .segment_prompt import SegmentPromptTask
+from .ocr import OcrTask
 from .semantic import SemanticTask
 
 TASKS: dict[str, Task] = {
@@ -19,6 +20,7 @@ TASKS: dict[str, Task] = {
     "semantic": SemanticTask(),
     "segment-prompt": SegmentPromptTask(),
     "depth": DepthTask(),
+    "ocr": OcrTask(),
 }
 
 
