@@ -139,3 +139,10 @@ SEGMENT_PROMPT_GRAPH_MODELS = [
 DEPTH_GRAPH_MODELS = [
     ("depth_anything", "s"),
 ]
+
+# (family, size) of OCR models that must pass the GPU parity protocol (detection stage with the
+# binarization inside the graph; the recognition stage with greedy CTC at every bucket width)
+# before SUPPORTS_CUDA_GRAPH flips. OCR does not train.
+OCR_GRAPH_MODELS = [
+    ("ppocr", "t"),
+]
