@@ -82,6 +82,12 @@ class PPOCR(Model):
         from .charset import load_charset
         self.charset = load_charset(self.meta.get("charset"), net.cfg.num_classes, self.source)
 
+    def _attach(self, net: nn.Module) -> None:
+        """As every family's, with room in the graph cache for one recognition graph per bucket
+        on top of the usual cap the detection stage lives under."""
+        super()._attach(net)
+        self._runner.max_graphs = self._runner.max_graphs + len(self.REC_BUCKETS)
+
     # ------------------------------------------------------------------ stages
     @staticmethod
     def _bgr_normalize(x: torch.Tensor, mean: tuple[float, ...], std: tuple[float, ...]) -> torch.Tensor:
