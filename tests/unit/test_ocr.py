@@ -227,9 +227,10 @@ def test_verify_covers_the_recognition_stage_at_every_bucket(model):
 
 def test_bench_runs_ocr_on_its_printed_page(model):
     """`libreyolo bench` for OCR: det + rec of the 10-line page (untrained: box threshold 0,
-    at most 10 lines), the lines counted in the JSON; eager arms only on the CPU."""
+    at most 10 lines), the lines counted in the JSON, the recognition stage alone as its own
+    arm; eager arms only on the CPU."""
     from libreyolo.benchmark import bench_model
     res = bench_model(model, imgsz=SIZE, runs=1, warmup=0)
     assert res["task"] == "ocr" and res["task_input"]["lines_on_page"] == 10
     assert 0 < res["text_lines_per_image"] <= 10 and "max_lines=10" in res["task_input"]["options"]
-    assert {"forward_eager", "predict_eager"} <= set(res["arms"])
+    assert {"forward_eager", "predict_eager", "rec_stage_b8_w128_eager"} <= set(res["arms"])

@@ -207,3 +207,24 @@ class OcrTask(Task):
         opts = {"box_thresh": 0.0, "rec_conf": 0.0, "max_lines": BENCH_LINES}
         return page, opts, {"lines_on_page": BENCH_LINES, "options": "untrained: " + ", ".join(
             f"{k}={v}" for k, v in opts.items())}
+
+    def bench_arms(self, model, image, runs, warmup, imgsz, time_call) -> dict[str, Any]:
+        """The recognition stage alone on one full batch (``rec_batch`` lines at the second bucket
+        width), eager and - on CUDA for a graph-declared family - replayed: what each batch of
+        lines costs inside the end-to-end arms (the detector alone is the forward arms)."""
+        from ...graphs.capture import CudaGraphCapturer
+        plan = self.plan(model, imgsz, model._get_predictor().constant)
+        dev, buckets = model.device, model.REC_BUCKETS
+        width = buckets[min(1, len(buckets) - 1)]
+        g = torch.Generator().manual_seed(0)
+        u8 = torch.randint(0, 256, (plan.rec_batch, 48, width, 3), generator=g, dtype=torch.uint8).to(dev)
+        widths = torch.full((plan.rec_batch,), width, dtype=torch.int32).to(dev)
+        name = f"rec_stage_b{plan.rec_batch}_w{width}"
+        arms: dict[str, Any] = {}
+        with torch.no_grad():
+            arms[name + "_eager"] = time_call(lambda: plan.rec_stage(u8, widths), dev, runs, warmup)
+            if dev.type == "cuda" and model.SUPPORTS_CUDA_GRAPH:
+                graph = CudaGraphCapturer().capture(plan.rec_stage, (u8, widths), module=model.model)
+                arms[name + "_graph"] = time_call(lambda: graph.replay((u8, widths), clone=False), dev, runs, warmup)
+                del graph
+        return arms
