@@ -54,12 +54,18 @@ class PPOCR(Model):
         cls._check_size(size)
         return PPOCRNet(size)
 
+    DEFAULT_NC = 1   # the detector's one class: text
+
     @classmethod
-    def new(cls, size: str, nc: int = 1, names: Any = None, *, imgsz: int | None = None,
+    def default_names(cls, nc: int) -> dict[int, str]:
+        return {0: "text"}
+
+    @classmethod
+    def new(cls, size: str, nc: int | None = None, names: Any = None, *, imgsz: int | None = None,
             device: Any = "auto", seed: int | None = None) -> "PPOCR":
         """An untrained PP-OCR model (``nc`` is always 1: the detector has one class, text)."""
         cls._check_size(size)
-        return super().new(size, 1, names or {0: "text"}, imgsz=imgsz, device=device, seed=seed)
+        return super().new(size, 1, names, imgsz=imgsz, device=device, seed=seed)
 
     @classmethod
     def from_checkpoint(cls, ckpt: dict, *, size: str | None = None, device: Any = "auto",
@@ -77,7 +83,6 @@ class PPOCR(Model):
 
     def __init__(self, net: nn.Module, **kwargs: Any):
         kwargs["nc"] = 1
-        kwargs["names"] = kwargs.get("names") or {0: "text"}
         super().__init__(net, **kwargs)
         from .charset import load_charset
         self.charset = load_charset(self.meta.get("charset"), net.cfg.num_classes, self.source)
