@@ -21,7 +21,6 @@ both networks are CUDA-graph safe.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
