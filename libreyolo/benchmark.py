@@ -52,7 +52,7 @@ def device_name(device: torch.device) -> str:
 
 def _result_data(r) -> torch.Tensor:
     """The tensor a task's Results holds (boxes, probs or masks), for equality checks."""
-    for field in ("boxes", *r.FIELDS):
+    for field in ("boxes", *r.FIELDS):   # OCR: TextLines.data (corners, confidences)
         v = getattr(r, field)
         if v is not None:
             return torch.as_tensor(v.data)
@@ -81,11 +81,15 @@ def bench_model(model, *, imgsz: int = 640, batch: int = 1, runs: int = 200, war
     # An untrained head detects nothing, which would leave NMS idle: re-draw its biases
     # (seeded) so that post-processing has a full load; detections per image are reported.
     model = input_sensitive(model)
+    opts = {"conf": conf} if "conf" in model.task.predict_defaults else {}
+    opts.update(model.task.bench_options())   # e.g. segment-prompt: the prompt of each call
+    notes = None
+    if image is None:   # a task's own input (OCR: a printed page) and the options it needs
+        image, task_opts, notes = model.task.bench_setup(model, imgsz)
+        opts.update(task_opts)
     if image is None:
         image = load_sources(SAMPLE_IMAGE)[0].image
     images = [image] * batch
-    opts = {"conf": conf} if "conf" in model.task.predict_defaults else {}
-    opts.update(model.task.bench_options())   # e.g. segment-prompt: the prompt of each call
     net = model.model.eval()
     x = torch.rand((batch, 3, imgsz, imgsz), generator=torch.Generator().manual_seed(0)).to(dev)
     arms: dict[str, Any] = {}
@@ -93,7 +97,9 @@ def bench_model(model, *, imgsz: int = 640, batch: int = 1, runs: int = 200, war
         arms["forward_eager"] = time_call(lambda: net(x), dev, runs, warmup)
     arms["predict_eager"] = time_call(lambda: model.predict(images, imgsz=imgsz, batch=batch, **opts),
                                       dev, runs, warmup)
-    dets = sum(len(r) for r in model.predict(images, imgsz=imgsz, batch=batch, **opts)) / batch  # boxes only
+    first = model.predict(images, imgsz=imgsz, batch=batch, **opts)
+    dets = sum(len(r) for r in first) / batch  # boxes only
+    lines = sum(len(r.texts) for r in first) / batch if first and first[0].texts is not None else None
     seam = bool(model.PREDICT_SEAM)
     if dev.type == "cuda" and model.SUPPORTS_CUDA_GRAPH:
         with torch.no_grad():
@@ -152,6 +158,8 @@ def bench_model(model, *, imgsz: int = 640, batch: int = 1, runs: int = 200, war
         "captured": "front part (seam), rest eager" if seam else "whole stage", "fused": model.fused, "trained": model.trained, "imgsz": imgsz,
         "batch": batch,
         "image_hw": list(image.shape[:2]), "detections_per_image": dets,
+        **({} if lines is None else {"text_lines_per_image": lines}),
+        **({} if notes is None else {"task_input": notes}),
         "device": device_name(dev), "torch": torch.__version__,
         "cuda": torch.version.cuda, "date": _dt.date.today().isoformat(), "runs": runs, "warmup": warmup,
         # float32 convolutions run as TF32 on Ampere and later unless disabled (PyTorch's default: on)

@@ -238,7 +238,8 @@ def cmd_predict(opts: dict, track: bool = False) -> int:
             what = ", ".join(f"{k} {v:.2f}" for k, v in r.summary().items() if isinstance(v, float))
         else:
             top = r.summary()[:3]
-            what = ", ".join(f"{d['name']} {d.get('confidence', d.get('area', 0)):.2f}" for d in top)
+            what = ", ".join(f"{d.get('name', d.get('text'))} {d.get('confidence', d.get('area', 0)):.2f}"
+                             for d in top) or "nothing found"
         ms = sum(v for v in r.speed.values() if v is not None)
         console.print(f"{r.path}: {r.orig_shape[1]}x{r.orig_shape[0]}, {what} ({ms:.1f} ms)")
     if opts["save"]:
@@ -444,6 +445,9 @@ def cmd_bench(opts: dict) -> int:
     if model.TASK == "detect":
         console.print(f"detections per image: {res['detections_per_image']:.1f}"
                       + ("" if res["trained"] else " (untrained weights)"))
+    if "text_lines_per_image" in res:
+        console.print(f"text lines recognised per image: {res['text_lines_per_image']:.1f} on a page of "
+                      f"{res['task_input']['lines_on_page']} ({res['task_input']['options']})")
     path = write_json(res, opts["json"] or f"runs/bench/{res['model']}-{res['imgsz']}-b{res['batch']}.json")
     console.print(f"written to {path}")
     return 0

@@ -227,14 +227,15 @@ class Results:
     (milliseconds per stage: ``preprocess``, ``inference``, ``postprocess``; None when not measured).
 
     Tasks other than detection fill their own field instead of ``boxes`` (``probs`` for
-    classification, ``masks`` for semantic segmentation, ``depth`` for depth estimation, ``alpha`` for matting). Such a field is an object of the task's
+    classification, ``masks`` for semantic segmentation, ``depth`` for depth estimation, ``alpha`` for
+    matting, ``texts`` for OCR). Such a field is an object of the task's
     result type (``libreyolo/tasks/<task>/``) with ``plot_on(image, names) -> image``,
     ``summary(names, decimals)``, and ``cpu()`` / ``numpy()`` / ``to(...)``; :meth:`plot`,
     :meth:`summary` and the conversions use it.
     """
 
     #: the task fields besides ``boxes``, in drawing order (masks under labels)
-    FIELDS = ("alpha", "masks", "depth", "probs")
+    FIELDS = ("alpha", "masks", "depth", "probs", "texts")
     #: image formats :meth:`save` can write a cut-out (RGBA) to
     RGBA_FORMATS = ("PNG", "WEBP", "TIFF")
 
@@ -250,6 +251,7 @@ class Results:
         masks: Any = None,
         depth: Any = None,
         alpha: Any = None,
+        texts: Any = None,
     ):
         self.orig_img: np.ndarray = _to_numpy_image(orig_img)
         self.orig_shape: tuple[int, int] = (int(self.orig_img.shape[0]), int(self.orig_img.shape[1]))
@@ -261,6 +263,7 @@ class Results:
         self.masks = masks
         self.depth = depth
         self.alpha = alpha
+        self.texts = texts
         self.saved_to: str | None = None   # set by predict(save=True)
         # video frames (set by predict): position in the source, seconds since its first frame,
         # position of the source in a .streams list; None for images

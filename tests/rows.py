@@ -25,7 +25,15 @@ FIXTURES = [
     ("mobilesam", "tiny", "mobilesam-tiny"),
     ("depth_anything", "s", "depth_anything-s"),
     ("birefnet", "t", "birefnet-t"),
+    ("ppocr", "t", "ppocr-t-det"),
+    ("ppocr", "t", "ppocr-t-rec"),
 ]
+
+# The sub-network a fixture's forward ran (its json's "forward"), where it is not the whole network.
+FIXTURE_FORWARD = {
+    "ppocr-t-det": "det",
+    "ppocr-t-rec": "rec",
+}
 
 # Families whose checkpoints share another family's layout key for key: a bare state dict (no
 # metadata, anonymous file name) is read as the family given here (documented on the classes).
@@ -137,4 +145,11 @@ DEPTH_GRAPH_MODELS = [
 # captured encoder, and the seam's claim that replayed encoder + eager decoder == all eager).
 MATTE_GRAPH_MODELS = [
     ("birefnet", "t"),
+]
+
+# (family, size) of OCR models that must pass the GPU parity protocol (detection stage with the
+# binarization inside the graph; the recognition stage with greedy CTC at every bucket width)
+# before SUPPORTS_CUDA_GRAPH flips. OCR does not train.
+OCR_GRAPH_MODELS = [
+    ("ppocr", "t"),
 ]

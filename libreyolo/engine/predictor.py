@@ -249,6 +249,7 @@ class Predictor:
         size = check_imgsz(m.imgsz if imgsz is None else imgsz, m.STRIDE)
         plan = self.plan(size, **task_opts)
         amp_dtype = _amp_dtype(amp, m.AMP_DTYPE)
+        plan.mode, plan.amp_dtype = mode, amp_dtype
         if not m.trained and not getattr(m, "_warned_untrained", False):
             log.warning("libreyolo: %s-%s is UNTRAINED (random weights): its predictions are meaningless",
                         m.FAMILY, m.size)

@@ -133,4 +133,7 @@ def verify_model(model, *, imgsz: int | None = None, batches: tuple[int, ...] = 
                                           lambda u: plan.finish(model.infer(prep(u, size)), *extra),
                                           lambda u: from_u8(u, *extra),
                                           lambda *f: pred.after_seam(f, plan, extra), (ua,), (ub,), module=net))
+                # further stages the task runs after the first (OCR: recognition per bucket width)
+                for name, fn, pa_, pb_ in plan.parity_stages(b, model.device):
+                    out.append(check_parity(f"{model.FAMILY}-{model.size} {name} {tag} b{b}", fn, pa_, pb_, module=net))
     return out

@@ -19,6 +19,7 @@ from .efficientnetv2.model import EfficientNetV2
 from .mobilenetv4.model import MobileNetV4
 from .mobilesam.model import MobileSAM
 from .picodet.model import Picodet
+from .ppocr.model import PPOCR
 from .resnet.model import ResNet
 from .rtdetr.model import RTDETR
 from .rtdetrv2.model import RTDETRv2
@@ -50,6 +51,7 @@ FAMILIES: dict[str, type[Model]] = {
     "mobilesam": MobileSAM,
     "depth_anything": DepthAnything,
     "birefnet": BiRefNet,
+    "ppocr": PPOCR,
 }
 
 

@@ -12,6 +12,7 @@ from .depth import DepthTask
 from .detect import DetectTask
 from .segment_prompt import SegmentPromptTask
 from .matte import MatteTask
+from .ocr import OcrTask
 from .semantic import SemanticTask
 
 TASKS: dict[str, Task] = {
@@ -21,6 +22,7 @@ TASKS: dict[str, Task] = {
     "segment-prompt": SegmentPromptTask(),
     "depth": DepthTask(),
     "matte": MatteTask(),
+    "ocr": OcrTask(),
 }
 
 

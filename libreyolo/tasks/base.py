@@ -51,6 +51,11 @@ class PredictPlan:
 
     tag: tuple = ()
     host: bool = False
+    #: the call's ``cuda_graph`` mode and autocast dtype (None: float32), set by the predictor
+    #: before :meth:`results`, for plans that run a further stage there through the model's
+    #: runner under the same policy as the first (OCR recognition)
+    mode: Any = False
+    amp_dtype: Any = None
 
     def finish(self, outputs: Any, *extra: torch.Tensor) -> Any:
         """``model.infer`` outputs (+ :meth:`extra` inputs) -> the stage's outputs (graph-safe)."""
@@ -69,6 +74,11 @@ class PredictPlan:
     @property
     def constant(self) -> tuple[int, ...]:
         return ()
+
+    def parity_stages(self, batch: int, device: torch.device) -> list[tuple[str, Callable[..., Any], tuple, tuple]]:
+        """Stages this plan runs besides the first (from :meth:`results`), for the parity protocol
+        (``libreyolo verify``): (name, function, probe A inputs, probe B inputs) each."""
+        return []
 
     def results(self, out: Any, chunk: Sequence[Any], size: int, speed: dict[str, float]) -> list:
         """The stage's outputs for ``chunk`` (:class:`~libreyolo.data.sources.SourceItem` list) ->
@@ -120,6 +130,11 @@ class Task:
     def bench_options(self) -> dict[str, Any]:
         """Predict options ``libreyolo bench``'s end-to-end arms pass (besides detection's conf)."""
         return {}
+
+    def bench_setup(self, model, imgsz: int) -> tuple[Any, dict[str, Any], dict[str, Any] | None]:
+        """``libreyolo bench``'s input when none is given: (image or None for the bundled sample,
+        predict options it needs, notes for the JSON or None). OCR: a printed page."""
+        return None, {}, None
 
     def bench_arms(self, model, image, runs: int, warmup: int, imgsz: int, time_call) -> dict[str, Any]:
         """Task-specific arms of ``libreyolo bench`` (name -> ``time_call`` result or a value)."""

@@ -4,7 +4,7 @@ import json
 import pytest
 import torch
 from fill import fill_state_dict
-from rows import FIXTURES, SNIFFED_AS
+from rows import FIXTURE_FORWARD, FIXTURES, SNIFFED_AS
 
 from conftest import FIXTURES_DIR
 from libreyolo import LibreYOLO
@@ -36,6 +36,12 @@ def run_fixture(net, pt):
         for h in hooks:
             h.remove()
     return {**out, **caught}
+
+
+def forward_of(net, name):
+    """The module whose output the fixture stores (a sub-network for two-network families)."""
+    sub = FIXTURE_FORWARD.get(name)
+    return getattr(net, sub) if sub else net
 
 
 def load_fixture(name):
@@ -77,7 +83,7 @@ def test_network_reproduces_fixture(family, size, name):
     assert sum(p.numel() for p in net.parameters()) == fx["num_parameters"]
     net.load_state_dict(sd, strict=True)
     net.eval()
-    out = run_fixture(net, pt)
+    out = run_fixture(forward_of(net, name), pt)
     assert set(pt["outputs"]) <= set(out)
     assert_reproduces(out, pt["outputs"], fx)
 
@@ -90,7 +96,7 @@ def test_checkpoint_in_fixture_layout_loads_through_factory(tmp_path, family, si
     path = save_checkpoint({"model": sd, **meta}, tmp_path / "weights.pt")
     model = LibreYOLO(str(path), device="cpu")
     assert (model.FAMILY, model.size, model.nc) == (family, size, meta["nc"])
-    out = run_fixture(model.model, pt)
+    out = run_fixture(forward_of(model.model, name), pt)
     assert_reproduces(out, pt["outputs"], fx)
 
 
