@@ -21,6 +21,7 @@ import copy
 import csv
 import logging
 import math
+import os
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -521,12 +522,22 @@ class Trainer:
             hook.on_train_start(self)
         try:
             for epoch in range(self.start_epoch, cfg.run.epochs):
-                t_epoch = time.time()
-                self._phase(epoch)
-                mloss = self.train_epoch(epoch)
-                state = {"epoch": epoch, "mloss": mloss, "time_s": time.time() - t_epoch}
-                for hook in self.hooks:
-                    hook.on_epoch_end(self, state)
+                died = None
+                try:
+                    t_epoch = time.time()
+                    self._phase(epoch)
+                    mloss = self.train_epoch(epoch)
+                    state = {"epoch": epoch, "mloss": mloss, "time_s": time.time() - t_epoch}
+                    for hook in self.hooks:
+                        hook.on_epoch_end(self, state)
+                except RuntimeError as exc:
+                    if not _worker_died(exc):
+                        raise
+                    died = str(exc).strip()
+                if died is not None:
+                    # raised outside the handler: torch's error (and the traceback that keeps the
+                    # loader's iterator, hence its dead worker's registration, alive) is dropped
+                    raise TrainingError(self._worker_death_message(epoch, died))
         finally:
             for hook in self.hooks:
                 hook.on_train_end(self)
@@ -548,6 +559,18 @@ class Trainer:
                 "losses": [[h[f"train/{n}_loss"] for n in item_names] for h in self.history],
                 "cuda_graph": runner.info() if seam is None else {**runner.info(), "seam": seam.info()},
                 "best": str(self.run_dir / "weights" / "best.pt"), "last": str(self.run_dir / "weights" / "last.pt")}
+
+    def _worker_death_message(self, epoch: int, reason: str) -> str:
+        """What to tell the user when a DataLoader worker process died during ``epoch``."""
+        last = self.run_dir / "weights" / "last.pt"
+        saved = getattr(self, "saved_epoch", None)
+        if saved is None and self.start_epoch > 0:
+            saved = self.start_epoch   # resumed, nothing saved yet in this run: the file resumed from
+        kept = (f"{last} holds epoch {saved} and is intact: continue with resume=True" if saved is not None
+                else "nothing had been saved yet in this run")
+        return (f"training stopped in epoch {epoch + 1}/{self.cfg.run.epochs}: a DataLoader worker process "
+                f"died ({reason}). The usual cause is the out-of-memory killer: lower workers= "
+                f"or batch=, or see the system log. {kept}.")
 
     @property
     def eval_net(self) -> nn.Module:
@@ -611,6 +634,14 @@ class LoggingHook(Hook):
 
     def on_train_start(self, t: Trainer) -> None:
         self._handler = None
+        self._warned: set[str] = set()
+        # results.csv is rewritten whole (atomically) every epoch from these rows, so a full disk
+        # or a kill never leaves half a line, and rows that could not be written are not lost.
+        # A resumed run keeps the rows up to the epoch it resumes from: epochs it redoes (their
+        # row was written, then the run died before last.pt) are not listed twice.
+        self.rows = [r for r in _read_csv(t.csv_path) if _epoch_of(r) <= t.start_epoch] if t.start_epoch else []
+        if t.start_epoch:
+            self._write_csv(t)
         root, lib = logging.getLogger(), logging.getLogger("libreyolo")
         if t.cfg.run.verbose and not lib.handlers and not root.handlers:
             self._handler = logging.StreamHandler()
@@ -627,17 +658,37 @@ class LoggingHook(Hook):
                "time/epoch_s": round(state["time_s"], 3)}
         row.update({k: metrics[k] for k in t.metric_keys if k in metrics})
         t.history.append(row)
-        _append_csv(t.csv_path, {k: v for k, v in row.items() if k not in t.metric_keys})
+        self.rows.append({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in row.items()
+                          if k not in t.metric_keys})
+        csv_ok = self._write_csv(t)
         if t.cfg.run.verbose:
             log.info("libreyolo: epoch %d/%d  %s  %s  (%.1f s)", epoch + 1, t.cfg.run.epochs,
                      "  ".join(f"{n} {v:.4f}" for n, v in zip(t.item_names, mloss.tolist())),
                      t.task.summary(metrics), state["time_s"])
-        if t.cfg.run.plots:
+        if t.cfg.run.plots and csv_ok:
             try:
                 from .plots import plot_results
                 plot_results(t.csv_path)
             except Exception as exc:  # a plot is never worth a failed run
-                log.warning("libreyolo: could not draw results.png: %s", exc)
+                self._warn_once("plot", "libreyolo: could not draw results.png (training goes on; further "
+                                "failures are not reported): %s", exc)
+
+    def _warn_once(self, what: str, msg: str, *args: Any) -> None:
+        """A warning the first time ``what`` fails in this run, a debug line after that."""
+        log.log(logging.DEBUG if what in self._warned else logging.WARNING, msg, *args)
+        self._warned.add(what)
+
+    def _write_csv(self, t: Trainer) -> bool:
+        """Rewrite ``results.csv`` from :attr:`rows`; a failed write (a full disk) is one warning,
+        the old file stays whole and the rows are written with the next epoch's."""
+        try:
+            _write_csv_atomic(t.csv_path, self.rows)
+            return True
+        except OSError as exc:
+            self._warn_once("csv", "libreyolo: could not write %s (training goes on; the file keeps its "
+                            "earlier rows and the missing ones are written once a write succeeds): %s",
+                            t.csv_path, exc)
+            return False
 
     def on_train_end(self, t: Trainer) -> None:
         evaluator = getattr(t, "last_evaluator", None)
@@ -661,6 +712,7 @@ class CheckpointHook(Hook):
         from ..weights import save_checkpoint
         epoch = state["epoch"]
         save_checkpoint(t.checkpoint(epoch, with_state=True), t.run_dir / "weights" / "last.pt")
+        t.saved_epoch = epoch + 1
         if state["is_best"]:
             save_checkpoint(t.checkpoint(epoch, with_state=False), t.run_dir / "weights" / "best.pt")
 
@@ -673,10 +725,49 @@ def _set_lr(group: dict, value: float) -> None:
         group["lr"] = value
 
 
-def _append_csv(path: Path, row: dict) -> None:
-    new = not path.exists()
-    with path.open("a", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(row))
-        if new:
+class TrainingError(RuntimeError):
+    """Training stopped for a reason outside the model (a DataLoader worker died, ...); the message
+    says why, and what of the run is on disk."""
+
+
+def _worker_died(exc: BaseException) -> bool:
+    """Whether ``exc`` is torch's report of a DataLoader worker process that died (killed by a
+    signal - often the out-of-memory killer - or exited), not an error raised by the dataset."""
+    return isinstance(exc, RuntimeError) and "DataLoader worker (pid" in str(exc)
+
+
+def _read_csv(path: Path) -> list[dict]:
+    """The rows of an existing ``results.csv`` (none if it is missing or unreadable)."""
+    try:
+        with path.open(newline="") as f:
+            return [dict(r) for r in csv.DictReader(f)]
+    except (OSError, csv.Error, UnicodeDecodeError):
+        return []
+
+
+def _epoch_of(row: dict) -> int:
+    try:
+        return int(row.get("epoch") or 0)
+    except ValueError:
+        return 0
+
+
+def _write_csv_atomic(path: Path, rows: list[dict]) -> None:
+    """``rows`` as a CSV at ``path`` (columns: every key, in order of first appearance), written to
+    a temp file and renamed over the old one: readers never see a partial file."""
+    columns: dict[str, None] = {}
+    for r in rows:
+        columns.update(dict.fromkeys(r))
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        with open(tmp, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(columns), restval="")
             w.writeheader()
-        w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in row.items()})
+            w.writerows(rows)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
