@@ -25,7 +25,7 @@ import os
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -57,6 +57,10 @@ class RunConfig:
     seed: int = 0
     plots: bool = True
     verbose: bool = True
+    patience: int = 0               # stop after N epochs without a better fitness (0: never)
+    freeze: Any = None              # the first N layers, or parameter-name prefixes (see freeze_prefixes)
+    save_period: int = 0            # also weights/epoch{N}.pt every N epochs (0: never)
+    loggers: Any = None             # "tensorboard" (events in the run folder), or none
 
 
 @dataclass
@@ -141,7 +145,9 @@ class ModelEMA:
     the same code runs eager and inside a captured whole training step.
     """
 
-    def __init__(self, net: nn.Module, decay: float = 0.9999, tau: float = 2000.0, updates: int = 0):
+    def __init__(self, net: nn.Module, decay: float = 0.9999, tau: float = 2000.0, updates: int = 0,
+                 frozen: Sequence[str] = ()):
+        self.frozen = tuple(frozen)   # name prefixes of frozen layers: copied, not blended (bitwise kept)
         self.ema = copy.deepcopy(net).eval()
         for p in self.ema.parameters():
             p.requires_grad_(False)
@@ -152,8 +158,9 @@ class ModelEMA:
 
     def _pairs(self, net: nn.Module) -> None:
         src, dst = net.state_dict(), self.ema.state_dict()
-        self._float = [(dst[k], src[k]) for k in dst if dst[k].dtype.is_floating_point]
-        self._other = [(dst[k], src[k]) for k in dst if not dst[k].dtype.is_floating_point]
+        blend = {k for k in dst if dst[k].dtype.is_floating_point and not _under(k, self.frozen)}
+        self._float = [(dst[k], src[k]) for k in dst if k in blend]
+        self._other = [(dst[k], src[k]) for k in dst if k not in blend]
 
     @property
     def updates(self) -> int:
@@ -199,10 +206,72 @@ def _param_groups(net: nn.Module, weight_decay: float):
             {"params": bias, "weight_decay": 0.0}]
 
 
+def _under(name: str, prefixes: Sequence[str]) -> bool:
+    """Whether ``name`` (a parameter, buffer or module name) is one of ``prefixes`` or inside one."""
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def layers(net: nn.Module) -> list[str]:
+    """The network's layers in order, as ``freeze=N`` counts them: the children of each top-level
+    part (``backbone.conv0``, ``backbone.conv1``, ..., ``neck.*``, ``head.*``; a part without
+    children is one layer) that hold parameters."""
+    out = []
+    for name, part in net.named_children():
+        subs = [f"{name}.{sub}" for sub, _ in part.named_children()]
+        out += subs or [name]
+    return [n for n in out if any(True for _ in net.get_submodule(n).parameters())]
+
+
+def freeze_prefixes(net: nn.Module, spec: int | Sequence[str]) -> list[str]:
+    """``freeze`` (a layer count, or parameter-name prefixes) -> the frozen name prefixes; a count
+    beyond the network's layers or a prefix that names no parameter is an OptionError."""
+    from ..options import OptionError
+    names = [n for n, _ in net.named_parameters()]
+    if isinstance(spec, int):
+        all_layers = layers(net)
+        if spec > len(all_layers):
+            raise OptionError(f"freeze={spec} but this network has {len(all_layers)} layers "
+                              f"({', '.join(all_layers)})")
+        return all_layers[:spec]
+    missing = [p for p in spec if not any(_under(n, [p]) for n in names)]
+    if missing:
+        tops = sorted({n.split(".")[0] for n in names})
+        raise OptionError(f"freeze: {', '.join(map(repr, missing))} names no parameter of this network (prefixes "
+                          f"are parameter names cut at a dot, under {', '.join(tops)}; freeze=N counts layers "
+                          f"{', '.join(layers(net)[:4])}, ...)")
+    return list(spec)
+
+
+def freeze(net: nn.Module, prefixes: Sequence[str]) -> tuple[list[nn.Parameter], list[nn.Module]]:
+    """Stop gradients to the parameters under ``prefixes`` (so the optimizer never sees them).
+    Returns the parameters this turned off (to be turned on again after the run; parameters that
+    were fixed already stay so) and the normalization layers among them, which the trainer keeps
+    in eval mode: their running statistics stay as they are, so a frozen layer computes what it
+    did before training."""
+    if not prefixes:
+        return [], []
+    frozen, total, changed = 0, 0, []
+    for name, p in net.named_parameters():
+        total += p.numel()
+        if _under(name, prefixes):
+            if p.requires_grad:
+                changed.append(p)
+            p.requires_grad_(False)
+            p.grad = None   # a gradient left by an earlier run would still be clipped, never applied
+            frozen += p.numel()
+    norms = [m for name, m in net.named_modules()
+             if _under(name, prefixes) and isinstance(m, nn.modules.batchnorm._NormBase)]
+    log.info("libreyolo: freeze: %s frozen (%d of %d parameters, %d BatchNorm layers in eval mode)",
+             ", ".join(prefixes) if len(prefixes) <= 6 else f"{', '.join(prefixes[:6])}, ... ({len(prefixes)})",
+             frozen, total, len(norms))
+    return changed, norms
+
+
 def check_config(cfg: TrainConfig, stride: int) -> None:
     """Validate every option once, before anything is loaded; canonical values in place. The
     image size is rounded up to the model's stride with one warning, as predict does."""
-    from ..options import check_choice, check_float, check_fraction, check_imgsz, check_int, parse_amp, parse_bool
+    from ..options import (OptionError, check_choice, check_float, check_fraction, check_imgsz, check_int, parse_amp,
+                           parse_bool, parse_freeze, parse_loggers)
     r, o, g = cfg.run, cfg.optim, cfg.graph
     r.epochs = check_int("epochs", r.epochs, 1)
     r.batch = check_int("batch", r.batch, 1)
@@ -211,6 +280,13 @@ def check_config(cfg: TrainConfig, stride: int) -> None:
     r.seed = check_int("seed", r.seed)
     for name in ("val", "exist_ok", "plots", "verbose"):
         setattr(r, name, parse_bool(name, getattr(r, name)))
+    r.patience = check_int("patience", r.patience, 0)
+    r.save_period = check_int("save_period", r.save_period, 0)
+    r.freeze = parse_freeze(r.freeze)
+    r.loggers = parse_loggers(r.loggers)
+    if r.patience and not r.val:
+        raise OptionError(f"patience={r.patience} needs validation: early stopping follows the validation "
+                          "metric, and val=False turns validation off")
     if not (isinstance(r.resume, (str, Path)) and str(r.resume).lower() not in ("true", "false", "1", "0")):
         r.resume = parse_bool("resume", r.resume)
     o.optimizer = check_choice("optimizer", o.optimizer, ("SGD", "AdamW"))
@@ -243,7 +319,10 @@ class Trainer:
         from ..options import parse_amp
         self.amp_dtype = parse_amp(cfg.graph.amp, model.AMP_DTYPE) if self.device.type == "cuda" else None
         self.amp = self.amp_dtype is not None
+        self.frozen_params: list[nn.Parameter] = []   # what freeze= turned off, on again after the run
         self.hooks = [EvaluationHook(), LoggingHook(), CheckpointHook()]
+        if "tensorboard" in cfg.run.loggers:
+            self.hooks.append(TensorBoardHook())
 
     # ------------------------------------------------------------------ data
     def _loaders(self, data):
@@ -308,6 +387,8 @@ class Trainer:
         if not m.trained and not run.resume:
             m.init_for_training(net)   # the original recipes' prior bias on class/objectness logits
         net.to(self.device).train()
+        self.frozen = freeze_prefixes(net, run.freeze) if run.freeze is not None else []
+        self.frozen_params, self.frozen_norms = freeze(net, self.frozen)
         self.loss_fn = m.build_loss().to(self.device)
         self.item_names = tuple(self.loss_fn.item_names)  # the loss contract: see Model.build_loss
         self.train_loader, self.val_loader = self._loaders(data)
@@ -338,7 +419,7 @@ class Trainer:
             g["initial_lr"] = opt_cfg.lr0
         self.opt = opt
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp_dtype == torch.float16)
-        self.ema = ModelEMA(net) if opt_cfg.ema else None
+        self.ema = ModelEMA(net, frozen=self.frozen) if opt_cfg.ema else None
 
         self.run_dir, self.start_epoch, self.best_fitness = None, 0, -1.0
         if run.resume:
@@ -348,6 +429,9 @@ class Trainer:
             st = ck.get("train_state")
             if not st:
                 raise ValueError(f"{last} has no training state to resume from")
+            if list(st.get("freeze") or []) != list(self.frozen):
+                raise ValueError(f"{last} was trained with freeze={st.get('freeze') or None}, this run has "
+                                 f"freeze={self.frozen or None}: resume with the run's own freeze")
             net.load_state_dict(st["model_raw"])
             opt.load_state_dict(st["optimizer"])
             if self.whole_step:  # a loaded tensor lr comes back on the CPU
@@ -358,6 +442,7 @@ class Trainer:
                 self.ema.ema.load_state_dict(ck["model"])
                 self.ema.updates = int(st["ema_updates"])
             self.start_epoch, self.best_fitness = int(st["epoch"]) + 1, float(st["best_fitness"])
+            self.resumed_best_epoch = st.get("best_epoch")
             self.run_dir = last.parent.parent
             log.info("libreyolo: resuming %s from epoch %d", self.run_dir, self.start_epoch + 1)
         if self.run_dir is None:
@@ -463,6 +548,8 @@ class Trainer:
         torch.manual_seed(cfg.run.seed + epoch)
         np.random.seed((cfg.run.seed + epoch) % 2**32)
         self.net.train()
+        for module in self.frozen_norms:   # frozen layers keep their normalization statistics
+            module.eval()
         mloss = torch.zeros(len(self.item_names))
         progress = None
         if cfg.run.verbose:
@@ -510,12 +597,23 @@ class Trainer:
             # the loss computes something else from now on: graphs of the old loss are stale
             self.step_runner.release(f"{type(self.loss_fn).__name__} changed at epoch {epoch + 1}")
 
+    def _unfreeze(self) -> None:
+        """``freeze`` holds for one run: a later ``train()`` of the model sees every layer trainable."""
+        for p in self.frozen_params:
+            p.requires_grad_(True)
+        self.frozen_params = []
+
     def train(self) -> dict:
-        self._setup()
+        try:
+            self._setup()
+        except BaseException:
+            self._unfreeze()
+            raise
         cfg = self.cfg
         self.nw = max(round(cfg.optim.warmup_epochs * self.nb), 1) if cfg.optim.warmup_epochs > 0 else 0
         self.last_opt_step = self.nb * self.start_epoch - 1
         self.history: list[dict] = []
+        self.stop_reason: str | None = None
         self.opt.zero_grad(set_to_none=False)
         t_start = time.time()
         for hook in self.hooks:
@@ -530,6 +628,9 @@ class Trainer:
                     state = {"epoch": epoch, "mloss": mloss, "time_s": time.time() - t_epoch}
                     for hook in self.hooks:
                         hook.on_epoch_end(self, state)
+                    if self.stop_reason:
+                        log.info("libreyolo: %s", self.stop_reason)
+                        break
                 except RuntimeError as exc:
                     if not _worker_died(exc):
                         raise
@@ -541,6 +642,7 @@ class Trainer:
         finally:
             for hook in self.hooks:
                 hook.on_train_end(self)
+            self._unfreeze()
         if self.seam is not None:
             self.model.set_train_seam(self.net, None)
         # the trained weights the Model keeps are the EMA's
@@ -555,6 +657,7 @@ class Trainer:
         return {"run_dir": str(self.run_dir), "epochs": len(self.history), "time_s": time.time() - t_start,
                 **{k: final.get(k) for k in self.metric_keys}, "best_metrics": best,
                 "best_epoch": self.best_epoch, "best_fitness": self.best_fitness, "history": self.history,
+                "stop_reason": self.stop_reason,
                 "loss_names": list(item_names),
                 "losses": [[h[f"train/{n}_loss"] for n in item_names] for h in self.history],
                 "cuda_graph": runner.info() if seam is None else {**runner.info(), "seam": seam.info()},
@@ -586,7 +689,8 @@ class Trainer:
                 "model_raw": {k: v.detach().cpu().clone() for k, v in self.net.state_dict().items()},
                 "optimizer": self.opt.state_dict(), "scaler": self.scaler.state_dict(),
                 "ema_updates": self.ema.updates if self.ema is not None else None,
-                "epoch": epoch, "best_fitness": self.best_fitness,
+                "epoch": epoch, "best_fitness": self.best_fitness, "best_epoch": self.best_epoch,
+                "freeze": list(self.frozen),
                 "args": {k: v for k, v in self.cfg.as_dict().items() if isinstance(v, (int, float, str, bool))},
             }
         return ck
@@ -606,22 +710,39 @@ class Hook:
 
 
 class EvaluationHook(Hook):
-    """The task's metrics of the EMA weights on the validation split; fitness and best epoch."""
+    """The task's metrics of the EMA weights on the validation split; fitness and best epoch.
+
+    Without validation (``val=False``, or an empty validation split) there is no fitness to
+    compare: every epoch counts as the best, so ``best.pt`` follows ``last.pt`` (the latest
+    weights) and ``best_metrics`` stays None. With ``patience=N`` the run stops after N epochs
+    without a better fitness than the best epoch's, with one log line saying so.
+    """
 
     def on_train_start(self, t: Trainer) -> None:
-        t.best_metrics, t.best_epoch, t.epoch_metrics = None, None, {}
+        t.best_metrics, t.epoch_metrics = None, {}
+        t.best_epoch = getattr(t, "resumed_best_epoch", None)
         t.metric_keys = list(t.task.empty_metrics())
 
     def on_epoch_end(self, t: Trainer, state: dict) -> None:
         metrics = t.task.empty_metrics()
-        if t.cfg.run.val and len(t.val_set) > 0:
+        validated = t.cfg.run.val and len(t.val_set) > 0
+        if validated:
             metrics = t.validate(t.eval_net, t.val_loader, progress=t.cfg.run.verbose)
         fitness = t.task.fitness(metrics)
-        state["metrics"], state["is_best"] = metrics, fitness > t.best_fitness
-        t.best_fitness = max(t.best_fitness, fitness)
+        state["metrics"], state["is_best"] = metrics, (fitness > t.best_fitness) or not validated
         t.epoch_metrics = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
+        epoch = state["epoch"] + 1
+        if not validated:
+            t.best_epoch = epoch
+            return
+        t.best_fitness = max(t.best_fitness, fitness)
         if state["is_best"]:
-            t.best_metrics, t.best_epoch = dict(t.epoch_metrics), state["epoch"] + 1
+            t.best_metrics, t.best_epoch = dict(t.epoch_metrics), epoch
+        patience = t.cfg.run.patience
+        if patience and t.best_epoch is not None and epoch - t.best_epoch >= patience and epoch < t.cfg.run.epochs:
+            t.stop_reason = (f"early stopping after epoch {epoch}/{t.cfg.run.epochs}: the validation fitness has "
+                             f"not improved for {epoch - t.best_epoch} epochs (patience={patience}); the best, "
+                             f"epoch {t.best_epoch} (fitness {t.best_fitness:.4f}), is best.pt")
 
 
 class LoggingHook(Hook):
@@ -706,7 +827,8 @@ class LoggingHook(Hook):
 
 class CheckpointHook(Hook):
     """``last.pt`` every epoch (with the training state, for ``resume``), ``best.pt`` when the
-    fitness improved (weights and metadata only: a third of the size)."""
+    fitness improved (weights and metadata only: a third of the size), and with ``save_period=N``
+    ``epoch{N}.pt``, ``epoch{2N}.pt``, ... (with the training state, like ``last.pt``); all atomic."""
 
     def on_epoch_end(self, t: Trainer, state: dict) -> None:
         from ..weights import save_checkpoint
@@ -715,6 +837,46 @@ class CheckpointHook(Hook):
         t.saved_epoch = epoch + 1
         if state["is_best"]:
             save_checkpoint(t.checkpoint(epoch, with_state=False), t.run_dir / "weights" / "best.pt")
+        period = t.cfg.run.save_period
+        if period and (epoch + 1) % period == 0:   # a snapshot one can also resume from
+            save_checkpoint(t.checkpoint(epoch, with_state=True), t.run_dir / "weights" / f"epoch{epoch + 1}.pt")
+
+
+class TensorBoardHook(Hook):
+    """``loggers=tensorboard``: TensorBoard event files in the run folder - per epoch the training
+    losses, the metrics, every parameter group's learning rate, the epoch time, and a few
+    validation images with the predictions drawn (where the task draws them: detection).
+    View with ``tensorboard --logdir runs/train``."""
+
+    #: validation images logged per epoch
+    IMAGES = 4
+
+    def on_train_start(self, t: Trainer) -> None:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError as exc:   # torch's writer needs the tensorboard package
+            raise ImportError("loggers=tensorboard needs the tensorboard package: pip install tensorboard "
+                              f"(or pip install 'libreyolo[tensorboard]'); {exc}") from None
+        self.writer = SummaryWriter(log_dir=str(t.run_dir), purge_step=t.start_epoch + 1 if t.start_epoch else None)
+
+    def on_epoch_end(self, t: Trainer, state: dict) -> None:
+        epoch, w = state["epoch"] + 1, self.writer
+        row = t.history[-1] if t.history else {}
+        for key, value in row.items():
+            if "/" in key and not key.startswith("lr/") and isinstance(value, (int, float)) and math.isfinite(value):
+                w.add_scalar(key, value, epoch)
+        for j, g in enumerate(t.opt.param_groups):
+            w.add_scalar(f"lr/pg{j}", float(g["lr"]), epoch)
+        evaluator = getattr(t, "last_evaluator", None)
+        if evaluator is not None and t.cfg.run.val:
+            for i, image in enumerate(evaluator.images(self.IMAGES)):
+                w.add_image(f"val/image{i}", image, epoch, dataformats="CHW")
+        w.flush()
+
+    def on_train_end(self, t: Trainer) -> None:
+        writer = getattr(self, "writer", None)
+        if writer is not None:
+            writer.close()
 
 
 def _set_lr(group: dict, value: float) -> None:
