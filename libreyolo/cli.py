@@ -592,7 +592,8 @@ def main(argv: list[str] | None = None) -> int:
     except (UsageError, OptionError) as exc:  # OptionError: a value only checkable with the model (classes)
         print(f"libreyolo {name}: {exc}", file=sys.stderr)
         return 2
-    except (FileNotFoundError, ValueError, NotImplementedError, RuntimeError) as exc:
+    except (OSError, ImportError, ValueError, NotImplementedError, RuntimeError) as exc:
+        # OSError: a missing file, a full disk (CheckpointSaveError); ImportError: an optional package
         console.print(f"[bold red]error:[/] {exc}")
         return 1
 

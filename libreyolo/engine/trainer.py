@@ -851,13 +851,17 @@ class TensorBoardHook(Hook):
     #: validation images logged per epoch
     IMAGES = 4
 
-    def on_train_start(self, t: Trainer) -> None:
+    def __init__(self) -> None:   # built with the Trainer: a missing package fails before any work
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError as exc:   # torch's writer needs the tensorboard package
             raise ImportError("loggers=tensorboard needs the tensorboard package: pip install tensorboard "
                               f"(or pip install 'libreyolo[tensorboard]'); {exc}") from None
-        self.writer = SummaryWriter(log_dir=str(t.run_dir), purge_step=t.start_epoch + 1 if t.start_epoch else None)
+        self._writer_cls, self.writer = SummaryWriter, None
+
+    def on_train_start(self, t: Trainer) -> None:
+        # a resumed run drops the events of the epochs it redoes
+        self.writer = self._writer_cls(log_dir=str(t.run_dir), purge_step=t.start_epoch + 1 if t.start_epoch else None)
 
     def on_epoch_end(self, t: Trainer, state: dict) -> None:
         epoch, w = state["epoch"] + 1, self.writer
@@ -874,9 +878,9 @@ class TensorBoardHook(Hook):
         w.flush()
 
     def on_train_end(self, t: Trainer) -> None:
-        writer = getattr(self, "writer", None)
-        if writer is not None:
-            writer.close()
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
 
 
 def _set_lr(group: dict, value: float) -> None:

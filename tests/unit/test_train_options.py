@@ -132,7 +132,7 @@ def test_tensorboard_events_hold_losses_metrics_lr_and_images(data, tmp_path):
 def test_tensorboard_missing_is_a_clear_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)   # as if not installed
     with pytest.raises(ImportError, match="loggers=tensorboard needs the tensorboard package: pip install"):
-        T.TensorBoardHook().on_train_start(None)
+        LibreYOLO.new("yolox", "n", device="cpu").train(data="nowhere", loggers="tensorboard")   # before the data
 
 
 def coco_dataset(root):
