@@ -72,6 +72,7 @@ def bench_model(model, *, imgsz: int = 640, batch: int = 1, runs: int = 200, war
         image = load_sources(SAMPLE_IMAGE)[0].image
     images = [image] * batch
     opts = {"conf": conf} if "conf" in model.task.predict_defaults else {}
+    opts.update(model.task.bench_options())   # e.g. segment-prompt: the prompt of each call
     net = model.model.eval()
     x = torch.rand((batch, 3, imgsz, imgsz), generator=torch.Generator().manual_seed(0)).to(dev)
     arms: dict[str, Any] = {}
@@ -114,6 +115,8 @@ def bench_model(model, *, imgsz: int = 640, batch: int = 1, runs: int = 200, war
         arms["predict_graph_equal_eager"] = all(torch.equal(_result_data(a), _result_data(b))
                                                 for a, b in zip(ref_eager, ref_graph))
         model.release_graphs()
+    # the task's own arms (segment-prompt: the image stage alone and a prompt call on a set image)
+    arms.update(model.task.bench_arms(model, image, runs, warmup, imgsz, time_call))
     result = {
         "model": f"{model.FAMILY}-{model.size}", "task": model.TASK, "fused": model.fused, "trained": model.trained, "imgsz": imgsz,
         "batch": batch,

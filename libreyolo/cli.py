@@ -54,6 +54,11 @@ def _flag(name: str) -> Callable[[str], bool]:
     return lambda v: parse_bool(name, v)
 
 
+def _auto_flag(name: str) -> Callable[[str], bool | None]:
+    """true/false, or auto (None: the library decides)."""
+    return lambda v: None if str(v).strip().lower() in ("auto", "none") else parse_bool(name, v)
+
+
 def _choice(name: str, choices: tuple[str, ...]) -> Callable[[str], str]:
     return lambda v: check_choice(name, v, choices)
 
@@ -184,6 +189,9 @@ PREDICT = {
     "save": Opt(_flag("save"), True, "write annotated images"),
     "save_dir": Opt(str, None, "where annotated images go (default: a new runs/predict, runs/predict2, ...)"),
     "json": Opt(str, None, "also write all detections to this JSON file"),
+    "points": Opt(str, None, "segment-prompt: points x,y;x,y in pixels, or 'center' (the default without boxes)"),
+    "labels": Opt(str, None, "segment-prompt: one label per point, 1 foreground / 0 background, e.g. 1,0"),
+    "boxes": Opt(str, None, "segment-prompt: boxes x1,y1,x2,y2;... in pixels"),
 }
 
 
@@ -195,6 +203,12 @@ def cmd_predict(opts: dict) -> int:
     if "conf" in model.task.predict_defaults:   # detection's options
         task_opts = dict(conf=opts["conf"], iou=opts["iou"], max_det=opts["max_det"],
                          classes=parse_classes(opts["classes"], model.names))
+    elif model.TASK == "segment-prompt":        # the prompt (one per image)
+        from .tasks.segment_prompt.prompts import parse_cli
+        try:
+            task_opts = parse_cli(opts["points"], opts["labels"], opts["boxes"])
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
     results = model.predict(opts["source"] or SAMPLE_IMAGE, imgsz=opts["imgsz"], batch=opts["batch"],
                             cuda_graph=opts["cuda_graph"], amp=opts["amp"], save=opts["save"],
                             save_dir=opts["save_dir"], verbose=True, **task_opts)
@@ -214,7 +228,6 @@ def cmd_predict(opts: dict) -> int:
     if opts["save"]:
         console.print(f"annotated images saved to [bold]{saved_to}[/]")
     if opts["json"]:
-        from pathlib import Path
         Path(opts["json"]).write_text(json.dumps([{"path": r.path, "detections": r.summary()} for r in results],
                                                  indent=2))
         console.print(f"detections written to {opts['json']}")
@@ -337,7 +350,9 @@ def cmd_bench(opts: dict) -> int:
                     f"(torch {res['torch']}, {res['date']}{tf32})")
     for col in ("arm", "median ms", "p90 ms", "runs"):
         t.add_column(col)
-    for arm in ("forward_eager", "forward_graph", "predict_eager", "predict_graph"):
+    fixed = ("forward_eager", "forward_graph", "predict_eager", "predict_graph")
+    extra = [k for k, v in res["arms"].items() if k not in fixed and isinstance(v, dict) and "median_ms" in v]
+    for arm in (*fixed, *extra):   # extra: the task's own arms (segment-prompt: set_image, prompt)
         if arm in res["arms"]:
             a = res["arms"][arm]
             t.add_row(arm, f"{a['median_ms']:.3f}", f"{a['p90_ms']:.3f}", str(a["runs"]))
@@ -350,6 +365,8 @@ def cmd_bench(opts: dict) -> int:
         console.print(f"capture: forward {c['forward_ms']:.1f} ms; "
                       f"forward graph bitwise == eager: {res['arms']['forward_graph_bitwise_equal_eager']}; "
                       f"predict graph == eager: {res['arms']['predict_graph_equal_eager']}")
+    if "prompt_graph_equal_eager" in res["arms"]:
+        console.print(f"prompt call graph == eager: {res['arms']['prompt_graph_equal_eager']}")
     r = res["ratios"]
     if r["forward_speedup"]:
         console.print(f"speedups: forward x{r['forward_speedup']:.2f}, predict x{r['predict_speedup']:.2f}; "
@@ -372,7 +389,7 @@ TRAIN = {
     "batch": Opt(_int("batch", 1), 16, "batch size"),
     "imgsz": Opt(_imgsz(), None, "training size (default: the family's, e.g. 640 for detectors, 224 for classifiers)"),
     "device": Opt(str, "auto", "auto, cpu, cuda, cuda:1"),
-    "workers": Opt(_int("workers", 0), 2, "DataLoader workers"),
+    "workers": Opt(_int("workers", 0), None, "DataLoader workers (default: up to 8 on CUDA, 2 on the CPU)"),
     "optimizer": Opt(_choice("optimizer", ("SGD", "AdamW")), None,
                      "SGD or AdamW (default: the family's recipe, SGD for the YOLO families)"),
     "lr0": Opt(_positive_float("lr0"), None, "initial learning rate (default: the family's, else 0.01 SGD, "
@@ -392,6 +409,10 @@ TRAIN = {
     "seed": Opt(_int("seed", 0), 0, "random seed"),
     "cuda_graph": Opt(_flag("cuda_graph"), False, "capture the training step in CUDA graphs (eager fallback, "
                                                   "one log line)"),
+    "cache": Opt(str, False, "ram or disk: decode and resize every image once, before the first epoch "
+                              "(default false: read the files every epoch)"),
+    "channels_last": Opt(_auto_flag("channels_last"), None, "NHWC network and batches: true, false or auto "
+                                                           "(on CUDA for the families that declare it)"),
     "val": Opt(_flag("val"), True, "validate after every epoch (false: no validation, best.pt = last.pt)"),
     "patience": Opt(_int("patience", 0), 0, "stop after N epochs without a better validation fitness (0: never)"),
     "freeze": Opt(parse_freeze, None, "freeze the first N layers, or parameter-name prefixes, e.g. "
@@ -432,7 +453,7 @@ DEMO = {
     "imgsz": Opt(_imgsz(), 160, "training and inference size"),
     "batch": Opt(_int("batch", 1), 16, "batch size"),
     "device": Opt(str, "auto", "auto, cpu, cuda"),
-    "workers": Opt(_int("workers", 0), 2, "DataLoader workers"),
+    "workers": Opt(_int("workers", 0), None, "DataLoader workers (default: up to 8 on CUDA, 2 on the CPU)"),
     "cuda_graph": Opt(_graph_mode, "auto", "auto = on when a CUDA GPU is present"),
     "project": Opt(str, "runs/demo", "where the run and the picture go"),
     "conf": Opt(_frac("conf"), 0.15, "confidence threshold for the held-out prediction"),

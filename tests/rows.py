@@ -22,6 +22,7 @@ FIXTURES = [
     ("mobilenetv4", "s", "mobilenetv4-s"),
     ("convnext", "t", "convnext-t"),
     ("segformer", "b0", "segformer-b0"),
+    ("mobilesam", "tiny", "mobilesam-tiny"),
 ]
 
 # Families whose checkpoints share another family's layout key for key: a bare state dict (no
@@ -115,4 +116,10 @@ CLASSIFY_GRAPH_MODELS = [
 # stage with the argmax inside the graph; training step) before their SUPPORTS_CUDA_GRAPH* flags flip.
 SEMANTIC_GRAPH_MODELS = [
     ("segformer", "b0"),
+]
+
+# (family, size) of promptable-segmentation models that must pass the GPU parity protocol (network,
+# image stage, prompt stage with the mask post-processing) before SUPPORTS_CUDA_GRAPH flips.
+SEGMENT_PROMPT_GRAPH_MODELS = [
+    ("mobilesam", "tiny"),
 ]

@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from ..device import select_device
-from ..graphs.training import GraphedSegment, TrainStepRunner, prime_optimizer_state, training_state
+from ..graphs.training import GraphedSegment, TrainStepRunner, prime_optimizer_state, scaler_tensors, training_state
 from ..tasks import Task, TaskOptions, get_task
 from .paths import next_run_dir
 
@@ -48,12 +48,13 @@ class RunConfig:
     batch: int = 16
     imgsz: int = 640
     device: str = "auto"
-    workers: int = 2
+    workers: Any = None             # DataLoader workers; None: auto (see default_workers)
     val: bool = True
     project: str = "runs/train"
     name: str = "exp"
     exist_ok: bool = False
     resume: Any = False             # True (the run's last.pt) or a path
+    cache: Any = False              # "ram" / "disk": decode + letterbox every image once (False: each epoch)
     seed: int = 0
     plots: bool = True
     verbose: bool = True
@@ -87,6 +88,7 @@ class GraphConfig:
 
     cuda_graph: bool = False
     amp: Any = True                 # True: float16 autocast + GradScaler; "bf16": bfloat16, no scaler (CUDA only)
+    channels_last: Any = None       # network and batches in NHWC; None: on CUDA if the family declares CHANNELS_LAST
 
 
 _GROUPS = {"run": RunConfig, "optim": OptimConfig, "graph": GraphConfig}
@@ -135,6 +137,63 @@ class TrainConfig:
     def as_dict(self) -> dict[str, Any]:
         """Every option, flat."""
         return {**asdict(self.run), **asdict(self.optim), **asdict(self.graph), **asdict(self.task)}
+
+
+def parse_cache(value: Any) -> str | bool:
+    """``cache``: False (and the false spellings), "ram" (True means it) or "disk"."""
+    from ..options import OptionError, parse_bool
+    if isinstance(value, str) and value.strip().lower() in ("ram", "disk"):
+        return value.strip().lower()
+    try:
+        return "ram" if parse_bool("cache", value) else False
+    except OptionError:
+        raise OptionError(f"cache must be ram, disk or false, got {value!r}") from None
+
+
+def default_workers(device: torch.device) -> int:
+    """DataLoader workers when ``workers`` is not given: on CUDA as many as keep a graphed step fed
+    (up to 8, one core left for the main process); on the CPU at most 2, since workers there
+    compete with the training arithmetic for the same cores."""
+    import os
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(8 if device.type == "cuda" else 2, cores - 1)) if cores > 1 else 0
+
+
+class EpochSeeded(torch.utils.data.Dataset):
+    """The training set as the loader sees it: in a worker process, the augmentation RNGs (torch,
+    numpy, random) are re-seeded from (seed, epoch, worker id) at the first sample of each epoch.
+
+    Persistent workers live across epochs, so without this their random streams would continue
+    from the previous epoch and a resumed run would augment differently from an uninterrupted
+    one; with it, epoch e draws the same in both (as non-persistent workers, seeded per epoch by
+    the loader's re-seeded generator, did). Without workers, the main process's RNGs are the
+    trainer's, re-seeded per epoch there. The epoch lives in shared memory, so running workers see
+    it."""
+
+    def __init__(self, dataset, seed: int):
+        self.dataset = dataset
+        self.seed = int(seed)
+        self._epoch = torch.zeros(1, dtype=torch.int64).share_memory_()
+        self._seen = -1   # per process: the epoch this process's RNGs were seeded for
+
+    def set_epoch(self, epoch: int) -> None:
+        self._epoch.fill_(int(epoch))
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index):
+        info = torch.utils.data.get_worker_info()
+        if info is not None:
+            epoch = int(self._epoch[0])
+            if epoch != self._seen:
+                import random
+                seed = int(np.random.SeedSequence([self.seed, epoch, info.id]).generate_state(1)[0])
+                torch.manual_seed(seed)
+                np.random.seed(seed)
+                random.seed(seed)
+                self._seen = epoch
+        return self.dataset[index]
 
 
 class ModelEMA:
@@ -276,7 +335,9 @@ def check_config(cfg: TrainConfig, stride: int) -> None:
     r.epochs = check_int("epochs", r.epochs, 1)
     r.batch = check_int("batch", r.batch, 1)
     r.imgsz = check_imgsz(r.imgsz, stride)
-    r.workers = check_int("workers", r.workers, 0)
+    r.cache = parse_cache(r.cache)
+    if r.workers is not None:
+        r.workers = check_int("workers", r.workers, 0)
     r.seed = check_int("seed", r.seed)
     for name in ("val", "exist_ok", "plots", "verbose"):
         setattr(r, name, parse_bool(name, getattr(r, name)))
@@ -303,6 +364,8 @@ def check_config(cfg: TrainConfig, stride: int) -> None:
     o.cos_lr, o.ema = parse_bool("cos_lr", o.cos_lr), parse_bool("ema", o.ema)
     g.cuda_graph = parse_bool("cuda_graph", g.cuda_graph)
     parse_amp(g.amp)   # validated here; resolved against the device by the trainer
+    if g.channels_last is not None:
+        g.channels_last = parse_bool("channels_last", g.channels_last)
     cfg.task.check()
 
 
@@ -319,6 +382,9 @@ class Trainer:
         from ..options import parse_amp
         self.amp_dtype = parse_amp(cfg.graph.amp, model.AMP_DTYPE) if self.device.type == "cuda" else None
         self.amp = self.amp_dtype is not None
+        cl = cfg.graph.channels_last
+        self.channels_last = bool(model.CHANNELS_LAST and self.device.type == "cuda") if cl is None else cl
+        self.memory_format = torch.channels_last if self.channels_last else torch.contiguous_format
         self.frozen_params: list[nn.Parameter] = []   # what freeze= turned off, on again after the run
         self.hooks = [EvaluationHook(), LoggingHook(), CheckpointHook()]
         if "tensorboard" in cfg.run.loggers:
@@ -328,14 +394,24 @@ class Trainer:
     def _loaders(self, data):
         cfg = self.cfg
         self.train_set, self.val_set, collate = self.task.datasets(data, cfg.run.imgsz, self.model, cfg.task)
+        if cfg.run.cache:   # before the workers start: forked workers share a RAM cache
+            for ds in (self.train_set, self.val_set):
+                fill = getattr(ds, "cache_images", None)
+                if fill is None:
+                    log.warning("libreyolo: cache=%s: the %s task's datasets have no image cache; they read "
+                                "their files every epoch", cfg.run.cache, self.task.name)
+                    break
+                fill(cfg.run.cache, progress=cfg.run.verbose)
         # One generator, re-seeded at every epoch (seed + epoch): the shuffle order and the
         # workers' augmentation seeds of epoch e are the same in a resumed run.
         self.loader_gen = torch.Generator().manual_seed(cfg.run.seed)
         pin = self.device.type == "cuda"
-        workers = max(0, int(cfg.run.workers))
-        common = dict(num_workers=workers, pin_memory=pin, collate_fn=collate)
+        workers = default_workers(self.device) if cfg.run.workers is None else int(cfg.run.workers)
+        # persistent workers: no process start-up per epoch; EpochSeeded re-seeds them per epoch
+        common = dict(num_workers=workers, pin_memory=pin, collate_fn=collate, persistent_workers=workers > 0)
         batch = cfg.run.batch
-        train = torch.utils.data.DataLoader(self.train_set, batch_size=batch, shuffle=True,
+        self.epoch_seeded = EpochSeeded(self.train_set, cfg.run.seed)
+        train = torch.utils.data.DataLoader(self.epoch_seeded, batch_size=batch, shuffle=True,
                                             generator=self.loader_gen,
                                             drop_last=len(self.train_set) > batch, **common)
         val = torch.utils.data.DataLoader(self.val_set, batch_size=batch, shuffle=False, **common)
@@ -356,7 +432,8 @@ class Trainer:
             from tqdm import tqdm
             bar = tqdm(total=len(loader), desc="  validate", unit="batch", leave=False)
         for batch in loader:
-            x = prep.normalize(batch[0].to(self.device, non_blocking=True).float().div_(255))
+            x = batch[0].to(self.device, non_blocking=True).float().div_(255)
+            x = prep.normalize(x.contiguous(memory_format=self.memory_format))
             with torch.autocast(self.device.type, dtype=self.amp_dtype or torch.float16, enabled=self.amp):
                 out = infer(x)
             evaluator.process(out, batch)
@@ -386,7 +463,7 @@ class Trainer:
         net = self.net = m.model
         if not m.trained and not run.resume:
             m.init_for_training(net)   # the original recipes' prior bias on class/objectness logits
-        net.to(self.device).train()
+        net.to(self.device, memory_format=self.memory_format).train()
         self.frozen = freeze_prefixes(net, run.freeze) if run.freeze is not None else []
         self.frozen_params, self.frozen_norms = freeze(net, self.frozen)
         self.loss_fn = m.build_loss().to(self.device)
@@ -398,12 +475,14 @@ class Trainer:
             opt_cfg.lr0 = 0.001 if opt_cfg.optimizer.lower() == "adamw" else 0.01
         wd = opt_cfg.weight_decay * run.batch * self.accumulate / opt_cfg.nbs
         # A whole training step (optimizer included) can be captured only with a fused SGD or
-        # AdamW whose lr is a device tensor (updated in place by the schedule) and no GradScaler.
+        # AdamW whose lr is a device tensor (updated in place by the schedule). float16's
+        # GradScaler is graph-safe with a fused optimizer: unscale and the inf check are device
+        # kernels, the fused step skips itself on found_inf, and update() rescales in place.
         name = opt_cfg.optimizer.lower()
         if name not in ("sgd", "adamw"):
             raise ValueError(f"optimizer must be SGD or AdamW, got {opt_cfg.optimizer!r}")
         self.whole_step = (bool(cfg.graph.cuda_graph) and m.SUPPORTS_CUDA_GRAPH_TRAIN and name in m.WHOLE_STEP_OPTIMIZERS
-                           and self.device.type == "cuda" and self.amp_dtype != torch.float16)
+                           and self.device.type == "cuda")
         groups = _param_groups(net, wd)
         if self.whole_step:
             for g in groups:
@@ -479,10 +558,13 @@ class Trainer:
                 ema.update(net)
 
         def mutable_state() -> list[torch.Tensor]:
-            return training_state(params, opt, net.buffers(), ema.tensors() if ema is not None else ())
+            return training_state(params, opt, net.buffers(), ema.tensors() if ema is not None else (),
+                                  scaler_tensors(scaler))
 
         if self.whole_step:
             prime_optimizer_state(opt)  # buffers a captured update writes must exist before capture
+            if scaler.is_enabled():     # its scale and growth tracker are made at the first scale()
+                scaler.scale(torch.zeros((), device=self.device))
         # Families whose step cannot be one graph may capture a fixed-shape front part instead
         # (DETR: backbone + encoder forward and backward; decoder, matcher and loss eager).
         self.seam = None
@@ -526,7 +608,7 @@ class Trainer:
         """One batch: forward, loss, backward and - once ``accumulate`` batches are in - the
         update, graphed where the runner can. Returns the loss items (host)."""
         imgs, *targets = batch
-        x = imgs.to(self.device, non_blocking=True).float().div_(255)
+        x = imgs.to(self.device, non_blocking=True).float().div_(255).contiguous(memory_format=self.memory_format)
         targets = [t.to(self.device, non_blocking=True) for t in targets]
         update_now = ni - self.last_opt_step >= self.accumulate
         runner = self.step_runner
@@ -545,6 +627,13 @@ class Trainer:
         """One epoch over the training set; returns the mean loss items."""
         cfg, nb = self.cfg, self.nb
         self.loader_gen.manual_seed(cfg.run.seed + epoch)
+        if self.train_loader.persistent_workers and getattr(self, "_loader_started", False):
+            # a loader draws its workers' base seed from the generator before the shuffle, and a
+            # persistent one only when it starts: the same draw here keeps every epoch's order the
+            # one a freshly started loader gives (so a resumed run shuffles as an uninterrupted one)
+            torch.empty((), dtype=torch.int64).random_(generator=self.loader_gen)
+        self._loader_started = True
+        self.epoch_seeded.set_epoch(epoch)
         torch.manual_seed(cfg.run.seed + epoch)
         np.random.seed((cfg.run.seed + epoch) % 2**32)
         self.net.train()
@@ -555,7 +644,9 @@ class Trainer:
         if cfg.run.verbose:
             from tqdm import tqdm
             progress = tqdm(total=nb, desc=f"epoch {epoch + 1}/{cfg.run.epochs}", unit="batch", leave=True)
+        wait, t_ready = 0.0, time.perf_counter()
         for i, batch in enumerate(self.train_loader):
+            wait += time.perf_counter() - t_ready   # the step waited this long for the loader
             ni = i + nb * epoch
             self.warmup(ni, epoch)
             items = self.step(ni, batch)
@@ -568,6 +659,8 @@ class Trainer:
                 post.update(self.task_postfix(targets), size=x.shape[-1])
                 progress.set_postfix(post)
                 progress.update(1)
+            t_ready = time.perf_counter()
+        self.loader_wait_s = wait
         if progress is not None:
             progress.close()
         if self.last_opt_step < nb * (epoch + 1) - 1:
@@ -636,8 +729,10 @@ class Trainer:
                         raise
                     died = str(exc).strip()
                 if died is not None:
-                    # raised outside the handler: torch's error (and the traceback that keeps the
-                    # loader's iterator, hence its dead worker's registration, alive) is dropped
+                    # raised outside the handler, with the loaders dropped: torch's error, its
+                    # traceback and the (persistent) iterators holding the dead worker's
+                    # registration go, so torch's SIGCHLD check does not fire again later
+                    self.train_loader = self.val_loader = None
                     raise TrainingError(self._worker_death_message(epoch, died))
         finally:
             for hook in self.hooks:
@@ -648,6 +743,8 @@ class Trainer:
         # the trained weights the Model keeps are the EMA's
         if self.ema is not None:
             self.net.load_state_dict(self.ema.ema.state_dict())
+        if self.channels_last:   # predict's layout is the contiguous one (its graphs and numbers)
+            self.net.to(memory_format=torch.contiguous_format)
         self.net.eval()
         self.model.trained = True
         final = self.history[-1] if self.history else {}
@@ -686,7 +783,8 @@ class Trainer:
         ck["train_metrics"] = self.epoch_metrics
         if with_state:
             ck["train_state"] = {
-                "model_raw": {k: v.detach().cpu().clone() for k, v in self.net.state_dict().items()},
+                "model_raw": {k: v.detach().cpu().clone(memory_format=torch.contiguous_format)
+                              for k, v in self.net.state_dict().items()},
                 "optimizer": self.opt.state_dict(), "scaler": self.scaler.state_dict(),
                 "ema_updates": self.ema.updates if self.ema is not None else None,
                 "epoch": epoch, "best_fitness": self.best_fitness, "best_epoch": self.best_epoch,
@@ -725,9 +823,11 @@ class EvaluationHook(Hook):
 
     def on_epoch_end(self, t: Trainer, state: dict) -> None:
         metrics = t.task.empty_metrics()
+        t0 = time.perf_counter()
         validated = t.cfg.run.val and len(t.val_set) > 0
         if validated:
             metrics = t.validate(t.eval_net, t.val_loader, progress=t.cfg.run.verbose)
+        state["val_s"] = time.perf_counter() - t0
         fitness = t.task.fitness(metrics)
         state["metrics"], state["is_best"] = metrics, (fitness > t.best_fitness) or not validated
         t.epoch_metrics = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
@@ -776,7 +876,10 @@ class LoggingHook(Hook):
         epoch, mloss, metrics = state["epoch"], state["mloss"], state["metrics"]
         row = {"epoch": epoch + 1, **{f"train/{n}_loss": float(v) for n, v in zip(t.item_names, mloss.tolist())},
                **t.task.metric_columns(metrics), "lr/pg0": float(t.opt.param_groups[0]["lr"]),
-               "time/epoch_s": round(state["time_s"], 3)}
+               "time/epoch_s": round(state["time_s"], 3),
+               # where an epoch goes: waiting for batches, validating (the rest is the steps)
+               "time/loader_wait_s": round(getattr(t, "loader_wait_s", 0.0), 3),
+               "time/val_s": round(state.get("val_s", 0.0), 3)}
         row.update({k: metrics[k] for k in t.metric_keys if k in metrics})
         t.history.append(row)
         self.rows.append({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in row.items()

@@ -69,14 +69,22 @@ def verify_model(model, *, imgsz: int | None = None, batches: tuple[int, ...] = 
     model = input_sensitive(model)
     net = model.model.eval()
     pred = model._get_predictor()
-    plan = pred.plan(size)                   # the task's default predict options
-    from_u8 = pred._stage_fns(size, plan)[1]
+    own = getattr(pred, "plan", None) is None   # a task predictor with its own stages: task.verify_cases
+    if not own:
+        plan = pred.plan(size)                   # the task's default predict options
+        from_u8 = pred._stage_fns(size, plan)[1]
     prep = model.preprocess
     out: list[ParityResult] = []
     for amp in amp_dtypes:
         tag = "fp32" if amp is None else f"amp-{str(amp).replace('torch.', '')}"
         ctx = (lambda: torch.autocast("cuda", dtype=amp)) if amp is not None else contextlib.nullcontext
         for b in batches:
+            if own:   # e.g. segment-prompt: network, image stage, prompt stage
+                with torch.no_grad(), ctx():
+                    for name, fn, a, bb in model.task.verify_cases(model, size, b, tuple(source_hw)):
+                        out.append(check_parity(f"{model.FAMILY}-{model.size} {name} {tag} b{b} {size}", fn, a, bb,
+                                                module=net))
+                continue
             with torch.no_grad(), ctx():
                 pa, pb = _probes_float(b, size, model.device)
                 out.append(check_parity(f"{model.FAMILY}-{model.size} network {tag} b{b} {size}",

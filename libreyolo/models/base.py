@@ -44,6 +44,9 @@ class Model:
     #: optimizers whose update the whole-step capture was proven with for this family (the step-0
     #: update within eager's noise); with another the trainer captures forward+backward only
     WHOLE_STEP_OPTIMIZERS: ClassVar[tuple[str, ...]] = ("sgd",)
+    #: train in channels_last on CUDA by default (``channels_last=None``): convolution networks
+    #: whose BatchNorm and convolutions run faster in NHWC and whose ops accept any layout
+    CHANNELS_LAST: ClassVar[bool] = False
     STRIDE: ClassVar[int] = 32
     DEFAULT_IMGSZ: ClassVar[int] = 640
     UNSUPPORTED_REASON: ClassVar[str | None] = None
@@ -288,7 +291,7 @@ class Model:
             raise ValueError("a fused model cannot be saved in the LibreYOLO layout (BatchNorm was folded "
                              "away); save before calling fuse()")
         from .. import __version__
-        sd = {k: v.detach().to("cpu").clone() for k, v in net.state_dict().items()}
+        sd = {k: v.detach().to("cpu").clone(memory_format=torch.contiguous_format) for k, v in net.state_dict().items()}
         ckpt = {"model": sd, "schema_version": SCHEMA_VERSION, "libreyolo_version": __version__,
                 "model_family": self.FAMILY, "size": self.size, "task": self.TASK, "nc": self.nc,
                 "names": dict(self.names), "imgsz": self.imgsz, "preprocess": self.preprocess.as_dict()}
@@ -337,8 +340,11 @@ class Model:
     # ----------------------------------------------------------------- predict
     def _get_predictor(self):
         if self._predictor is None:
-            from ..engine.predictor import Predictor
-            self._predictor = Predictor(self)
+            custom = self.task.predictor(self)   # a task whose predict is not one stage
+            if custom is None:
+                from ..engine.predictor import Predictor
+                custom = Predictor(self)
+            self._predictor = custom
         return self._predictor
 
     def train_defaults(self) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from .dfine.model import Dfine
 from .ec.model import EC
 from .efficientnetv2.model import EfficientNetV2
 from .mobilenetv4.model import MobileNetV4
+from .mobilesam.model import MobileSAM
 from .picodet.model import Picodet
 from .resnet.model import ResNet
 from .rtdetr.model import RTDETR
@@ -44,6 +45,7 @@ FAMILIES: dict[str, type[Model]] = {
     "mobilenetv4": MobileNetV4,
     "convnext": ConvNeXt,
     "segformer": Segformer,
+    "mobilesam": MobileSAM,
 }
 
 

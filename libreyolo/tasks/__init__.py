@@ -9,12 +9,14 @@ from __future__ import annotations
 from .base import Evaluator, PredictPlan, Task, TaskOptions
 from .classify import ClassifyTask
 from .detect import DetectTask
+from .segment_prompt import SegmentPromptTask
 from .semantic import SemanticTask
 
 TASKS: dict[str, Task] = {
     "detect": DetectTask(),
     "classify": ClassifyTask(),
     "semantic": SemanticTask(),
+    "segment-prompt": SegmentPromptTask(),
 }
 
 

@@ -114,6 +114,24 @@ class Task:
         ``constants(kind, key, values)`` returns a cached float32 device tensor."""
         raise NotImplementedError
 
+    def predictor(self, model) -> Any:
+        """The predictor of this task's models, for a task whose predict is not one stage (None:
+        the engine's :class:`~libreyolo.engine.predictor.Predictor` with :meth:`plan`)."""
+        return None
+
+    def verify_cases(self, model, size: int, batch: int, source_hw: tuple[int, int]) -> list[tuple] | None:
+        """``(name, fn, probe_a, probe_b)`` the parity protocol runs for a task with its own
+        predictor (None: ``libreyolo verify``'s network / predict-stage / +post cases)."""
+        return None
+
+    def bench_options(self) -> dict[str, Any]:
+        """Predict options ``libreyolo bench``'s end-to-end arms pass (besides detection's conf)."""
+        return {}
+
+    def bench_arms(self, model, image, runs: int, warmup: int, imgsz: int, time_call) -> dict[str, Any]:
+        """Task-specific arms of ``libreyolo bench`` (name -> ``time_call`` result or a value)."""
+        return {}
+
     # ------------------------------------------------------------------- data
     def resolve_data(self, data: Any):
         """A dataset spec (a YAML path or a built-in name) -> an object with ``nc``, ``names``,

@@ -20,14 +20,16 @@ from libreyolo.models.registry import get_family
 
 pytestmark = pytest.mark.cuda
 
-GROUPS = [getattr(rows, name, []) for name in ("CLASSIFY_GRAPH_MODELS", "SEMANTIC_GRAPH_MODELS")]
+GROUPS = [getattr(rows, name, []) for name in ("CLASSIFY_GRAPH_MODELS", "SEMANTIC_GRAPH_MODELS",
+                                               "SEGMENT_PROMPT_GRAPH_MODELS")]
 MODELS = [spec for group in GROUPS for spec in group]
 # training capture rows: the models whose family declares it (a family enrols by declaring)
 TRAIN = [spec for spec in MODELS if get_family(spec[0]).SUPPORTS_CUDA_GRAPH_TRAIN]
 FIRSTS = [next(s for s in group if s in TRAIN) for group in GROUPS if any(s in TRAIN for s in group)]
 DATA = {"classify": "shapes-cls", "semantic": "shapes-seg"}
-IMGSZ = {"classify": 224, "semantic": 256}
-FIELD = {"classify": "probs", "semantic": "masks"}
+IMGSZ = {"classify": 224, "semantic": 256, "segment-prompt": 1024}
+FIELD = {"classify": "probs", "semantic": "masks", "segment-prompt": "masks"}
+OPTS = {"segment-prompt": {"points": "center"}}   # predict options a task needs (a prompt)
 
 
 def ids(spec):
@@ -60,9 +62,10 @@ def test_predict_with_graph_equals_eager(spec, images):
     field = FIELD[model.TASK]
     size = IMGSZ[model.TASK]
     for batch, imgs in ((1, images[:1]), (1, images[1:2]), (2, images[:1] * 2), (3, images)):
-        eager = model(imgs, batch=batch, imgsz=size)
+        opts = OPTS.get(model.TASK, {})
+        eager = model(imgs, batch=batch, imgsz=size, **opts)
         for _ in range(3):  # first use, uint8-stage capture, replay
-            got = model(imgs, batch=batch, imgsz=size, cuda_graph=True)
+            got = model(imgs, batch=batch, imgsz=size, cuda_graph=True, **opts)
             assert all(torch.equal(torch.as_tensor(getattr(a, field).data), torch.as_tensor(getattr(b, field).data))
                        for a, b in zip(got, eager))
     assert model.graph_info()["replays"] > 0
@@ -83,10 +86,13 @@ def task_batches():
     return get
 
 
-def make(spec, nc, amp=False, seed=0):
+LAYOUTS = {"nchw": torch.contiguous_format, "nhwc": torch.channels_last}
+
+
+def make(spec, nc, amp=False, seed=0, layout="nchw"):
     torch.manual_seed(seed)
     m = build(spec, nc=nc, seed=seed)
-    net = m.model.train()
+    net = m.model.train().to(memory_format=LAYOUTS[layout])
     loss_fn = m.build_loss().cuda()
     prep = m.preprocess
 
@@ -104,8 +110,8 @@ def to_dev(b):
     return (imgs.cuda().float().div_(255), *[v.cuda() for v in t])
 
 
-def whole(spec, nc, amp=False, optim="adamw", seed=0):
-    m, net, step = make(spec, nc, amp, seed)
+def whole(spec, nc, amp=False, optim="adamw", seed=0, layout="nchw"):
+    m, net, step = make(spec, nc, amp, seed, layout)
     params = [p for p in net.parameters() if p.requires_grad]
     for p in params:
         p.grad = torch.zeros_like(p)
@@ -147,16 +153,20 @@ def test_step0_loss_and_bn_buffers_bitwise_equal(spec, amp, task_batches):
 
 @pytest.mark.parametrize("spec", TRAIN, ids=ids)
 @pytest.mark.parametrize("optim", ["adamw", "sgd"])
-def test_whole_step_step0_bitwise_equal(spec, optim, task_batches):
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])   # nhwc: channels_last, the trainer's CUDA default for CHANNELS_LAST families
+def test_whole_step_step0_bitwise_equal(spec, optim, layout, task_batches):
     nc, batches = _nc(spec, task_batches)
+    if layout == "nhwc" and not get_family(spec[0]).CHANNELS_LAST:
+        pytest.skip(f"{spec[0]} does not train in channels_last")
     inputs = to_dev(batches[0])
-    net_e, step_e, update_e, _ = whole(spec, nc, optim=optim)
+    inputs = (inputs[0].contiguous(memory_format=LAYOUTS[layout]), *inputs[1:])
+    net_e, step_e, update_e, _ = whole(spec, nc, optim=optim, layout=layout)
     loss_e, _ = step_e(*inputs)
     update_e()
-    net_e2, step_e2, update_e2, _ = whole(spec, nc, optim=optim)   # eager's own noise
+    net_e2, step_e2, update_e2, _ = whole(spec, nc, optim=optim, layout=layout)   # eager's own noise
     step_e2(*inputs)
     update_e2()
-    net_g, step_g, update_g, state_g = whole(spec, nc, optim=optim)
+    net_g, step_g, update_g, state_g = whole(spec, nc, optim=optim, layout=layout)
     runner = TrainStepRunner(net_g, step_g, enabled=True, family="test", supported=True, repeat=1,
                              update=update_g, state=state_g)
     loss_g, _ = runner(*inputs, whole=True)

@@ -62,7 +62,7 @@ def test_network_reproduces_fixture(family, size, name):
     net.load_state_dict(sd, strict=True)
     net.eval()
     with torch.no_grad():
-        out = flatten(net(pt["input"]))
+        out = flatten(net(pt["input"], **pt.get("extra_inputs", {})))   # mobilesam: its point prompt
     assert set(pt["outputs"]) <= set(out)
     assert_reproduces(out, pt["outputs"], fx)
 
@@ -76,7 +76,7 @@ def test_checkpoint_in_fixture_layout_loads_through_factory(tmp_path, family, si
     model = LibreYOLO(str(path), device="cpu")
     assert (model.FAMILY, model.size, model.nc) == (family, size, meta["nc"])
     with torch.no_grad():
-        out = flatten(model.model(pt["input"]))
+        out = flatten(model.model(pt["input"], **pt.get("extra_inputs", {})))
     assert_reproduces(out, pt["outputs"], fx)
 
 

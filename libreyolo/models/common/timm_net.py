@@ -56,6 +56,7 @@ class TimmClassifier(Model):
     """
 
     TASK = "classify"
+    CHANNELS_LAST = True
     # Declared after the GPU parity protocol passed (predict stages fp32 and AMP, batch 1 and 8) and the
     # training parity (step-0 loss and BatchNorm buffers bitwise, whole step with SGD and AdamW, 20-step
     # curve within eager noise): see docs/families.md.
