@@ -732,7 +732,7 @@ class Trainer:
                     # raised outside the handler, with the loaders dropped: torch's error, its
                     # traceback and the (persistent) iterators holding the dead worker's
                     # registration go, so torch's SIGCHLD check does not fire again later
-                    self.train_loader = self.val_loader = None
+                    self._drop_loaders()
                     raise TrainingError(self._worker_death_message(epoch, died))
         finally:
             for hook in self.hooks:
@@ -759,6 +759,26 @@ class Trainer:
                 "losses": [[h[f"train/{n}_loss"] for n in item_names] for h in self.history],
                 "cuda_graph": runner.info() if seam is None else {**runner.info(), "seam": seam.info()},
                 "best": str(self.run_dir / "weights" / "best.pt"), "last": str(self.run_dir / "weights" / "last.pt")}
+
+    def _drop_loaders(self) -> None:
+        """Shut the loaders' worker processes down after one of them died. torch's SIGCHLD check
+        reports the dead worker again while the others are joined (inside the iterators'
+        ``__del__``, where Python can only print it as an "Exception ignored" traceback); the
+        run is already stopping with its own message, so those repeats are not printed."""
+        import gc
+        import sys
+        previous = sys.unraisablehook
+
+        def hook(unraisable):
+            if not _worker_died(unraisable.exc_value):
+                previous(unraisable)
+
+        sys.unraisablehook = hook
+        try:
+            self.train_loader = self.val_loader = None
+            gc.collect()
+        finally:
+            sys.unraisablehook = previous
 
     def _worker_death_message(self, epoch: int, reason: str) -> str:
         """What to tell the user when a DataLoader worker process died during ``epoch``."""

@@ -101,6 +101,7 @@ def test_kill_9_during_validation_then_resume(killed, data):
     assert csv_epochs(run) == [1, 2] and temps(weights) == []
 
 
+@pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")   # no torch traceback printed
 def test_dataloader_worker_killed_mid_epoch_stops_with_one_clear_message(data, tmp_path, monkeypatch):
     real_step, steps = T.Trainer.step, []
 
