@@ -23,6 +23,8 @@ FIXTURES = [
     ("convnext", "t", "convnext-t"),
     ("segformer", "b0", "segformer-b0"),
     ("mobilesam", "tiny", "mobilesam-tiny"),
+    ("depth_anything", "s", "depth_anything-s"),
+    ("birefnet", "t", "birefnet-t"),
 ]
 
 # Families whose checkpoints share another family's layout key for key: a bare state dict (no
@@ -122,4 +124,17 @@ SEMANTIC_GRAPH_MODELS = [
 # image stage, prompt stage with the mask post-processing) before SUPPORTS_CUDA_GRAPH flips.
 SEGMENT_PROMPT_GRAPH_MODELS = [
     ("mobilesam", "tiny"),
+]
+
+# (family, size) of depth models that must pass the GPU parity protocol (predict stage: stretch to
+# the square, network, and the map resized back to the image inside the uint8 stage's graph)
+# before SUPPORTS_CUDA_GRAPH flips. No training rows: the family does not train.
+DEPTH_GRAPH_MODELS = [
+    ("depth_anything", "s"),
+]
+
+# (family, size) of matting models that must pass the GPU parity protocol (with a predict seam: the
+# captured encoder, and the seam's claim that replayed encoder + eager decoder == all eager).
+MATTE_GRAPH_MODELS = [
+    ("birefnet", "t"),
 ]

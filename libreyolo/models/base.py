@@ -22,7 +22,7 @@ from ..device import select_device
 from ..graphs.runner import GraphRunner
 from ..ops.preprocess import Preprocess
 from ..tasks import Task, get_task
-from .common.names import normalize_names
+from .common.names import default_names, normalize_names
 
 log = logging.getLogger("libreyolo")
 
@@ -47,6 +47,13 @@ class Model:
     #: train in channels_last on CUDA by default (``channels_last=None``): convolution networks
     #: whose BatchNorm and convolutions run faster in NHWC and whose ops accept any layout
     CHANNELS_LAST: ClassVar[bool] = False
+    #: classes of a model built without ``nc`` (the label set the family's checkpoints use)
+    DEFAULT_NC: ClassVar[int] = 80
+    #: predict captures only the front of the network (preprocessing + :meth:`infer_front`) and
+    #: runs the rest (:meth:`infer_back`, the task's post-processing) eager: for a family with an op
+    #: that is not bitwise capturable, shown by a GPU test; ``SUPPORTS_CUDA_GRAPH`` then vouches
+    #: for the front part
+    PREDICT_SEAM: ClassVar[bool] = False
     STRIDE: ClassVar[int] = 32
     DEFAULT_IMGSZ: ClassVar[int] = 640
     UNSUPPORTED_REASON: ClassVar[str | None] = None
@@ -68,6 +75,15 @@ class Model:
     def infer(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Letterboxed float batch -> fixed-shape outputs (the capturable part)."""
         raise NotImplementedError(f"{type(self).__name__} must implement infer")
+
+    def infer_front(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """With ``PREDICT_SEAM``: the captured side, network input -> fixed-shape tensors."""
+        raise NotImplementedError(f"{type(self).__name__} declares no predict seam")
+
+    def infer_back(self, *front: torch.Tensor) -> Any:
+        """With ``PREDICT_SEAM``: the eager side, :meth:`infer_front`'s outputs -> what
+        :meth:`infer` returns (``infer_back(*infer_front(x))`` equals ``infer(x)`` bit for bit)."""
+        raise NotImplementedError(f"{type(self).__name__} declares no predict seam")
 
     @property
     def task(self) -> Task:
@@ -138,7 +154,7 @@ class Model:
         new.load_state_dict(keep, strict=False)
         self._attach(new.to(self.device))
         self.nc = int(nc)
-        self.names = normalize_names(names, self.nc)
+        self.names = self.default_names(self.nc) if names is None else normalize_names(names, self.nc)
 
     def _attach(self, net: nn.Module) -> None:
         """Make ``net`` this model's network, with a fresh graph runner and predictor."""
@@ -183,7 +199,7 @@ class Model:
                  source: str | None = None, meta: dict | None = None):
         self.size = size
         self.nc = int(nc)
-        self.names = normalize_names(names, self.nc)
+        self.names = self.default_names(self.nc) if names is None else normalize_names(names, self.nc)
         self.imgsz = int(imgsz or self.DEFAULT_IMGSZ)
         self.trained = trained
         self.source = source
@@ -196,13 +212,21 @@ class Model:
         self._attach(net.to(self.device).eval())
 
     @classmethod
-    def new(cls, size: str, nc: int = 80, names: Any = None, *, imgsz: int | None = None,
+    def default_names(cls, nc: int) -> dict[int, str]:
+        """Class names of a model built without any (the task's usual label set where ``nc``
+        is its size: COCO's 80 for detection; ``class0``, ``class1``... otherwise)."""
+        return default_names(nc)
+
+    @classmethod
+    def new(cls, size: str, nc: int | None = None, names: Any = None, *, imgsz: int | None = None,
             device: Any = "auto", seed: int | None = None) -> "Model":
-        """An untrained (randomly initialised) model, built explicitly from its size."""
+        """An untrained (randomly initialised) model, built explicitly from its size; ``nc``
+        defaults to the family's usual label set (``DEFAULT_NC``: 80 for detection, ImageNet's
+        1000 for the classifiers, ADE20K's 150 for SegFormer)."""
         if size not in cls.SIZES:
             raise ValueError(f"unknown size {size!r} for {cls.FAMILY}; sizes: {', '.join(cls.SIZES)}")
         from ..options import check_int
-        nc = check_int("nc", nc, 1)
+        nc = check_int("nc", cls.DEFAULT_NC if nc is None else nc, 1)
         if seed is not None:
             torch.manual_seed(seed)
         return cls(cls.build_network(size, nc), size=size, nc=nc, names=names, imgsz=imgsz,
@@ -409,6 +433,13 @@ class Model:
         return self._get_predictor()(source, **kwargs)
 
     __call__ = predict
+
+    def track(self, source: Any, *, tracker: Any = "bytetrack", persist: bool = False, **kwargs) -> list:
+        """Predict with multi-object tracking (``Results.boxes.id``); see
+        :meth:`libreyolo.engine.predictor.Predictor.track` for the options."""
+        if self.TASK != "detect":
+            raise ValueError(f"model.track needs a detection model; {self.FAMILY}-{self.size} is a {self.TASK} model")
+        return self._get_predictor().track(source, tracker=tracker, persist=persist, **kwargs)
 
 
 def _load_strict(net: nn.Module, sd: dict, what: str, source: str | None) -> None:

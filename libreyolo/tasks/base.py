@@ -69,6 +69,12 @@ class PredictPlan:
         """``model.infer`` outputs (+ :meth:`extra` inputs) -> the stage's outputs (graph-safe)."""
         return outputs
 
+    def to_source(self, outputs: Any, hw: tuple[int, int]) -> Any:
+        """The stage's outputs mapped back to the source images' size ``hw``; called inside the
+        stage that starts from uint8 images (all of one size there, part of the graph's key),
+        after :meth:`finish`. Default: unchanged (the task maps back in :meth:`results`)."""
+        return outputs
+
     def extra(self, shapes: tuple[tuple[int, int], ...], size: int) -> tuple[torch.Tensor, ...]:
         """Device tensors the stage reads besides the images, for a chunk of images of ``shapes``."""
         return ()
