@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .options import (AMP_FAMILY_DEFAULT, OptionError, check_choice, check_float, check_fraction, check_imgsz,
-                      check_int, parse_amp, parse_bool, parse_classes)
+                      check_int, parse_amp, parse_bool, parse_classes, parse_freeze, parse_loggers)
 
 console = Console()
 
@@ -515,6 +515,12 @@ TRAIN = {
                               "(default false: read the files every epoch)"),
     "channels_last": Opt(_auto_flag("channels_last"), None, "NHWC network and batches: true, false or auto "
                                                            "(on CUDA for the families that declare it)"),
+    "val": Opt(_flag("val"), True, "validate after every epoch (false: no validation, best.pt = last.pt)"),
+    "patience": Opt(_int("patience", 0), 0, "stop after N epochs without a better validation fitness (0: never)"),
+    "freeze": Opt(parse_freeze, None, "freeze the first N layers, or parameter-name prefixes, e.g. "
+                                      "freeze=3 or freeze=backbone,neck.down1"),
+    "save_period": Opt(_int("save_period", 0), 0, "also save weights/epochN.pt every N epochs (0: never)"),
+    "loggers": Opt(parse_loggers, None, "experiment loggers: tensorboard (event files in the run folder)"),
 }
 
 
@@ -605,6 +611,8 @@ VAL = {
     "device": Opt(str, "auto", "auto, cpu, cuda"),
     "conf": Opt(_frac("conf"), 0.001, "confidence threshold"),
     "iou": Opt(_frac("iou"), 0.7, "NMS IoU threshold"),
+    "save_json": Opt(_flag("save_json"), False, "also write the predictions as COCO results (predictions.json)"),
+    "save_dir": Opt(str, None, "where predictions.json goes (default: a new runs/val, runs/val2, ...)"),
 }
 
 
@@ -612,7 +620,7 @@ def cmd_val(opts: dict) -> int:
     _need_model(opts, "val")
     model = _load(opts)
     if model.TASK != "detect":
-        res = model.val(data=opts["data"], imgsz=opts["imgsz"], batch=opts["batch"])
+        res = model.val(data=opts["data"], imgsz=opts["imgsz"], batch=opts["batch"], save_json=opts["save_json"])
         t = Table(title=f"{model.FAMILY}-{model.size} on {opts['data']}")
         for col in ("metric", "value"):
             t.add_column(col)
@@ -621,7 +629,8 @@ def cmd_val(opts: dict) -> int:
                 t.add_row(k, f"{v:.4f}")
         console.print(t)
         return 0
-    res = model.val(data=opts["data"], imgsz=opts["imgsz"], batch=opts["batch"], conf=opts["conf"], iou=opts["iou"])
+    res = model.val(data=opts["data"], imgsz=opts["imgsz"], batch=opts["batch"], conf=opts["conf"], iou=opts["iou"],
+                    save_json=opts["save_json"], save_dir=opts["save_dir"])
     t = Table(title=f"{model.FAMILY}-{model.size} on {opts['data']}")
     for col in ("class", "instances", "mAP50", "mAP50-95"):
         t.add_column(col)
@@ -629,6 +638,8 @@ def cmd_val(opts: dict) -> int:
         t.add_row(str(name), str(r.get("instances", "")), f"{r['map50']:.4f}", f"{r['map50_95']:.4f}")
     t.add_row("all", "", f"{res['map50']:.4f}", f"{res['map50_95']:.4f}")
     console.print(t)
+    if res.get("predictions_json"):
+        console.print(f"COCO results: {res['predictions_json']}")
     return 0
 
 
@@ -705,7 +716,8 @@ def main(argv: list[str] | None = None) -> int:
     except (UsageError, OptionError) as exc:  # OptionError: a value only checkable with the model (classes)
         print(f"libreyolo {name}: {exc}", file=sys.stderr)
         return 2
-    except (FileNotFoundError, ValueError, NotImplementedError, RuntimeError) as exc:
+    except (OSError, ImportError, ValueError, NotImplementedError, RuntimeError) as exc:
+        # OSError: a missing file, a full disk (CheckpointSaveError); ImportError: an optional package
         console.print(f"[bold red]error:[/] {exc}")
         return 1
 

@@ -389,10 +389,21 @@ class Model:
         return Trainer(self, cfg).train()
 
     def val(self, data: str = "shapes", *, imgsz: int | None = None, batch: int = 16, workers: int = 2,
-            verbose: bool = False, **task_opts) -> dict:
+            verbose: bool = False, save_json: bool = False, save_dir: str | Path | None = None,
+            **task_opts) -> dict:
         """The task's metrics of the current weights on the dataset's validation split
-        (detection: mAP50 / mAP50-95; ``conf`` and ``iou`` set the NMS thresholds)."""
+        (detection: mAP50 / mAP50-95; ``conf`` and ``iou`` set the NMS thresholds).
+
+        ``save_json=True`` (detection) also writes the predictions as COCO results,
+        ``predictions.json`` in ``save_dir`` (default: a new ``runs/val``, ``runs/val2``, ...),
+        for external evaluation; its path is returned as ``"predictions_json"``.
+        """
         from ..engine.trainer import TrainConfig, Trainer
+        from ..options import parse_bool
+        save_json = parse_bool("save_json", save_json)
+        if save_json and not self.task.evaluator(self, self.task.Options()).writes_coco_json:
+            raise ValueError(f"save_json=True writes COCO detection results; the {self.task.name} task has no "
+                             "COCO results format")
         task_opts = {self.task.val_option_names.get(k, k): v for k, v in task_opts.items()}
         cfg = TrainConfig(self.task, data=data, imgsz=int(imgsz or self.imgsz), batch=batch, workers=workers,
                           verbose=verbose, **task_opts)
@@ -401,7 +412,21 @@ class Model:
             raise ValueError(f"the dataset has {ds.nc} classes but the model predicts {self.nc}")
         t = Trainer(self, cfg)
         _, val_loader = t._loaders(ds)
-        return t.validate(self.model, val_loader, progress=verbose)
+        metrics = t.validate(self.model, val_loader, progress=verbose)
+        if save_json:
+            import json
+            import os
+
+            from ..engine.paths import next_run_dir
+            out_dir = Path(save_dir) if save_dir else next_run_dir("runs", "val")
+            out_dir.mkdir(parents=True, exist_ok=True)
+            path = out_dir / "predictions.json"
+            tmp = out_dir / ".predictions.json.tmp"
+            with open(tmp, "w") as f:   # then renamed: never a truncated file for the evaluator to read
+                json.dump(t.last_evaluator.coco_predictions(t.val_set, ds), f)
+            os.replace(tmp, path)
+            metrics["predictions_json"] = str(path)
+        return metrics
 
     def predict(self, source: Any, **kwargs) -> list:
         """Run inference; see :meth:`libreyolo.engine.predictor.Predictor.__call__` for options."""

@@ -40,6 +40,19 @@ class Evaluator:
         """Pictures of the last evaluation written into ``run_dir`` (none by default)."""
         return []
 
+    #: whether :meth:`coco_predictions` is implemented (``val(save_json=True)``)
+    writes_coco_json: ClassVar[bool] = False
+
+    def coco_predictions(self, dataset: Any, data: Any) -> list[dict]:
+        """The last evaluation's predictions as COCO results records (``image_id``,
+        ``category_id``, ``bbox`` [x, y, w, h] in the original image's pixels, ``score``)."""
+        raise NotImplementedError(f"{type(self).__name__} has no COCO results format")
+
+    def images(self, n: int) -> list:
+        """Up to ``n`` validation images of the last evaluation with the predictions drawn, as
+        uint8 (3, H, W) tensors, for experiment loggers (none by default)."""
+        return []
+
 
 class PredictPlan:
     """The task-specific part of one predict call (see the module docstring).
