@@ -82,6 +82,11 @@ def test_kill_9_inside_the_last_pt_write_then_resume(killed, data):
     assert [t for t in temps(weights) if t.startswith(".last.pt.")], list(weights.iterdir())
     assert load_checkpoint(weights / "last.pt")["train_state"]["epoch"] == 0
     assert csv_epochs(run) == [1, 2]          # epoch 2's row was written before its checkpoint
+    # the dead writer's temp is older than the grace a just-created temp gets before its lock
+    # (weights.STALE_TEMP_GRACE_S), however quickly the resumed epoch reaches its save
+    old = time.time() - 60
+    for t in temps(weights):
+        os.utime(weights / t, (old, old))
     res = resume(data, project)
     assert res["epochs"] == 1                 # epoch 2 again, once
     assert load_checkpoint(weights / "last.pt")["train_state"]["epoch"] == 1
