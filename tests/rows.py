@@ -153,3 +153,10 @@ MATTE_GRAPH_MODELS = [
 OCR_GRAPH_MODELS = [
     ("ppocr", "t"),
 ]
+
+# Families whose capture is built but not proven: their GPU rows still run (with the declaration set
+# on the test's model instance only), and what fails today is marked xfail(strict=True), so the day
+# it passes the suite says so and the family can declare SUPPORTS_CUDA_GRAPH. Family -> why.
+GRAPH_PENDING = {
+    "ppocr": "float16-autocast replays differ from eager (session 7 run 3; docs/families.md, OCR)",
+}

@@ -18,6 +18,14 @@ pytestmark = pytest.mark.cuda
 OPTS = {"box_thresh": 0.0, "rec_conf": 0.0, "max_lines": 10}
 
 
+def build(spec):
+    model = input_sensitive(LibreYOLO.new(*spec, device="cuda", seed=0))
+    if spec[0] in rows.GRAPH_PENDING:   # built for capture, not declared (rows.GRAPH_PENDING)
+        model.SUPPORTS_CUDA_GRAPH = True
+        model._runner.supported = True
+    return model
+
+
 @pytest.fixture(scope="module")
 def page():
     return text_page(10, width=960)
@@ -28,9 +36,10 @@ def same(a, b):
 
 
 @pytest.mark.parametrize("spec", rows.OCR_GRAPH_MODELS, ids="-".join)
-@pytest.mark.parametrize("amp", [False, True])
+@pytest.mark.parametrize("amp", [False, pytest.param(True, marks=pytest.mark.xfail(
+    strict=True, reason=rows.GRAPH_PENDING.get("ppocr", "")))] if "ppocr" in rows.GRAPH_PENDING else [False, True])
 def test_det_and_rec_graphs_equal_eager_on_a_page(spec, amp, page):
-    model = input_sensitive(LibreYOLO.new(*spec, device="cuda", seed=0))
+    model = build(spec)
     eager = model([page, page[::-1].copy()], batch=1, imgsz=960, amp=amp, **OPTS)
     assert 1 <= len(eager[0].texts) <= 10   # lines whose decoded text is empty are dropped
     for _ in range(3):   # capture, replay, replay
@@ -43,7 +52,7 @@ def test_det_and_rec_graphs_equal_eager_on_a_page(spec, amp, page):
 
 @pytest.mark.parametrize("spec", rows.OCR_GRAPH_MODELS, ids="-".join)
 def test_auto_mode_and_an_image_without_text(spec, page):
-    model = input_sensitive(LibreYOLO.new(*spec, device="cuda", seed=0))
+    model = build(spec)
     eager = model(page, imgsz=960, **OPTS)[0]
     for _ in range(3):
         assert same(model(page, imgsz=960, cuda_graph="auto", **OPTS)[0], eager)

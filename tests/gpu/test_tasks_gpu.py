@@ -42,7 +42,17 @@ def ids(spec):
 
 def build(spec, nc=None, seed=0):
     kw = {} if nc is None else {"nc": nc}
-    return LibreYOLO.new(spec[0], spec[1], device="cuda", seed=seed, **kw)
+    model = LibreYOLO.new(spec[0], spec[1], device="cuda", seed=seed, **kw)
+    if spec[0] in rows.GRAPH_PENDING:   # built for capture, not declared: exercise it here only
+        model.SUPPORTS_CUDA_GRAPH = True
+        model._runner.supported = True
+    return model
+
+
+def pending(specs):
+    """``specs`` with the rows of rows.GRAPH_PENDING families marked xfail(strict=True)."""
+    return [pytest.param(s, marks=pytest.mark.xfail(strict=True, reason=rows.GRAPH_PENDING[s[0]]))
+            if s[0] in rows.GRAPH_PENDING else s for s in specs]
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +61,7 @@ def images():
     return [np.asarray(pil), np.asarray(pil.resize((333, 517))), np.asarray(pil.rotate(180))]
 
 
-@pytest.mark.parametrize("spec", MODELS, ids=ids)
+@pytest.mark.parametrize("spec", pending(MODELS), ids=ids)
 def test_parity_protocol_fp32_and_amp_batch_1_and_8(spec):
     model = build(spec)
     results = verify_model(model, imgsz=IMGSZ[model.TASK], batches=(1, 8), amp_dtypes=(None, model.AMP_DTYPE))
