@@ -438,13 +438,15 @@ def test_rtdetr_r18_fits_one_batch():
 
 
 def test_two_tiny_epochs_on_shapes_loss_falls(tmp_path):
-    """The shared trainer end to end (D-FINE n, the smallest DETR: VFL + L1 + GIoU + FGL + DDF)."""
+    """The shared trainer end to end (D-FINE n, the smallest DETR: VFL + L1 + GIoU + FGL + DDF).
+    lr0 2e-3: at 1e-3 these six steps moved the total by under 1 %, so whether it fell depended on
+    float rounding (it rose by 0.24 % on one machine); at 2e-3 it falls by ~3 %."""
     from libreyolo.data.synthetic import make_shapes_dataset
     data = str(make_shapes_dataset(tmp_path / "ds", n_train=24, n_val=4, imgsz=64, seed=0))
     model = Dfine.new("n", nc=NC, device="cpu", seed=0)
     res = model.train(data=data, epochs=2, batch=8, imgsz=64, workers=0, project=str(tmp_path), name="run",
                       close_mosaic=0, mosaic=0.0, warmup_epochs=0, verbose=False, seed=0, nbs=8, val=False,
-                      optimizer="AdamW", lr0=1e-3, weight_decay=1e-4)
+                      optimizer="AdamW", lr0=2e-3, weight_decay=1e-4)
     assert res["loss_names"] == ["vfl", "bbox", "giou", "fgl", "ddf"]
     total = [sum(v) for v in res["losses"]]
     assert all(math.isfinite(v) for v in total) and total[-1] < total[0], total
