@@ -909,13 +909,22 @@ class LoggingHook(Hook):
             log.info("libreyolo: epoch %d/%d  %s  %s  (%.1f s)", epoch + 1, t.cfg.run.epochs,
                      "  ".join(f"{n} {v:.4f}" for n, v in zip(t.item_names, mloss.tolist())),
                      t.task.summary(metrics), state["time_s"])
-        if t.cfg.run.plots and csv_ok:
-            try:
-                from .plots import plot_results
-                plot_results(t.csv_path)
-            except Exception as exc:  # a plot is never worth a failed run
-                self._warn_once("plot", "libreyolo: could not draw results.png (training goes on; further "
-                                "failures are not reported): %s", exc)
+        # results.png costs a matplotlib figure (~0.1-0.2 s): drawn at most every PLOT_EVERY_S
+        # during the run and always at its end, so short GPU epochs are not paced by plotting
+        if t.cfg.run.plots and csv_ok and time.time() - getattr(self, "_plotted_at", 0.0) >= self.PLOT_EVERY_S:
+            self._plot(t)
+
+    #: seconds between two drawings of results.png during a run (it is drawn at the end too)
+    PLOT_EVERY_S = 30.0
+
+    def _plot(self, t: Trainer) -> None:
+        self._plotted_at, self._plotted_rows = time.time(), len(self.rows)
+        try:
+            from .plots import plot_results
+            plot_results(t.csv_path)
+        except Exception as exc:  # a plot is never worth a failed run
+            self._warn_once("plot", "libreyolo: could not draw results.png (training goes on; further "
+                            "failures are not reported): %s", exc)
 
     def _warn_once(self, what: str, msg: str, *args: Any) -> None:
         """A warning the first time ``what`` fails in this run, a debug line after that."""
@@ -935,6 +944,9 @@ class LoggingHook(Hook):
             return False
 
     def on_train_end(self, t: Trainer) -> None:
+        if t.cfg.run.plots and t.history and getattr(self, "_plotted_rows", 0) != len(self.rows) \
+                and t.csv_path.is_file():
+            self._plot(t)   # the last rows, if the last drawing came before them
         evaluator = getattr(t, "last_evaluator", None)
         if t.cfg.run.plots and evaluator is not None and t.history:
             try:   # the last epoch's validation: PR curves, confusion matrix, a validation batch
