@@ -30,7 +30,7 @@ def filled_model(family: str, size: str, imgsz: int):
     return m
 
 
-def test_images() -> list[np.ndarray]:
+def parity_images() -> list[np.ndarray]:
     """The sample photo, a squashed copy of it (another aspect ratio, letterbox padding on the
     other side) and two synthetic images: noise, and flat shapes on a gradient."""
     pil = Image.open(SAMPLE_IMAGE).convert("RGB")

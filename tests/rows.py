@@ -116,3 +116,28 @@ CLASSIFY_GRAPH_MODELS = [
 SEMANTIC_GRAPH_MODELS = [
     ("segformer", "b0"),
 ]
+
+# (family, size) exported to ONNX and compared with eager predict through onnxruntime on the CPU
+# (tests/unit/test_export_onnx.py): every family. ONNX_FAST runs by default (one NMS detector,
+# one DETR, a classifier, SegFormer); the rest are marked slow (each costs 5-25 s of export on
+# two cores) and run with LIBREYOLO_SLOW=1; scripts/onnx_parity.py prints the table of all.
+ONNX_MODELS = [
+    ("yolo9", "t"),
+    ("yolox", "n"),
+    ("yolo7", "tiny"),
+    ("rtmdet", "t"),
+    ("picodet", "s"),
+    ("rtdetr", "r18"),
+    ("rtdetrv2", "r18"),
+    ("dfine", "n"),
+    ("deim", "n"),
+    ("rtdetrv4", "s"),
+    ("deimv2", "atto"),
+    ("ec", "s"),
+    ("resnet", "18"),
+    ("efficientnetv2", "b0"),
+    ("mobilenetv4", "s"),
+    ("convnext", "t"),
+    ("segformer", "b0"),
+]
+ONNX_FAST = {("yolox", "n"), ("dfine", "n"), ("resnet", "18"), ("segformer", "b0")}

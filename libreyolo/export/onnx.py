@@ -33,6 +33,7 @@ exporter takes from an ``autograd.Function.symbolic`` directly (:class:`_NonMaxS
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import logging
@@ -243,12 +244,13 @@ def export_onnx(model, file: str | os.PathLike | None = None, *, imgsz: int | No
         net = net.half()
     graph, inputs, in_names, out_names, axes = _graph_for(model, net, size, batch, half, max_det, max_nms,
                                                           agnostic_nms, topk)
+    graph.eval()   # the exporter puts the module back into the mode it found it in
     dynamic_axes = axes if dynamic else None
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         raw = Path(tmp) / "graph.onnx"
         try:
-            with warnings.catch_warnings(), torch.no_grad():
+            with warnings.catch_warnings(), torch.no_grad(), _range_in_float32(half):
                 # the TorchScript exporter's deprecation notice and tracer warnings (Python values
                 # from shapes become constants of a static graph: intended) would only confuse
                 warnings.simplefilter("ignore")
@@ -264,7 +266,10 @@ def export_onnx(model, file: str | os.PathLike | None = None, *, imgsz: int | No
     _set_metadata(proto, _metadata(model, size, batch, dynamic, half, opset, max_det, max_nms, agnostic_nms,
                                    topk, [i.name for i in proto.graph.input], out_names))
     onnx.checker.check_model(proto)
-    _write_atomic(proto.SerializeToString(), path)
+    data = proto.SerializeToString()
+    if dynamic:
+        _check_dynamic(model, graph, data, size, in_names, inputs[1:])
+    _write_atomic(data, path)
     log.info("libreyolo: exported %s-%s to %s (%.1f s, %.1f MB)", model.FAMILY, model.size, path,
              time.perf_counter() - t0, path.stat().st_size / 1e6)
     return path
@@ -288,6 +293,86 @@ def _graph_for(model, net, size, batch, half, max_det, max_nms, agnostic, topk):
         axes.update(class_map={0: "batch", 1: "height", 2: "width"})
         return g, (x,), ["images"], ["class_map"], axes
     raise OnnxExportError(f"ONNX export does not know the {task!r} task of {model.FAMILY}")
+
+
+@contextlib.contextmanager
+def _range_in_float32(active: bool):
+    """While tracing a float16 network: ``torch.arange(..., dtype=float16)`` as a float32 arange
+    cast to float16. ONNX's ``Range`` has no float16 type (and the exporter's shape inference
+    fails on one), while the families build their anchor grids with ``arange`` in the feature
+    dtype; the values (small integers, + 0.5) are exact in float16 either way."""
+    if not active:
+        yield
+        return
+    original = torch.arange
+
+    def arange(*args, dtype=None, **kwargs):
+        if dtype in (torch.float16, torch.bfloat16):
+            return original(*args, dtype=torch.float32, **kwargs).to(dtype)
+        return original(*args, dtype=dtype, **kwargs)
+
+    torch.arange = arange
+    try:
+        yield
+    finally:
+        torch.arange = original
+
+
+def _check_dynamic(model, graph: nn.Module, data: bytes, size: int, in_names: list[str], extra: tuple) -> None:
+    """A dynamic graph must hold at another size and batch: run it (onnxruntime, CPU) at
+    ``size + 2 * stride`` with batch 2 next to the traced module in torch. Tracing turns Python
+    values computed from shapes (anchor grids, position embeddings) into constants, so a family
+    that computes them that way exports a graph that fails, or answers wrongly, at other sizes;
+    this raises :class:`OnnxExportError` instead of writing such a file."""
+    import numpy as np
+    import onnxruntime as ort
+    s2 = size + 2 * int(model.STRIDE)
+    x = torch.rand((2, 3, s2, s2), generator=torch.Generator().manual_seed(1))
+    if model.TASK == "detect":   # every candidate counts: a baked grid shows in the boxes
+        extra = (torch.tensor([0.0]), *extra[1:])
+    with torch.no_grad():
+        ref = [t.numpy() for t in _as_tuple(graph(x, *extra))]
+    hint = (f"{model.FAMILY}-{model.size}: dynamic=True does not hold for this family (the traced graph fixes "
+            f"shapes that depend on the input size); export with dynamic=False at the size you need")
+    try:
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 4   # the failure is reported below, as one error
+        sess = ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
+        names = {i.name for i in sess.get_inputs()}
+        got = sess.run(None, {n: t.numpy() for n, t in zip(in_names, (x, *extra)) if n in names})
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise OnnxExportError(f"{hint}; at {s2}x{s2}, batch 2, onnxruntime failed: {first}") from exc
+    if not _agree(model.TASK, ref, got, np):
+        raise OnnxExportError(f"{hint}; at {s2}x{s2}, batch 2, its outputs differ from the PyTorch model's")
+
+
+def _as_tuple(out):
+    return out if isinstance(out, tuple) else (out,)
+
+
+def _agree(task: str, ref: list, got: list, np) -> bool:
+    """Loose agreement of torch and onnxruntime outputs: enough to tell a graph whose shapes were
+    baked in (garbage or errors) from float noise, not the parity claim of the tests."""
+    if any(r.shape != g.shape for r, g in zip(ref, got)):
+        return False
+    if task == "classify":
+        return bool(np.abs(ref[0] - got[0]).max() <= 1e-3 and (ref[2][:, 0] == got[2][:, 0]).all())
+    if task == "semantic":
+        return bool((ref[0] == got[0]).mean() >= 0.99)
+    for dr, nr, dg, ng in zip(ref[0], ref[1], got[0], got[1]):
+        a, b = dr[:int(nr)], dg[:int(ng)]
+        if abs(len(a) - len(b)) > 0.05 * max(len(a), 1):
+            return False
+        if len(a) == 0:
+            continue
+        if len(b) == 0:
+            return False
+        close = ((np.abs(a[:, None, :4] - b[None, :, :4]).max(-1) <= 1e-2)
+                 & (np.abs(a[:, None, 4] - b[None, :, 4]) <= 1e-3) & (a[:, None, 5] == b[None, :, 5]))
+        if close.any(1).mean() < 0.9:
+            return False
+    return True
 
 
 _OP_PATTERNS = (re.compile(r"operator '([\w:.]+)'"), re.compile(r"(aten::\w+|prim::\w+|torchvision::\w+)"))

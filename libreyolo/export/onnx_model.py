@@ -203,6 +203,11 @@ class OnnxModel:
             raise ValueError(f"batch={batch}, but {self.path.name} was exported with batch={self.batch} (static); "
                              f"predict with batch={self.batch}, or export again with batch={batch} or dynamic=True")
         save, bgr = parse_bool("save", save), parse_bool("bgr", bgr)
+        # what the graph was exported with is the default (predict's own defaults may exceed it)
+        if self.TASK == "detect":
+            task_opts.setdefault("max_det", self.max_det)
+        elif self.TASK == "classify":
+            task_opts.setdefault("topk", self.topk)
         plan = self.task.plan(self, size, None, **task_opts)
         feeds = self._task_feeds(plan, task_opts)
         items = load_sources(source, bgr=bgr)
