@@ -43,7 +43,7 @@ def parity_images() -> list[np.ndarray]:
     return [np.asarray(pil), np.asarray(pil.resize((333, 517))), noise, shapes]
 
 
-def pick_conf(scores: np.ndarray, target: int = 40, gap: float = 1e-4) -> float:
+def pick_conf(scores: np.ndarray, target: int = 40, gap: float = 1e-5) -> float:
     """A threshold keeping about ``target`` of the (eager) detection ``scores``, half-way across a
     gap of at least ``gap`` between two consecutive ones, so that score differences between two
     runtimes cannot move a detection across it."""
