@@ -141,3 +141,7 @@ ONNX_MODELS = [
     ("segformer", "b0"),
 ]
 ONNX_FAST = {("yolox", "n"), ("dfine", "n"), ("resnet", "18"), ("segformer", "b0")}
+# Families whose traced graph fixes a size-dependent shape (their decoder's anchor grid), so the
+# exporter refuses dynamic=True for them; the others are also exported dynamic and compared at
+# another size.
+ONNX_STATIC_ONLY = {"rtdetr", "rtdetrv2"}

@@ -24,12 +24,13 @@ What it returns, per task
     * semantic: ``class_map`` (B, S, S), the argmax, in the dtype eager predict uses (uint8 up to
       256 classes).
 
-Exporter: the TorchScript-based one (``torch.onnx.export(dynamo=False)``). Both were tried on
-every family at 160 px on the CPU: each family exports with either and onnxruntime
-reproduces the network, but the dynamo exporter took 5-10x longer (yolo9-t: 48 s against
-9 s on two cores), which the parity tests of all families could not afford, and the NMS
-step needs ONNX's ``NonMaxSuppression`` whose data-dependent output size the TorchScript
-exporter takes from an ``autograd.Function.symbolic`` directly (:class:`_NonMaxSuppression`).
+Exporter: the TorchScript-based one (``torch.onnx.export(dynamo=False)``). Every family exports
+with it at 160 px and onnxruntime reproduces eager predict (tests/unit/test_export_onnx.py). The
+dynamo exporter, tried on the networks of yolo9-t, rtdetr-r18, dfine-n, resnet-18 and
+segformer-b0 on two shared CPU cores, exported them too, but took 17-160 s each (dfine-n: 160 s
+against 6 s), which the parity tests of every family could not afford; and the NMS step needs
+ONNX's ``NonMaxSuppression``, whose data-dependent output the TorchScript exporter takes from an
+``autograd.Function.symbolic`` directly (:class:`_NonMaxSuppression`).
 """
 from __future__ import annotations
 
@@ -95,20 +96,33 @@ class _NonMaxSuppression(torch.autograd.Function):
         return g.op("NonMaxSuppression", boxes, scores, max_out, iou, score_threshold, center_point_box_i=0)
 
 
+def top_sorted(boxes: torch.Tensor, scores: torch.Tensor, cls: torch.Tensor, k: int):
+    """:func:`libreyolo.ops.nms.top_candidates` (one descending sort, its first ``k``) written so
+    that a dynamic graph keeps it dynamic: the slice clips at the candidate count instead of a
+    ``min(k, N)`` that tracing would freeze at the traced size's N."""
+    s, idx = scores.sort(dim=1, descending=True)
+    s, idx = s[:, :k], idx[:, :k]
+    b = boxes.gather(1, idx.unsqueeze(-1).expand(-1, -1, boxes.shape[-1]))
+    return b, s, cls.gather(1, idx)
+
+
 def first_kept(keep: torch.Tensor, boxes: torch.Tensor, scores: torch.Tensor, cls: torch.Tensor,
                max_det: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Candidates in score order and a (B, N) keep mask -> the first ``max_det`` kept per image as
     (B, max_det, 6) rows ``[x1, y1, x2, y2, score, cls]`` (zero past the count) and the counts.
 
-    Fixed-size: a TopK of the smallest keys, kept candidates keyed by their position and the rest
-    by position + N (float keys, exact below 2**24 candidates).
+    Fixed-size: ``max_det`` empty candidates are appended (so any N works), then a TopK of the
+    smallest keys picks the rows - a kept candidate's key is its position, the others' 2**24 more
+    (float keys, exact below 2**24 candidates). Positions come from a cumulative sum, not from N,
+    so nothing here depends on the traced size.
     """
-    n = keep.shape[1]
-    k = min(int(max_det), n)
-    pos = torch.arange(n, dtype=torch.float32, device=keep.device).expand_as(scores)
-    key = torch.where(keep, pos, pos + n)
-    idx = key.topk(k, dim=1, largest=False, sorted=True).indices
+    k = int(max_det)
     rows = torch.cat((boxes, scores.unsqueeze(-1), cls.to(boxes.dtype).unsqueeze(-1)), -1)
+    rows = torch.cat((rows, torch.zeros_like(rows[:, :1]).expand(-1, k, -1)), 1)
+    keep = torch.cat((keep, torch.zeros_like(keep[:, :1]).expand(-1, k)), 1)
+    pos = torch.ones_like(rows[..., 0]).cumsum(1) - 1
+    key = torch.where(keep, pos, pos + float(2 ** 24))
+    idx = key.topk(k, dim=1, largest=False, sorted=True).indices
     picked = rows.gather(1, idx.unsqueeze(-1).expand(-1, -1, 6))
     valid = keep.gather(1, idx)
     dets = torch.where(valid.unsqueeze(-1), picked, torch.zeros_like(picked))
@@ -138,12 +152,11 @@ class DetectGraph(nn.Module):
         self.max_det, self.max_nms, self.agnostic, self.half = int(max_det), int(max_nms), bool(agnostic), half
 
     def forward(self, images, conf, iou, class_mask):
-        from ..ops.nms import top_candidates
         x = self.norm(images)
         if self.half:
             x = x.half()
         boxes, scores, cls = self.infer(x)
-        b, s, c = top_candidates(boxes.float(), scores.float(), cls, self.max_nms)
+        b, s, c = top_sorted(boxes.float(), scores.float(), cls, self.max_nms)
         valid = (s > conf) & (class_mask[c] > 0)
         if self.nms:
             if not self.agnostic:   # eager's offsets: class * (largest coordinate of the valid boxes + 1)
@@ -157,10 +170,8 @@ class DetectGraph(nn.Module):
             nms_scores = torch.where(valid, s, torch.full_like(s, -1.0)).unsqueeze(1)
             sel = _NonMaxSuppression.apply(b_nms, nms_scores, torch.tensor([self.max_det], dtype=torch.int64),
                                            iou, torch.tensor([-0.5], dtype=torch.float32))
-            n = s.shape[1]
-            lin = sel[:, 0] * n + sel[:, 2]
-            hits = torch.zeros(s.numel(), dtype=s.dtype, device=s.device).scatter(0, lin, torch.ones_like(lin, dtype=s.dtype))
-            keep = hits.view_as(s) > 0
+            hits = torch.zeros_like(s).index_put((sel[:, 0], sel[:, 2]), torch.ones_like(sel[:, 0], dtype=s.dtype))
+            keep = hits > 0
         else:
             keep = valid
         return first_kept(keep, b, s, c, self.max_det)
