@@ -67,6 +67,9 @@ def _line(r: dict) -> str:
     res = r["per_image"]
     if r["task"] == "detect":
         what = " + ".join(str(x["n"]) for x in res) + " detections"
+        swaps = sum(x["tie_swaps"] for x in res)
+        if swaps:
+            what += f" ({swaps} equal-score NMS tie{'s' if swaps > 1 else ''})"
         box = f"{max(x['box_canvas'] for x in res):.1e} ({max(x['box_image'] for x in res):.1e})"
         score = f"{max(x['score'] for x in res):.1e}"
     elif r["task"] == "classify":

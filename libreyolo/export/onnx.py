@@ -262,8 +262,9 @@ def export_onnx(model, file: str | os.PathLike | None = None, *, imgsz: int | No
         raw = Path(tmp) / "graph.onnx"
         try:
             with warnings.catch_warnings(), torch.no_grad(), _range_in_float32(half):
-                # the TorchScript exporter's deprecation notice and tracer warnings (Python values
-                # from shapes become constants of a static graph: intended) would only confuse
+                # the TorchScript exporter's deprecation notice and the tracer's warnings (Python
+                # values from shapes become constants: right for a static graph, and a dynamic one
+                # is checked below instead) would only confuse
                 warnings.simplefilter("ignore")
                 torch.onnx.export(graph, inputs, str(raw), dynamo=False, opset_version=opset,
                                   input_names=in_names, output_names=out_names, dynamic_axes=dynamic_axes,

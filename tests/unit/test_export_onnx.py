@@ -102,7 +102,8 @@ def test_class_filter_agnostic_and_max_det_match_eager(yolox):
     for opts in ({"classes": classes}, {"max_det": 7}, {"iou": 0.3}, {"agnostic_nms": False}):
         opts = {"conf": conf, **opts}
         e, r = m.predict(img, **opts)[0], o.predict(img, **opts)[0]
-        res = match_detections(e.boxes.data.numpy(), r.boxes.data.numpy(), img.shape[:2], IMGSZ, m.preprocess.resize)
+        res = match_detections(e.boxes.data.numpy(), r.boxes.data.numpy(), img.shape[:2], IMGSZ, m.preprocess.resize,
+                               iou=opts.get("iou", 0.45))
         assert res["n"] > 0 and res["box_canvas"] <= BOX_TOL_PX, (opts, res)
         if "classes" in opts:
             assert set(r.boxes.cls.long().tolist()) <= set(opts["classes"])
