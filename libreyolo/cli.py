@@ -1,4 +1,4 @@
-"""``libreyolo predict|verify|bench|info``.
+"""``libreyolo predict|train|val|export|verify|bench|info|demo``.
 
 Arguments follow the LibreYOLO convention ``key=value`` and also accept ``--key value``,
 ``--key=value`` and bare ``--flag`` (= true). click/typer cannot parse the ``key=value``
@@ -181,7 +181,8 @@ PREDICT = {
     "conf": Opt(_frac("conf"), 0.25, "confidence threshold"),
     "iou": Opt(_frac("iou"), 0.45, "NMS IoU threshold"),
     "batch": Opt(_int("batch", 1), 1, "images per forward"),
-    "max_det": Opt(_int("max_det", 1), 300, "detections kept per image"),
+    "max_det": Opt(_int("max_det", 1), None, "detections kept per image (default 300; an ONNX model's: its exported "
+                                              "max_det)"),
     "classes": Opt(_classes, None, "only these classes: ids or names, e.g. 0,2 or person,car"),
     "device": Opt(str, "auto", "auto, cpu, cuda, cuda:1"),
     "cuda_graph": Opt(_graph_mode, "auto", "false, true or auto"),
@@ -206,8 +207,9 @@ def cmd_predict(opts: dict, track: bool = False) -> int:
     model = _load(opts)
     task_opts = {}
     if "conf" in model.task.predict_defaults:   # detection's options
-        task_opts = dict(conf=opts["conf"], iou=opts["iou"], max_det=opts["max_det"],
-                         classes=parse_classes(opts["classes"], model.names))
+        task_opts = dict(conf=opts["conf"], iou=opts["iou"], classes=parse_classes(opts["classes"], model.names))
+        if opts["max_det"] is not None:   # else the model's own (an ONNX export fixed its max_det)
+            task_opts["max_det"] = opts["max_det"]
     elif model.TASK == "segment-prompt":        # the prompt (one per image)
         from .tasks.segment_prompt.prompts import parse_cli
         try:
@@ -643,6 +645,33 @@ def cmd_val(opts: dict) -> int:
     return 0
 
 
+EXPORT = {
+    "model": Opt(str, None, "checkpoint path or family/size name"),
+    "format": Opt(_choice("format", ("onnx",)), "onnx", "export format"),
+    "file": Opt(str, None, "where to write (default: beside the checkpoint, same name, .onnx)"),
+    "imgsz": Opt(_imgsz(), None, "input size (default: the checkpoint's)"),
+    "batch": Opt(_int("batch", 1), 1, "batch size of a static graph"),
+    "dynamic": Opt(_flag("dynamic"), False, "symbolic batch, height and width"),
+    "half": Opt(_flag("half"), False, "float16 weights (onnxruntime's CPU fp16 kernels are limited)"),
+    "simplify": Opt(_flag("simplify"), False, "run onnxscript's optimizer over the graph"),
+    "opset": Opt(_int("opset", 11), None, "ONNX opset (default 17)"),
+    "max_det": Opt(_int("max_det", 1), 300, "detections per image (rows of the output)"),
+    "max_nms": Opt(_int("max_nms", 1), 1000, "candidates per image entering NMS"),
+    "agnostic_nms": Opt(_flag("agnostic_nms"), False, "NMS across classes"),
+    "topk": Opt(_int("topk", 1), 5, "classes a classifier's graph returns"),
+    "device": Opt(str, "cpu", "where the model is loaded before export"),
+}
+
+
+def cmd_export(opts: dict) -> int:
+    _need_model(opts, "export")
+    model = _load(opts)
+    kw = {k: v for k, v in opts.items() if k not in ("model", "format", "device")}
+    path = model.export(format=opts["format"], **kw)
+    console.print(f"exported {model.FAMILY}-{model.size} ({model.TASK}) to [bold]{path}[/]")
+    return 0
+
+
 COMMANDS: dict[str, tuple[Callable[[dict], int], dict, str]] = {
     "demo": (cmd_demo, DEMO, "train briefly on built-in data, validate, predict a held-out image, save it"),
     "train": (cmd_train, TRAIN, "train a model (data=shapes: the built-in synthetic set)"),
@@ -650,6 +679,7 @@ COMMANDS: dict[str, tuple[Callable[[dict], int], dict, str]] = {
     "predict": (cmd_predict, PREDICT, "detect objects in images or videos and save annotated pictures/videos"),
     "track": (cmd_track, TRACK, "detect and track objects in a video, camera or stream (ids on the boxes)"),
     "verify": (cmd_verify, VERIFY, "run the CUDA-graph parity protocol on this GPU"),
+    "export": (cmd_export, EXPORT, "write the model as ONNX (with its post-processing) for other runtimes"),
     "bench": (cmd_bench, BENCH, "measure eager vs graphed forward and end-to-end predict (source=clip.mp4: on "
                                 "a video's frames)"),
     "info": (cmd_info, INFO, "families, sizes, tasks, graph support, torch/CUDA versions"),

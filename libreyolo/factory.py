@@ -26,6 +26,8 @@ class LibreYOLO:
     * A missing file whose name is none of ours (``yolov8n.pt``, ``best.pt``) is a
       ``FileNotFoundError`` at once, listing the families and their file names, without
       contacting the hub (unless ``download=True`` or ``$LIBREYOLO_HF_REPO`` asks for it).
+    * A ``.onnx`` file written by ``model.export(format="onnx")`` loads as an
+      :class:`~libreyolo.export.onnx_model.OnnxModel` (onnxruntime; same predict API and Results).
     * A bare family/size name without extension (``"yolo9t"``, ``"yolo9-s"``) builds an
       UNTRAINED model explicitly, as does ``LibreYOLO.new("yolo9", "t")``.
     """
@@ -34,6 +36,9 @@ class LibreYOLO:
                 nc: int | None = None, names: Any = None, imgsz: int | None = None) -> Model:
         text = str(model)
         path = Path(text)
+        if path.suffix.lower() == ".onnx":   # an export of ours: run by onnxruntime (libreyolo/export)
+            from .export.onnx_model import OnnxModel
+            return OnnxModel(path, device=device)
         is_file_like = path.suffix.lower() in _CHECKPOINT_SUFFIXES or path.exists()
         if not is_file_like:
             spec = parse_spec(text)

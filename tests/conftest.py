@@ -1,3 +1,4 @@
+import os
 import sys
 from pathlib import Path
 
@@ -11,6 +12,11 @@ FIXTURES_DIR = ROOT / "fixtures"
 
 
 def pytest_collection_modifyitems(config, items):
+    if os.environ.get("LIBREYOLO_SLOW", "") not in ("1", "true", "yes"):
+        slow = pytest.mark.skip(reason="slow (set LIBREYOLO_SLOW=1 to run)")
+        for item in items:
+            if "slow" in item.keywords:
+                item.add_marker(slow)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (run scripts/gpu-check on the GPU machine)")

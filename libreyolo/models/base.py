@@ -440,6 +440,18 @@ class Model:
         if self.TASK != "detect":
             raise ValueError(f"model.track needs a detection model; {self.FAMILY}-{self.size} is a {self.TASK} model")
         return self._get_predictor().track(source, tracker=tracker, persist=persist, **kwargs)
+    # ------------------------------------------------------------------ export
+    def export(self, format: str = "onnx", **kwargs) -> Path:
+        """Write the model for another runtime; returns the file written.
+
+        ``format="onnx"``: the network and the task's post-processing as one ONNX graph with this
+        model's metadata (options: ``file``, ``imgsz``, ``batch``, ``dynamic``, ``half``,
+        ``simplify``, ``opset``, detection ``max_det``/``max_nms``/``agnostic_nms``, classification
+        ``topk``; see :func:`libreyolo.export.onnx.export_onnx` and docs/export.md).
+        ``LibreYOLO(path)`` loads the file back, run by onnxruntime.
+        """
+        from ..export import export_model
+        return export_model(self, format, **kwargs)
 
 
 def _load_strict(net: nn.Module, sd: dict, what: str, source: str | None) -> None:

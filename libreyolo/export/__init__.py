@@ -1,0 +1,27 @@
+"""Exporting models to other runtimes, and running what was exported.
+
+``model.export(format="onnx", ...)`` (:func:`export_model`) writes an ONNX graph that ends in the
+task's final outputs (detections, top-k classes, a class map) with the model's metadata in its
+``metadata_props``; ``LibreYOLO("model.onnx")`` loads such a file as an
+:class:`~libreyolo.export.onnx_model.OnnxModel`, which runs it through onnxruntime behind the same
+predict API and Results. See docs/export.md.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+#: the formats ``model.export`` writes
+FORMATS = ("onnx",)
+
+
+def export_model(model: Any, format: str = "onnx", **kwargs: Any) -> Path:
+    """Export ``model`` (a :class:`~libreyolo.models.base.Model`) to ``format``; returns the file written.
+
+    ``kwargs`` are the format's options (ONNX: :func:`libreyolo.export.onnx.export_onnx`).
+    """
+    fmt = str(format).strip().lower()
+    if fmt not in FORMATS:
+        raise ValueError(f"export format must be one of {', '.join(FORMATS)}, got {format!r}")
+    from .onnx import export_onnx
+    return export_onnx(model, **kwargs)

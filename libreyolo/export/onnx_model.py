@@ -1,0 +1,312 @@
+"""``LibreYOLO("model.onnx")``: an exported model run through onnxruntime behind the predict API.
+
+:class:`OnnxModel` reads the metadata the exporter wrote (family, size, task, names, input size,
+preprocessing, the detection graph's fixed options), resizes each image exactly as eager predict
+does (``Preprocess.resize_images``, torch on the CPU), runs the graph in an onnxruntime session
+(the CUDA execution provider when onnxruntime has it and the device allows, else the CPU one)
+and builds the same :class:`~libreyolo.results.Results` as ``Model.predict``: the detection boxes
+are mapped back to each image by the same numpy code, classification rows and semantic class
+maps go through the task's own ``PredictPlan.results``.
+
+What cannot change after export raises a clear error instead of silently differing: the input
+size and batch of a static graph, ``max_det`` above the exported one, ``max_nms`` and
+``agnostic_nms`` (baked into the detection graph), ``topk`` above the exported one; CUDA graphs
+(``cuda_graph=True``) and ``amp`` belong to the PyTorch engine, and training needs the checkpoint.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..ops.preprocess import Preprocess
+from .onnx import META_FORMAT, read_metadata
+
+log = logging.getLogger("libreyolo")
+
+BACKEND = "onnxruntime"
+
+
+class _Ready:
+    """A host tensor in the shape of the engine's HostCopy (``wait()`` gives it back)."""
+
+    def __init__(self, t: torch.Tensor):
+        self.t = t
+
+    def wait(self) -> torch.Tensor:
+        return self.t
+
+
+def _providers(device: Any, available: list[str]) -> tuple[list, torch.device]:
+    """onnxruntime execution providers for ``device`` ('auto', 'cpu', 'cuda', 'cuda:N', N)."""
+    text = "auto" if device is None else str(device).strip().lower()
+    if text.isdigit():
+        text = f"cuda:{text}"
+    has_cuda = "CUDAExecutionProvider" in available
+    if text == "auto":
+        text = "cuda" if has_cuda else "cpu"
+    if text == "cpu":
+        return ["CPUExecutionProvider"], torch.device("cpu")
+    if text == "cuda" or text.startswith("cuda:"):
+        if not has_cuda:
+            raise RuntimeError(f"device {device!r} was asked for, but this onnxruntime has no CUDAExecutionProvider "
+                               f"(available: {', '.join(available)}); install onnxruntime-gpu or use device='cpu'")
+        index = int(text.split(":", 1)[1]) if ":" in text else 0
+        return [("CUDAExecutionProvider", {"device_id": index}), "CPUExecutionProvider"], torch.device("cpu")
+    raise ValueError(f"device must be 'auto', 'cpu', 'cuda', 'cuda:N' or a GPU index, got {device!r}")
+
+
+class OnnxModel:
+    """An ONNX file written by ``model.export(format="onnx")``, with ``Model``'s predict API.
+
+    ``device``: 'auto' (onnxruntime's CUDA provider when present, else the CPU), 'cpu', 'cuda' or
+    'cuda:N'. ``threads``: onnxruntime's intra-op threads (default: ``torch.get_num_threads()``,
+    so one process setting - e.g. ``OMP_NUM_THREADS`` - governs both engines). Preprocessing runs
+    in torch on the CPU (``device`` stays cpu); the graph runs where the providers say.
+    """
+
+    SUPPORTS_CUDA_GRAPH = False
+    SUPPORTS_CUDA_GRAPH_TRAIN = False
+
+    def __init__(self, path: str | os.PathLike, device: Any = "auto", *, threads: int | None = None):
+        try:
+            import onnxruntime as ort
+        except ImportError as exc:   # pragma: no cover - the test extra installs it
+            raise ImportError("running .onnx models needs onnxruntime: pip install 'libreyolo[export]'") from exc
+        self.path = Path(path).expanduser()
+        if not self.path.is_file():
+            raise FileNotFoundError(f"ONNX file {str(self.path)!r} not found")
+        meta = read_metadata(self.path)
+        if meta.get(META_FORMAT) is None:
+            raise ValueError(f"{self.path} is an ONNX file but not a libreyolo export (its metadata_props have no "
+                             f"'{META_FORMAT}' entry); export it with model.export(format='onnx')")
+        self.meta = meta
+        self.FAMILY, self.size, self.TASK = meta["family"], meta["size"], meta["task"]
+        self.nc = int(meta["nc"])
+        self.names = {int(k): v for k, v in json.loads(meta["names"]).items()}
+        self.imgsz, self.batch = int(meta["imgsz"]), int(meta["batch"])
+        self.STRIDE = int(meta.get("stride", 32))
+        self.dynamic, self.half = json.loads(meta["dynamic"]), json.loads(meta["half"])
+        self.preprocess = Preprocess.from_meta(json.loads(meta["preprocess"]), Preprocess())
+        self.trained = json.loads(meta.get("trained", "true"))
+        self.NMS = json.loads(meta.get("nms", "true"))
+        self.max_det = int(meta.get("max_det", 0)) or None
+        self.max_nms = int(meta.get("max_nms", 0)) or None
+        self.agnostic_nms = json.loads(meta.get("agnostic_nms", "false"))
+        self.topk = int(meta.get("topk", 0)) or None
+        self.source = str(self.path)
+        self.threads = threads
+        self._ort = ort
+        self.to(device)
+
+    # -------------------------------------------------------------------- plumbing
+    @property
+    def task(self):
+        from ..tasks import get_task
+        return get_task(self.TASK)
+
+    def to(self, device: Any) -> "OnnxModel":
+        """(Re)open the session on ``device``'s execution providers."""
+        ort = self._ort
+        providers, self.device = _providers(device, ort.get_available_providers())
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = int(self.threads or torch.get_num_threads())
+        opts.log_severity_level = 3   # onnxruntime's own warnings (e.g. unused initializers) are not ours
+        self.session = ort.InferenceSession(str(self.path), opts, providers=providers)
+        self.providers = self.session.get_providers()
+        self.input_names = [i.name for i in self.session.get_inputs()]
+        self.output_names = [o.name for o in self.session.get_outputs()]
+        return self
+
+    def cpu(self) -> "OnnxModel":
+        return self.to("cpu")
+
+    def __repr__(self) -> str:
+        shape = "dynamic" if self.dynamic else f"batch {self.batch}, {self.imgsz}x{self.imgsz}"
+        return (f"OnnxModel({self.FAMILY}-{self.size}, task={self.TASK}, nc={self.nc}, {shape}"
+                f"{', fp16' if self.half else ''}, providers={self.providers}, file={self.path})")
+
+    def info(self, verbose: bool = True) -> dict:
+        """Family, task, input size, batch, providers and the graph's inputs and outputs."""
+        d = {"family": self.FAMILY, "size": self.size, "task": self.TASK, "nc": self.nc, "imgsz": self.imgsz,
+             "batch": self.batch, "dynamic": self.dynamic, "half": self.half, "backend": BACKEND,
+             "providers": list(self.providers), "inputs": self.input_names, "outputs": self.output_names,
+             "file": str(self.path)}
+        if verbose:
+            print(repr(self))
+        return d
+
+    def graph_info(self) -> dict:
+        """No CUDA graphs here (onnxruntime runs the file); the shape of ``Model.graph_info()``."""
+        return {"family": self.FAMILY, "backend": BACKEND, "mode": False, "graphs": [], "replays": 0,
+                "fallbacks": [], "device": str(self.device)}
+
+    def _no(self, what: str):
+        raise NotImplementedError(f"{what} is not available for an ONNX model ({self.path.name}, run by {BACKEND}): "
+                                  "use the PyTorch checkpoint it was exported from")
+
+    def train(self, **kwargs: Any):
+        self._no("training")
+
+    def val(self, *args: Any, **kwargs: Any):
+        self._no("val()")
+
+    def export(self, *args: Any, **kwargs: Any):
+        self._no("export()")
+
+    def capture_graph(self, *args: Any, **kwargs: Any):
+        self._no("capture_graph() (CUDA graphs)")
+
+    def fuse(self) -> "OnnxModel":
+        return self   # onnxruntime folds BatchNorm into convolutions when it opens the session
+
+    # --------------------------------------------------------------------- predict
+    def predict(self, source: Any, *, imgsz: int | None = None, batch: int | None = None, cuda_graph: Any = False,
+                amp: Any = False, bgr: bool = False, save: bool = False, save_dir: str | Path | None = None,
+                exist_ok: bool = False, verbose: bool = False, **task_opts) -> list:
+        """Predict as :meth:`libreyolo.models.base.Model.predict` does, through onnxruntime.
+
+        ``imgsz`` must be the exported size unless the graph is dynamic; ``batch`` (default: the
+        exported batch, 1 for a dynamic graph) must be the exported one for a static graph (a last,
+        shorter chunk is padded). ``cuda_graph=True`` and ``amp`` raise: they are the PyTorch
+        engine's (``"auto"`` runs as False). The task's options are predict's.
+        """
+        from ..data.sources import load_sources
+        from ..engine.paths import UniqueNames, next_run_dir
+        from ..graphs.runner import normalize_mode
+        from ..options import check_imgsz, check_int, parse_amp, parse_bool
+        if normalize_mode(cuda_graph) is True:
+            raise NotImplementedError(f"cuda_graph=True needs the PyTorch engine; {self.path.name} is an ONNX model "
+                                      f"run by {BACKEND} (use cuda_graph=False, or the .pt checkpoint)")
+        if parse_amp(amp) is not None:
+            raise NotImplementedError(f"amp is fixed when an ONNX model is exported ({self.path.name}: "
+                                      f"{'float16' if self.half else 'float32'}); export with half=True for float16")
+        unknown = sorted(set(task_opts) - set(self.task.predict_defaults))
+        if unknown:
+            raise TypeError(f"unknown predict option(s) {', '.join(unknown)} for a {self.TASK} model; known: imgsz, "
+                            "batch, cuda_graph, amp, bgr, save, save_dir, exist_ok, verbose, "
+                            + ", ".join(self.task.predict_defaults))
+        size = check_imgsz(self.imgsz if imgsz is None else imgsz, self.STRIDE)
+        if size != self.imgsz and not self.dynamic:
+            raise ValueError(f"imgsz={size}, but {self.path.name} was exported at imgsz={self.imgsz} with a static "
+                             f"shape; predict at {self.imgsz}, or export again with imgsz={size} or dynamic=True")
+        if batch is None:
+            batch = 1 if self.dynamic else self.batch
+        batch = check_int("batch", batch, 1)
+        if batch != self.batch and not self.dynamic:
+            raise ValueError(f"batch={batch}, but {self.path.name} was exported with batch={self.batch} (static); "
+                             f"predict with batch={self.batch}, or export again with batch={batch} or dynamic=True")
+        save, bgr = parse_bool("save", save), parse_bool("bgr", bgr)
+        # what the graph was exported with is the default (predict's own defaults may exceed it)
+        if self.TASK == "detect":
+            task_opts.setdefault("max_det", self.max_det)
+        elif self.TASK == "classify":
+            task_opts.setdefault("topk", self.topk)
+        plan = self.task.plan(self, size, None, **task_opts)
+        feeds = self._task_feeds(plan, task_opts)
+        items = load_sources(source, bgr=bgr)
+        out_dir = unique = None
+        if save:
+            out_dir = Path(save_dir) if save_dir else next_run_dir("runs", "predict", exist_ok)
+            out_dir.mkdir(parents=True, exist_ok=True)
+            unique = UniqueNames()
+        progress = None
+        if verbose or len(items) > 32:
+            from tqdm import tqdm
+            progress = tqdm(total=len(items), desc=f"predict {self.FAMILY}-{self.size} (onnx)", unit="img",
+                            disable=not verbose and len(items) <= 32)
+        results = []
+        for start in range(0, len(items), batch):
+            chunk = items[start:start + batch]
+            t0 = time.perf_counter()
+            x = self._inputs(chunk, size, batch)
+            t1 = time.perf_counter()
+            outs = self.session.run(None, {"images": x, **feeds})
+            t2 = time.perf_counter()
+            speed = {"load": None, "preprocess": (t1 - t0) * 1e3 / len(chunk),
+                     "inference": (t2 - t1) * 1e3 / len(chunk)}
+            chunk_results = self._results(plan, dict(zip(self.output_names, outs)), chunk, size, speed)
+            post = (time.perf_counter() - t2) * 1e3 / len(chunk)
+            for r in chunk_results:
+                r.speed["postprocess"] = post
+                if out_dir is not None:
+                    r.saved_to = r.save(out_dir / unique(Path(r.path).stem))
+            results.extend(chunk_results)
+            if progress is not None:
+                progress.update(len(chunk))
+        if progress is not None:
+            progress.close()
+        return results
+
+    __call__ = predict
+
+    def _task_feeds(self, plan, task_opts: dict) -> dict[str, np.ndarray]:
+        """The graph inputs besides the images (detection thresholds and class mask), after the
+        checks of what the export fixed."""
+        name = self.path.name
+        if self.TASK == "classify":
+            if plan.k > self.topk:
+                raise ValueError(f"topk={plan.k}, but {name} was exported with topk={self.topk}; export again "
+                                 f"with topk={plan.k}")
+            return {}
+        if self.TASK != "detect":
+            return {}
+        if plan.max_det > self.max_det:
+            raise ValueError(f"max_det={plan.max_det}, but {name} was exported with max_det={self.max_det} (the "
+                             f"graph's output rows); export again with max_det={plan.max_det}")
+        if "max_nms" in task_opts and plan.max_nms != self.max_nms:
+            raise ValueError(f"max_nms={plan.max_nms}, but {name} was exported with max_nms={self.max_nms} (fixed in "
+                             "the graph); export again with that max_nms")
+        if "agnostic_nms" in task_opts and plan.agnostic != self.agnostic_nms:
+            raise ValueError(f"agnostic_nms={plan.agnostic}, but {name} was exported with "
+                             f"agnostic_nms={self.agnostic_nms} (fixed in the graph); export again with that value")
+        mask = np.ones(self.nc, np.float32)
+        if plan.classes is not None:
+            mask[:] = 0
+            mask[np.asarray(plan.classes, np.int64)] = 1
+        feeds = {"conf_threshold": np.array([plan.conf], np.float32), "iou_threshold": np.array([plan.iou], np.float32),
+                 "class_mask": mask}
+        return {k: v for k, v in feeds.items() if k in self.input_names}
+
+    def _inputs(self, chunk, size: int, batch: int) -> np.ndarray:
+        """The chunk's images resized as eager predict resizes them (float32 NCHW in [0, 1]),
+        padded with zero images to a static graph's batch."""
+        images = [torch.as_tensor(it.image).cpu() for it in chunk]
+        prep = self.preprocess
+        if len({tuple(im.shape) for im in images}) == 1:   # one call for the batch, as the predictor does
+            x = prep.resize_images(torch.stack(images), size)
+        else:
+            x = torch.cat([prep.resize_images(im.unsqueeze(0), size) for im in images])
+        if not self.dynamic and x.shape[0] < batch:
+            x = torch.cat((x, x.new_zeros((batch - x.shape[0], *x.shape[1:]))))
+        return x.numpy()
+
+    def _results(self, plan, out: dict[str, np.ndarray], chunk, size: int, speed: dict) -> list:
+        n = len(chunk)
+        if self.TASK == "detect":
+            return self._detections(plan, out["dets"][:n], out["num_dets"][:n], chunk, size, speed)
+        if self.TASK == "classify":
+            k = plan.k
+            packed = torch.cat((torch.from_numpy(out["probs"][:n]), torch.from_numpy(out["top_conf"][:n, :k]),
+                                torch.from_numpy(out["top_class"][:n, :k]).float()), 1)
+            return plan.results(_Ready(packed), chunk, size, speed)
+        return plan.results(torch.from_numpy(np.ascontiguousarray(out["class_map"][:n])), chunk, size, speed)
+
+    def _detections(self, plan, dets: np.ndarray, counts: np.ndarray, chunk, size: int, speed: dict) -> list:
+        """Canvas detections -> each image's pixels (the host path of eager predict)."""
+        from ..ops.letterbox import inverse_params, unletterbox_boxes
+        from ..results import Boxes, Results
+        results = []
+        for i, it in enumerate(chunk):
+            d = np.ascontiguousarray(dets[i, :min(int(counts[i]), plan.max_det)], dtype=np.float32).copy()
+            h, w = int(it.image.shape[0]), int(it.image.shape[1])
+            sx, sy, px, py = inverse_params(h, w, size, self.preprocess.resize)
+            unletterbox_boxes(d, sx, sy, h, w, px, py)
+            results.append(Results(it.image, it.name, self.names, Boxes(torch.from_numpy(d), (h, w)), speed=dict(speed)))
+        return results
