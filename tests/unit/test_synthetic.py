@@ -149,7 +149,13 @@ def test_easy_style_is_cached_apart_and_follows_its_style(tmp_path, monkeypatch)
     assert params["style"]["objects"] == list(easy.objects) and params["style"]["max_hidden"] == 0.0
     default = tree(make_shapes_dataset(n_train=24, n_val=8, imgsz=128).parent)
     assert tree(y.parent)["images/val/val_000000.jpg"] != default["images/val/val_000000.jpg"]
+    files = json.loads((y.parent / "manifest.json").read_text())["files"]
+    train_hashes = {h for k, h in files.items() if k.startswith("images/train/")}
+    assert not train_hashes & {h for k, h in files.items() if k.startswith("images/val/")}  # held out
     cfg = resolve_data(y)
+    # a real detection problem: several objects of several classes per image, sizes and colours varying
+    assert sum(len(set(s.labels[:, 0].tolist())) >= 2 for s in cfg.train) >= 0.9 * len(cfg.train)
+    assert len({int(c) for s in cfg.train for c in s.labels[:, 0]}) == len(SHAPE_NAMES)
     lo, hi = easy.extent
     for s in cfg.train + cfg.val:
         assert easy.objects[0] <= len(s.labels) <= easy.objects[1]
