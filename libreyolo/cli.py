@@ -429,7 +429,7 @@ DEMO_DATA = {"style": "easy", "n_train": 320, "n_val": 64, "imgsz": 320}
 
 DEMO = {
     "model": Opt(str, "yolo9t", "family/size to train from scratch, or a checkpoint to fine-tune"),
-    "epochs": Opt(_int("epochs", 1), 15, "training epochs"),
+    "epochs": Opt(_int("epochs", 1), 10, "training epochs"),
     "imgsz": Opt(_imgsz(), 128, "training and inference size"),
     "batch": Opt(_int("batch", 1), 8, "batch size"),
     "optimizer": Opt(_choice("optimizer", ("SGD", "AdamW")), "AdamW", "SGD or AdamW"),
