@@ -4,7 +4,9 @@
 
 Each arm is its own process (same seed, same data, same settings); the figure is the wall
 time of ``model.train`` (data loading, training, per-epoch validation and checkpoints all
-included) and the final mAP. Built-in shapes dataset; an untrained yolo9-t by default.
+included) and the final mAP, with per epoch: the training loop, the part of it spent waiting for
+the loader, validation, and what is left around them (overhead). Built-in shapes dataset (or,
+with ``--n-train 2000``, a bigger generated one); an untrained yolo9-t by default.
 """
 from __future__ import annotations
 
@@ -22,13 +24,29 @@ def run_arm(arm: str, a) -> dict:
     if arm == "graph":
         cls.SUPPORTS_CUDA_GRAPH_TRAIN = cls.SUPPORTS_CUDA_GRAPH_TRAIN or a.force
     model = cls.new(size, device=a.device, seed=0)
+    data = "shapes"
+    if a.n_train:   # the bigger built-in set, so that start-up does not dominate
+        from libreyolo.data.synthetic import make_shapes_dataset
+        data = str(make_shapes_dataset(n_train=a.n_train, n_val=max(64, a.n_train // 10), imgsz=a.data_imgsz))
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
-        res = model.train(data="shapes", epochs=a.epochs, batch=a.batch, imgsz=a.imgsz, workers=a.workers,
-                          amp=a.amp, cuda_graph=arm == "graph", project=tmp, plots=False, verbose=False, seed=0)
+        res = model.train(data=data, epochs=a.epochs, batch=a.batch, imgsz=a.imgsz, workers=a.workers,
+                          amp=a.amp, cuda_graph=arm == "graph", project=tmp, plots=False, verbose=False, seed=0,
+                          cache=a.cache)
         wall = time.perf_counter() - t0
+    hist = res["history"]
+    nb = res["cuda_graph"].get("replays", 0) + res["cuda_graph"].get("eager_steps", 0)
+    per_epoch = {
+        "train_s": [h["time/epoch_s"] for h in hist],
+        "loader_wait_s": [h["time/loader_wait_s"] for h in hist],
+        "val_s": [h["time/val_s"] for h in hist],
+    }
+    loop = sum(per_epoch["train_s"]) + sum(per_epoch["val_s"])
     return {"arm": arm, "wall_s": wall, "map50": res["map50"], "map50_95": res["map50_95"],
-            "losses_last": res["losses"][-1], "cuda_graph": res["cuda_graph"]}
+            "losses_last": res["losses"][-1], "cuda_graph": res["cuda_graph"], "per_epoch": per_epoch,
+            "step_ms_mean": 1e3 * (sum(per_epoch["train_s"]) - sum(per_epoch["loader_wait_s"])) / max(1, nb),
+            "loader_wait_share": sum(per_epoch["loader_wait_s"]) / max(1e-9, sum(per_epoch["train_s"])),
+            "overhead_s": wall - loop}
 
 
 def main() -> None:
@@ -41,6 +59,9 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument("--amp", default="bf16")
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--n-train", type=int, default=0, help="generate a shapes set of this many training images")
+    ap.add_argument("--data-imgsz", type=int, default=640, help="long side of the generated set's images")
+    ap.add_argument("--cache", default="false", help="ram, disk or false")
     ap.add_argument("--force", action="store_true", help="declare the family train-capturable for this run")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
@@ -51,7 +72,8 @@ def main() -> None:
     from train_step import run_in_processes   # this folder is on sys.path when run as a script
     arms = run_in_processes(__file__, ("eager", "graph"), [f"--{k}={v}" for k, v in
                             (("model", a.model), ("epochs", a.epochs), ("batch", a.batch), ("imgsz", a.imgsz),
-                             ("workers", a.workers), ("amp", a.amp), ("device", a.device))]
+                             ("workers", a.workers), ("amp", a.amp), ("device", a.device), ("n-train", a.n_train),
+                             ("data-imgsz", a.data_imgsz), ("cache", a.cache))]
                             + (["--force"] if a.force else []), error_lines=3)
     res = {"model": a.model, "epochs": a.epochs, "batch": a.batch, "imgsz": a.imgsz, "amp": a.amp, "arms": arms,
            "device": torch.cuda.get_device_name(0) if a.device == "cuda" else a.device, "torch": torch.__version__, "date": dt.date.today().isoformat()}

@@ -32,10 +32,10 @@ DEFAULT_DATA = {"detect": "shapes", "classify": "shapes-cls", "semantic": "shape
 
 
 def run_arm(arm: str, spec: str, batch: int, imgsz: int, amp: bool, runs: int, warmup: int,
-            optim: str | None = None) -> dict:
+            optim: str | None = None, channels_last: bool = False, fp16: bool = False) -> dict:
     from libreyolo import LibreYOLO
     from libreyolo.benchmark import time_call
-    from libreyolo.graphs.training import TrainStepRunner, prime_optimizer_state, training_state
+    from libreyolo.graphs.training import TrainStepRunner, prime_optimizer_state, scaler_tensors, training_state
 
     if Path(spec).is_file():
         model = LibreYOLO(spec, device="cuda")
@@ -50,6 +50,8 @@ def run_arm(arm: str, spec: str, batch: int, imgsz: int, amp: bool, runs: int, w
     _, val, collate = task.datasets(data, imgsz, model, task.Options())   # unaugmented: one fixed batch
     imgs, *targets = collate([val[i % len(val)] for i in range(batch)])
     net = model.model.train()
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    net.to(memory_format=fmt)
     loss_fn = model.build_loss().cuda()
     params = [p for p in net.parameters() if p.requires_grad]
     optim = (optim or model.train_defaults().get("optimizer", "SGD")).lower()
@@ -58,23 +60,29 @@ def run_arm(arm: str, spec: str, batch: int, imgsz: int, amp: bool, runs: int, w
     else:
         opt = torch.optim.SGD(params, lr=torch.tensor(1e-3, device="cuda"), momentum=0.9, nesterov=True, fused=True)
     prime_optimizer_state(opt)
-    x = imgs.cuda().float().div_(255)
+    x = imgs.cuda().float().div_(255).contiguous(memory_format=fmt)
     targets = [t.cuda() for t in targets]
     prep = model.preprocess
+    scaler = torch.amp.GradScaler("cuda", enabled=fp16)   # float16: the trainer's GradScaler, graph-safe when fused
+    scaler.scale(torch.zeros((), device="cuda"))
+    dtype = torch.float16 if fp16 else torch.bfloat16
 
     def step(x, *t):
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp, cache_enabled=False):
+        with torch.autocast("cuda", dtype=dtype, enabled=amp or fp16, cache_enabled=False):
             loss, items = loss_fn(model.train_forward(net, prep.normalize(x), *t), *t)
-        loss.backward()
+        scaler.scale(loss).backward()
         return loss.detach(), items.detach()
 
     def update():
+        if fp16:
+            scaler.unscale_(opt)
         torch.nn.utils.clip_grad_norm_(params, max_norm=10.0, foreach=True)
-        opt.step()
+        scaler.step(opt)
+        scaler.update()
         opt.zero_grad(set_to_none=False)
 
     def state():
-        return training_state(params, opt, net.buffers())
+        return training_state(params, opt, net.buffers(), scaler_tensors(scaler))
 
     seg = None
     if arm == "seam":
@@ -119,13 +127,16 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--imgsz", type=int, default=640)
     ap.add_argument("--amp", action="store_true", help="bfloat16 autocast")
+    ap.add_argument("--fp16", action="store_true", help="float16 autocast + GradScaler (instead of --amp)")
+    ap.add_argument("--channels-last", action="store_true", help="network and input in channels_last")
     ap.add_argument("--runs", type=int, default=100)
     ap.add_argument("--warmup", type=int, default=15)
     ap.add_argument("--optim", choices=("sgd", "adamw"), default=None, help="default: the family's recipe")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     if not a.all:
-        print(json.dumps(run_arm(a.arm, a.model, a.batch, a.imgsz, a.amp, a.runs, a.warmup, a.optim)))
+        print(json.dumps(run_arm(a.arm, a.model, a.batch, a.imgsz, a.amp, a.runs, a.warmup, a.optim,
+                                    a.channels_last, a.fp16)))
         return
     if a.arms is None:
         from libreyolo.models.base import Model
@@ -135,8 +146,10 @@ def main() -> None:
     arms = run_in_processes(__file__, a.arms.split(","),
                             ["--model", a.model, "--batch", str(a.batch), "--imgsz", str(a.imgsz), "--runs",
                              str(a.runs), "--warmup", str(a.warmup)] + (["--amp"] if a.amp else [])
-                            + (["--optim", a.optim] if a.optim else []))
-    res = {"model": a.model, "batch": a.batch, "imgsz": a.imgsz, "amp": "bf16" if a.amp else False, "arms": arms,
+                            + (["--optim", a.optim] if a.optim else [])
+                            + (["--channels-last"] if a.channels_last else []) + (["--fp16"] if a.fp16 else []))
+    res = {"model": a.model, "batch": a.batch, "imgsz": a.imgsz, "amp": "fp16" if a.fp16 else "bf16" if a.amp else False,
+           "channels_last": a.channels_last, "arms": arms,
            "device": torch.cuda.get_device_name(0), "torch": torch.__version__, "date": dt.date.today().isoformat()}
     eager = arms.get("eager", {}).get("median_ms")
     for arm in arms:

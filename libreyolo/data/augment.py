@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from typing import Sequence
 
 import numpy as np
@@ -140,6 +141,7 @@ class DetectionDataset(Dataset):
         # each bad file is warned about once and not retried)
         self._undecodable = torch.zeros(len(self.samples), dtype=torch.uint8).share_memory_()
         self._detr_ops = _detr_transforms(self.fliplr) if policy == "detr" else None
+        self._cache: list | None = None   # cache_images(): per sample (image or .npy path, params)
 
     # ---- public ---------------------------------------------------------------------------------
 
@@ -205,6 +207,63 @@ class DetectionDataset(Dataset):
                 targets[:, 1] = x1
         return image, targets
 
+    def cache_images(self, mode: str, *, progress: bool = True, max_fraction: float = 0.6) -> bool:
+        """Decode and letterbox every image once, before training, and keep the results: ``"ram"``
+        in this process (DataLoader workers started by fork share it copy-on-write) or ``"disk"``
+        as ``.npy`` files under the libreyolo cache, keyed by the files, their sizes and mtimes,
+        the size and the resize mode (a later run reuses them). Every later epoch then skips
+        decoding and resizing; augmentation still runs per sample. Only the letterboxed path
+        (validation, the YOLO recipe and its mosaic tiles) reads the cache: the DETR recipe
+        transforms the original image.
+
+        ``"ram"`` is refused with one warning (and the files are read as before) when the images
+        need more than ``max_fraction`` of the available memory. Returns whether a cache is used.
+        """
+        if mode not in ("ram", "disk"):
+            raise ValueError(f"cache must be 'ram', 'disk' or false, got {mode!r}")
+        n, s = len(self.samples), self.imgsz
+        need = n * 3 * s * s
+        if mode == "ram":
+            avail = _available_memory()
+            if avail is not None and need > max_fraction * avail:
+                LOGGER.warning("libreyolo: cache=ram needs %.1f GB for %d images at %d px but %.1f GB are "
+                               "available; reading the image files instead (cache=disk keeps them on disk)",
+                               need / 1e9, n, s, avail / 1e9)
+                return False
+        folder = _disk_cache_folder(self.samples, s, self.resize) if mode == "disk" else None
+        bar = None
+        if progress:
+            from tqdm import tqdm
+            bar = tqdm(total=n, desc=f"  caching images ({mode}, {need / 1e9:.2f} GB)", unit="img", leave=False)
+        cache: list = [None] * n
+        for i in range(n):
+            cache[i] = self._cached_entry(i, folder)
+            if bar is not None:
+                bar.update(1)
+        if bar is not None:
+            bar.close()
+        self._cache = cache
+        return True
+
+    def _cached_entry(self, i: int, folder):
+        """(image (3, S, S) uint8 - or its .npy path -, letterbox parameters) of sample ``i``."""
+        sample = self.samples[i]
+        p = letterbox_params(int(sample.height), int(sample.width), self.imgsz, self.resize)
+        if folder is not None:
+            path = folder / f"{i}.npy"
+            if path.is_file():
+                return path, p
+        try:
+            image, p = self._letterbox_u8(torch.from_numpy(decode_image(sample.image)))
+        except (ValueError, OSError):
+            return None   # _decode's skip-and-warn handles it when the sample is drawn
+        if folder is None:
+            return image, p
+        tmp = folder / f".{i}.{os.getpid()}.tmp.npy"
+        np.save(tmp, image.numpy())
+        os.replace(tmp, path)
+        return path, p
+
     def load_letterboxed(self, index: int) -> tuple[torch.Tensor, LetterboxParams, torch.Tensor]:
         """Image ``index`` letterboxed like predict: (uint8 (3, S, S), its letterbox parameters,
         targets px).
@@ -213,8 +272,14 @@ class DetectionDataset(Dataset):
         "stretch": all of it); targets are scaled per axis by new/original size and shifted by
         the padding, exactly as predict maps its boxes back.
         """
-        sample, hwc = self._decode(index)
-        image, p = self._letterbox_u8(torch.from_numpy(hwc))
+        entry = self._cache[index] if self._cache is not None else None
+        if entry is not None:
+            sample = self.samples[index]
+            image, p = entry
+            image = torch.from_numpy(np.load(image)) if not isinstance(image, torch.Tensor) else image.clone()
+        else:
+            sample, hwc = self._decode(index)
+            image, p = self._letterbox_u8(torch.from_numpy(hwc))
         targets = torch.from_numpy(sample.labels).to(torch.float32).reshape(-1, 5).clone()
         targets[:, 1::2] = targets[:, 1::2] * p.new_w + p.pad_x
         targets[:, 2::2] = targets[:, 2::2] * p.new_h + p.pad_y
@@ -364,6 +429,42 @@ class DetectionDataset(Dataset):
 
 
 _LUMA = torch.tensor([0.299, 0.587, 0.114], dtype=torch.float64)
+
+
+def _available_memory() -> int | None:
+    """Bytes of memory available for new allocations (Linux's MemAvailable), None if unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _disk_cache_folder(samples: Sequence[Sample], imgsz: int, resize: str):
+    """The folder of a dataset's letterboxed images under the libreyolo cache: its name hashes
+    every image's path, size and mtime with the size and resize mode, so a changed file or
+    another size gets a new folder."""
+    import hashlib
+    from pathlib import Path
+
+    h = hashlib.sha1(f"{imgsz}|{resize}".encode())
+    for sample in samples:
+        path = Path(sample.image)
+        try:
+            st = path.stat()
+            h.update(f"|{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode())
+        except OSError:
+            h.update(f"|{path}|missing".encode())
+    root = Path(os.environ.get("LIBREYOLO_CACHE_DIR") or Path.home() / ".cache" / "libreyolo").expanduser()
+    folder = root / "letterboxed" / h.hexdigest()[:16]
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
 
 
 def _hue_matrix(theta: float) -> torch.Tensor:

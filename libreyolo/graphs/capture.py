@@ -12,6 +12,7 @@ autocast region exits, and a graph that recorded them would replay freed memory.
 from __future__ import annotations
 
 import contextlib
+import gc
 import threading
 import time
 from dataclasses import dataclass, field
@@ -142,6 +143,21 @@ def to_host(outputs: Any) -> HostCopy:
     return HostCopy(host, event)
 
 
+@contextlib.contextmanager
+def no_gc():
+    """No Python garbage collection while a capture runs. A collection inside the capture can
+    free pinned host tensors of an earlier DataLoader (or CUDA events with them), and the host
+    allocator's event query from the capturing thread invalidates the capture; torch.cuda.graph
+    collects once before it starts, so nothing is postponed for long."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 class CudaGraphCapturer:
     """Captures callables into CUDA graphs that share one memory pool."""
 
@@ -189,7 +205,8 @@ class CudaGraphCapturer:
                 torch.cuda.set_rng_state(rng, device)
             before = torch.cuda.memory_reserved(device)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"), _no_cache_autocast():
+            with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"), _no_cache_autocast(), \
+                    no_gc():
                 static_outputs = fn(*static_inputs)
             torch.cuda.synchronize(device)
             pool_bytes = max(0, torch.cuda.memory_reserved(device) - before)

@@ -16,8 +16,10 @@ the captured run is the same arithmetic as the eager one.
 Whole step: when the caller also hands an ``update`` (gradient clipping, the optimizer
 step, zeroing the gradients in place, the EMA update) and asks for ``whole=True``, the
 graph holds forward, loss, backward AND the update. That needs every update op to be
-graph-safe (a fused optimizer with a tensor learning rate, no GradScaler, an EMA driven by
-a device-side counter); the trainer only asks for it then. Warm-up runs the update too, so
+graph-safe (a fused optimizer with a tensor learning rate, an EMA driven by a device-side
+counter; a GradScaler only with a fused optimizer, which takes its inf flag on the device and
+skips itself - the scaler's scale and growth tracker then belong to ``state``, see
+:func:`scaler_tensors`); the trainer only asks for it then. Warm-up runs the update too, so
 every mutable tensor the caller lists through ``state`` (parameters, gradients, optimizer
 buffers, EMA) is restored after capture: the captured run starts from the same state.
 
@@ -34,7 +36,7 @@ from typing import Any, Callable
 import torch
 
 from .cache import GraphCache, signature
-from .capture import CAPTURE_LOCK, CudaGraphCapturer
+from .capture import CAPTURE_LOCK, CudaGraphCapturer, no_gc
 
 log = logging.getLogger("libreyolo")
 
@@ -84,6 +86,16 @@ def training_state(params, optimizer: torch.optim.Optimizer, *extra) -> list[tor
     for group in extra:
         out += list(group)
     return out
+
+
+def scaler_tensors(scaler: "torch.amp.GradScaler") -> list[torch.Tensor]:
+    """The device tensors a GradScaler's ``update()`` writes (scale, growth tracker), for a whole
+    step's ``state``; empty when the scaler is off or not initialized yet. GradScaler has no
+    public accessor for them, hence the private attributes (present since torch 1.6)."""
+    if not scaler.is_enabled():
+        return []
+    return [t for t in (getattr(scaler, "_scale", None), getattr(scaler, "_growth_tracker", None))
+            if isinstance(t, torch.Tensor)]
 
 
 def ensure_grads(module: torch.nn.Module) -> None:
@@ -286,7 +298,7 @@ class GraphedSegment(torch.nn.Module):
             kwargs["capture_error_mode"] = "thread_local"  # a pin-memory thread must not break it
         t0 = time.perf_counter()
         try:
-            with CAPTURE_LOCK:
+            with CAPTURE_LOCK, no_gc():
                 graphed = torch.cuda.make_graphed_callables(_Thin(inner), (x.detach().requires_grad_(x.requires_grad),),
                                                             **kwargs)
         except Exception as exc:  # optional optimization: never fatal

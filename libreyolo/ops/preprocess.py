@@ -12,7 +12,10 @@ as predict does), so the three can never disagree.
   at the top-left corner or centred;
 * ``"stretch"``: resize to the square ignoring the aspect ratio;
 * ``"crop"``: resize the shorter side to ``size / crop_pct`` keeping the aspect ratio, then crop
-  the centre ``size`` x ``size`` (the ImageNet evaluation transform).
+  the centre ``size`` x ``size`` (the ImageNet evaluation transform);
+* ``"long"``: resize the longer side to ``size`` keeping the aspect ratio and pad nothing: the
+  batch is (B, 3, h', w') with max(h', w') = ``size`` (SAM's transform: the network normalizes and
+  zero-pads to its square itself); antialiased when it shrinks, as SAM's PIL resize is.
 
 ``mean`` / ``std`` (RGB, in [0, 1] units) normalize after resizing; None leaves the [0, 1] input
 as it is (families that normalize inside their network, or need no normalization).
@@ -29,7 +32,7 @@ import torch.nn.functional as F
 from .letterbox import MODES as LETTERBOX_MODES
 from .letterbox import letterbox
 
-RESIZE_MODES = (*LETTERBOX_MODES, "crop")
+RESIZE_MODES = (*LETTERBOX_MODES, "crop", "long")
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
@@ -67,6 +70,8 @@ class Preprocess:
 
     def resize_images(self, images_u8: torch.Tensor, size: int) -> torch.Tensor:
         """(B, H, W, 3) uint8 RGB -> (B, 3, size, size) float32 RGB in [0, 1]."""
+        if self.resize == "long":
+            return resize_long_side(images_u8, size, self.interpolation)
         if self.resize != "crop":
             return letterbox(images_u8, size, self.resize)
         return resize_crop(images_u8, size, self.crop_pct, self.interpolation)
@@ -103,6 +108,32 @@ class Preprocess:
             if fields[k] is not None:
                 fields[k] = tuple(fields[k])
         return cls(**fields)
+
+
+def long_side_size(h: int, w: int, size: int) -> tuple[int, int]:
+    """The (h', w') an (h, w) image is resized to by ``"long"``: longer side ``size``, the other
+    ``int(side * size / longer + 0.5)`` (SAM's rounding)."""
+    if h <= 0 or w <= 0:
+        raise ValueError(f"cannot resize an empty image of size {h}x{w}")
+    scale = size / max(h, w)
+    return max(1, int(h * scale + 0.5)), max(1, int(w * scale + 0.5))
+
+
+def resize_long_side(images_u8: torch.Tensor, size: int, interpolation: str = "bilinear") -> torch.Tensor:
+    """(B, H, W, 3) uint8 RGB -> (B, 3, h', w') float32 in [0, 1] with the longer side ``size``
+    (:func:`long_side_size`); antialiased when it shrinks."""
+    if images_u8.dim() != 4 or images_u8.shape[-1] != 3:
+        raise ValueError(f"resize_long_side expects (B, H, W, 3) images, got shape {tuple(images_u8.shape)}")
+    if images_u8.dtype != torch.uint8:
+        raise ValueError(f"resize_long_side expects uint8 images, got {images_u8.dtype}")
+    _, h, w, _ = images_u8.shape
+    rh, rw = long_side_size(int(h), int(w), size)
+    x = images_u8.permute(0, 3, 1, 2).to(torch.float32, memory_format=torch.contiguous_format)
+    if (rh, rw) != (h, w):
+        x = F.interpolate(x, size=(rh, rw), mode=interpolation, align_corners=False, antialias=rh < h or rw < w)
+    if interpolation == "bicubic":  # bicubic overshoots the [0, 255] range
+        x = x.clamp(0, 255)
+    return x.div(255.0)
 
 
 def crop_resize_size(h: int, w: int, size: int, crop_pct: float) -> tuple[int, int]:

@@ -14,7 +14,7 @@ from libreyolo.data.augment import DetectionDataset, collate_detections
 from libreyolo.data.synthetic import make_shapes_dataset
 from libreyolo.data.datasets import resolve_data
 from libreyolo.graphs.capture import CudaGraphCapturer
-from libreyolo.graphs.training import TrainStepRunner, prime_optimizer_state, training_state
+from libreyolo.graphs.training import TrainStepRunner, prime_optimizer_state, scaler_tensors, training_state
 from libreyolo.models.registry import get_family
 from rows import SEAM_MODELS, TRAIN_GRAPH_MODELS
 
@@ -34,10 +34,13 @@ def batches(tmp_path_factory):
 FAMILY = ("yolo9", "t")
 
 
-def make(amp=False, seed=0, spec=FAMILY):
+LAYOUTS = {"nchw": torch.contiguous_format, "nhwc": torch.channels_last}
+
+
+def make(amp=False, seed=0, spec=FAMILY, layout="nchw"):
     torch.manual_seed(seed)
     m = get_family(spec[0]).new(spec[1], nc=5, device="cuda", seed=seed)
-    net = m.model.train()
+    net = m.model.train().to(memory_format=LAYOUTS[layout])
     loss_fn = m.build_loss().cuda()
 
     def step(x, t, k):
@@ -115,9 +118,9 @@ def test_gradient_accumulation_parity(batches, spec):
     assert diff <= max(2 * noise, 1e-6), (noise, diff)
 
 
-def make_whole(seed=0, amp=False, spec=FAMILY, optim="sgd"):
+def make_whole(seed=0, amp=False, spec=FAMILY, optim="sgd", layout="nchw"):
     """A net, its step and a capturable update (clip + fused SGD or AdamW with a tensor lr + zero_grad)."""
-    net, step = make(amp, seed, spec=spec)
+    net, step = make(amp, seed, spec=spec, layout=layout)
     params = [p for p in net.parameters() if p.requires_grad]
     for p in params:
         p.grad = torch.zeros_like(p)
@@ -141,15 +144,17 @@ def make_whole(seed=0, amp=False, spec=FAMILY, optim="sgd"):
 @pytest.mark.parametrize("spec", TRAIN_GRAPH_MODELS, ids=lambda s: "-".join(s))
 @pytest.mark.parametrize("amp", [False, True])
 @pytest.mark.parametrize("optim", ["sgd"])   # the detection families' WHOLE_STEP_OPTIMIZERS
-def test_whole_step_step0_loss_and_bn_buffers_bitwise_equal(batches, amp, spec, optim):
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])   # nhwc: channels_last, the trainer's CUDA default
+def test_whole_step_step0_loss_and_bn_buffers_bitwise_equal(batches, amp, spec, optim, layout):
     x, t, k = to_dev(batches[0])
-    net_e, step_e, update_e, _ = make_whole(amp=amp, spec=spec, optim=optim)
+    x = x.contiguous(memory_format=LAYOUTS[layout])
+    net_e, step_e, update_e, _ = make_whole(amp=amp, spec=spec, optim=optim, layout=layout)
     loss_e, _ = step_e(x, t, k)
     update_e()
-    net_e2, step_e2, update_e2, _ = make_whole(amp=amp, spec=spec, optim=optim)   # eager's own noise
+    net_e2, step_e2, update_e2, _ = make_whole(amp=amp, spec=spec, optim=optim, layout=layout)   # eager's own noise
     step_e2(x, t, k)
     update_e2()
-    net_g, step_g, update_g, state_g = make_whole(amp=amp, spec=spec, optim=optim)
+    net_g, step_g, update_g, state_g = make_whole(amp=amp, spec=spec, optim=optim, layout=layout)
     runner = TrainStepRunner(net_g, step_g, enabled=True, family="test", supported=True, repeat=1,
                              update=update_g, state=state_g)
     loss_g, _ = runner(x, t, k, whole=True)
@@ -218,13 +223,78 @@ def test_20_step_adamw_whole_step_curve_within_eager_noise(batches):
     assert diff <= max(noise * 2, 1e-5 * max(abs(v) for v in eager[0])), (noise, diff)
 
 
-def test_trainer_whole_step_mode_runs_captured(tmp_path):
-    """train(cuda_graph=True) with SGD and bf16 takes the whole-step path and replays it."""
+def make_whole_fp16(seed=0, spec=FAMILY):
+    """make_whole with float16 autocast and a GradScaler around the fused SGD, as the trainer builds it."""
+    torch.manual_seed(seed)
+    m = get_family(spec[0]).new(spec[1], nc=5, device="cuda", seed=seed)
+    net = m.model.train()
+    loss_fn = m.build_loss().cuda()
+    params = [p for p in net.parameters() if p.requires_grad]
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    opt = torch.optim.SGD(params, lr=torch.tensor(0.01, device="cuda"), momentum=0.9, nesterov=True, fused=True)
+    prime_optimizer_state(opt)
+    scaler = torch.amp.GradScaler("cuda")
+    scaler.scale(torch.zeros((), device="cuda"))
+
+    def step(x, t, k):
+        with torch.autocast("cuda", dtype=torch.float16, cache_enabled=False):
+            loss, items = loss_fn(m.train_forward(net, x, t, k), t, k)
+        scaler.scale(loss).backward()
+        return loss.detach(), items.detach()
+
+    def update():
+        scaler.unscale_(opt)
+        torch.nn.utils.clip_grad_norm_(params, max_norm=10.0, foreach=True)
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad(set_to_none=False)
+
+    def state():
+        return training_state(params, opt, net.buffers(), scaler_tensors(scaler))
+
+    return net, step, update, state, scaler
+
+
+def test_fp16_whole_step_with_grad_scaler_matches_eager_and_skips_non_finite_steps(batches):
+    """float16 + GradScaler inside the whole-step graph: step-0 loss and BN buffers bitwise equal
+    to eager, the same scale afterwards; a batch whose gradients are not finite leaves the weights
+    untouched and halves the scale on the device, in the graph exactly as eager does."""
+    x, t, k = to_dev(batches[0])
+    net_e, step_e, update_e, _, scaler_e = make_whole_fp16()
+    loss_e, _ = step_e(x, t, k)
+    update_e()
+    net_g, step_g, update_g, state_g, scaler_g = make_whole_fp16()
+    runner = TrainStepRunner(net_g, step_g, enabled=True, family="test", supported=True, repeat=1,
+                             update=update_g, state=state_g)
+    loss_g, _ = runner(x, t, k, whole=True)
+    torch.cuda.synchronize()
+    assert runner.info()["captures"] == 1 and runner.info()["replays"] == 1, runner.info()
+    assert torch.equal(loss_e, loss_g)
+    for a, b in zip(net_e.buffers(), net_g.buffers()):
+        assert torch.equal(a, b)
+    assert torch.equal(scaler_e._scale, scaler_g._scale) and torch.equal(scaler_e._growth_tracker, scaler_g._growth_tracker)
+    bad = x.clone()
+    bad[:, :, :4, :4] = float("inf")
+    for net, run, scaler in ((net_e, lambda: (step_e(bad, t, k), update_e()), scaler_e),
+                             (net_g, lambda: runner(bad, t, k, whole=True), scaler_g)):
+        before = [p.detach().clone() for p in net.parameters()]
+        scale = scaler._scale.clone()
+        run()
+        torch.cuda.synchronize()
+        assert all(torch.equal(a, p) for a, p in zip(before, net.parameters())), "a non-finite step moved the weights"
+        assert torch.equal(scaler._scale, scale * 0.5) and int(scaler._growth_tracker) == 0
+    assert runner.info()["replays"] == 2 and runner.info()["captures"] == 1, runner.info()
+
+
+@pytest.mark.parametrize("amp", ["bf16", "fp16"])
+def test_trainer_whole_step_mode_runs_captured(tmp_path, amp):
+    """train(cuda_graph=True) with SGD and bf16 or float16 (GradScaler) takes the whole-step path and replays it."""
     model = LibreYOLO.new("yolo9", "t", device="cuda")
     model.SUPPORTS_CUDA_GRAPH_TRAIN = True
     # nbs=16: two micro-batches per update, so both the fwd+bwd graph and the whole-step graph replay
     res = model.train(data=str(make_shapes_dataset(tmp_path / "s", n_train=64, n_val=8, imgsz=128)), epochs=2,
-                      batch=8, nbs=16, imgsz=128, workers=2, project=str(tmp_path), cuda_graph=True, amp="bf16",
+                      batch=8, nbs=16, imgsz=128, workers=2, project=str(tmp_path), cuda_graph=True, amp=amp,
                       warmup_epochs=0, verbose=False)
     g = res["cuda_graph"]
     assert g["replays"] > 0 and g["graphs"] == 2 and g["disabled_reason"] is None, g
@@ -296,3 +366,24 @@ def test_trainer_uses_the_detr_seam(tmp_path):
     seam = res["cuda_graph"]["seam"]
     assert seam["replays"] > 0 and seam["disabled_reason"] is None, seam
     assert "front_override" not in model.model.__dict__
+
+
+def test_trainer_whole_step_with_frozen_layers_replays_and_leaves_them_untouched(tmp_path):
+    """freeze=3 with cuda_graph=True: the whole step is captured over the trainable parameters only
+    (the fused optimizer, clipping and the restored state never see the frozen ones), it replays,
+    and the frozen weights and BatchNorm statistics are bitwise the initial ones afterwards."""
+    from libreyolo.engine.trainer import freeze_prefixes
+    model = LibreYOLO.new("yolo9", "t", device="cuda", seed=0)
+    model.SUPPORTS_CUDA_GRAPH_TRAIN = True
+    prefixes = freeze_prefixes(model.model, 3)
+    before = {k: v.detach().clone() for k, v in model.model.state_dict().items()
+              if any(k.startswith(p + ".") for p in prefixes)}
+    assert before
+    res = model.train(data=str(make_shapes_dataset(tmp_path / "s", n_train=64, n_val=8, imgsz=128)), epochs=2,
+                      batch=8, nbs=8, imgsz=128, workers=2, project=str(tmp_path), cuda_graph=True, amp="bf16",
+                      warmup_epochs=0, freeze=3, verbose=False)
+    g = res["cuda_graph"]
+    assert g["replays"] > 0 and g["disabled_reason"] is None, g
+    after = LibreYOLO(res["last"], device="cuda").model.state_dict()
+    for k, v in before.items():
+        assert torch.equal(v, after[k]), k

@@ -199,7 +199,7 @@ def test_demo_defaults_are_its_measured_configuration():
     opts = _parse([], cli.DEMO, "demo")
     assert opts["model"] == "yolo9t" and opts["conf"] == PREDICT["conf"].default == 0.25
     args = cli.demo_train_args(opts)
-    assert args == dict(epochs=10, imgsz=128, batch=8, optimizer="AdamW", lr0=0.002, workers=2,
+    assert args == dict(epochs=10, imgsz=128, batch=8, optimizer="AdamW", lr0=0.002, workers=None,
                         project="runs/demo", name="train", close_mosaic=3, warmup_epochs=1.0, nbs=8,
                         exist_ok=True, seed=0)
     assert cli.demo_train_args({**opts, "epochs": 2})["close_mosaic"] == 1

@@ -80,10 +80,11 @@ def test_two_epochs_falling_loss_checkpoints_csv_png(tmp_path, shapes160):
     assert 0.0 <= res["map50"] <= 1.0
 
 
-def test_resume_reproduces_optimizer_ema_and_epoch_state(tmp_path, shapes, monkeypatch):
+@pytest.mark.parametrize("workers", [0, 2])   # 2: persistent workers, re-seeded per epoch
+def test_resume_reproduces_optimizer_ema_and_epoch_state(tmp_path, shapes, monkeypatch, workers):
     """A 2-epoch run interrupted after epoch 1 and resumed ends exactly like an uninterrupted one."""
     import libreyolo.weights as weights
-    _, full = small_run(tmp_path / "a", shapes, epochs=2)
+    _, full = small_run(tmp_path / "a", shapes, epochs=2, workers=workers)
     real_save = weights.save_checkpoint
 
     def save_then_die(ck, path):
@@ -94,11 +95,11 @@ def test_resume_reproduces_optimizer_ema_and_epoch_state(tmp_path, shapes, monke
 
     monkeypatch.setattr(weights, "save_checkpoint", save_then_die)
     with pytest.raises(KeyboardInterrupt):
-        small_run(tmp_path / "b", shapes, epochs=2)
+        small_run(tmp_path / "b", shapes, epochs=2, workers=workers)
     monkeypatch.setattr(weights, "save_checkpoint", real_save)
     assert load_checkpoint(tmp_path / "b" / "run" / "weights" / "last.pt")["train_state"]["epoch"] == 0
     model = LibreYOLO.new("yolo9", "t", device="cpu", seed=0)
-    resumed = model.train(data=shapes, epochs=2, batch=8, imgsz=64, workers=0, project=str(tmp_path / "b"),
+    resumed = model.train(data=shapes, epochs=2, batch=8, imgsz=64, workers=workers, project=str(tmp_path / "b"),
                           name="run", close_mosaic=1, warmup_epochs=1, verbose=False, seed=0, nbs=16, resume=True)
     a = load_checkpoint(tmp_path / "a" / "run" / "weights" / "last.pt")
     b = load_checkpoint(tmp_path / "b" / "run" / "weights" / "last.pt")

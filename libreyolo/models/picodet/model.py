@@ -31,6 +31,7 @@ class Picodet(Model):
 
     FAMILY = "picodet"
     TASK = "detect"
+    CHANNELS_LAST = True
     SIZES = tuple(CONFIGS)
     FILE_PREFIX = "LibrePICODET"
     # Inputs need only be multiples of 32 (the stride-64 level is a padded stride-2 conv,

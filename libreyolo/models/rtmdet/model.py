@@ -25,6 +25,7 @@ class Rtmdet(Model):
 
     FAMILY = "rtmdet"
     TASK = "detect"
+    CHANNELS_LAST = True
     SIZES = tuple(CONFIGS)
     FILE_PREFIX = "LibreRTMDet"
     DEFAULT_IMGSZ = 640

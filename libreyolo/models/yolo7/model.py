@@ -32,6 +32,7 @@ class Yolo7(Model):
 
     FAMILY = "yolo7"
     TASK = "detect"
+    CHANNELS_LAST = True
     SIZES = tuple(DESCRIPTIONS)
     FILE_PREFIX = "LibreYOLO7"
     # Declared after the GPU parity protocol passed (fp32 and AMP, batch 1 and 8): see docs/families.md.

@@ -13,6 +13,7 @@ class Yolo9(Model):
 
     FAMILY = "yolo9"
     TASK = "detect"
+    CHANNELS_LAST = True
     SIZES = tuple(CONFIGS)
     FILE_PREFIX = "LibreYOLO9"
     # Declared after the GPU parity protocol passed (fp32 and AMP, batch 1 and 8): see docs/families.md.

@@ -17,6 +17,7 @@ class Yolox(Model):
 
     FAMILY = "yolox"
     TASK = "detect"
+    CHANNELS_LAST = True
     SIZES = tuple(CONFIGS)
     FILE_PREFIX = "LibreYOLOX"
     # Declared after the GPU parity protocol passed (fp32 and AMP, batch 1 and 8): see docs/families.md.

@@ -1,0 +1,1 @@
+"""MobileSAM promptable-segmentation family (network in ``nn``)."""

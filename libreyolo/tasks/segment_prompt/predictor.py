@@ -1,0 +1,243 @@
+"""Promptable-segmentation predict: an image stage once per image, a prompt stage per prompt.
+
+Image stage (``model.set_image(img)``, or the first half of ``model(img, points=...)``): the
+uint8 image is uploaded, resized on the device so its longer side is ``imgsz`` and embedded
+(``model.infer``); one graph per input image size (``cuda_graph``), images of one size may be
+stacked (``batch``). The embedding stays on the device as the current image.
+
+Prompt stage (``model(points=..., labels=..., boxes=...)``): the prompt is checked and mapped
+into the network's frame on the host (:mod:`.prompts`), uploaded as one small float32 row, and
+the stage - prompt encoder, mask decoder, SAM's mask post-processing (bilinear to the frame, crop
+to the resized image, bilinear to the original size, threshold 0) - runs on the device; one
+graph per (image size, number of points, number of boxes, multimask). Prompts are not padded to
+bucketed counts: SAM's padding point (label -1) is a real token that every other token attends
+to, so a padded prompt gives other masks, not only other bits
+(tests/unit/test_segment_prompt.py shows it); each count keeps its own graph instead.
+
+The masks and scores of the Results stay on the model's device (``Results.masks.cpu()`` brings
+them to the host), so an interactive prompt call costs no device-to-host copy of full-size masks.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ...data.sources import SourceItem, load_sources
+from ...graphs.runner import normalize_mode
+from ...ops.preprocess import long_side_size
+from ...options import check_imgsz, check_int, parse_amp, parse_bool
+from .prompts import Prompt, pack, parse_prompt, unpack
+
+MASK_THRESHOLD = 0.0   # SAM's: a pixel is in the mask where its logit is above 0
+
+
+@dataclass
+class ImageState:
+    """The current image of a predictor: its embedding on the device and its geometry."""
+
+    item: SourceItem
+    embedding: torch.Tensor      # (1, 256, size/16, size/16)
+    size: int                    # the network's frame
+    hw: tuple[int, int]          # original (h, w)
+    resized: tuple[int, int]     # (h', w') in the frame
+    amp_dtype: torch.dtype | None
+
+
+def postprocess_masks(low: torch.Tensor, size: int, resized: tuple[int, int], hw: tuple[int, int]) -> torch.Tensor:
+    """(B, M, s, s) low-resolution logits -> (B, M, h, w) bool masks of the original image (SAM's
+    post-processing: bilinear to the frame, crop the resized image, bilinear to (h, w), > 0)."""
+    x = F.interpolate(low, (size, size), mode="bilinear", align_corners=False)
+    x = x[..., :resized[0], :resized[1]]
+    x = F.interpolate(x, hw, mode="bilinear", align_corners=False)
+    return x > MASK_THRESHOLD
+
+
+class PromptPredictor:
+    """``model.predict`` / ``model.set_image`` / ``model.capture_graph`` of a segment-prompt model."""
+
+    def __init__(self, model):
+        self.model = model
+        self.current: ImageState | None = None
+
+    # ---------------------------------------------------------------- stages
+    def encoder_stage(self, size: int):
+        """uint8 (B, H, W, 3) -> (B, 256, size/16, size/16) image embeddings."""
+        model, prep = self.model, self.model.preprocess
+
+        def from_u8(u8):
+            return model.infer(prep(u8, size))
+        return from_u8
+
+    def prompt_stage(self, size: int, resized: tuple[int, int], hw: tuple[int, int], n_points: int,
+                     n_boxes: int, multimask: bool):
+        """(embeddings (B, 256, s, s), packed prompts (B, 3P + 4K)) -> (masks (B, M, h, w) bool,
+        scores (B, M) float32)."""
+        model = self.model
+
+        def stage(embedding, packed):
+            pts, lab, boxes = unpack(packed, n_points, n_boxes)
+            low, iou = model.decode(embedding, pts, lab, boxes, multimask, size)
+            return postprocess_masks(low, size, resized, hw), iou.float()
+        return stage
+
+    @staticmethod
+    def _encoder_key(size: int) -> tuple:
+        return ("sam-image", size)
+
+    @staticmethod
+    def _prompt_key(size, resized, hw, counts, multimask) -> tuple:
+        return ("sam-prompt", size, *resized, *hw, *counts, bool(multimask))
+
+    def _autocast(self, amp_dtype):
+        dev = self.model.device.type
+        if amp_dtype is None:
+            return torch.autocast(dev, enabled=False) if torch.is_autocast_enabled(dev) else contextlib.nullcontext()
+        if dev != "cuda":
+            raise ValueError("amp=True needs a CUDA device; on the CPU predict runs in float32 (amp=False)")
+        return torch.autocast("cuda", dtype=amp_dtype)
+
+    def _upload(self, image) -> torch.Tensor:
+        dev = self.model.device
+        if isinstance(image, torch.Tensor):
+            return image.to(dev)
+        return torch.from_numpy(np.ascontiguousarray(image)).to(dev)
+
+    # ---------------------------------------------------------------- images
+    def _size(self, imgsz) -> int:
+        m = self.model
+        return check_imgsz(m.imgsz if imgsz is None else imgsz, m.STRIDE)
+
+    def encode(self, items: list[SourceItem], size: int, mode, amp_dtype) -> list[ImageState]:
+        """Embed ``items`` (images of one size are embedded together); one state per image."""
+        states: list[ImageState] = []
+        fn = self.encoder_stage(size)
+        key = self._encoder_key(size)
+        start = 0
+        while start < len(items):
+            hw = tuple(int(v) for v in items[start].image.shape[:2])
+            end = start + 1
+            while end < len(items) and tuple(int(v) for v in items[end].image.shape[:2]) == hw:
+                end += 1
+            group = items[start:end]
+            u8 = torch.stack([self._upload(it.image) for it in group])
+            with torch.no_grad(), self._autocast(amp_dtype):
+                emb = self.model._runner(key, fn, (u8,), mode)
+            resized = long_side_size(hw[0], hw[1], size)
+            states += [ImageState(it, emb[i:i + 1], size, hw, resized, amp_dtype) for i, it in enumerate(group)]
+            start = end
+        return states
+
+    def set_image(self, source: Any, *, imgsz: int | None = None, cuda_graph: Any = False, amp: Any = False,
+                  bgr: bool = False) -> ImageState:
+        """Embed one image and make it the current one (prompt calls without an image use it)."""
+        items = load_sources(source, bgr=parse_bool("bgr", bgr))
+        if len(items) != 1:
+            raise ValueError(f"set_image takes one image, got {len(items)}; call it once per image")
+        m = self.model
+        self.current = self.encode(items, self._size(imgsz), normalize_mode(cuda_graph), parse_amp(amp, m.AMP_DTYPE))[0]
+        return self.current
+
+    # ---------------------------------------------------------------- prompts
+    def prompt(self, state: ImageState, prompt: Prompt, multimask: bool, mode, speed: dict):
+        """Run the prompt stage on ``state``; returns the Results."""
+        from ...results import Results
+        from .results import PromptMasks
+        t0 = time.perf_counter()
+        h, w = state.hw
+        p = prompt.for_image(h, w)
+        counts = (len(p.points), len(p.boxes))
+        packed = torch.from_numpy(pack(p, h, w, *state.resized)).to(self.model.device)
+        fn = self.prompt_stage(state.size, state.resized, state.hw, *counts, multimask)
+        key = self._prompt_key(state.size, state.resized, state.hw, counts, multimask)
+        with torch.no_grad(), self._autocast(state.amp_dtype):
+            masks, scores = self.model._runner(key, fn, (state.embedding, packed), mode, constant=(0,))
+        speed = {**speed, "prompt": (time.perf_counter() - t0) * 1e3}
+        return Results(state.item.image, state.item.name, self.model.names, None, speed=speed,
+                       masks=PromptMasks(masks[0], scores[0], p.points, p.labels, p.boxes))
+
+    # ------------------------------------------------------------------ call
+    def __call__(self, source: Any = None, *, imgsz: int | None = None, batch: int = 1, cuda_graph: Any = False,
+                 amp: Any = False, bgr: bool = False, verbose: bool = False, profile: bool = False,
+                 points: Any = None, labels: Any = None, boxes: Any = None, multimask: Any = True) -> list:
+        """Masks for one prompt on each image of ``source`` (which also becomes the current image:
+        the last one), or on the current image (``model.set_image``) when ``source`` is None.
+
+        ``points`` [[x, y], ...] with ``labels`` [1, 0, ...] (1 foreground, 0 background; default
+        all 1) and/or ``boxes`` [[x1, y1, x2, y2], ...], in the image's pixels; ``points="center"``
+        is one foreground point at each image's centre. ``multimask``: three candidate masks
+        (SAM's default, for ambiguous prompts) or one. ``batch``: images of one size embedded
+        together. ``profile`` synchronizes the device between the stages so ``Results.speed``
+        (ms per image: load, encode, prompt) is exact. Saving annotated images is the model's
+        (``model.predict(..., save=True)``).
+        """
+        m = self.model
+        prompt = parse_prompt(points, labels, boxes)
+        multimask = parse_bool("multimask", multimask)
+        mode = normalize_mode(cuda_graph)
+        batch = check_int("batch", batch, 1)
+        sync = (torch.cuda.synchronize if profile and m.device.type == "cuda" else (lambda: None))
+        if source is None:
+            st = self.current
+            if st is None:
+                raise ValueError("no image: pass one (model(image, points=...)) or call model.set_image(image) first")
+            if imgsz is not None and self._size(imgsz) != st.size:
+                raise ValueError(f"the current image was embedded at imgsz={st.size}, not {imgsz}: call "
+                                 "set_image again with the new size")
+            results = [self.prompt(st, prompt, multimask, mode, {})]
+            sync()
+        else:
+            size = self._size(imgsz)
+            amp_dtype = parse_amp(amp, m.AMP_DTYPE)
+            t0 = time.perf_counter()
+            items = load_sources(source, bgr=parse_bool("bgr", bgr))
+            load = (time.perf_counter() - t0) * 1e3 / max(1, len(items))
+            if not m.trained and not getattr(m, "_warned_untrained", False):
+                import logging
+                logging.getLogger("libreyolo").warning(
+                    "libreyolo: %s-%s is UNTRAINED (random weights): its masks are meaningless", m.FAMILY, m.size)
+                m._warned_untrained = True
+            results = []
+            for start in range(0, len(items), batch):
+                chunk = items[start:start + batch]
+                t1 = time.perf_counter()
+                states = self.encode(chunk, size, mode, amp_dtype)
+                sync()
+                enc = (time.perf_counter() - t1) * 1e3 / len(chunk)
+                for st in states:
+                    results.append(self.prompt(st, prompt, multimask, mode, {"load": load, "encode": enc}))
+                    sync()
+                self.current = states[-1]
+        return results
+
+    def capture(self, imgsz=None, batch=1, dtype=None, source=None, source_shape=None, bgr: bool = False,
+                points: Any = None, labels: Any = None, boxes: Any = None, multimask: Any = True) -> dict:
+        """Capture the image stage for images of ``source``'s (or ``source_shape``'s, default the
+        square frame's) size now; with a prompt, also that prompt's stage on such an image."""
+        m = self.model
+        size = self._size(imgsz)
+        amp_dtype = None if dtype in (None, torch.float32) else parse_amp(dtype, m.AMP_DTYPE)
+        if source is not None:
+            items = load_sources(source, bgr=bgr)[:check_int("batch", batch, 1)]
+            hw = tuple(items[0].image.shape[:2])
+        else:
+            hw = (size, size) if source_shape is None else tuple(int(v) for v in source_shape)
+        g = torch.Generator().manual_seed(0)
+        u8 = torch.randint(0, 256, (int(batch), *hw, 3), generator=g, dtype=torch.uint8).to(m.device)
+        with torch.no_grad(), self._autocast(amp_dtype):
+            info = {"image": m._runner.capture(self._encoder_key(size), self.encoder_stage(size), (u8,))}
+            if points is not None or boxes is not None:
+                emb = self.encoder_stage(size)(u8[:1])
+                resized = long_side_size(hw[0], hw[1], size)
+                p = parse_prompt(points, labels, boxes).for_image(*hw)
+                counts = (len(p.points), len(p.boxes))
+                packed = torch.from_numpy(pack(p, *hw, *resized)).to(m.device)
+                mm = parse_bool("multimask", multimask)
+                info["prompt"] = m._runner.capture(self._prompt_key(size, resized, hw, counts, mm),
+                                                   self.prompt_stage(size, resized, hw, *counts, mm), (emb, packed))
+        return info

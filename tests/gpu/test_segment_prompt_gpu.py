@@ -1,0 +1,72 @@
+"""Promptable segmentation (MobileSAM) with CUDA graphs, on a GPU: the interactive case.
+
+The image stage is captured per input size and the prompt stage per prompt count (padding to a
+bucketed count changes the masks: tests/unit/test_segment_prompt.py); here every graphed prompt
+call on a set image must equal eager bit for bit (masks and scores), fp32 and AMP, for several
+counts of points and boxes, and the padded-prompt difference is shown on the GPU too. The general
+rows (parity protocol, predict == eager) are in test_tasks_gpu.py. Run through scripts/gpu-check.
+"""
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+import rows
+
+from libreyolo import SAMPLE_IMAGE, LibreYOLO
+from libreyolo.engine.verify import input_sensitive
+
+pytestmark = pytest.mark.cuda
+
+MODELS = getattr(rows, "SEGMENT_PROMPT_GRAPH_MODELS", [])
+PROMPTS = [
+    {"points": [[100, 120]]},
+    {"points": [[100, 120], [300, 200]], "labels": [1, 0]},
+    {"boxes": [[50, 60, 400, 300]]},
+    {"points": [[100, 120], [300, 200], [20, 30]], "labels": [1, 0, 1], "boxes": [[50, 60, 400, 300]]},
+    {"points": [[100, 120]], "multimask": False},
+]
+
+
+def ids(spec):
+    return "-".join(spec)
+
+
+@pytest.fixture(scope="module")
+def image():
+    return np.asarray(Image.open(SAMPLE_IMAGE).convert("RGB"))
+
+
+def _same(a, b):
+    return torch.equal(a.masks.data, b.masks.data) and torch.equal(a.masks.scores, b.masks.scores)
+
+
+@pytest.mark.parametrize("spec", MODELS, ids=ids)
+@pytest.mark.parametrize("amp", [False, True])
+def test_prompt_calls_on_a_set_image_with_graphs_equal_eager(spec, amp, image):
+    model = input_sensitive(LibreYOLO.new(spec[0], spec[1], device="cuda", seed=0))
+    model.set_image(image, amp=amp)
+    eager = [model(**p)[0] for p in PROMPTS]
+    model.set_image(image, amp=amp, cuda_graph=True)
+    for _ in range(3):     # capture, replay, replay
+        got = [model(**p, cuda_graph=True)[0] for p in PROMPTS]
+        assert all(_same(a, b) for a, b in zip(eager, got))
+    info = model.graph_info()
+    assert len(info["graphs"]) == 1 + len(PROMPTS), info["graphs"]
+    assert info["replays"] >= 3 * len(PROMPTS)
+
+
+@pytest.mark.parametrize("spec", MODELS, ids=ids)
+def test_a_padded_prompt_gives_other_masks_on_the_gpu(spec, image):
+    """Why prompt counts are not bucketed (the CPU test shows the same): SAM's padding point is
+    a token the others attend to."""
+    model = input_sensitive(LibreYOLO.new(spec[0], spec[1], device="cuda", seed=0))
+    net = model.model
+    with torch.no_grad():
+        emb = model._get_predictor().set_image(image).embedding
+        pts = torch.tensor([[[400.0, 300.0], [100.0, 80.0]]], device="cuda")
+        lab = torch.tensor([[1.0, 0.0]], device="cuda")
+        m0, s0 = net.decode(emb, pts, lab, None, True, 1024)
+        pad_p = torch.cat([pts, torch.zeros(1, 1, 2, device="cuda")], 1)
+        pad_l = torch.cat([lab, -torch.ones(1, 1, device="cuda")], 1)
+        m1, s1 = net.decode(emb, pad_p, pad_l, None, True, 1024)
+    assert not torch.equal(m0, m1) and (m0 - m1).abs().max() > 1e-3
