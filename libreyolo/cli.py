@@ -551,57 +551,110 @@ def cmd_train(opts: dict) -> int:
 #: the demo's held-out picture falls back to this threshold (top 5) when nothing reaches ``conf``
 DEMO_FALLBACK_CONF = 0.001
 
+#: the demo's data: the built-in shapes in their ``easy`` style (3 to 6 large, non-overlapping
+#: shapes of all five classes in random colours on calm backgrounds; see
+#: :data:`libreyolo.data.synthetic.SHAPES_STYLES`), generated on first use and cached apart from
+#: the default ``shapes`` set. Its validation split comes from its own random stream and is never
+#: trained on; the held-out picture is one of its images.
+DEMO_DATA = {"style": "easy", "n_train": 320, "n_val": 64, "imgsz": 320}
+
 DEMO = {
     "model": Opt(str, "yolo9t", "family/size to train from scratch, or a checkpoint to fine-tune"),
-    "epochs": Opt(_int("epochs", 1), 25, "training epochs"),
-    "imgsz": Opt(_imgsz(), 160, "training and inference size"),
-    "batch": Opt(_int("batch", 1), 16, "batch size"),
+    "epochs": Opt(_int("epochs", 1), 10, "training epochs"),
+    "imgsz": Opt(_imgsz(), 128, "training and inference size"),
+    "batch": Opt(_int("batch", 1), 8, "batch size"),
+    "optimizer": Opt(_choice("optimizer", ("SGD", "AdamW")), "AdamW", "SGD or AdamW"),
+    "lr0": Opt(_positive_float("lr0"), 0.002, "initial learning rate"),
+    "close_mosaic": Opt(_int("close_mosaic", 0), None, "final epochs without mosaic (default: a third of the epochs)"),
     "device": Opt(str, "auto", "auto, cpu, cuda"),
     "workers": Opt(_int("workers", 0), None, "DataLoader workers (default: up to 8 on CUDA, 2 on the CPU)"),
     "cuda_graph": Opt(_graph_mode, "auto", "auto = on when a CUDA GPU is present"),
     "project": Opt(str, "runs/demo", "where the run and the picture go"),
-    "conf": Opt(_frac("conf"), 0.15, "confidence threshold for the held-out prediction"),
+    "conf": Opt(_frac("conf"), 0.25, "confidence threshold for the held-out prediction"),
     "seed": Opt(_int("seed", 0), 0, "random seed (initial weights, data order, augmentation)"),
 }
 
 
+def demo_train_args(opts: dict) -> dict:
+    """The ``model.train`` arguments of a demo run with the (parsed) demo options ``opts``, less
+    ``data``: AdamW at a fixed rate, one warm-up epoch at most, mosaic closed for the last third
+    (``close_mosaic``), the nominal batch equal to the batch (no accumulation: each batch is an
+    update, which is what a few hundred steps need), the run in ``<project>/train``."""
+    epochs = opts["epochs"]
+    close = opts["close_mosaic"] if opts["close_mosaic"] is not None else max(1, epochs // 3)
+    return dict(epochs=epochs, imgsz=opts["imgsz"], batch=opts["batch"], optimizer=opts["optimizer"],
+                lr0=opts["lr0"], workers=opts["workers"], project=opts["project"], name="train",
+                close_mosaic=close, warmup_epochs=min(1.0, epochs / 3), nbs=opts["batch"], exist_ok=True,
+                seed=opts["seed"])
+
+
+def demo_matches(result, sample, iou: float = 0.5) -> int:
+    """How many of ``sample``'s labelled objects one of ``result``'s boxes finds with the right
+    class (IoU >= ``iou``; each box counts for one object at most, the most confident first)."""
+    import torch
+    from torchvision.ops import box_iou
+
+    labels = torch.as_tensor(sample.labels, dtype=torch.float32).reshape(-1, 5)
+    if not len(result) or not len(labels):
+        return 0
+    gt = labels[:, 1:5] * torch.tensor([sample.width, sample.height] * 2, dtype=torch.float32)  # to pixels
+    ious = box_iou(result.boxes.xyxy.float().cpu(), gt)
+    cls = result.boxes.cls.cpu()
+    free = torch.ones(len(labels), dtype=torch.bool)
+    for j in torch.argsort(result.boxes.conf.cpu(), descending=True).tolist():
+        ok = free & (labels[:, 0] == cls[j]) & (ious[j] >= iou)
+        if ok.any():
+            free[torch.argmax(torch.where(ok, ious[j], -1.0))] = False
+    return int((~free).sum())
+
+
 def cmd_demo(opts: dict) -> int:
-    """Train briefly on the built-in shapes set, validate, predict a held-out image, save it."""
+    """Train briefly on the built-in shapes (easy style), report the metrics of the saved best.pt,
+    predict a held-out image at ``conf`` with it and save the annotated picture."""
+    import time
 
     from .data.datasets import resolve_data
+    from .data.synthetic import make_shapes_dataset
     from .weights import load_checkpoint
+    t0 = time.time()
     model = _load(opts, seed=opts["seed"])
     on_gpu = model.device.type == "cuda"
     graph = opts["cuda_graph"]
     graph = on_gpu if graph == "auto" else bool(graph)
-    console.print(f"[bold]demo[/]: training {model.FAMILY}-{model.size} on the built-in 'shapes' dataset for "
-                  f"{opts['epochs']} epochs at {opts['imgsz']} px on {model.device}"
-                  + (" with CUDA-graph capture" if graph else ""))
-    res = model.train(data="shapes", epochs=opts["epochs"], imgsz=opts["imgsz"], batch=opts["batch"],
-                      workers=opts["workers"], project=opts["project"], name="train", cuda_graph=graph,
-                      close_mosaic=max(1, opts["epochs"] // 3), warmup_epochs=min(1.0, opts["epochs"] / 3),
-                      nbs=opts["batch"], exist_ok=True, seed=opts["seed"])
-    console.print(f"validation: mAP50 {res['map50']:.3f}, mAP50-95 {res['map50_95']:.3f} "
-                  f"({res['time_s']:.0f} s of training; weights {res['best']})")
-    best = type(model).from_checkpoint(load_checkpoint(res["best"]), device=model.device, source=res["best"])
-    # the held-out (validation) image with the most objects; a briefly trained model is not
-    # confident yet, hence the low threshold (said in the output)
-    held_out = max(resolve_data("shapes").val, key=lambda s: len(s.labels)).image
+    data_yaml = make_shapes_dataset(**DEMO_DATA)
+    data = resolve_data(data_yaml)
+    console.print(f"[bold]demo[/]: training {model.FAMILY}-{model.size} on the built-in shapes "
+                  f"({DEMO_DATA['style']} style: {len(data.train)} training images, {len(data.val)} held-out "
+                  f"validation images in {data_yaml.parent}) for {opts['epochs']} epochs at {opts['imgsz']} px "
+                  f"on {model.device}" + (" with CUDA-graph capture" if graph else ""))
+    res = model.train(data=str(data_yaml), cuda_graph=graph, **demo_train_args(opts))
+    # the metrics printed are those of the checkpoint the demo names and predicts with: best.pt
+    # (the epoch of best fitness, whose validation it carries), not the last epoch's
+    ckpt = load_checkpoint(res["best"])
+    m = ckpt.get("train_metrics") or {}
+    best = type(model).from_checkpoint(ckpt, device=model.device, source=res["best"])
+    console.print(f"validation of {res['best']} (epoch {res['best_epoch']} of {res['epochs']}; {res['time_s']:.0f} s "
+                  f"of training) on the {len(data.val)} held-out images: mAP50 {m.get('map50', float('nan')):.3f}, "
+                  f"mAP50-95 {m.get('map50_95', float('nan')):.3f}, precision {m.get('precision', float('nan')):.3f}, "
+                  f"recall {m.get('recall', float('nan')):.3f}")
+    held_out = max(data.val, key=lambda s: len(s.labels))   # the held-out image with the most objects
     conf = opts["conf"]
     mode = "auto" if on_gpu else False
-    r = best.predict(str(held_out), imgsz=opts["imgsz"], conf=conf, cuda_graph=mode)[0]
+    r = best.predict(str(held_out.image), imgsz=opts["imgsz"], conf=conf, cuda_graph=mode)[0]
     note = f"at conf >= {conf}"
-    if not len(r):  # a short run from scratch may not be confident yet: show its best guesses, and say so
-        r = best.predict(str(held_out), imgsz=opts["imgsz"], conf=DEMO_FALLBACK_CONF, max_det=5, cuda_graph=mode)[0]
+    if not len(r):  # a weak model (fewer epochs, a harder start) may not be confident yet: show its best guesses
+        r = best.predict(str(held_out.image), imgsz=opts["imgsz"], conf=DEMO_FALLBACK_CONF, max_det=5,
+                         cuda_graph=mode)[0]
         note = (f"none reached conf {conf} after this short training; " +
                 (f"its {len(r)} most confident (conf >= {DEMO_FALLBACK_CONF})" if len(r) else
                  f"none even at conf {DEMO_FALLBACK_CONF}: train longer (epochs=)"))
     out = Path(opts["project"]) / "prediction.jpg"
     r.save(out)
     found = ", ".join(f"{r.names[int(c)]} {float(p):.2f}" for c, p in zip(r.boxes.cls.tolist(), r.boxes.conf.tolist()))
-    console.print(f"held-out image {held_out.name}: {len(r)} detection(s), {note}"
-                  f"{': ' + found if found else ''}")
-    console.print(f"annotated picture saved to [bold]{out}[/]")
+    console.print(f"held-out image {held_out.image.name} ({len(held_out.labels)} objects): {len(r)} detection(s) "
+                  f"{note}, {demo_matches(r, held_out)} of the {len(held_out.labels)} objects found with the right "
+                  f"class{': ' + found if found else ''}")
+    console.print(f"annotated picture saved to [bold]{out}[/] (the demo took {time.time() - t0:.0f} s)")
     return 0
 
 

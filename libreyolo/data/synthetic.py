@@ -10,6 +10,12 @@ varied background (flat colour, gradient, smooth noise, stripes, or clutter line
 overlap, but never hide more than half of an earlier shape. Labels are the tight axis-aligned boxes
 of each shape's *visible* pixels. Images are not all square, so letterboxing is exercised too.
 
+A :class:`ShapesStyle` sets how hard the images are (object count, size range, overlap, which
+backgrounds, grain, tilt). The default style is the set described above; :data:`SHAPES_STYLES`
+names the others (``"easy"``: fewer, larger, non-overlapping shapes on calm backgrounds, which a
+tiny model learns in a few CPU minutes; ``libreyolo demo`` trains on it). Each style is cached
+under its own folder name, so the default set and its manifest do not change.
+
 Generation is deterministic (each image has its own seeded generator, so the same arguments give
 byte-identical files), idempotent (a complete dataset with a matching manifest is reused) and
 atomic (written into a temporary folder that is renamed into place, so an interrupted run or two
@@ -18,6 +24,7 @@ processes racing never leave a half-written dataset behind).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -25,6 +32,7 @@ import math
 import os
 import shutil
 import tempfile
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import NamedTuple
 
@@ -32,8 +40,8 @@ import numpy as np
 from PIL import Image, ImageDraw
 from tqdm import tqdm
 
-__all__ = ["SHAPE_NAMES", "DrawnShape", "default_datasets_dir", "make_shapes_dataset", "render_shapes",
-           "render_shapes_labelled"]
+__all__ = ["BACKGROUNDS", "SHAPES_STYLES", "SHAPE_NAMES", "DrawnShape", "ShapesStyle", "default_datasets_dir",
+           "make_shapes_dataset", "render_shapes", "render_shapes_labelled"]
 
 LOGGER = logging.getLogger("libreyolo")
 
@@ -42,10 +50,56 @@ SHAPE_NAMES: tuple[str, ...] = ("circle", "square", "triangle", "star", "cross")
 
 _VERSION = "shapes-v1"
 _JPEG_QUALITY = 92
-_MIN_REL, _MAX_REL = 0.08, 0.45  # shape extent as a fraction of the short image side
-_MAX_HIDDEN = 0.5  # a new shape may hide at most this fraction of an earlier one
-_MAX_TILT = 20.0  # degrees of rotation for non-circles
 _MIN_CONTRAST = 90.0  # minimal RGB distance between a shape and what lies under it
+
+#: Background kinds, in the order the generator draws them from.
+BACKGROUNDS: tuple[str, ...] = ("flat", "gradient", "noise", "stripes", "clutter")
+
+
+@dataclass(frozen=True)
+class ShapesStyle:
+    """How hard the synthetic images are.
+
+    ``objects``: the least and most shapes per image (fewer when one finds no free place);
+    ``extent``: a shape's size as a fraction of the short image side (smallest, largest);
+    ``max_hidden``: the fraction of an earlier shape a new one may hide (0: shapes never
+    overlap); ``backgrounds``: the kinds drawn from (see :data:`BACKGROUNDS`); ``grain``: the
+    probability of pixel noise on a background; ``max_tilt``: the largest rotation of
+    non-circles, in degrees.
+    """
+
+    objects: tuple[int, int] = (1, 6)
+    extent: tuple[float, float] = (0.08, 0.45)
+    max_hidden: float = 0.5
+    backgrounds: tuple[str, ...] = BACKGROUNDS
+    grain: float = 0.5
+    max_tilt: float = 20.0
+
+    def __post_init__(self) -> None:
+        lo, hi = self.objects
+        if not 1 <= lo <= hi:
+            raise ValueError(f"ShapesStyle.objects must be (least, most) with 1 <= least <= most, got {self.objects}")
+        a, b = self.extent
+        if not 0.0 < a <= b <= 1.0:
+            raise ValueError(f"ShapesStyle.extent must be (smallest, largest) with 0 < smallest <= largest <= 1, "
+                             f"got {self.extent}")
+        if not 0.0 <= self.max_hidden < 1.0:
+            raise ValueError(f"ShapesStyle.max_hidden must be in [0, 1), got {self.max_hidden}")
+        unknown = [k for k in self.backgrounds if k not in BACKGROUNDS]
+        if not self.backgrounds or unknown:
+            raise ValueError(f"ShapesStyle.backgrounds must be a non-empty subset of {BACKGROUNDS}, "
+                             f"got {self.backgrounds}")
+        if not 0.0 <= self.grain <= 1.0:
+            raise ValueError(f"ShapesStyle.grain must be a probability, got {self.grain}")
+
+
+#: Named styles. ``default`` is the ``shapes`` set; ``easy`` is the demo's: 3 to 6 well-separated
+#: shapes of 18% to 40% of the short side on flat, gradient or smooth-noise backgrounds.
+SHAPES_STYLES: dict[str, ShapesStyle] = {
+    "default": ShapesStyle(),
+    "easy": ShapesStyle(objects=(3, 6), extent=(0.18, 0.40), max_hidden=0.0,
+                        backgrounds=("flat", "gradient", "noise"), grain=0.3, max_tilt=20.0),
+}
 
 
 class DrawnShape(NamedTuple):
@@ -69,22 +123,31 @@ def make_shapes_dataset(
     n_val: int = 64,
     imgsz: int = 320,
     seed: int = 0,
+    style: ShapesStyle | str = "default",
 ) -> Path:
     """Write (or reuse) the synthetic shapes dataset and return the path of its ``data.yaml``.
 
     ``root`` defaults to ``<datasets dir>/shapes-v1-<n_train>-<n_val>-<imgsz>-<seed>`` (see
-    :func:`default_datasets_dir`). ``imgsz`` is the long side of every image; the short side varies.
+    :func:`default_datasets_dir`); a style other than the default adds its name (a key of
+    :data:`SHAPES_STYLES`) or, for a custom :class:`ShapesStyle`, a hash of its fields after
+    ``shapes-v1``. ``imgsz`` is the long side of every image; the short side varies. Training and
+    validation images come from separate random streams, so the validation split is held out.
     """
     if n_train < 1 or n_val < 1:
         raise ValueError(f"n_train and n_val must be >= 1, got {n_train} and {n_val}")
     if imgsz < 32:
         raise ValueError(f"imgsz must be >= 32 for the shapes dataset, got {imgsz}")
+    style_name, style = _style(style)
     params = {"version": _VERSION, "n_train": int(n_train), "n_val": int(n_val),
               "imgsz": int(imgsz), "seed": int(seed)}
+    if style_name != "default":  # the default set keeps the manifest (and folder) it always had
+        params["style"] = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(style).items()}
     if root is None:
-        root = default_datasets_dir() / f"{_VERSION}-{n_train}-{n_val}-{imgsz}-{seed}"
+        tag = _VERSION if style_name == "default" else f"{_VERSION}-{style_name}"
+        root = default_datasets_dir() / f"{tag}-{n_train}-{n_val}-{imgsz}-{seed}"
     root = Path(root).expanduser().absolute()
-    return build_once(root, params, "shapes", _generate, f"{n_train} train + {n_val} val images")
+    return build_once(root, params, "shapes", functools.partial(_generate, style=style),
+                      f"{n_train} train + {n_val} val images")
 
 
 def build_once(root: Path, params: dict, kind: str, generate, what: str) -> Path:
@@ -118,6 +181,22 @@ def build_once(root: Path, params: dict, kind: str, generate, what: str) -> Path
     return root / "data.yaml"
 
 
+def _style(style: ShapesStyle | str) -> tuple[str, ShapesStyle]:
+    """(name, style) of a style given by name or as a :class:`ShapesStyle`; a custom style is
+    named by a short hash of its fields (a known one by its key)."""
+    if isinstance(style, str):
+        if style not in SHAPES_STYLES:
+            raise ValueError(f"unknown shapes style {style!r}; known: {', '.join(SHAPES_STYLES)}")
+        return style, SHAPES_STYLES[style]
+    if not isinstance(style, ShapesStyle):
+        raise TypeError(f"style must be a ShapesStyle or one of {', '.join(SHAPES_STYLES)}, got {style!r}")
+    for name, known in SHAPES_STYLES.items():
+        if style == known:
+            return name, known
+    digest = hashlib.sha256(json.dumps(asdict(style), sort_keys=True).encode()).hexdigest()[:10]
+    return f"custom{digest}", style
+
+
 def _is_complete(root: Path, params: dict) -> bool:
     """True when ``root`` holds a finished dataset generated with ``params``."""
     try:
@@ -132,7 +211,7 @@ def _is_complete(root: Path, params: dict) -> bool:
     return all((root / rel).is_file() for rel in files)
 
 
-def _generate(out: Path, params: dict) -> None:
+def _generate(out: Path, params: dict, style: ShapesStyle) -> None:
     """Write every image, label, data.yaml and (last) the manifest into ``out``."""
     imgsz, seed = params["imgsz"], params["seed"]
     files: dict[str, str] = {}
@@ -144,7 +223,7 @@ def _generate(out: Path, params: dict) -> None:
                          disable=len(jobs) < 200):
         rng = np.random.default_rng([seed, 0 if split == "train" else 1, i])
         w, h = _image_size(rng, imgsz)
-        pixels, shapes = render_shapes(rng, w, h)
+        pixels, shapes = render_shapes(rng, w, h, style=style)
         stem = f"{split}_{i:06d}"
         img_rel = f"images/{split}/{stem}.jpg"
         lab_rel = f"labels/{split}/{stem}.txt"
@@ -184,38 +263,41 @@ def _image_size(rng: np.random.Generator, imgsz: int) -> tuple[int, int]:
 
 
 def render_shapes(
-    rng: np.random.Generator, width: int, height: int, plain: bool = False
+    rng: np.random.Generator, width: int, height: int, plain: bool = False,
+    style: ShapesStyle = SHAPES_STYLES["default"],
 ) -> tuple[np.ndarray, list[DrawnShape]]:
-    """Draw one image (HxWx3 uint8 RGB) and return it with its shapes.
+    """Draw one image (HxWx3 uint8 RGB) in ``style`` and return it with its shapes.
 
     ``plain=True`` uses a flat background with no clutter, which makes the labels checkable pixel
     by pixel (every pixel outside all boxes is the background colour).
     """
-    img, shapes, _ = render_shapes_labelled(rng, width, height, plain)
+    img, shapes, _ = render_shapes_labelled(rng, width, height, plain, style)
     return img, shapes
 
 
 def render_shapes_labelled(
-    rng: np.random.Generator, width: int, height: int, plain: bool = False
+    rng: np.random.Generator, width: int, height: int, plain: bool = False,
+    style: ShapesStyle = SHAPES_STYLES["default"],
 ) -> tuple[np.ndarray, list[DrawnShape], np.ndarray]:
     """:func:`render_shapes` (the same random draws, so the same image and shapes for the same
     generator state) plus the per-pixel labels: an HxW int16 map holding the class id of the
     shape each pixel shows, -1 where it shows the background (semantic segmentation sets)."""
-    img = _flat(rng, width, height) if plain else _background(rng, width, height)
+    img = _flat(rng, width, height) if plain else _background(rng, width, height, style)
     owner = np.full((height, width), -1, dtype=np.int16)  # which shape each pixel shows
     areas: list[int] = []
     classes: list[int] = []
     colors: list[tuple[int, int, int]] = []
     short = min(width, height)
-    for _ in range(int(rng.integers(1, 7))):
+    lo, hi = style.objects
+    for _ in range(int(rng.integers(lo, hi + 1))):
         for _attempt in range(25):
             cls = int(rng.integers(len(SHAPE_NAMES)))
-            extent = rng.uniform(_MIN_REL, _MAX_REL) * short
-            mask = _shape_mask(rng, cls, extent, width, height)
+            extent = rng.uniform(*style.extent) * short
+            mask = _shape_mask(rng, cls, extent, width, height, style.max_tilt)
             area = int(mask.sum())
             if area < 16:
                 continue
-            if not _occlusion_ok(owner, mask, areas):
+            if not _occlusion_ok(owner, mask, areas, style.max_hidden):
                 continue
             color = _pick_color(rng, img, owner, mask, colors)
             if color is None:
@@ -237,15 +319,18 @@ def render_shapes_labelled(
     return img, shapes, labels
 
 
-def _occlusion_ok(owner: np.ndarray, mask: np.ndarray, areas: list[int]) -> bool:
-    """A new shape may hide part of earlier ones, but each must keep half of its pixels."""
+def _occlusion_ok(owner: np.ndarray, mask: np.ndarray, areas: list[int], max_hidden: float) -> bool:
+    """A new shape may hide part of earlier ones, but each must keep ``1 - max_hidden`` of its
+    pixels (``max_hidden=0``: a new shape may not touch any earlier one's pixels)."""
     covered = owner[mask]
     covered = covered[covered >= 0]
     if covered.size == 0:
         return True
+    if max_hidden <= 0.0:
+        return False
     hidden = np.bincount(covered, minlength=len(areas))
     visible = np.bincount(owner[owner >= 0], minlength=len(areas)) - hidden
-    return bool(np.all(visible >= (1.0 - _MAX_HIDDEN) * np.asarray(areas)))
+    return bool(np.all(visible >= (1.0 - max_hidden) * np.asarray(areas)))
 
 
 def _pick_color(rng: np.random.Generator, img: np.ndarray, owner: np.ndarray, mask: np.ndarray,
@@ -266,8 +351,10 @@ def _pick_color(rng: np.random.Generator, img: np.ndarray, owner: np.ndarray, ma
     return None
 
 
-def _shape_mask(rng: np.random.Generator, cls: int, extent: float, w: int, h: int) -> np.ndarray:
-    """Boolean HxW mask of one shape of class ``cls`` whose size is about ``extent`` pixels."""
+def _shape_mask(rng: np.random.Generator, cls: int, extent: float, w: int, h: int,
+                max_tilt: float = ShapesStyle.max_tilt) -> np.ndarray:
+    """Boolean HxW mask of one shape of class ``cls`` whose size is about ``extent`` pixels,
+    non-circles rotated by up to ``max_tilt`` degrees."""
     r = extent / 2.0
     cx = rng.uniform(r, w - r)
     cy = rng.uniform(r, h - r)
@@ -276,7 +363,7 @@ def _shape_mask(rng: np.random.Generator, cls: int, extent: float, w: int, h: in
     if cls == 0:  # circle
         draw.ellipse([cx - r, cy - r, cx + r, cy + r], fill=255)
     else:
-        tilt = math.radians(rng.uniform(-_MAX_TILT, _MAX_TILT))
+        tilt = math.radians(rng.uniform(-max_tilt, max_tilt))
         draw.polygon(_polygon(cls, cx, cy, r, tilt), fill=255)
     return np.asarray(im) > 0
 
@@ -310,23 +397,25 @@ def _flat(rng: np.random.Generator, w: int, h: int) -> np.ndarray:
     return img
 
 
-def _background(rng: np.random.Generator, w: int, h: int) -> np.ndarray:
-    """A random background: flat, gradient, smooth noise, stripes or clutter lines."""
-    kind = int(rng.integers(5))
-    if kind == 0:
+def _background(rng: np.random.Generator, w: int, h: int,
+                style: ShapesStyle = SHAPES_STYLES["default"]) -> np.ndarray:
+    """A random background of one of ``style.backgrounds``: flat, gradient, smooth noise,
+    stripes or clutter lines; grain on a ``style.grain`` fraction of them."""
+    kind = style.backgrounds[int(rng.integers(len(style.backgrounds)))]
+    if kind == "flat":
         img = _flat(rng, w, h)
-    elif kind == 1:  # linear gradient between two colours along a random direction
+    elif kind == "gradient":  # linear gradient between two colours along a random direction
         t = rng.uniform(0, 2 * math.pi)
         yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
         proj = xx * math.cos(t) + yy * math.sin(t)
         proj = (proj - proj.min()) / max(float(np.ptp(proj)), 1e-6)
         a, b = rng.integers(0, 256, (2, 3)).astype(np.float32)
         img = (a + proj[..., None] * (b - a)).astype(np.uint8)
-    elif kind == 2:  # smooth colour noise plus fine grain
+    elif kind == "noise":  # smooth colour noise plus fine grain
         g = int(rng.integers(3, 9))
         coarse = rng.integers(0, 256, (g, g, 3), dtype=np.uint8)
         img = np.asarray(Image.fromarray(coarse).resize((w, h), Image.BILINEAR)).copy()
-    elif kind == 3:  # stripes at a random angle and period
+    elif kind == "stripes":  # at a random angle and period
         t = rng.uniform(0, math.pi)
         period = rng.uniform(6, 40)
         yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
@@ -343,7 +432,7 @@ def _background(rng: np.random.Generator, w: int, h: int) -> np.ndarray:
             color = tuple(int(v) for v in rng.integers(0, 256, 3))
             draw.line([(x0, y0), (x1, y1)], fill=color, width=int(rng.integers(1, 4)))
         img = np.asarray(pil).copy()
-    if rng.random() < 0.5:  # grain on half of the images
+    if rng.random() < style.grain:  # pixel noise
         noise = rng.normal(0.0, rng.uniform(3, 12), img.shape)
         img = np.clip(img.astype(np.float32) + noise, 0, 255).astype(np.uint8)
     return np.ascontiguousarray(img)

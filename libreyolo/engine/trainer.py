@@ -17,6 +17,7 @@ captured logs one line and trains eager.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import csv
 import logging
@@ -419,29 +420,62 @@ class Trainer:
 
     # ------------------------------------------------------------------ validate
     @torch.no_grad()
-    def validate(self, net: nn.Module, loader, progress: bool = False) -> dict:
-        """The task's metrics of ``net`` on ``loader`` (eval mode, the AMP of the run)."""
+    def validate(self, net: nn.Module, loader, progress: bool = False, loss_fn: nn.Module | None = None) -> dict:
+        """The task's metrics of ``net`` on ``loader`` (eval mode, the AMP of the run).
+
+        With ``loss_fn`` (training's loss module) it also computes the validation loss: the same
+        loss as training on each batch's training-format outputs of the evaluated weights (see
+        ``Model.val_loss_outputs``; normalization and dropout in eval mode, no gradients),
+        averaged over the images, left in ``self.val_loss`` (a CPU tensor named like the
+        loss's ``item_names``). The metrics are the same with or without it.
+        """
         was_training = net.training
         net.eval()
-        infer = self.model.infer_with(net)
-        prep = self.model.preprocess
-        evaluator = self.last_evaluator = self.task.evaluator(self.model, self.cfg.task)
+        m = self.model
+        infer = m.infer_with(net)
+        prep = m.preprocess
+        evaluator = self.last_evaluator = self.task.evaluator(m, self.cfg.task)
         evaluator.reset()
         bar = None
         if progress:
             from tqdm import tqdm
             bar = tqdm(total=len(loader), desc="  validate", unit="batch", leave=False)
-        for batch in loader:
-            x = batch[0].to(self.device, non_blocking=True).float().div_(255)
-            x = prep.normalize(x.contiguous(memory_format=self.memory_format))
-            with torch.autocast(self.device.type, dtype=self.amp_dtype or torch.float16, enabled=self.amp):
-                out = infer(x)
-            evaluator.process(out, batch)
+        recorded: list = []
+        hook = net.register_forward_hook(lambda _m, _i, o: recorded.append(o)) if loss_fn is not None else None
+        total, images = None, 0
+        # the loss's own randomness (DETR denoising queries) from a fixed seed: the same batches
+        # give the same validation loss, and training's random stream is left as it was
+        rng = contextlib.nullcontext()
+        if loss_fn is not None:
+            rng = torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else [])
+        try:
+            with rng:
+                if loss_fn is not None:
+                    torch.manual_seed(self.cfg.run.seed)
+                for batch in loader:
+                    x = batch[0].to(self.device, non_blocking=True).float().div_(255)
+                    x = prep.normalize(x.contiguous(memory_format=self.memory_format))
+                    with torch.autocast(self.device.type, dtype=self.amp_dtype or torch.float16, enabled=self.amp):
+                        recorded.clear()
+                        out = infer(x)
+                        if loss_fn is not None:
+                            targets = [t.to(self.device, non_blocking=True) for t in batch[1:]]
+                            _, items = loss_fn(m.val_loss_outputs(net, recorded[-1], x, *targets), *targets)
+                    if loss_fn is not None:
+                        items = items.detach().float() * x.shape[0]
+                        total = items if total is None else total + items
+                        images += x.shape[0]
+                    evaluator.process(out, batch)
+                    if bar is not None:
+                        bar.update(1)
+        finally:
+            if hook is not None:
+                hook.remove()
             if bar is not None:
-                bar.update(1)
-        if bar is not None:
-            bar.close()
-        net.train(was_training)
+                bar.close()
+            net.train(was_training)
+        if loss_fn is not None:
+            self.val_loss = (total / max(images, 1)).cpu() if total is not None else None
         return evaluator.evaluate()
 
     # ------------------------------------------------------------------ set-up
@@ -467,6 +501,8 @@ class Trainer:
         self.frozen = freeze_prefixes(net, run.freeze) if run.freeze is not None else []
         self.frozen_params, self.frozen_norms = freeze(net, self.frozen)
         self.loss_fn = m.build_loss().to(self.device)
+        # a separate instance for the validation loss: the training step's may be captured in a graph
+        self.val_loss_fn = m.build_loss().to(self.device) if run.val else None
         self.item_names = tuple(self.loss_fn.item_names)  # the loss contract: see Model.build_loss
         self.train_loader, self.val_loader = self._loaders(data)
         self.nb = len(self.train_loader)
@@ -689,6 +725,8 @@ class Trainer:
         if on_epoch is not None and on_epoch(epoch, self.cfg.run.epochs):
             # the loss computes something else from now on: graphs of the old loss are stale
             self.step_runner.release(f"{type(self.loss_fn).__name__} changed at epoch {epoch + 1}")
+        if self.val_loss_fn is not None and hasattr(self.val_loss_fn, "on_epoch"):
+            self.val_loss_fn.on_epoch(epoch, self.cfg.run.epochs)   # the validation loss follows it
 
     def _unfreeze(self) -> None:
         """``freeze`` holds for one run: a later ``train()`` of the model sees every layer trainable."""
@@ -843,10 +881,11 @@ class EvaluationHook(Hook):
 
     def on_epoch_end(self, t: Trainer, state: dict) -> None:
         metrics = t.task.empty_metrics()
+        t.val_loss = None
         t0 = time.perf_counter()
         validated = t.cfg.run.val and len(t.val_set) > 0
         if validated:
-            metrics = t.validate(t.eval_net, t.val_loader, progress=t.cfg.run.verbose)
+            metrics = t.validate(t.eval_net, t.val_loader, progress=t.cfg.run.verbose, loss_fn=t.val_loss_fn)
         state["val_s"] = time.perf_counter() - t0
         fitness = t.task.fitness(metrics)
         state["metrics"], state["is_best"] = metrics, (fitness > t.best_fitness) or not validated
@@ -894,7 +933,9 @@ class LoggingHook(Hook):
 
     def on_epoch_end(self, t: Trainer, state: dict) -> None:
         epoch, mloss, metrics = state["epoch"], state["mloss"], state["metrics"]
+        vloss = t.val_loss.tolist() if t.val_loss is not None else [float("nan")] * len(t.item_names)
         row = {"epoch": epoch + 1, **{f"train/{n}_loss": float(v) for n, v in zip(t.item_names, mloss.tolist())},
+               **{f"val/{n}_loss": float(v) for n, v in zip(t.item_names, vloss)},
                **t.task.metric_columns(metrics), "lr/pg0": float(t.opt.param_groups[0]["lr"]),
                "time/epoch_s": round(state["time_s"], 3),
                # where an epoch goes: waiting for batches, validating (the rest is the steps)

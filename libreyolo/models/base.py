@@ -9,11 +9,12 @@ task-specific, ``engine/`` runs the loops and ``graphs/`` captures.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import math
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Iterator
 
 import torch
 from torch import nn
@@ -27,6 +28,26 @@ from .common.names import default_names, normalize_names
 log = logging.getLogger("libreyolo")
 
 SCHEMA_VERSION = "1.0"
+
+#: layers whose training mode changes what they compute from the batch (running statistics,
+#: random masks); :func:`train_format` keeps them in eval mode
+_EVAL_LAYERS = (nn.modules.batchnorm._NormBase, nn.modules.dropout._DropoutNd)
+
+
+@contextlib.contextmanager
+def train_format(module: nn.Module) -> Iterator[nn.Module]:
+    """``module`` and its submodules in training mode - so that heads give their training-format
+    outputs (logits, auxiliary outputs) - except normalization and dropout layers, which stay in
+    eval mode (no running statistic changes, nothing random). Every module's mode is restored on
+    exit. Used for validation losses: the training loss of the evaluated weights."""
+    modes = [(m, m.training) for m in module.modules()]
+    try:
+        for m, _ in modes:
+            m.training = not isinstance(m, _EVAL_LAYERS)
+        yield module
+    finally:
+        for m, mode in modes:
+            m.training = mode
 
 
 class Model:
@@ -108,6 +129,16 @@ class Model:
         the task's (families whose training forward needs them, e.g. DETR denoising, use them).
         Returns what ``build_loss()``'s module takes as its first argument."""
         return net(x)
+
+    def val_loss_outputs(self, net: nn.Module, out: Any, x: torch.Tensor, *targets: torch.Tensor) -> Any:
+        """What the loss takes (:meth:`train_forward`'s format) for a validation batch, for the
+        validation loss. ``out`` is ``net``'s eval-mode output on ``x`` (recorded while
+        :meth:`infer` ran; ``x`` the normalized input, ``targets`` the task's, on the device).
+        Default: ``out`` itself, for networks whose output format does not depend on their mode
+        (only normalization and dropout differ). Families whose training forward gives other
+        outputs override this: from ``out`` when it holds them, else by a second pass under
+        :func:`train_format`."""
+        return out
 
     #: (module prefix, first channel, channel count or None for all) of the class/objectness
     #: logit convs that get the 1 % prior bias when training starts from random weights

@@ -270,7 +270,8 @@ def test_two_epoch_train_then_load_and_val(tmp_path):
     assert all(math.isfinite(v) and v > 0 for epoch in res["losses"] for v in epoch), res["losses"]
     with open(res["run_dir"] + "/results.csv") as f:
         rows = list(csv.DictReader(f))
-    assert len(rows) == 2 and {"metrics/top1", "metrics/top5", "train/cls_loss"} <= set(rows[0])
+    assert len(rows) == 2 and {"metrics/top1", "metrics/top5", "train/cls_loss", "val/cls_loss"} <= set(rows[0])
+    assert all(math.isfinite(float(r["val/cls_loss"])) and float(r["val/cls_loss"]) > 0 for r in rows)
     assert all(0 <= float(r["metrics/top1"]) <= float(r["metrics/top5"]) <= 1 for r in rows)
     assert 0 <= res["top1"] <= 1 and res["best_metrics"]["top1"] == res["best_fitness"]
     for path in (res["best"], res["last"]):

@@ -187,3 +187,121 @@ def test_train_and_val_of_a_classifier_through_the_cli(tmp_path, capsys):
     assert main(["val", f"model={best}", *args[1:4], "device=cpu"]) == 0
     out = capsys.readouterr().out
     assert "top1" in out and "top5" in out
+
+
+# ---- demo -------------------------------------------------------------------------------------------
+
+
+def test_demo_defaults_are_its_measured_configuration():
+    """The demo's defaults (docs/benchmarks.md has the measured run): yolo9-t from scratch on the
+    easy shapes at 128 px, AdamW, each batch an update (nbs = batch), mosaic closed for the last
+    third, one warm-up epoch; the held-out picture at predict's default conf."""
+    opts = _parse([], cli.DEMO, "demo")
+    assert opts["model"] == "yolo9t" and opts["conf"] == PREDICT["conf"].default == 0.25
+    args = cli.demo_train_args(opts)
+    assert args == dict(epochs=10, imgsz=128, batch=8, optimizer="AdamW", lr0=0.002, workers=None,
+                        project="runs/demo", name="train", close_mosaic=3, warmup_epochs=1.0, nbs=8,
+                        exist_ok=True, seed=0)
+    assert cli.demo_train_args({**opts, "epochs": 2})["close_mosaic"] == 1
+    assert cli.demo_train_args({**opts, "epochs": 2})["warmup_epochs"] == pytest.approx(2 / 3)
+    assert cli.demo_train_args({**opts, "close_mosaic": 0})["close_mosaic"] == 0
+    assert cli.DEMO_DATA == {"style": "easy", "n_train": 320, "n_val": 64, "imgsz": 320}
+
+
+def test_demo_reports_the_metrics_of_best_pt_not_the_last_epochs(tmp_path, monkeypatch, capsys):
+    """The metrics printed are the ones best.pt carries (its epoch named), not the last epoch's:
+    training is replaced by one that writes a best.pt of epoch 2 whose metrics differ from the
+    run's final ones. The held-out image is a validation image, predicted with best.pt."""
+    import numpy as np
+    import torch
+
+    from libreyolo import LibreYOLO
+    from libreyolo.data.datasets import resolve_data
+    from libreyolo.weights import save_checkpoint
+
+    monkeypatch.setenv("LIBREYOLO_DATASETS_DIR", str(tmp_path / "datasets"))
+    monkeypatch.setitem(cli.DEMO_DATA, "n_train", 4)
+    monkeypatch.setitem(cli.DEMO_DATA, "n_val", 3)
+    monkeypatch.setitem(cli.DEMO_DATA, "imgsz", 64)
+    torch.manual_seed(0)
+    model = LibreYOLO.new("yolo9", "t", nc=5, device="cpu", seed=0)
+    calls = {}
+
+    def fake_train(data, **kw):
+        calls.update(kw, data=data)
+        best = tmp_path / "run" / "weights" / "best.pt"
+        ck = model.checkpoint_of(model.model)
+        ck["train_metrics"] = {"map50": 0.712, "map50_95": 0.433, "precision": 0.8, "recall": 0.7}
+        save_checkpoint(ck, best)
+        return {"best": str(best), "best_epoch": 2, "epochs": 5, "time_s": 12.0, "map50": 0.111,
+                "map50_95": 0.05, "best_metrics": ck["train_metrics"]}
+
+    model.train = fake_train
+    monkeypatch.setattr(cli, "_load", lambda opts, seed=None: model)
+    assert main(["demo", "imgsz=64", "workers=0", "device=cpu", f"project={tmp_path / 'demo'}"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "epoch 2 of 5" in out and "mAP50 0.712, mAP50-95 0.433, precision 0.800, recall 0.700" in out, out
+    assert "0.111" not in out
+    data = resolve_data(calls["data"])
+    assert "easy" in calls["data"] and len(data.val) == 3 and calls["nbs"] == calls["batch"] == 8
+    held = max(data.val, key=lambda s: len(s.labels))
+    assert f"held-out image {held.image.name} ({len(held.labels)} objects)" in out
+    assert "/val/" in str(held.image).replace("\\", "/")
+    assert (tmp_path / "demo" / "prediction.jpg").stat().st_size > 0
+    assert re.search(r"the demo took \d+ s", out)
+
+
+def test_demo_matches_counts_objects_found_with_the_right_class():
+    """One box per object at most, the most confident first, the class must agree, IoU >= 0.5."""
+    from pathlib import Path
+
+    import numpy as np
+    import torch
+
+    from libreyolo.data.datasets import Sample
+    from libreyolo.results import Boxes, Results
+
+    w, h = 200, 100
+    # objects: class 0 at (0..50, 0..50) px, class 1 at (100..150, 0..50), class 2 at (0..20, 60..80)
+    labels = np.array([[0, 0, 0, .25, .5], [1, .5, 0, .75, .5], [2, 0, .6, .1, .8]], np.float32)
+    sample = Sample(image=Path("x.jpg"), labels=labels, width=w, height=h)
+
+    def result(rows):
+        data = torch.tensor(rows, dtype=torch.float32).reshape(-1, 6)
+        return Results(np.zeros((h, w, 3), np.uint8), "x.jpg", {0: "a", 1: "b", 2: "c"}, Boxes(data, (h, w)))
+
+    assert cli.demo_matches(result([]), sample) == 0
+    rows = [[0, 0, 50, 50, .9, 0],      # object 0, right class
+            [2, 2, 48, 48, .8, 0],      # object 0 again: already taken
+            [100, 0, 150, 50, .7, 2],   # object 1, wrong class
+            [0, 60, 20, 80, .6, 2],     # object 2, right class
+            [120, 0, 170, 50, .5, 1]]   # object 1's class, IoU 1/3: too far
+    assert cli.demo_matches(result(rows), sample) == 2
+    assert cli.demo_matches(result(rows[:1] + [[100, 0, 150, 50, .4, 1]]), sample) == 2
+
+
+def test_demo_runs_end_to_end_and_its_numbers_are_best_pts(tmp_path, monkeypatch, capsys):
+    """The main job, shrunk (a 16-image easy set, 2 epochs at 64 px): train, print best.pt's
+    validation (a fresh validation of best.pt gives the same numbers), predict a held-out image
+    and save the annotated picture (here with the fallback that shows a weak model's guesses)."""
+    from pathlib import Path
+
+    from libreyolo import LibreYOLO
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("LIBREYOLO_DATASETS_DIR", str(tmp_path / "datasets"))
+    for k, v in (("n_train", 16), ("n_val", 4), ("imgsz", 64)):
+        monkeypatch.setitem(cli.DEMO_DATA, k, v)
+    assert main(["demo", "epochs=2", "imgsz=64", "workers=0", "device=cpu", "conf=0.99"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    best = Path("runs/demo/train/weights/best.pt")
+    assert Path("runs/demo/prediction.jpg").stat().st_size > 0
+    m = re.search(r"validation of (\S+) \(epoch ([12]) of 2; \d+ s of training\) on the 4 held-out images: "
+                  r"mAP50 ([\d.]+), mAP50-95 ([\d.]+)", out)
+    assert m, out
+    assert Path(m[1]) == best
+    data = tmp_path / "datasets" / "shapes-v1-easy-16-4-64-0" / "data.yaml"
+    v = LibreYOLO(str(best), device="cpu").val(data=str(data), imgsz=64, batch=8, workers=0)
+    assert float(m[3]) == pytest.approx(v["map50"], abs=6e-4)
+    assert float(m[4]) == pytest.approx(v["map50_95"], abs=6e-4)
+    assert "none reached conf 0.99" in out and "objects found with the right class" in out

@@ -304,7 +304,8 @@ def test_two_epoch_train_then_checkpoints_load_and_val(tmp_path):
     assert 0.0 <= res["miou"] <= 1.0 and 0.0 <= res["pixel_acc"] <= 1.0
     with open(tmp_path / "run" / "results.csv") as f:
         rows = list(csv.DictReader(f))
-    assert len(rows) == 2 and {"metrics/mIoU", "metrics/pixel_acc", "train/ce_loss"} <= set(rows[0])
+    assert len(rows) == 2 and {"metrics/mIoU", "metrics/pixel_acc", "train/ce_loss", "val/ce_loss"} <= set(rows[0])
+    assert all(np.isfinite(float(r["val/ce_loss"])) and float(r["val/ce_loss"]) > 0 for r in rows)
     for name in ("best.pt", "last.pt"):
         loaded = LibreYOLO(str(tmp_path / "run" / "weights" / name), device="cpu")
         assert (loaded.FAMILY, loaded.TASK, loaded.nc, loaded.imgsz) == ("segformer", "semantic", 6, 64)

@@ -129,3 +129,79 @@ def test_resolve_shapes_uses_the_builtin_generator(tmp_path, monkeypatch):
     cfg = resolve_data("shapes")
     assert cfg.source == "shapes" and cfg.names == dict(enumerate(SHAPE_NAMES))
     assert cfg.root == tmp_path / "shapes-v1-4-2-64-0" and len(cfg.train) == 4
+
+
+def test_default_style_keeps_its_folder_and_manifest(tmp_path, monkeypatch):
+    """Naming the default style changes nothing: same folder, same bytes, no style in the manifest."""
+    monkeypatch.setenv("LIBREYOLO_DATASETS_DIR", str(tmp_path))
+    a = make_shapes_dataset(**SMALL)
+    assert make_shapes_dataset(style=synthetic.ShapesStyle(), **SMALL) == a
+    assert make_shapes_dataset(style="default", **SMALL) == a
+    assert "style" not in json.loads((a.parent / "manifest.json").read_text())["params"]
+
+
+def test_easy_style_is_cached_apart_and_follows_its_style(tmp_path, monkeypatch):
+    monkeypatch.setenv("LIBREYOLO_DATASETS_DIR", str(tmp_path))
+    easy = synthetic.SHAPES_STYLES["easy"]
+    y = make_shapes_dataset(n_train=24, n_val=8, imgsz=128, style="easy")
+    assert y.parent.name == "shapes-v1-easy-24-8-128-0"
+    params = json.loads((y.parent / "manifest.json").read_text())["params"]
+    assert params["style"]["objects"] == list(easy.objects) and params["style"]["max_hidden"] == 0.0
+    default = tree(make_shapes_dataset(n_train=24, n_val=8, imgsz=128).parent)
+    assert tree(y.parent)["images/val/val_000000.jpg"] != default["images/val/val_000000.jpg"]
+    files = json.loads((y.parent / "manifest.json").read_text())["files"]
+    train_hashes = {h for k, h in files.items() if k.startswith("images/train/")}
+    assert not train_hashes & {h for k, h in files.items() if k.startswith("images/val/")}  # held out
+    cfg = resolve_data(y)
+    # a real detection problem: several objects of several classes per image, sizes and colours varying
+    assert sum(len(set(s.labels[:, 0].tolist())) >= 2 for s in cfg.train) >= 0.9 * len(cfg.train)
+    assert len({int(c) for s in cfg.train for c in s.labels[:, 0]}) == len(SHAPE_NAMES)
+    lo, hi = easy.extent
+    for s in cfg.train + cfg.val:
+        assert easy.objects[0] <= len(s.labels) <= easy.objects[1]
+        wh = (s.labels[:, 3:5] - s.labels[:, 1:3]) * [s.width, s.height]
+        # a shape is never hidden, so its box spans at least the smallest shape's narrow side
+        # (a tilted cross or triangle is narrower than its extent) and at most the largest extent
+        assert (wh.max(1) >= 0.5 * lo * min(s.width, s.height)).all()
+        assert (wh <= hi * min(s.width, s.height) + 2).all()
+    # a custom style gets its own folder too, named by a hash of its fields
+    custom = synthetic.ShapesStyle(objects=(2, 2), backgrounds=("flat",))
+    yc = make_shapes_dataset(n_train=4, n_val=2, imgsz=64, style=custom)
+    assert yc.parent.name.startswith("shapes-v1-custom") and yc.parent != y.parent
+    assert all(len(s.labels) == 2 for s in resolve_data(yc).train)
+
+
+def test_shapes_never_overlap_when_max_hidden_is_zero(monkeypatch):
+    """With max_hidden=0 every shape keeps all its pixels: the masks drawn are disjoint and each
+    label is the box of its whole mask."""
+    drawn = []
+    real = synthetic._shape_mask
+
+    def recording(*a, **k):
+        m = real(*a, **k)
+        drawn.append(m)
+        return m
+
+    monkeypatch.setattr(synthetic, "_shape_mask", recording)
+    style = synthetic.ShapesStyle(objects=(6, 6), extent=(0.2, 0.4), max_hidden=0.0)
+    for seed in range(8):
+        drawn.clear()
+        _, shapes = render_shapes(np.random.default_rng(seed), 160, 128, style=style)
+        boxes = {}
+        for m in drawn:
+            ys, xs = np.nonzero(m)
+            if xs.size:
+                boxes.setdefault((int(xs.min()), int(ys.min()), int(xs.max()) + 1, int(ys.max()) + 1), m)
+        kept = [boxes[s.box] for s in shapes]  # KeyError: a label is not a whole drawn shape
+        assert (np.sum(kept, axis=0) <= 1).all()
+
+
+def test_style_values_are_checked():
+    for bad, match in ((dict(objects=(0, 3)), "objects"), (dict(objects=(4, 2)), "objects"),
+                       (dict(extent=(0.5, 0.2)), "extent"), (dict(max_hidden=1.0), "max_hidden"),
+                       (dict(backgrounds=("plaid",)), "backgrounds"), (dict(backgrounds=()), "backgrounds"),
+                       (dict(grain=2.0), "grain")):
+        with pytest.raises(ValueError, match=match):
+            synthetic.ShapesStyle(**bad)
+    with pytest.raises(ValueError, match="unknown shapes style 'hard'"):
+        make_shapes_dataset(style="hard", **SMALL)

@@ -3,6 +3,7 @@ import csv
 import logging
 import math
 
+import numpy as np
 import pytest
 import torch
 from rows import TRAIN_MODELS
@@ -69,6 +70,8 @@ def test_two_epochs_falling_loss_checkpoints_csv_png(tmp_path, shapes160):
         assert (run / f).exists(), f
     rows = list(csv.DictReader((run / "results.csv").open()))
     assert [int(r["epoch"]) for r in rows] == [1, 2]
+    for n in res["loss_names"]:   # the validation loss beside the training one, same terms
+        assert all(math.isfinite(float(r[f"val/{n}_loss"])) and float(r[f"val/{n}_loss"]) > 0 for r in rows)
     ck = load_checkpoint(run / "weights" / "best.pt")
     assert ck["model_family"] == "yolo9" and ck["nc"] == 5 and ck["names"][0] == "circle"
     back = LibreYOLO(str(run / "weights" / "last.pt"), device="cpu")
@@ -181,3 +184,68 @@ def test_detr_family_trains_an_epoch_with_its_recipe(tmp_path, family, size):
     assert all(math.isfinite(v) and v >= 0 for v in res["losses"][-1]), res["losses"]
     back = LibreYOLO(res["last"])
     assert back.trained and back.FAMILY == family and back.nc == 5
+
+
+def _val_batch(nc: int = 5, b: int = 2, size: int = 64):
+    """Normalized-free (B, 3, S, S) images in [0, 1] and padded detection targets (2 boxes each)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(b, 3, size, size, generator=g)
+    targets = torch.zeros(b, 16, 5)
+    targets[:, 0] = torch.tensor([1.0, 4.0, 6.0, 30.0, 34.0])
+    targets[:, 1] = torch.tensor([3.0, 30.0, 20.0, 60.0, 58.0])
+    mask = torch.zeros(b, 16, dtype=torch.bool)
+    mask[:, :2] = True
+    return x, targets, mask
+
+
+@pytest.mark.parametrize("family,size", [(f, s) for f, s, _ in TRAIN_MODELS] + [("dfine", "n")])
+def test_validation_loss_outputs_are_the_training_format_of_the_evaluated_weights(family, size):
+    """Model.val_loss_outputs gives exactly what train_forward gives with the whole network in
+    training format but normalization and dropout in eval mode (the definition of the validation
+    loss), whether a family takes it from the recorded eval pass (YOLOv9's raw maps; YOLOv7,
+    RTMDet, PicoDet: the eval output itself) or runs a second pass (YOLOX's head, the DETR
+    decoder); no running statistic moves and every module's mode comes back."""
+    from libreyolo.models.base import train_format
+
+    model = LibreYOLO.new(family, size, nc=5, device="cpu", seed=0)
+    net = model.model.eval()
+    loss_fn = model.build_loss()
+    x, targets, mask = _val_batch()
+    x = model.preprocess.normalize(x)
+    state = {k: v.clone() for k, v in net.state_dict().items()}
+    recorded = []
+    hook = net.register_forward_hook(lambda _m, _i, o: recorded.append(o))
+    with torch.no_grad():
+        model.infer(x)
+        torch.manual_seed(0)
+        got = loss_fn(model.val_loss_outputs(net, recorded[0], x, targets, mask), targets, mask)[1]
+    hook.remove()
+    with torch.no_grad(), train_format(net):
+        torch.manual_seed(0)
+        want = loss_fn(model.train_forward(net, x, targets, mask), targets, mask)[1]
+    assert torch.isfinite(got).all() and torch.equal(got, want), (got, want)
+    assert not any(m.training for m in net.modules())
+    assert all(torch.equal(v, state[k]) for k, v in net.state_dict().items())
+
+
+def test_validation_loss_leaves_the_metrics_and_the_random_stream_alone(tmp_path, shapes):
+    """validate(loss_fn=...) gives the same predictions and metrics as without it, the same loss
+    on a second call, and draws nothing from torch's global generator."""
+    from libreyolo.engine.trainer import TrainConfig, Trainer
+
+    model = LibreYOLO.new("yolox", "n", nc=5, device="cpu", seed=0)
+    t = Trainer(model, TrainConfig(model.task, data=shapes, imgsz=64, batch=4, workers=0, verbose=False))
+    _, loader = t._loaders(model.task.resolve_data(shapes))
+    plain = t.validate(model.model, loader)
+    preds = [p.copy() for p in t.last_evaluator.preds]
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    with_loss = t.validate(model.model, loader, loss_fn=model.build_loss())
+    assert torch.equal(torch.rand(3), expected)          # the global stream is where it was
+    assert repr(with_loss) == repr(plain)
+    assert len(preds) == 8 and all(np.array_equal(a, b) for a, b in zip(preds, t.last_evaluator.preds))
+    first = t.val_loss.clone()
+    t.validate(model.model, loader, loss_fn=model.build_loss())
+    assert torch.equal(first, t.val_loss) and first.shape == (len(model.build_loss().item_names),)
+    assert torch.isfinite(first).all() and first.sum() > 0   # (YOLOX's L1 term is off until its last epochs)

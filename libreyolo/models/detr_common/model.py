@@ -23,7 +23,7 @@ from torch import nn
 from torchvision.ops import box_convert
 
 from ...ops.preprocess import IMAGENET_MEAN, IMAGENET_STD, Preprocess
-from ..base import Model
+from ..base import Model, train_format
 
 #: DETRs are trained on images resized to the square, ignoring the aspect ratio; most take RGB in
 #: [0, 1], those with ImageNet-pretrained ViT backbones take ImageNet mean/std (``IMAGENET``)
@@ -129,6 +129,14 @@ class DetrModel(Model):
             net.__dict__.pop("front_override", None)
         else:
             net.__dict__["front_override"] = segment   # not registered: no state-dict keys
+
+    def val_loss_outputs(self, net: nn.Module, out, x: torch.Tensor, *targets: torch.Tensor) -> Any:
+        """The eval decoder returns its last layer only: a second pass with the decoder in training
+        format (every layer's outputs, the encoder proposals and the denoising queries, which
+        draw from torch's random generator), its normalization layers and the backbone and
+        encoder in eval mode."""
+        with train_format(net.decoder):
+            return self.train_forward(net, x, *targets)
 
     def train_forward(self, net: nn.Module, x: torch.Tensor, targets: torch.Tensor | None,
                       mask: torch.Tensor | None) -> Any:

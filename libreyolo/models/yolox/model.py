@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..base import Model
+from ..base import Model, train_format
 from .nn import CONFIGS, YoloxNet, decode
 
 
@@ -54,6 +54,12 @@ class Yolox(Model):
         """Train-mode outputs for the library's RGB [0, 1] batch: the network is fed BGR [0, 255],
         the convention it was trained in and that :meth:`infer` uses."""
         return net(x.flip(1) * 255.0)
+
+    def val_loss_outputs(self, net: nn.Module, out, x: torch.Tensor, *targets: torch.Tensor) -> list[torch.Tensor]:
+        """The head gives logits only in training mode (its eval output is sigmoided, which does
+        not invert exactly): a second pass with the head in training format, BatchNorm in eval."""
+        with train_format(net.head):
+            return self.train_forward(net, x)
 
     def infer(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(B, 3, S, S) RGB in [0, 1] -> boxes (B, N, 4) xyxy canvas pixels, score (B, N), class (B, N)."""
