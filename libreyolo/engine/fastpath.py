@@ -124,6 +124,8 @@ def violations(figures: dict) -> list[str]:
     """The contract bounds ``figures`` (one arm's measurement) breaks, as readable strings."""
     out = []
     c = CONTRACT
+    if figures.get("error"):
+        out.append(f"the measurement failed ({figures['error']})")
     if figures.get("match_rate") is None or figures["match_rate"] < c["match_rate_min"]:
         out.append(f"matched-detection rate at IoU>=0.95 {figures.get('match_rate')} < {c['match_rate_min']}")
     if figures.get("score_diff_p99") is None or figures["score_diff_p99"] > c["score_diff_p99_max"]:
@@ -310,3 +312,30 @@ def to_float32(outputs: Any) -> Any:
     if isinstance(outputs, dict):
         return {k: to_float32(v) for k, v in outputs.items()}
     return outputs
+
+
+def match_detections(ref: torch.Tensor, got: torch.Tensor, min_score: float,
+                     iou_thr: float = 0.95) -> tuple[int, int, list[float]]:
+    """Greedy one-to-one matching of ``ref``'s detections ((n, 6) ``[x1, y1, x2, y2, score, cls]``,
+    those with score >= ``min_score``) to ``got``'s of the same class at IoU >= ``iou_thr``, best
+    IoU first: (matched, total, |score difference| of each matched pair). The contract's
+    matched-detection rate is matched / total over a set of images."""
+    from torchvision.ops import box_iou
+    ref = ref[ref[:, 4] >= min_score]
+    if len(ref) == 0:
+        return 0, 0, []
+    if len(got) == 0:
+        return 0, len(ref), []
+    iou = box_iou(ref[:, :4].double(), got[:, :4].double())
+    iou[ref[:, 5:6] != got[:, 5].unsqueeze(0)] = 0
+    used: set[int] = set()
+    diffs: list[float] = []
+    for i in torch.argsort(iou.max(1).values, descending=True).tolist():
+        for j in torch.argsort(iou[i], descending=True).tolist():
+            if iou[i, j] < iou_thr:
+                break
+            if j not in used:
+                used.add(j)
+                diffs.append(abs(float(ref[i, 4]) - float(got[j, 4])))
+                break
+    return len(diffs), len(ref), diffs
