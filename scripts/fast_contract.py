@@ -37,6 +37,7 @@ import torch
 from PIL import Image
 
 from libreyolo import SAMPLE_IMAGE, LibreYOLO
+from libreyolo.engine import fastpath
 from libreyolo.engine.fastpath import CONTRACT, arm_name, match_detections, measuring, violations
 from libreyolo.engine.verify import input_sensitive, verify_half
 
@@ -114,7 +115,8 @@ def measure_family(fam: str, size: str, args, data) -> dict:
                 traceback.print_exc()
             fig["violations"] = violations(fig) if "error" not in fig else [fig["error"]]
             fig["seconds"] = time.perf_counter() - t1
-            fig.update(device=torch.cuda.get_device_name(), torch=torch.__version__, date=_dt.date.today().isoformat())
+            fig.update(device=torch.cuda.get_device_name(), torch=torch.__version__, date=_dt.date.today().isoformat(),
+                       compile_mode=fastpath.COMPILE_MODE if fast else None)
             out["arms"][arm] = fig
             m.release_graphs()
     out["seconds"] = time.perf_counter() - t0
@@ -156,7 +158,15 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--out", default="benchmarks/results/fast_contract.json")
     ap.add_argument("--table", default=None, help="also write the library's table file here")
     ap.add_argument("--markdown", default=None)
+    ap.add_argument("--compile-mode", default=fastpath.COMPILE_MODE,
+                    help="torch.compile mode of the fast arms (default: the library's)")
+    ap.add_argument("--merge", nargs="*", default=None,
+                    help="merge these earlier --out files (one per GPU) instead of measuring")
     args = ap.parse_args(argv)
+    fastpath.COMPILE_MODE = args.compile_mode
+    if args.merge:
+        rows = [r for p in args.merge for r in json.loads(Path(p).read_text())["families"]]
+        return write(rows, args)
     if not torch.cuda.is_available():
         print("fast_contract.py needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -176,6 +186,10 @@ def main(argv: list[str]) -> int:
             print(f"   {arm}: bitwise {f.get('graph_bitwise')} match {f.get('match_rate')} p99 "
                   f"{f.get('score_diff_p99')} mAP diff {f.get('map_diff')} -> {f['violations'] or 'in contract'}",
                   flush=True)
+    return write(rows, args)
+
+
+def write(rows: list[dict], args) -> int:
     result = {"contract": CONTRACT, "args": vars(args), "families": rows}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))

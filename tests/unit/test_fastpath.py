@@ -275,10 +275,51 @@ def _trace(fam, size):
 
 def test_dynamo_fullgraph_one_family():
     """fullgraph tracing of a half network (a graph break would raise), equal to it eager."""
-    _trace("rtmdet", "t")
+    _trace("yolo7", "tiny")
 
 
 @pytest.mark.skipif(not os.environ.get("LIBREYOLO_SLOW"), reason="~3 min on 2 CPU cores: LIBREYOLO_SLOW=1")
 @pytest.mark.parametrize("fam,size", DETECT_FAMILIES)
 def test_dynamo_fullgraph_every_family(fam, size):
     _trace(fam, size)
+
+
+# ------------------------------------------------------------------------ CLI / bench
+def test_cli_precision_options(monkeypatch, capsys):
+    from libreyolo import cli
+    from libreyolo.cli import PREDICT, VERIFY, _parse
+
+    assert _parse(["precision=FP16", "fast=true"], PREDICT, "predict")["precision"] == "fp16"
+    assert _parse([], PREDICT, "predict")["precision"] is None
+    assert _parse(["precision=bfloat16"], VERIFY, "verify")["precision"] == "bf16"
+    assert cli.main(["predict", "model=yoloxn", "precision=fp8"]) == 2
+    assert "precision must be one of fp32, fp16, bf16, got 'fp8'" in capsys.readouterr().err
+    seen = {}
+
+    class Model:
+        names, trained = {0: "a"}, True
+
+        class task:
+            predict_defaults = {"conf": 0.25, "iou": 0.45, "max_det": 300, "classes": None}
+
+        def predict(self, source, **kw):
+            seen.update(kw)
+            return []
+
+        def graph_info(self):
+            return {"graphs": [], "replays": 0, "fallbacks": []}
+
+    monkeypatch.setattr(cli, "_load", lambda opts, seed=None: Model())
+    assert cli.main(["predict", "model=x.pt", "save=false", "precision=bf16", "fast=true"]) == 0
+    assert seen["precision"] == "bf16" and seen["fast"] is True
+    seen.clear()
+    assert cli.main(["predict", "model=x.pt", "save=false"]) == 0
+    assert "precision" not in seen and "fast" not in seen   # the default call is today's call
+
+
+def test_bench_on_cpu_skips_the_compile_arms_with_a_note():
+    from libreyolo.benchmark import bench_model
+    m = LibreYOLO.new("yolox", "n", nc=3, device="cpu", seed=0)
+    res = bench_model(m, imgsz=64, runs=1, warmup=0)
+    assert any("compile / half / fast arms skipped: no CUDA device" in n for n in res["notes"])
+    assert not {"forward_compile_reduce_overhead", "forward_fast_graph", "compile"} & set(res["arms"])
