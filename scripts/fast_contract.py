@@ -57,7 +57,8 @@ def shapes_map(model, data, imgsz: int, **kw) -> float:
     from libreyolo.tasks.detect.metrics import evaluate_detections
     preds, gts = [], []
     paths = [str(s.image) for s in data.val]
-    res = model.predict(paths, imgsz=imgsz, conf=0.001, iou=0.7, max_det=300, batch=8, **kw)
+    res = [r for i in range(0, len(paths), 32)   # <= 32 per call: no progress bar
+           for r in model.predict(paths[i:i + 32], imgsz=imgsz, conf=0.001, iou=0.7, max_det=300, batch=8, **kw)]
     for s, r in zip(data.val, res):
         preds.append(r.boxes.data.cpu().numpy())
         lab = s.labels.copy()
@@ -69,7 +70,8 @@ def shapes_map(model, data, imgsz: int, **kw) -> float:
 
 def measure_family(fam: str, size: str, args, data) -> dict:
     t0 = time.perf_counter()
-    m = LibreYOLO.new(fam, size, nc=data.nc, names=data.names, device="cuda", seed=0)
+    cuda = args.device == "cuda"
+    m = LibreYOLO.new(fam, size, nc=data.nc, names=data.names, device=args.device, seed=0)
     out: dict = {"family": fam, "size": size, "weights": args.weights}
     if args.weights == "trained":
         with tempfile.TemporaryDirectory() as tmp:
@@ -86,16 +88,17 @@ def measure_family(fam: str, size: str, args, data) -> dict:
     out["fp32_map50_95"] = map_fp32
     out["arms"] = {}
     for precision in args.precisions:
-        for fast in (False, True):
+        for fast in ((False, True) if cuda else (False,)):
             arm = arm_name(precision, fast)
             t1 = time.perf_counter()
             fig: dict = {}
             try:
                 with measuring():
-                    par = verify_half(m, args.imgsz, (1, 2), (480, 640), (precision,), fast)
-                    fig["graph_bitwise"] = all(r.passed for r in par)
-                    fig["parity"] = [r.as_dict() for r in par]
-                    got = m.predict(images, cuda_graph=True, precision=precision, fast=fast, **kw)
+                    if cuda:   # the parity protocol needs CUDA graphs; the CPU smoke run skips it
+                        par = verify_half(m, args.imgsz, (1, 2), (480, 640), (precision,), fast)
+                        fig["graph_bitwise"] = all(r.passed for r in par)
+                        fig["parity"] = [r.as_dict() for r in par]
+                    got = m.predict(images, cuda_graph=cuda, precision=precision, fast=fast, **kw)
                     ok = tot = 0
                     diffs: list[float] = []
                     for a, b in zip(ref, got):
@@ -105,7 +108,7 @@ def measure_family(fam: str, size: str, args, data) -> dict:
                     fig["match_rate"] = ok / tot if tot else None
                     fig["score_diff_p99"] = float(np.percentile(diffs, 99)) if diffs else None
                     if map_fp32 is not None:
-                        fig["map50_95"] = shapes_map(m, data, args.imgsz, cuda_graph=True, precision=precision,
+                        fig["map50_95"] = shapes_map(m, data, args.imgsz, cuda_graph=cuda, precision=precision,
                                                      fast=fast)
                         fig["map_diff"] = fig["map50_95"] - map_fp32
                     hn = m._half_networks.get((precision, fast))
@@ -115,7 +118,7 @@ def measure_family(fam: str, size: str, args, data) -> dict:
                 traceback.print_exc()
             fig["violations"] = violations(fig) if "error" not in fig else [fig["error"]]
             fig["seconds"] = time.perf_counter() - t1
-            fig.update(device=torch.cuda.get_device_name(), torch=torch.__version__, date=_dt.date.today().isoformat(),
+            fig.update(device=torch.cuda.get_device_name() if cuda else "cpu", torch=torch.__version__, date=_dt.date.today().isoformat(),
                        compile_mode=fastpath.COMPILE_MODE if fast else None)
             out["arms"][arm] = fig
             m.release_graphs()
@@ -149,7 +152,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--families", nargs="*", default=[f for f, _ in FAMILIES])
     ap.add_argument("--precisions", nargs="*", default=["fp16"], choices=["fp16", "bf16"])
     ap.add_argument("--weights", choices=["trained", "redraw"], default="trained")
-    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--epochs", type=int, default=10)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--imgsz", type=int, default=320)
     ap.add_argument("--conf", type=float, default=0.05, help="predict threshold of both paths")
@@ -160,6 +163,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--markdown", default=None)
     ap.add_argument("--compile-mode", default=fastpath.COMPILE_MODE,
                     help="torch.compile mode of the fast arms (default: the library's)")
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
+                    help="cpu: a smoke run of this script (bf16 eager only, no parity)")
     ap.add_argument("--merge", nargs="*", default=None,
                     help="merge these earlier --out files (one per GPU) instead of measuring")
     args = ap.parse_args(argv)
@@ -167,8 +172,9 @@ def main(argv: list[str]) -> int:
     if args.merge:
         rows = [r for p in args.merge for r in json.loads(Path(p).read_text())["families"]]
         return write(rows, args)
-    if not torch.cuda.is_available():
-        print("fast_contract.py needs a CUDA GPU", file=sys.stderr)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("fast_contract.py needs a CUDA GPU (--device cpu: a smoke run of the script itself, bf16 "
+              "eager, no parity, figures not for the table)", file=sys.stderr)
         return 2
     logging.getLogger("libreyolo").setLevel(logging.WARNING)
     from libreyolo.data.datasets import resolve_data

@@ -50,6 +50,9 @@ CONTRACT = {"match_rate_min": 0.99,      # detections matched at IoU >= 0.95 (sa
             "score_diff_p99_max": 0.01,  # p99 of |score_half - score_fp32| over matched pairs
             "map_diff_max": 0.3}         # |mAP50-95 fp32 - half| on shapes val, in points (x100)
 
+#: fewer fp32 detections than this in the measured image set prove nothing about the match rate
+MIN_DETECTIONS = 20
+
 TABLE_PATH = Path(__file__).resolve().parent.parent / "assets" / "fast_contract.json"
 
 
@@ -132,6 +135,8 @@ def violations(figures: dict) -> list[str]:
         out.append(f"score difference p99 {figures.get('score_diff_p99')} > {c['score_diff_p99_max']}")
     if figures.get("map_diff") is None or abs(figures["map_diff"]) > c["map_diff_max"]:
         out.append(f"mAP50-95 difference {figures.get('map_diff')} points > {c['map_diff_max']}")
+    if figures.get("detections") is not None and figures["detections"] < MIN_DETECTIONS:
+        out.append(f"only {figures['detections']} fp32 detections to match (< {MIN_DETECTIONS}): too few to conclude")
     if figures.get("graph_bitwise") is False:
         out.append("graph replay not bitwise equal to the same path eager")
     return out
@@ -183,10 +188,9 @@ def inductor_cache_dir(model, precision: str) -> Path:
 
 @contextlib.contextmanager
 def _inductor_caches(path: Path) -> Iterator[None]:
-    """Point inductor's local caches at ``path`` while compiling (and while the first call
-    compiles: compilation is lazy)."""
+    """Point inductor's local caches at ``path`` (an existing directory) during a call of the
+    compiled network: compilation is lazy and a new input shape recompiles on a later call."""
     import torch._inductor.config as icfg
-    path.mkdir(parents=True, exist_ok=True)
     old_env = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     old = (icfg.fx_graph_cache, icfg.autotune_local_cache)
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(path)
@@ -228,16 +232,18 @@ class HalfNetwork:
         return DTYPES[self.precision]
 
     def __call__(self, x: torch.Tensor) -> Any:
-        if self.fast and self.first_call_s is None:
-            t0 = time.perf_counter()
-            with _inductor_caches(self.cache_dir):
-                out = self.infer(x)
+        if not self.fast:
+            self.calls += 1
+            return self.infer(x)
+        t0 = time.perf_counter() if self.first_call_s is None else None
+        with _inductor_caches(self.cache_dir):
+            out = self.infer(x)
+        if t0 is not None:
             if x.device.type == "cuda":
                 torch.cuda.synchronize(x.device)
             self.first_call_s = time.perf_counter() - t0
-            log.info("libreyolo: fast path compiled in %.1f s (inductor cache %s)", self.first_call_s, self.cache_dir)
-        else:
-            out = self.infer(x)
+            log.info("libreyolo: %s fast path ready in %.1f s (compiled or read from %s)", self.precision,
+                     self.first_call_s, self.cache_dir)
         self.calls += 1
         return out
 
@@ -289,6 +295,7 @@ def half_network(model, precision: str, fast: bool = False) -> HalfNetwork:
     cache_dir = mode = None
     if fast:
         cache_dir, mode = inductor_cache_dir(model, precision), COMPILE_MODE
+        cache_dir.mkdir(parents=True, exist_ok=True)
         infer = compile_infer(infer, mode=mode)
     hn = cache[key] = HalfNetwork(net, infer, precision, bool(fast), src, time.perf_counter() - t0,
                                   cache_dir=cache_dir, compile_mode=mode)

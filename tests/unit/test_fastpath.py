@@ -323,3 +323,38 @@ def test_bench_on_cpu_skips_the_compile_arms_with_a_note():
     res = bench_model(m, imgsz=64, runs=1, warmup=0)
     assert any("compile / half / fast arms skipped: no CUDA device" in n for n in res["notes"])
     assert not {"forward_compile_reduce_overhead", "forward_fast_graph", "compile"} & set(res["arms"])
+
+
+def test_fast_half_network_plumbing_on_cpu(monkeypatch, tmp_path, image):
+    """fast=True's half network with a cheap dynamo backend standing in for inductor (fast=True
+    itself is refused on the CPU): compiled on its first call with inductor's caches pointed
+    at the libreyolo cache dir, equal to the uncompiled half copy, the environment restored."""
+    monkeypatch.setenv("LIBREYOLO_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    seen = []
+
+    def stand_in(infer, mode=None, **kw):
+        compiled = torch.compile(infer, backend="eager", fullgraph=True, dynamic=False)
+
+        def call(x):
+            seen.append(os.environ.get("TORCHINDUCTOR_CACHE_DIR"))
+            return compiled(x)
+        return call
+
+    monkeypatch.setattr(fastpath, "compile_infer", stand_in)
+    m = input_sensitive(LibreYOLO.new("yolo7", "tiny", nc=3, device="cpu", seed=0))
+    hn = half_network(m, "bf16", fast=True)
+    assert hn.fast and hn.compile_mode == fastpath.COMPILE_MODE
+    assert hn.cache_dir == tmp_path / "inductor" / f"torch-{torch.__version__}" / "yolo7-tiny-bf16"
+    assert hn.cache_dir.is_dir()
+    pred = m._get_predictor()
+    plan = pred.plan(64)
+    u8 = torch.from_numpy(image).unsqueeze(0)
+    with torch.no_grad():
+        fast_out = pred._stage_fns(64, plan, hn)[1](u8)
+        eager_out = pred._stage_fns(64, plan, half_network(m, "bf16"))[1](u8)
+    torch._dynamo.reset()
+    assert hn.first_call_s is not None and seen == [str(hn.cache_dir)]
+    assert os.environ.get("TORCHINDUCTOR_CACHE_DIR") != str(hn.cache_dir)   # only during the calls
+    assert all(torch.equal(a, b) for a, b in zip(fast_out, eager_out))
+    assert all(t.dtype != torch.bfloat16 for t in fast_out)   # post-processing in float32
