@@ -1,13 +1,14 @@
 """The harness behind ``libreyolo bench``: one process, every arm side by side.
 
-Arms: eager forward, graphed forward (replay of the captured network), end-to-end
-predict eager and with ``cuda_graph=True`` (uint8 numpy image in, Results out), and
-the capture time. On CUDA also the compile arms (:func:`compile_arms`): ``torch.compile(mode=
-"reduce-overhead")`` of the same fp32 network (what a PyTorch user tries first), the half path
-(``precision``, eager copy in our graph) and the fast path (inductor-compiled half copy in our
-graph), forward and end to end, with first-compile and warm-start (second process) times. Each
-arm is warmed up, then timed ``runs`` times with a device synchronize around every call; medians
-(and p90) are reported.
+Arms: eager forward, graphed forward (replay of the captured network; for a family with a
+predict seam, the replayed front part + the eager rest, and as an experiment the whole network
+captured, with whether it replays bitwise), end-to-end predict eager and with
+``cuda_graph=True`` (uint8 numpy image in, Results out), and the capture time. On CUDA also the
+compile arms (:func:`compile_arms_for`): ``torch.compile(mode="reduce-overhead")`` of the same
+fp32 network (what a PyTorch user tries first), the half path (``precision``, eager copy in our
+graph) and the fast path (inductor-compiled half copy in our graph), forward and end to end, with
+first-compile and warm-start (second process) times. Each arm is warmed up, then timed ``runs``
+times with a device synchronize around every call; medians (and p90) are reported.
 """
 from __future__ import annotations
 
@@ -54,11 +55,22 @@ def device_name(device: torch.device) -> str:
 
 def _result_data(r) -> torch.Tensor:
     """The tensor a task's Results holds (boxes, probs or masks), for equality checks."""
-    for field in ("boxes", *r.FIELDS):
+    for field in ("boxes", *r.FIELDS):   # OCR: TextLines.data (corners, confidences)
         v = getattr(r, field)
         if v is not None:
             return torch.as_tensor(v.data)
     raise ValueError("a Results with no data field")
+
+
+def _whole_graph_arm(net, x: torch.Tensor, eager_out: list, dev: torch.device, runs: int, warmup: int) -> dict:
+    """For a family with a predict seam: the whole network captured anyway (not what predict
+    does), timed, with whether its replay equals eager bit for bit - or why it could not run."""
+    try:
+        graph = CudaGraphCapturer().capture(lambda t: net(t), (x,), module=net)
+        timing = time_call(lambda: graph.replay((x,), clone=False), dev, runs, warmup)
+        return {**timing, "bitwise_equal_eager": all_equal(_clone(graph.replay((x,), clone=False)), eager_out)}
+    except Exception as exc:  # the experiment failing is a result, not an error
+        return {"error": f"{type(exc).__name__}: {exc}"}
 
 
 def bench_model(model, *, imgsz: int = 640, batch: int = 1, runs: int = 200, warmup: int = 30,
@@ -74,11 +86,15 @@ def bench_model(model, *, imgsz: int = 640, batch: int = 1, runs: int = 200, war
     # An untrained head detects nothing, which would leave NMS idle: re-draw its biases
     # (seeded) so that post-processing has a full load; detections per image are reported.
     model = input_sensitive(model)
+    opts = {"conf": conf} if "conf" in model.task.predict_defaults else {}
+    opts.update(model.task.bench_options())   # e.g. segment-prompt: the prompt of each call
+    notes = None
+    if image is None:   # a task's own input (OCR: a printed page) and the options it needs
+        image, task_opts, notes = model.task.bench_setup(model, imgsz)
+        opts.update(task_opts)
     if image is None:
         image = load_sources(SAMPLE_IMAGE)[0].image
     images = [image] * batch
-    opts = {"conf": conf} if "conf" in model.task.predict_defaults else {}
-    opts.update(model.task.bench_options())   # e.g. segment-prompt: the prompt of each call
     net = model.model.eval()
     x = torch.rand((batch, 3, imgsz, imgsz), generator=torch.Generator().manual_seed(0)).to(dev)
     arms: dict[str, Any] = {}
@@ -86,15 +102,31 @@ def bench_model(model, *, imgsz: int = 640, batch: int = 1, runs: int = 200, war
         arms["forward_eager"] = time_call(lambda: net(x), dev, runs, warmup)
     arms["predict_eager"] = time_call(lambda: model.predict(images, imgsz=imgsz, batch=batch, **opts),
                                       dev, runs, warmup)
-    dets = sum(len(r) for r in model.predict(images, imgsz=imgsz, batch=batch, **opts)) / batch  # boxes only
+    first = model.predict(images, imgsz=imgsz, batch=batch, **opts)
+    dets = sum(len(r) for r in first) / batch  # boxes only
+    lines = sum(len(r.texts) for r in first) / batch if first and first[0].texts is not None else None
+    seam = bool(model.PREDICT_SEAM)
     if dev.type == "cuda" and model.SUPPORTS_CUDA_GRAPH:
         with torch.no_grad():
-            t0 = time.perf_counter()
-            graph = CudaGraphCapturer().capture(lambda t: net(t), (x,), module=net)
-            capture_ms = (time.perf_counter() - t0) * 1e3
-            arms["forward_graph"] = time_call(lambda: graph.replay((x,), clone=False), dev, runs, warmup)
             eager_out = _clone(net(x))
-            same = all_equal(_clone(graph.replay((x,), clone=False)), eager_out)
+            if seam:   # what predict captures: the front part; the rest runs eager after its replay
+                t0 = time.perf_counter()
+                graph = CudaGraphCapturer().capture(lambda t: model.infer_front(t), (x,), module=net)
+                capture_ms = (time.perf_counter() - t0) * 1e3
+
+                def forward_graph():
+                    return model.infer_back(*graph.replay((x,), clone=False))
+                arms["forward_graph_front_only"] = time_call(lambda: graph.replay((x,), clone=False), dev, runs,
+                                                             warmup)
+            else:
+                t0 = time.perf_counter()
+                graph = CudaGraphCapturer().capture(lambda t: net(t), (x,), module=net)
+                capture_ms = (time.perf_counter() - t0) * 1e3
+
+                def forward_graph():
+                    return graph.replay((x,), clone=False)
+            arms["forward_graph"] = time_call(forward_graph, dev, runs, warmup)
+            same = all_equal(_clone(forward_graph()), eager_out)
         del graph
         model.release_graphs()
         t0 = time.perf_counter()
@@ -121,6 +153,9 @@ def bench_model(model, *, imgsz: int = 640, batch: int = 1, runs: int = 200, war
         arms["predict_graph_equal_eager"] = all(torch.equal(_result_data(a), _result_data(b))
                                                 for a, b in zip(ref_eager, ref_graph))
         model.release_graphs()
+        if seam:   # last: a capture that fails here must not disturb the arms above
+            with torch.no_grad():
+                arms["forward_whole_graph"] = _whole_graph_arm(net, x, eager_out, dev, runs, warmup)
     # the task's own arms (segment-prompt: the image stage alone and a prompt call on a set image)
     arms.update(model.task.bench_arms(model, image, runs, warmup, imgsz, time_call))
     notes: list[str] = []
@@ -131,9 +166,12 @@ def bench_model(model, *, imgsz: int = 640, batch: int = 1, runs: int = 200, war
         else:
             arms.update(compile_arms_for(model, x, images, imgsz, batch, opts, runs, warmup, precision))
     result = {
-        "model": f"{model.FAMILY}-{model.size}", "task": model.TASK, "fused": model.fused, "trained": model.trained, "imgsz": imgsz,
+        "model": f"{model.FAMILY}-{model.size}", "task": model.TASK,
+        "captured": "front part (seam), rest eager" if seam else "whole stage", "fused": model.fused, "trained": model.trained, "imgsz": imgsz,
         "batch": batch,
         "image_hw": list(image.shape[:2]), "detections_per_image": dets,
+        **({} if lines is None else {"text_lines_per_image": lines}),
+        **({} if notes is None else {"task_input": notes}),
         "device": device_name(dev), "torch": torch.__version__,
         "cuda": torch.version.cuda, "date": _dt.date.today().isoformat(), "runs": runs, "warmup": warmup,
         # float32 convolutions run as TF32 on Ampere and later unless disabled (PyTorch's default: on)
@@ -162,6 +200,8 @@ def _compile_arms_skipped(model, precision: str) -> str | None:
         return f"the half / fast path covers detection; {model.FAMILY} is a {model.TASK} model"
     if not model.SUPPORTS_CUDA_GRAPH:
         return f"{model.FAMILY} is not graph-capturable"
+    if model.PREDICT_SEAM:
+        return f"{model.FAMILY}'s predict stage has a seam (the half path covers whole-stage families)"
     if precision == "fp32":
         return "precision=fp32 (the half and fast arms need fp16 or bf16)"
     return None
@@ -257,3 +297,86 @@ def write_json(result: dict, path: str | Path) -> Path:
     tmp.write_text(json.dumps(result, indent=2))
     tmp.replace(p)
     return p
+
+
+def bench_video(model, source: Any, *, imgsz: int = 640, frames: int = 300, conf: float = 0.25,
+                warmup: int = 5) -> dict:
+    """Frames per second on a video (``libreyolo bench source=clip.mp4``), decode reported apart.
+
+    * ``decode``: PyAV decoding + RGB conversion of the first ``frames`` frames alone (the reader
+      thread as predict uses it, nothing else running).
+    * ``predict_eager`` / ``predict_graph``: predict on those decoded frames one at a time (the
+      numpy frames, so no decoding), with the device synchronized after each; ``graph`` is
+      ``cuda_graph="auto"`` (CUDA only), whose uint8 stage is captured once the frame size
+      repeats. Medians after ``warmup`` frames; the first frames' times are listed.
+    * ``video_eager`` / ``video_graph``: ``model.predict(source, stream=True)`` end to end -
+      decoding in its thread, overlapped with the device - frames/s over the whole pass, with the
+      number of captures and the frame at which the first replay happened.
+    """
+    from .data.video import open_video_sources
+    from .engine.verify import input_sensitive
+
+    dev = model.device
+    model = input_sensitive(model)  # an untrained head detects nothing: give NMS a real load
+    opts = {"conf": conf} if "conf" in model.task.predict_defaults else {}
+    images = []
+    t0 = time.perf_counter()
+    with open_video_sources(source) as vs:
+        src = vs.streams[0]
+        meta = {"source": str(src.name), "codec": src.codec, "width": src.width, "height": src.height,
+                "fps": src.fps, "frames_declared": src.frames}
+        for step in vs.steps():
+            images.append(step[0].image)
+            if len(images) >= frames:
+                break
+    decode_s = time.perf_counter() - t0
+    n = len(images)
+    if n == 0:
+        raise ValueError(f"bench: '{source}' gave no frame")
+    arms: dict[str, Any] = {"decode": {"frames": n, "ms_per_frame": decode_s * 1e3 / n, "fps": n / decode_s}}
+    modes = [("eager", False)]
+    graph_ok = dev.type == "cuda" and model.SUPPORTS_CUDA_GRAPH
+    if graph_ok:
+        modes.append(("graph", "auto"))
+    for name, mode in modes:
+        model.release_graphs()
+        model._predictor = None  # a fresh predictor: the first frames pay what a new stream pays
+        times = []
+        for im in images:
+            t = time.perf_counter()
+            model.predict(im, imgsz=imgsz, cuda_graph=mode, **opts)
+            _sync(dev)
+            times.append((time.perf_counter() - t) * 1e3)
+        steady = times[min(warmup, n - 1):]
+        med = statistics.median(steady)
+        arms[f"predict_{name}"] = {"median_ms": med, "fps": 1e3 / med, "first_frames_ms": times[:5],
+                                   "frames": n}
+        model.release_graphs()
+        model._predictor = None
+        t = time.perf_counter()
+        replay_at = None
+        count = 0
+        for r in model.predict(source, imgsz=imgsz, cuda_graph=mode, stream=True, **opts):
+            count += 1
+            if replay_at is None and mode and model.graph_info()["replays"] > 0:
+                replay_at = count
+            if count >= n:
+                break
+        _sync(dev)
+        wall = time.perf_counter() - t
+        info = model.graph_info()
+        arms[f"video_{name}"] = {"frames": count, "fps": count / wall, "captures": info["captures"],
+                                 "first_replay_at_frame": replay_at}
+    model.release_graphs()
+    result = {
+        "model": f"{model.FAMILY}-{model.size}", "task": model.TASK, "trained": model.trained, "imgsz": imgsz,
+        "video": meta, "device": device_name(dev), "torch": torch.__version__, "cuda": torch.version.cuda,
+        "date": _dt.date.today().isoformat(), "warmup": warmup, "arms": arms,
+        "graph": "measured" if graph_ok else ("needs a CUDA device" if dev.type != "cuda"
+                                              else f"{model.FAMILY} is not graph-capturable"),
+    }
+    pe, pg = arms["predict_eager"]["median_ms"], arms.get("predict_graph", {}).get("median_ms")
+    result["ratios"] = {"predict_speedup": pe / pg if pg else None,
+                        "video_speedup": (arms["video_graph"]["fps"] / arms["video_eager"]["fps"]
+                                          if "video_graph" in arms else None)}
+    return result

@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .options import (AMP_FAMILY_DEFAULT, OptionError, check_choice, check_float, check_fraction, check_imgsz,
-                      check_int, parse_amp, parse_bool, parse_classes)
+                      check_int, parse_amp, parse_bool, parse_classes, parse_freeze, parse_loggers)
 
 console = Console()
 
@@ -117,7 +117,6 @@ def _resume(v: str):
         return parse_bool("resume", v)
     except OptionError:
         pass
-    from pathlib import Path
     if not Path(v).expanduser().is_file():
         raise OptionError(f"resume must be true, false or the path of a last.pt file, got {v!r} "
                           "(no such file)")
@@ -185,7 +184,8 @@ def _load(opts: dict, seed: int | None = None):
 # ---------------------------------------------------------------- commands
 PREDICT = {
     "model": Opt(str, None, "checkpoint path or family/size name"),
-    "source": Opt(str, None, "image, directory, glob (default: the bundled sample image)"),
+    "source": Opt(str, None, "image, directory, glob, video file, camera index (0), rtsp/rtmp/http(s) URL or "
+                             ".streams list (default: the bundled sample image)"),
     "imgsz": Opt(_imgsz(), None, "inference size (default: the checkpoint's)"),
     "conf": Opt(_frac("conf"), 0.25, "confidence threshold"),
     "iou": Opt(_frac("iou"), 0.45, "NMS IoU threshold"),
@@ -199,6 +199,9 @@ PREDICT = {
     "fast": Opt(_flag("fast"), False, "CUDA: compile the half network with inductor inside the CUDA graph"),
     "save": Opt(_flag("save"), True, "write annotated images"),
     "save_dir": Opt(str, None, "where annotated images go (default: a new runs/predict, runs/predict2, ...)"),
+    "vid_stride": Opt(_int("vid_stride", 1), 1, "predict every N-th frame of a video"),
+    "show": Opt(_flag("show"), False, "show the annotated frames in a window (where a display exists)"),
+    "timeout": Opt(_positive_float("timeout"), 10.0, "seconds a camera or stream URL may take to answer"),
     "json": Opt(str, None, "also write all detections to this JSON file"),
     "points": Opt(str, None, "segment-prompt: points x,y;x,y in pixels, or 'center' (the default without boxes)"),
     "labels": Opt(str, None, "segment-prompt: one label per point, 1 foreground / 0 background, e.g. 1,0"),
@@ -206,9 +209,11 @@ PREDICT = {
 }
 
 
-def cmd_predict(opts: dict) -> int:
-    _need_model(opts, "predict")
+def cmd_predict(opts: dict, track: bool = False) -> int:
+    command = "track" if track else "predict"
+    _need_model(opts, command)
     from . import SAMPLE_IMAGE
+    from .data.video import is_video_source
     model = _load(opts)
     task_opts = {}
     if "conf" in model.task.predict_defaults:   # detection's options
@@ -220,11 +225,18 @@ def cmd_predict(opts: dict) -> int:
             task_opts = parse_cli(opts["points"], opts["labels"], opts["boxes"])
         except ValueError as exc:
             raise UsageError(str(exc)) from None
-    results = model.predict(opts["source"] or SAMPLE_IMAGE, imgsz=opts["imgsz"], batch=opts["batch"],
-                            cuda_graph=opts["cuda_graph"], amp=opts["amp"], save=opts["save"],
-                            save_dir=opts["save_dir"], verbose=True, **task_opts,
-                            **({"precision": opts["precision"], "fast": opts["fast"]}
-                               if opts["precision"] is not None or opts["fast"] else {}))
+    source = opts["source"] or SAMPLE_IMAGE
+    call = (lambda src, **kw: model.track(src, tracker=opts["tracker"], **kw)) if track else model.predict
+    common = dict(imgsz=opts["imgsz"], batch=opts["batch"], cuda_graph=opts["cuda_graph"], amp=opts["amp"],
+                  save=opts["save"], save_dir=opts["save_dir"], verbose=True)
+    if opts["show"]:
+        common["show"] = True
+    if opts["precision"] is not None or opts["fast"]:   # the default call stays today's call
+        common.update(precision=opts["precision"], fast=opts["fast"])
+    if is_video_source(source):  # frames are counted, not listed (a stream can run for hours)
+        run = call(source, stream=True, vid_stride=opts["vid_stride"], timeout=opts["timeout"], **common, **task_opts)
+        return _video_report(run, opts, model, track)
+    results = list(call(source, **common, **task_opts))
     saved_to = str(Path(results[0].saved_to).parent) if results and results[0].saved_to else opts["save_dir"]
     for r in results:
         if r.boxes is not None:
@@ -233,9 +245,14 @@ def cmd_predict(opts: dict) -> int:
                 name = r.names[int(c)]
                 counts[name] = counts.get(name, 0) + 1
             what = ", ".join(f"{n} {k}" for k, n in sorted(counts.items(), key=lambda kv: -kv[1])) or "no detections"
+        elif getattr(r, "depth", None) is not None:
+            what = f"relative inverse depth {r.depth.min:.3g} .. {r.depth.max:.3g}"
+        elif isinstance(r.summary(), dict):   # one summary of the whole image (matting)
+            what = ", ".join(f"{k} {v:.2f}" for k, v in r.summary().items() if isinstance(v, float))
         else:
             top = r.summary()[:3]
-            what = ", ".join(f"{d['name']} {d.get('confidence', d.get('area', 0)):.2f}" for d in top)
+            what = ", ".join(f"{d.get('name', d.get('text'))} {d.get('confidence', d.get('area', 0)):.2f}"
+                             for d in top) or "nothing found"
         ms = sum(v for v in r.speed.values() if v is not None)
         console.print(f"{r.path}: {r.orig_shape[1]}x{r.orig_shape[0]}, {what} ({ms:.1f} ms)")
     if opts["save"]:
@@ -244,10 +261,49 @@ def cmd_predict(opts: dict) -> int:
         Path(opts["json"]).write_text(json.dumps([{"path": r.path, "detections": r.summary()} for r in results],
                                                  indent=2))
         console.print(f"detections written to {opts['json']}")
+    _graph_report(model, opts)
+    return 0
+
+
+def _graph_report(model, opts: dict) -> None:
     info = model.graph_info()
     console.print(f"cuda_graph={opts['cuda_graph']}: {len(info['graphs'])} graph(s), {info['replays']} replay(s)"
                   + (f"; eager because {info['fallbacks'][0]['reason']}" if info["fallbacks"] else ""))
+
+
+def _video_report(run, opts: dict, model, track: bool) -> int:
+    """Consume a video predict/track generator; print one summary line per source."""
+    per_source: dict[str, dict] = {}
+    rows = [] if opts["json"] else None
+    for r in run:
+        s = per_source.setdefault(r.path, {"frames": 0, "boxes": 0, "ids": set(), "ms": 0.0, "saved": r.saved_to})
+        s["frames"] += 1
+        s["boxes"] += len(r)
+        s["ms"] += sum(v for v in r.speed.values() if v is not None)
+        if r.boxes is not None and r.boxes.is_track:
+            s["ids"].update(int(i) for i in r.boxes.id.tolist())
+        if rows is not None:
+            rows.append({"path": r.path, "frame": r.frame_index, "timestamp": r.timestamp, "detections": r.summary()})
+    for path, s in per_source.items():
+        tracks = f", {len(s['ids'])} track(s)" if track else ""
+        console.print(f"{path}: {s['frames']} frame(s), {s['boxes']} box(es){tracks} "
+                      f"({s['ms'] / max(1, s['frames']):.1f} ms per frame)"
+                      + (f"; annotated video [bold]{s['saved']}[/]" if s["saved"] else ""))
+    if rows is not None:
+        Path(opts["json"]).write_text(json.dumps(rows, indent=2))
+        console.print(f"detections written to {opts['json']}")
+    _graph_report(model, opts)
     return 0
+
+
+TRACK = {**PREDICT,
+         "conf": Opt(_frac("conf"), 0.1, "confidence threshold (detections below the tracker's 0.25 only extend "
+                                         "tracks)"),
+         "tracker": Opt(_choice("tracker", ("bytetrack", "botsort")), "bytetrack", "bytetrack or botsort")}
+
+
+def cmd_track(opts: dict) -> int:
+    return cmd_predict(opts, track=True)
 
 
 INFO = {"json": Opt(_flag("json"), False, "print JSON instead of tables")}
@@ -273,7 +329,8 @@ def cmd_info(opts: dict) -> int:
         train = ("whole step" if m["cuda_graph_train"] else
                  "backbone+encoder" if m["cuda_graph_train_seam"] else "no (eager)")
         t.add_row(m["family"], ", ".join(m["sizes"]), m["task"], f"{m['file_prefix']}<size>.pt",
-                  "yes" if m["cuda_graph"] else "no (eager)", train)
+                  ("front part (seam)" if m["cuda_graph_predict_seam"] else "yes") if m["cuda_graph"] else "no (eager)",
+                  train)
     console.print(t)
     console.print("tasks: " + "; ".join(f"{k} ({', '.join(v) or '-'})" for k, v in tasks.items()))
     e = Table(title="environment", show_header=False)
@@ -332,7 +389,6 @@ def cmd_verify(opts: dict) -> int:
     ok = all(r.passed for r in res)
     console.print("[bold green]VERDICT: bitwise parity holds[/]" if ok else "[bold red]VERDICT: parity FAILED[/]")
     if opts["json"]:
-        from pathlib import Path
         Path(opts["json"]).write_text(json.dumps([r.as_dict() for r in res], indent=2))
     return 0 if ok else 1
 
@@ -350,6 +406,9 @@ BENCH = {
                                           "compile and warm-start times"),
     "tf32": Opt(_flag("tf32"), None, "allow TF32 in float32 convolutions and matmuls (default: PyTorch's settings, "
                              "convolutions on, matmuls off); false = strict fp32"),
+    "source": Opt(str, None, "a video file: frames/s eager vs graph on its frames, decode timed apart "
+                             "(scripts/make_clip.py makes a 1080p one)"),
+    "frames": Opt(_int("frames", 1), 300, "frames of source= used"),
     "json": Opt(str, None, "where to write the JSON result (default runs/bench/<model>-<imgsz>-b<batch>.json)"),
 }
 
@@ -363,6 +422,8 @@ def cmd_bench(opts: dict) -> int:
         model.fuse()
     if opts["tf32"] is not None:  # for this process only: the bench is its own process
         torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = bool(opts["tf32"])
+    if opts["source"]:
+        return _bench_video(model, opts)
     res = bench_model(model, imgsz=opts["imgsz"], batch=opts["batch"], runs=opts["runs"], warmup=opts["warmup"],
                       precision=opts["precision"], compile_arms=opts["compile"])
     tf32 = (f", TF32 conv {res['tf32']['cudnn']} / matmul {res['tf32']['matmul']}"
@@ -371,13 +432,20 @@ def cmd_bench(opts: dict) -> int:
                     f"(torch {res['torch']}, {res['date']}{tf32})")
     for col in ("arm", "median ms", "p90 ms", "runs"):
         t.add_column(col)
-    fixed = ("forward_eager", "forward_graph", "predict_eager", "predict_graph")
+    fixed = ("forward_eager", "forward_graph", "forward_graph_front_only", "forward_whole_graph",
+             "predict_eager", "predict_graph")
     extra = [k for k, v in res["arms"].items() if k not in fixed and isinstance(v, dict) and "median_ms" in v]
     for arm in (*fixed, *extra):   # extra: the task's own arms (segment-prompt: set_image, prompt)
         if arm in res["arms"]:
             a = res["arms"][arm]
             t.add_row(arm, f"{a['median_ms']:.3f}", f"{a['p90_ms']:.3f}", str(a["runs"]))
     console.print(t)
+    console.print(f"captured: {res['captured']}")
+    whole = res["arms"].get("forward_whole_graph")
+    if whole is not None:   # a seam family: the whole network captured as an experiment
+        console.print("whole network captured (experiment, not what predict does): "
+                      + (f"failed: {whole['error']}" if "error" in whole
+                         else f"replay bitwise == eager: {whole['bitwise_equal_eager']}"))
     if "predict_graph_stages_ms_per_image" in res["arms"]:
         st = res["arms"]["predict_graph_stages_ms_per_image"]
         console.print("predict(graph) stages, ms per image: " + ", ".join(f"{k} {v:.3f}" for k, v in st.items()))
@@ -404,7 +472,41 @@ def cmd_bench(opts: dict) -> int:
     if model.TASK == "detect":
         console.print(f"detections per image: {res['detections_per_image']:.1f}"
                       + ("" if res["trained"] else " (untrained weights)"))
+    if "text_lines_per_image" in res:
+        console.print(f"text lines recognised per image: {res['text_lines_per_image']:.1f} on a page of "
+                      f"{res['task_input']['lines_on_page']} ({res['task_input']['options']})")
     path = write_json(res, opts["json"] or f"runs/bench/{res['model']}-{res['imgsz']}-b{res['batch']}.json")
+    console.print(f"written to {path}")
+    return 0
+
+
+def _bench_video(model, opts: dict) -> int:
+    from .benchmark import bench_video, write_json
+    res = bench_video(model, opts["source"], imgsz=opts["imgsz"], frames=opts["frames"],
+                      warmup=min(opts["warmup"], max(0, opts["frames"] - 1)))
+    v, a = res["video"], res["arms"]
+    t = Table(title=f"{res['model']} imgsz={res['imgsz']} on {v['width']}x{v['height']} {v['codec']} "
+                    f"({a['decode']['frames']} frames of {Path(str(v['source'])).name}), {res['device']}, "
+                    f"torch {res['torch']}")
+    for col in ("arm", "frames/s", "ms per frame", "note"):
+        t.add_column(col)
+    t.add_row("decode (PyAV, alone)", f"{a['decode']['fps']:.1f}", f"{a['decode']['ms_per_frame']:.2f}", "")
+    for name in ("eager", "graph"):
+        if f"predict_{name}" in a:
+            p = a[f"predict_{name}"]
+            first = ", ".join(f"{x:.1f}" for x in p["first_frames_ms"][:3])
+            t.add_row(f"predict {name} (decoded frames)", f"{p['fps']:.1f}", f"{p['median_ms']:.2f}",
+                      f"first frames {first} ms")
+    for name in ("eager", "graph"):
+        if f"video_{name}" in a:
+            e = a[f"video_{name}"]
+            note = (f"{e['captures']} capture(s), first replay at frame {e['first_replay_at_frame']}"
+                    if name == "graph" else "decode overlapped in its thread")
+            t.add_row(f"video {name} (end to end)", f"{e['fps']:.1f}", f"{1e3 / e['fps']:.2f}", note)
+    console.print(t)
+    if res["graph"] != "measured":
+        console.print(f"graph arms skipped: {res['graph']} (eager only)")
+    path = write_json(res, opts["json"] or f"runs/bench/{res['model']}-{res['imgsz']}-video.json")
     console.print(f"written to {path}")
     return 0
 
@@ -440,6 +542,12 @@ TRAIN = {
                               "(default false: read the files every epoch)"),
     "channels_last": Opt(_auto_flag("channels_last"), None, "NHWC network and batches: true, false or auto "
                                                            "(on CUDA for the families that declare it)"),
+    "val": Opt(_flag("val"), True, "validate after every epoch (false: no validation, best.pt = last.pt)"),
+    "patience": Opt(_int("patience", 0), 0, "stop after N epochs without a better validation fitness (0: never)"),
+    "freeze": Opt(parse_freeze, None, "freeze the first N layers, or parameter-name prefixes, e.g. "
+                                      "freeze=3 or freeze=backbone,neck.down1"),
+    "save_period": Opt(_int("save_period", 0), 0, "also save weights/epochN.pt every N epochs (0: never)"),
+    "loggers": Opt(parse_loggers, None, "experiment loggers: tensorboard (event files in the run folder)"),
 }
 
 
@@ -484,7 +592,6 @@ DEMO = {
 
 def cmd_demo(opts: dict) -> int:
     """Train briefly on the built-in shapes set, validate, predict a held-out image, save it."""
-    from pathlib import Path
 
     from .data.datasets import resolve_data
     from .weights import load_checkpoint
@@ -531,6 +638,8 @@ VAL = {
     "device": Opt(str, "auto", "auto, cpu, cuda"),
     "conf": Opt(_frac("conf"), 0.001, "confidence threshold"),
     "iou": Opt(_frac("iou"), 0.7, "NMS IoU threshold"),
+    "save_json": Opt(_flag("save_json"), False, "also write the predictions as COCO results (predictions.json)"),
+    "save_dir": Opt(str, None, "where predictions.json goes (default: a new runs/val, runs/val2, ...)"),
 }
 
 
@@ -538,7 +647,7 @@ def cmd_val(opts: dict) -> int:
     _need_model(opts, "val")
     model = _load(opts)
     if model.TASK != "detect":
-        res = model.val(data=opts["data"], imgsz=opts["imgsz"], batch=opts["batch"])
+        res = model.val(data=opts["data"], imgsz=opts["imgsz"], batch=opts["batch"], save_json=opts["save_json"])
         t = Table(title=f"{model.FAMILY}-{model.size} on {opts['data']}")
         for col in ("metric", "value"):
             t.add_column(col)
@@ -547,7 +656,8 @@ def cmd_val(opts: dict) -> int:
                 t.add_row(k, f"{v:.4f}")
         console.print(t)
         return 0
-    res = model.val(data=opts["data"], imgsz=opts["imgsz"], batch=opts["batch"], conf=opts["conf"], iou=opts["iou"])
+    res = model.val(data=opts["data"], imgsz=opts["imgsz"], batch=opts["batch"], conf=opts["conf"], iou=opts["iou"],
+                    save_json=opts["save_json"], save_dir=opts["save_dir"])
     t = Table(title=f"{model.FAMILY}-{model.size} on {opts['data']}")
     for col in ("class", "instances", "mAP50", "mAP50-95"):
         t.add_column(col)
@@ -555,6 +665,8 @@ def cmd_val(opts: dict) -> int:
         t.add_row(str(name), str(r.get("instances", "")), f"{r['map50']:.4f}", f"{r['map50_95']:.4f}")
     t.add_row("all", "", f"{res['map50']:.4f}", f"{res['map50_95']:.4f}")
     console.print(t)
+    if res.get("predictions_json"):
+        console.print(f"COCO results: {res['predictions_json']}")
     return 0
 
 
@@ -562,9 +674,11 @@ COMMANDS: dict[str, tuple[Callable[[dict], int], dict, str]] = {
     "demo": (cmd_demo, DEMO, "train briefly on built-in data, validate, predict a held-out image, save it"),
     "train": (cmd_train, TRAIN, "train a model (data=shapes: the built-in synthetic set)"),
     "val": (cmd_val, VAL, "mAP50 / mAP50-95 on a dataset's validation split"),
-    "predict": (cmd_predict, PREDICT, "detect objects in images and save annotated pictures"),
+    "predict": (cmd_predict, PREDICT, "detect objects in images or videos and save annotated pictures/videos"),
+    "track": (cmd_track, TRACK, "detect and track objects in a video, camera or stream (ids on the boxes)"),
     "verify": (cmd_verify, VERIFY, "run the CUDA-graph parity protocol on this GPU"),
-    "bench": (cmd_bench, BENCH, "measure eager vs graphed forward and end-to-end predict"),
+    "bench": (cmd_bench, BENCH, "measure eager vs graphed forward and end-to-end predict (source=clip.mp4: on "
+                                "a video's frames)"),
     "info": (cmd_info, INFO, "families, sizes, tasks, graph support, torch/CUDA versions"),
 }
 
@@ -629,7 +743,8 @@ def main(argv: list[str] | None = None) -> int:
     except (UsageError, OptionError) as exc:  # OptionError: a value only checkable with the model (classes)
         print(f"libreyolo {name}: {exc}", file=sys.stderr)
         return 2
-    except (FileNotFoundError, ValueError, NotImplementedError, RuntimeError) as exc:
+    except (OSError, ImportError, ValueError, NotImplementedError, RuntimeError) as exc:
+        # OSError: a missing file, a full disk (CheckpointSaveError); ImportError: an optional package
         console.print(f"[bold red]error:[/] {exc}")
         return 1
 

@@ -44,7 +44,7 @@ class LibreYOLO:
             fam, size = spec
             log.warning("libreyolo: building an UNTRAINED %s-%s from its configuration (random weights): "
                         "its detections are meaningless until it is trained", fam.FAMILY, size)
-            m = fam.new(size, nc=nc or 80, names=names, imgsz=imgsz, device=device)
+            m = fam.new(size, nc=nc, names=names, imgsz=imgsz, device=device)
             m._warned_untrained = True  # said here once; the predictor's first-call warning checks this
             return m
         from .weights import load_checkpoint, resolve_weights
@@ -60,9 +60,11 @@ class LibreYOLO:
         return m
 
     @staticmethod
-    def new(family: str, size: str, nc: int = 80, names: Any = None, *, imgsz: int | None = None,
+    def new(family: str, size: str, nc: int | None = None, names: Any = None, *, imgsz: int | None = None,
             device: Any = "auto", seed: int | None = None) -> Model:
-        """Build an untrained model of ``family`` and ``size`` (e.g. ``LibreYOLO.new("yolo9", "t")``)."""
+        """Build an untrained model of ``family`` and ``size`` (e.g. ``LibreYOLO.new("yolo9", "t")``);
+        ``nc`` defaults to the family's usual label set (80 COCO classes for detectors, ImageNet's 1000
+        for classifiers, ADE20K's 150 for SegFormer)."""
         return get_family(family).new(size, nc=nc, names=names, imgsz=imgsz, device=device, seed=seed)
 
 

@@ -38,6 +38,9 @@ __all__ = [
     "parse_bool",
     "parse_amp",
     "parse_classes",
+    "parse_freeze",
+    "parse_loggers",
+    "LOGGERS",
 ]
 
 LOGGER = logging.getLogger("libreyolo")
@@ -361,3 +364,68 @@ def parse_classes(value: Any, names: Mapping[int, str] | Sequence[str]) -> list[
         if n not in ids:
             ids.append(n)
     return ids
+
+
+# --------------------------------------------------------------------------------------------------
+# Training conveniences
+
+
+def parse_freeze(value: Any) -> int | list[str] | None:
+    """``freeze=`` as None (nothing frozen), a layer count N (the first N layers of the network),
+    or a list of parameter-name prefixes (``["backbone", "neck.elan_up1"]``).
+
+    Accepted: None, False, 0 (nothing); an integer >= 0 or its text; a comma-separated string of
+    prefixes (``"backbone,neck.down1"``); a sequence of prefix strings. Whether the count or the
+    prefixes fit the network is checked by the trainer, which knows it.
+    """
+    if value is None or value is False:
+        return None
+    n = _as_int(value)
+    if n is not None:
+        if n < 0:
+            raise OptionError(f"freeze must be an integer >= 0 (layers), or parameter-name prefixes, got {_show(value)}")
+        return n or None
+    if isinstance(value, str):
+        items: list[Any] = value.split(",")
+    elif isinstance(value, Sequence) and not isinstance(value, (bytes, bytearray)):
+        items = list(value)
+    else:
+        raise OptionError(f"freeze must be an integer >= 0 (the first N layers) or parameter-name prefixes "
+                          f"(e.g. freeze=backbone,neck.down1), got {_show(value)}")
+    out = []
+    for item in items:
+        if not isinstance(item, str) or not item.strip() or item.strip() != item.strip().strip("."):
+            raise OptionError(f"freeze: {_show(item)} is not a parameter-name prefix (a non-empty name such as "
+                              f"'backbone' or 'neck.down1'), in freeze={_show(value)}")
+        if item.strip() not in out:
+            out.append(item.strip())
+    if not out:
+        raise OptionError("freeze is an empty list: pass None (nothing frozen), a layer count or prefixes")
+    return out
+
+
+#: Experiment loggers ``loggers=`` may name.
+LOGGERS = ("tensorboard",)
+
+
+def parse_loggers(value: Any) -> tuple[str, ...]:
+    """``loggers=`` as a tuple of logger names from :data:`LOGGERS` (empty: none).
+
+    Accepted: None, False, ``""`` or ``"none"`` (none); a name (``"tensorboard"``); a
+    comma-separated string or a sequence of names. Whether a logger's package is installed is
+    checked when the run starts.
+    """
+    if value is None or value is False:
+        return ()
+    if isinstance(value, str):
+        items: list[Any] = [] if value.strip().lower() in ("", "none") else value.split(",")
+    elif isinstance(value, Sequence) and not isinstance(value, (bytes, bytearray)):
+        items = list(value)
+    else:
+        raise OptionError(f"loggers must be none or one or more of {', '.join(LOGGERS)}, got {_show(value)}")
+    out: list[str] = []
+    for item in items:
+        name = check_choice("loggers", item, LOGGERS)
+        if name not in out:
+            out.append(name)
+    return tuple(out)

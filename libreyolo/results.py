@@ -50,18 +50,23 @@ class Boxes:
     """Detections of one image: ``data`` is (n, 6) ``x1, y1, x2, y2, conf, cls`` in pixels.
 
     ``orig_shape`` is the (height, width) of the original image, used by the normalized formats.
+    ``id``: the (n,) track ids when the boxes come from ``model.track`` (None otherwise).
     Indexing (int, slice, bool mask or index array) returns a new ``Boxes``, always 2-D.
     """
 
-    def __init__(self, data: torch.Tensor | np.ndarray, orig_shape: tuple[int, int]):
+    def __init__(self, data: torch.Tensor | np.ndarray, orig_shape: tuple[int, int],
+                 id: torch.Tensor | np.ndarray | None = None):
         if not isinstance(data, (torch.Tensor, np.ndarray)):
             raise TypeError(f"Boxes data must be a torch tensor or numpy array, got {type(data).__name__}")
         if data.ndim != 2 or data.shape[1] != 6:
             raise ValueError(
                 f"Boxes data must have shape (n, 6) = x1, y1, x2, y2, conf, cls; got {tuple(data.shape)}"
             )
+        if id is not None and (id.ndim != 1 or id.shape[0] != data.shape[0]):
+            raise ValueError(f"Boxes id must have shape ({data.shape[0]},), one per box; got {tuple(id.shape)}")
         self._data = data
         self._orig_shape = (int(orig_shape[0]), int(orig_shape[1]))
+        self._id = id
 
     # ---- raw fields ----------------------------------------------------------------------------
     @property
@@ -93,6 +98,16 @@ class Boxes:
     def cls(self) -> torch.Tensor | np.ndarray:
         """(n,) class indices (stored as floats, like the rest of ``data``)."""
         return self._data[:, 5]
+
+    @property
+    def id(self) -> torch.Tensor | np.ndarray | None:
+        """(n,) int64 track ids (``model.track``), or None for boxes that are not tracked."""
+        return self._id
+
+    @property
+    def is_track(self) -> bool:
+        """Whether the boxes carry track ids."""
+        return self._id is not None
 
     # ---- derived formats -----------------------------------------------------------------------
     @property
@@ -138,37 +153,48 @@ class Boxes:
         elif isinstance(data, np.ndarray) and isinstance(index, torch.Tensor):
             index = index.detach().cpu().numpy()
         picked = data[index]
+        ids = None
+        if self._id is not None:
+            ids = self._id[index]
+            ids = ids.reshape(-1) if isinstance(ids, (torch.Tensor, np.ndarray)) else ids
         if picked.ndim == 1:  # an integer index: keep the (1, 6) layout
             picked = picked[None]
-        return Boxes(picked, self._orig_shape)
+        return Boxes(picked, self._orig_shape, ids)
 
     def cpu(self) -> "Boxes":
         """The same boxes with tensor data on the CPU (numpy data is returned as is)."""
         data = self._data.cpu() if isinstance(self._data, torch.Tensor) else self._data
-        return Boxes(data, self._orig_shape)
+        ids = self._id.cpu() if isinstance(self._id, torch.Tensor) else self._id
+        return Boxes(data, self._orig_shape, ids)
 
     def numpy(self) -> "Boxes":
         """The same boxes with data as a numpy array (all properties then return numpy)."""
-        data = self._data
+        data, ids = self._data, self._id
         if isinstance(data, torch.Tensor):
             data = data.detach().cpu().numpy()
-        return Boxes(data, self._orig_shape)
+        if isinstance(ids, torch.Tensor):
+            ids = ids.cpu().numpy()
+        return Boxes(data, self._orig_shape, ids)
 
     def to(self, *args: Any, **kwargs: Any) -> "Boxes":
         """Move/cast the data like ``torch.Tensor.to`` (numpy data is turned into a tensor first)."""
-        data = self._data
+        data, ids = self._data, self._id
         if isinstance(data, np.ndarray):
             data = torch.from_numpy(np.ascontiguousarray(data))
-        return Boxes(data.to(*args, **kwargs), self._orig_shape)
+        moved = data.to(*args, **kwargs)
+        if ids is not None:  # ids stay int64: only the device follows
+            ids = torch.as_tensor(ids).to(moved.device)
+        return Boxes(moved, self._orig_shape, ids)
 
     def __repr__(self) -> str:
         if isinstance(self._data, torch.Tensor):
             where = f"tensor on {self._data.device}"
         else:
             where = "numpy"
+        ids = "" if self._id is None else f"\nid: {self._id}"
         return (
             f"Boxes(n={len(self)}, orig_shape={self._orig_shape}, {where}, dtype={self._data.dtype})\n"
-            f"data (x1, y1, x2, y2, conf, cls):\n{self._data}"
+            f"data (x1, y1, x2, y2, conf, cls):\n{self._data}{ids}"
         )
 
 
@@ -201,14 +227,17 @@ class Results:
     (milliseconds per stage: ``preprocess``, ``inference``, ``postprocess``; None when not measured).
 
     Tasks other than detection fill their own field instead of ``boxes`` (``probs`` for
-    classification, ``masks`` for semantic segmentation). Such a field is an object of the task's
+    classification, ``masks`` for semantic segmentation, ``depth`` for depth estimation, ``alpha`` for
+    matting, ``texts`` for OCR). Such a field is an object of the task's
     result type (``libreyolo/tasks/<task>/``) with ``plot_on(image, names) -> image``,
     ``summary(names, decimals)``, and ``cpu()`` / ``numpy()`` / ``to(...)``; :meth:`plot`,
     :meth:`summary` and the conversions use it.
     """
 
     #: the task fields besides ``boxes``, in drawing order (masks under labels)
-    FIELDS = ("masks", "probs")
+    FIELDS = ("alpha", "masks", "depth", "probs", "texts")
+    #: image formats :meth:`save` can write a cut-out (RGBA) to
+    RGBA_FORMATS = ("PNG", "WEBP", "TIFF")
 
     def __init__(
         self,
@@ -220,6 +249,9 @@ class Results:
         *,
         probs: Any = None,
         masks: Any = None,
+        depth: Any = None,
+        alpha: Any = None,
+        texts: Any = None,
     ):
         self.orig_img: np.ndarray = _to_numpy_image(orig_img)
         self.orig_shape: tuple[int, int] = (int(self.orig_img.shape[0]), int(self.orig_img.shape[1]))
@@ -229,7 +261,17 @@ class Results:
         self.boxes = boxes
         self.probs = probs
         self.masks = masks
+        self.depth = depth
+        self.alpha = alpha
+        self.texts = texts
         self.saved_to: str | None = None   # set by predict(save=True)
+        # video frames (set by predict): position in the source, seconds since its first frame,
+        # position of the source in a .streams list; None for images
+        self.frame_index: int | None = None
+        self.timestamp: float | None = None
+        self.stream: int | None = None
+        # model.track: each tracked id's recent box centres (oldest first), drawn by plot()
+        self.trails: dict[int, list[tuple[float, float]]] | None = None
         self.speed: dict[str, float | None] = (
             dict(speed) if speed is not None
             else {"preprocess": None, "inference": None, "postprocess": None}
@@ -251,11 +293,14 @@ class Results:
     def _convert(self, how: str, *args: Any, **kwargs: Any) -> "Results":
         def conv(v):
             return None if v is None else getattr(v, how)(*args, **kwargs)
-        return Results(self.orig_img, self.path, self.names, conv(self.boxes), self.speed,
-                       **{f: conv(v) for f, v in self._fields()})
+        out = Results(self.orig_img, self.path, self.names, conv(self.boxes), self.speed,
+                      **{f: conv(v) for f, v in self._fields()})
+        out.frame_index, out.timestamp, out.stream = self.frame_index, self.timestamp, self.stream
+        out.trails = self.trails
+        return out
 
     def cpu(self) -> "Results":
-        """The same result with its data (boxes, probs, masks) on the CPU."""
+        """The same result with its data (boxes, probs, masks, depth) on the CPU."""
         return self._convert("cpu")
 
     def numpy(self) -> "Results":
@@ -275,6 +320,13 @@ class Results:
             data = data.detach().float().cpu().numpy()
         return np.asarray(data, dtype=np.float64)
 
+    def _ids(self) -> list[int | None]:
+        """The track id of each box (None for every box when they are not tracked)."""
+        ids = None if self.boxes is None else self.boxes.id
+        if ids is None:
+            return [None] * len(self)
+        return [int(i) for i in (ids.tolist() if isinstance(ids, (torch.Tensor, np.ndarray)) else ids)]
+
     def _name(self, cls: int) -> str:
         return self.names.get(cls, str(cls))
 
@@ -289,11 +341,11 @@ class Results:
             return next(iter(parts.values())) if len(parts) == 1 else parts
         h, w = self.orig_shape
         out = []
-        for x1, y1, x2, y2, conf, cls in self._rows():
+        for (x1, y1, x2, y2, conf, cls), tid in zip(self._rows(), self._ids()):
             if normalize:
                 x1, x2, y1, y2 = x1 / w, x2 / w, y1 / h, y2 / h
             c = int(cls)
-            out.append({
+            row = {
                 "name": self._name(c),
                 "class": c,
                 "confidence": round(float(conf), decimals),
@@ -303,7 +355,10 @@ class Results:
                     "x2": round(float(x2), decimals),
                     "y2": round(float(y2), decimals),
                 },
-            })
+            }
+            if tid is not None:
+                row["track_id"] = tid
+            out.append(row)
         return out
 
     def to_json(self, normalize: bool = False, decimals: int = 5) -> str:
@@ -321,7 +376,9 @@ class Results:
 
         Each class has its own palette colour. With ``labels`` a filled tag ``"name 0.87"`` (or just
         the name when ``conf`` is False) sits above the box, or just inside it when the box touches
-        the top edge. ``line_width``/``font_size`` default to values scaled to the image size.
+        the top edge. Tracked boxes (``model.track``) are coloured by track id, their tag starts
+        with ``"id 7"`` and each id's recent centres (``trails``) are drawn as a line.
+        ``line_width``/``font_size`` default to values scaled to the image size.
         """
         h, w = self.orig_shape
         lw = int(line_width) if line_width is not None else max(2, round((h + w) / 2 * 0.003))
@@ -336,17 +393,23 @@ class Results:
         pad = max(1, lw // 2 + 1)
         text_h = font.getbbox("Agy|")[3]
 
-        for x1, y1, x2, y2, score, cls in self._rows():
+        for tid, points in (self.trails or {}).items():
+            if len(points) > 1:
+                draw.line([(float(x), float(y)) for x, y in points], fill=class_color(int(tid)),
+                          width=max(1, lw), joint="curve")
+        for (x1, y1, x2, y2, score, cls), tid in zip(self._rows(), self._ids()):
             if not np.all(np.isfinite([x1, y1, x2, y2])):
                 continue
             # Clip to the image and order the corners so PIL never sees an inverted rectangle.
             xa, xb = sorted((min(max(x1, 0.0), w - 1.0), min(max(x2, 0.0), w - 1.0)))
             ya, yb = sorted((min(max(y1, 0.0), h - 1.0), min(max(y2, 0.0), h - 1.0)))
-            color = class_color(int(cls))
+            color = class_color(int(cls) if tid is None else tid)
             draw.rectangle((xa, ya, xb, yb), outline=color, width=lw)
             if not labels:
                 continue
             text = f"{self._name(int(cls))} {score:.2f}" if conf else self._name(int(cls))
+            if tid is not None:
+                text = f"id {tid} {text}"
             tw = draw.textlength(text, font=font)
             tag_w, tag_h = tw + 2 * pad, text_h + 2 * pad
             tx = min(xa, max(0.0, w - tag_w))  # keep the tag inside the right edge
@@ -357,23 +420,38 @@ class Results:
             draw.text((tx + pad, ty + pad), text, fill=ink, font=font)
         return np.array(image, dtype=np.uint8)
 
+    def _cutout_field(self) -> Any:
+        """The task field that saves as a cut-out (one with ``rgba(image)``: matting), or None."""
+        return next((v for _, v in self._fields() if hasattr(v, "rgba")), None)
+
+    @property
+    def save_suffix(self) -> str:
+        """The file suffix :meth:`save` writes by default: ``.png`` for a cut-out, else ``.jpg``."""
+        return ".png" if self._cutout_field() is not None else ".jpg"
+
     def _default_filename(self) -> str:
         stem = Path(self.path).stem or "image"
-        return f"{stem}_pred.jpg"
+        return f"{stem}_pred{self.save_suffix}"
 
     def save(self, filename: str | os.PathLike | None = None) -> str:
-        """Write :meth:`plot` to ``filename`` and return the path written.
+        """Write :meth:`plot` to ``filename`` and return the path written; for a matte, the cut-out
+        instead (the image with the alpha as a fourth channel: RGBA, in PNG, WebP or TIFF).
 
-        The default is ``<input stem>_pred.jpg`` in the current directory. The format follows the
-        suffix; parent directories are created; the file appears atomically (written to a temporary
-        file in the same directory, then renamed), so readers never see a half-written image.
+        The default is ``<input stem>_pred.jpg`` (a matte: ``.png``) in the current directory. The
+        format follows the suffix; parent directories are created; the file appears atomically
+        (written to a temporary file in the same directory, then renamed), so readers never see a
+        half-written image.
         """
         path = Path(filename) if filename is not None else Path(self._default_filename())
         fmt = Image.registered_extensions().get(path.suffix.lower())
         if fmt is None:
             raise ValueError(f"cannot save '{path}': unknown image format for suffix '{path.suffix}'")
+        cutout = self._cutout_field()
+        if cutout is not None and fmt not in self.RGBA_FORMATS:
+            raise ValueError(f"cannot save '{path}': a matte is saved as an RGBA cut-out, which {fmt} cannot "
+                             f"hold; use .png, .webp or .tiff")
         path.parent.mkdir(parents=True, exist_ok=True)
-        image = Image.fromarray(self.plot())
+        image = Image.fromarray(cutout.rgba(self.orig_img)) if cutout is not None else Image.fromarray(self.plot())
         options = {"quality": 95} if fmt == "JPEG" else {}
         tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
         try:

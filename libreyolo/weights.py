@@ -247,8 +247,20 @@ class CheckpointSaveError(OSError):
 
 
 #: Temp files of an earlier, interrupted save of the same target older than this are removed by
-#: the next save (a save in progress keeps its temp file's modification time fresh).
+#: the next save where advisory file locks are not available (a save in progress keeps its temp
+#: file's modification time fresh).
 STALE_TEMP_AGE_S = 60.0
+
+#: Where locks are available (POSIX ``flock``), a save holds an exclusive lock on its temp file
+#: while writing it; a temp file nobody holds a lock on and older than this is left by a writer
+#: that died (``kill -9``, a crash, a power cut) and is removed by the next save, however recent.
+#: The grace covers the instant between a writer creating its temp file and locking it.
+STALE_TEMP_GRACE_S = 2.0
+
+try:  # POSIX advisory locks; absent on Windows, where the age rule alone decides
+    import fcntl as _fcntl
+except ImportError:  # pragma: no cover - not on the platforms CI runs
+    _fcntl = None
 
 # NamedTemporaryFile names: prefix, 8 characters of [a-z0-9_], suffix
 _TEMP_TAIL = r"\.[a-z0-9_]{8}\.tmp"
@@ -279,6 +291,7 @@ def save_checkpoint(ckpt: Mapping[str, Any], path: str | os.PathLike[str]) -> Pa
 
     tmp = tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp", delete=False)
     try:
+        _lock(tmp.fileno())   # released by the kernel when this process dies, however it dies
         with tmp:
             if payload is not None:
                 tmp.write(payload)
@@ -301,10 +314,46 @@ def save_checkpoint(ckpt: Mapping[str, Any], path: str | os.PathLike[str]) -> Pa
     return path
 
 
+def _lock(fd: int) -> bool:
+    """Take an exclusive advisory lock on ``fd`` without waiting; False if another open file
+    holds one, or where locks are not supported (no ``fcntl``, a file system without them)."""
+    if _fcntl is None:
+        return False
+    try:
+        _fcntl.flock(fd, _fcntl.LOCK_EX | _fcntl.LOCK_NB)
+        return True
+    except OSError:
+        return False
+
+
+def _writer_gone(entry: os.DirEntry, age: float) -> bool:
+    """Whether the temp file ``entry`` (``age`` seconds since its last write) belongs to no save in
+    progress: nobody holds its lock (and it is past :data:`STALE_TEMP_GRACE_S`), or, where locks
+    cannot be taken, it is older than :data:`STALE_TEMP_AGE_S`."""
+    if age < STALE_TEMP_GRACE_S:
+        return False
+    if _fcntl is not None:
+        try:
+            fd = os.open(entry.path, os.O_RDONLY)
+        except OSError:
+            return False
+        try:
+            _fcntl.flock(fd, _fcntl.LOCK_EX | _fcntl.LOCK_NB)
+            return True            # we got the lock: its writer is gone
+        except BlockingIOError:
+            return False           # a save in progress holds it
+        except OSError:
+            pass                   # no locks on this file system: fall back to the age
+        finally:
+            os.close(fd)
+    return age >= STALE_TEMP_AGE_S
+
+
 def _remove_stale_temps(path: Path) -> None:
-    """Remove temp files that interrupted saves of ``path`` left behind (``.<name>.XXXXXXXX.tmp``,
-    untouched for :data:`STALE_TEMP_AGE_S`): nothing else would, and on a nearly full disk they
-    hold the space the next save needs. Temp files of other targets are never touched."""
+    """Remove temp files that interrupted saves of ``path`` left behind (``.<name>.XXXXXXXX.tmp``
+    whose writer is gone, see :func:`_writer_gone`): nothing else would, and on a nearly full disk
+    they hold the space the next save needs. Temp files of other targets, and of saves still in
+    progress, are never touched."""
     pattern = re.compile(re.escape(f".{path.name}") + _TEMP_TAIL)
     now = time.time()
     try:
@@ -315,7 +364,7 @@ def _remove_stale_temps(path: Path) -> None:
         if not pattern.fullmatch(entry.name):
             continue
         try:
-            if not entry.is_file(follow_symlinks=False) or now - entry.stat().st_mtime < STALE_TEMP_AGE_S:
+            if not entry.is_file(follow_symlinks=False) or not _writer_gone(entry, now - entry.stat().st_mtime):
                 continue
             os.unlink(entry.path)
             logger.info("libreyolo: removed %s, left by an interrupted save of %s", entry.path, path)

@@ -23,7 +23,17 @@ FIXTURES = [
     ("convnext", "t", "convnext-t"),
     ("segformer", "b0", "segformer-b0"),
     ("mobilesam", "tiny", "mobilesam-tiny"),
+    ("depth_anything", "s", "depth_anything-s"),
+    ("birefnet", "t", "birefnet-t"),
+    ("ppocr", "t", "ppocr-t-det"),
+    ("ppocr", "t", "ppocr-t-rec"),
 ]
+
+# The sub-network a fixture's forward ran (its json's "forward"), where it is not the whole network.
+FIXTURE_FORWARD = {
+    "ppocr-t-det": "det",
+    "ppocr-t-rec": "rec",
+}
 
 # Families whose checkpoints share another family's layout key for key: a bare state dict (no
 # metadata, anonymous file name) is read as the family given here (documented on the classes).
@@ -123,3 +133,30 @@ SEMANTIC_GRAPH_MODELS = [
 SEGMENT_PROMPT_GRAPH_MODELS = [
     ("mobilesam", "tiny"),
 ]
+
+# (family, size) of depth models that must pass the GPU parity protocol (predict stage: stretch to
+# the square, network, and the map resized back to the image inside the uint8 stage's graph)
+# before SUPPORTS_CUDA_GRAPH flips. No training rows: the family does not train.
+DEPTH_GRAPH_MODELS = [
+    ("depth_anything", "s"),
+]
+
+# (family, size) of matting models that must pass the GPU parity protocol (with a predict seam: the
+# captured encoder, and the seam's claim that replayed encoder + eager decoder == all eager).
+MATTE_GRAPH_MODELS = [
+    ("birefnet", "t"),
+]
+
+# (family, size) of OCR models that must pass the GPU parity protocol (detection stage with the
+# binarization inside the graph; the recognition stage with greedy CTC at every bucket width)
+# before SUPPORTS_CUDA_GRAPH flips. OCR does not train.
+OCR_GRAPH_MODELS = [
+    ("ppocr", "t"),
+]
+
+# Families whose capture is built but not proven: their GPU rows still run (with the declaration set
+# on the test's model instance only), and what fails today is marked xfail(strict=True), so the day
+# it passes the suite says so and the family can declare SUPPORTS_CUDA_GRAPH. Family -> why.
+GRAPH_PENDING = {
+    "ppocr": "float16-autocast replays differ from eager (session 7 run 3; docs/families.md, OCR)",
+}

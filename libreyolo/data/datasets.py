@@ -94,6 +94,10 @@ class DatasetConfig:
     val: list[Sample]
     source: str
     format: str = "yolo"
+    #: COCO json datasets: each validation image's COCO id (by image path) and the COCO category
+    #: id of each class index, for writing predictions in the dataset's own ids (``save_json``)
+    image_ids: dict[str, int] = field(default_factory=dict)
+    category_ids: list[int] = field(default_factory=list)
 
 
 def resolve_data(data: str | os.PathLike) -> DatasetConfig:
@@ -619,8 +623,10 @@ def _resolve_coco(yaml_path: Path, spec: dict, root: Path) -> DatasetConfig:
             problems.extend([f"{problems.rel(sp.annotations)}: no images"])
     problems.raise_if_any()
     _log_summary(out)
+    val_ids = {str(Path(os.path.normpath(splits["val"].images_dir / im["file_name"]))): im["id"]
+               for im in (docs["val"] or {}).get("images", [])}
     return DatasetConfig(root=root, nc=nc, names=names, train=out["train"], val=out["val"],
-                         source=str(yaml_path), format="coco")
+                         source=str(yaml_path), format="coco", image_ids=val_ids, category_ids=list(cat_ids))
 
 
 def _load_json(path: Path, problems: _Problems) -> dict | None:

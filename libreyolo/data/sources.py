@@ -71,6 +71,12 @@ class SourceItem:
     name: str
     image: np.ndarray | torch.Tensor
     borrowed: bool = False
+    #: for video frames: position in the source, seconds since its first frame, which source of a
+    #: ``.streams`` list it came from, and that source's frame rate (None for images)
+    frame_index: int | None = None
+    timestamp: float | None = None
+    stream: int | None = None
+    fps: float | None = None
 
     def own(self) -> None:
         """Replace a borrowed image by a private copy (no-op otherwise)."""
@@ -189,7 +195,8 @@ def _expand_path(item: str | os.PathLike) -> list[Path]:
             )
             raise FileNotFoundError(f"glob pattern '{text}' found no images ({detail})")
         return files
-    hint = " (URLs are not supported; download the file first)" if "://" in text else ""
+    hint = (" (only rtsp, rtmp and http(s) URLs are read, as video streams; download other files first)"
+            if "://" in text else "")
     raise FileNotFoundError(f"image file or directory not found: '{text}'{hint}")
 
 

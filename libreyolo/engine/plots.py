@@ -31,7 +31,12 @@ def plot_results(csv_path: str | Path, out: str | Path | None = None) -> Path | 
     fig.tight_layout()
     out = Path(out or csv_path.with_name("results.png"))
     tmp = out.with_name(out.name + ".tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    tmp.replace(out)
+    try:   # to a temp file, then renamed: a failed write (a full disk) leaves the old picture whole
+        fig.savefig(tmp, dpi=110)
+        tmp.replace(out)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    finally:
+        plt.close(fig)
     return out

@@ -11,26 +11,31 @@ eager numbers are the truth. The task turns the stage's outputs into Results
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import threading
 import time
 import warnings
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
 
-from ..data.sources import load_sources
+from ..data.sources import SourceItem, load_sources
+from ..data.video import DEFAULT_TIMEOUT, VideoSources, VideoStream, VideoWriter, is_video_source, open_video_sources
+from ..graphs.capture import to_host
 from ..graphs.runner import normalize_mode
-from ..options import check_imgsz, check_int, parse_amp, parse_bool
-from ..results import Results
+from ..options import check_float, check_imgsz, check_int, parse_amp, parse_bool
+from ..results import Results, _display_problem
 from ..tasks.base import PredictPlan
 from .fastpath import HalfNetwork, arm_name, check_contract, half_network, resolve, to_float32
 from .paths import UniqueNames, next_run_dir
 
 log = logging.getLogger("libreyolo")
+#: ``model.track``'s default ``conf``: detections from here on reach the tracker
+TRACK_CONF = 0.1
 _NO_CONTEXT = contextlib.nullcontext()
 
 
@@ -54,30 +59,42 @@ class Predictor:
         self._pinned: set = set()          # net-stage keys captured by capture_graph (see capture)
         self._local = threading.local()  # per-thread pinned staging buffers (see _upload)
         self._tensor_cache: dict = {}
+        self._track_state: tuple | None = None   # (tracker spec, {stream: TrackGlue}) of model.track
 
     # ---------------------------------------------------------------- stages
     def _stage_fns(self, size: int, plan: PredictPlan, half: HalfNetwork | None = None):
         """The two capturable stages: from a preprocessed batch, and from raw uint8 images.
 
         Both run the network (``model.infer``) and the task's post-processing
-        (:meth:`PredictPlan.finish`, which also takes the plan's extra inputs). With ``half`` (the
-        half / fast path) the network is the model's half copy, the preprocessing writes its half
-        NHWC input, and the outputs are cast to float32 before the post-processing.
+        (:meth:`PredictPlan.finish`, which also takes the plan's extra inputs); the one from uint8
+        images then maps the outputs back to their size (:meth:`PredictPlan.to_source`). For a family that
+        declares a seam (``model.PREDICT_SEAM``: a part of its network is not bitwise capturable)
+        they end there: they run ``model.infer_front`` only, and :meth:`after_seam` runs the
+        rest eager. With ``half`` (the half / fast path) the network is the model's half copy,
+        the preprocessing writes its half NHWC input, and the outputs are cast to float32 before
+        the post-processing.
         """
         model = self.model
         prep = model.preprocess
-        if half is None:
-            def net(x, *extra):
-                return plan.finish(model.infer(x), *extra)
 
-            def from_u8(u8, *extra):
-                return net(prep(u8, size), *extra)
-        else:
+        if half is not None:
             def net(x, *extra):
                 return plan.finish(to_float32(half(x)), *extra)
 
             def from_u8(u8, *extra):
-                return net(prep.to_input(u8, size, half.dtype, channels_last=True), *extra)
+                x = prep.to_input(u8, size, half.dtype, channels_last=True)
+                return plan.to_source(net(x, *extra), (int(u8.shape[1]), int(u8.shape[2])))
+
+            return net, from_u8
+        if model.PREDICT_SEAM:
+            def net(x, *extra):
+                return model.infer_front(x)
+        else:
+            def net(x, *extra):
+                return plan.finish(model.infer(x), *extra)
+
+        def from_u8(u8, *extra):
+            return plan.to_source(net(prep(u8, size), *extra), (int(u8.shape[1]), int(u8.shape[2])))
 
         return net, from_u8
 
@@ -85,8 +102,12 @@ class Predictor:
         """The half network of a call (None for fp32), after the family's contract check."""
         if precision == "fp32":
             return None
-        check_contract(self.model.FAMILY, precision, fast)
-        return half_network(self.model, precision, fast)
+        m = self.model
+        if m.PREDICT_SEAM:
+            raise NotImplementedError(f"precision={precision!r} is not available for {m.FAMILY}: its predict "
+                                      "stage has a seam (PREDICT_SEAM); use precision='fp32'")
+        check_contract(m.FAMILY, precision, fast)
+        return half_network(m, precision, fast)
 
     @staticmethod
     def _keys(size: int, plan: PredictPlan, half: HalfNetwork | None) -> tuple[tuple, tuple]:
@@ -94,6 +115,16 @@ class Predictor:
         switch never replays another path's graph."""
         arm = "fp32" if half is None else arm_name(half.precision, half.fast)
         return ("u8", size, arm, *plan.tag), ("net", size, arm, *plan.tag)
+
+    def after_seam(self, out: Any, plan: PredictPlan, extra: tuple) -> Any:
+        """The stage's outputs as predict uses them. Without a seam: ``out`` itself. With one: the
+        eager side - ``model.infer_back`` on the captured side's outputs, then the task's
+        post-processing (all-eager predict computes exactly these ops in this order), then the
+        host copy when ``plan.host``."""
+        if not self.model.PREDICT_SEAM:
+            return out
+        out = plan.finish(self.model.infer_back(*out), *extra)
+        return to_host(out) if plan.host else out
 
     def constant(self, kind: str, key: tuple, values) -> torch.Tensor:
         """A float32 device tensor of ``values()`` cached under (kind, key): stage inputs that stay
@@ -120,8 +151,12 @@ class Predictor:
         return self.model.task.plan(self.model, size, self.constant, **opts)
 
     def run_batch(self, images: list[torch.Tensor], size: int, mode: Any, amp_dtype, plan: PredictPlan,
-                  half: HalfNetwork | None = None) -> Any:
-        """uint8 HWC device tensors -> the stage's outputs (a HostCopy when ``plan.host``)."""
+                  repeating: bool = False, half: HalfNetwork | None = None) -> Any:
+        """uint8 HWC device tensors -> the stage's outputs (a HostCopy when ``plan.host``).
+
+        ``repeating``: the caller knows this size repeats (video frames), so the uint8 stage
+        (preprocessing inside the graph) is used from the first call instead of the second.
+        ``half``: the half / fast path's network (None: fp32)."""
         runner = self.model._runner
         net, from_u8 = self._stage_fns(size, plan, half)
         prep = self.model.preprocess
@@ -131,26 +166,26 @@ class Predictor:
         key, net_key = self._keys(size, plan, half)
         shapes = tuple((int(im.shape[0]), int(im.shape[1])) for im in images)
         extra = plan.extra(shapes, size)
-        opts = {"host": plan.host, "constant": plan.constant}
+        opts = {"host": plan.host and not self.model.PREDICT_SEAM, "constant": plan.constant}
         same = len(set(shapes)) == 1
         with torch.no_grad(), self._autocast(amp_dtype):
             if same:
                 u8 = images[0].unsqueeze(0) if len(images) == 1 else torch.stack(images)
-                # Preprocess inside the graph only for a raw size seen before (a video, a camera,
-                # a fixed pipeline) - otherwise each new photo size would cost a capture - and not
-                # when capture_graph pinned the network stage for this request.
+                # Preprocess inside the graph only for a raw size seen before or known to repeat
+                # (a video, a camera, a fixed pipeline) - otherwise each new photo size would cost a
+                # capture - and not when capture_graph pinned the network stage for this request.
                 raw = (tuple(u8.shape), str(u8.device))
                 use_u8 = mode is not False and (runner.has_graph(key, (u8, *extra)) or (
-                    self._raw_seen[raw] >= 1 and net_key not in self._pinned))
+                    (repeating or self._raw_seen[raw] >= 1) and net_key not in self._pinned))
                 self._raw_seen[raw] += 1
                 if len(self._raw_seen) > 256:
                     self._raw_seen.clear()
                 if use_u8:
-                    return runner(key, from_u8, (u8, *extra), mode, **opts)
+                    return self.after_seam(runner(key, from_u8, (u8, *extra), mode, **opts), plan, extra)
                 x = prep(u8, size)
             else:
                 x = torch.cat([prep(im.unsqueeze(0), size) for im in images])
-            return runner(net_key, net, (x, *extra), mode, **opts)
+            return self.after_seam(runner(net_key, net, (x, *extra), mode, **opts), plan, extra)
 
     def capture(self, imgsz=None, batch=1, dtype=None, source=None, source_shape=None, bgr: bool = False,
                 precision: Any = None, fast: Any = False, **opts) -> dict:
@@ -202,18 +237,37 @@ class Predictor:
     # ------------------------------------------------------------------ call
     def __call__(self, source: Any, *, imgsz: int | None = None, batch: int = 1, cuda_graph: Any = False,
                  amp: Any = False, bgr: bool = False, save: bool = False, save_dir: str | Path | None = None,
-                 exist_ok: bool = False, verbose: bool = False, profile: bool = False,
-                 precision: Any = None, fast: Any = False, **task_opts) -> list[Results]:
-        """Predict on ``source`` (path, directory, glob, PIL, numpy RGB - or BGR with
-        ``bgr=True`` -, torch tensor, or a list of them) and return one Results per image.
+                 exist_ok: bool = False, verbose: bool = False, profile: bool = False, stream: bool = False,
+                 vid_stride: int = 1, show: bool = False, timeout: float = DEFAULT_TIMEOUT,
+                 on_results: Callable[[Results, SourceItem], None] | None = None,
+                 precision: Any = None, fast: Any = False, **task_opts) -> list[Results] | Iterator[Results]:
+        """Predict on ``source`` and return one Results per image (per frame for a video).
+
+        ``source``: a path, directory, glob, PIL image, numpy RGB array - or BGR with ``bgr=True``
+        -, torch tensor, or a list of them; or a video source (:mod:`libreyolo.data.video`): a
+        video file, a camera index (``0``), an RTSP/RTMP/HTTP(S) URL, or a ``.streams``/``.txt``
+        file listing several (one Results per source still running at each step).
+        ``stream=True`` returns a generator that decodes, predicts and yields one step at a time
+        (constant memory for any length); otherwise a list. ``vid_stride``: predict every N-th
+        frame of a video. ``timeout``: seconds a camera or URL may take to open and to send each
+        next piece of data. Video Results carry ``frame_index``, ``timestamp`` (seconds since the
+        source's first frame) and ``stream`` (position in a ``.streams`` list); ``path`` is the
+        source's name.
 
         ``cuda_graph``: False (eager), True (capture each new input signature; raises on an
         unsupported family or without CUDA) or "auto" (capture once a signature repeats,
-        never raises). ``amp``: True for the family's autocast dtype (``AMP_DTYPE``: float16 unless
-        the family says otherwise), "fp16" or "bf16" to choose (CUDA only).
+        never raises; a video's frame size repeats, so its uint8 stage is captured at the second
+        frame and replayed from the third). ``amp``: True for the family's autocast dtype
+        (``AMP_DTYPE``: float16 unless the family says otherwise), "fp16" or "bf16" to choose
+        (CUDA only).
         ``save`` writes annotated pictures to ``save_dir`` (default: a new ``runs/predict``,
         ``runs/predict2``, ... per call, or ``runs/predict`` itself with ``exist_ok=True``); inputs
-        with the same file stem get distinct names (``a.jpg``, ``a_2.jpg``).
+        with the same file stem get distinct names (``a.jpg``, ``a_2.jpg``); a video source is
+        written as one annotated ``<stem>.mp4`` (same size and frame rate divided by
+        ``vid_stride``; :class:`~libreyolo.data.video.VideoWriter`). ``show`` opens a window per
+        video (matplotlib) or the image viewer per image, where a display exists; else it warns
+        once. ``on_results(result, item)`` is called for each Results before it is saved, shown
+        or returned (``model.track`` attaches the tracker there).
         ``profile`` synchronizes the device between stages so that ``Results.speed``
         (ms per image: load, preprocess, inference, postprocess) is exact; without
         it the stages overlap and ``speed`` shows host time only.
@@ -231,67 +285,160 @@ class Predictor:
         if unknown:
             raise TypeError(f"unknown predict option(s) {', '.join(unknown)} for a {m.TASK} model; "
                             f"known: imgsz, batch, cuda_graph, amp, bgr, save, save_dir, exist_ok, verbose, profile, "
-                            "precision, fast, "
-                            + ", ".join(m.task.predict_defaults))
+                            "stream, vid_stride, show, timeout, precision, fast, " + ", ".join(m.task.predict_defaults))
         batch = check_int("batch", batch, 1)
         save, bgr = parse_bool("save", save), parse_bool("bgr", bgr)
+        stream, show = parse_bool("stream", stream), parse_bool("show", show)
+        vid_stride = check_int("vid_stride", vid_stride, 1)
+        timeout = check_float("timeout", timeout, 0.0, min_inclusive=False)
         size = check_imgsz(m.imgsz if imgsz is None else imgsz, m.STRIDE)
         plan = self.plan(size, **task_opts)
         amp_dtype = _amp_dtype(amp, m.AMP_DTYPE)
+        plan.mode, plan.amp_dtype = mode, amp_dtype
         precision, fast = resolve(precision, fast, m.device)
         if precision != "fp32" and amp_dtype is not None:
             raise ValueError(f"amp and precision={precision!r} exclude each other: the half path runs a half "
                              "copy of the network without autocast; pass one of them")
-        half = self._half(precision, fast)
+        plan.half = self._half(precision, fast)
         if not m.trained and not getattr(m, "_warned_untrained", False):
             log.warning("libreyolo: %s-%s is UNTRAINED (random weights): its predictions are meaningless",
                         m.FAMILY, m.size)
             m._warned_untrained = True
-        sync = (torch.cuda.synchronize if profile and m.device.type == "cuda" else (lambda: None))
-        t_load = time.perf_counter()
         if getattr(self._local, "busy", None):  # left by a call that failed mid-way: maybe still
             self._local.busy.clear()           # uploading, so to torch's allocator, not the free list
-        items = load_sources(source, bgr=bgr, borrow=True)  # owned below, while the GPU works
-        t_load = (time.perf_counter() - t_load) * 1e3 / max(1, len(items))
-        results: list[Results] = []
-        progress = None
-        if verbose or len(items) > 32:
-            from tqdm import tqdm
-            progress = tqdm(total=len(items), desc=f"predict {m.FAMILY}-{m.size}", unit="img",
-                            disable=not verbose and len(items) <= 32)
+        if is_video_source(source):
+            videos = open_video_sources(source, vid_stride=vid_stride, timeout=timeout)  # fails here, not later
+            chunks: Iterator[list[SourceItem]] = _video_chunks(videos, int(batch))
+            total = _declared_frames(videos)
+            t_load = None
+        else:
+            videos = None
+            t_load = time.perf_counter()
+            items = load_sources(source, bgr=bgr, borrow=True)  # owned below, while the GPU works
+            t_load = (time.perf_counter() - t_load) * 1e3 / max(1, len(items))
+            chunks = (items[i:i + int(batch)] for i in range(0, len(items), int(batch)))
+            total = len(items)
         out_dir = None
         if save:
             out_dir = Path(save_dir) if save_dir else next_run_dir("runs", "predict", exist_ok)
             out_dir.mkdir(parents=True, exist_ok=True)
-            unique = UniqueNames()
-        for start in range(0, len(items), int(batch)):
-            chunk = items[start:start + int(batch)]
-            t0 = time.perf_counter()
-            dev_images = [self._upload(it.image) for it in chunk]
-            sync()
-            t1 = time.perf_counter()
-            out = self.run_batch(dev_images, size, mode, amp_dtype, plan, half)
-            for it in chunk:  # the host copy of borrowed arrays overlaps with the queued GPU work
-                it.own()
-            sync()
-            t2 = time.perf_counter()
-            speed = {"load": t_load, "preprocess": (t1 - t0) * 1e3 / len(chunk),
-                     "inference": (t2 - t1) * 1e3 / len(chunk)}
-            chunk_results = plan.results(out, chunk, size, speed)
-            self._release_staging()  # the outputs came after this chunk's uploads on the same stream
-            post_ms = (time.perf_counter() - t2) * 1e3 / len(chunk)
-            for r in chunk_results:
-                r.speed["postprocess"] = post_ms
-                if out_dir is not None:
-                    r.saved_to = r.save(out_dir / unique(Path(r.path).stem))
-            results.extend(chunk_results)
+        run = self._run(chunks, videos, total, t_load, size, mode, amp_dtype, plan, out_dir, verbose, profile,
+                        show, vid_stride, on_results)
+        return run if stream else list(run)
+
+    def _run(self, chunks, videos, total, t_load, size, mode, amp_dtype, plan, out_dir, verbose, profile, show,
+             vid_stride, on_results) -> Iterator[Results]:
+        """The predict loop behind :meth:`__call__`: one chunk of items at a time, its Results
+        yielded as soon as they are made; video writers and readers closed however it ends."""
+        m = self.model
+        sync = (torch.cuda.synchronize if profile and m.device.type == "cuda" else (lambda: None))
+        progress = None
+        many = videos is None and total > 32   # a bar for many images by default; for videos on verbose
+        if verbose or many:
+            from tqdm import tqdm
+            progress = tqdm(total=total, desc=f"predict {m.FAMILY}-{m.size}",
+                            unit="frame" if videos is not None else "img", disable=not (verbose or many))
+        unique = UniqueNames()
+        writers: dict[int, VideoWriter] = {}
+        viewers: dict[int, _Viewer] = {}
+        images_saved = 0
+        try:
+            t_wait = time.perf_counter()
+            for chunk in chunks:
+                t0 = time.perf_counter()
+                load_ms = t_load if t_load is not None else (t0 - t_wait) * 1e3 / len(chunk)
+                dev_images = [self._upload(it.image) for it in chunk]
+                sync()
+                t1 = time.perf_counter()
+                out = self.run_batch(dev_images, size, mode, amp_dtype, plan, repeating=videos is not None,
+                                     half=getattr(plan, "half", None))
+                for it in chunk:  # the host copy of borrowed arrays overlaps with the queued GPU work
+                    it.own()
+                sync()
+                t2 = time.perf_counter()
+                speed = {"load": load_ms, "preprocess": (t1 - t0) * 1e3 / len(chunk),
+                         "inference": (t2 - t1) * 1e3 / len(chunk)}
+                chunk_results = plan.results(out, chunk, size, speed)
+                self._release_staging()  # the outputs came after this chunk's uploads on the same stream
+                post_ms = (time.perf_counter() - t2) * 1e3 / len(chunk)
+                for r, it in zip(chunk_results, chunk):
+                    r.speed["postprocess"] = post_ms
+                    r.frame_index, r.timestamp, r.stream = it.frame_index, it.timestamp, it.stream
+                    if on_results is not None:
+                        on_results(r, it)
+                    if videos is not None:
+                        k = int(it.stream or 0)
+                        if out_dir is not None:
+                            if k not in writers:
+                                src = videos.streams[k]
+                                h, w = r.orig_shape
+                                fps = src.fps / vid_stride if src.fps else None
+                                writers[k] = VideoWriter(out_dir / unique(_video_stem(src), ".mp4"), fps, w, h)
+                            writers[k].write(r.plot())
+                            r.saved_to = str(writers[k].path)
+                        if show:
+                            if k not in viewers:
+                                viewers[k] = _Viewer(videos.streams[k].name)
+                            viewers[k].show(r)
+                    else:
+                        if out_dir is not None:
+                            r.saved_to = r.save(out_dir / unique(Path(r.path).stem, r.save_suffix))
+                            images_saved += 1
+                        if show:
+                            r.show()
+                if progress is not None:
+                    progress.update(len(chunk))
+                yield from chunk_results
+                t_wait = time.perf_counter()
+        finally:
             if progress is not None:
-                progress.update(len(chunk))
-        if progress is not None:
-            progress.close()
-        if out_dir is not None:
-            log.info("libreyolo: saved %d annotated image(s) to %s", len(results), out_dir)
-        return results
+                progress.close()
+            for wr in writers.values():
+                wr.close()  # frames already written are kept, like those already yielded
+            for v in viewers.values():
+                v.close()
+            if videos is not None:
+                videos.close()
+            if out_dir is not None and images_saved:
+                log.info("libreyolo: saved %d annotated image(s) to %s", images_saved, out_dir)
+            for wr in writers.values():
+                log.info("libreyolo: saved the annotated video %s (%d frames)", wr.path, wr.count)
+
+    # ----------------------------------------------------------------- track
+    def track(self, source: Any, *, tracker: Any = "bytetrack", persist: bool = False,
+              **kwargs) -> list[Results] | Iterator[Results]:
+        """``model.track``: predict (every option of :meth:`__call__`) with a tracker after each
+        frame (:mod:`libreyolo.engine.track`); one tracker per source of a ``.streams`` list.
+
+        ``tracker``: ``"bytetrack"``, ``"botsort"`` or a tracker object of the ``trackers``
+        package. ``persist=True`` keeps the trackers (and their ids) from the previous
+        ``track`` call, for feeding a stream frame by frame (``model.track(frame, persist=True)``
+        in a loop); otherwise each call starts new tracks. ``conf`` defaults to
+        :data:`TRACK_CONF`, below the trackers' threshold for starting a track, so that weaker
+        detections can still extend the tracks they match (ByteTrack's second association).
+        """
+        from .track import TRACKERS, TrackGlue
+        m = self.model
+        if m.TASK != "detect":
+            raise ValueError(f"model.track needs a detection model; {m.FAMILY}-{m.size} is a {m.TASK} model")
+        if isinstance(tracker, str) and tracker.strip().lower().removesuffix(".yaml") not in TRACKERS:
+            raise ValueError(f"unknown tracker {tracker!r}; available: {', '.join(TRACKERS)} (or pass a tracker "
+                             "object of the trackers package)")
+        persist = parse_bool("persist", persist)
+        kwargs.setdefault("conf", TRACK_CONF)
+        state = self._track_state
+        if not persist or state is None or state[0] is not tracker and state[0] != tracker:
+            state = self._track_state = (tracker, {})
+        glues: dict[int, TrackGlue] = state[1]
+
+        def on_results(r: Results, it: SourceItem) -> None:
+            k = int(it.stream or 0)
+            glue = glues.get(k)
+            if glue is None:  # a tracker object serves one source; further sources get copies
+                spec = tracker if isinstance(tracker, str) or not glues else copy.deepcopy(tracker)
+                glue = glues[k] = TrackGlue(spec, it.fps or 30.0)
+            glue.update(r, it.image, it.timestamp)
+        return self(source, on_results=on_results, **kwargs)
 
     #: numpy images are staged through pinned memory by torch's parallel copy when torch may use at
     #: least this many threads; with fewer the driver's own staging is faster (see :meth:`_upload`)
@@ -348,3 +495,91 @@ class Predictor:
         for key, buf in busy:
             local.free.setdefault(key, []).append(buf)
         busy.clear()
+
+
+# ------------------------------------------------------------------------------------------ video
+
+
+def _video_chunks(videos: VideoSources, batch: int) -> Iterator[list[SourceItem]]:
+    """Video frames as predict chunks: ``batch`` consecutive frames of a single source, or one
+    frame of each running source of a ``.streams`` list per step."""
+    def item(f) -> SourceItem:
+        src = videos.streams[f.stream]
+        return SourceItem(src.name, f.image, frame_index=f.index, timestamp=f.timestamp, stream=f.stream,
+                          fps=src.fps)
+    if len(videos) > 1:
+        for step in videos.steps():
+            yield [item(f) for f in step]
+        return
+    chunk: list[SourceItem] = []
+    for step in videos.steps():
+        chunk.append(item(step[0]))
+        if len(chunk) == batch:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def _declared_frames(videos: VideoSources) -> int | None:
+    """The frames predict will yield when every source declares its length, else None."""
+    counts = [s.frames for s in videos.streams]
+    if any(c is None for c in counts):
+        return None
+    return sum(-(-c // s.vid_stride) for c, s in zip(counts, videos.streams))
+
+
+def _video_stem(src: VideoStream) -> str:
+    """The annotated video's file stem: the file's stem, ``camera0``, or a URL's last path part."""
+    if src.kind == "file":
+        return Path(src.name).stem or "video"
+    if src.kind == "camera":
+        return "camera" + "".join(ch for ch in src.name if ch.isdigit())
+    tail = src.name.split("://", 1)[-1].split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
+    stem = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in Path(tail).stem)
+    return stem or f"stream{src.stream}"
+
+
+_warned_no_window = False
+
+
+class _Viewer:
+    """A window showing one video's annotated frames as they come (matplotlib), where a display
+    and an interactive backend exist; elsewhere one warning per process and nothing else."""
+
+    def __init__(self, title: str):
+        self.title, self.fig, self.im = title, None, None
+        problem = _display_problem()
+        if problem is None:
+            import matplotlib
+            backend = matplotlib.get_backend().lower()
+            if backend in ("agg", "pdf", "ps", "svg", "cairo", "template") or backend.startswith("module://"):
+                problem = f"matplotlib's backend '{matplotlib.get_backend()}' cannot open windows"
+        self.problem = problem
+        if problem is not None:
+            global _warned_no_window
+            if not _warned_no_window:
+                _warned_no_window = True
+                log.warning("libreyolo: show=True cannot open a window: %s; use save=True to write the annotated "
+                            "video instead (this warning is shown once)", problem)
+
+    def show(self, r: Results) -> None:
+        if self.problem is not None:
+            return
+        import matplotlib.pyplot as plt
+        frame = r.plot()
+        if self.fig is None or not plt.fignum_exists(self.fig.number):
+            self.fig = plt.figure(self.title)
+            ax = self.fig.add_axes((0, 0, 1, 1))
+            ax.set_axis_off()
+            self.im = ax.imshow(frame)
+            plt.show(block=False)
+        else:
+            self.im.set_data(frame)
+        plt.pause(0.001)  # lets the GUI draw; the window keeps up as fast as frames come
+
+    def close(self) -> None:
+        if self.fig is not None:
+            import matplotlib.pyplot as plt
+            plt.close(self.fig)
+            self.fig = None

@@ -21,10 +21,11 @@ import copy
 import csv
 import logging
 import math
+import os
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -57,6 +58,10 @@ class RunConfig:
     seed: int = 0
     plots: bool = True
     verbose: bool = True
+    patience: int = 0               # stop after N epochs without a better fitness (0: never)
+    freeze: Any = None              # the first N layers, or parameter-name prefixes (see freeze_prefixes)
+    save_period: int = 0            # also weights/epoch{N}.pt every N epochs (0: never)
+    loggers: Any = None             # "tensorboard" (events in the run folder), or none
 
 
 @dataclass
@@ -199,7 +204,9 @@ class ModelEMA:
     the same code runs eager and inside a captured whole training step.
     """
 
-    def __init__(self, net: nn.Module, decay: float = 0.9999, tau: float = 2000.0, updates: int = 0):
+    def __init__(self, net: nn.Module, decay: float = 0.9999, tau: float = 2000.0, updates: int = 0,
+                 frozen: Sequence[str] = ()):
+        self.frozen = tuple(frozen)   # name prefixes of frozen layers: copied, not blended (bitwise kept)
         self.ema = copy.deepcopy(net).eval()
         for p in self.ema.parameters():
             p.requires_grad_(False)
@@ -210,8 +217,9 @@ class ModelEMA:
 
     def _pairs(self, net: nn.Module) -> None:
         src, dst = net.state_dict(), self.ema.state_dict()
-        self._float = [(dst[k], src[k]) for k in dst if dst[k].dtype.is_floating_point]
-        self._other = [(dst[k], src[k]) for k in dst if not dst[k].dtype.is_floating_point]
+        blend = {k for k in dst if dst[k].dtype.is_floating_point and not _under(k, self.frozen)}
+        self._float = [(dst[k], src[k]) for k in dst if k in blend]
+        self._other = [(dst[k], src[k]) for k in dst if k not in blend]
 
     @property
     def updates(self) -> int:
@@ -257,10 +265,72 @@ def _param_groups(net: nn.Module, weight_decay: float):
             {"params": bias, "weight_decay": 0.0}]
 
 
+def _under(name: str, prefixes: Sequence[str]) -> bool:
+    """Whether ``name`` (a parameter, buffer or module name) is one of ``prefixes`` or inside one."""
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def layers(net: nn.Module) -> list[str]:
+    """The network's layers in order, as ``freeze=N`` counts them: the children of each top-level
+    part (``backbone.conv0``, ``backbone.conv1``, ..., ``neck.*``, ``head.*``; a part without
+    children is one layer) that hold parameters."""
+    out = []
+    for name, part in net.named_children():
+        subs = [f"{name}.{sub}" for sub, _ in part.named_children()]
+        out += subs or [name]
+    return [n for n in out if any(True for _ in net.get_submodule(n).parameters())]
+
+
+def freeze_prefixes(net: nn.Module, spec: int | Sequence[str]) -> list[str]:
+    """``freeze`` (a layer count, or parameter-name prefixes) -> the frozen name prefixes; a count
+    beyond the network's layers or a prefix that names no parameter is an OptionError."""
+    from ..options import OptionError
+    names = [n for n, _ in net.named_parameters()]
+    if isinstance(spec, int):
+        all_layers = layers(net)
+        if spec > len(all_layers):
+            raise OptionError(f"freeze={spec} but this network has {len(all_layers)} layers "
+                              f"({', '.join(all_layers)})")
+        return all_layers[:spec]
+    missing = [p for p in spec if not any(_under(n, [p]) for n in names)]
+    if missing:
+        tops = sorted({n.split(".")[0] for n in names})
+        raise OptionError(f"freeze: {', '.join(map(repr, missing))} names no parameter of this network (prefixes "
+                          f"are parameter names cut at a dot, under {', '.join(tops)}; freeze=N counts layers "
+                          f"{', '.join(layers(net)[:4])}, ...)")
+    return list(spec)
+
+
+def freeze(net: nn.Module, prefixes: Sequence[str]) -> tuple[list[nn.Parameter], list[nn.Module]]:
+    """Stop gradients to the parameters under ``prefixes`` (so the optimizer never sees them).
+    Returns the parameters this turned off (to be turned on again after the run; parameters that
+    were fixed already stay so) and the normalization layers among them, which the trainer keeps
+    in eval mode: their running statistics stay as they are, so a frozen layer computes what it
+    did before training."""
+    if not prefixes:
+        return [], []
+    frozen, total, changed = 0, 0, []
+    for name, p in net.named_parameters():
+        total += p.numel()
+        if _under(name, prefixes):
+            if p.requires_grad:
+                changed.append(p)
+            p.requires_grad_(False)
+            p.grad = None   # a gradient left by an earlier run would still be clipped, never applied
+            frozen += p.numel()
+    norms = [m for name, m in net.named_modules()
+             if _under(name, prefixes) and isinstance(m, nn.modules.batchnorm._NormBase)]
+    log.info("libreyolo: freeze: %s frozen (%d of %d parameters, %d BatchNorm layers in eval mode)",
+             ", ".join(prefixes) if len(prefixes) <= 6 else f"{', '.join(prefixes[:6])}, ... ({len(prefixes)})",
+             frozen, total, len(norms))
+    return changed, norms
+
+
 def check_config(cfg: TrainConfig, stride: int) -> None:
     """Validate every option once, before anything is loaded; canonical values in place. The
     image size is rounded up to the model's stride with one warning, as predict does."""
-    from ..options import check_choice, check_float, check_fraction, check_imgsz, check_int, parse_amp, parse_bool
+    from ..options import (OptionError, check_choice, check_float, check_fraction, check_imgsz, check_int, parse_amp,
+                           parse_bool, parse_freeze, parse_loggers)
     r, o, g = cfg.run, cfg.optim, cfg.graph
     r.epochs = check_int("epochs", r.epochs, 1)
     r.batch = check_int("batch", r.batch, 1)
@@ -271,6 +341,13 @@ def check_config(cfg: TrainConfig, stride: int) -> None:
     r.seed = check_int("seed", r.seed)
     for name in ("val", "exist_ok", "plots", "verbose"):
         setattr(r, name, parse_bool(name, getattr(r, name)))
+    r.patience = check_int("patience", r.patience, 0)
+    r.save_period = check_int("save_period", r.save_period, 0)
+    r.freeze = parse_freeze(r.freeze)
+    r.loggers = parse_loggers(r.loggers)
+    if r.patience and not r.val:
+        raise OptionError(f"patience={r.patience} needs validation: early stopping follows the validation "
+                          "metric, and val=False turns validation off")
     if not (isinstance(r.resume, (str, Path)) and str(r.resume).lower() not in ("true", "false", "1", "0")):
         r.resume = parse_bool("resume", r.resume)
     o.optimizer = check_choice("optimizer", o.optimizer, ("SGD", "AdamW"))
@@ -308,7 +385,10 @@ class Trainer:
         cl = cfg.graph.channels_last
         self.channels_last = bool(model.CHANNELS_LAST and self.device.type == "cuda") if cl is None else cl
         self.memory_format = torch.channels_last if self.channels_last else torch.contiguous_format
+        self.frozen_params: list[nn.Parameter] = []   # what freeze= turned off, on again after the run
         self.hooks = [EvaluationHook(), LoggingHook(), CheckpointHook()]
+        if "tensorboard" in cfg.run.loggers:
+            self.hooks.append(TensorBoardHook())
 
     # ------------------------------------------------------------------ data
     def _loaders(self, data):
@@ -384,6 +464,8 @@ class Trainer:
         if not m.trained and not run.resume:
             m.init_for_training(net)   # the original recipes' prior bias on class/objectness logits
         net.to(self.device, memory_format=self.memory_format).train()
+        self.frozen = freeze_prefixes(net, run.freeze) if run.freeze is not None else []
+        self.frozen_params, self.frozen_norms = freeze(net, self.frozen)
         self.loss_fn = m.build_loss().to(self.device)
         self.item_names = tuple(self.loss_fn.item_names)  # the loss contract: see Model.build_loss
         self.train_loader, self.val_loader = self._loaders(data)
@@ -416,7 +498,7 @@ class Trainer:
             g["initial_lr"] = opt_cfg.lr0
         self.opt = opt
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp_dtype == torch.float16)
-        self.ema = ModelEMA(net) if opt_cfg.ema else None
+        self.ema = ModelEMA(net, frozen=self.frozen) if opt_cfg.ema else None
 
         self.run_dir, self.start_epoch, self.best_fitness = None, 0, -1.0
         if run.resume:
@@ -426,6 +508,9 @@ class Trainer:
             st = ck.get("train_state")
             if not st:
                 raise ValueError(f"{last} has no training state to resume from")
+            if list(st.get("freeze") or []) != list(self.frozen):
+                raise ValueError(f"{last} was trained with freeze={st.get('freeze') or None}, this run has "
+                                 f"freeze={self.frozen or None}: resume with the run's own freeze")
             net.load_state_dict(st["model_raw"])
             opt.load_state_dict(st["optimizer"])
             if self.whole_step:  # a loaded tensor lr comes back on the CPU
@@ -436,6 +521,7 @@ class Trainer:
                 self.ema.ema.load_state_dict(ck["model"])
                 self.ema.updates = int(st["ema_updates"])
             self.start_epoch, self.best_fitness = int(st["epoch"]) + 1, float(st["best_fitness"])
+            self.resumed_best_epoch = st.get("best_epoch")
             self.run_dir = last.parent.parent
             log.info("libreyolo: resuming %s from epoch %d", self.run_dir, self.start_epoch + 1)
         if self.run_dir is None:
@@ -551,6 +637,8 @@ class Trainer:
         torch.manual_seed(cfg.run.seed + epoch)
         np.random.seed((cfg.run.seed + epoch) % 2**32)
         self.net.train()
+        for module in self.frozen_norms:   # frozen layers keep their normalization statistics
+            module.eval()
         mloss = torch.zeros(len(self.item_names))
         progress = None
         if cfg.run.verbose:
@@ -602,27 +690,54 @@ class Trainer:
             # the loss computes something else from now on: graphs of the old loss are stale
             self.step_runner.release(f"{type(self.loss_fn).__name__} changed at epoch {epoch + 1}")
 
+    def _unfreeze(self) -> None:
+        """``freeze`` holds for one run: a later ``train()`` of the model sees every layer trainable."""
+        for p in self.frozen_params:
+            p.requires_grad_(True)
+        self.frozen_params = []
+
     def train(self) -> dict:
-        self._setup()
+        try:
+            self._setup()
+        except BaseException:
+            self._unfreeze()
+            raise
         cfg = self.cfg
         self.nw = max(round(cfg.optim.warmup_epochs * self.nb), 1) if cfg.optim.warmup_epochs > 0 else 0
         self.last_opt_step = self.nb * self.start_epoch - 1
         self.history: list[dict] = []
+        self.stop_reason: str | None = None
         self.opt.zero_grad(set_to_none=False)
         t_start = time.time()
         for hook in self.hooks:
             hook.on_train_start(self)
         try:
             for epoch in range(self.start_epoch, cfg.run.epochs):
-                t_epoch = time.time()
-                self._phase(epoch)
-                mloss = self.train_epoch(epoch)
-                state = {"epoch": epoch, "mloss": mloss, "time_s": time.time() - t_epoch}
-                for hook in self.hooks:
-                    hook.on_epoch_end(self, state)
+                died = None
+                try:
+                    t_epoch = time.time()
+                    self._phase(epoch)
+                    mloss = self.train_epoch(epoch)
+                    state = {"epoch": epoch, "mloss": mloss, "time_s": time.time() - t_epoch}
+                    for hook in self.hooks:
+                        hook.on_epoch_end(self, state)
+                    if self.stop_reason:
+                        log.info("libreyolo: %s", self.stop_reason)
+                        break
+                except RuntimeError as exc:
+                    if not _worker_died(exc):
+                        raise
+                    died = str(exc).strip()
+                if died is not None:
+                    # raised outside the handler, with the loaders dropped: torch's error, its
+                    # traceback and the (persistent) iterators holding the dead worker's
+                    # registration go, so torch's SIGCHLD check does not fire again later
+                    self._drop_loaders()
+                    raise TrainingError(self._worker_death_message(epoch, died))
         finally:
             for hook in self.hooks:
                 hook.on_train_end(self)
+            self._unfreeze()
         if self.seam is not None:
             self.model.set_train_seam(self.net, None)
         # the trained weights the Model keeps are the EMA's
@@ -639,10 +754,43 @@ class Trainer:
         return {"run_dir": str(self.run_dir), "epochs": len(self.history), "time_s": time.time() - t_start,
                 **{k: final.get(k) for k in self.metric_keys}, "best_metrics": best,
                 "best_epoch": self.best_epoch, "best_fitness": self.best_fitness, "history": self.history,
+                "stop_reason": self.stop_reason,
                 "loss_names": list(item_names),
                 "losses": [[h[f"train/{n}_loss"] for n in item_names] for h in self.history],
                 "cuda_graph": runner.info() if seam is None else {**runner.info(), "seam": seam.info()},
                 "best": str(self.run_dir / "weights" / "best.pt"), "last": str(self.run_dir / "weights" / "last.pt")}
+
+    def _drop_loaders(self) -> None:
+        """Shut the loaders' worker processes down after one of them died. torch's SIGCHLD check
+        reports the dead worker again while the others are joined (inside the iterators'
+        ``__del__``, where Python can only print it as an "Exception ignored" traceback); the
+        run is already stopping with its own message, so those repeats are not printed."""
+        import gc
+        import sys
+        previous = sys.unraisablehook
+
+        def hook(unraisable):
+            if not _worker_died(unraisable.exc_value):
+                previous(unraisable)
+
+        sys.unraisablehook = hook
+        try:
+            self.train_loader = self.val_loader = None
+            gc.collect()
+        finally:
+            sys.unraisablehook = previous
+
+    def _worker_death_message(self, epoch: int, reason: str) -> str:
+        """What to tell the user when a DataLoader worker process died during ``epoch``."""
+        last = self.run_dir / "weights" / "last.pt"
+        saved = getattr(self, "saved_epoch", None)
+        if saved is None and self.start_epoch > 0:
+            saved = self.start_epoch   # resumed, nothing saved yet in this run: the file resumed from
+        kept = (f"{last} holds epoch {saved} and is intact: continue with resume=True" if saved is not None
+                else "nothing had been saved yet in this run")
+        return (f"training stopped in epoch {epoch + 1}/{self.cfg.run.epochs}: a DataLoader worker process "
+                f"died ({reason}). The usual cause is the out-of-memory killer: lower workers= "
+                f"or batch=, or see the system log. {kept}.")
 
     @property
     def eval_net(self) -> nn.Module:
@@ -659,7 +807,8 @@ class Trainer:
                               for k, v in self.net.state_dict().items()},
                 "optimizer": self.opt.state_dict(), "scaler": self.scaler.state_dict(),
                 "ema_updates": self.ema.updates if self.ema is not None else None,
-                "epoch": epoch, "best_fitness": self.best_fitness,
+                "epoch": epoch, "best_fitness": self.best_fitness, "best_epoch": self.best_epoch,
+                "freeze": list(self.frozen),
                 "args": {k: v for k, v in self.cfg.as_dict().items() if isinstance(v, (int, float, str, bool))},
             }
         return ck
@@ -679,24 +828,41 @@ class Hook:
 
 
 class EvaluationHook(Hook):
-    """The task's metrics of the EMA weights on the validation split; fitness and best epoch."""
+    """The task's metrics of the EMA weights on the validation split; fitness and best epoch.
+
+    Without validation (``val=False``, or an empty validation split) there is no fitness to
+    compare: every epoch counts as the best, so ``best.pt`` follows ``last.pt`` (the latest
+    weights) and ``best_metrics`` stays None. With ``patience=N`` the run stops after N epochs
+    without a better fitness than the best epoch's, with one log line saying so.
+    """
 
     def on_train_start(self, t: Trainer) -> None:
-        t.best_metrics, t.best_epoch, t.epoch_metrics = None, None, {}
+        t.best_metrics, t.epoch_metrics = None, {}
+        t.best_epoch = getattr(t, "resumed_best_epoch", None)
         t.metric_keys = list(t.task.empty_metrics())
 
     def on_epoch_end(self, t: Trainer, state: dict) -> None:
         metrics = t.task.empty_metrics()
         t0 = time.perf_counter()
-        if t.cfg.run.val and len(t.val_set) > 0:
+        validated = t.cfg.run.val and len(t.val_set) > 0
+        if validated:
             metrics = t.validate(t.eval_net, t.val_loader, progress=t.cfg.run.verbose)
         state["val_s"] = time.perf_counter() - t0
         fitness = t.task.fitness(metrics)
-        state["metrics"], state["is_best"] = metrics, fitness > t.best_fitness
-        t.best_fitness = max(t.best_fitness, fitness)
+        state["metrics"], state["is_best"] = metrics, (fitness > t.best_fitness) or not validated
         t.epoch_metrics = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
+        epoch = state["epoch"] + 1
+        if not validated:
+            t.best_epoch = epoch
+            return
+        t.best_fitness = max(t.best_fitness, fitness)
         if state["is_best"]:
-            t.best_metrics, t.best_epoch = dict(t.epoch_metrics), state["epoch"] + 1
+            t.best_metrics, t.best_epoch = dict(t.epoch_metrics), epoch
+        patience = t.cfg.run.patience
+        if patience and t.best_epoch is not None and epoch - t.best_epoch >= patience and epoch < t.cfg.run.epochs:
+            t.stop_reason = (f"early stopping after epoch {epoch}/{t.cfg.run.epochs}: the validation fitness has "
+                             f"not improved for {epoch - t.best_epoch} epochs (patience={patience}); the best, "
+                             f"epoch {t.best_epoch} (fitness {t.best_fitness:.4f}), is best.pt")
 
 
 class LoggingHook(Hook):
@@ -709,6 +875,14 @@ class LoggingHook(Hook):
 
     def on_train_start(self, t: Trainer) -> None:
         self._handler = None
+        self._warned: set[str] = set()
+        # results.csv is rewritten whole (atomically) every epoch from these rows, so a full disk
+        # or a kill never leaves half a line, and rows that could not be written are not lost.
+        # A resumed run keeps the rows up to the epoch it resumes from: epochs it redoes (their
+        # row was written, then the run died before last.pt) are not listed twice.
+        self.rows = [r for r in _read_csv(t.csv_path) if _epoch_of(r) <= t.start_epoch] if t.start_epoch else []
+        if t.start_epoch:
+            self._write_csv(t)
         root, lib = logging.getLogger(), logging.getLogger("libreyolo")
         if t.cfg.run.verbose and not lib.handlers and not root.handlers:
             self._handler = logging.StreamHandler()
@@ -728,17 +902,37 @@ class LoggingHook(Hook):
                "time/val_s": round(state.get("val_s", 0.0), 3)}
         row.update({k: metrics[k] for k in t.metric_keys if k in metrics})
         t.history.append(row)
-        _append_csv(t.csv_path, {k: v for k, v in row.items() if k not in t.metric_keys})
+        self.rows.append({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in row.items()
+                          if k not in t.metric_keys})
+        csv_ok = self._write_csv(t)
         if t.cfg.run.verbose:
             log.info("libreyolo: epoch %d/%d  %s  %s  (%.1f s)", epoch + 1, t.cfg.run.epochs,
                      "  ".join(f"{n} {v:.4f}" for n, v in zip(t.item_names, mloss.tolist())),
                      t.task.summary(metrics), state["time_s"])
-        if t.cfg.run.plots:
+        if t.cfg.run.plots and csv_ok:
             try:
                 from .plots import plot_results
                 plot_results(t.csv_path)
             except Exception as exc:  # a plot is never worth a failed run
-                log.warning("libreyolo: could not draw results.png: %s", exc)
+                self._warn_once("plot", "libreyolo: could not draw results.png (training goes on; further "
+                                "failures are not reported): %s", exc)
+
+    def _warn_once(self, what: str, msg: str, *args: Any) -> None:
+        """A warning the first time ``what`` fails in this run, a debug line after that."""
+        log.log(logging.DEBUG if what in self._warned else logging.WARNING, msg, *args)
+        self._warned.add(what)
+
+    def _write_csv(self, t: Trainer) -> bool:
+        """Rewrite ``results.csv`` from :attr:`rows`; a failed write (a full disk) is one warning,
+        the old file stays whole and the rows are written with the next epoch's."""
+        try:
+            _write_csv_atomic(t.csv_path, self.rows)
+            return True
+        except OSError as exc:
+            self._warn_once("csv", "libreyolo: could not write %s (training goes on; the file keeps its "
+                            "earlier rows and the missing ones are written once a write succeeds): %s",
+                            t.csv_path, exc)
+            return False
 
     def on_train_end(self, t: Trainer) -> None:
         evaluator = getattr(t, "last_evaluator", None)
@@ -756,14 +950,60 @@ class LoggingHook(Hook):
 
 class CheckpointHook(Hook):
     """``last.pt`` every epoch (with the training state, for ``resume``), ``best.pt`` when the
-    fitness improved (weights and metadata only: a third of the size)."""
+    fitness improved (weights and metadata only: a third of the size), and with ``save_period=N``
+    ``epoch{N}.pt``, ``epoch{2N}.pt``, ... (with the training state, like ``last.pt``); all atomic."""
 
     def on_epoch_end(self, t: Trainer, state: dict) -> None:
         from ..weights import save_checkpoint
         epoch = state["epoch"]
         save_checkpoint(t.checkpoint(epoch, with_state=True), t.run_dir / "weights" / "last.pt")
+        t.saved_epoch = epoch + 1
         if state["is_best"]:
             save_checkpoint(t.checkpoint(epoch, with_state=False), t.run_dir / "weights" / "best.pt")
+        period = t.cfg.run.save_period
+        if period and (epoch + 1) % period == 0:   # a snapshot one can also resume from
+            save_checkpoint(t.checkpoint(epoch, with_state=True), t.run_dir / "weights" / f"epoch{epoch + 1}.pt")
+
+
+class TensorBoardHook(Hook):
+    """``loggers=tensorboard``: TensorBoard event files in the run folder - per epoch the training
+    losses, the metrics, every parameter group's learning rate, the epoch time, and a few
+    validation images with the predictions drawn (where the task draws them: detection).
+    View with ``tensorboard --logdir runs/train``."""
+
+    #: validation images logged per epoch
+    IMAGES = 4
+
+    def __init__(self) -> None:   # built with the Trainer: a missing package fails before any work
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError as exc:   # torch's writer needs the tensorboard package
+            raise ImportError("loggers=tensorboard needs the tensorboard package: pip install tensorboard "
+                              f"(or pip install 'libreyolo[tensorboard]'); {exc}") from None
+        self._writer_cls, self.writer = SummaryWriter, None
+
+    def on_train_start(self, t: Trainer) -> None:
+        # a resumed run drops the events of the epochs it redoes
+        self.writer = self._writer_cls(log_dir=str(t.run_dir), purge_step=t.start_epoch + 1 if t.start_epoch else None)
+
+    def on_epoch_end(self, t: Trainer, state: dict) -> None:
+        epoch, w = state["epoch"] + 1, self.writer
+        row = t.history[-1] if t.history else {}
+        for key, value in row.items():
+            if "/" in key and not key.startswith("lr/") and isinstance(value, (int, float)) and math.isfinite(value):
+                w.add_scalar(key, value, epoch)
+        for j, g in enumerate(t.opt.param_groups):
+            w.add_scalar(f"lr/pg{j}", float(g["lr"]), epoch)
+        evaluator = getattr(t, "last_evaluator", None)
+        if evaluator is not None and t.cfg.run.val:
+            for i, image in enumerate(evaluator.images(self.IMAGES)):
+                w.add_image(f"val/image{i}", image, epoch, dataformats="CHW")
+        w.flush()
+
+    def on_train_end(self, t: Trainer) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
 
 
 def _set_lr(group: dict, value: float) -> None:
@@ -774,10 +1014,49 @@ def _set_lr(group: dict, value: float) -> None:
         group["lr"] = value
 
 
-def _append_csv(path: Path, row: dict) -> None:
-    new = not path.exists()
-    with path.open("a", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(row))
-        if new:
+class TrainingError(RuntimeError):
+    """Training stopped for a reason outside the model (a DataLoader worker died, ...); the message
+    says why, and what of the run is on disk."""
+
+
+def _worker_died(exc: BaseException) -> bool:
+    """Whether ``exc`` is torch's report of a DataLoader worker process that died (killed by a
+    signal - often the out-of-memory killer - or exited), not an error raised by the dataset."""
+    return isinstance(exc, RuntimeError) and "DataLoader worker (pid" in str(exc)
+
+
+def _read_csv(path: Path) -> list[dict]:
+    """The rows of an existing ``results.csv`` (none if it is missing or unreadable)."""
+    try:
+        with path.open(newline="") as f:
+            return [dict(r) for r in csv.DictReader(f)]
+    except (OSError, csv.Error, UnicodeDecodeError):
+        return []
+
+
+def _epoch_of(row: dict) -> int:
+    try:
+        return int(row.get("epoch") or 0)
+    except ValueError:
+        return 0
+
+
+def _write_csv_atomic(path: Path, rows: list[dict]) -> None:
+    """``rows`` as a CSV at ``path`` (columns: every key, in order of first appearance), written to
+    a temp file and renamed over the old one: readers never see a partial file."""
+    columns: dict[str, None] = {}
+    for r in rows:
+        columns.update(dict.fromkeys(r))
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        with open(tmp, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(columns), restval="")
             w.writeheader()
-        w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in row.items()})
+            w.writerows(rows)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise

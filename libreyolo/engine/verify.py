@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
-from ..graphs.parity import ParityResult, check_parity
+from ..graphs.capture import CudaGraphCapturer
+from ..graphs.parity import ParityResult, _clone, all_equal, check_parity, max_abs_diff
 
 
 def _probes_float(batch: int, size: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -57,11 +58,38 @@ def input_sensitive(model, seed: int = 0):
     return twin
 
 
+def check_seam(name: str, whole: Callable[..., Any], front: Callable[..., Any], back: Callable[..., Any],
+               probe_a: tuple[torch.Tensor, ...], probe_b: tuple[torch.Tensor, ...],
+               module: torch.nn.Module | None = None) -> ParityResult:
+    """A seam's claim, on two probes: ``back`` run eager on the replayed outputs of a graph of
+    ``front`` equals ``whole`` (the same computation with no seam) run all eager, bit for bit, on
+    each probe; the probes give different outputs and the replay of B is not A's result. Never
+    raises for a failed check."""
+    try:
+        eager_a = _clone(whole(*probe_a))
+        eager_b = _clone(whole(*probe_b))
+        graph = CudaGraphCapturer().capture(front, probe_a, module=module)
+        got_a = _clone(back(*graph.replay(probe_a, clone=True)))
+        got_b = _clone(back(*graph.replay(probe_b, clone=True)))
+        torch.cuda.synchronize()
+    except Exception as exc:  # reported, not raised
+        return ParityResult(name, 0, False, False, False, False, float("nan"), 0.0,
+                            error=f"{type(exc).__name__}: {exc}")
+    return ParityResult(name=name, outputs=len(eager_a), probes_differ=not all_equal(eager_a, eager_b),
+                        replay_a_equal=all_equal(got_a, eager_a), replay_b_equal=all_equal(got_b, eager_b),
+                        not_stale=not all_equal(got_b, eager_a),
+                        max_abs_diff=max(max_abs_diff(got_a, eager_a), max_abs_diff(got_b, eager_b)),
+                        capture_ms=graph.capture_ms)
+
+
 def verify_model(model, *, imgsz: int | None = None, batches: tuple[int, ...] = (1, 8),
                  amp_dtypes: tuple[Any, ...] | None = None,
                  source_hw: tuple[int, int] = (480, 640), precisions: tuple[str, ...] = (),
                  fast: bool = False) -> list[ParityResult]:
-    """Parity of the raw network forward and of the full predict stage (uint8 in).
+    """Parity of the raw network forward and of the full predict stage (uint8 in). For a family
+    with a predict seam (``PREDICT_SEAM``) both end at the seam - what predict captures is the
+    front part (``infer_front``) - and one more case per setting checks the seam's claim
+    (:func:`check_seam` on the predict stage).
 
     ``precisions`` ("fp16", "bf16"): also the half path (``fast``: compiled), each graph against
     the same half path run eagerly - the fast path's own bitwise contract (its tolerance against
@@ -73,6 +101,10 @@ def verify_model(model, *, imgsz: int | None = None, batches: tuple[int, ...] = 
         amp_dtypes = (None, model.AMP_DTYPE)
     model = input_sensitive(model)
     net = model.model.eval()
+    seam = bool(model.PREDICT_SEAM)
+    front = model.infer_front if seam else net          # the captured network part
+    infer = model.infer_front if seam else model.infer
+    part = "encoder (seam)" if seam else "network"
     pred = model._get_predictor()
     own = getattr(pred, "plan", None) is None   # a task predictor with its own stages: task.verify_cases
     if not own:
@@ -92,15 +124,23 @@ def verify_model(model, *, imgsz: int | None = None, batches: tuple[int, ...] = 
                 continue
             with torch.no_grad(), ctx():
                 pa, pb = _probes_float(b, size, model.device)
-                out.append(check_parity(f"{model.FAMILY}-{model.size} network {tag} b{b} {size}",
-                                        lambda x: net(x), (pa,), (pb,), module=net))
+                out.append(check_parity(f"{model.FAMILY}-{model.size} {part} {tag} b{b} {size}",
+                                        lambda x: front(x), (pa,), (pb,), module=net))
                 ua, ub = _probes_u8(b, *source_hw, model.device)
                 stage = f"{model.FAMILY}-{model.size} predict-stage {tag} b{b} {source_hw[0]}x{source_hw[1]}->{size}"
-                out.append(check_parity(stage, lambda u: model.infer(prep(u, size)), (ua,), (ub,), module=net))
+                out.append(check_parity(stage, lambda u: infer(prep(u, size)), (ua,), (ub,), module=net))
                 # the stage predict really captures: + the task's post-processing (detection: top-k,
                 # and with Triton NMS and the selection)
                 extra = plan.extra((tuple(source_hw),) * b, size)
                 out.append(check_parity(stage + " +post", from_u8, (ua, *extra), (ub, *extra), module=net))
+                if seam:   # the claim of the seam: captured front + eager rest == all eager
+                    out.append(check_seam(stage + " seam: replayed front + eager rest == all eager",
+                                          lambda u: plan.finish(model.infer(prep(u, size)), *extra),
+                                          lambda u: from_u8(u, *extra),
+                                          lambda *f: pred.after_seam(f, plan, extra), (ua,), (ub,), module=net))
+                # further stages the task runs after the first (OCR: recognition per bucket width)
+                for name, fn, pa_, pb_ in plan.parity_stages(b, model.device):
+                    out.append(check_parity(f"{model.FAMILY}-{model.size} {name} {tag} b{b}", fn, pa_, pb_, module=net))
     if not own:
         out.extend(verify_half(model, size, batches, source_hw, precisions, fast))
     return out
@@ -119,7 +159,7 @@ def verify_half(model, size: int, batches: tuple[int, ...], source_hw: tuple[int
         if p == "fp32":
             continue
         half = half_network(model, p, fast)
-        net_stage, from_u8 = pred._stage_fns(size, plan, half)
+        from_u8 = pred._stage_fns(size, plan, half)[1]
         tag = arm_name(p, fast)
         for b in batches:
             with torch.no_grad():

@@ -22,7 +22,7 @@ from ..device import select_device
 from ..graphs.runner import GraphRunner
 from ..ops.preprocess import Preprocess
 from ..tasks import Task, get_task
-from .common.names import normalize_names
+from .common.names import default_names, normalize_names
 
 log = logging.getLogger("libreyolo")
 
@@ -47,6 +47,13 @@ class Model:
     #: train in channels_last on CUDA by default (``channels_last=None``): convolution networks
     #: whose BatchNorm and convolutions run faster in NHWC and whose ops accept any layout
     CHANNELS_LAST: ClassVar[bool] = False
+    #: classes of a model built without ``nc`` (the label set the family's checkpoints use)
+    DEFAULT_NC: ClassVar[int] = 80
+    #: predict captures only the front of the network (preprocessing + :meth:`infer_front`) and
+    #: runs the rest (:meth:`infer_back`, the task's post-processing) eager: for a family with an op
+    #: that is not bitwise capturable, shown by a GPU test; ``SUPPORTS_CUDA_GRAPH`` then vouches
+    #: for the front part
+    PREDICT_SEAM: ClassVar[bool] = False
     STRIDE: ClassVar[int] = 32
     DEFAULT_IMGSZ: ClassVar[int] = 640
     UNSUPPORTED_REASON: ClassVar[str | None] = None
@@ -68,6 +75,15 @@ class Model:
     def infer(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Letterboxed float batch -> fixed-shape outputs (the capturable part)."""
         raise NotImplementedError(f"{type(self).__name__} must implement infer")
+
+    def infer_front(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """With ``PREDICT_SEAM``: the captured side, network input -> fixed-shape tensors."""
+        raise NotImplementedError(f"{type(self).__name__} declares no predict seam")
+
+    def infer_back(self, *front: torch.Tensor) -> Any:
+        """With ``PREDICT_SEAM``: the eager side, :meth:`infer_front`'s outputs -> what
+        :meth:`infer` returns (``infer_back(*infer_front(x))`` equals ``infer(x)`` bit for bit)."""
+        raise NotImplementedError(f"{type(self).__name__} declares no predict seam")
 
     @property
     def task(self) -> Task:
@@ -138,7 +154,7 @@ class Model:
         new.load_state_dict(keep, strict=False)
         self._attach(new.to(self.device))
         self.nc = int(nc)
-        self.names = normalize_names(names, self.nc)
+        self.names = self.default_names(self.nc) if names is None else normalize_names(names, self.nc)
 
     def _attach(self, net: nn.Module) -> None:
         """Make ``net`` this model's network, with a fresh graph runner and predictor."""
@@ -184,7 +200,7 @@ class Model:
                  source: str | None = None, meta: dict | None = None):
         self.size = size
         self.nc = int(nc)
-        self.names = normalize_names(names, self.nc)
+        self.names = self.default_names(self.nc) if names is None else normalize_names(names, self.nc)
         self.imgsz = int(imgsz or self.DEFAULT_IMGSZ)
         self.trained = trained
         self.source = source
@@ -197,13 +213,21 @@ class Model:
         self._attach(net.to(self.device).eval())
 
     @classmethod
-    def new(cls, size: str, nc: int = 80, names: Any = None, *, imgsz: int | None = None,
+    def default_names(cls, nc: int) -> dict[int, str]:
+        """Class names of a model built without any (the task's usual label set where ``nc``
+        is its size: COCO's 80 for detection; ``class0``, ``class1``... otherwise)."""
+        return default_names(nc)
+
+    @classmethod
+    def new(cls, size: str, nc: int | None = None, names: Any = None, *, imgsz: int | None = None,
             device: Any = "auto", seed: int | None = None) -> "Model":
-        """An untrained (randomly initialised) model, built explicitly from its size."""
+        """An untrained (randomly initialised) model, built explicitly from its size; ``nc``
+        defaults to the family's usual label set (``DEFAULT_NC``: 80 for detection, ImageNet's
+        1000 for the classifiers, ADE20K's 150 for SegFormer)."""
         if size not in cls.SIZES:
             raise ValueError(f"unknown size {size!r} for {cls.FAMILY}; sizes: {', '.join(cls.SIZES)}")
         from ..options import check_int
-        nc = check_int("nc", nc, 1)
+        nc = check_int("nc", cls.DEFAULT_NC if nc is None else nc, 1)
         if seed is not None:
             torch.manual_seed(seed)
         return cls(cls.build_network(size, nc), size=size, nc=nc, names=names, imgsz=imgsz,
@@ -370,10 +394,21 @@ class Model:
         return Trainer(self, cfg).train()
 
     def val(self, data: str = "shapes", *, imgsz: int | None = None, batch: int = 16, workers: int = 2,
-            verbose: bool = False, **task_opts) -> dict:
+            verbose: bool = False, save_json: bool = False, save_dir: str | Path | None = None,
+            **task_opts) -> dict:
         """The task's metrics of the current weights on the dataset's validation split
-        (detection: mAP50 / mAP50-95; ``conf`` and ``iou`` set the NMS thresholds)."""
+        (detection: mAP50 / mAP50-95; ``conf`` and ``iou`` set the NMS thresholds).
+
+        ``save_json=True`` (detection) also writes the predictions as COCO results,
+        ``predictions.json`` in ``save_dir`` (default: a new ``runs/val``, ``runs/val2``, ...),
+        for external evaluation; its path is returned as ``"predictions_json"``.
+        """
         from ..engine.trainer import TrainConfig, Trainer
+        from ..options import parse_bool
+        save_json = parse_bool("save_json", save_json)
+        if save_json and not self.task.evaluator(self, self.task.Options()).writes_coco_json:
+            raise ValueError(f"save_json=True writes COCO detection results; the {self.task.name} task has no "
+                             "COCO results format")
         task_opts = {self.task.val_option_names.get(k, k): v for k, v in task_opts.items()}
         cfg = TrainConfig(self.task, data=data, imgsz=int(imgsz or self.imgsz), batch=batch, workers=workers,
                           verbose=verbose, **task_opts)
@@ -382,13 +417,34 @@ class Model:
             raise ValueError(f"the dataset has {ds.nc} classes but the model predicts {self.nc}")
         t = Trainer(self, cfg)
         _, val_loader = t._loaders(ds)
-        return t.validate(self.model, val_loader, progress=verbose)
+        metrics = t.validate(self.model, val_loader, progress=verbose)
+        if save_json:
+            import json
+            import os
+
+            from ..engine.paths import next_run_dir
+            out_dir = Path(save_dir) if save_dir else next_run_dir("runs", "val")
+            out_dir.mkdir(parents=True, exist_ok=True)
+            path = out_dir / "predictions.json"
+            tmp = out_dir / ".predictions.json.tmp"
+            with open(tmp, "w") as f:   # then renamed: never a truncated file for the evaluator to read
+                json.dump(t.last_evaluator.coco_predictions(t.val_set, ds), f)
+            os.replace(tmp, path)
+            metrics["predictions_json"] = str(path)
+        return metrics
 
     def predict(self, source: Any, **kwargs) -> list:
         """Run inference; see :meth:`libreyolo.engine.predictor.Predictor.__call__` for options."""
         return self._get_predictor()(source, **kwargs)
 
     __call__ = predict
+
+    def track(self, source: Any, *, tracker: Any = "bytetrack", persist: bool = False, **kwargs) -> list:
+        """Predict with multi-object tracking (``Results.boxes.id``); see
+        :meth:`libreyolo.engine.predictor.Predictor.track` for the options."""
+        if self.TASK != "detect":
+            raise ValueError(f"model.track needs a detection model; {self.FAMILY}-{self.size} is a {self.TASK} model")
+        return self._get_predictor().track(source, tracker=tracker, persist=persist, **kwargs)
 
 
 def _load_strict(net: nn.Module, sd: dict, what: str, source: str | None) -> None:

@@ -8,15 +8,18 @@ import re
 from pathlib import Path
 
 from .base import Model
+from .birefnet.model import BiRefNet
 from .convnext.model import ConvNeXt
 from .deim.model import Deim
 from .deimv2.model import Deimv2
+from .depth_anything.model import DepthAnything
 from .dfine.model import Dfine
 from .ec.model import EC
 from .efficientnetv2.model import EfficientNetV2
 from .mobilenetv4.model import MobileNetV4
 from .mobilesam.model import MobileSAM
 from .picodet.model import Picodet
+from .ppocr.model import PPOCR
 from .resnet.model import ResNet
 from .rtdetr.model import RTDETR
 from .rtdetrv2.model import RTDETRv2
@@ -46,6 +49,9 @@ FAMILIES: dict[str, type[Model]] = {
     "convnext": ConvNeXt,
     "segformer": Segformer,
     "mobilesam": MobileSAM,
+    "depth_anything": DepthAnything,
+    "birefnet": BiRefNet,
+    "ppocr": PPOCR,
 }
 
 
@@ -99,8 +105,10 @@ def list_models() -> list[dict]:
 
     ``cuda_graph_train``: the whole training step (or forward+backward) is captured;
     ``cuda_graph_train_seam``: a fixed-shape front part is (DETRs: backbone + encoder forward and
-    backward, the rest eager)."""
+    backward, the rest eager); ``cuda_graph_predict_seam``: predict captures a front part only
+    (BiRefNet: the encoder; the deformable-convolution decoder runs eager)."""
     return [{"family": f, "sizes": list(c.SIZES), "task": c.TASK, "file_prefix": c.FILE_PREFIX,
-             "cuda_graph": c.SUPPORTS_CUDA_GRAPH, "cuda_graph_train": c.SUPPORTS_CUDA_GRAPH_TRAIN,
+             "cuda_graph": c.SUPPORTS_CUDA_GRAPH, "cuda_graph_predict_seam": c.PREDICT_SEAM,
+             "cuda_graph_train": c.SUPPORTS_CUDA_GRAPH_TRAIN,
              "cuda_graph_train_seam": c.SUPPORTS_CUDA_GRAPH_TRAIN_SEAM and not c.SUPPORTS_CUDA_GRAPH_TRAIN}
             for f, c in FAMILIES.items()]

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 from .base import Evaluator, PredictPlan, Task, TaskOptions
 from .classify import ClassifyTask
+from .depth import DepthTask
 from .detect import DetectTask
 from .segment_prompt import SegmentPromptTask
+from .matte import MatteTask
+from .ocr import OcrTask
 from .semantic import SemanticTask
 
 TASKS: dict[str, Task] = {
@@ -17,6 +20,9 @@ TASKS: dict[str, Task] = {
     "classify": ClassifyTask(),
     "semantic": SemanticTask(),
     "segment-prompt": SegmentPromptTask(),
+    "depth": DepthTask(),
+    "matte": MatteTask(),
+    "ocr": OcrTask(),
 }
 
 

@@ -40,6 +40,19 @@ class Evaluator:
         """Pictures of the last evaluation written into ``run_dir`` (none by default)."""
         return []
 
+    #: whether :meth:`coco_predictions` is implemented (``val(save_json=True)``)
+    writes_coco_json: ClassVar[bool] = False
+
+    def coco_predictions(self, dataset: Any, data: Any) -> list[dict]:
+        """The last evaluation's predictions as COCO results records (``image_id``,
+        ``category_id``, ``bbox`` [x, y, w, h] in the original image's pixels, ``score``)."""
+        raise NotImplementedError(f"{type(self).__name__} has no COCO results format")
+
+    def images(self, n: int) -> list:
+        """Up to ``n`` validation images of the last evaluation with the predictions drawn, as
+        uint8 (3, H, W) tensors, for experiment loggers (none by default)."""
+        return []
+
 
 class PredictPlan:
     """The task-specific part of one predict call (see the module docstring).
@@ -51,9 +64,20 @@ class PredictPlan:
 
     tag: tuple = ()
     host: bool = False
+    #: the call's ``cuda_graph`` mode and autocast dtype (None: float32), set by the predictor
+    #: before :meth:`results`, for plans that run a further stage there through the model's
+    #: runner under the same policy as the first (OCR recognition)
+    mode: Any = False
+    amp_dtype: Any = None
 
     def finish(self, outputs: Any, *extra: torch.Tensor) -> Any:
         """``model.infer`` outputs (+ :meth:`extra` inputs) -> the stage's outputs (graph-safe)."""
+        return outputs
+
+    def to_source(self, outputs: Any, hw: tuple[int, int]) -> Any:
+        """The stage's outputs mapped back to the source images' size ``hw``; called inside the
+        stage that starts from uint8 images (all of one size there, part of the graph's key),
+        after :meth:`finish`. Default: unchanged (the task maps back in :meth:`results`)."""
         return outputs
 
     def extra(self, shapes: tuple[tuple[int, int], ...], size: int) -> tuple[torch.Tensor, ...]:
@@ -63,6 +87,11 @@ class PredictPlan:
     @property
     def constant(self) -> tuple[int, ...]:
         return ()
+
+    def parity_stages(self, batch: int, device: torch.device) -> list[tuple[str, Callable[..., Any], tuple, tuple]]:
+        """Stages this plan runs besides the first (from :meth:`results`), for the parity protocol
+        (``libreyolo verify``): (name, function, probe A inputs, probe B inputs) each."""
+        return []
 
     def results(self, out: Any, chunk: Sequence[Any], size: int, speed: dict[str, float]) -> list:
         """The stage's outputs for ``chunk`` (:class:`~libreyolo.data.sources.SourceItem` list) ->
@@ -114,6 +143,11 @@ class Task:
     def bench_options(self) -> dict[str, Any]:
         """Predict options ``libreyolo bench``'s end-to-end arms pass (besides detection's conf)."""
         return {}
+
+    def bench_setup(self, model, imgsz: int) -> tuple[Any, dict[str, Any], dict[str, Any] | None]:
+        """``libreyolo bench``'s input when none is given: (image or None for the bundled sample,
+        predict options it needs, notes for the JSON or None). OCR: a printed page."""
+        return None, {}, None
 
     def bench_arms(self, model, image, runs: int, warmup: int, imgsz: int, time_call) -> dict[str, Any]:
         """Task-specific arms of ``libreyolo bench`` (name -> ``time_call`` result or a value)."""

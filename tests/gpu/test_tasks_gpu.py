@@ -1,6 +1,8 @@
-"""CUDA graphs for the tasks beyond detection (classification, semantic segmentation), on a GPU.
+"""CUDA graphs for the tasks beyond detection (classification, semantic segmentation, promptable
+segmentation, depth, matting, OCR), on a GPU.
 
-Parametrized over rows.CLASSIFY_GRAPH_MODELS and rows.SEMANTIC_GRAPH_MODELS: the parity protocol
+Parametrized over rows.CLASSIFY_GRAPH_MODELS, SEMANTIC_GRAPH_MODELS, SEGMENT_PROMPT_GRAPH_MODELS,
+DEPTH_GRAPH_MODELS, MATTE_GRAPH_MODELS and OCR_GRAPH_MODELS: the parity protocol
 on the predict stages, predict with graphs equal to eager, and training capture (step-0 loss and
 BatchNorm buffers bitwise, the whole step with the update, a 20-step curve within eager's noise,
 the trainer replaying the captured step). A family may declare SUPPORTS_CUDA_GRAPH* only after
@@ -21,14 +23,16 @@ from libreyolo.models.registry import get_family
 pytestmark = pytest.mark.cuda
 
 GROUPS = [getattr(rows, name, []) for name in ("CLASSIFY_GRAPH_MODELS", "SEMANTIC_GRAPH_MODELS",
-                                               "SEGMENT_PROMPT_GRAPH_MODELS")]
+                                               "SEGMENT_PROMPT_GRAPH_MODELS", "DEPTH_GRAPH_MODELS",
+                                               "MATTE_GRAPH_MODELS", "OCR_GRAPH_MODELS")]
 MODELS = [spec for group in GROUPS for spec in group]
 # training capture rows: the models whose family declares it (a family enrols by declaring)
 TRAIN = [spec for spec in MODELS if get_family(spec[0]).SUPPORTS_CUDA_GRAPH_TRAIN]
 FIRSTS = [next(s for s in group if s in TRAIN) for group in GROUPS if any(s in TRAIN for s in group)]
 DATA = {"classify": "shapes-cls", "semantic": "shapes-seg"}
-IMGSZ = {"classify": 224, "semantic": 256, "segment-prompt": 1024}
-FIELD = {"classify": "probs", "semantic": "masks", "segment-prompt": "masks"}
+IMGSZ = {"classify": 224, "semantic": 256, "segment-prompt": 1024, "depth": 518, "matte": 256, "ocr": 320}
+FIELD = {"classify": "probs", "semantic": "masks", "segment-prompt": "masks", "depth": "depth", "matte": "alpha",
+         "ocr": "texts"}
 OPTS = {"segment-prompt": {"points": "center"}}   # predict options a task needs (a prompt)
 
 
@@ -38,7 +42,17 @@ def ids(spec):
 
 def build(spec, nc=None, seed=0):
     kw = {} if nc is None else {"nc": nc}
-    return LibreYOLO.new(spec[0], spec[1], device="cuda", seed=seed, **kw)
+    model = LibreYOLO.new(spec[0], spec[1], device="cuda", seed=seed, **kw)
+    if spec[0] in rows.GRAPH_PENDING:   # built for capture, not declared: exercise it here only
+        model.SUPPORTS_CUDA_GRAPH = True
+        model._runner.supported = True
+    return model
+
+
+def pending(specs):
+    """``specs`` with the rows of rows.GRAPH_PENDING families marked xfail(strict=True)."""
+    return [pytest.param(s, marks=pytest.mark.xfail(strict=True, reason=rows.GRAPH_PENDING[s[0]]))
+            if s[0] in rows.GRAPH_PENDING else s for s in specs]
 
 
 @pytest.fixture(scope="module")
@@ -47,11 +61,12 @@ def images():
     return [np.asarray(pil), np.asarray(pil.resize((333, 517))), np.asarray(pil.rotate(180))]
 
 
-@pytest.mark.parametrize("spec", MODELS, ids=ids)
+@pytest.mark.parametrize("spec", pending(MODELS), ids=ids)
 def test_parity_protocol_fp32_and_amp_batch_1_and_8(spec):
     model = build(spec)
     results = verify_model(model, imgsz=IMGSZ[model.TASK], batches=(1, 8), amp_dtypes=(None, model.AMP_DTYPE))
-    assert len(results) == 12
+    # a seam adds its claim per setting; a task's further stages add theirs (OCR: recognition per bucket)
+    assert len(results) >= (16 if model.PREDICT_SEAM else 12)
     failed = [r.as_dict() for r in results if not r.passed]
     assert not failed, failed
 
@@ -69,6 +84,38 @@ def test_predict_with_graph_equals_eager(spec, images):
             assert all(torch.equal(torch.as_tensor(getattr(a, field).data), torch.as_tensor(getattr(b, field).data))
                        for a, b in zip(got, eager))
     assert model.graph_info()["replays"] > 0
+
+
+DEPTH = [spec for spec in MODELS if get_family(spec[0]).TASK == "depth"]
+
+
+@pytest.mark.parametrize("spec", DEPTH, ids=ids)
+def test_depth_uint8_stage_is_one_graph_with_the_resize_back(spec, images):
+    """Stretch to 518 -> network -> map resized back to the image: one captured graph. The uint8
+    stage's replayed output is already at the image's size and equals eager bitwise, as does
+    the predict result that a repeated image size replays."""
+    model = input_sensitive(build(spec))
+    size = IMGSZ["depth"]
+    img = images[1]                                   # 517 x 333: not the square, not a multiple of 14
+    eager = model(img, imgsz=size)[0].depth.data
+    for _ in range(3):
+        got = model(img, imgsz=size, cuda_graph=True)[0].depth.data
+    assert got.shape == img.shape[:2] and torch.equal(got, eager)
+    assert any("'u8'" in g["stage"] for g in model.graph_info()["graphs"]), model.graph_info()["graphs"]
+    pred = model._get_predictor()
+    plan = pred.plan(size)
+    from_u8 = pred._stage_fns(size, plan)[1]
+    u8 = torch.from_numpy(np.ascontiguousarray(img)).cuda()[None]
+    with torch.no_grad():
+        ref = from_u8(u8)
+        for _ in range(2):   # capture, replay
+            out = model._runner(("u8-probe", size, *plan.tag), from_u8, (u8,), True)
+    torch.cuda.synchronize()
+    assert out.shape == (1, *img.shape[:2]) and torch.equal(out, ref)
+    from libreyolo.tasks.depth.task import download   # the maps' way to the host, through pinned memory
+    t = torch.rand(720, 1280, device="cuda")
+    host = download(t)
+    assert host.device.type == "cpu" and not host.is_pinned() and torch.equal(host, t.cpu())
 
 
 # ------------------------------------------------------------------------------------ training

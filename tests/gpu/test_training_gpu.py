@@ -366,3 +366,24 @@ def test_trainer_uses_the_detr_seam(tmp_path):
     seam = res["cuda_graph"]["seam"]
     assert seam["replays"] > 0 and seam["disabled_reason"] is None, seam
     assert "front_override" not in model.model.__dict__
+
+
+def test_trainer_whole_step_with_frozen_layers_replays_and_leaves_them_untouched(tmp_path):
+    """freeze=3 with cuda_graph=True: the whole step is captured over the trainable parameters only
+    (the fused optimizer, clipping and the restored state never see the frozen ones), it replays,
+    and the frozen weights and BatchNorm statistics are bitwise the initial ones afterwards."""
+    from libreyolo.engine.trainer import freeze_prefixes
+    model = LibreYOLO.new("yolo9", "t", device="cuda", seed=0)
+    model.SUPPORTS_CUDA_GRAPH_TRAIN = True
+    prefixes = freeze_prefixes(model.model, 3)
+    before = {k: v.detach().clone() for k, v in model.model.state_dict().items()
+              if any(k.startswith(p + ".") for p in prefixes)}
+    assert before
+    res = model.train(data=str(make_shapes_dataset(tmp_path / "s", n_train=64, n_val=8, imgsz=128)), epochs=2,
+                      batch=8, nbs=8, imgsz=128, workers=2, project=str(tmp_path), cuda_graph=True, amp="bf16",
+                      warmup_epochs=0, freeze=3, verbose=False)
+    g = res["cuda_graph"]
+    assert g["replays"] > 0 and g["disabled_reason"] is None, g
+    after = LibreYOLO(res["last"], device="cuda").model.state_dict()
+    for k, v in before.items():
+        assert torch.equal(v, after[k]), k

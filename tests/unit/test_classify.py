@@ -288,3 +288,11 @@ def test_builtin_name_generates_into_the_datasets_cache(tmp_path, monkeypatch):
     d = get_task("classify").resolve_data("shapes")   # a classify model's "shapes" is shapes-cls
     assert d.source == "shapes-cls" and d.nc == 6 and (len(d.train), len(d.val)) == (600, 120)
     assert d.root.parent == tmp_path and d.root.name.startswith("shapes-cls-")
+
+
+def test_untrained_classifier_defaults_to_imagenet_labels():
+    m = LibreYOLO.new("resnet", "18", device="cpu")
+    assert m.nc == 1000 and m.names[0] == "tench" and m.names[999] == "toilet tissue"
+    assert LibreYOLO.new("resnet", "18", nc=3, device="cpu").names == {0: "class0", 1: "class1", 2: "class2"}
+    assert LibreYOLO.new("segformer", "b0", device="cpu").nc == 150
+    assert LibreYOLO.new("yolox", "n", device="cpu").names[0] == "person"

@@ -4,7 +4,7 @@ import json
 import pytest
 import torch
 from fill import fill_state_dict
-from rows import FIXTURES, SNIFFED_AS
+from rows import FIXTURE_FORWARD, FIXTURES, SNIFFED_AS
 
 from conftest import FIXTURES_DIR
 from libreyolo import LibreYOLO
@@ -20,6 +20,28 @@ def flatten(out, prefix=""):
     for k, v in items:
         flat.update(flatten(v, f"{prefix}.{k}" if prefix else str(k)))
     return flat
+
+
+def run_fixture(net, pt):
+    """``net(input)`` flattened, plus the output of each ``hook:<module>`` the fixture pins."""
+    caught, hooks = {}, []
+    for path in pt["outputs"]:
+        if path.startswith("hook:"):
+            mod = net.get_submodule(path[len("hook:"):])
+            hooks.append(mod.register_forward_hook(lambda m, i, o, p=path: caught.__setitem__(p, o)))
+    try:
+        with torch.no_grad():
+            out = flatten(net(pt["input"], **pt.get("extra_inputs", {})))   # mobilesam: its point prompt
+    finally:
+        for h in hooks:
+            h.remove()
+    return {**out, **caught}
+
+
+def forward_of(net, name):
+    """The module whose output the fixture stores (a sub-network for two-network families)."""
+    sub = FIXTURE_FORWARD.get(name)
+    return getattr(net, sub) if sub else net
 
 
 def load_fixture(name):
@@ -61,8 +83,7 @@ def test_network_reproduces_fixture(family, size, name):
     assert sum(p.numel() for p in net.parameters()) == fx["num_parameters"]
     net.load_state_dict(sd, strict=True)
     net.eval()
-    with torch.no_grad():
-        out = flatten(net(pt["input"], **pt.get("extra_inputs", {})))   # mobilesam: its point prompt
+    out = run_fixture(forward_of(net, name), pt)
     assert set(pt["outputs"]) <= set(out)
     assert_reproduces(out, pt["outputs"], fx)
 
@@ -75,8 +96,7 @@ def test_checkpoint_in_fixture_layout_loads_through_factory(tmp_path, family, si
     path = save_checkpoint({"model": sd, **meta}, tmp_path / "weights.pt")
     model = LibreYOLO(str(path), device="cpu")
     assert (model.FAMILY, model.size, model.nc) == (family, size, meta["nc"])
-    with torch.no_grad():
-        out = flatten(model.model(pt["input"], **pt.get("extra_inputs", {})))
+    out = run_fixture(forward_of(model.model, name), pt)
     assert_reproduces(out, pt["outputs"], fx)
 
 

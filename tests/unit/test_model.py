@@ -171,7 +171,8 @@ def test_predict_options(model):
     (np.zeros((4, 4, 2), np.uint8), ValueError, "channel"),
     (np.zeros((4, 4, 3), np.int64), ValueError, "int64"),
     (torch.zeros(1, 1, 3, 8, 8), ValueError, "(1, 1, 3, 8, 8)"),
-    (42, TypeError, "int"),
+    (42.0, TypeError, "float"),
+    (42, ValueError, "camera 42 does not open"),   # an int is a camera index
 ])
 def test_bad_inputs_give_one_clear_error(model, bad, exc, words):
     with pytest.raises(exc) as e:

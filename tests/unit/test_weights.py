@@ -336,6 +336,26 @@ def test_stale_temp_files_of_the_target_are_removed_on_the_next_save(tmp_path: P
     assert left == {target.name, fresh.name, *(p.name for p in other)}
 
 
+@pytest.mark.skipif(W._fcntl is None, reason="advisory file locks are POSIX-only")
+def test_temp_of_a_dead_writer_is_removed_at_once_and_a_locked_one_is_kept(tmp_path: Path) -> None:
+    """A save locks its temp file while writing; one nobody holds a lock on, past the grace, was
+    left by a writer that died (kill -9) and goes on the next save even if it is seconds old. A
+    locked one (a save in progress in another process) stays, however old."""
+    import fcntl
+    target = tmp_path / "last.pt"
+    dead, busy = tmp_path / ".last.pt.deadbeef.tmp", tmp_path / ".last.pt.busy0000.tmp"
+    recent = time.time() - 3 * W.STALE_TEMP_GRACE_S       # far younger than STALE_TEMP_AGE_S
+    for p in (dead, busy):
+        p.write_bytes(b"partial")
+        os.utime(p, (0 if p is busy else recent, 0 if p is busy else recent))
+    with busy.open("rb") as held:                           # another open file: its lock conflicts
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        W.save_checkpoint({"model": {"w": torch.ones(1)}}, target)
+        assert {p.name for p in tmp_path.iterdir()} == {target.name, busy.name}
+    W.save_checkpoint({"model": {"w": torch.ones(2)}}, target)   # its writer has finished now
+    assert {p.name for p in tmp_path.iterdir()} == {target.name}
+
+
 def test_stale_temp_cleanup_frees_space_before_writing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The cleanup runs before the temp file is created: on a full disk it is what makes room."""
     stale = tmp_path / ".w.pt.zzzzzzzz.tmp"

@@ -57,6 +57,16 @@ class TimmClassifier(Model):
 
     TASK = "classify"
     CHANNELS_LAST = True
+    DEFAULT_NC = 1000   # ImageNet-1k, the label set of the published checkpoints
+
+    @classmethod
+    def default_names(cls, nc: int) -> dict[int, str]:
+        """ImageNet-1k's class names (timm ships them) for a 1000-class classifier."""
+        if nc == 1000:
+            from timm.data import ImageNetInfo
+            info = ImageNetInfo()
+            return {i: info.index_to_description(i).split(",")[0].strip() for i in range(1000)}
+        return super().default_names(nc)
     # Declared after the GPU parity protocol passed (predict stages fp32 and AMP, batch 1 and 8) and the
     # training parity (step-0 loss and BatchNorm buffers bitwise, whole step with SGD and AdamW, 20-step
     # curve within eager noise): see docs/families.md.

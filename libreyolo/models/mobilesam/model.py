@@ -25,6 +25,10 @@ class MobileSAM(Model):
 
     FAMILY = "mobilesam"
     TASK = "segment-prompt"
+    # Declared for the GPU proof (tests/gpu/test_tasks_gpu.py SEGMENT_PROMPT_GRAPH_MODELS rows and
+    # tests/gpu/test_segment_prompt_gpu.py: parity protocol on the network, the image stage and the
+    # prompt stage, fp32 and AMP, batch 1 and 8; graphed predict and prompt calls == eager).
+    SUPPORTS_CUDA_GRAPH = True
     SIZES = tuple(CONFIGS)
     FILE_PREFIX = "LibreMobileSAM"   # the LibreYOLO checkpoint name: LibreMobileSAMtiny.pt
     DEFAULT_IMGSZ = 1024

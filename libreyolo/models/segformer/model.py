@@ -22,6 +22,7 @@ class Segformer(Model):
 
     FAMILY = "segformer"
     TASK = "semantic"
+    DEFAULT_NC = 150   # ADE20K, the label set of the published checkpoints
     # Declared after the GPU parity protocol passed (predict stages fp32 and AMP, batch 1 and 8): see
     # docs/families.md. Training capture is not declared: its fp32 step-0 loss differs from eager's.
     SUPPORTS_CUDA_GRAPH = True

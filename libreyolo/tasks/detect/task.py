@@ -158,6 +158,47 @@ class DetectionEvaluator(Evaluator):
         out["precision"], out["recall"] = self.pr.p, self.pr.r
         return out
 
+    writes_coco_json = True
+
+    def coco_predictions(self, dataset, data) -> list[dict]:
+        """COCO results of the last evaluation: each validation image's detections mapped from
+        the letterboxed canvas back to the image's pixels, as ``{"image_id", "category_id",
+        "bbox": [x, y, w, h], "score"}``. Ids are the dataset's own for a COCO json dataset
+        (image ids from its json, category ids mapped back from class indices); for a YOLO
+        dataset the image id is the file stem (an int when it is one) and the category id the
+        class index."""
+        out = []
+        cats = list(data.category_ids) or list(range(self.model.nc))
+        size, resize = dataset.imgsz, dataset.resize
+        for sample, p in zip(dataset.samples, self.preds):
+            h, w = sample.height, sample.width
+            image_id = data.image_ids.get(str(sample.image)) if data.image_ids else None
+            if image_id is None:
+                stem = sample.image.stem
+                image_id = int(stem) if stem.isdigit() else stem
+            boxes = np.asarray(p[:, :4], np.float32).copy()
+            sx, sy, px, py = inverse_params(h, w, size, resize)
+            unletterbox_boxes(boxes, sx, sy, h, w, px, py)
+            for (x1, y1, x2, y2), score, cls in zip(boxes.tolist(), p[:, 4].tolist(), p[:, 5].tolist()):
+                out.append({"image_id": image_id, "category_id": int(cats[int(cls)]),
+                            "bbox": [round(x1, 3), round(y1, 3), round(x2 - x1, 3), round(y2 - y1, 3)],
+                            "score": round(float(score), 5)})
+        return out
+
+    def images(self, n: int) -> list:
+        """The first ``n`` validation images with their detections at :attr:`PLOT_CONF` drawn as
+        predict's ``Results.plot()`` draws them (class name and score)."""
+        from ...results import Boxes, Results
+        if self.first_batch is None:
+            return []
+        out = []
+        for image, p in zip(self.first_batch[:n], self.preds):
+            hwc = np.ascontiguousarray(np.transpose(image, (1, 2, 0)))
+            p = np.asarray(p[p[:, 4] >= self.PLOT_CONF], np.float32).reshape(-1, 6)
+            drawn = Results(hwc, "val", self.model.names, Boxes(torch.from_numpy(p), hwc.shape[:2])).plot(conf=True)
+            out.append(torch.from_numpy(np.ascontiguousarray(drawn)).permute(2, 0, 1))
+        return out
+
     def plot(self, run_dir) -> list:
         """pr_curve.png, confusion_matrix.png, val_batch0_labels.jpg, val_batch0_pred.jpg."""
         from pathlib import Path

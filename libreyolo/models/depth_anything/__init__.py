@@ -1,0 +1,1 @@
+"""Depth Anything V2 (monocular relative depth)."""

@@ -1,0 +1,1 @@
+"""PP-OCR text detection + recognition family (networks in ``nn``, alphabet in ``charset``)."""

@@ -1,0 +1,129 @@
+"""PP-OCR declarations (text detection + recognition, task ``ocr``) and its capturable stages."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from ...ops.preprocess import IMAGENET_MEAN, IMAGENET_STD, Preprocess
+from ..base import Model
+from ...tasks.ocr.postprocess import REC_BUCKETS
+from .nn import CONFIGS, PPOCRNet
+
+#: sizes of the original works whose LibreYOLO checkpoint layout is not known here, with why
+UNAVAILABLE_SIZES = {
+    "l": "PP-OCR size 'l' (PP-OCRv5 server: a PP-HGNetV2 backbone for both detector and recognizer) is not "
+         "available: only size t's LibreYOLO checkpoint layout is pinned by an architecture fixture "
+         "(ppocr-t-det / ppocr-t-rec), and a network built without one could not be shown to load "
+         "LibreYOLO's LibrePPOCRl files unchanged. Use size 't'.",
+}
+
+
+class PPOCR(Model):
+    """PP-OCR (PP-OCRv5 mobile architecture): a DB text detector and a CTC text recognizer in one
+    checkpoint (``det.`` and ``rec.`` sub-networks), task ``ocr``.
+
+    Both networks were trained on BGR images (PaddleOCR decodes with OpenCV) with the ImageNet
+    constants applied to the B, G, R channels in that order; the shared preprocessing therefore
+    only letterboxes (image at the top-left, so polygons map back by one scale factor) and
+    :meth:`infer` reorders and normalizes inside the stage. :meth:`infer` returns the detector's
+    sigmoid shrink map; the recognizer runs in the task's second stage (:meth:`infer_rec`).
+    """
+
+    FAMILY = "ppocr"
+    TASK = "ocr"
+    SIZES = tuple(CONFIGS)
+    FILE_PREFIX = "LibrePPOCR"   # the LibreYOLO checkpoint names: LibrePPOCRt-ocr.pt
+    DEFAULT_IMGSZ = 960          # PP-OCR's detection side limit
+    STRIDE = 32
+    PREPROCESS = Preprocess("topleft")   # mean/std None: infer() normalizes (BGR order)
+    #: recognition widths (at height 48) a text line is padded to, one captured stage each
+    REC_BUCKETS: tuple[int, ...] = REC_BUCKETS
+
+    SIGNATURE_KEYS = ("det.head.binarize.conv1.weight", "rec.head.ctc_head.fc.weight",
+                      "det.backbone.conv1.conv.weight")
+
+    @classmethod
+    def _check_size(cls, size: str) -> None:
+        if size in UNAVAILABLE_SIZES:
+            raise ValueError(UNAVAILABLE_SIZES[size])
+
+    @classmethod
+    def build_network(cls, size: str, nc: int) -> nn.Module:
+        cls._check_size(size)
+        return PPOCRNet(size)
+
+    DEFAULT_NC = 1   # the detector's one class: text
+
+    @classmethod
+    def default_names(cls, nc: int) -> dict[int, str]:
+        return {0: "text"}
+
+    @classmethod
+    def new(cls, size: str, nc: int | None = None, names: Any = None, *, imgsz: int | None = None,
+            device: Any = "auto", seed: int | None = None) -> "PPOCR":
+        """An untrained PP-OCR model (``nc`` is always 1: the detector has one class, text)."""
+        cls._check_size(size)
+        return super().new(size, 1, names, imgsz=imgsz, device=device, seed=seed)
+
+    @classmethod
+    def from_checkpoint(cls, ckpt: dict, *, size: str | None = None, device: Any = "auto",
+                        source: str | None = None) -> "PPOCR":
+        size = ckpt.get("size") or size
+        if size is None and "det.backbone.stem.stem1.conv.weight" in ckpt["model"]:
+            size = "l"   # a PP-HGNetV2 stem: the server layout
+        if size is not None:
+            cls._check_size(str(size))
+        return super().from_checkpoint(ckpt, size=size, device=device, source=source)
+
+    @classmethod
+    def nc_from_state_dict(cls, state_dict: dict[str, torch.Tensor]) -> int | None:
+        return 1
+
+    def __init__(self, net: nn.Module, **kwargs: Any):
+        kwargs["nc"] = 1
+        super().__init__(net, **kwargs)
+        from .charset import load_charset
+        self.charset = load_charset(self.meta.get("charset"), net.cfg.num_classes, self.source)
+
+    def _attach(self, net: nn.Module) -> None:
+        """As every family's, with room in the graph cache for one recognition graph per bucket
+        on top of the usual cap the detection stage lives under."""
+        super()._attach(net)
+        self._runner.max_graphs = self._runner.max_graphs + len(self.REC_BUCKETS)
+
+    # ------------------------------------------------------------------ stages
+    @staticmethod
+    def _bgr_normalize(x: torch.Tensor, mean: tuple[float, ...], std: tuple[float, ...]) -> torch.Tensor:
+        """RGB [0, 1] batch -> BGR channel order, then ``(x - mean[i]) / std[i]`` per channel i."""
+        return torch.cat([(x[:, 2 - i:3 - i] - m) / s for i, (m, s) in enumerate(zip(mean, std))], 1)
+
+    def infer(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, 3, S, S) RGB in [0, 1] (letterboxed) -> (B, 1, S, S) float32 shrink map (text probability)."""
+        return self.model.det(self._bgr_normalize(x, IMAGENET_MEAN, IMAGENET_STD)).float()
+
+    def infer_rec(self, crops_u8: torch.Tensor, widths: torch.Tensor) -> torch.Tensor:
+        """(B, 48, W, 3) uint8 RGB text-line crops, each valid in its first ``widths[i]`` columns ->
+        (B, W / 8, classes) float32 CTC probabilities.
+
+        BGR order, ``x / 127.5 - 1`` (PaddleOCR's ``(x / 255 - 0.5) / 0.5``), and 0 (mid-grey) to
+        the right of each crop's width, as PaddleOCR pads its recognition batches.
+        """
+        x = crops_u8.permute(0, 3, 1, 2).flip(1).to(torch.float32)
+        x = (x / 255.0 - 0.5) / 0.5
+        cols = torch.arange(x.shape[-1], device=x.device)
+        x = torch.where(cols < widths.view(-1, 1, 1, 1), x, torch.zeros((), device=x.device))
+        return self.model.rec(x).float()
+
+    def checkpoint_of(self, net: nn.Module) -> dict:
+        ckpt = super().checkpoint_of(net)
+        ckpt.setdefault("charset", list(self.charset))
+        return ckpt
+
+    def train(self, **kwargs) -> dict:
+        raise NotImplementedError("training is not implemented for the ppocr family (inference only; the "
+                                  "library it replaces trains no OCR model either)")
+
+    def val(self, *args, **kwargs) -> dict:
+        raise NotImplementedError("validation is not implemented for the ppocr family (no OCR metric yet)")

@@ -1,0 +1,423 @@
+"""PP-OCR networks: a DB text detector (``det``) and a CTC text recognizer (``rec``) in one module.
+
+Layout follows the LibreYOLO checkpoints (size t pinned by the ``ppocr-t-det`` / ``ppocr-t-rec``
+fixtures; the architecture is that of PP-OCRv5 mobile):
+
+``det``: a PP-LCNetV3 backbone (width scale 0.75, detection strides), an RSE-FPN neck (96
+channels) and a DB head whose eval output is the sigmoid shrink map at input resolution.
+``rec``: a PP-LCNetV3 backbone (width scale 0.95, recognition strides: the height shrinks by 16
+and the width by 4, then a 3x2 average pool gives one column per 8 input pixels), an SVTR
+sequence encoder and a linear CTC classifier with a softmax in eval mode.
+
+PP-LCNetV3 blocks: a depthwise then a pointwise *learnable re-parameterizable layer* - the sum
+of four conv+BN branches, a 1x1 conv+BN branch (depthwise kxk layers only) and a BN identity
+branch (equal widths, stride 1), scaled by a learnable affine (scale, bias scalars); then
+hard-swish and another learnable affine, except after a stride-2 layer (whose output is left
+linear, as PP-LCNetV3 does) - with a squeeze-excitation between the two in the SE blocks. The
+stem is a stride-2 3x3 conv + BN without activation.
+
+Every shape derives from the input's static size (no host syncs, no data-dependent shapes):
+both networks are CUDA-graph safe.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+# (kernel, in, out, stride, use_se) per block, before width scaling (PP-LCNetV3's tables)
+_DET_BLOCKS = {
+    "blocks2": [(3, 16, 32, 1, False)],
+    "blocks3": [(3, 32, 64, 2, False), (3, 64, 64, 1, False)],
+    "blocks4": [(3, 64, 128, 2, False), (3, 128, 128, 1, False)],
+    "blocks5": [(3, 128, 256, 2, False)] + [(5, 256, 256, 1, False)] * 4,
+    "blocks6": [(5, 256, 512, 2, True), (5, 512, 512, 1, True), (5, 512, 512, 1, False), (5, 512, 512, 1, False)],
+}
+_REC_BLOCKS = {
+    "blocks2": [(3, 16, 32, 1, False)],
+    "blocks3": [(3, 32, 64, 1, False), (3, 64, 64, 1, False)],
+    "blocks4": [(3, 64, 128, (2, 1), False), (3, 128, 128, 1, False)],
+    "blocks5": [(3, 128, 256, (1, 2), False)] + [(5, 256, 256, 1, False)] * 4,
+    "blocks6": [(5, 256, 512, (2, 1), True), (5, 512, 512, 1, True), (5, 512, 512, (2, 1), False),
+                (5, 512, 512, 1, False)],
+}
+#: the detector's per-stage output widths after the 1x1 projections (``layer_list``), unscaled
+_DET_PROJ = (16, 24, 56, 480)
+
+
+def make_divisible(v: float, divisor: int = 16) -> int:
+    """Round a scaled width to a multiple of ``divisor`` (never below it, never 10 % below ``v``)."""
+    new = max(divisor, int(v + divisor / 2) // divisor * divisor)
+    if new < 0.9 * v:
+        new += divisor
+    return new
+
+
+@dataclass(frozen=True)
+class PPOCRConfig:
+    det_scale: float = 0.75
+    rec_scale: float = 0.95
+    neck_channels: int = 96
+    rec_dims: int = 120          # SVTR encoder width (hidden and output)
+    rec_depth: int = 2
+    rec_heads: int = 8
+    num_classes: int = 18385     # CTC alphabet: blank + dictionary + space
+    branches: int = 4            # conv branches of each learnable re-parameterizable layer
+
+
+CONFIGS = {"t": PPOCRConfig()}
+
+
+class Affine(nn.Module):
+    """``scale * x + bias`` with learnable scalars (PP-LCNetV3's learnable affine block)."""
+
+    def __init__(self, scale: float = 1.0, bias: float = 0.0):
+        super().__init__()
+        self.scale = nn.Parameter(torch.tensor([scale]))
+        self.bias = nn.Parameter(torch.tensor([bias]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.scale * x + self.bias
+
+
+class ConvBN(nn.Module):
+    """Conv (no bias, padding (k-1)//2) + BatchNorm, no activation."""
+
+    def __init__(self, cin: int, cout: int, k: int, stride=1, groups: int = 1):
+        super().__init__()
+        self.conv = nn.Conv2d(cin, cout, k, stride, (k - 1) // 2, groups=groups, bias=False)
+        self.bn = nn.BatchNorm2d(cout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.bn(self.conv(x))
+
+
+class Act(nn.Module):
+    """Hard-swish followed by a learnable affine."""
+
+    def __init__(self):
+        super().__init__()
+        self.act = nn.Hardswish()
+        self.lab = Affine()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lab(self.act(x))
+
+
+class RepLayer(nn.Module):
+    """Sum of ``branches`` kxk conv+BN, a 1x1 conv+BN (k > 1) and a BN identity (same width, stride
+    1), then a learnable affine and (unless the stride is 2) :class:`Act`."""
+
+    def __init__(self, cin: int, cout: int, k: int, stride=1, groups: int = 1, branches: int = 4):
+        super().__init__()
+        self.stride = stride
+        self.identity = nn.BatchNorm2d(cin) if cin == cout and stride == 1 else None
+        self.conv_kxk = nn.ModuleList(ConvBN(cin, cout, k, stride, groups) for _ in range(branches))
+        self.conv_1x1 = ConvBN(cin, cout, 1, stride, groups) if k > 1 else None
+        self.lab = Affine()
+        self.act = Act()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.identity(x) if self.identity is not None else 0
+        if self.conv_1x1 is not None:
+            out = out + self.conv_1x1(x)
+        for conv in self.conv_kxk:
+            out = out + conv(x)
+        out = self.lab(out)
+        return out if self.stride == 2 else self.act(out)
+
+
+class SE(nn.Module):
+    """Squeeze-excitation: global mean -> 1x1 (C/4) -> ReLU -> 1x1 (C) -> hard-sigmoid gate."""
+
+    def __init__(self, c: int, reduction: int = 4):
+        super().__init__()
+        self.conv1 = nn.Conv2d(c, c // reduction, 1)
+        self.conv2 = nn.Conv2d(c // reduction, c, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        s = x.mean((2, 3), keepdim=True)
+        return x * F.hardsigmoid(self.conv2(F.relu(self.conv1(s))))
+
+
+class LCNetV3Block(nn.Module):
+    def __init__(self, cin: int, cout: int, k: int, stride, use_se: bool, branches: int):
+        super().__init__()
+        self.dw_conv = RepLayer(cin, cin, k, stride, groups=cin, branches=branches)
+        self.se = SE(cin) if use_se else None
+        self.pw_conv = RepLayer(cin, cout, 1, 1, branches=branches)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.dw_conv(x)
+        if self.se is not None:
+            x = self.se(x)
+        return self.pw_conv(x)
+
+
+class PPLCNetV3(nn.Module):
+    """The backbone; ``det=True``: the four stage maps (1/4..1/32) projected to the neck's input
+    widths; else the recognition feature map pooled to height 1: (B, C, 1, W/8)."""
+
+    def __init__(self, scale: float, det: bool, branches: int = 4):
+        super().__init__()
+        self.det = det
+        table = _DET_BLOCKS if det else _REC_BLOCKS
+        self.conv1 = ConvBN(3, make_divisible(16 * scale), 3, 2)
+        for name, rows in table.items():
+            setattr(self, name, nn.Sequential(*[
+                LCNetV3Block(make_divisible(cin * scale), make_divisible(cout * scale), k, s, se, branches)
+                for k, cin, cout, s, se in rows]))
+        if det:
+            widths = [make_divisible(table[b][-1][2] * scale) for b in ("blocks3", "blocks4", "blocks5", "blocks6")]
+            self.layer_list = nn.ModuleList(nn.Conv2d(c, int(p * scale), 1) for c, p in zip(widths, _DET_PROJ))
+            self.out_channels = [int(p * scale) for p in _DET_PROJ]
+        else:
+            self.out_channels = make_divisible(512 * scale)
+
+    def forward(self, x: torch.Tensor):
+        x = self.blocks2(self.conv1(x))
+        outs = []
+        for name in ("blocks3", "blocks4", "blocks5", "blocks6"):
+            x = getattr(self, name)(x)
+            outs.append(x)
+        if self.det:
+            return [proj(o) for proj, o in zip(self.layer_list, outs)]
+        return F.avg_pool2d(x, (3, 2))
+
+
+# ----------------------------------------------------------------------------- detection
+class NeckSE(nn.Module):
+    """The neck's squeeze-excitation: global mean -> 1x1 -> ReLU -> 1x1 -> hard-sigmoid
+    ``clip(0.2 x + 0.5, 0, 1)`` (slope 0.2, not hard-sigmoid's usual 1/6)."""
+
+    def __init__(self, c: int, reduction: int = 4):
+        super().__init__()
+        self.conv1 = nn.Conv2d(c, c // reduction, 1)
+        self.conv2 = nn.Conv2d(c // reduction, c, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        s = self.conv2(F.relu(self.conv1(x.mean((2, 3), keepdim=True))))
+        return x * (0.2 * s + 0.5).clamp(0.0, 1.0)
+
+
+class RSELayer(nn.Module):
+    """Conv (no bias) then a residual squeeze-excitation: ``y + se(y)``."""
+
+    def __init__(self, cin: int, cout: int, k: int):
+        super().__init__()
+        self.in_conv = nn.Conv2d(cin, cout, k, padding=k // 2, bias=False)
+        self.se_block = NeckSE(cout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.in_conv(x)
+        return y + self.se_block(y)
+
+
+class RSEFPN(nn.Module):
+    """Top-down FPN over the four backbone maps (nearest 2x upsampling, sums), each level reduced
+    to a quarter width by a 3x3 RSE layer, upsampled to 1/4 and concatenated (deepest first)."""
+
+    def __init__(self, in_channels: list[int], out_channels: int):
+        super().__init__()
+        self.ins_conv = nn.ModuleList(RSELayer(c, out_channels, 1) for c in in_channels)
+        self.inp_conv = nn.ModuleList(RSELayer(out_channels, out_channels // 4, 3) for _ in in_channels)
+
+    def forward(self, feats: list[torch.Tensor]) -> torch.Tensor:
+        c2, c3, c4, c5 = feats
+        in5 = self.ins_conv[3](c5)
+        in4 = self.ins_conv[2](c4)
+        in3 = self.ins_conv[1](c3)
+        in2 = self.ins_conv[0](c2)
+        out4 = in4 + F.interpolate(in5, scale_factor=2, mode="nearest")
+        out3 = in3 + F.interpolate(out4, scale_factor=2, mode="nearest")
+        out2 = in2 + F.interpolate(out3, scale_factor=2, mode="nearest")
+        p5 = F.interpolate(self.inp_conv[3](in5), scale_factor=8, mode="nearest")
+        p4 = F.interpolate(self.inp_conv[2](out4), scale_factor=4, mode="nearest")
+        p3 = F.interpolate(self.inp_conv[1](out3), scale_factor=2, mode="nearest")
+        p2 = self.inp_conv[0](out2)
+        return torch.cat([p5, p4, p3, p2], 1)
+
+
+class DBBranch(nn.Module):
+    """3x3 conv + BN + ReLU, 2x2 stride-2 transposed conv + BN + ReLU, 2x2 stride-2 transposed conv
+    to one channel, sigmoid: a 1/4-resolution feature map -> a full-resolution probability map."""
+
+    def __init__(self, c: int):
+        super().__init__()
+        self.conv1 = nn.Conv2d(c, c // 4, 3, padding=1, bias=False)
+        self.conv_bn1 = nn.BatchNorm2d(c // 4)
+        self.conv2 = nn.ConvTranspose2d(c // 4, c // 4, 2, 2)
+        self.conv_bn2 = nn.BatchNorm2d(c // 4)
+        self.conv3 = nn.ConvTranspose2d(c // 4, 1, 2, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.relu(self.conv_bn1(self.conv1(x)))
+        x = F.relu(self.conv_bn2(self.conv2(x)))
+        return torch.sigmoid(self.conv3(x))
+
+
+class DBHead(nn.Module):
+    """Differentiable-binarization head. In eval only the shrink (``binarize``) map is computed;
+    the ``thresh`` branch (and the approximate binary map) serve DB training only."""
+
+    def __init__(self, c: int):
+        super().__init__()
+        self.binarize = DBBranch(c)
+        self.thresh = DBBranch(c)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.binarize(x)
+
+
+class DBDetector(nn.Module):
+    """(B, 3, H, W) ImageNet-normalized RGB (H, W multiples of 32) -> (B, 1, H, W) shrink map."""
+
+    def __init__(self, cfg: PPOCRConfig):
+        super().__init__()
+        self.backbone = PPLCNetV3(cfg.det_scale, det=True, branches=cfg.branches)
+        self.neck = RSEFPN(self.backbone.out_channels, cfg.neck_channels)
+        self.head = DBHead(cfg.neck_channels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.neck(self.backbone(x)))
+
+
+# --------------------------------------------------------------------------- recognition
+class ConvBNSiLU(nn.Module):
+    """Conv (no bias) + BatchNorm + SiLU (``norm`` naming, as in the SVTR encoder)."""
+
+    def __init__(self, cin: int, cout: int, k: tuple[int, int] = (1, 1)):
+        super().__init__()
+        self.conv = nn.Conv2d(cin, cout, k, padding=(k[0] // 2, k[1] // 2), bias=False)
+        self.norm = nn.BatchNorm2d(cout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.silu(self.norm(self.conv(x)))
+
+
+class GlobalAttention(nn.Module):
+    """Multi-head self-attention over all positions (fused qkv projection, scaled dot product)."""
+
+    def __init__(self, dim: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, dim * 3)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, c = x.shape
+        q, k, v = self.qkv(x).reshape(b, n, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+        q = q * (c // self.heads) ** -0.5
+        attn = (q @ k.transpose(-2, -1)).softmax(-1)
+        return self.proj((attn @ v).transpose(1, 2).reshape(b, n, c))
+
+
+class Mlp(nn.Module):
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden)
+        self.fc2 = nn.Linear(hidden, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(F.silu(self.fc1(x)))
+
+
+class SVTRBlock(nn.Module):
+    """Pre-norm transformer block (LayerNorm eps 1e-5): attention and a SiLU MLP (2x), residuals."""
+
+    def __init__(self, dim: int, heads: int, mlp_ratio: float = 2.0):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim, eps=1e-5)
+        self.mixer = GlobalAttention(dim, heads)
+        self.norm2 = nn.LayerNorm(dim, eps=1e-5)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.mixer(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
+class SVTREncoder(nn.Module):
+    """(B, C, 1, T) -> (B, dims, 1, T): 1x3 conv to C/8, 1x1 to ``dims``, SVTR blocks over the T
+    positions, LayerNorm (eps 1e-6), 1x1 back to C, concatenated with the input, 1x3 conv to C/8
+    and 1x1 to ``dims`` (every conv with BN + SiLU)."""
+
+    def __init__(self, cin: int, dims: int, depth: int, heads: int):
+        super().__init__()
+        self.conv1 = ConvBNSiLU(cin, cin // 8, (1, 3))
+        self.conv2 = ConvBNSiLU(cin // 8, dims)
+        self.svtr_block = nn.ModuleList(SVTRBlock(dims, heads) for _ in range(depth))
+        self.norm = nn.LayerNorm(dims, eps=1e-6)
+        self.conv3 = ConvBNSiLU(dims, cin)
+        self.conv4 = ConvBNSiLU(2 * cin, cin // 8, (1, 3))
+        self.conv1x1 = ConvBNSiLU(cin // 8, dims)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        z = self.conv2(self.conv1(x))
+        b, c, h, w = z.shape
+        z = z.flatten(2).transpose(1, 2)
+        for blk in self.svtr_block:
+            z = blk(z)
+        z = self.norm(z).reshape(b, h, w, c).permute(0, 3, 1, 2)
+        z = torch.cat([x, self.conv3(z)], 1)
+        return self.conv1x1(self.conv4(z))
+
+
+class SequenceEncoder(nn.Module):
+    def __init__(self, cin: int, dims: int, depth: int, heads: int):
+        super().__init__()
+        self.encoder = SVTREncoder(cin, dims, depth, heads)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.encoder(x).squeeze(2).transpose(1, 2)   # (B, T, dims)
+
+
+class CTCHead(nn.Module):
+    def __init__(self, dims: int, num_classes: int):
+        super().__init__()
+        self.fc = nn.Linear(dims, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits = self.fc(x)
+        return logits if self.training else logits.softmax(-1)
+
+
+class RecHead(nn.Module):
+    def __init__(self, cin: int, cfg: PPOCRConfig):
+        super().__init__()
+        self.ctc_encoder = SequenceEncoder(cin, cfg.rec_dims, cfg.rec_depth, cfg.rec_heads)
+        self.ctc_head = CTCHead(cfg.rec_dims, cfg.num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.ctc_head(self.ctc_encoder(x))
+
+
+class CTCRecognizer(nn.Module):
+    """(B, 3, 48, W) text-line crops scaled to [-1, 1] (W a multiple of 8) -> (B, W/8, classes)
+    CTC probabilities in eval (logits in training); index 0 is the blank."""
+
+    def __init__(self, cfg: PPOCRConfig):
+        super().__init__()
+        self.backbone = PPLCNetV3(cfg.rec_scale, det=False, branches=cfg.branches)
+        self.head = RecHead(self.backbone.out_channels, cfg)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.backbone(x))
+
+
+class PPOCRNet(nn.Module):
+    """The checkpoint's module: ``det`` (:class:`DBDetector`) and ``rec`` (:class:`CTCRecognizer`).
+    ``forward`` runs the detector (the network ``libreyolo info`` and verify see first)."""
+
+    def __init__(self, size: str):
+        super().__init__()
+        if size not in CONFIGS:
+            raise ValueError(f"unknown PP-OCR size {size!r}; sizes: {', '.join(CONFIGS)}")
+        cfg = self.cfg = CONFIGS[size]
+        self.det = DBDetector(cfg)
+        self.rec = CTCRecognizer(cfg)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.det(x)

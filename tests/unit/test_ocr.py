@@ -1,0 +1,236 @@
+"""OCR task and the PP-OCR family on the CPU: alphabet, DB post-process, CTC decoding, the
+recognition stage's padding, predict end to end, empty results and bad options.
+
+The models are untrained (their text is noise); what is tested is the pipeline's contract.
+Recognition widths are shrunk to (64, 128) on the test model so that a CPU forward is cheap.
+"""
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from libreyolo import LibreYOLO
+from libreyolo.models.ppocr.charset import bundled_charset, load_charset
+from libreyolo.tasks.ocr.postprocess import (REC_BUCKETS, bucket_of, crop_line, db_boxes, reading_order, rec_batches,
+                                             rec_width)
+from libreyolo.tasks.ocr.results import TextLines
+from libreyolo.tasks.ocr.synthetic import text_page
+from libreyolo.tasks.ocr.task import ctc_greedy
+
+SIZE = 128
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.set_flush_denormal(True)   # random weights give denormals, which are slow on some CPUs
+    m = LibreYOLO.new("ppocr", "t", device="cpu", seed=0)
+    m.REC_BUCKETS = (64, 128)
+    return m
+
+
+@pytest.fixture(scope="module")
+def page():
+    return text_page(3, width=SIZE)
+
+
+# ----------------------------------------------------------------------------------- alphabet
+def test_bundled_charset_is_blank_dictionary_space_and_fits_the_fixture_head():
+    fx = json.loads((__import__("conftest").FIXTURES_DIR / "ppocr-t-rec.json").read_text())
+    cs = bundled_charset()
+    assert len(cs) == fx["outputs"]["output"]["shape"][-1] == 18385
+    assert cs[0] == "" and cs[-1] == " " and cs[1] == "\u3000" and cs[2] == "一"
+    assert len(set(cs[1:-1])) == 18383          # one character per line, none lost to splitting
+
+
+def test_checkpoint_charset_must_match_the_head():
+    assert load_charset(["<blank>", "a", "b"], 3)[1:] == ("a", "b")
+    with pytest.raises(ValueError, match="3 CTC classes but x.pt's 'charset' metadata has 2 entries"):
+        load_charset(["<blank>", "a"], 3, "x.pt")
+    with pytest.raises(ValueError, match="must be a list of strings"):
+        load_charset("abc", 3)
+
+
+def test_size_l_is_refused_with_the_reason():
+    with pytest.raises(ValueError, match="size 'l'.*only size t's LibreYOLO checkpoint layout"):
+        LibreYOLO.new("ppocr", "l", device="cpu")
+    from libreyolo.models.ppocr.model import PPOCR
+    with pytest.raises(ValueError, match="size 'l'"):
+        PPOCR.from_checkpoint({"model": {}, "size": "l"}, device="cpu")
+
+
+# -------------------------------------------------------------------------------- CTC decoding
+def test_ctc_greedy_drops_blanks_repeats_and_steps_past_the_width():
+    # steps: a a _ a b b | c (past the width: 6 steps = 48 columns)
+    seq = [1, 1, 0, 1, 2, 2, 3]
+    probs = torch.full((2, 7, 4), 0.1)
+    for t, c in enumerate(seq):
+        probs[0, t, c] = 0.5 + 0.05 * t
+    probs[1] = probs[0]
+    ids, keep, score = ctc_greedy(probs, torch.tensor([41, 0]))
+    assert ids[0].tolist() == seq[:6] + [0] and ids.dtype == torch.int32
+    assert ids[0][keep[0]].tolist() == [1, 1, 2]               # "a a b": the blank separates the two a's
+    assert score[0].item() == pytest.approx((0.5 + 0.65 + 0.70) / 3)   # steps 0, 3, 4
+    assert not keep[1].any() and score[1].item() == 0.0        # an empty row (width 0)
+
+
+# ----------------------------------------------------------------------------- DB post-process
+def _map_with_rects(rects, h=64, w=96):
+    prob = np.full((h, w), 0.05, np.float32)
+    for y0, y1, x0, x1 in rects:
+        prob[y0:y1, x0:x1] = 0.9
+    return prob
+
+
+def test_db_boxes_find_unclip_and_map_back_each_region():
+    prob = _map_with_rects([(10, 20, 10, 60), (40, 48, 20, 80)])
+    boxes = db_boxes((prob > 0.3).astype(np.uint8), prob, (128, 192), 0.6, 1.5, 1000)
+    assert boxes.quads.shape == (2, 4, 2) and np.all(boxes.scores > 0.85)
+    order = reading_order(boxes.quads)
+    first = boxes.quads[order[0]]
+    # the 10x50 region grows by area * 1.5 / perimeter ~ 6.25 px on each side, then x2 to the original
+    assert first[0, 0] < 20 and first[0, 1] < 20 and first[2, 0] > 118 and first[2, 1] > 38
+    assert np.all(boxes.quads[..., 0] <= 192) and np.all(boxes.quads[..., 1] <= 128)
+    assert len(db_boxes((prob > 0.3).astype(np.uint8), prob, (128, 192), 0.6, 1.5, 1).quads) == 1   # max_lines
+
+
+def test_db_boxes_drop_low_scores_and_tiny_regions_and_empty_maps():
+    prob = _map_with_rects([(10, 20, 10, 60), (40, 42, 20, 80)])   # the second is 2 px high
+    assert len(db_boxes((prob > 0.3).astype(np.uint8), prob, (64, 96), 0.6, 1.5, 1000).quads) == 1
+    assert len(db_boxes((prob > 0.3).astype(np.uint8), prob, (64, 96), 0.95, 1.5, 1000).quads) == 0
+    empty = np.zeros((64, 96), np.uint8)
+    out = db_boxes(empty, prob, (64, 96), 0.6, 1.5, 1000)
+    assert out.quads.shape == (0, 4, 2) and out.scores.shape == (0,)
+
+
+def test_host_seam_output_shape_depends_on_the_image():
+    """Why the DB post-process is not in a graph: the number of polygons (the output's shape)
+    depends on the map's content, which a fixed-shape captured stage cannot express."""
+    a = _map_with_rects([(10, 20, 10, 60)])
+    b = _map_with_rects([(10, 20, 10, 60), (30, 40, 10, 60), (50, 60, 10, 60)])
+    shapes = {db_boxes((m > 0.3).astype(np.uint8), m, (64, 96), 0.6, 1.5, 1000).quads.shape for m in (a, b)}
+    assert shapes == {(1, 4, 2), (3, 4, 2)}
+
+
+def test_reading_order_is_top_to_bottom_then_left_to_right():
+    q = lambda x, y: np.array([[x, y], [x + 10, y], [x + 10, y + 5], [x, y + 5]], np.float32)  # noqa: E731
+    quads = np.stack([q(50, 30), q(60, 2), q(5, 4), q(5, 31)])
+    assert reading_order(quads).tolist() == [2, 1, 3, 0]
+
+
+def test_crop_line_warps_upright_and_turns_tall_crops():
+    img = np.zeros((60, 80, 3), np.uint8)
+    img[10:20, 5:65] = 200
+    quad = np.array([[5, 10], [65, 10], [65, 20], [5, 20]], np.float32)
+    crop = crop_line(img, quad)
+    assert crop.shape == (10, 60, 3) and crop.mean() > 150
+    tall = crop_line(img, np.array([[5, 0], [15, 0], [15, 50], [5, 50]], np.float32))
+    assert tall.shape[:2] == (10, 50)   # turned 90 degrees
+
+
+def test_rec_buckets_and_fixed_batches():
+    assert rec_width((32, 100)) == 150 and bucket_of(150) == 320 and bucket_of(321) == 640
+    assert rec_width((10, 10_000)) == REC_BUCKETS[-1]
+    lines = [np.full((48, w, 3), i, np.uint8) for i, w in enumerate((40, 100, 60, 128))]
+    batches = rec_batches(lines, 2, (64, 128))
+    assert [(b[0], b[1].shape, b[2].tolist()) for b in batches] == [
+        ([0, 2], (2, 48, 64, 3), [40, 60]), ([1, 3], (2, 48, 128, 3), [100, 128])]
+    assert np.all(batches[0][1][1, :, 60:] == 0) and np.all(batches[0][1][1, :, :60] == 2)
+
+
+# --------------------------------------------------------------------------- recognition stage
+def test_padding_changes_the_probabilities_of_the_unpadded_part(model):
+    """The recognizer sees the padding (SVTR's global attention over every column; convs at the
+    line's end), so a line's probabilities depend on the width it is padded to: the bucket is
+    part of what predict computes, and is chosen from the line alone."""
+    g = torch.Generator().manual_seed(0)
+    line = torch.randint(0, 256, (1, 48, 64, 3), generator=g, dtype=torch.uint8)
+    wide = torch.zeros((1, 48, 128, 3), dtype=torch.uint8)
+    wide[:, :, :64] = line
+    w = torch.tensor([64])
+    with torch.no_grad():
+        narrow_p = model.infer_rec(line, w)
+        wide_p = model.infer_rec(wide, w)[:, :8]
+    assert narrow_p.shape == wide_p.shape == (1, 8, 18385)
+    assert not torch.equal(narrow_p, wide_p)
+    rel = ((narrow_p - wide_p).norm() / narrow_p.norm()).item()
+    assert rel > 1e-6, rel
+
+
+def test_a_line_does_not_depend_on_the_other_lines_of_its_batch(model):
+    g = torch.Generator().manual_seed(1)
+    a = torch.randint(0, 256, (2, 48, 64, 3), generator=g, dtype=torch.uint8)
+    b = a.clone()
+    b[1] = torch.randint(0, 256, (48, 64, 3), generator=g, dtype=torch.uint8)
+    w = torch.tensor([64, 50])
+    plan = model._get_predictor().plan(SIZE)
+    with torch.no_grad():
+        ra, rb = plan.rec_stage(a, w), plan.rec_stage(b, w)
+    assert all(torch.equal(x[0], y[0]) for x, y in zip(ra, rb))
+    assert not torch.equal(ra[2][1], rb[2][1])
+
+
+# ------------------------------------------------------------------------------ predict
+def test_predict_end_to_end_gives_text_lines_plot_and_json(model, page, tmp_path):
+    r = model(page, imgsz=SIZE, max_lines=3, box_thresh=0.0, rec_batch=4)[0]
+    lines = r.texts
+    assert isinstance(lines, TextLines) and 1 <= len(lines) <= 3
+    assert lines.polygons.shape == (len(lines), 4, 2) and lines.data.shape == (len(lines), 10)
+    h, w = page.shape[:2]
+    assert torch.all(lines.polygons[..., 0] <= w) and torch.all(lines.polygons[..., 1] <= h)
+    assert all(t and set(t) <= set(model.charset) for t in lines.texts)
+    assert torch.all((lines.conf >= 0) & (lines.conf <= 1))
+    rows = json.loads(r.to_json())
+    assert [row["text"] for row in rows] == lines.texts and len(rows[0]["polygon"]) == 4
+    assert r.plot().shape == page.shape
+    assert (tmp_path / "o.png").exists() is False and r.save(tmp_path / "o.png")
+    poly, text, conf = next(iter(lines))
+    assert text == lines.texts[0] and isinstance(conf, float)
+    assert len(lines[:1]) == 1 and lines.numpy().cpu().data.shape == (len(lines), 10)
+
+
+def test_image_without_text_gives_an_empty_result(model):
+    blank = np.full((40, 100, 3), 255, np.uint8)
+    r = model(blank, imgsz=SIZE, det_thresh=1.0)[0]   # nothing above threshold: no region at all
+    assert len(r.texts) == 0 and r.texts.polygons.shape == (0, 4, 2)
+    assert r.to_json() == "[]" and r.plot().shape == blank.shape and r.texts.text == ""
+
+
+def test_a_high_recognition_threshold_keeps_no_line(model, page):
+    r = model(page, imgsz=SIZE, max_lines=2, box_thresh=0.0, rec_batch=2, rec_conf=1.0)[0]
+    assert len(r.texts) == 0
+
+
+@pytest.mark.parametrize("opt,value,words", [
+    ("det_thresh", 1.5, "det_thresh"), ("box_thresh", -0.1, "box_thresh"), ("unclip_ratio", -1, "unclip_ratio"),
+    ("max_lines", 0, "max_lines"), ("rec_batch", 0, "rec_batch"), ("rec_conf", 2, "rec_conf"),
+])
+def test_bad_options_are_named(model, page, opt, value, words):
+    with pytest.raises(ValueError, match=words):
+        model(page, imgsz=SIZE, **{opt: value})
+
+
+def test_unknown_option_lists_the_ocr_options(model, page):
+    with pytest.raises(TypeError, match="det_thresh"):
+        model(page, imgsz=SIZE, conf=0.5)
+
+
+def test_verify_covers_the_recognition_stage_at_every_bucket(model):
+    plan = model._get_predictor().plan(SIZE)
+    stages = plan.parity_stages(2, model.device)
+    assert [s[0] for s in stages] == ["rec-stage w64", "rec-stage w128"]
+    name, fn, a, b = stages[0]
+    with torch.no_grad():
+        ea, eb = fn(*a), fn(*b)
+    assert ea[0].shape == (2, 8) and not all(torch.equal(x, y) for x, y in zip(ea, eb))
+
+
+def test_bench_runs_ocr_on_its_printed_page(model):
+    """`libreyolo bench` for OCR: det + rec of the 10-line page (untrained: box threshold 0,
+    at most 10 lines), the lines counted in the JSON, the recognition stage alone as its own
+    arm; eager arms only on the CPU."""
+    from libreyolo.benchmark import bench_model
+    res = bench_model(model, imgsz=SIZE, runs=1, warmup=0)
+    assert res["task"] == "ocr" and res["task_input"]["lines_on_page"] == 10
+    assert 0 < res["text_lines_per_image"] <= 10 and "max_lines=10" in res["task_input"]["options"]
+    assert {"forward_eager", "predict_eager", "rec_stage_b8_w128_eager"} <= set(res["arms"])
