@@ -248,6 +248,7 @@ def compile_arms_for(model, x: torch.Tensor, images: list, imgsz: int, batch: in
                 arms[f"predict_{name}_graph"] = time_call(lambda: model.predict(images, **kw), dev, runs, warmup)
             model.release_graphs()
     compile_s["fast_cache_dir"] = str(hn.cache_dir)
+    compile_s["fast_compile_mode"] = hn.compile_mode
     compile_s.update(warm_start(model, imgsz, precision))
     arms["compile"] = compile_s
     return arms
@@ -256,10 +257,10 @@ def compile_arms_for(model, x: torch.Tensor, images: list, imgsz: int, batch: in
 _WARM_START = """
 import sys, time
 t0 = time.perf_counter()
-import numpy as np
 from libreyolo import LibreYOLO, SAMPLE_IMAGE
+from libreyolo.engine import fastpath
 from libreyolo.engine.fastpath import measuring
-src, fam, size, nc, imgsz, precision = sys.argv[1:7]
+src, fam, size, nc, imgsz, precision, fastpath.COMPILE_MODE = sys.argv[1:8]
 m = LibreYOLO(src, device="cuda") if src != "-" else LibreYOLO.new(fam, size, nc=int(nc), device="cuda")
 t1 = time.perf_counter()
 with measuring():
@@ -275,7 +276,9 @@ def warm_start(model, imgsz: int, precision: str) -> dict:
     import subprocess
     import sys
     src = model.source if model.source and Path(str(model.source)).exists() else "-"
-    cmd = [sys.executable, "-c", _WARM_START, src, model.FAMILY, model.size, str(model.nc), str(imgsz), precision]
+    from .engine import fastpath
+    cmd = [sys.executable, "-c", _WARM_START, src, model.FAMILY, model.size, str(model.nc), str(imgsz), precision,
+           fastpath.COMPILE_MODE]
     t0 = time.perf_counter()
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)

@@ -404,6 +404,8 @@ BENCH = {
     "precision": Opt(_precision, "fp16", "dtype of the half and fast arms (CUDA): fp16 or bf16"),
     "compile": Opt(_flag("compile"), True, "CUDA: the torch.compile arms (reduce-overhead, fast path) with "
                                           "compile and warm-start times"),
+    "compile_mode": Opt(_choice("compile_mode", ("default", "max-autotune-no-cudagraphs")), None,
+                        "torch.compile mode of the fast arms (default: the library's)"),
     "tf32": Opt(_flag("tf32"), None, "allow TF32 in float32 convolutions and matmuls (default: PyTorch's settings, "
                              "convolutions on, matmuls off); false = strict fp32"),
     "source": Opt(str, None, "a video file: frames/s eager vs graph on its frames, decode timed apart "
@@ -424,6 +426,9 @@ def cmd_bench(opts: dict) -> int:
         torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = bool(opts["tf32"])
     if opts["source"]:
         return _bench_video(model, opts)
+    if opts["compile_mode"]:   # for this process only: the bench is its own process
+        from .engine import fastpath
+        fastpath.COMPILE_MODE = opts["compile_mode"]
     res = bench_model(model, imgsz=opts["imgsz"], batch=opts["batch"], runs=opts["runs"], warmup=opts["warmup"],
                       precision=opts["precision"], compile_arms=opts["compile"])
     tf32 = (f", TF32 conv {res['tf32']['cudnn']} / matmul {res['tf32']['matmul']}"

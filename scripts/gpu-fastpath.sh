@@ -8,7 +8,7 @@
 #     second-process warm-start times) for the models in $BENCH, after the contract on the last GPU;
 #   - the CPU-side unit tests of the fast path, as run on this machine (tests/unit/test_fastpath.py).
 # Environment: FAMILIES (default all twelve), PRECISIONS (default fp16), EPOCHS (10), BENCH,
-# T_FAM (seconds per family, default 240), RUNS (bench runs, default 100).
+# T_FAM (seconds per family, default 300), RUNS (bench runs, default 100).
 set -uo pipefail
 export PYTHONPATH="$PWD:${PYTHONPATH:-}" PYTHONUNBUFFERED=1 OMP_NUM_THREADS="${OMP_NUM_THREADS:-4}"
 # inductor's caches under $OUT's sibling: the second bench process's warm start reads them
@@ -22,7 +22,7 @@ for ((g = 0; g < NGPU; g++)); do
     export CUDA_VISIBLE_DEVICES=$g
     for ((i = g; i < ${#FAMS[@]}; i += NGPU)); do
       f=${FAMS[$i]}
-      timeout "${T_FAM:-240}" python3 scripts/fast_contract.py --families "$f" --precisions ${PRECISIONS:-fp16} \
+      timeout "${T_FAM:-300}" python3 scripts/fast_contract.py --families "$f" --precisions ${PRECISIONS:-fp16} \
         --epochs "${EPOCHS:-10}" --out "$J/contract-$f.json" >> "$OUT/contract-gpu$g.log" 2>&1
       echo "$f rc=$?" >> "$OUT/contract-gpu$g.log"
     done

@@ -206,9 +206,11 @@ def _inductor_caches(path: Path) -> Iterator[None]:
 
 
 #: torch.compile mode of ``fast=True``: inductor without cudagraph trees (our own CUDA graph holds
-#: the compiled kernels); "max-autotune-no-cudagraphs" autotunes convolutions and matmuls once,
-#: cached on disk
-COMPILE_MODE = "max-autotune-no-cudagraphs"
+#: the compiled kernels). "default" fuses the pointwise and reduction kernels around cuDNN/cuBLAS
+#: (where these small networks lose their time: kernel count) and compiles in seconds;
+#: "max-autotune-no-cudagraphs" also benchmarks Triton templates for every convolution and matmul
+#: (minutes on the first compile, cached on disk) - ``libreyolo bench compile_mode=`` compares them
+COMPILE_MODE = "default"
 
 
 @dataclass
