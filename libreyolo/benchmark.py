@@ -3,9 +3,12 @@
 Arms: eager forward, graphed forward (replay of the captured network; for a family with a
 predict seam, the replayed front part + the eager rest, and as an experiment the whole network
 captured, with whether it replays bitwise), end-to-end predict eager and with
-``cuda_graph=True`` (uint8 numpy image in, Results out), and the capture time. Each arm is
-warmed up, then timed ``runs`` times with a device synchronize around every call; medians (and
-p90) are reported.
+``cuda_graph=True`` (uint8 numpy image in, Results out), and the capture time. On CUDA also the
+compile arms (:func:`compile_arms_for`): ``torch.compile(mode="reduce-overhead")`` of the same
+fp32 network (what a PyTorch user tries first), the half path (``precision``, eager copy in our
+graph) and the fast path (inductor-compiled half copy in our graph), forward and end to end, with
+first-compile and warm-start (second process) times. Each arm is warmed up, then timed ``runs``
+times with a device synchronize around every call; medians (and p90) are reported.
 """
 from __future__ import annotations
 
@@ -71,8 +74,10 @@ def _whole_graph_arm(net, x: torch.Tensor, eager_out: list, dev: torch.device, r
 
 
 def bench_model(model, *, imgsz: int = 640, batch: int = 1, runs: int = 200, warmup: int = 30,
-                image: np.ndarray | None = None, conf: float = 0.25) -> dict:
-    """Measure every arm for ``model`` and return a JSON-ready dict (``conf``: detection only)."""
+                image: np.ndarray | None = None, conf: float = 0.25, precision: str = "fp16",
+                compile_arms: bool = True) -> dict:
+    """Measure every arm for ``model`` and return a JSON-ready dict (``conf``: detection only;
+    ``precision``: the dtype of the half and fast arms; ``compile_arms``: run them, CUDA only)."""
     from .assets import SAMPLE_IMAGE
     from .data.sources import load_sources
 
@@ -153,6 +158,13 @@ def bench_model(model, *, imgsz: int = 640, batch: int = 1, runs: int = 200, war
                 arms["forward_whole_graph"] = _whole_graph_arm(net, x, eager_out, dev, runs, warmup)
     # the task's own arms (segment-prompt: the image stage alone and a prompt call on a set image)
     arms.update(model.task.bench_arms(model, image, runs, warmup, imgsz, time_call))
+    notes: list[str] = []
+    if compile_arms:
+        why = _compile_arms_skipped(model, precision)
+        if why:
+            notes.append(f"compile / half / fast arms skipped: {why}")
+        else:
+            arms.update(compile_arms_for(model, x, images, imgsz, batch, opts, runs, warmup, precision))
     result = {
         "model": f"{model.FAMILY}-{model.size}", "task": model.TASK,
         "captured": "front part (seam), rest eager" if seam else "whole stage", "fused": model.fused, "trained": model.trained, "imgsz": imgsz,
@@ -165,6 +177,7 @@ def bench_model(model, *, imgsz: int = 640, batch: int = 1, runs: int = 200, war
         # float32 convolutions run as TF32 on Ampere and later unless disabled (PyTorch's default: on)
         "tf32": {"cudnn": bool(torch.backends.cudnn.allow_tf32), "matmul": bool(torch.backends.cuda.matmul.allow_tf32)},
         "arms": arms,
+        "notes": notes,
     }
     fe, fg = arms["forward_eager"]["median_ms"], arms.get("forward_graph", {}).get("median_ms")
     pe, pg = arms["predict_eager"]["median_ms"], arms.get("predict_graph", {}).get("median_ms")
@@ -173,7 +186,111 @@ def bench_model(model, *, imgsz: int = 640, batch: int = 1, runs: int = 200, war
         "predict_speedup": pe / pg if pg else None,
         "predict_graph_over_forward_graph": pg / fg if fg and pg else None,
     }
+    ff = arms.get("forward_fast_graph", {}).get("median_ms")
+    if ff and fg:
+        result["ratios"]["fast_forward_over_fp32_forward_graph"] = ff / fg
     return result
+
+
+def _compile_arms_skipped(model, precision: str) -> str | None:
+    """Why the compile arms cannot run here (None: they can)."""
+    if model.device.type != "cuda":
+        return "no CUDA device (torch.compile's reduce-overhead and the fast path are CUDA-graph arms)"
+    if model.TASK != "detect":
+        return f"the half / fast path covers detection; {model.FAMILY} is a {model.TASK} model"
+    if not model.SUPPORTS_CUDA_GRAPH:
+        return f"{model.FAMILY} is not graph-capturable"
+    if model.PREDICT_SEAM:
+        return f"{model.FAMILY}'s predict stage has a seam (the half path covers whole-stage families)"
+    if precision == "fp32":
+        return "precision=fp32 (the half and fast arms need fp16 or bf16)"
+    return None
+
+
+def compile_arms_for(model, x: torch.Tensor, images: list, imgsz: int, batch: int, opts: dict, runs: int,
+                     warmup: int, precision: str) -> dict:
+    """The arms beside the fp32 graph (CUDA): reduce-overhead, half, fast; compile and warm-start
+    times. The fast path is measured here whatever the family's contract says (``measuring``)."""
+    from .engine.fastpath import half_network, measuring
+    dev = model.device
+    net = model.model.eval()
+    arms: dict[str, Any] = {}
+    compile_s: dict[str, Any] = {}
+    with torch.no_grad():
+        # what a PyTorch user tries first: cudagraph trees around inductor's kernels, fp32
+        t0 = time.perf_counter()
+        ro = torch.compile(net, mode="reduce-overhead")
+        for _ in range(3):   # cudagraph trees record on the first calls
+            ro(x)
+        _sync(dev)
+        compile_s["reduce_overhead_first_calls_s"] = time.perf_counter() - t0
+        arms["forward_compile_reduce_overhead"] = time_call(lambda: ro(x), dev, runs, warmup)
+        ro = None   # its cudagraph trees go with it
+        torch._dynamo.reset()
+        for fast in (False, True):
+            name = "fast" if fast else "half"
+            hn = half_network(model, precision, fast)
+            xh = x.to(hn.dtype, memory_format=torch.channels_last)
+            t0 = time.perf_counter()
+            hn(xh)
+            _sync(dev)
+            if fast:
+                compile_s["fast_first_compile_s"] = time.perf_counter() - t0
+            graph = CudaGraphCapturer().capture(lambda t: hn(t), (xh,), module=hn.net)
+            arms[f"forward_{name}_graph"] = time_call(lambda: graph.replay((xh,), clone=False), dev, runs, warmup)
+            eager = _clone(hn(xh))
+            arms[f"forward_{name}_graph_bitwise_equal_eager"] = all_equal(_clone(graph.replay((xh,), clone=False)),
+                                                                          eager)
+            graph = None
+            with measuring():
+                kw = dict(imgsz=imgsz, batch=batch, **opts, cuda_graph=True, precision=precision, fast=fast)
+                model.predict(images, **kw)
+                arms[f"predict_{name}_graph"] = time_call(lambda: model.predict(images, **kw), dev, runs, warmup)
+            model.release_graphs()
+    compile_s["fast_cache_dir"] = str(hn.cache_dir)
+    compile_s["fast_compile_mode"] = hn.compile_mode
+    compile_s.update(warm_start(model, imgsz, precision))
+    arms["compile"] = compile_s
+    return arms
+
+
+_WARM_START = """
+import sys, time
+t0 = time.perf_counter()
+from libreyolo import LibreYOLO, SAMPLE_IMAGE
+from libreyolo.engine import fastpath
+from libreyolo.engine.fastpath import measuring
+src, fam, size, nc, imgsz, precision, fastpath.COMPILE_MODE = sys.argv[1:8]
+m = LibreYOLO(src, device="cuda") if src != "-" else LibreYOLO.new(fam, size, nc=int(nc), device="cuda")
+t1 = time.perf_counter()
+with measuring():
+    m.predict(SAMPLE_IMAGE, imgsz=int(imgsz), precision=precision, fast=True, cuda_graph=True)
+t2 = time.perf_counter()
+print(f"WARM {t2 - t0:.3f} {t2 - t1:.3f}")
+"""
+
+
+def warm_start(model, imgsz: int, precision: str) -> dict:
+    """A second process's time to its first fast-path result (inductor's caches are warm now):
+    from interpreter start and from the model being loaded."""
+    import subprocess
+    import sys
+    src = model.source if model.source and Path(str(model.source)).exists() else "-"
+    from .engine import fastpath
+    cmd = [sys.executable, "-c", _WARM_START, src, model.FAMILY, model.size, str(model.nc), str(imgsz), precision,
+           fastpath.COMPILE_MODE]
+    t0 = time.perf_counter()
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    except subprocess.TimeoutExpired:
+        return {"warm_start_error": "timed out after 600 s"}
+    wall = time.perf_counter() - t0
+    line = [ln for ln in p.stdout.splitlines() if ln.startswith("WARM ")]
+    if p.returncode or not line:
+        return {"warm_start_error": (p.stderr or p.stdout)[-500:]}
+    _, from_start, from_loaded = line[-1].split()
+    return {"warm_start_process_s": wall, "warm_start_first_result_s": float(from_start),
+            "warm_start_first_predict_s": float(from_loaded)}
 
 
 def write_json(result: dict, path: str | Path) -> Path:

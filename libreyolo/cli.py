@@ -85,6 +85,15 @@ def _amp(v: str):
     return "bf16" if dtype is torch.bfloat16 else "fp16"
 
 
+def _precision(v: str) -> str:
+    """precision as predict takes it: fp32, fp16 or bf16."""
+    from .engine.fastpath import parse_precision
+    try:
+        return parse_precision(v)
+    except ValueError as exc:
+        raise OptionError(str(exc)) from None
+
+
 def _int_list(name: str, minimum: int) -> Callable[[str], list[int]]:
     def conv(v: str) -> list[int]:
         parts = [x.strip() for x in str(v).split(",")]
@@ -187,6 +196,8 @@ PREDICT = {
     "device": Opt(str, "auto", "auto, cpu, cuda, cuda:1"),
     "cuda_graph": Opt(_graph_mode, "auto", "false, true or auto"),
     "amp": Opt(_amp, False, "false, true (the family's dtype), fp16 or bf16"),
+    "precision": Opt(_precision, None, "fp32 (default, bitwise), fp16 or bf16: the half network (fp16 with fast=true)"),
+    "fast": Opt(_flag("fast"), False, "CUDA: compile the half network with inductor inside the CUDA graph"),
     "save": Opt(_flag("save"), True, "write annotated images"),
     "save_dir": Opt(str, None, "where annotated images go (default: a new runs/predict, runs/predict2, ...)"),
     "vid_stride": Opt(_int("vid_stride", 1), 1, "predict every N-th frame of a video"),
@@ -222,6 +233,8 @@ def cmd_predict(opts: dict, track: bool = False) -> int:
                   save=opts["save"], save_dir=opts["save_dir"], verbose=True)
     if opts["show"]:
         common["show"] = True
+    if opts["precision"] is not None or opts["fast"]:   # the default call stays today's call
+        common.update(precision=opts["precision"], fast=opts["fast"])
     if is_video_source(source):  # frames are counted, not listed (a stream can run for hours)
         run = call(source, stream=True, vid_stride=opts["vid_stride"], timeout=opts["timeout"], **common, **task_opts)
         return _video_report(run, opts, model, track)
@@ -342,6 +355,8 @@ VERIFY = {
     "imgsz": Opt(_imgsz(), 640, "network input size"),
     "batch": Opt(_int_list("batch", 1), [1, 8], "batch sizes, e.g. 1,8"),
     "amp": Opt(_flag("amp"), True, "also verify under the family's autocast dtype"),
+    "precision": Opt(_precision, None, "also verify the half path (fp16 or bf16): its graphs against it eager"),
+    "fast": Opt(_flag("fast"), False, "with precision: the compiled (fast) half path"),
     "device": Opt(str, "cuda", "CUDA device"),
     "json": Opt(str, None, "write the report to this JSON file"),
 }
@@ -360,7 +375,9 @@ def cmd_verify(opts: dict) -> int:
     if not model.SUPPORTS_CUDA_GRAPH:
         console.print(f"[yellow]note:[/] {model.FAMILY} is not declared graph-capturable; verifying anyway")
     res = verify_model(model, imgsz=opts["imgsz"], batches=tuple(opts["batch"]),
-                       amp_dtypes=(None, model.AMP_DTYPE) if opts["amp"] else (None,))
+                       amp_dtypes=(None, model.AMP_DTYPE) if opts["amp"] else (None,),
+                       precisions=(opts["precision"] or ("fp16" if opts["fast"] else "fp32"),),
+                       fast=opts["fast"])
     t = Table(title=f"parity: {model.FAMILY}-{model.size} on {torch.cuda.get_device_name(model.device)}, "
                     f"torch {torch.__version__}")
     for col in ("case", "outputs", "probes differ", "replay A == eager", "replay B == eager", "not stale",
@@ -386,6 +403,11 @@ BENCH = {
     "warmup": Opt(_int("warmup", 0), 30, "untimed warm-up runs per arm"),
     "device": Opt(str, "auto", "auto, cpu, cuda"),
     "fuse": Opt(_flag("fuse"), False, "fold BatchNorm / re-parameterize first (every arm runs the fused network)"),
+    "precision": Opt(_precision, "fp16", "dtype of the half and fast arms (CUDA): fp16 or bf16"),
+    "compile": Opt(_flag("compile"), True, "CUDA: the torch.compile arms (reduce-overhead, fast path) with "
+                                          "compile and warm-start times"),
+    "compile_mode": Opt(_choice("compile_mode", ("default", "max-autotune-no-cudagraphs")), None,
+                        "torch.compile mode of the fast arms (default: the library's)"),
     "tf32": Opt(_flag("tf32"), None, "allow TF32 in float32 convolutions and matmuls (default: PyTorch's settings, "
                              "convolutions on, matmuls off); false = strict fp32"),
     "source": Opt(str, None, "a video file: frames/s eager vs graph on its frames, decode timed apart "
@@ -406,7 +428,11 @@ def cmd_bench(opts: dict) -> int:
         torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = bool(opts["tf32"])
     if opts["source"]:
         return _bench_video(model, opts)
-    res = bench_model(model, imgsz=opts["imgsz"], batch=opts["batch"], runs=opts["runs"], warmup=opts["warmup"])
+    if opts["compile_mode"]:   # for this process only: the bench is its own process
+        from .engine import fastpath
+        fastpath.COMPILE_MODE = opts["compile_mode"]
+    res = bench_model(model, imgsz=opts["imgsz"], batch=opts["batch"], runs=opts["runs"], warmup=opts["warmup"],
+                      precision=opts["precision"], compile_arms=opts["compile"])
     tf32 = (f", TF32 conv {res['tf32']['cudnn']} / matmul {res['tf32']['matmul']}"
             if model.device.type == "cuda" else "")   # TF32 exists on CUDA only
     t = Table(title=f"{res['model']} imgsz={res['imgsz']} batch={res['batch']} on {res['device']} "
@@ -435,6 +461,12 @@ def cmd_bench(opts: dict) -> int:
         console.print(f"capture: forward {c['forward_ms']:.1f} ms; "
                       f"forward graph bitwise == eager: {res['arms']['forward_graph_bitwise_equal_eager']}; "
                       f"predict graph == eager: {res['arms']['predict_graph_equal_eager']}")
+    for note in res.get("notes", []):
+        console.print(f"[yellow]note:[/] {note}")
+    if "compile" in res["arms"]:
+        c = res["arms"]["compile"]
+        console.print("compile: " + ", ".join(f"{k} {v:.1f} s" if isinstance(v, (int, float)) else f"{k} {v}"
+                                              for k, v in c.items()))
     if "prompt_graph_equal_eager" in res["arms"]:
         console.print(f"prompt call graph == eager: {res['arms']['prompt_graph_equal_eager']}")
     r = res["ratios"]

@@ -30,6 +30,7 @@ from ..graphs.runner import normalize_mode
 from ..options import check_float, check_imgsz, check_int, parse_amp, parse_bool
 from ..results import Results, _display_problem
 from ..tasks.base import PredictPlan
+from .fastpath import HalfNetwork, arm_name, check_contract, half_network, resolve, to_float32
 from .paths import UniqueNames, next_run_dir
 
 log = logging.getLogger("libreyolo")
@@ -61,7 +62,7 @@ class Predictor:
         self._track_state: tuple | None = None   # (tracker spec, {stream: TrackGlue}) of model.track
 
     # ---------------------------------------------------------------- stages
-    def _stage_fns(self, size: int, plan: PredictPlan):
+    def _stage_fns(self, size: int, plan: PredictPlan, half: HalfNetwork | None = None):
         """The two capturable stages: from a preprocessed batch, and from raw uint8 images.
 
         Both run the network (``model.infer``) and the task's post-processing
@@ -69,11 +70,22 @@ class Predictor:
         images then maps the outputs back to their size (:meth:`PredictPlan.to_source`). For a family that
         declares a seam (``model.PREDICT_SEAM``: a part of its network is not bitwise capturable)
         they end there: they run ``model.infer_front`` only, and :meth:`after_seam` runs the
-        rest eager.
+        rest eager. With ``half`` (the half / fast path) the network is the model's half copy,
+        the preprocessing writes its half NHWC input, and the outputs are cast to float32 before
+        the post-processing.
         """
         model = self.model
         prep = model.preprocess
 
+        if half is not None:
+            def net(x, *extra):
+                return plan.finish(to_float32(half(x)), *extra)
+
+            def from_u8(u8, *extra):
+                x = prep.to_input(u8, size, half.dtype, channels_last=True)
+                return plan.to_source(net(x, *extra), (int(u8.shape[1]), int(u8.shape[2])))
+
+            return net, from_u8
         if model.PREDICT_SEAM:
             def net(x, *extra):
                 return model.infer_front(x)
@@ -85,6 +97,24 @@ class Predictor:
             return plan.to_source(net(prep(u8, size), *extra), (int(u8.shape[1]), int(u8.shape[2])))
 
         return net, from_u8
+
+    def _half(self, precision: str, fast: bool) -> HalfNetwork | None:
+        """The half network of a call (None for fp32), after the family's contract check."""
+        if precision == "fp32":
+            return None
+        m = self.model
+        if m.PREDICT_SEAM:
+            raise NotImplementedError(f"precision={precision!r} is not available for {m.FAMILY}: its predict "
+                                      "stage has a seam (PREDICT_SEAM); use precision='fp32'")
+        check_contract(m.FAMILY, precision, fast)
+        return half_network(m, precision, fast)
+
+    @staticmethod
+    def _keys(size: int, plan: PredictPlan, half: HalfNetwork | None) -> tuple[tuple, tuple]:
+        """(u8-stage key, net-stage key): the precision (and fast) is part of both, so a precision
+        switch never replays another path's graph."""
+        arm = "fp32" if half is None else arm_name(half.precision, half.fast)
+        return ("u8", size, arm, *plan.tag), ("net", size, arm, *plan.tag)
 
     def after_seam(self, out: Any, plan: PredictPlan, extra: tuple) -> Any:
         """The stage's outputs as predict uses them. Without a seam: ``out`` itself. With one: the
@@ -121,14 +151,19 @@ class Predictor:
         return self.model.task.plan(self.model, size, self.constant, **opts)
 
     def run_batch(self, images: list[torch.Tensor], size: int, mode: Any, amp_dtype, plan: PredictPlan,
-                  repeating: bool = False) -> Any:
+                  repeating: bool = False, half: HalfNetwork | None = None) -> Any:
         """uint8 HWC device tensors -> the stage's outputs (a HostCopy when ``plan.host``).
 
         ``repeating``: the caller knows this size repeats (video frames), so the uint8 stage
-        (preprocessing inside the graph) is used from the first call instead of the second."""
+        (preprocessing inside the graph) is used from the first call instead of the second.
+        ``half``: the half / fast path's network (None: fp32)."""
         runner = self.model._runner
-        net, from_u8 = self._stage_fns(size, plan)
+        net, from_u8 = self._stage_fns(size, plan, half)
         prep = self.model.preprocess
+        if half is not None:
+            def prep(u8, size, _p=prep, _dt=half.dtype):  # noqa: E306 - the half NHWC input
+                return _p.to_input(u8, size, _dt, channels_last=True)
+        key, net_key = self._keys(size, plan, half)
         shapes = tuple((int(im.shape[0]), int(im.shape[1])) for im in images)
         extra = plan.extra(shapes, size)
         opts = {"host": plan.host and not self.model.PREDICT_SEAM, "constant": plan.constant}
@@ -136,8 +171,6 @@ class Predictor:
         with torch.no_grad(), self._autocast(amp_dtype):
             if same:
                 u8 = images[0].unsqueeze(0) if len(images) == 1 else torch.stack(images)
-                key = ("u8", size, *plan.tag)
-                net_key = ("net", size, *plan.tag)
                 # Preprocess inside the graph only for a raw size seen before or known to repeat
                 # (a video, a camera, a fixed pipeline) - otherwise each new photo size would cost a
                 # capture - and not when capture_graph pinned the network stage for this request.
@@ -152,10 +185,10 @@ class Predictor:
                 x = prep(u8, size)
             else:
                 x = torch.cat([prep(im.unsqueeze(0), size) for im in images])
-            return self.after_seam(runner(("net", size, *plan.tag), net, (x, *extra), mode, **opts), plan, extra)
+            return self.after_seam(runner(net_key, net, (x, *extra), mode, **opts), plan, extra)
 
     def capture(self, imgsz=None, batch=1, dtype=None, source=None, source_shape=None, bgr: bool = False,
-                **opts) -> dict:
+                precision: Any = None, fast: Any = False, **opts) -> dict:
         """Capture what predict will replay for a request now (``model.capture_graph``).
 
         With a ``source`` (anything predict takes; its first ``batch`` images must share one size)
@@ -164,14 +197,20 @@ class Predictor:
         preprocessed batch, pinned so that predict keeps replaying it for every image size
         (preprocessing eager) instead of capturing a uint8 stage when a size repeats.
         ``opts`` are the task's predict options (e.g. conf, iou, max_det for detection): pass
-        the ones predict will use if they change what the stage computes.
+        the ones predict will use if they change what the stage computes. ``precision`` / ``fast``
+        as predict takes them: the half / fast path's stage is captured (use the same in predict).
         """
         m = self.model
         size = check_imgsz(m.imgsz if imgsz is None else imgsz, m.STRIDE)
         batch = check_int("batch", batch, 1)
         plan = self.plan(size, **opts)
         amp_dtype = None if dtype in (None, torch.float32) else _amp_dtype(dtype, m.AMP_DTYPE)
-        net, from_u8 = self._stage_fns(size, plan)
+        precision, fast = resolve(precision, fast, m.device)
+        if precision != "fp32" and amp_dtype is not None:
+            raise ValueError(f"capture_graph: dtype (autocast) and precision={precision!r} exclude each other")
+        half = self._half(precision, fast)
+        net, from_u8 = self._stage_fns(size, plan, half)
+        u8_key, net_key = self._keys(size, plan, half)
         if source is not None:
             items = load_sources(source, bgr=bgr)[:int(batch)]
             shapes = {tuple(it.image.shape[:2]) for it in items}
@@ -186,13 +225,14 @@ class Predictor:
         with torch.no_grad(), self._autocast(amp_dtype):
             if source_shape is None:
                 x = torch.rand((batch, 3, size, size), generator=g).to(m.device)
-                key = ("net", size, *plan.tag)
-                info = m._runner.capture(key, net, (x, *extra))
-                self._pinned.add(key)
+                if half is not None:
+                    x = x.to(half.dtype, memory_format=torch.channels_last)
+                info = m._runner.capture(net_key, net, (x, *extra))
+                self._pinned.add(net_key)
                 return info
             h, w = shapes[0]
             u8 = torch.randint(0, 256, (batch, h, w, 3), generator=g, dtype=torch.uint8).to(m.device)
-            return m._runner.capture(("u8", size, *plan.tag), from_u8, (u8, *extra))
+            return m._runner.capture(u8_key, from_u8, (u8, *extra))
 
     # ------------------------------------------------------------------ call
     def __call__(self, source: Any, *, imgsz: int | None = None, batch: int = 1, cuda_graph: Any = False,
@@ -200,7 +240,7 @@ class Predictor:
                  exist_ok: bool = False, verbose: bool = False, profile: bool = False, stream: bool = False,
                  vid_stride: int = 1, show: bool = False, timeout: float = DEFAULT_TIMEOUT,
                  on_results: Callable[[Results, SourceItem], None] | None = None,
-                 **task_opts) -> list[Results] | Iterator[Results]:
+                 precision: Any = None, fast: Any = False, **task_opts) -> list[Results] | Iterator[Results]:
         """Predict on ``source`` and return one Results per image (per frame for a video).
 
         ``source``: a path, directory, glob, PIL image, numpy RGB array - or BGR with ``bgr=True``
@@ -231,6 +271,11 @@ class Predictor:
         ``profile`` synchronizes the device between stages so that ``Results.speed``
         (ms per image: load, preprocess, inference, postprocess) is exact; without
         it the stages overlap and ``speed`` shows host time only.
+        ``precision``: "fp32" (default: the bitwise path), "fp16" or "bf16" (a cached half copy of
+        the network, BatchNorm folded, channels_last; post-processing in float32). ``fast=True``
+        (CUDA only; precision fp16 unless bf16 is asked) also compiles that copy with inductor,
+        captured with the pre- and post-processing when ``cuda_graph`` is on. Both are refused
+        for a family outside the measured fast-path contract (:mod:`libreyolo.engine.fastpath`).
         The task's own options (detection: ``conf``, ``iou``, ``max_det``, ``max_nms`` - the
         candidates per image that enter NMS -, ``classes``, ``agnostic_nms``) follow.
         """
@@ -240,7 +285,7 @@ class Predictor:
         if unknown:
             raise TypeError(f"unknown predict option(s) {', '.join(unknown)} for a {m.TASK} model; "
                             f"known: imgsz, batch, cuda_graph, amp, bgr, save, save_dir, exist_ok, verbose, profile, "
-                            "stream, vid_stride, show, timeout, " + ", ".join(m.task.predict_defaults))
+                            "stream, vid_stride, show, timeout, precision, fast, " + ", ".join(m.task.predict_defaults))
         batch = check_int("batch", batch, 1)
         save, bgr = parse_bool("save", save), parse_bool("bgr", bgr)
         stream, show = parse_bool("stream", stream), parse_bool("show", show)
@@ -250,6 +295,11 @@ class Predictor:
         plan = self.plan(size, **task_opts)
         amp_dtype = _amp_dtype(amp, m.AMP_DTYPE)
         plan.mode, plan.amp_dtype = mode, amp_dtype
+        precision, fast = resolve(precision, fast, m.device)
+        if precision != "fp32" and amp_dtype is not None:
+            raise ValueError(f"amp and precision={precision!r} exclude each other: the half path runs a half "
+                             "copy of the network without autocast; pass one of them")
+        plan.half = self._half(precision, fast)
         if not m.trained and not getattr(m, "_warned_untrained", False):
             log.warning("libreyolo: %s-%s is UNTRAINED (random weights): its predictions are meaningless",
                         m.FAMILY, m.size)
@@ -300,7 +350,8 @@ class Predictor:
                 dev_images = [self._upload(it.image) for it in chunk]
                 sync()
                 t1 = time.perf_counter()
-                out = self.run_batch(dev_images, size, mode, amp_dtype, plan, repeating=videos is not None)
+                out = self.run_batch(dev_images, size, mode, amp_dtype, plan, repeating=videos is not None,
+                                     half=getattr(plan, "half", None))
                 for it in chunk:  # the host copy of borrowed arrays overlaps with the queued GPU work
                     it.own()
                 sync()

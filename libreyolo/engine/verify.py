@@ -84,11 +84,16 @@ def check_seam(name: str, whole: Callable[..., Any], front: Callable[..., Any], 
 
 def verify_model(model, *, imgsz: int | None = None, batches: tuple[int, ...] = (1, 8),
                  amp_dtypes: tuple[Any, ...] | None = None,
-                 source_hw: tuple[int, int] = (480, 640)) -> list[ParityResult]:
+                 source_hw: tuple[int, int] = (480, 640), precisions: tuple[str, ...] = (),
+                 fast: bool = False) -> list[ParityResult]:
     """Parity of the raw network forward and of the full predict stage (uint8 in). For a family
     with a predict seam (``PREDICT_SEAM``) both end at the seam - what predict captures is the
     front part (``infer_front``) - and one more case per setting checks the seam's claim
-    (:func:`check_seam` on the predict stage)."""
+    (:func:`check_seam` on the predict stage).
+
+    ``precisions`` ("fp16", "bf16"): also the half path (``fast``: compiled), each graph against
+    the same half path run eagerly - the fast path's own bitwise contract (its tolerance against
+    fp32 is ``scripts/fast_contract.py``'s)."""
     if model.device.type != "cuda":
         raise RuntimeError("verify needs the model on a CUDA device (this runs the CUDA-graph parity protocol)")
     size = int(imgsz or model.imgsz)
@@ -136,4 +141,34 @@ def verify_model(model, *, imgsz: int | None = None, batches: tuple[int, ...] = 
                 # further stages the task runs after the first (OCR: recognition per bucket width)
                 for name, fn, pa_, pb_ in plan.parity_stages(b, model.device):
                     out.append(check_parity(f"{model.FAMILY}-{model.size} {name} {tag} b{b}", fn, pa_, pb_, module=net))
+    if not own:
+        out.extend(verify_half(model, size, batches, source_hw, precisions, fast))
+    return out
+
+
+def verify_half(model, size: int, batches: tuple[int, ...], source_hw: tuple[int, int],
+                precisions: tuple[str, ...], fast: bool) -> list[ParityResult]:
+    """The parity protocol on the half / fast path: its network stage (half NHWC input) and its
+    whole predict stage (uint8 in, post-processing included), graph replay vs the same path eager."""
+    from .fastpath import arm_name, half_network, parse_precision
+    pred = model._get_predictor()
+    plan = pred.plan(size)
+    out: list[ParityResult] = []
+    for p in precisions:
+        p = parse_precision(p)
+        if p == "fp32":
+            continue
+        half = half_network(model, p, fast)
+        from_u8 = pred._stage_fns(size, plan, half)[1]
+        tag = arm_name(p, fast)
+        for b in batches:
+            with torch.no_grad():
+                pa, pb = (t.to(half.dtype, memory_format=torch.channels_last) for t in _probes_float(b, size, model.device))
+                out.append(check_parity(f"{model.FAMILY}-{model.size} network {tag} b{b} {size}",
+                                        lambda x: half(x), (pa,), (pb,), module=half.net))
+                ua, ub = _probes_u8(b, *source_hw, model.device)
+                extra = plan.extra((tuple(source_hw),) * b, size)
+                out.append(check_parity(f"{model.FAMILY}-{model.size} predict-stage {tag} b{b} "
+                                        f"{source_hw[0]}x{source_hw[1]}->{size} +post", from_u8,
+                                        (ua, *extra), (ub, *extra), module=half.net))
     return out

@@ -193,6 +193,7 @@ class Model:
         self._runner = GraphRunner(net, self.FAMILY, self.SUPPORTS_CUDA_GRAPH,
                                    unsupported_reason=self.UNSUPPORTED_REASON)
         self._predictor = None
+        self._half_networks: dict = {}   # precision="fp16"/"bf16" copies (engine/fastpath.py)
 
     @classmethod
     def sniff_size(cls, state_dict: dict[str, torch.Tensor], nc: int) -> str | None:
@@ -369,16 +370,20 @@ class Model:
 
     # ------------------------------------------------------------------ graphs
     def capture_graph(self, imgsz: int | None = None, batch: int = 1, dtype: torch.dtype | None = None,
-                      source: Any = None, source_shape: tuple[int, int] | None = None, **opts) -> dict:
+                      source: Any = None, source_shape: tuple[int, int] | None = None,
+                      precision: Any = None, fast: Any = False, **opts) -> dict:
         """Capture now what predict will replay, so the first request pays no capture.
 
         With ``source`` (an image, a path, anything predict takes) or ``source_shape`` (h, w): the
         whole stage from uint8 images of that size (preprocessing, network, post-processing).
         Without: the stage from the preprocessed (batch, 3, imgsz, imgsz) input, which predict then
         uses for images of every size. ``dtype`` float16/bfloat16 captures under autocast (use
-        the same ``amp`` in predict); ``opts``: the task's predict options predict will use
-        (detection: conf/iou are graph inputs, max_det, max_nms and agnostic_nms are not).
+        the same ``amp`` in predict); ``precision`` ("fp16"/"bf16") and ``fast`` capture the half /
+        fast path's stage (use the same in predict); ``opts``: the task's predict options predict
+        will use (detection: conf/iou are graph inputs, max_det, max_nms and agnostic_nms are not).
         """
+        if precision is not None or fast:   # a task predictor of its own need not take them
+            opts.update(precision=precision, fast=fast)
         return self._get_predictor().capture(imgsz=imgsz, batch=batch, dtype=dtype, source=source,
                                              source_shape=source_shape, **opts)
 

@@ -68,6 +68,24 @@ class Preprocess:
         """(B, H, W, 3) uint8 RGB -> (B, 3, size, size) float network input (resized, normalized)."""
         return self.normalize(self.resize_images(images_u8, size))
 
+    def to_input(self, images_u8: torch.Tensor, size: int, dtype: torch.dtype = torch.float32,
+                 channels_last: bool = False) -> torch.Tensor:
+        """:meth:`__call__` writing the network input in ``dtype`` and memory format directly (the
+        half path: one (B, 3, size, size) half NHWC tensor, no float32 copy of the normalized
+        batch). Resizing runs in float32 and normalization computes in float32 before rounding
+        once to ``dtype``, so the result equals ``self(images_u8, size).to(dtype)`` exactly; with
+        the defaults it *is* ``self(images_u8, size)``."""
+        if dtype == torch.float32 and not channels_last:
+            return self(images_u8, size)
+        x = self.resize_images(images_u8, size)
+        fmt = torch.channels_last if channels_last else torch.contiguous_format
+        out = torch.empty(x.shape, dtype=dtype, device=x.device).contiguous(memory_format=fmt)
+        if self.mean is None:
+            return out.copy_(x)
+        for i, (m, s) in enumerate(zip(self.mean, self.std)):
+            torch.div(x[:, i:i + 1] - m, s, out=out[:, i:i + 1])
+        return out
+
     def resize_images(self, images_u8: torch.Tensor, size: int) -> torch.Tensor:
         """(B, H, W, 3) uint8 RGB -> (B, 3, size, size) float32 RGB in [0, 1]."""
         if self.resize == "long":

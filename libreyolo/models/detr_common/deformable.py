@@ -22,8 +22,14 @@ def deformable_sample(value: torch.Tensor, shapes: list[tuple[int, int]], locati
 
     value (B, sum(h*w), heads, c); locations (B, Lq, heads, P, 2) in [0, 1] (x, y) with the
     P = sum(points) samples grouped level by level; weights (B, Lq, heads, P).
-    Returns (B, Lq, heads * c).
+    Returns (B, Lq, heads * c), in ``value``'s dtype.
+
+    Sampling runs in float32 whatever the activations' dtype: the locations are coordinates, and
+    half-precision ``grid_sample`` (its index arithmetic in the grid's dtype) misplaces samples by
+    whole pixels and can return NaN for far-out locations. For float32 inputs the casts are no-ops.
     """
+    dtype = value.dtype
+    value, locations, weights = value.float(), locations.float(), weights.float()
     b, _, heads, c = value.shape
     lq = locations.shape[1]
     per_level = value.permute(0, 2, 3, 1).flatten(0, 1).split([h * w for h, w in shapes], dim=-1)
@@ -33,7 +39,7 @@ def deformable_sample(value: torch.Tensor, shapes: list[tuple[int, int]], locati
                for v, g, (h, w) in zip(per_level, grids, shapes)]          # each (B*heads, c, Lq, p_l)
     w = weights.permute(0, 2, 1, 3).reshape(b * heads, 1, lq, sum(points))
     out = (torch.cat(sampled, -1) * w).sum(-1)                           # (B*heads, c, Lq)
-    return out.reshape(b, heads * c, lq).transpose(1, 2)
+    return out.reshape(b, heads * c, lq).transpose(1, 2).to(dtype)
 
 
 class MSDeformableAttention(nn.Module):

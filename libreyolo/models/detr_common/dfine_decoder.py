@@ -340,15 +340,18 @@ class DFineDecoder(nn.Module):
         shapes = [(m.shape[2], m.shape[3]) for m in maps]
         return torch.cat([m.flatten(2).transpose(1, 2) for m in maps], 1), shapes
 
-    def _anchors(self, shapes: list[tuple[int, int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    def _anchors(self, shapes: list[tuple[int, int]], device: torch.device,
+                 dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
         if self.anchors is not None and not self.training and shapes == self._eval_shapes():
             return self.anchors, self.valid_mask
-        return generate_anchors(shapes, eps=self.eps, device=device)
+        anchors, valid = generate_anchors(shapes, eps=self.eps, device=device)
+        # in the activations' dtype, as the native-size buffers are in a half copy (fp32: no-op)
+        return anchors.to(dtype), valid
 
     def _select_queries(self, memory: torch.Tensor, shapes: list[tuple[int, int]]):
         """Top ``num_queries`` tokens by max encoder class logit -> (content, box logits, enc logits, enc boxes)."""
         b, n, c = memory.shape
-        anchors, valid = self._anchors(shapes, memory.device)
+        anchors, valid = self._anchors(shapes, memory.device, memory.dtype)
         selected = self.enc_output(valid.to(memory.dtype) * memory)
         logits = self.enc_score_head(selected)
         k = min(self.num_queries, n)

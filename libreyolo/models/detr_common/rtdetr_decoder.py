@@ -182,14 +182,17 @@ class RTDETRDecoder(nn.Module):
             tokens.append(f.flatten(2).transpose(1, 2))
         return torch.cat(tokens, 1), shapes
 
-    def _anchors(self, shapes: list[tuple[int, int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    def _anchors(self, shapes: list[tuple[int, int]], device: torch.device,
+                 dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.training and self.native_shapes is not None and shapes == self.native_shapes:
             return self.anchors, self.valid_mask
-        return generate_anchors(shapes, eps=self.eps, device=device)
+        anchors, valid = generate_anchors(shapes, eps=self.eps, device=device)
+        # in the activations' dtype, as the native-size buffers are in a half copy (fp32: no-op)
+        return anchors.to(dtype), valid
 
     def _select_queries(self, memory: torch.Tensor, shapes: list[tuple[int, int]]):
         """Top-Q encoder proposals by max class score -> (content, box logits, enc logits)."""
-        anchors, valid = self._anchors(shapes, memory.device)
+        anchors, valid = self._anchors(shapes, memory.device, memory.dtype)
         out_memory = self.enc_output(valid.to(memory.dtype) * memory)
         enc_logits = self.enc_score_head(out_memory)
         enc_boxes = self.enc_bbox_head(out_memory) + anchors

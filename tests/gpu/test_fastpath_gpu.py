@@ -1,0 +1,41 @@
+"""The half / fast path on a real GPU: its graphs bitwise equal to the same path eager.
+
+Run through scripts/gpu-check (or scripts/gpu-fastpath.sh, whose contract script measures the
+tolerance against fp32 too); skipped without CUDA. The weights are verify's seeded re-draw.
+"""
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from libreyolo import SAMPLE_IMAGE, LibreYOLO
+from libreyolo.engine.fastpath import measuring
+from libreyolo.engine.verify import input_sensitive, verify_half
+
+pytestmark = pytest.mark.cuda
+
+ROWS = [("yolox", "n"), ("yolo9", "t"), ("rtdetr", "r18"), ("dfine", "n")]
+
+
+@pytest.fixture(scope="module")
+def frames():
+    pil = Image.open(SAMPLE_IMAGE).convert("RGB")
+    return [np.asarray(pil), np.asarray(pil.rotate(180))]
+
+
+@pytest.mark.parametrize("family,size", ROWS)
+@pytest.mark.parametrize("fast", [False, True], ids=["half", "fast"])
+def test_half_graph_equals_half_eager(family, size, fast, frames):
+    m = input_sensitive(LibreYOLO.new(family, size, device="cuda", seed=0))
+    with measuring():
+        for r in verify_half(m, 640, (1,), (480, 640), ("fp16",), fast):
+            assert r.passed, r.as_dict()
+        eager = m(frames, cuda_graph=False, precision="fp16", fast=fast, conf=0.05)
+        for _ in range(2):   # the net stage, then the uint8 stage (the size repeats)
+            graph = m(frames, cuda_graph=True, precision="fp16", fast=fast, conf=0.05)
+            for a, b in zip(eager, graph):
+                assert torch.equal(a.boxes.data, b.boxes.data)
+        fp32 = m(frames, cuda_graph=True, conf=0.05)
+    stages = [g["stage"] for g in m.graph_info()["graphs"]]
+    assert any("fp16" in s for s in stages) and any("'fp32'" in s for s in stages)
+    assert not all(torch.equal(a.boxes.data, b.boxes.data) for a, b in zip(fp32, graph))
