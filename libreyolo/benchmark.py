@@ -88,9 +88,9 @@ def bench_model(model, *, imgsz: int = 640, batch: int = 1, runs: int = 200, war
     model = input_sensitive(model)
     opts = {"conf": conf} if "conf" in model.task.predict_defaults else {}
     opts.update(model.task.bench_options())   # e.g. segment-prompt: the prompt of each call
-    notes = None
+    task_input = None   # a task's own bench input, described (OCR: the printed page)
     if image is None:   # a task's own input (OCR: a printed page) and the options it needs
-        image, task_opts, notes = model.task.bench_setup(model, imgsz)
+        image, task_opts, task_input = model.task.bench_setup(model, imgsz)
         opts.update(task_opts)
     if image is None:
         image = load_sources(SAMPLE_IMAGE)[0].image
@@ -171,7 +171,7 @@ def bench_model(model, *, imgsz: int = 640, batch: int = 1, runs: int = 200, war
         "batch": batch,
         "image_hw": list(image.shape[:2]), "detections_per_image": dets,
         **({} if lines is None else {"text_lines_per_image": lines}),
-        **({} if notes is None else {"task_input": notes}),
+        **({} if task_input is None else {"task_input": task_input}),
         "device": device_name(dev), "torch": torch.__version__,
         "cuda": torch.version.cuda, "date": _dt.date.today().isoformat(), "runs": runs, "warmup": warmup,
         # float32 convolutions run as TF32 on Ampere and later unless disabled (PyTorch's default: on)

@@ -776,6 +776,7 @@ class Trainer:
             for hook in self.hooks:
                 hook.on_train_end(self)
             self._unfreeze()
+            self._close_loaders()
         if self.seam is not None:
             self.model.set_train_seam(self.net, None)
         # the trained weights the Model keeps are the EMA's
@@ -797,6 +798,13 @@ class Trainer:
                 "losses": [[h[f"train/{n}_loss"] for n in item_names] for h in self.history],
                 "cuda_graph": runner.info() if seam is None else {**runner.info(), "seam": seam.info()},
                 "best": str(self.run_dir / "weights" / "best.pt"), "last": str(self.run_dir / "weights" / "last.pt")}
+
+    def _close_loaders(self) -> None:
+        """Stop the loaders' persistent worker processes (and pin-memory threads) now, when the run
+        ends, instead of leaving them to the interpreter's exit."""
+        import gc
+        self.train_loader = self.val_loader = None
+        gc.collect()
 
     def _drop_loaders(self) -> None:
         """Shut the loaders' worker processes down after one of them died. torch's SIGCHLD check

@@ -23,10 +23,15 @@ SIZE = 128
 
 @pytest.fixture(scope="module")
 def model():
-    torch.set_flush_denormal(True)   # random weights give denormals, which are slow on some CPUs
+    # random weights give denormals, which are slow on some CPUs; the switch is process-wide
+    # (flush-to-zero), so it is turned off again for the tests that come after this module
+    torch.set_flush_denormal(True)
     m = LibreYOLO.new("ppocr", "t", device="cpu", seed=0)
     m.REC_BUCKETS = (64, 128)
-    return m
+    try:
+        yield m
+    finally:
+        torch.set_flush_denormal(False)
 
 
 @pytest.fixture(scope="module")
