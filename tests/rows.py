@@ -161,9 +161,8 @@ GRAPH_PENDING = {
     "ppocr": "float16-autocast replays differ from eager (session 7 run 3; docs/families.md, OCR)",
 }
 # (family, size) exported to ONNX and compared with eager predict through onnxruntime on the CPU
-# (tests/unit/test_export_onnx.py): every family. ONNX_FAST runs by default (one NMS detector,
-# one DETR, a classifier, SegFormer); the rest are marked slow (each costs 5-25 s of export on
-# two cores) and run with LIBREYOLO_SLOW=1; scripts/onnx_parity.py prints the table of all.
+# (tests/unit/test_export_onnx.py): every family, in every run (each costs 5-25 s of export on
+# two cores); scripts/onnx_parity.py prints the table of all.
 ONNX_MODELS = [
     ("yolo9", "t"),
     ("yolox", "n"),
@@ -183,7 +182,6 @@ ONNX_MODELS = [
     ("convnext", "t"),
     ("segformer", "b0"),
 ]
-ONNX_FAST = {("yolox", "n"), ("dfine", "n"), ("resnet", "18"), ("segformer", "b0")}
 # Families whose traced graph fixes a size-dependent shape (their decoder's anchor grid), so the
 # exporter refuses dynamic=True for them; the others are also exported dynamic and compared at
 # another size.

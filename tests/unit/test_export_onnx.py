@@ -1,6 +1,6 @@
 """ONNX export and the onnxruntime backend: eager predict and the exported graph agree (CPU, fp32).
 
-Per family (tests/rows.py ONNX_MODELS; ONNX_FAST by default, the rest with LIBREYOLO_SLOW=1):
+Per family (tests/rows.py ONNX_MODELS: every family, in every run):
 weights that give real, spread-out detections (the fixtures' fill of the model's own layout),
 the sample photo and synthetic images, a threshold that keeps tens of detections; the same
 detections (one-to-one, same class, scores within 1e-4, boxes within 1e-3 canvas pixels), the
@@ -15,7 +15,7 @@ import onnx
 import pytest
 import torch
 from export_parity import BOX_TOL_PX, compare, filled_model, match_detections, parity_images, pick_conf
-from rows import ONNX_FAST, ONNX_MODELS, ONNX_STATIC_ONLY
+from rows import ONNX_MODELS, ONNX_STATIC_ONLY
 from torch import nn
 
 from libreyolo import SAMPLE_IMAGE, LibreYOLO
@@ -37,8 +37,7 @@ def _one_thread():
 
 def _rows():
     for fam, size in ONNX_MODELS:
-        marks = () if (fam, size) in ONNX_FAST else (pytest.mark.slow,)
-        yield pytest.param(fam, size, marks=marks, id=f"{fam}-{size}")
+        yield pytest.param(fam, size, id=f"{fam}-{size}")
 
 
 @pytest.mark.parametrize("family,size", list(_rows()))
