@@ -10,6 +10,7 @@ import os
 import numpy as np
 import pytest
 import torch
+from standin import StandInCapturer
 
 from libreyolo import SAMPLE_IMAGE, LibreYOLO
 from libreyolo.engine import fastpath
@@ -167,30 +168,9 @@ def test_half_copy_cache_invalidation():
     assert torch.equal(w16, w32.to(torch.bfloat16).contiguous(memory_format=torch.channels_last))
 
 
-class _Graph:
-    def __init__(self, fn, inputs):
-        self.fn, self.static_inputs = fn, tuple(x.clone() for x in inputs)
-        self.capture_ms, self.pool_bytes, self.replays = 1.0, 0, 0
-
-    def replay(self, inputs, clone=True, constant=()):
-        for d, s in zip(self.static_inputs, inputs):
-            d.copy_(s)
-        self.replays += 1
-        return self.fn(*self.static_inputs)
-
-
-class _Capturer:
-    @staticmethod
-    def can_capture(device):
-        return True
-
-    def capture(self, fn, inputs, module=None):
-        return _Graph(fn, inputs)
-
-
 def test_graph_keys_distinct_per_precision(image):
     m = input_sensitive(LibreYOLO.new("yolox", "n", nc=3, device="cpu", seed=0))
-    m._runner.capturer = _Capturer()
+    m._runner.capturer = StandInCapturer()
     with measuring():
         a = m(image, imgsz=64, cuda_graph=True, conf=0.01)[0]
         b = m(image, imgsz=64, cuda_graph=True, conf=0.01, precision="bf16")[0]
@@ -214,7 +194,7 @@ def test_graph_keys_distinct_per_precision(image):
 
 def test_capture_graph_precision(image):
     m = input_sensitive(LibreYOLO.new("yolox", "n", nc=3, device="cpu", seed=0))
-    m._runner.capturer = _Capturer()
+    m._runner.capturer = StandInCapturer()
     with measuring():
         info = m.capture_graph(imgsz=64, precision="bf16")
         assert "'net', 64, 'bf16'" in info["stage"] and "bfloat16" in info["inputs"][0]

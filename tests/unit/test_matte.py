@@ -5,6 +5,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from standin import StandInCapturer
 import torch.nn.functional as F
 from PIL import Image
 
@@ -132,35 +133,6 @@ def test_sizes_follow_birefnet_with_swin_t_and_swin_l():
 
 
 # ------------------------------------------------------------------------------------------ the seam
-class _Graph:
-    """Stand-in for a captured graph: replays the captured function, noting that it is replaying."""
-
-    def __init__(self, fn, inputs, log):
-        self.fn, self.static, self.log = fn, tuple(x.clone() for x in inputs), log
-        self.capture_ms, self.pool_bytes, self.replays = 1.0, 0, 0
-
-    def replay(self, inputs, clone=True, constant=()):
-        for d, s in zip(self.static, inputs):
-            d.copy_(s)
-        self.replays += 1
-        self.log.append("replay")
-        out = self.fn(*self.static)
-        self.log.append("end")
-        return out
-
-
-class _Capturer:
-    def __init__(self, log):
-        self.log = log
-
-    @staticmethod
-    def can_capture(device):
-        return True
-
-    def capture(self, fn, inputs, module=None):
-        return _Graph(fn, inputs, self.log)
-
-
 def _traced_model(seam: bool):
     """A model whose runner captures through the stand-in, logging where the squeeze module (the
     first deformable convolutions) runs: inside a replay or eager."""
@@ -168,7 +140,7 @@ def _traced_model(seam: bool):
     m.PREDICT_SEAM = seam
     log: list[str] = []
     m._runner.supported = True
-    m._runner.capturer = _Capturer(log)
+    m._runner.capturer = StandInCapturer(on_replay=log.append)
     m.model.squeeze_module.register_forward_pre_hook(lambda *a: log.append("deform"))
     return m, log
 

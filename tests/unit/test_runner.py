@@ -4,42 +4,10 @@ import threading
 
 import pytest
 import torch
+from standin import StandInCapturer, StandInGraph
 from torch import nn
 
 from libreyolo.graphs.runner import GraphRunner, GraphUnavailableError, normalize_mode
-
-
-class StandInGraph:
-    """Behaves like a captured graph: replays the function it was captured from."""
-
-    def __init__(self, fn, inputs):
-        self.fn = fn
-        self.static_inputs = tuple(x.clone() for x in inputs)
-        self.capture_ms = 1.0
-        self.pool_bytes = 0
-        self.replays = 0
-
-    def replay(self, inputs, clone=True, constant=()):
-        for d, s in zip(self.static_inputs, inputs):
-            d.copy_(s)
-        self.replays += 1
-        return self.fn(*self.static_inputs)
-
-
-class StandInCapturer:
-    def __init__(self, fail=False):
-        self.captures = []
-        self.fail = fail
-
-    @staticmethod
-    def can_capture(device):
-        return True
-
-    def capture(self, fn, inputs, module=None):
-        if self.fail:
-            raise RuntimeError("operation not permitted when stream is capturing")
-        self.captures.append(tuple(tuple(x.shape) for x in inputs))
-        return StandInGraph(fn, inputs)
 
 
 def make(supported=True, **kw):

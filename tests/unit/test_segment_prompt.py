@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from standin import StandInCapturer
 from PIL import Image
 
 from libreyolo import LibreYOLO
@@ -169,47 +170,20 @@ def test_results_plot_save_and_json(model, image, tmp_path):
 
 
 # ------------------------------------------------------------------------------ graph policy
-class _StandInGraph:
-    def __init__(self, fn, inputs):
-        self.fn, self.static_inputs = fn, tuple(x.clone() for x in inputs)
-        self.capture_ms, self.pool_bytes, self.replays = 1.0, 0, 0
-
-    def replay(self, inputs, clone=True, constant=()):
-        for d, s in zip(self.static_inputs, inputs):
-            d.copy_(s)
-        self.replays += 1
-        return self.fn(*self.static_inputs)
-
-
-class _StandInCapturer:
-    """Captures on the CPU by keeping the function: the runner's policy is what is tested."""
-
-    def __init__(self):
-        self.captured = []
-
-    @staticmethod
-    def can_capture(device):
-        return True
-
-    def capture(self, fn, inputs, module=None):
-        self.captured.append(tuple(tuple(x.shape) for x in inputs))
-        return _StandInGraph(fn, inputs)
-
-
 def test_each_stage_is_captured_per_its_own_signature(image):
     """cuda_graph=True: one image-stage graph per input size, one prompt-stage graph per prompt
     count; replays equal eager."""
     m = LibreYOLO.new("mobilesam", "tiny", device="cpu", imgsz=SIZE, seed=0)
     m.SUPPORTS_CUDA_GRAPH = True
     m._attach(m.model)
-    cap = m._runner.capturer = _StandInCapturer()
+    cap = m._runner.capturer = StandInCapturer()
     eager = [m(image, points=[[80, 45]])[0], m(points=[[80, 45], [10, 10]], labels=[1, 0])[0]]
     m.set_image(image, cuda_graph=True)
     got = [m(points=[[80, 45]], cuda_graph=True)[0], m(points=[[80, 45], [10, 10]], labels=[1, 0], cuda_graph=True)[0]]
     again = m(points=[[80, 45]], cuda_graph=True)[0]
     m.set_image(image[:, :100], cuda_graph=True)        # another size: another image-stage graph
-    assert [s[0] for s in cap.captured] == [(1, 90, 160, 3), (1, 256, 8, 8), (1, 256, 8, 8), (1, 90, 100, 3)]
-    assert [s[1] for s in cap.captured[1:3]] == [(1, 3), (1, 6)]      # packed prompts: 1 and 2 points
+    assert [s[0] for s in cap.captures] == [(1, 90, 160, 3), (1, 256, 8, 8), (1, 256, 8, 8), (1, 90, 100, 3)]
+    assert [s[1] for s in cap.captures[1:3]] == [(1, 3), (1, 6)]      # packed prompts: 1 and 2 points
     for a, b in zip(eager + eager[:1], got + [again]):
         assert torch.equal(a.masks.data, b.masks.data) and torch.equal(a.masks.scores, b.masks.scores)
     info = m.graph_info()
@@ -221,7 +195,7 @@ def test_verify_cases_run_the_parity_protocol_on_the_cpu(model, monkeypatch):
     """verify's cases for this task (network, image stage, prompt stage) through the parity
     protocol, the capture stood in by a replay of the function: probes differ, replays equal."""
     import libreyolo.graphs.parity as parity
-    monkeypatch.setattr(parity, "CudaGraphCapturer", _StandInCapturer)
+    monkeypatch.setattr(parity, "CudaGraphCapturer", StandInCapturer)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
     cases = model.task.verify_cases(model, SIZE, 2, (48, 64))
     assert [c[0].split()[0] for c in cases] == ["network", "image-stage", "prompt-stage"]

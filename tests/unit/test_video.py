@@ -16,6 +16,7 @@ import av
 import numpy as np
 import pytest
 import torch
+from standin import StandInCapturer
 
 from libreyolo import LibreYOLO
 from libreyolo.data.clips import moving_shapes, write_moving_shapes_clip
@@ -221,33 +222,7 @@ def test_video_frames_capture_the_uint8_stage_at_the_second_frame(clip):
         assert torch.equal(a.boxes.data, b.boxes.data)
 
 
-class StandInGraph:
-    """Replays the function it was "captured" from, on static copies of the inputs."""
 
-    def __init__(self, fn, inputs):
-        self.fn, self.static_inputs = fn, tuple(x.clone() for x in inputs)
-        self.capture_ms, self.pool_bytes, self.replays = 1.0, 0, 0
-
-    def replay(self, inputs, clone=True, constant=()):
-        for d, s in zip(self.static_inputs, inputs):
-            d.copy_(s)
-        self.replays += 1
-        return self.fn(*self.static_inputs)
-
-
-class StandInCapturer:
-    """A capturer that works on the CPU (the graph policy without CUDA; see test_runner.py)."""
-
-    def __init__(self):
-        self.captures = []
-
-    @staticmethod
-    def can_capture(device):
-        return True
-
-    def capture(self, fn, inputs, module=None):
-        self.captures.append(tuple(tuple(x.shape) for x in inputs))
-        return StandInGraph(fn, inputs)
 
 
 # ---- errors ---------------------------------------------------------------------------------------
