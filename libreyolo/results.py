@@ -46,6 +46,57 @@ def _empty_like(x: torch.Tensor | np.ndarray) -> torch.Tensor | np.ndarray:
     return torch.empty_like(x) if isinstance(x, torch.Tensor) else np.empty_like(x)
 
 
+class PixelMap:
+    """A per-pixel (H, W) field of one image's result (a torch tensor on any device, or a numpy
+    array after :meth:`numpy`): the checks, fields and conversions the tasks' maps share
+    (``SemanticMask``, ``DepthMap``, ``Alpha``). A subclass names what it holds (``WHAT``, for the
+    shape error) and checks its dtype in :meth:`_check_dtype`; conversions keep the subclass."""
+
+    WHAT = "map"
+
+    def __init__(self, data: torch.Tensor | np.ndarray):
+        name = type(self).__name__
+        if not isinstance(data, (torch.Tensor, np.ndarray)):
+            raise TypeError(f"{name} data must be a torch tensor or numpy array, got {type(data).__name__}")
+        if data.ndim != 2:
+            raise ValueError(f"{name} data must be an (H, W) {self.WHAT}, got shape {tuple(data.shape)}")
+        self._check_dtype(data)
+        self._data = data
+
+    def _check_dtype(self, data: torch.Tensor | np.ndarray) -> None:
+        """Raise ValueError when ``data``'s dtype is not what this map holds."""
+
+    @staticmethod
+    def _is_float(data: torch.Tensor | np.ndarray) -> bool:
+        return data.dtype.is_floating_point if isinstance(data, torch.Tensor) else data.dtype.kind == "f"
+
+    @property
+    def data(self) -> torch.Tensor | np.ndarray:
+        """The (H, W) map."""
+        return self._data
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(int(v) for v in self._data.shape)
+
+    orig_shape = shape
+
+    def cpu(self):
+        d = self._data
+        return type(self)(d.cpu() if isinstance(d, torch.Tensor) else d)
+
+    def numpy(self):
+        d = self._data
+        return type(self)(d.detach().cpu().numpy() if isinstance(d, torch.Tensor) else d)
+
+    def to(self, *args: Any, **kwargs: Any):
+        """Move/cast the map like ``torch.Tensor.to`` (numpy data becomes a tensor first)."""
+        d = self._data
+        if isinstance(d, np.ndarray):
+            d = torch.from_numpy(np.ascontiguousarray(d))
+        return type(self)(d.to(*args, **kwargs))
+
+
 class Boxes:
     """Detections of one image: ``data`` is (n, 6) ``x1, y1, x2, y2, conf, cls`` in pixels.
 

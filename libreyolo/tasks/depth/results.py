@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw
 
-from ...results import _font
+from ...results import PixelMap, _font
 
 __all__ = ["DepthMap", "DEFAULT_CMAP", "colormap_lut"]
 
@@ -31,7 +31,7 @@ def colormap_lut(cmap: str) -> np.ndarray:
     return np.rint(cm(np.linspace(0.0, 1.0, 256))[:, :3] * 255).astype(np.uint8)
 
 
-class DepthMap:
+class DepthMap(PixelMap):
     """Relative depth of one image: ``data`` is the (H, W) float map at the original image's
     resolution (a torch tensor on any device, or a numpy array after :meth:`numpy`).
 
@@ -42,27 +42,9 @@ class DepthMap:
     the map's min..max stretched to 0..65535).
     """
 
-    def __init__(self, data: torch.Tensor | np.ndarray):
-        if not isinstance(data, (torch.Tensor, np.ndarray)):
-            raise TypeError(f"DepthMap data must be a torch tensor or numpy array, got {type(data).__name__}")
-        if data.ndim != 2:
-            raise ValueError(f"DepthMap data must be an (H, W) map, got shape {tuple(data.shape)}")
-        is_float = data.dtype.is_floating_point if isinstance(data, torch.Tensor) else data.dtype.kind == "f"
-        if not is_float:
+    def _check_dtype(self, data: torch.Tensor | np.ndarray) -> None:
+        if not self._is_float(data):
             raise ValueError(f"DepthMap data must be floating point, got dtype {data.dtype}")
-        self._data = data
-
-    # ---- fields --------------------------------------------------------------------------------
-    @property
-    def data(self) -> torch.Tensor | np.ndarray:
-        """The (H, W) relative inverse depth."""
-        return self._data
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return tuple(int(v) for v in self._data.shape)
-
-    orig_shape = shape
 
     def _host(self) -> np.ndarray:
         d = self._data
@@ -80,22 +62,6 @@ class DepthMap:
     @property
     def mean(self) -> float:
         return float(self._data.float().mean() if isinstance(self._data, torch.Tensor) else self._data.mean())
-
-    # ---- conversions ---------------------------------------------------------------------------
-    def cpu(self) -> "DepthMap":
-        d = self._data
-        return DepthMap(d.cpu() if isinstance(d, torch.Tensor) else d)
-
-    def numpy(self) -> "DepthMap":
-        d = self._data
-        return DepthMap(d.detach().cpu().numpy() if isinstance(d, torch.Tensor) else d)
-
-    def to(self, *args: Any, **kwargs: Any) -> "DepthMap":
-        """Move/cast the map like ``torch.Tensor.to`` (numpy data becomes a tensor first)."""
-        d = self._data
-        if isinstance(d, np.ndarray):
-            d = torch.from_numpy(np.ascontiguousarray(d))
-        return DepthMap(d.to(*args, **kwargs))
 
     def __repr__(self) -> str:
         where = f"tensor on {self._data.device}" if isinstance(self._data, torch.Tensor) else "numpy"

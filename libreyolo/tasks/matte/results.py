@@ -6,6 +6,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from ...results import PixelMap
+
 __all__ = ["Alpha", "checkerboard"]
 
 
@@ -20,7 +22,7 @@ def checkerboard(h: int, w: int, cell: int | None = None) -> np.ndarray:
     return out
 
 
-class Alpha:
+class Alpha(PixelMap):
     """Foreground opacity of one image: ``data`` is the (H, W) alpha in [0, 1] at the original
     image's resolution (a float torch tensor on any device, or a numpy array after :meth:`numpy`).
 
@@ -29,49 +31,15 @@ class Alpha:
     checkerboard (what ``Results.plot`` shows), :meth:`summary` the foreground fraction.
     """
 
-    def __init__(self, data: torch.Tensor | np.ndarray):
-        if not isinstance(data, (torch.Tensor, np.ndarray)):
-            raise TypeError(f"Alpha data must be a torch tensor or numpy array, got {type(data).__name__}")
-        if data.ndim != 2:
-            raise ValueError(f"Alpha data must be an (H, W) map, got shape {tuple(data.shape)}")
-        is_float = data.dtype.is_floating_point if isinstance(data, torch.Tensor) else data.dtype.kind == "f"
-        if not is_float:
+    def _check_dtype(self, data: torch.Tensor | np.ndarray) -> None:
+        if not self._is_float(data):
             raise ValueError(f"Alpha data must be floating point in [0, 1], got dtype {data.dtype}")
-        self._data = data
-
-    # ---- fields --------------------------------------------------------------------------------
-    @property
-    def data(self) -> torch.Tensor | np.ndarray:
-        """The (H, W) alpha in [0, 1]."""
-        return self._data
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return tuple(int(v) for v in self._data.shape)
-
-    orig_shape = shape
 
     def mask(self, threshold: float = 0.5) -> torch.Tensor | np.ndarray:
         """(H, W) bool foreground map: alpha > ``threshold``."""
         if not 0.0 <= float(threshold) < 1.0:
             raise ValueError(f"threshold must be in [0, 1), got {threshold}")
         return self._data > float(threshold)
-
-    # ---- conversions ---------------------------------------------------------------------------
-    def cpu(self) -> "Alpha":
-        d = self._data
-        return Alpha(d.cpu() if isinstance(d, torch.Tensor) else d)
-
-    def numpy(self) -> "Alpha":
-        d = self._data
-        return Alpha(d.detach().cpu().numpy() if isinstance(d, torch.Tensor) else d)
-
-    def to(self, *args: Any, **kwargs: Any) -> "Alpha":
-        """Move/cast the alpha like ``torch.Tensor.to`` (numpy data becomes a tensor first)."""
-        d = self._data
-        if isinstance(d, np.ndarray):
-            d = torch.from_numpy(np.ascontiguousarray(d))
-        return Alpha(d.to(*args, **kwargs))
 
     def _host(self) -> np.ndarray:
         d = self._data

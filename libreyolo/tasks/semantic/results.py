@@ -7,12 +7,12 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw
 
-from ...results import _font, class_color
+from ...results import PixelMap, _font, class_color
 
 __all__ = ["SemanticMask"]
 
 
-class SemanticMask:
+class SemanticMask(PixelMap):
     """Per-pixel classes of one image: ``data`` is the (H, W) class map at the original image's
     resolution (an integer torch tensor on any device, or a numpy array after :meth:`numpy`).
 
@@ -21,29 +21,17 @@ class SemanticMask:
     lists the classes present with their area.
     """
 
+    WHAT = "class map"
+
     def __init__(self, data: torch.Tensor | np.ndarray):
-        if not isinstance(data, (torch.Tensor, np.ndarray)):
-            raise TypeError(f"SemanticMask data must be a torch tensor or numpy array, got {type(data).__name__}")
-        if data.ndim != 2:
-            raise ValueError(f"SemanticMask data must be an (H, W) class map, got shape {tuple(data.shape)}")
+        super().__init__(data)
+        self._counts: dict[int, int] | None = None
+
+    def _check_dtype(self, data: torch.Tensor | np.ndarray) -> None:
         is_int = (not data.dtype.is_floating_point and data.dtype != torch.bool) if isinstance(data, torch.Tensor) \
             else data.dtype.kind in "iu"
         if not is_int:
             raise ValueError(f"SemanticMask data must hold integer class ids, got dtype {data.dtype}")
-        self._data = data
-        self._counts: dict[int, int] | None = None
-
-    # ---- fields --------------------------------------------------------------------------------
-    @property
-    def data(self) -> torch.Tensor | np.ndarray:
-        """The (H, W) class map."""
-        return self._data
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return tuple(int(v) for v in self._data.shape)
-
-    orig_shape = shape
 
     @property
     def counts(self) -> dict[int, int]:
@@ -64,22 +52,6 @@ class SemanticMask:
         """Fraction of the image per class present (class id -> fraction; they sum to 1)."""
         total = max(1, self.shape[0] * self.shape[1])
         return {k: n / total for k, n in self.counts.items()}
-
-    # ---- conversions ---------------------------------------------------------------------------
-    def cpu(self) -> "SemanticMask":
-        d = self._data
-        return SemanticMask(d.cpu() if isinstance(d, torch.Tensor) else d)
-
-    def numpy(self) -> "SemanticMask":
-        d = self._data
-        return SemanticMask(d.detach().cpu().numpy() if isinstance(d, torch.Tensor) else d)
-
-    def to(self, *args: Any, **kwargs: Any) -> "SemanticMask":
-        """Move/cast the class map like ``torch.Tensor.to`` (numpy data becomes a tensor first)."""
-        d = self._data
-        if isinstance(d, np.ndarray):
-            d = torch.from_numpy(np.ascontiguousarray(d))
-        return SemanticMask(d.to(*args, **kwargs))
 
     def _host(self) -> np.ndarray:
         d = self._data
