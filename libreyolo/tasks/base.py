@@ -23,6 +23,21 @@ from typing import Any, Callable, ClassVar, Sequence
 import torch
 
 
+def host_views(maps: Sequence[torch.Tensor], download: Callable[[torch.Tensor], torch.Tensor] | None = None
+               ) -> list[torch.Tensor]:
+    """Per-image device maps (each its own shape) -> the same maps on the host, through one copy
+    of all of them (one transfer, one synchronization per chunk instead of one per image).
+    ``download`` does the copy (default ``.cpu()``; depth passes its pinned-memory download)."""
+    flat = torch.cat([m.reshape(-1) for m in maps]) if len(maps) > 1 else maps[0].reshape(-1)
+    host = download(flat) if download is not None else flat.cpu()
+    out, start = [], 0
+    for m in maps:
+        n = m.numel()
+        out.append(host[start:start + n].view(m.shape))
+        start += n
+    return out
+
+
 class Evaluator:
     """Accumulates a validation split: ``reset()``, ``process(outputs, batch)`` per batch (the
     model's ``infer`` outputs on the device and the loader's CPU batch), then ``evaluate()``."""

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..base import Evaluator, PredictPlan, Task, TaskOptions
+from ..base import Evaluator, PredictPlan, Task, TaskOptions, host_views
 from .results import DepthMap
 
 
@@ -84,14 +84,8 @@ class DepthPlan(PredictPlan):
         m = self.model
         maps = [resize_depth(out[i:i + 1], int(it.image.shape[0]), int(it.image.shape[1]))[0]
                 for i, it in enumerate(chunk)]
-        host = download(torch.cat([d.reshape(-1) for d in maps]) if len(maps) > 1 else maps[0].reshape(-1))
-        results, start = [], 0
-        for it, d in zip(chunk, maps):
-            n = d.numel()
-            data = host[start:start + n].view(d.shape)
-            start += n
-            results.append(Results(it.image, it.name, m.names, None, speed=dict(speed), depth=DepthMap(data)))
-        return results
+        return [Results(it.image, it.name, m.names, None, speed=dict(speed), depth=DepthMap(data))
+                for it, data in zip(chunk, host_views(maps, download))]
 
 
 # --------------------------------------------------------------------------------------------------

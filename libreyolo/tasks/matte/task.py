@@ -15,10 +15,9 @@ trains none of them either).
 """
 from __future__ import annotations
 
-import torch
 import torch.nn.functional as F
 
-from ..base import PredictPlan, Task
+from ..base import PredictPlan, Task, host_views
 
 LETTERBOX_MODES = ("topleft", "center", "stretch")
 
@@ -50,14 +49,8 @@ class MattePlan(PredictPlan):
             if tuple(a.shape[-2:]) != (h, w):
                 a = F.interpolate(a, size=(h, w), mode="bilinear", align_corners=False)
             maps.append(a.reshape(h, w))   # bilinear weights are convex: still in [0, 1]
-        host = torch.cat([a.reshape(-1) for a in maps]).cpu() if len(maps) > 1 else maps[0].reshape(-1).cpu()
-        results, start = [], 0
-        for it, a in zip(chunk, maps):
-            n = a.numel()
-            data = host[start:start + n].view(a.shape)
-            start += n
-            results.append(Results(it.image, it.name, m.names, None, speed=dict(speed), alpha=Alpha(data)))
-        return results
+        return [Results(it.image, it.name, m.names, None, speed=dict(speed), alpha=Alpha(data))
+                for it, data in zip(chunk, host_views(maps))]
 
 
 class MatteTask(Task):

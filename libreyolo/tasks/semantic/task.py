@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..base import PredictPlan, Task, TaskOptions
+from ..base import PredictPlan, Task, TaskOptions, host_views
 from .maps import IGNORE, check_resize
 from .metrics import SemanticEvaluator
 
@@ -93,14 +93,8 @@ class SemanticPlan(PredictPlan):
                 p = letterbox_params(h, w, size, mode)
                 cls = cls[p.pad_y:p.pad_y + p.new_h, p.pad_x:p.pad_x + p.new_w]
             maps.append(resize_nearest(cls, h, w))
-        host = torch.cat([c.reshape(-1) for c in maps]).cpu() if len(maps) > 1 else maps[0].reshape(-1).cpu()
-        results, start = [], 0
-        for it, c in zip(chunk, maps):
-            n = c.numel()
-            data = host[start:start + n].view(c.shape)
-            start += n
-            results.append(Results(it.image, it.name, m.names, None, speed=dict(speed), masks=SemanticMask(data)))
-        return results
+        return [Results(it.image, it.name, m.names, None, speed=dict(speed), masks=SemanticMask(data))
+                for it, data in zip(chunk, host_views(maps))]
 
 
 class SemanticTask(Task):
