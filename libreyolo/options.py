@@ -255,6 +255,16 @@ _AMP_FP16 = ("fp16", "float16", "half")
 _AMP_BF16 = ("bf16", "bfloat16")
 
 
+def parse_cache(value: Any) -> str | bool:
+    """``cache``: False (and the false spellings), "ram" (True means it) or "disk"."""
+    if isinstance(value, str) and value.strip().lower() in ("ram", "disk"):
+        return value.strip().lower()
+    try:
+        return "ram" if parse_bool("cache", value) else False
+    except OptionError:
+        raise OptionError(f"cache must be ram, disk or false, got {value!r}") from None
+
+
 def parse_amp(value: Any, family_default: Any = AMP_FAMILY_DEFAULT) -> Any:
     """The autocast dtype ``amp`` asks for: None (off), ``torch.float16`` or ``torch.bfloat16``.
 

@@ -140,17 +140,6 @@ class TrainConfig:
         return {**asdict(self.run), **asdict(self.optim), **asdict(self.graph), **asdict(self.task)}
 
 
-def parse_cache(value: Any) -> str | bool:
-    """``cache``: False (and the false spellings), "ram" (True means it) or "disk"."""
-    from ..options import OptionError, parse_bool
-    if isinstance(value, str) and value.strip().lower() in ("ram", "disk"):
-        return value.strip().lower()
-    try:
-        return "ram" if parse_bool("cache", value) else False
-    except OptionError:
-        raise OptionError(f"cache must be ram, disk or false, got {value!r}") from None
-
-
 def default_workers(device: torch.device) -> int:
     """DataLoader workers when ``workers`` is not given: on CUDA as many as keep a graphed step fed
     (up to 8, one core left for the main process); on the CPU at most 2, since workers there
@@ -331,7 +320,7 @@ def check_config(cfg: TrainConfig, stride: int) -> None:
     """Validate every option once, before anything is loaded; canonical values in place. The
     image size is rounded up to the model's stride with one warning, as predict does."""
     from ..options import (OptionError, check_choice, check_float, check_fraction, check_imgsz, check_int, parse_amp,
-                           parse_bool, parse_freeze, parse_loggers)
+                           parse_bool, parse_cache, parse_freeze, parse_loggers)
     r, o, g = cfg.run, cfg.optim, cfg.graph
     r.epochs = check_int("epochs", r.epochs, 1)
     r.batch = check_int("batch", r.batch, 1)
