@@ -401,6 +401,7 @@ class Trainer:
         common = dict(num_workers=workers, pin_memory=pin, collate_fn=collate, persistent_workers=workers > 0)
         batch = cfg.run.batch
         self.epoch_seeded = EpochSeeded(self.train_set, cfg.run.seed)
+        self._loader_started = False   # a persistent loader draws its workers' base seed once, when it starts
         train = torch.utils.data.DataLoader(self.epoch_seeded, batch_size=batch, shuffle=True,
                                             generator=self.loader_gen,
                                             drop_last=len(self.train_set) > batch, **common)
@@ -652,7 +653,7 @@ class Trainer:
         """One epoch over the training set; returns the mean loss items."""
         cfg, nb = self.cfg, self.nb
         self.loader_gen.manual_seed(cfg.run.seed + epoch)
-        if self.train_loader.persistent_workers and getattr(self, "_loader_started", False):
+        if self.train_loader.persistent_workers and self._loader_started:
             # a loader draws its workers' base seed from the generator before the shuffle, and a
             # persistent one only when it starts: the same draw here keeps every epoch's order the
             # one a freshly started loader gives (so a resumed run shuffles as an uninterrupted one)
