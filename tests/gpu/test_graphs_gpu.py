@@ -274,14 +274,18 @@ def test_pinned_uploads_arrive_intact_and_equal_direct(images):
     p = model._get_predictor()
     frames = [np.ascontiguousarray(np.roll(images[0], 101 * i, axis=0)) for i in range(6)]
     key = (tuple(frames[0].shape), torch.uint8)
-    for _ in range(2):  # first six fresh buffers, then the same six again from the free list
-        torch.cuda._sleep(20_000_000)  # keep the stream busy (~10 ms) so that the uploads queue behind it
-        ups = [p._upload(f) for f in frames]
-        assert not p._local.free.get(key) and len(p._local.busy) == 6
-        assert all(torch.equal(u.cpu(), torch.from_numpy(f)) for u, f in zip(ups, frames))
-        p._release_staging()
-        assert len(p._local.free[key]) == 6 and not p._local.busy
     results, default = {}, Predictor.STAGE_MIN_THREADS
+    Predictor.STAGE_MIN_THREADS = 1   # the staging path whatever torch's thread count in this worker
+    try:
+        for _ in range(2):  # first six fresh buffers, then the same six again from the free list
+            torch.cuda._sleep(20_000_000)  # keep the stream busy (~10 ms) so that the uploads queue behind it
+            ups = [p._upload(f) for f in frames]
+            assert not p._local.free.get(key) and len(p._local.busy) == 6
+            assert all(torch.equal(u.cpu(), torch.from_numpy(f)) for u, f in zip(ups, frames))
+            p._release_staging()
+            assert len(p._local.free[key]) == 6 and not p._local.busy
+    finally:
+        Predictor.STAGE_MIN_THREADS = default
     for name, min_threads in (("pinned", 1), ("direct", 1 << 30)):
         Predictor.STAGE_MIN_THREADS = min_threads
         try:

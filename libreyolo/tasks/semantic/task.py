@@ -57,12 +57,17 @@ class SemanticOptions(TaskOptions):
 class SemanticLoss(nn.Module):
     """Cross-entropy of (B, nc, S, S) logits against (B, S, S) int64 masks, averaged over the
     pixels that are not :data:`~.data.IGNORE` (a batch with none gives 0, not NaN). The
-    division is by a device tensor: no host synchronisation, graph-safe."""
+    division is by a device tensor: no host synchronisation, graph-safe.
+
+    The per-pixel losses are summed by ``Tensor.sum`` rather than by the loss's own
+    ``reduction="sum"``: on CUDA that reduction (``nll_loss2d``) accumulates with atomics, so
+    its result changes from run to run and a captured step could never equal eager bit for bit;
+    a tensor sum is reduced in a fixed order."""
 
     item_names = ("ce",)
 
     def forward(self, logits: torch.Tensor, masks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        total = F.cross_entropy(logits.float(), masks, ignore_index=IGNORE, reduction="sum")
+        total = F.cross_entropy(logits.float(), masks, ignore_index=IGNORE, reduction="none").sum()
         loss = total / (masks != IGNORE).sum().clamp_min(1)
         return loss, loss.detach().reshape(1)
 
