@@ -2,12 +2,16 @@
 ``libreyolo/assets/fast_contract.json`` holds and the library checks before it runs
 ``precision="fp16"``/``"bf16"`` or ``fast=True`` (libreyolo/engine/fastpath.py).
 
-Per family, on weights trained briefly on the built-in shapes set (``--weights trained``, the
-default; ``redraw`` uses verify's seeded re-draw instead and measures no mAP):
+Per family, on weights trained briefly on the demo's built-in shapes (the ``easy`` style of
+``libreyolo demo``, trained with the demo's recipe - AdamW, the nominal batch equal to the batch,
+mosaic closed for the last third - so that a minute of training detects; ``--weights trained``,
+the default; ``redraw`` uses verify's seeded re-draw instead and measures no mAP):
 
 (a) the half and fast paths' own parity: the graph of the network stage and of the whole predict
     stage (uint8 in, post-processing included) replayed on two probe distributions must equal the
-    same path run eagerly, bit for bit, and must not be stale (engine/verify.py: verify_half);
+    same path run eagerly, bit for bit, and must not be stale (engine/verify.py: verify_half). It
+    runs on verify's seeded re-draw of an untrained twin: a trained detector finds nothing in the
+    protocol's noise probes, so its two probes would give the same (empty) output and prove nothing;
 (b) against fp32 eager, on real images (libreyolo.SAMPLE_IMAGE, resized, rotated) and synthetic
     ones (the shapes validation images): the rate of fp32 detections (score >= --score) matched by
     a detection of the half path of the same class at IoU >= 0.95, the p99 of the matched pairs'
@@ -37,6 +41,7 @@ import torch
 from PIL import Image
 
 from libreyolo import SAMPLE_IMAGE, LibreYOLO
+from libreyolo.cli import DEMO_DATA, demo_train_args
 from libreyolo.engine import fastpath
 from libreyolo.engine.fastpath import CONTRACT, arm_name, match_detections, measuring, violations
 from libreyolo.engine.verify import input_sensitive, verify_half
@@ -73,14 +78,19 @@ def measure_family(fam: str, size: str, args, data) -> dict:
     cuda = args.device == "cuda"
     m = LibreYOLO.new(fam, size, nc=data.nc, names=data.names, device=args.device, seed=0)
     out: dict = {"family": fam, "size": size, "weights": args.weights}
+    twin = input_sensitive(LibreYOLO.new(fam, size, nc=data.nc, names=data.names, device=args.device, seed=0))
     if args.weights == "trained":
         with tempfile.TemporaryDirectory() as tmp:
-            tr = m.train(data="shapes", epochs=args.epochs, imgsz=args.imgsz, batch=args.batch, project=tmp,
-                         name="c", exist_ok=True, workers=2, verbose=False)
+            opts = {"epochs": args.epochs, "imgsz": args.imgsz, "batch": args.batch, "optimizer": "AdamW",
+                    "lr0": args.lr0, "close_mosaic": None, "workers": 4, "project": tmp, "seed": 0}
+            kw = demo_train_args(opts)
+            if getattr(m, "TRAIN_DEFAULTS", {}).get("optimizer") == "AdamW":
+                kw.pop("lr0")   # the DETR line keeps its own AdamW rate (the demo's suits the YOLOs)
+            tr = m.train(data=args.data_yaml, verbose=False, cuda_graph=cuda and m.SUPPORTS_CUDA_GRAPH_TRAIN, **kw)
         out["train_s"] = tr["time_s"]
         out["fp32_val_map50_95"] = tr.get("map50_95")
     else:
-        m = input_sensitive(m)
+        m = twin
     images = real_images() + [np.asarray(Image.open(s.image).convert("RGB")) for s in data.val[:args.synthetic]]
     kw = dict(imgsz=args.imgsz, conf=args.conf, max_det=300)
     ref = m.predict(images, cuda_graph=False, **kw)
@@ -96,7 +106,7 @@ def measure_family(fam: str, size: str, args, data) -> dict:
                 with measuring():
                     if cuda:   # the parity protocol needs CUDA graphs; the CPU smoke run skips it
                         # batch 1 only: every call below is batch 1, so one compiled shape per arm
-                        par = verify_half(m, args.imgsz, (1,), (480, 640), (precision,), fast)
+                        par = verify_half(twin, args.imgsz, (1,), (480, 640), (precision,), fast)
                         fig["graph_bitwise"] = all(r.passed for r in par)
                         fig["parity"] = [r.as_dict() for r in par]
                     got = m.predict(images, cuda_graph=cuda, precision=precision, fast=fast, **kw)
@@ -123,6 +133,7 @@ def measure_family(fam: str, size: str, args, data) -> dict:
                        compile_mode=fastpath.COMPILE_MODE if fast else None)
             out["arms"][arm] = fig
             m.release_graphs()
+            twin.release_graphs()
     out["seconds"] = time.perf_counter() - t0
     torch._dynamo.reset()
     return out
@@ -153,8 +164,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--families", nargs="*", default=[f for f, _ in FAMILIES])
     ap.add_argument("--precisions", nargs="*", default=["fp16"], choices=["fp16", "bf16"])
     ap.add_argument("--weights", choices=["trained", "redraw"], default="trained")
-    ap.add_argument("--epochs", type=int, default=10)
-    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--epochs", type=int, default=30)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--lr0", type=float, default=0.002, help="AdamW rate of the YOLO families (the demo's)")
     ap.add_argument("--imgsz", type=int, default=320)
     ap.add_argument("--conf", type=float, default=0.05, help="predict threshold of both paths")
     ap.add_argument("--score", type=float, default=0.1, help="fp32 detections at or above this must be matched")
@@ -179,7 +191,9 @@ def main(argv: list[str]) -> int:
         return 2
     logging.getLogger("libreyolo").setLevel(logging.WARNING)
     from libreyolo.data.datasets import resolve_data
-    data = resolve_data("shapes")
+    from libreyolo.data.synthetic import make_shapes_dataset
+    args.data_yaml = str(make_shapes_dataset(**DEMO_DATA))
+    data = resolve_data(args.data_yaml)
     sizes = dict(FAMILIES)
     rows = []
     for fam in args.families:
