@@ -192,7 +192,8 @@ def test_graph_keys_distinct_per_precision(image):
     assert [g["stage"] for g in m.graph_info()["graphs"]] == [s for s in stages if "'bf16'" in s]
 
 
-def test_capture_graph_precision(image):
+def test_capture_graph_precision(image, tmp_path, monkeypatch):
+    monkeypatch.setattr(fastpath, "TABLE_PATH", tmp_path / "none.json")   # outside measuring(): refused
     m = input_sensitive(LibreYOLO.new("yolox", "n", nc=3, device="cpu", seed=0))
     m._runner.capturer = StandInCapturer()
     with measuring():
