@@ -163,9 +163,7 @@ GRAPH_PENDING = {
 # Families whose training capture is built but not declared (SUPPORTS_CUDA_GRAPH_TRAIN False): the
 # GPU training rows of tests/gpu/test_tasks_gpu.py run for them too, what fails marked
 # xfail(strict=True) - a pass says the flag can be declared. Family -> why it is not yet.
-TRAIN_PENDING = {
-    "segformer": "the fp32 step-0 loss was not bitwise equal to eager (docs/families.md, Semantic segmentation)",
-}
+TRAIN_PENDING: dict[str, str] = {}
 # (family, size) exported to ONNX and compared with eager predict through onnxruntime on the CPU
 # (tests/unit/test_export_onnx.py): every family, in every run (each costs 5-25 s of export on
 # two cores); scripts/onnx_parity.py prints the table of all.
