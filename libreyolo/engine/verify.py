@@ -33,6 +33,12 @@ def input_sensitive(model, seed: int = 0):
     outputs and the protocol would prove nothing. The copy gets well-scaled weights:
     N(0, 1/fan_in) for kernels, BatchNorm scale 1 + N(0, 0.01), statistics mean N(0, 0.01)
     and variance U(0.5, 1.5), small biases - every output then depends on the input.
+
+    A family whose blocks add several such branches (``REDRAW_CALIBRATE``: PP-OCR's
+    re-parameterizable convolutions) grows its activations block after block until they
+    overflow float16 - its AMP probes then compare NaN with NaN, which never equal. For those
+    the copy's convolutions and linear layers are then rescaled on a calibration pass
+    (:func:`unit_activations`), as layer-sequential unit-variance initialization does.
     """
     if model.trained:
         return model
@@ -55,7 +61,35 @@ def input_sensitive(model, seed: int = 0):
             else:
                 v = 0.1 * torch.randn(shape, generator=g)
             t.copy_(v.to(t))
+    if getattr(model, "REDRAW_CALIBRATE", False):
+        with unit_activations(twin.model):
+            twin.calibration_pass(torch.Generator().manual_seed(seed + 1))
     return twin
+
+
+@contextlib.contextmanager
+def unit_activations(net: torch.nn.Module):
+    """While active, every forward of a Conv2d / Linear of ``net`` (in eval mode, no grad)
+    divides its weight and bias by the standard deviation of its output, and the output with
+    them: after one pass each layer's output has unit spread on the calibration input."""
+    def hook(mod, args, out):
+        std = out.float().std()
+        if torch.isfinite(std) and std > 0:
+            mod.weight.div_(std)
+            if mod.bias is not None:
+                mod.bias.div_(std)
+            return out / std
+        return out
+    handles = [m.register_forward_hook(hook) for m in net.modules() if isinstance(m, (torch.nn.Conv2d, torch.nn.Linear))]
+    was = net.training
+    try:
+        with torch.no_grad():
+            net.eval()
+            yield
+    finally:
+        net.train(was)
+        for h in handles:
+            h.remove()
 
 
 def check_seam(name: str, whole: Callable[..., Any], front: Callable[..., Any], back: Callable[..., Any],

@@ -116,6 +116,17 @@ class PPOCR(Model):
         x = torch.where(cols < widths.view(-1, 1, 1, 1), x, torch.zeros((), device=x.device))
         return self.model.rec(x).float()
 
+    #: verify's re-drawn probe weights are rescaled on a calibration pass (engine/verify.py:
+    #: input_sensitive): the summed branches of the re-parameterizable blocks overflow float16
+    REDRAW_CALIBRATE = True
+
+    def calibration_pass(self, g: torch.Generator) -> None:
+        """One forward of each sub-network on random inputs (``input_sensitive``'s calibration)."""
+        s = int(self.imgsz)
+        self.infer(torch.rand(1, 3, s, s, generator=g).to(self.device))
+        crops = torch.randint(0, 256, (2, 48, 320, 3), generator=g, dtype=torch.uint8).to(self.device)
+        self.infer_rec(crops, torch.tensor([320, 200], device=self.device))
+
     def checkpoint_of(self, net: nn.Module) -> dict:
         ckpt = super().checkpoint_of(net)
         ckpt.setdefault("charset", list(self.charset))
