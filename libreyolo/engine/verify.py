@@ -61,7 +61,7 @@ def input_sensitive(model, seed: int = 0):
             else:
                 v = 0.1 * torch.randn(shape, generator=g)
             t.copy_(v.to(t))
-    if getattr(model, "REDRAW_CALIBRATE", False):
+    if model.REDRAW_CALIBRATE:
         with unit_activations(twin.model):
             twin.calibration_pass(torch.Generator().manual_seed(seed + 1))
     return twin

@@ -75,6 +75,9 @@ class Model:
     #: that is not bitwise capturable, shown by a GPU test; ``SUPPORTS_CUDA_GRAPH`` then vouches
     #: for the front part
     PREDICT_SEAM: ClassVar[bool] = False
+    #: the parity protocol's re-drawn probe weights are rescaled to unit activations on a
+    #: calibration pass (:meth:`calibration_pass`; engine/verify.py: input_sensitive)
+    REDRAW_CALIBRATE: ClassVar[bool] = False
     STRIDE: ClassVar[int] = 32
     DEFAULT_IMGSZ: ClassVar[int] = 640
     UNSUPPORTED_REASON: ClassVar[str | None] = None

@@ -116,8 +116,8 @@ class PPOCR(Model):
         x = torch.where(cols < widths.view(-1, 1, 1, 1), x, torch.zeros((), device=x.device))
         return self.model.rec(x).float()
 
-    #: verify's re-drawn probe weights are rescaled on a calibration pass (engine/verify.py:
-    #: input_sensitive): the summed branches of the re-parameterizable blocks overflow float16
+    #: the summed branches of the re-parameterizable blocks grow re-drawn weights' activations past
+    #: float16's range: verify's probe weights are calibrated (engine/verify.py: input_sensitive)
     REDRAW_CALIBRATE = True
 
     def calibration_pass(self, g: torch.Generator) -> None:
