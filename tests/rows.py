@@ -157,9 +157,7 @@ OCR_GRAPH_MODELS = [
 # Families whose capture is built but not proven: their GPU rows still run (with the declaration set
 # on the test's model instance only), and what fails today is marked xfail(strict=True), so the day
 # it passes the suite says so and the family can declare SUPPORTS_CUDA_GRAPH. Family -> why.
-GRAPH_PENDING = {
-    "ppocr": "float16-autocast replays differ from eager (session 7 run 3; docs/families.md, OCR)",
-}
+GRAPH_PENDING: dict[str, str] = {}
 # Families whose training capture is built but not declared (SUPPORTS_CUDA_GRAPH_TRAIN False): the
 # GPU training rows of tests/gpu/test_tasks_gpu.py run for them too, what fails marked
 # xfail(strict=True) - a pass says the flag can be declared. Family -> why it is not yet.

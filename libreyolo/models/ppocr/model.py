@@ -33,6 +33,9 @@ class PPOCR(Model):
 
     FAMILY = "ppocr"
     TASK = "ocr"
+    # Declared once the GPU parity protocol passed on both stages (fp32 and float16 autocast,
+    # batch 1 and 8; recognition at every bucket width): see docs/families.md, OCR.
+    SUPPORTS_CUDA_GRAPH = True
     SIZES = tuple(CONFIGS)
     FILE_PREFIX = "LibrePPOCR"   # the LibreYOLO checkpoint names: LibrePPOCRt-ocr.pt
     DEFAULT_IMGSZ = 960          # PP-OCR's detection side limit
