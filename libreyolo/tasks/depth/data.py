@@ -33,16 +33,7 @@ from PIL import Image
 from torchvision.transforms import v2
 
 from ...data.datasets import _parallel, _Problems
-from ...data.paired import (
-    label_dirs,
-    mirror_images,
-    pair_images,
-    read_spec,
-    resolve_data_arg,
-    spec_root,
-    split_images,
-    under,
-)
+from ...data import paired
 from ...data.sources import decode_image
 from ...ops.letterbox import letterbox
 from ..semantic.maps import resize_nearest
@@ -90,7 +81,7 @@ def resolve_depth_data(data: Any) -> DepthData:
     """
     if isinstance(data, DepthData):
         return data
-    return resolve_data_arg(data, "shapes-depth", _make_builtin, _resolve_yaml, "depth dataset")
+    return paired.resolve_data_arg(data, "shapes-depth", _make_builtin, _resolve_yaml, "depth dataset")
 
 
 def _make_builtin() -> Path:
@@ -101,7 +92,7 @@ def _make_builtin() -> Path:
 def target_path_for(image: Path) -> Path | None:
     """The default map of ``image``: its last ``images`` folder becomes ``depth``, suffix ``.npy``
     if that file exists, else ``.png`` (None when the path has no ``images`` folder)."""
-    base = mirror_images(image, "depth")
+    base = paired.mirror_images(image, "depth")
     return None if base is None else _npy_or_png(base)
 
 
@@ -111,20 +102,21 @@ def _npy_or_png(base: Path) -> Path:
 
 
 def _resolve_yaml(yaml_path: Path) -> DepthData:
-    yaml_path, spec = read_spec(yaml_path, "path/train/val")
+    yaml_path, spec = paired.read_spec(yaml_path, "path/train/val")
     target = spec.get("target", "depth")
     if target not in TARGETS:
         raise ValueError(f"{yaml_path}: 'target' must be one of {', '.join(TARGETS)}, got {target!r}")
     scale = spec.get("png_scale", DEFAULT_PNG_SCALE)
     if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0:
         raise ValueError(f"{yaml_path}: 'png_scale' must be a number > 0, got {scale!r}")
-    root = spec_root(yaml_path, spec)
-    dirs = label_dirs(yaml_path, spec, "depth")
+    root = paired.spec_root(yaml_path, spec)
+    dirs = paired.label_dirs(yaml_path, spec, "depth")
     splits = {}
     for split in ("train", "val"):
-        img_dir, images = split_images(yaml_path, root, spec[split], split)
-        map_dir = under(root, dirs[split]) if split in dirs else None
-        pairs = pair_images(yaml_path, img_dir, images, split, map_dir, "depth", "depth maps", "<folder>", _npy_or_png)
+        img_dir, images = paired.split_images(yaml_path, root, spec[split], split)
+        map_dir = paired.under(root, dirs[split]) if split in dirs else None
+        pairs = paired.pair_images(yaml_path, img_dir, images, split, map_dir, "depth", "depth maps", "<folder>",
+                                   _npy_or_png)
         splits[split] = [DepthSample(p, t) for p, t in pairs]
     log.info("libreyolo: %s: %d train and %d val images, target %s", yaml_path, len(splits["train"]),
              len(splits["val"]), target)

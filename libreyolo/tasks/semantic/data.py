@@ -46,16 +46,7 @@ from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as TF
 
 from ...data.datasets import _exif_orientation, _names_from_spec, _parallel, _Problems
-from ...data.paired import (
-    label_dirs,
-    mirror_images,
-    pair_images,
-    read_spec,
-    resolve_data_arg,
-    spec_root,
-    split_images,
-    under,
-)
+from ...data import paired
 from ...data.sources import _decode_file
 from ...ops.letterbox import PAD_VALUE, letterbox, letterbox_params
 from .maps import IGNORE, check_resize, letterbox_mask, resize_nearest
@@ -104,7 +95,7 @@ def resolve_semantic_data(data: Any) -> SemanticData:
     """
     if isinstance(data, SemanticData):
         return data
-    return resolve_data_arg(data, "shapes-seg", _make_builtin, _resolve_yaml, "segmentation dataset")
+    return paired.resolve_data_arg(data, "shapes-seg", _make_builtin, _resolve_yaml, "segmentation dataset")
 
 
 def _make_builtin() -> Path:
@@ -115,7 +106,7 @@ def _make_builtin() -> Path:
 def mask_path_for(image: Path) -> Path | None:
     """The default mask of ``image``: its last ``images`` folder becomes ``masks``, suffix ``.png``
     (None when the path has no ``images`` folder)."""
-    base = mirror_images(image, "masks")
+    base = paired.mirror_images(image, "masks")
     return None if base is None else _png(base)
 
 
@@ -124,8 +115,8 @@ def _png(base: Path) -> Path:
 
 
 def _resolve_yaml(yaml_path: Path) -> SemanticData:
-    yaml_path, spec = read_spec(yaml_path, "path/train/val/names")
-    root = spec_root(yaml_path, spec)
+    yaml_path, spec = paired.read_spec(yaml_path, "path/train/val/names")
+    root = paired.spec_root(yaml_path, spec)
     nc, names = _names_from_spec(yaml_path, spec)
     if nc is None:
         raise ValueError(f"{yaml_path}: give 'names' (a list or {{id: name}}) or 'nc'")
@@ -136,19 +127,20 @@ def _resolve_yaml(yaml_path: Path) -> SemanticData:
         raise ValueError(f"{yaml_path}: 'ignore_index' must be a non-negative integer, got {ignore!r}")
     if ignore < nc:
         raise ValueError(f"{yaml_path}: ignore_index {ignore} is a class id (nc={nc}); use a value >= nc")
-    masks = label_dirs(yaml_path, spec, "masks")
+    masks = paired.label_dirs(yaml_path, spec, "masks")
     splits = {}
     for split in ("train", "val"):
         entry = spec[split]
         if not isinstance(entry, (str, os.PathLike)):
             raise ValueError(f"{yaml_path}: '{split}' must be one image folder, got {type(entry).__name__}")
-        img_dir, images = split_images(yaml_path, root, entry, split)
+        img_dir, images = paired.split_images(yaml_path, root, entry, split)
         mask_dir = None
         if split in masks:
-            mask_dir = under(root, masks[split])
+            mask_dir = paired.under(root, masks[split])
             if not mask_dir.is_dir():
                 raise FileNotFoundError(f"{yaml_path}: 'masks.{split}' folder not found: {mask_dir}")
-        pairs = pair_images(yaml_path, img_dir, images, split, mask_dir, "masks", "masks", "<mask folder>", _png)
+        pairs = paired.pair_images(yaml_path, img_dir, images, split, mask_dir, "masks", "masks", "<mask folder>",
+                                   _png)
         splits[split] = [SegSample(p, m) for p, m in pairs]
     log.info("libreyolo: %s: %d train and %d val images, %d classes, ignore_index %d", yaml_path,
              len(splits["train"]), len(splits["val"]), nc, ignore)
