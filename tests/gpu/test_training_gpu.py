@@ -5,7 +5,6 @@ SUPPORTS_CUDA_GRAPH_TRAIN = True; they drive TrainStepRunner with supported=True
 parametrized over rows.TRAIN_GRAPH_MODELS (a family with a loss adds a row).
 """
 import logging
-from typing import Callable, NamedTuple
 
 import pytest
 import torch
@@ -15,9 +14,10 @@ from libreyolo.data.augment import DetectionDataset, collate_detections
 from libreyolo.data.synthetic import make_shapes_dataset
 from libreyolo.data.datasets import resolve_data
 from libreyolo.graphs.capture import CudaGraphCapturer
-from libreyolo.graphs.training import TrainStepRunner, prime_optimizer_state, scaler_tensors, training_state
+from libreyolo.graphs.training import TrainStepRunner
 from libreyolo.models.registry import get_family
 from rows import SEAM_MODELS, TRAIN_GRAPH_MODELS
+from whole_step import Whole, step0_eager_and_whole, whole_step
 
 pytestmark = pytest.mark.cuda
 
@@ -122,65 +122,12 @@ def test_gradient_accumulation_parity(batches, spec):
     assert diff <= max(2 * noise, 1e-6), (noise, diff)
 
 
-class Whole(NamedTuple):
-    """What make_whole builds: the net, its step, the capturable update, the runner's state
-    callable and the GradScaler (None unless fp16)."""
-
-    net: torch.nn.Module
-    step: Callable
-    update: Callable
-    state: Callable
-    scaler: torch.amp.GradScaler | None
-
-
 def make_whole(seed=0, amp=False, spec=FAMILY, optim="sgd", layout="nchw", fp16=False) -> Whole:
     """A net, its step and a capturable update (clip + fused SGD or AdamW with a tensor lr + zero_grad).
-    ``fp16``: float16 autocast and a GradScaler around the update (unscale, clip, scaler step and
-    update), as the trainer builds it."""
+    ``fp16``: float16 autocast and a GradScaler around the update, as the trainer builds it."""
     scaler = torch.amp.GradScaler("cuda") if fp16 else None
     net, step = make(amp, seed, spec=spec, layout=layout, scaler=scaler)
-    params = [p for p in net.parameters() if p.requires_grad]
-    for p in params:
-        p.grad = torch.zeros_like(p)
-    if optim == "adamw":
-        opt = torch.optim.AdamW(params, lr=torch.tensor(1e-3, device="cuda"), weight_decay=0.05, fused=True, capturable=True)
-    else:
-        opt = torch.optim.SGD(params, lr=torch.tensor(0.01, device="cuda"), momentum=0.9, nesterov=True, fused=True)
-    prime_optimizer_state(opt)
-    if scaler is not None:
-        scaler.scale(torch.zeros((), device="cuda"))   # creates its scale and growth tracker on the device
-
-    def update():
-        if scaler is not None:
-            scaler.unscale_(opt)
-        torch.nn.utils.clip_grad_norm_(params, max_norm=10.0, foreach=True)
-        if scaler is None:
-            opt.step()
-        else:
-            scaler.step(opt)
-            scaler.update()
-        opt.zero_grad(set_to_none=False)
-
-    def state():
-        extra = () if scaler is None else (scaler_tensors(scaler),)
-        return training_state(params, opt, net.buffers(), *extra)
-
-    return Whole(net, step, update, state, scaler)
-
-
-def step0_eager_and_whole(x, t, k, **setup):
-    """Step 0 from two identically seeded ``make_whole(**setup)``: eager (step, then update), and
-    captured whole by a TrainStepRunner (repeat=1: captured and replayed at once).
-    -> (eager Whole, its loss, captured Whole, its loss, the runner)."""
-    e = make_whole(**setup)
-    loss_e, _ = e.step(x, t, k)
-    e.update()
-    g = make_whole(**setup)
-    runner = TrainStepRunner(g.net, g.step, enabled=True, family="test", supported=True, repeat=1,
-                             update=g.update, state=g.state)
-    loss_g, _ = runner(x, t, k, whole=True)
-    torch.cuda.synchronize()
-    return e, loss_e, g, loss_g, runner
+    return whole_step(net, step, optim, scaler)
 
 
 @pytest.mark.parametrize("spec", TRAIN_GRAPH_MODELS, ids=lambda s: "-".join(s))
@@ -191,7 +138,7 @@ def test_whole_step_step0_loss_and_bn_buffers_bitwise_equal(batches, amp, spec, 
     x, t, k = to_dev(batches[0])
     x = x.contiguous(memory_format=LAYOUTS[layout])
     setup = dict(amp=amp, spec=spec, optim=optim, layout=layout)
-    e, loss_e, g, loss_g, runner = step0_eager_and_whole(x, t, k, **setup)
+    e, loss_e, g, loss_g, runner = step0_eager_and_whole(lambda: make_whole(**setup), (x, t, k))
     net_e, net_g = e.net, g.net
     e2 = make_whole(**setup)   # eager's own noise
     e2.step(x, t, k)
@@ -266,7 +213,7 @@ def test_fp16_whole_step_with_grad_scaler_matches_eager_and_skips_non_finite_ste
     to eager, the same scale afterwards; a batch whose gradients are not finite leaves the weights
     untouched and halves the scale on the device, in the graph exactly as eager does."""
     x, t, k = to_dev(batches[0])
-    e, loss_e, g, loss_g, runner = step0_eager_and_whole(x, t, k, fp16=True)
+    e, loss_e, g, loss_g, runner = step0_eager_and_whole(lambda: make_whole(fp16=True), (x, t, k))
     net_e, step_e, update_e, scaler_e = e.net, e.step, e.update, e.scaler
     net_g, scaler_g = g.net, g.scaler
     assert runner.info()["captures"] == 1 and runner.info()["replays"] == 1, runner.info()
