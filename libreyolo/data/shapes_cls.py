@@ -13,7 +13,6 @@ byte-identical files), idempotent (a complete set with a matching manifest is re
 """
 from __future__ import annotations
 
-import json
 import logging
 import math
 from pathlib import Path
@@ -21,7 +20,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
-from .synthetic import SHAPE_NAMES, _background, _sha256, _shape_mask, build_once, default_datasets_dir
+from .builtin import JPEG_QUALITY, build_once, cache_root, file_sha256, write_manifest
+from .synthetic import SHAPE_NAMES, _background, _shape_mask
 
 __all__ = ["SHAPES_CLS_NAMES", "make_shapes_cls_dataset", "render_shape_image"]
 
@@ -31,7 +31,6 @@ LOGGER = logging.getLogger("libreyolo")
 SHAPES_CLS_NAMES: tuple[str, ...] = (*SHAPE_NAMES, "hexagon")
 
 _VERSION = "shapes-cls-v1"
-_JPEG_QUALITY = 92
 _MIN_SIDE, _MAX_SIDE = 64, 96
 _MIN_REL, _MAX_REL = 0.45, 0.85
 _MAX_TILT = 20.0
@@ -49,9 +48,7 @@ def make_shapes_cls_dataset(root: Path | str | None = None, n_train: int = 600, 
     if n_train < nc or n_val < nc:
         raise ValueError(f"n_train and n_val must be >= {nc} (one image per class), got {n_train} and {n_val}")
     params = {"version": _VERSION, "n_train": int(n_train), "n_val": int(n_val), "seed": int(seed)}
-    if root is None:
-        root = default_datasets_dir() / f"{_VERSION}-{n_train}-{n_val}-{seed}"
-    root = Path(root).expanduser().absolute()
+    root = cache_root(root, f"{_VERSION}-{n_train}-{n_val}-{seed}")
     return build_once(root, params, "shapes-cls", _generate, f"{n_train} train + {n_val} val images")
 
 
@@ -65,14 +62,12 @@ def _generate(out: Path, params: dict) -> None:
             cls = i % len(SHAPES_CLS_NAMES)
             pixels = render_shape_image(rng, cls)
             rel = f"{split}/{SHAPES_CLS_NAMES[cls]}/{split}_{i:05d}.jpg"
-            Image.fromarray(pixels).save(out / rel, format="JPEG", quality=_JPEG_QUALITY)
-            files[rel] = _sha256(out / rel)
+            Image.fromarray(pixels).save(out / rel, format="JPEG", quality=JPEG_QUALITY)
+            files[rel] = file_sha256(out / rel)
     names = "\n".join(f"  - {n}" for n in SHAPES_CLS_NAMES)
-    (out / "data.yaml").write_text("# libreyolo built-in synthetic classification dataset (libreyolo.data.shapes_cls)\n"
-                                   f"path: .\ntrain: train\nval: val\nnames:\n{names}\n")
-    files["data.yaml"] = _sha256(out / "data.yaml")
-    manifest = {"params": params, "files": dict(sorted(files.items()))}
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    write_manifest(out, params, files,
+                   "# libreyolo built-in synthetic classification dataset (libreyolo.data.shapes_cls)\n"
+                   f"path: .\ntrain: train\nval: val\nnames:\n{names}\n")
 
 
 def render_shape_image(rng: np.random.Generator, cls: int) -> np.ndarray:

@@ -24,32 +24,27 @@ processes racing never leave a half-written dataset behind).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
-import logging
 import math
-import os
-import shutil
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 from PIL import Image, ImageDraw
-from tqdm import tqdm
+
+from .builtin import PairedSet, build_once, cache_root, check_sizes, default_datasets_dir, sized_params
 
 __all__ = ["BACKGROUNDS", "SHAPES_STYLES", "SHAPE_NAMES", "DrawnShape", "ShapesStyle", "default_datasets_dir",
            "make_shapes_dataset", "render_shapes", "render_shapes_labelled"]
-
-LOGGER = logging.getLogger("libreyolo")
 
 #: Class names, in class-id order.
 SHAPE_NAMES: tuple[str, ...] = ("circle", "square", "triangle", "star", "cross")
 
 _VERSION = "shapes-v1"
-_JPEG_QUALITY = 92
 _MIN_CONTRAST = 90.0  # minimal RGB distance between a shape and what lies under it
 
 #: Background kinds, in the order the generator draws them from.
@@ -111,12 +106,6 @@ class DrawnShape(NamedTuple):
     color: tuple[int, int, int]
 
 
-def default_datasets_dir() -> Path:
-    """Where built-in datasets live: ``$LIBREYOLO_DATASETS_DIR`` or ``~/.cache/libreyolo/datasets``."""
-    env = os.environ.get("LIBREYOLO_DATASETS_DIR")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "libreyolo" / "datasets"
-
-
 def make_shapes_dataset(
     root: Path | str | None = None,
     n_train: int = 320,
@@ -133,52 +122,15 @@ def make_shapes_dataset(
     ``shapes-v1``. ``imgsz`` is the long side of every image; the short side varies. Training and
     validation images come from separate random streams, so the validation split is held out.
     """
-    if n_train < 1 or n_val < 1:
-        raise ValueError(f"n_train and n_val must be >= 1, got {n_train} and {n_val}")
-    if imgsz < 32:
-        raise ValueError(f"imgsz must be >= 32 for the shapes dataset, got {imgsz}")
+    check_sizes("shapes", n_train, n_val, imgsz)
     style_name, style = _style(style)
-    params = {"version": _VERSION, "n_train": int(n_train), "n_val": int(n_val),
-              "imgsz": int(imgsz), "seed": int(seed)}
+    params = sized_params(_VERSION, n_train, n_val, imgsz, seed)
     if style_name != "default":  # the default set keeps the manifest (and folder) it always had
         params["style"] = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(style).items()}
-    if root is None:
-        tag = _VERSION if style_name == "default" else f"{_VERSION}-{style_name}"
-        root = default_datasets_dir() / f"{tag}-{n_train}-{n_val}-{imgsz}-{seed}"
-    root = Path(root).expanduser().absolute()
+    tag = _VERSION if style_name == "default" else f"{_VERSION}-{style_name}"
+    root = cache_root(root, f"{tag}-{n_train}-{n_val}-{imgsz}-{seed}")
     return build_once(root, params, "shapes", functools.partial(_generate, style=style),
                       f"{n_train} train + {n_val} val images")
-
-
-def build_once(root: Path, params: dict, kind: str, generate, what: str) -> Path:
-    """``root/data.yaml`` of a built-in dataset, generated into ``root`` unless it already holds a
-    complete one with these ``params`` (its manifest says so). ``generate(tmp, params)`` writes
-    every file and, last, the manifest into a temporary sibling folder, which is renamed onto
-    ``root`` at once: readers never see half a dataset, and when two processes race the second
-    uses the first one's copy. A ``root`` holding something else is refused, naming it."""
-    if _is_complete(root, params):
-        LOGGER.debug("%s dataset found complete at %s", kind, root)
-        return root / "data.yaml"
-    if root.exists() and (not root.is_dir() or any(root.iterdir())):
-        raise FileExistsError(
-            f"cannot create the {kind} dataset at '{root}': it exists and is not a complete {kind} "
-            "dataset with these parameters; remove it or choose another root"
-        )
-    root.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.tmp-", dir=root.parent))
-    try:
-        LOGGER.info("generating the %s dataset (%s) in %s", kind, what, root)
-        generate(tmp, params)
-        try:
-            os.rename(tmp, root)  # atomic; also replaces an empty directory left at root
-        except OSError:
-            if _is_complete(root, params):  # another process finished first: use its copy
-                return root / "data.yaml"
-            raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return root / "data.yaml"
 
 
 def _style(style: ShapesStyle | str) -> tuple[str, ShapesStyle]:
@@ -197,65 +149,31 @@ def _style(style: ShapesStyle | str) -> tuple[str, ShapesStyle]:
     return f"custom{digest}", style
 
 
-def _is_complete(root: Path, params: dict) -> bool:
-    """True when ``root`` holds a finished dataset generated with ``params``."""
-    try:
-        manifest = json.loads((root / "manifest.json").read_text())
-    except (OSError, ValueError):
-        return False
-    if not isinstance(manifest, dict) or manifest.get("params") != params:
-        return False
-    files = manifest.get("files")
-    if not isinstance(files, dict) or "data.yaml" not in files:
-        return False
-    return all((root / rel).is_file() for rel in files)
+def _draw_boxes(rng: np.random.Generator, w: int, h: int, style: ShapesStyle) -> tuple[np.ndarray, str]:
+    """One image in ``style`` and its YOLO label text (class, centre x/y, width, height; normalised)."""
+    pixels, shapes = render_shapes(rng, w, h, style=style)
+    rows = []
+    for s in shapes:
+        x1, y1, x2, y2 = s.box
+        rows.append(f"{s.cls} {(x1 + x2) / 2 / w:.6f} {(y1 + y2) / 2 / h:.6f} "
+                    f"{(x2 - x1) / w:.6f} {(y2 - y1) / h:.6f}\n")
+    return pixels, "".join(rows)
+
+
+_NAMES_YAML = "\n".join(f"  {k}: {n}" for k, n in enumerate(SHAPE_NAMES))
+
+#: The ``shapes`` set in the default style (streams 0 / 1); :func:`_generate` swaps in the style.
+_SHAPES = PairedSet(
+    kind="shapes", version=_VERSION, streams=(0, 1), label_dir="labels", label_suffix=".txt",
+    draw=functools.partial(_draw_boxes, style=SHAPES_STYLES["default"]), save_label=Path.write_text,
+    data_yaml="# libreyolo built-in synthetic dataset (libreyolo.data.synthetic)\n"
+              f"path: .\ntrain: images/train\nval: images/val\nnc: {len(SHAPE_NAMES)}\nnames:\n{_NAMES_YAML}\n",
+)
 
 
 def _generate(out: Path, params: dict, style: ShapesStyle) -> None:
-    """Write every image, label, data.yaml and (last) the manifest into ``out``."""
-    imgsz, seed = params["imgsz"], params["seed"]
-    files: dict[str, str] = {}
-    jobs = [("train", i) for i in range(params["n_train"])] + [("val", i) for i in range(params["n_val"])]
-    for split in ("train", "val"):
-        (out / "images" / split).mkdir(parents=True)
-        (out / "labels" / split).mkdir(parents=True)
-    for split, i in tqdm(jobs, desc="shapes dataset", unit="img", leave=False,
-                         disable=len(jobs) < 200):
-        rng = np.random.default_rng([seed, 0 if split == "train" else 1, i])
-        w, h = _image_size(rng, imgsz)
-        pixels, shapes = render_shapes(rng, w, h, style=style)
-        stem = f"{split}_{i:06d}"
-        img_rel = f"images/{split}/{stem}.jpg"
-        lab_rel = f"labels/{split}/{stem}.txt"
-        Image.fromarray(pixels).save(out / img_rel, format="JPEG", quality=_JPEG_QUALITY)
-        rows = []
-        for s in shapes:
-            x1, y1, x2, y2 = s.box
-            rows.append(f"{s.cls} {(x1 + x2) / 2 / w:.6f} {(y1 + y2) / 2 / h:.6f} "
-                        f"{(x2 - x1) / w:.6f} {(y2 - y1) / h:.6f}\n")
-        (out / lab_rel).write_text("".join(rows))
-        files[img_rel] = _sha256(out / img_rel)
-        files[lab_rel] = _sha256(out / lab_rel)
-    names = "\n".join(f"  {k}: {n}" for k, n in enumerate(SHAPE_NAMES))
-    (out / "data.yaml").write_text(
-        "# libreyolo built-in synthetic dataset (libreyolo.data.synthetic)\n"
-        f"path: .\ntrain: images/train\nval: images/val\nnc: {len(SHAPE_NAMES)}\nnames:\n{names}\n"
-    )
-    files["data.yaml"] = _sha256(out / "data.yaml")
-    manifest = {"params": params, "files": dict(sorted(files.items()))}
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def _image_size(rng: np.random.Generator, imgsz: int) -> tuple[int, int]:
-    """Half the images are square; the others have a short side of 60%..100% of ``imgsz``."""
-    if rng.random() < 0.5:
-        return imgsz, imgsz
-    short = int(round(imgsz * rng.uniform(0.6, 1.0)))
-    return (imgsz, short) if rng.random() < 0.5 else (short, imgsz)
+    """Write every image, label, data.yaml and (last) the manifest of the set in ``style`` into ``out``."""
+    dataclasses.replace(_SHAPES, draw=functools.partial(_draw_boxes, style=style)).generate(out, params)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -13,11 +13,12 @@ import pytest
 import torch
 from PIL import Image
 import rows
+from whole_step import Whole, step0_eager_and_whole, whole_step
 
 from libreyolo import SAMPLE_IMAGE, LibreYOLO
 from libreyolo.engine.verify import input_sensitive, verify_model
 from libreyolo.graphs.capture import CudaGraphCapturer
-from libreyolo.graphs.training import TrainStepRunner, prime_optimizer_state, training_state
+from libreyolo.graphs.training import TrainStepRunner
 from libreyolo.models.registry import get_family
 
 pytestmark = pytest.mark.cuda
@@ -163,23 +164,9 @@ def to_dev(b):
     return (imgs.cuda().float().div_(255), *[v.cuda() for v in t])
 
 
-def whole(spec, nc, amp=False, optim="adamw", seed=0, layout="nchw"):
-    m, net, step = make(spec, nc, amp, seed, layout)
-    params = [p for p in net.parameters() if p.requires_grad]
-    for p in params:
-        p.grad = torch.zeros_like(p)
-    if optim == "adamw":
-        opt = torch.optim.AdamW(params, lr=torch.tensor(1e-3, device="cuda"), weight_decay=0.05, fused=True, capturable=True)
-    else:
-        opt = torch.optim.SGD(params, lr=torch.tensor(0.01, device="cuda"), momentum=0.9, nesterov=True, fused=True)
-    prime_optimizer_state(opt)
-
-    def update():
-        torch.nn.utils.clip_grad_norm_(params, max_norm=10.0, foreach=True)
-        opt.step()
-        opt.zero_grad(set_to_none=False)
-
-    return net, step, update, lambda: training_state(params, opt, net.buffers())
+def whole(spec, nc, amp=False, optim="adamw", seed=0, layout="nchw") -> Whole:
+    _, net, step = make(spec, nc, amp, seed, layout)
+    return whole_step(net, step, optim)
 
 
 def _nc(spec, task_batches):
@@ -213,18 +200,14 @@ def test_whole_step_step0_bitwise_equal(spec, optim, layout, task_batches):
         pytest.skip(f"{spec[0]} does not train in channels_last")
     inputs = to_dev(batches[0])
     inputs = (inputs[0].contiguous(memory_format=LAYOUTS[layout]), *inputs[1:])
-    eager = []   # three eager steps: the first is the reference, their spread is eager's own noise
-    for _ in range(3):
-        net_e, step_e, update_e, _ = whole(spec, nc, optim=optim, layout=layout)
-        loss, _ = step_e(*inputs)
-        update_e()
-        eager.append((net_e, loss))
-    (net_e, loss_e), others = eager[0], [net for net, _ in eager]
-    net_g, step_g, update_g, state_g = whole(spec, nc, optim=optim, layout=layout)
-    runner = TrainStepRunner(net_g, step_g, enabled=True, family="test", supported=True, repeat=1,
-                             update=update_g, state=state_g)
-    loss_g, _ = runner(*inputs, whole=True)
-    torch.cuda.synchronize()
+    e, loss_e, g, loss_g, runner = step0_eager_and_whole(lambda: whole(spec, nc, optim=optim, layout=layout), inputs)
+    net_e, net_g = e.net, g.net
+    others = [net_e]   # two more eager steps: with the first, their spread is eager's own noise
+    for _ in range(2):
+        e2 = whole(spec, nc, optim=optim, layout=layout)
+        e2.step(*inputs)
+        e2.update()
+        others.append(e2.net)
     assert runner.info()["captures"] == 1 and runner.info()["replays"] == 1, runner.info()
     assert torch.equal(loss_e, loss_g)
     for a, b in zip(net_e.buffers(), net_g.buffers()):
@@ -240,8 +223,9 @@ def test_20_step_whole_step_curve_within_eager_noise(spec, task_batches):
     nc, batches = _nc(spec, task_batches)
 
     def curve(graph):
-        net, step, update, state = whole(spec, nc)
-        runner = TrainStepRunner(net, step, enabled=graph, family="test", supported=True, update=update, state=state)
+        w = whole(spec, nc)
+        runner = TrainStepRunner(w.net, w.step, enabled=graph, family="test", supported=True, update=w.update,
+                                 state=w.state)
         out = [float(runner(*to_dev(batches[i % 2]), whole=True)[0]) for i in range(20)]
         return out, runner.info()
 

@@ -14,9 +14,10 @@ from libreyolo.data.augment import DetectionDataset, collate_detections
 from libreyolo.data.synthetic import make_shapes_dataset
 from libreyolo.data.datasets import resolve_data
 from libreyolo.graphs.capture import CudaGraphCapturer
-from libreyolo.graphs.training import TrainStepRunner, prime_optimizer_state, scaler_tensors, training_state
+from libreyolo.graphs.training import TrainStepRunner
 from libreyolo.models.registry import get_family
 from rows import SEAM_MODELS, TRAIN_GRAPH_MODELS
+from whole_step import Whole, step0_eager_and_whole, whole_step
 
 pytestmark = pytest.mark.cuda
 
@@ -37,16 +38,19 @@ FAMILY = ("yolo9", "t")
 LAYOUTS = {"nchw": torch.contiguous_format, "nhwc": torch.channels_last}
 
 
-def make(amp=False, seed=0, spec=FAMILY, layout="nchw"):
+def make(amp=False, seed=0, spec=FAMILY, layout="nchw", scaler=None):
+    """A seeded net and its fwd+bwd step: bfloat16 autocast when ``amp``; with a GradScaler
+    ``scaler``, float16 autocast and the loss scaled before the backward (as the trainer does)."""
     torch.manual_seed(seed)
     m = get_family(spec[0]).new(spec[1], nc=5, device="cuda", seed=seed)
     net = m.model.train().to(memory_format=LAYOUTS[layout])
     loss_fn = m.build_loss().cuda()
+    dtype = torch.bfloat16 if scaler is None else torch.float16
 
     def step(x, t, k):
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp, cache_enabled=False):
+        with torch.autocast("cuda", dtype=dtype, enabled=amp or scaler is not None, cache_enabled=False):
             loss, items = loss_fn(m.train_forward(net, x, t, k), t, k)
-        loss.backward()
+        (loss if scaler is None else scaler.scale(loss)).backward()
         return loss.detach(), items.detach()
 
     return net, step
@@ -118,27 +122,12 @@ def test_gradient_accumulation_parity(batches, spec):
     assert diff <= max(2 * noise, 1e-6), (noise, diff)
 
 
-def make_whole(seed=0, amp=False, spec=FAMILY, optim="sgd", layout="nchw"):
-    """A net, its step and a capturable update (clip + fused SGD or AdamW with a tensor lr + zero_grad)."""
-    net, step = make(amp, seed, spec=spec, layout=layout)
-    params = [p for p in net.parameters() if p.requires_grad]
-    for p in params:
-        p.grad = torch.zeros_like(p)
-    if optim == "adamw":
-        opt = torch.optim.AdamW(params, lr=torch.tensor(1e-3, device="cuda"), weight_decay=0.05, fused=True, capturable=True)
-    else:
-        opt = torch.optim.SGD(params, lr=torch.tensor(0.01, device="cuda"), momentum=0.9, nesterov=True, fused=True)
-    prime_optimizer_state(opt)
-
-    def update():
-        torch.nn.utils.clip_grad_norm_(params, max_norm=10.0, foreach=True)
-        opt.step()
-        opt.zero_grad(set_to_none=False)
-
-    def state():
-        return training_state(params, opt, net.buffers())
-
-    return net, step, update, state
+def make_whole(seed=0, amp=False, spec=FAMILY, optim="sgd", layout="nchw", fp16=False) -> Whole:
+    """A net, its step and a capturable update (clip + fused SGD or AdamW with a tensor lr + zero_grad).
+    ``fp16``: float16 autocast and a GradScaler around the update, as the trainer builds it."""
+    scaler = torch.amp.GradScaler("cuda") if fp16 else None
+    net, step = make(amp, seed, spec=spec, layout=layout, scaler=scaler)
+    return whole_step(net, step, optim, scaler)
 
 
 @pytest.mark.parametrize("spec", TRAIN_GRAPH_MODELS, ids=lambda s: "-".join(s))
@@ -148,17 +137,13 @@ def make_whole(seed=0, amp=False, spec=FAMILY, optim="sgd", layout="nchw"):
 def test_whole_step_step0_loss_and_bn_buffers_bitwise_equal(batches, amp, spec, optim, layout):
     x, t, k = to_dev(batches[0])
     x = x.contiguous(memory_format=LAYOUTS[layout])
-    net_e, step_e, update_e, _ = make_whole(amp=amp, spec=spec, optim=optim, layout=layout)
-    loss_e, _ = step_e(x, t, k)
-    update_e()
-    net_e2, step_e2, update_e2, _ = make_whole(amp=amp, spec=spec, optim=optim, layout=layout)   # eager's own noise
-    step_e2(x, t, k)
-    update_e2()
-    net_g, step_g, update_g, state_g = make_whole(amp=amp, spec=spec, optim=optim, layout=layout)
-    runner = TrainStepRunner(net_g, step_g, enabled=True, family="test", supported=True, repeat=1,
-                             update=update_g, state=state_g)
-    loss_g, _ = runner(x, t, k, whole=True)
-    torch.cuda.synchronize()
+    setup = dict(amp=amp, spec=spec, optim=optim, layout=layout)
+    e, loss_e, g, loss_g, runner = step0_eager_and_whole(lambda: make_whole(**setup), (x, t, k))
+    net_e, net_g = e.net, g.net
+    e2 = make_whole(**setup)   # eager's own noise
+    e2.step(x, t, k)
+    e2.update()
+    net_e2 = e2.net
     assert runner.info()["captures"] == 1 and runner.info()["replays"] == 1, runner.info()
     assert torch.equal(loss_e, loss_g)
     for a, b in zip(net_e.buffers(), net_g.buffers()):
@@ -175,9 +160,9 @@ def _curve(batches, graph: bool, whole: bool, steps=20, spec=FAMILY, optim="sgd"
     """20 training steps on two batches of one shape; the captured run replays after 3 repeats.
     ``whole``: the update (clip + fused SGD or AdamW) inside the graph too; else fwd+bwd captured, eager SGD."""
     if whole:
-        net, step, update, state = make_whole(spec=spec, optim=optim)
-        runner = TrainStepRunner(net, step, enabled=graph, family="test", supported=True, update=update,
-                                 state=state)
+        w = make_whole(spec=spec, optim=optim)
+        runner = TrainStepRunner(w.net, w.step, enabled=graph, family="test", supported=True, update=w.update,
+                                 state=w.state)
     else:
         net, step = make(spec=spec)
         opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
@@ -223,52 +208,14 @@ def test_20_step_adamw_whole_step_curve_within_eager_noise(batches):
     assert diff <= max(noise * 2, 1e-5 * max(abs(v) for v in eager[0])), (noise, diff)
 
 
-def make_whole_fp16(seed=0, spec=FAMILY):
-    """make_whole with float16 autocast and a GradScaler around the fused SGD, as the trainer builds it."""
-    torch.manual_seed(seed)
-    m = get_family(spec[0]).new(spec[1], nc=5, device="cuda", seed=seed)
-    net = m.model.train()
-    loss_fn = m.build_loss().cuda()
-    params = [p for p in net.parameters() if p.requires_grad]
-    for p in params:
-        p.grad = torch.zeros_like(p)
-    opt = torch.optim.SGD(params, lr=torch.tensor(0.01, device="cuda"), momentum=0.9, nesterov=True, fused=True)
-    prime_optimizer_state(opt)
-    scaler = torch.amp.GradScaler("cuda")
-    scaler.scale(torch.zeros((), device="cuda"))
-
-    def step(x, t, k):
-        with torch.autocast("cuda", dtype=torch.float16, cache_enabled=False):
-            loss, items = loss_fn(m.train_forward(net, x, t, k), t, k)
-        scaler.scale(loss).backward()
-        return loss.detach(), items.detach()
-
-    def update():
-        scaler.unscale_(opt)
-        torch.nn.utils.clip_grad_norm_(params, max_norm=10.0, foreach=True)
-        scaler.step(opt)
-        scaler.update()
-        opt.zero_grad(set_to_none=False)
-
-    def state():
-        return training_state(params, opt, net.buffers(), scaler_tensors(scaler))
-
-    return net, step, update, state, scaler
-
-
 def test_fp16_whole_step_with_grad_scaler_matches_eager_and_skips_non_finite_steps(batches):
     """float16 + GradScaler inside the whole-step graph: step-0 loss and BN buffers bitwise equal
     to eager, the same scale afterwards; a batch whose gradients are not finite leaves the weights
     untouched and halves the scale on the device, in the graph exactly as eager does."""
     x, t, k = to_dev(batches[0])
-    net_e, step_e, update_e, _, scaler_e = make_whole_fp16()
-    loss_e, _ = step_e(x, t, k)
-    update_e()
-    net_g, step_g, update_g, state_g, scaler_g = make_whole_fp16()
-    runner = TrainStepRunner(net_g, step_g, enabled=True, family="test", supported=True, repeat=1,
-                             update=update_g, state=state_g)
-    loss_g, _ = runner(x, t, k, whole=True)
-    torch.cuda.synchronize()
+    e, loss_e, g, loss_g, runner = step0_eager_and_whole(lambda: make_whole(fp16=True), (x, t, k))
+    net_e, step_e, update_e, scaler_e = e.net, e.step, e.update, e.scaler
+    net_g, scaler_g = g.net, g.scaler
     assert runner.info()["captures"] == 1 and runner.info()["replays"] == 1, runner.info()
     assert torch.equal(loss_e, loss_g)
     for a, b in zip(net_e.buffers(), net_g.buffers()):

@@ -221,8 +221,8 @@ def test_shapes_seg_is_deterministic_and_labels_every_pixel(tmp_path):
     check_samples(data)
     rng = np.random.default_rng([0, 2, 0])   # train image 0's stream
     w, h = Image.open(data.train[0].image).size
-    from libreyolo.data.synthetic import _image_size
-    assert _image_size(rng, 48) == (w, h)
+    from libreyolo.data.builtin import image_size
+    assert image_size(rng, 48) == (w, h)
     _, _, labels = render_shapes_labelled(rng, w, h)
     assert np.array_equal(np.asarray(Image.open(data.train[0].mask)), labels + 1)
     # render_shapes draws the same image as before the labelled variant existed

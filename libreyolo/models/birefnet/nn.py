@@ -41,6 +41,8 @@ import torch.nn.functional as F
 from torch import nn
 from torchvision.ops import deform_conv2d
 
+from ..common.transformer import GeluMlp
+
 
 @dataclass(frozen=True)
 class SwinConfig:
@@ -103,17 +105,6 @@ class WindowAttention(nn.Module):
         return self.proj(out.transpose(1, 2).reshape(bw, n, c))
 
 
-class Mlp(nn.Module):
-    def __init__(self, dim: int, hidden: int):
-        super().__init__()
-        self.fc1 = nn.Linear(dim, hidden)
-        self.act = nn.GELU()
-        self.fc2 = nn.Linear(hidden, dim)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(self.act(self.fc1(x)))
-
-
 class SwinBlock(nn.Module):
     """Pre-norm (shifted-)window attention + MLP, each with a residual.
 
@@ -128,7 +119,7 @@ class SwinBlock(nn.Module):
         self.norm1 = nn.LayerNorm(dim)
         self.attn = WindowAttention(dim, heads, window)
         self.norm2 = nn.LayerNorm(dim)
-        self.mlp = Mlp(dim, dim * MLP_RATIO)
+        self.mlp = GeluMlp(dim, dim * MLP_RATIO)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """``x`` (B, H, W, C)."""

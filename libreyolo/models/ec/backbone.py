@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..common.transformer import GeluMlp
 from ..detr_common.layers import ConvNorm
 
 PATCH = 16
@@ -116,17 +117,6 @@ class ViTAttention(nn.Module):
         return self.proj(x.transpose(1, 2).reshape(b, n, c))
 
 
-class ViTMlp(nn.Module):
-    def __init__(self, dim: int, hidden: int):
-        super().__init__()
-        self.fc1 = nn.Linear(dim, hidden)
-        self.act = nn.GELU()
-        self.fc2 = nn.Linear(hidden, dim)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(self.act(self.fc1(x)))
-
-
 class ViTSwiGLU(nn.Module):
     """DINOv3's SwiGLU feed-forward: ``w3(silu(w1(x)) * w2(x))``; the hidden width is 2/3 of
     ``hidden`` rounded up to a multiple of 8."""
@@ -158,8 +148,9 @@ class ViTBlock(nn.Module):
     """Pre-norm transformer block (LayerNorm eps 1e-6 by default).
 
     DINOv3 options: ``norm_eps`` (1e-5), ``layer_scale`` (initial LayerScale value: adds
-    ``ls1``/``ls2``), ``ffn="swiglu"`` (:class:`ViTSwiGLU` instead of the GELU MLP), and the
-    attention options ``mask_k_bias`` / ``rope_fp32`` (:class:`ViTAttention`).
+    ``ls1``/``ls2``), ``ffn="swiglu"`` (:class:`ViTSwiGLU` instead of the GELU MLP,
+    :class:`~..common.transformer.GeluMlp`), and the attention options ``mask_k_bias`` /
+    ``rope_fp32`` (:class:`ViTAttention`).
     """
 
     def __init__(self, dim: int, num_heads: int, ffn_ratio: float = 4.0, *, norm_eps: float = 1e-6,
@@ -174,7 +165,7 @@ class ViTBlock(nn.Module):
             self.ls1 = LayerScale(dim, layer_scale)
         self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
         hidden = int(dim * ffn_ratio)
-        self.mlp = ViTMlp(dim, hidden) if ffn == "mlp" else ViTSwiGLU(dim, hidden)
+        self.mlp = GeluMlp(dim, hidden) if ffn == "mlp" else ViTSwiGLU(dim, hidden)
         if layer_scale is not None:
             self.ls2 = LayerScale(dim, layer_scale)
         self.layer_scale = layer_scale is not None

@@ -23,18 +23,17 @@ as ONE ``ValueError`` naming each file (:func:`check_samples`).
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-import yaml
 from PIL import Image
 from torchvision.transforms import v2
 
-from ...data.datasets import _is_image, _parallel, _Problems
+from ...data.datasets import _parallel, _Problems
+from ...data import paired
 from ...data.sources import decode_image
 from ...ops.letterbox import letterbox
 from ..semantic.maps import resize_nearest
@@ -82,87 +81,47 @@ def resolve_depth_data(data: Any) -> DepthData:
     """
     if isinstance(data, DepthData):
         return data
-    if isinstance(data, str) and data == "shapes-depth":
-        from .synthetic import make_shapes_depth_dataset
-        out = _resolve_yaml(make_shapes_depth_dataset())
-        out.source = "shapes-depth"
-        return out
-    path = Path(os.fspath(data)).expanduser()
-    if path.is_dir() and (path / "data.yaml").is_file():
-        path = path / "data.yaml"
-    if not path.is_file():
-        raise FileNotFoundError(f"dataset not found: '{data}' (expected 'shapes-depth', a depth dataset YAML "
-                                "file, or a folder holding data.yaml)")
-    return _resolve_yaml(path)
+    return paired.resolve_data_arg(data, "shapes-depth", _make_builtin, _resolve_yaml, "depth dataset")
+
+
+def _make_builtin() -> Path:
+    from .synthetic import make_shapes_depth_dataset
+    return make_shapes_depth_dataset()
 
 
 def target_path_for(image: Path) -> Path | None:
     """The default map of ``image``: its last ``images`` folder becomes ``depth``, suffix ``.npy``
     if that file exists, else ``.png`` (None when the path has no ``images`` folder)."""
-    parts = list(image.parts)
-    for i in range(len(parts) - 2, -1, -1):
-        if parts[i] == "images":
-            parts[i] = "depth"
-            base = Path(*parts)
-            npy = base.with_suffix(".npy")
-            return npy if npy.is_file() else base.with_suffix(".png")
-    return None
+    base = paired.mirror_images(image, "depth")
+    return None if base is None else _npy_or_png(base)
+
+
+def _npy_or_png(base: Path) -> Path:
+    npy = base.with_suffix(".npy")
+    return npy if npy.is_file() else base.with_suffix(".png")
 
 
 def _resolve_yaml(yaml_path: Path) -> DepthData:
-    yaml_path = yaml_path.absolute()
-    try:
-        spec = yaml.safe_load(yaml_path.read_text())
-    except yaml.YAMLError as e:
-        raise ValueError(f"{yaml_path}: not valid YAML: {e}") from e
-    if not isinstance(spec, dict):
-        raise ValueError(f"{yaml_path}: expected a mapping with path/train/val, got {type(spec).__name__}")
-    for key in ("path", "train", "val"):
-        if spec.get(key) in (None, "", []):
-            raise FileNotFoundError(f"{yaml_path}: required entry '{key}' is missing")
+    yaml_path, spec = paired.read_spec(yaml_path, "path/train/val")
     target = spec.get("target", "depth")
     if target not in TARGETS:
         raise ValueError(f"{yaml_path}: 'target' must be one of {', '.join(TARGETS)}, got {target!r}")
     scale = spec.get("png_scale", DEFAULT_PNG_SCALE)
     if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0:
         raise ValueError(f"{yaml_path}: 'png_scale' must be a number > 0, got {scale!r}")
-    root = Path(os.path.expanduser(str(spec["path"])))
-    root = Path(os.path.normpath(root if root.is_absolute() else yaml_path.parent / root))
-    if not root.is_dir():
-        raise FileNotFoundError(f"{yaml_path}: 'path' folder not found: {root}")
-    dirs = spec.get("depth") or {}
-    if not isinstance(dirs, dict) or not set(dirs) <= {"train", "val"}:
-        raise ValueError(f"{yaml_path}: 'depth' must be a mapping with 'train' and/or 'val' folders, got {dirs!r}")
+    root = paired.spec_root(yaml_path, spec)
+    dirs = paired.label_dirs(yaml_path, spec, "depth")
     splits = {}
     for split in ("train", "val"):
-        img_dir = _under(root, spec[split])
-        if not img_dir.is_dir():
-            raise FileNotFoundError(f"{yaml_path}: '{split}' image folder not found: {img_dir}")
-        images = sorted(p for p in img_dir.rglob("*") if _is_image(p))
-        if not images:
-            raise FileNotFoundError(f"{yaml_path}: '{split}' has no images in {img_dir}")
-        pairs = []
-        for p in images:
-            if split in dirs:
-                base = _under(root, dirs[split]) / p.relative_to(img_dir)
-                npy = base.with_suffix(".npy")
-                t = npy if npy.is_file() else base.with_suffix(".png")
-            else:
-                t = target_path_for(p)
-                if t is None:
-                    raise ValueError(f"{yaml_path}: cannot tell where the depth maps of '{split}' are: {img_dir} "
-                                     f"has no 'images' folder to mirror; add depth: {{{split}: <folder>}}")
-            pairs.append(DepthSample(p, t))
-        splits[split] = pairs
+        img_dir, images = paired.split_images(yaml_path, root, spec[split], split)
+        map_dir = paired.under(root, dirs[split]) if split in dirs else None
+        pairs = paired.pair_images(yaml_path, img_dir, images, split, map_dir, "depth", "depth maps", "<folder>",
+                                   _npy_or_png)
+        splits[split] = [DepthSample(p, t) for p, t in pairs]
     log.info("libreyolo: %s: %d train and %d val images, target %s", yaml_path, len(splits["train"]),
              len(splits["val"]), target)
     return DepthData(root=root, train=splits["train"], val=splits["val"], source=str(yaml_path), target=target,
                      png_scale=float(scale))
-
-
-def _under(root: Path, entry: Any) -> Path:
-    p = Path(os.path.expanduser(os.fspath(entry)))
-    return Path(os.path.normpath(p if p.is_absolute() else root / p))
 
 
 # --------------------------------------------------------------------------------------------------

@@ -11,14 +11,11 @@ of the other built-in sets (``$LIBREYOLO_DATASETS_DIR`` or ``~/.cache/libreyolo/
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
-from PIL import Image
-from tqdm import tqdm
 
-from ...data.synthetic import _JPEG_QUALITY, _image_size, _sha256, build_once, default_datasets_dir
+from ...data.builtin import PairedSet
 
 __all__ = ["make_shapes_depth_dataset", "render_depth_scene"]
 
@@ -64,6 +61,15 @@ def render_depth_scene(rng: np.random.Generator, w: int, h: int) -> tuple[np.nda
     return np.clip(np.rint(pixels), 0, 255).astype(np.uint8), depth.astype(np.float32)
 
 
+# streams 4 / 5: not those of the detection (0 / 1) or segmentation (2 / 3) sets
+_SET = PairedSet(
+    kind="shapes-depth", version=_VERSION, streams=(4, 5), label_dir="depth", label_suffix=".npy",
+    draw=render_depth_scene, save_label=np.save,
+    data_yaml="# libreyolo built-in synthetic depth dataset (libreyolo.tasks.depth.synthetic)\n"
+              "path: .\ntrain: images/train\nval: images/val\ntarget: depth\n",
+)
+
+
 def make_shapes_depth_dataset(root: Path | str | None = None, n_train: int = 200, n_val: int = 50,
                               imgsz: int = 128, seed: int = 0) -> Path:
     """Write (or reuse) the synthetic depth set and return the path of its ``data.yaml``.
@@ -71,39 +77,4 @@ def make_shapes_depth_dataset(root: Path | str | None = None, n_train: int = 200
     ``root`` defaults to ``<datasets dir>/shapes-depth-v1-<n_train>-<n_val>-<imgsz>-<seed>``;
     ``imgsz`` is the long side of every image (the short side varies).
     """
-    if n_train < 1 or n_val < 1:
-        raise ValueError(f"n_train and n_val must be >= 1, got {n_train} and {n_val}")
-    if imgsz < 32:
-        raise ValueError(f"imgsz must be >= 32 for the shapes-depth dataset, got {imgsz}")
-    params = {"version": _VERSION, "n_train": int(n_train), "n_val": int(n_val), "imgsz": int(imgsz),
-              "seed": int(seed)}
-    if root is None:
-        root = default_datasets_dir() / f"{_VERSION}-{n_train}-{n_val}-{imgsz}-{seed}"
-    root = Path(root).expanduser().absolute()
-    return build_once(root, params, "shapes-depth", _generate, f"{n_train} train + {n_val} val images")
-
-
-def _generate(out: Path, params: dict) -> None:
-    imgsz, seed = params["imgsz"], params["seed"]
-    files: dict[str, str] = {}
-    jobs = [("train", i) for i in range(params["n_train"])] + [("val", i) for i in range(params["n_val"])]
-    for split in ("train", "val"):
-        (out / "images" / split).mkdir(parents=True)
-        (out / "depth" / split).mkdir(parents=True)
-    for split, i in tqdm(jobs, desc="shapes-depth dataset", unit="img", leave=False, disable=len(jobs) < 200):
-        # streams 4 / 5: not those of the detection (0 / 1) or segmentation (2 / 3) sets
-        rng = np.random.default_rng([seed, 4 if split == "train" else 5, i])
-        w, h = _image_size(rng, imgsz)
-        pixels, depth = render_depth_scene(rng, w, h)
-        stem = f"{split}_{i:06d}"
-        img_rel, map_rel = f"images/{split}/{stem}.jpg", f"depth/{split}/{stem}.npy"
-        Image.fromarray(pixels).save(out / img_rel, format="JPEG", quality=_JPEG_QUALITY)
-        np.save(out / map_rel, depth)
-        files[img_rel] = _sha256(out / img_rel)
-        files[map_rel] = _sha256(out / map_rel)
-    (out / "data.yaml").write_text(
-        "# libreyolo built-in synthetic depth dataset (libreyolo.tasks.depth.synthetic)\n"
-        "path: .\ntrain: images/train\nval: images/val\ntarget: depth\n")
-    files["data.yaml"] = _sha256(out / "data.yaml")
-    manifest = {"params": params, "files": dict(sorted(files.items()))}
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    return _SET.make(root, n_train, n_val, imgsz, seed)

@@ -40,13 +40,13 @@ from typing import Any
 
 import numpy as np
 import torch
-import yaml
 from PIL import Image
 from torchvision import tv_tensors
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as TF
 
-from ...data.datasets import _exif_orientation, _is_image, _names_from_spec, _parallel, _Problems
+from ...data.datasets import _exif_orientation, _names_from_spec, _parallel, _Problems
+from ...data import paired
 from ...data.sources import _decode_file
 from ...ops.letterbox import PAD_VALUE, letterbox, letterbox_params
 from .maps import IGNORE, check_resize, letterbox_mask, resize_nearest
@@ -93,48 +93,30 @@ def resolve_semantic_data(data: Any) -> SemanticData:
     Structural mistakes (a missing key or folder, an empty split) raise at once naming the key and
     path; the content of the masks is checked by :func:`check_samples`.
     """
-    if isinstance(data, str) and data == "shapes-seg":
-        from .synthetic import make_shapes_seg_dataset
-        cfg = _resolve_yaml(make_shapes_seg_dataset())
-        cfg.source = "shapes-seg"
-        return cfg
     if isinstance(data, SemanticData):
         return data
-    path = Path(os.fspath(data)).expanduser()
-    if path.is_dir() and (path / "data.yaml").is_file():
-        path = path / "data.yaml"
-    if not path.is_file():
-        raise FileNotFoundError(f"dataset not found: '{data}' (expected 'shapes-seg', a segmentation dataset "
-                                "YAML file, or a folder holding data.yaml)")
-    return _resolve_yaml(path)
+    return paired.resolve_data_arg(data, "shapes-seg", _make_builtin, _resolve_yaml, "segmentation dataset")
+
+
+def _make_builtin() -> Path:
+    from .synthetic import make_shapes_seg_dataset
+    return make_shapes_seg_dataset()
 
 
 def mask_path_for(image: Path) -> Path | None:
     """The default mask of ``image``: its last ``images`` folder becomes ``masks``, suffix ``.png``
     (None when the path has no ``images`` folder)."""
-    parts = list(image.parts)
-    for i in range(len(parts) - 2, -1, -1):
-        if parts[i] == "images":
-            parts[i] = "masks"
-            return Path(*parts).with_suffix(".png")
-    return None
+    base = paired.mirror_images(image, "masks")
+    return None if base is None else _png(base)
+
+
+def _png(base: Path) -> Path:
+    return base.with_suffix(".png")
 
 
 def _resolve_yaml(yaml_path: Path) -> SemanticData:
-    yaml_path = yaml_path.absolute()
-    try:
-        spec = yaml.safe_load(yaml_path.read_text())
-    except yaml.YAMLError as e:
-        raise ValueError(f"{yaml_path}: not valid YAML: {e}") from e
-    if not isinstance(spec, dict):
-        raise ValueError(f"{yaml_path}: expected a mapping with path/train/val/names, got {type(spec).__name__}")
-    for key in ("path", "train", "val"):
-        if spec.get(key) in (None, "", []):
-            raise FileNotFoundError(f"{yaml_path}: required entry '{key}' is missing")
-    root = Path(os.path.expanduser(str(spec["path"])))
-    root = Path(os.path.normpath(root if root.is_absolute() else yaml_path.parent / root))
-    if not root.is_dir():
-        raise FileNotFoundError(f"{yaml_path}: 'path' folder not found: {root}")
+    yaml_path, spec = paired.read_spec(yaml_path, "path/train/val/names")
+    root = paired.spec_root(yaml_path, spec)
     nc, names = _names_from_spec(yaml_path, spec)
     if nc is None:
         raise ValueError(f"{yaml_path}: give 'names' (a list or {{id: name}}) or 'nc'")
@@ -145,43 +127,25 @@ def _resolve_yaml(yaml_path: Path) -> SemanticData:
         raise ValueError(f"{yaml_path}: 'ignore_index' must be a non-negative integer, got {ignore!r}")
     if ignore < nc:
         raise ValueError(f"{yaml_path}: ignore_index {ignore} is a class id (nc={nc}); use a value >= nc")
-    masks = spec.get("masks") or {}
-    if not isinstance(masks, dict) or not set(masks) <= {"train", "val"}:
-        raise ValueError(f"{yaml_path}: 'masks' must be a mapping with 'train' and/or 'val' folders, got {masks!r}")
+    masks = paired.label_dirs(yaml_path, spec, "masks")
     splits = {}
     for split in ("train", "val"):
         entry = spec[split]
         if not isinstance(entry, (str, os.PathLike)):
             raise ValueError(f"{yaml_path}: '{split}' must be one image folder, got {type(entry).__name__}")
-        img_dir = _under(root, entry)
-        if not img_dir.is_dir():
-            raise FileNotFoundError(f"{yaml_path}: '{split}' image folder not found: {img_dir}")
-        images = sorted(p for p in img_dir.rglob("*") if _is_image(p))
-        if not images:
-            raise FileNotFoundError(f"{yaml_path}: '{split}' has no images in {img_dir}")
+        img_dir, images = paired.split_images(yaml_path, root, entry, split)
+        mask_dir = None
         if split in masks:
-            mask_dir = _under(root, masks[split])
+            mask_dir = paired.under(root, masks[split])
             if not mask_dir.is_dir():
                 raise FileNotFoundError(f"{yaml_path}: 'masks.{split}' folder not found: {mask_dir}")
-            pairs = [SegSample(p, (mask_dir / p.relative_to(img_dir)).with_suffix(".png")) for p in images]
-        else:
-            pairs = []
-            for p in images:
-                m = mask_path_for(p)
-                if m is None:
-                    raise ValueError(f"{yaml_path}: cannot tell where the masks of '{split}' are: {img_dir} has no "
-                                     f"'images' folder to mirror; add masks: {{{split}: <mask folder>}}")
-                pairs.append(SegSample(p, m))
-        splits[split] = pairs
+        pairs = paired.pair_images(yaml_path, img_dir, images, split, mask_dir, "masks", "masks", "<mask folder>",
+                                   _png)
+        splits[split] = [SegSample(p, m) for p, m in pairs]
     log.info("libreyolo: %s: %d train and %d val images, %d classes, ignore_index %d", yaml_path,
              len(splits["train"]), len(splits["val"]), nc, ignore)
     return SemanticData(root=root, nc=nc, names=names, train=splits["train"], val=splits["val"],
                         ignore_index=ignore, source=str(yaml_path))
-
-
-def _under(root: Path, entry: Any) -> Path:
-    p = Path(os.path.expanduser(os.fspath(entry)))
-    return Path(os.path.normpath(p if p.is_absolute() else root / p))
 
 
 # --------------------------------------------------------------------------------------------------
