@@ -480,7 +480,8 @@ def cmd_bench(opts: dict) -> int:
         a0 = batch_rows[0][1]
         fg = res["arms"].get("forward_graph", {}).get("median_ms")
         console.print(f"batched predict ({a0['chunks']} x {a0['batch']} images per call), images/s: "
-                      + ", ".join(f"{n} {a['images_per_s']:.0f} ({a['ms_per_batch']:.2f} ms/batch)" for n, a in batch_rows)
+                      + ", ".join(f"{n} {a['images_per_s']:.0f} ({a['ms_per_batch']:.2f} ms/batch)"
+                                  for n, a in batch_rows)
                       + (f"; graphed forward {fg:.2f} ms/batch" if fg else ""))
     r = res["ratios"]
     if r.get("batch_graph_over_eager_images_per_s"):

@@ -1,7 +1,9 @@
 """Task-generic predict loop: sources -> batches -> GPU preprocessing -> stage -> Results.
 
-The uint8 images are uploaded once; the family's preprocessing (``model.preprocess``: letterbox,
-stretch or resize+crop, then normalization) runs in torch on the model's device. The stage -
+The uint8 images are uploaded once (for a call of several chunks on a copy stream, overlapping
+the previous chunk's stage: :meth:`Predictor._steps`); the family's preprocessing
+(``model.preprocess``: letterbox, stretch or resize+crop, then normalization) runs in torch on
+the model's device. The stage -
 network, then the task's on-device post-processing (:meth:`PredictPlan.finish`) - goes through
 the model's :class:`GraphRunner`, together with the preprocessing when a batch's images share
 one size, so ``cuda_graph`` only changes *how* the same ops run, never *what* they compute:
@@ -293,9 +295,9 @@ class Predictor:
         levels (size and EXIF orientation are the same): :mod:`libreyolo.data.jpeg`. With the
         GPU decode a corrupt file raises when its chunk is reached (the CPU decode reads every
         file before the first chunk). Video frames are always decoded by PyAV.
-        Images are predicted chunk by chunk (``batch`` each) with the next chunk's upload or
-        decode overlapping this chunk's stage (:meth:`_steps`); the outputs are those of the
-        chunk run alone.
+        Images are predicted chunk by chunk (``batch`` each); with more than one chunk the next
+        chunk's upload or decode overlaps this chunk's stage (:meth:`_steps`), and the outputs
+        are those of each chunk run alone.
         The task's own options (detection: ``conf``, ``iou``, ``max_det``, ``max_nms`` - the
         candidates per image that enter NMS -, ``classes``, ``agnostic_nms``) follow.
         """
@@ -305,7 +307,8 @@ class Predictor:
         if unknown:
             raise TypeError(f"unknown predict option(s) {', '.join(unknown)} for a {m.TASK} model; "
                             f"known: imgsz, batch, cuda_graph, amp, bgr, save, save_dir, exist_ok, verbose, profile, "
-                            "stream, vid_stride, show, timeout, precision, fast, decode, " + ", ".join(m.task.predict_defaults))
+                            "stream, vid_stride, show, timeout, precision, fast, decode, "
+                            + ", ".join(m.task.predict_defaults))
         batch = check_int("batch", batch, 1)
         save, bgr = parse_bool("save", save), parse_bool("bgr", bgr)
         stream, show = parse_bool("stream", stream), parse_bool("show", show)
@@ -354,17 +357,21 @@ class Predictor:
         if save:
             out_dir = Path(save_dir) if save_dir else next_run_dir("runs", "predict", exist_ok)
             out_dir.mkdir(parents=True, exist_ok=True)
+        # Overlap needs a next chunk: a call of one chunk keeps the per-image uploads on the compute
+        # stream (no cross-stream event on the batch-1 latency path), unless its files decode on the GPU.
+        staged = videos is None and (gpu_decode or (self.overlap and total > int(batch)))
         run = self._run(chunks, videos, total, t_load, size, mode, amp_dtype, plan, out_dir, verbose, profile,
-                        show, vid_stride, on_results, gpu_decode)
+                        show, vid_stride, on_results, staged)
         return run if stream else list(run)
 
-    #: images (not video frames) go through the overlapped loop: staged uploads on a copy stream,
-    #: the next chunk prepared while this one's stage runs (:meth:`_steps`). False: the sequential
-    #: loop of per-image uploads (what video frames take), for comparisons
+    #: images (not video frames) of a call with more than one chunk go through the overlapped loop:
+    #: staged uploads on a copy stream, the next chunk prepared while this one's stage runs
+    #: (:meth:`_steps`). False: the sequential loop of per-image uploads (what video frames and
+    #: single-chunk calls take), for comparisons
     overlap: bool = True
 
     def _run(self, chunks, videos, total, t_load, size, mode, amp_dtype, plan, out_dir, verbose, profile, show,
-             vid_stride, on_results, gpu_decode: bool = False) -> Iterator[Results]:
+             vid_stride, on_results, staged: bool = False) -> Iterator[Results]:
         """The predict loop behind :meth:`__call__`: one chunk of items at a time, its Results
         yielded as soon as they are made; video writers and readers closed however it ends."""
         m = self.model
@@ -378,7 +385,6 @@ class Predictor:
         writers: dict[int, VideoWriter] = {}
         viewers: dict[int, _Viewer] = {}
         images_saved = 0
-        staged = videos is None and (self.overlap or gpu_decode)
         lookahead = staged and self.overlap and not profile
         steps = self._steps(chunks, size, mode, amp_dtype, plan, t_load, staged=staged, lookahead=lookahead,
                             profile=profile, repeating=videos is not None)
@@ -547,6 +553,11 @@ class Predictor:
             else:
                 items[j] = it
         if files:
+            # nvjpeg writes its outputs on its own stream into blocks the allocator gives out on the
+            # current one (the copy stream): the copy stream's earlier work - the previous chunk's
+            # stack and host copy, reading blocks freed since - must be over first. The decode
+            # blocks the host until it is done anyway, and that work was queued a chunk ago.
+            ring.stream.synchronize()
             with torch.cuda.stream(ring.stream):
                 for (j, it, f), img in zip(files, decode_files([f for _, _, f in files], dev)):
                     if isinstance(img, np.ndarray):   # refused by nvjpeg, decoded on the CPU

@@ -4,7 +4,6 @@ number of images and batch; errors while preparing a chunk come after the chunks
 the ``decode`` option's checks and its CPU fallback; the JPEG probe and the EXIF orientation
 applied as PIL applies it; the bench's batch arm. The copy stream and the GPU decode themselves
 are covered in tests/gpu/test_batched_predict_gpu.py."""
-import io
 import logging
 
 import numpy as np
