@@ -97,14 +97,24 @@ def _parallel_copy(a: np.ndarray) -> np.ndarray:
     return out
 
 
-def load_sources(source: Any, *, bgr: bool = False, borrow: bool = False) -> list[SourceItem]:
+def load_sources(source: Any, *, bgr: bool = False, borrow: bool = False, workers: int = 1) -> list[SourceItem]:
     """Load ``source`` (see the module docstring for the accepted kinds) into a list of items.
 
     ``bgr=True`` says numpy arrays are in OpenCV's BGR(A) order; it has no effect on other kinds.
     ``borrow=True`` lets a numpy input that needs no conversion (uint8, RGB, C-contiguous) be
     used in place instead of copied; such items say ``borrowed`` (see :meth:`SourceItem.own`).
+    ``workers`` > 1 decodes several files at once in threads (Pillow releases the GIL while it
+    decodes): the same items in the same order, and the same error - the first failing file's
+    in source order - as one at a time.
     """
-    return list(iter_sources(source, bgr=bgr, borrow=borrow))
+    if workers <= 1:
+        return list(iter_sources(source, bgr=bgr, borrow=borrow))
+    loaders = _resolve(source, bgr)
+    if sum(1 for _, load in loaders if hasattr(load, "path")) < 2:
+        return [_item(name, load, borrow) for name, load in loaders]
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(max_workers=min(int(workers), len(loaders)), thread_name_prefix="libreyolo-decode") as ex:
+        return list(ex.map(lambda entry: _item(entry[0], entry[1], borrow), loaders))
 
 
 def iter_sources(source: Any, *, bgr: bool = False, borrow: bool = False) -> Iterator[SourceItem]:

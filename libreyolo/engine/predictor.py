@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
+import os
 import threading
 import time
 import warnings
@@ -40,6 +41,8 @@ from .paths import UniqueNames, next_run_dir
 log = logging.getLogger("libreyolo")
 #: ``model.track``'s default ``conf``: detections from here on reach the tracker
 TRACK_CONF = 0.1
+#: threads decoding image files on the CPU (PIL) before a predict call's first chunk
+DECODE_WORKERS = min(8, os.cpu_count() or 1)
 _NO_CONTEXT = contextlib.nullcontext()
 
 
@@ -349,7 +352,8 @@ class Predictor:
                 items: list[Any] = pending_sources(source, bgr=bgr)
                 t_load = None
             else:
-                items = load_sources(source, bgr=bgr, borrow=True)  # owned below, while the GPU works
+                items = load_sources(source, bgr=bgr, borrow=True,   # owned below, while the GPU works
+                                     workers=DECODE_WORKERS)
                 t_load = (time.perf_counter() - t_load) * 1e3 / max(1, len(items))
             chunks = (items[i:i + int(batch)] for i in range(0, len(items), int(batch)))
             total = len(items)

@@ -122,8 +122,9 @@ def test_gpu_decode_has_the_cpu_geometry_and_pixels_within_a_few_levels(jpeg_dir
         print(f"{b.path}: |gpu - cpu| mean {diff.mean():.3f}, p99.9 {np.quantile(diff, 0.999):.0f}, max {diff.max()}")
         if b.path.endswith(".png"):
             assert diff.max() == 0
-        else:   # a different IDCT / chroma upsampling: a few levels, not a different picture
-            assert diff.mean() <= 1.5 and np.quantile(diff, 0.999) <= 16, b.path
+        else:   # a different IDCT / chroma upsampling: a few levels, not a different picture (a wrong
+            # orientation or channel order gives a mean of tens of levels)
+            assert diff.mean() <= 2.0 and np.quantile(diff, 0.99) <= 12 and np.quantile(diff, 0.999) <= 24, b.path
         assert abs(len(a) - len(b)) <= max(2, 0.2 * len(a)), (b.path, len(a), len(b))
 
 
@@ -146,3 +147,16 @@ def test_gpu_decode_same_size_chunks_equal_the_decoded_arrays_predicted(jpeg_dir
     again = m.predict([r.orig_img.copy() for r in gpu], imgsz=640, batch=4, conf=0.1)
     for a, b in zip(gpu, again):
         assert torch.equal(a.boxes.data, b.boxes.data), a.path
+
+
+def test_bench_batch_arms_report_images_per_second_beside_the_graphed_forward():
+    from libreyolo.benchmark import bench_model
+    m = LibreYOLO.new("yolox", "n", device="cuda", seed=0)
+    res = bench_model(m, imgsz=640, batch=4, runs=3, warmup=1, chunks=2, compile_arms=False)
+    for name in ("eager", "graph"):
+        arm = res["arms"][f"batch_{name}"]
+        assert arm["images"] == 8 and arm["images_per_s"] > 0 and arm["ms_per_batch"] > 0
+    r = res["ratios"]
+    assert r["batch_graph_over_eager_images_per_s"] > 0 and r["batch_graph_ms_per_batch_over_forward_graph"] > 0
+    # the fast arm runs only where the family's contract allows it; otherwise a note says why
+    assert "batch_fast" in res["arms"] or any(n.startswith("batch fast arm skipped") for n in res["notes"])

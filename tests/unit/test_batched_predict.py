@@ -149,6 +149,21 @@ def test_pending_sources_resolve_like_load_sources_without_decoding(tmp_path, im
         pending_sources(tmp_path / "missing.jpg")
 
 
+def test_threaded_file_decode_gives_the_same_items_and_the_first_error(tmp_path):
+    rng = np.random.default_rng(5)
+    for i in range(5):
+        arr = rng.integers(0, 256, (20 + i, 30, 3), dtype=np.uint8)
+        _jpeg(tmp_path / f"{i}.jpg", arr, orientation=6 if i == 2 else None)
+    Image.fromarray(arr).save(tmp_path / "5.png")
+    one, many = load_sources(tmp_path), load_sources(tmp_path, workers=4)
+    assert [it.name for it in one] == [it.name for it in many]
+    assert all(np.array_equal(a.image, b.image) for a, b in zip(one, many))
+    (tmp_path / "1.jpg").write_bytes(b"not an image")
+    (tmp_path / "3.jpg").write_bytes(b"not an image either")
+    with pytest.raises(ValueError, match=r"cannot decode image '.*1\.jpg'"):
+        load_sources(tmp_path, workers=4)
+
+
 def test_probe_sends_only_plain_complete_jpegs_to_the_gpu_decoder(tmp_path):
     rng = np.random.default_rng(2)
     arr = rng.integers(0, 256, (24, 40, 3), dtype=np.uint8)
