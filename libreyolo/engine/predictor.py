@@ -20,6 +20,7 @@ import threading
 import time
 import warnings
 from collections import Counter
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -494,6 +495,8 @@ class Predictor:
             t2 = time.perf_counter()
             if ch.host_ready is not None:   # GPU-decoded images: their host copies for the Results
                 ch.host_ready.synchronize()
+                for pinned, arr in ch.downloads:
+                    torch.from_numpy(arr).copy_(pinned)   # torch's multi-threaded copy
             speed = {"load": ch.load_ms, "preprocess": ch.prep_ms, "inference": inference_ms}
             chunk_results = plan.results(out, ch.items, size, speed)
             if not staged:
@@ -598,22 +601,21 @@ class Predictor:
                     for j, img in decoded.items():
                         images[j] = img.contiguous()
                         owned.append(images[j])
-                # the decoded pixels back to the host, for the Results (as a CPU decode gives them)
+                # the decoded pixels back to the host for the Results, into a pinned download
+                # buffer; finish() copies them into each item's own array once they arrived
                 order = sorted(decoded)
-                host = torch.empty(sum(images[j].numel() for j in order), dtype=torch.uint8, pin_memory=True)
-                off = 0
-                for j in order:
-                    n = images[j].numel()
-                    host[off:off + n].view(images[j].shape).copy_(images[j], non_blocking=True)
-                    items[j] = SourceItem(raw[j].name, host[off:off + n].view(images[j].shape).numpy())
-                    off += n
+                pinned = ring.download([images[j] for j in order])
+                downloads = []
+                for j, view in zip(order, pinned):
+                    items[j] = SourceItem(raw[j].name, np.empty(tuple(view.shape), np.uint8))
+                    downloads.append((view, items[j].image))
                 host_ready = torch.cuda.Event()
                 host_ready.record(ring.stream)
         ready = torch.cuda.Event()
         ready.record(ring.stream)
         ch = _Chunk(items, images, batch, ready, tuple(owned), load_ms=load_ms)
         if decoded:
-            ch.host_ready = host_ready
+            ch.host_ready, ch.downloads = host_ready, downloads
         return ch
 
     def _ring(self) -> "_UploadRing":
@@ -729,7 +731,8 @@ class _Chunk:
     batch: torch.Tensor | None = None     # the same images as one contiguous (B, H, W, 3) tensor
     ready: Any = None                     # CUDA event on the copy stream: the images are complete
     owned: tuple = ()                     # device tensors made on the copy stream
-    host_ready: Any = None                # CUDA event: GPU-decoded images copied to the items
+    host_ready: Any = None                # CUDA event: GPU-decoded images are in `downloads`
+    downloads: list = dataclasses.field(default_factory=list)   # (pinned view, the item's array)
     load_ms: float = 0.0
     prep_ms: float = 0.0
 
@@ -745,7 +748,8 @@ def _host_tensor(image: Any) -> torch.Tensor:
 
 class _UploadRing:
     """Host images -> the device, off the compute stream: two pinned staging buffers used in
-    turn, a copy stream, and an event per buffer.
+    turn, a copy stream, and an event per buffer (and three pinned download buffers for the
+    GPU-decoded images on their way back: :meth:`download`).
 
     :meth:`upload` waits (on the host) only until the buffer it is about to fill has finished
     its previous upload - two chunks back, long done when the device keeps up - copies the
@@ -792,6 +796,33 @@ class _UploadRing:
         done.record(self.stream)
         self._copied[k] = done
         return views, dev
+
+    #: download buffers: one being filled, one waiting for its chunk's Results, one spare - the
+    #: loop prepares chunk i+1 before it finishes chunk i-1
+    DOWNLOAD_SLOTS = 3
+
+    def download(self, images: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Contiguous device tensors -> pinned host views of the same shapes, the copies queued
+        on the copy stream (the caller records an event after them and waits for it before it
+        reads the views, which stay valid until this slot comes round again)."""
+        if not hasattr(self, "_down"):
+            self._down: list[torch.Tensor | None] = [None] * self.DOWNLOAD_SLOTS
+            self._down_next = 0
+        k = self._down_next
+        self._down_next = (k + 1) % self.DOWNLOAD_SLOTS
+        total = sum(t.numel() for t in images)
+        buf = self._down[k]
+        if buf is None or buf.numel() < total:
+            self._down[k] = None
+            buf = self._down[k] = torch.empty(total, dtype=torch.uint8, pin_memory=True)
+        views, off = [], 0
+        with torch.cuda.stream(self.stream):
+            for t in images:
+                v = buf[off:off + t.numel()].view(t.shape)
+                v.copy_(t, non_blocking=True)
+                views.append(v)
+                off += t.numel()
+        return views
 
 
 # ------------------------------------------------------------------------------------------ video
