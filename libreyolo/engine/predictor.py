@@ -547,7 +547,7 @@ class Predictor:
         t0 = time.perf_counter()
         decoded: dict[int, Any] = {}
         items: list[SourceItem | None] = [None] * len(raw)
-        ring = self._ring() if dev.type == "cuda" else None
+        ring = self._ring()
         files: list[tuple[int, PendingItem, Any]] = []
         for j, it in enumerate(raw):
             if isinstance(it, PendingItem):
@@ -618,8 +618,10 @@ class Predictor:
             ch.host_ready, ch.downloads = host_ready, downloads
         return ch
 
-    def _ring(self) -> "_UploadRing":
-        """This thread's upload ring for the model's device."""
+    def _ring(self) -> "_UploadRing | None":
+        """This thread's upload ring for the model's device (None off CUDA)."""
+        if self.model.device.type != "cuda":
+            return None
         local = self._local
         ring = getattr(local, "ring", None)
         if ring is None or ring.device != self.model.device:
@@ -761,6 +763,9 @@ class _UploadRing:
     """
 
     SLOTS = 2
+    #: host buffers in page-locked memory (what makes the copies asynchronous; a CPU test's
+    #: stand-in ring turns it off)
+    PINNED = True
 
     def __init__(self, device: torch.device):
         self.device = torch.device(device)
@@ -781,7 +786,7 @@ class _UploadRing:
         host = self._host[k]
         if host is None or host.numel() < total:
             self._host[k] = None
-            host = self._host[k] = torch.empty(total, dtype=torch.uint8, pin_memory=True)
+            host = self._host[k] = torch.empty(total, dtype=torch.uint8, pin_memory=self.PINNED)
         views, off = [], 0
         with torch.cuda.stream(self.stream):
             dev = torch.empty(total, dtype=torch.uint8, device=self.device)
@@ -814,7 +819,7 @@ class _UploadRing:
         buf = self._down[k]
         if buf is None or buf.numel() < total:
             self._down[k] = None
-            buf = self._down[k] = torch.empty(total, dtype=torch.uint8, pin_memory=True)
+            buf = self._down[k] = torch.empty(total, dtype=torch.uint8, pin_memory=self.PINNED)
         views, off = [], 0
         with torch.cuda.stream(self.stream):
             for t in images:

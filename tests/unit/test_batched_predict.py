@@ -4,6 +4,7 @@ number of images and batch; errors while preparing a chunk come after the chunks
 the ``decode`` option's checks and its CPU fallback; the JPEG probe and the EXIF orientation
 applied as PIL applies it; the bench's batch arm. The copy stream and the GPU decode themselves
 are covered in tests/gpu/test_batched_predict_gpu.py."""
+import contextlib
 import logging
 
 import numpy as np
@@ -93,6 +94,83 @@ def test_speed_is_filled_per_image(model, images):
     for r in model.predict(images, imgsz=SIZE, batch=3, conf=0.01):
         assert set(r.speed) == {"load", "preprocess", "inference", "postprocess"}
         assert all(v >= 0 for v in r.speed.values()), r.speed
+
+
+# ------------------------------------------------------------ the CUDA path, stood in on the CPU
+
+
+class _Stream:
+    def synchronize(self):
+        pass
+
+    def wait_event(self, event):
+        assert event.recorded, "the compute stream waits for an event that was never recorded"
+
+
+class _Event:
+    def __init__(self):
+        self.recorded = False
+
+    def record(self, stream=None):
+        self.recorded = True
+
+    def synchronize(self):
+        assert self.recorded
+
+
+@pytest.fixture
+def standin_cuda(monkeypatch):
+    """The staged path's CUDA calls stood in on the CPU: the real upload ring without pinned
+    memory, streams and events that check their use, torchvision's CPU JPEG decoder for
+    nvjpeg. It runs every line of the staged path's bookkeeping (offsets, views, the stacked
+    batch, downloads) that the GPU tests run for real."""
+    from libreyolo.engine import predictor as pred
+
+    class Ring(pred._UploadRing):
+        PINNED = False
+
+        def __init__(self):
+            self.device, self.stream = torch.device("cpu"), _Stream()
+            self._host, self._copied, self._next = [None] * self.SLOTS, [None] * self.SLOTS, 0
+    ring = Ring()
+    monkeypatch.setattr(pred.Predictor, "_ring", lambda self: ring)
+    monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "Event", _Event)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: _Stream())
+    monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, stream: None)
+    monkeypatch.setattr(pred, "gpu_decode_problem", lambda device: None)
+    return ring
+
+
+@pytest.mark.parametrize("batch", [2, 3])
+def test_staged_uploads_equal_the_sequential_loop(model, images, sequential, standin_cuda, batch):
+    got = model.predict(images, imgsz=SIZE, batch=batch, conf=0.01)
+    _same(got, sequential(images, imgsz=SIZE, batch=batch, conf=0.01))
+    assert standin_cuda._host[0] is not None   # the ring was used
+
+
+def test_staged_gpu_decode_gives_upright_pixels_and_the_arrays_results(model, tmp_path, sequential, standin_cuda):
+    rng = np.random.default_rng(6)
+    base = rng.integers(0, 256, (40, 56, 3), dtype=np.uint8)
+    for i, o in enumerate((1, 6, 8, 3, 1)):
+        _jpeg(tmp_path / f"{i}.jpg", np.roll(base, i, axis=1), orientation=o)
+    _jpeg(tmp_path / "5_grey.jpg", base[:, :, 0])
+    Image.fromarray(base).save(tmp_path / "6.png")
+    got = model.predict(tmp_path, imgsz=SIZE, batch=3, conf=0.01, decode="gpu")
+    for r in got:
+        f = jpeg.probe(r.path)
+        if f is None:
+            want = decode_image(r.path)
+        else:
+            want = jpeg.decode_files([f], torch.device("cpu"))[0].numpy()
+        assert isinstance(r.orig_img, np.ndarray) and np.array_equal(r.orig_img, want), r.path
+    _same(got, sequential(tmp_path, imgsz=SIZE, batch=3, conf=0.01, decode="gpu"))
+    # chunks [0-2] mix sizes (per-image tensors), [3-5] share one (the stacked batch), [6] is the
+    # PNG (the staged upload): each gives the Results of the same pixels handed over as arrays
+    as_arrays = model.predict([r.orig_img for r in got], imgsz=SIZE, batch=3, conf=0.01)
+    for r, g in zip(as_arrays, got):
+        r.path = g.path
+    _same(got, as_arrays)
 
 
 # ------------------------------------------------------------------------------------ decode
