@@ -23,7 +23,6 @@ SIZE = 64
 
 @pytest.fixture(scope="module")
 def model():
-    logging.getLogger("libreyolo").setLevel(logging.ERROR)
     return input_sensitive(LibreYOLO.new("yolox", "n", device="cpu", seed=0))
 
 
