@@ -3,24 +3,23 @@
 The uint8 images are uploaded once (for a call of several chunks on a copy stream, overlapping
 the previous chunk's stage: :meth:`Predictor._steps`); the family's preprocessing
 (``model.preprocess``: letterbox, stretch or resize+crop, then normalization) runs in torch on
-the model's device. The stage -
-network, then the task's on-device post-processing (:meth:`PredictPlan.finish`) - goes through
-the model's :class:`GraphRunner`, together with the preprocessing when a batch's images share
-one size, so ``cuda_graph`` only changes *how* the same ops run, never *what* they compute:
-eager numbers are the truth. The task turns the stage's outputs into Results
-(:meth:`PredictPlan.results`).
+the model's device. The stage - network, then the task's on-device post-processing
+(:meth:`PredictPlan.finish`) - goes through the model's :class:`GraphRunner`, together with the
+preprocessing when a batch's images share one size, so ``cuda_graph`` only changes *how* the
+same ops run, never *what* they compute: eager numbers are the truth. The task turns the stage's
+outputs into Results (:meth:`PredictPlan.results`).
 """
 from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import logging
 import os
 import threading
 import time
 import warnings
 from collections import Counter
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
