@@ -4,8 +4,8 @@
 Only the compressed bytes cross PCIe (a 1280x720 photo: ~0.1-0.3 MB instead of 2.7 MB of
 pixels), and a chunk's files are decoded in one batched call. What goes to the GPU decoder is
 decided per file by :func:`probe`, from the header alone (PIL opens lazily): a baseline or
-progressive JPEG whose pixels are RGB (YCbCr) or greyscale and whose data ends with the JPEG
-end-of-image marker. Everything else - PNG, WebP, CMYK/YCCK JPEGs, truncated files, files PIL
+progressive JPEG whose pixels are YCbCr (PIL mode RGB, without an Adobe marker saying the
+components are stored as RGB) or greyscale and whose data ends with the JPEG end-of-image marker. Everything else - PNG, WebP, CMYK/YCCK JPEGs, truncated files, files PIL
 cannot identify - goes to the CPU decoder (:func:`~libreyolo.data.sources.decode_image`), which
 decodes it or raises today's error naming the file. A file the GPU decoder refuses is retried
 alone on the GPU and then on the CPU, so a corrupt JPEG raises the CPU decoder's error.
@@ -82,6 +82,8 @@ def probe(path: str | os.PathLike) -> JpegFile | None:
         with Image.open(io.BytesIO(data.tobytes())) as im:   # header only; bomb check included
             if im.format != "JPEG" or im.mode not in _GPU_MODES:
                 return None
+            if im.mode == "RGB" and im.info.get("adobe_transform") == 0:
+                return None   # components stored as RGB, not YCbCr (Adobe APP14): left to libjpeg
             orientation = int(im.getexif().get(0x0112, 1) or 1)
             w, h = im.size
     except Exception:   # noqa: BLE001 - anything PIL does not like: the CPU decoder reports it
