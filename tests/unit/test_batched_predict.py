@@ -316,3 +316,15 @@ def test_bench_batch_arm_reports_images_per_second_on_the_cpu(model):
     assert "batch_graph" not in res["arms"] and "batch_fast" not in res["arms"]
     assert any("batch graph and fast arms skipped: no CUDA device" in n for n in res["notes"])
     assert res["ratios"]["batch_graph_over_eager_images_per_s"] is None
+
+
+def test_cli_bench_batch_prints_and_writes_the_batch_arms(tmp_path, capsys):
+    import json
+
+    from libreyolo.cli import main
+    out = tmp_path / "b.json"
+    assert main(["bench", "model=yoloxn", f"imgsz={SIZE}", "batch=2", "chunks=2", "runs=1", "warmup=0",
+                 "device=cpu", "compile=false", f"json={out}"]) == 0
+    res = json.loads(out.read_text())
+    assert res["arms"]["batch_eager"]["images"] == 4 and res["arms"]["batch_eager"]["images_per_s"] > 0
+    assert "batched predict (2 x 2 images per call), images/s: eager" in " ".join(capsys.readouterr().out.split())
