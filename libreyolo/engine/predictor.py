@@ -773,29 +773,37 @@ class _UploadRing:
         self._copied: list[Any] = [None] * self.SLOTS
         self._next = 0
 
+    #: images of different sizes start at multiples of this many bytes in the device buffer, as
+    #: separate allocations would (the caching allocator's granularity); images of one size lie
+    #: back to back, as ``torch.stack`` would lay them: the stage reads the layout it always read
+    ALIGN = 512
+
     def upload(self, images: list[torch.Tensor]) -> tuple[list[torch.Tensor], torch.Tensor]:
-        """CPU uint8 tensors -> (device views of the same shapes, the device buffer holding them
-        back to back), queued on the copy stream."""
+        """CPU uint8 tensors -> (device views of the same shapes, the device buffer holding them),
+        queued on the copy stream."""
         k = self._next
         self._next = (k + 1) % self.SLOTS
         if self._copied[k] is not None:
             self._copied[k].synchronize()   # never overwrite a staging buffer still being copied
         sizes = [t.numel() for t in images]
-        total = sum(sizes)
+        step = 1 if len({tuple(t.shape) for t in images}) == 1 else self.ALIGN
+        offsets, total = [], 0
+        for n in sizes:
+            offsets.append(total)
+            total += -(-n // step) * step
         host = self._host[k]
         if host is None or host.numel() < total:
             self._host[k] = None
             host = self._host[k] = torch.empty(total, dtype=torch.uint8, pin_memory=self.PINNED)
-        views, off = [], 0
+        views = []
         with torch.cuda.stream(self.stream):
             dev = torch.empty(total, dtype=torch.uint8, device=self.device)
-            for t, n in zip(images, sizes):
+            for t, n, off in zip(images, sizes, offsets):
                 staged = host[off:off + n].view(t.shape)
                 staged.copy_(t)
                 d = dev[off:off + n].view(t.shape)
                 d.copy_(staged, non_blocking=True)
                 views.append(d)
-                off += n
         done = torch.cuda.Event()
         done.record(self.stream)
         self._copied[k] = done

@@ -148,6 +148,18 @@ def test_staged_uploads_equal_the_sequential_loop(model, images, sequential, sta
     assert standin_cuda._host[0] is not None   # the ring was used
 
 
+def test_upload_ring_lays_out_one_size_back_to_back_and_mixed_sizes_aligned(standin_cuda, images):
+    same = [torch.from_numpy(im) for im in images[:3]]
+    views, base = standin_cuda.upload(same)
+    assert base.numel() == sum(t.numel() for t in same)
+    assert torch.equal(base.view(3, *same[0].shape), torch.stack(same))   # what torch.stack gives
+    mixed = [torch.from_numpy(im) for im in images[3:6]]   # 48x64, 40x40, 48x64
+    views, base = standin_cuda.upload(mixed)
+    for v, t in zip(views, mixed):
+        assert (v.data_ptr() - base.data_ptr()) % standin_cuda.ALIGN == 0 and torch.equal(v, t)
+    assert standin_cuda._next == 0 and standin_cuda._copied[0].recorded and standin_cuda._copied[1].recorded
+
+
 def test_staged_gpu_decode_gives_upright_pixels_and_the_arrays_results(model, tmp_path, sequential, standin_cuda):
     rng = np.random.default_rng(6)
     base = rng.integers(0, 256, (40, 56, 3), dtype=np.uint8)
