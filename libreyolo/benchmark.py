@@ -7,8 +7,10 @@ captured, with whether it replays bitwise), end-to-end predict eager and with
 compile arms (:func:`compile_arms_for`): ``torch.compile(mode="reduce-overhead")`` of the same
 fp32 network (what a PyTorch user tries first), the half path (``precision``, eager copy in our
 graph) and the fast path (inductor-compiled half copy in our graph), forward and end to end, with
-first-compile and warm-start (second process) times. Each arm is warmed up, then timed ``runs``
-times with a device synchronize around every call; medians (and p90) are reported.
+first-compile and warm-start (second process) times. With ``batch`` > 1 also the batch arms
+(:func:`batch_arms`): images/s of predict over several batches per call, eager, graph and fast.
+Each arm is warmed up, then timed ``runs`` times with a device synchronize around every call;
+medians (and p90) are reported.
 """
 from __future__ import annotations
 
@@ -75,9 +77,11 @@ def _whole_graph_arm(net, x: torch.Tensor, eager_out: list, dev: torch.device, r
 
 def bench_model(model, *, imgsz: int = 640, batch: int = 1, runs: int = 200, warmup: int = 30,
                 image: np.ndarray | None = None, conf: float = 0.25, precision: str = "fp16",
-                compile_arms: bool = True) -> dict:
+                compile_arms: bool = True, chunks: int = 4) -> dict:
     """Measure every arm for ``model`` and return a JSON-ready dict (``conf``: detection only;
-    ``precision``: the dtype of the half and fast arms; ``compile_arms``: run them, CUDA only)."""
+    ``precision``: the dtype of the half and fast arms; ``compile_arms``: run them, CUDA only;
+    ``chunks``: with ``batch`` > 1, the batch arms predict ``chunks * batch`` images per call:
+    :func:`batch_arms`)."""
     from .assets import SAMPLE_IMAGE
     from .data.sources import load_sources
 
@@ -165,6 +169,10 @@ def bench_model(model, *, imgsz: int = 640, batch: int = 1, runs: int = 200, war
             notes.append(f"compile / half / fast arms skipped: {why}")
         else:
             arms.update(compile_arms_for(model, x, images, imgsz, batch, opts, runs, warmup, precision))
+    if batch > 1:
+        batch_res, batch_notes = batch_arms(model, image, imgsz, batch, opts, runs, warmup, precision, chunks)
+        arms.update(batch_res)
+        notes.extend(batch_notes)
     result = {
         "model": f"{model.FAMILY}-{model.size}", "task": model.TASK,
         "captured": "front part (seam), rest eager" if seam else "whole stage", "fused": model.fused, "trained": model.trained, "imgsz": imgsz,
@@ -189,7 +197,55 @@ def bench_model(model, *, imgsz: int = 640, batch: int = 1, runs: int = 200, war
     ff = arms.get("forward_fast_graph", {}).get("median_ms")
     if ff and fg:
         result["ratios"]["fast_forward_over_fp32_forward_graph"] = ff / fg
+    if "batch_eager" in arms:
+        be, bg = arms["batch_eager"], arms.get("batch_graph")
+        result["ratios"]["batch_graph_over_eager_images_per_s"] = (bg["images_per_s"] / be["images_per_s"]
+                                                                   if bg else None)
+        result["ratios"]["batch_graph_ms_per_batch_over_forward_graph"] = (bg["ms_per_batch"] / fg
+                                                                          if bg and fg else None)
     return result
+
+
+def batch_arms(model, image: np.ndarray, imgsz: int, batch: int, opts: dict, runs: int, warmup: int,
+               precision: str = "fp16", chunks: int = 4) -> tuple[dict, list[str]]:
+    """Throughput of batched predict: ``model.predict`` of ``chunks * batch`` copies of the
+    uint8 ``image`` with ``batch=batch`` per call - so each call overlaps the upload of chunk
+    i+1 with the stage of chunk i, as predict on a directory does - eager, with
+    ``cuda_graph=True`` and on the fast path (CUDA, and only where the family's fast-path
+    contract allows it: otherwise a note says why). Each arm: the call's median and p90 (ms),
+    ``images_per_s`` and ``ms_per_batch`` (median / chunks). Returns (arms, notes)."""
+    from .engine.fastpath import check_contract
+    dev = model.device
+    images = [image] * (batch * chunks)
+    arms: dict[str, Any] = {}
+    notes: list[str] = []
+    kinds: list[tuple[str, dict]] = [("eager", {"cuda_graph": False})]
+    if dev.type == "cuda" and model.SUPPORTS_CUDA_GRAPH:
+        kinds.append(("graph", {"cuda_graph": True}))
+        fast_precision = precision if precision in ("fp16", "bf16") else "fp16"
+        try:
+            if model.PREDICT_SEAM:
+                raise ValueError(f"{model.FAMILY}'s predict stage has a seam (the fast path covers whole-stage "
+                                 "families)")
+            check_contract(model.FAMILY, fast_precision, True)
+            kinds.append(("fast", {"cuda_graph": True, "precision": fast_precision, "fast": True}))
+        except (ValueError, NotImplementedError) as exc:
+            notes.append(f"batch fast arm skipped: {exc}")
+    else:
+        notes.append("batch graph and fast arms skipped: " + ("no CUDA device" if dev.type != "cuda"
+                                                              else f"{model.FAMILY} is not graph-capturable"))
+    for name, kw in kinds:
+        model.release_graphs()
+
+        def call(kw=kw):
+            return model.predict(images, imgsz=imgsz, batch=batch, **opts, **kw)
+        call()   # captures (graph, fast) and compiles (fast) happen here, untimed
+        t = time_call(call, dev, runs, warmup)
+        arms[f"batch_{name}"] = {**t, "images": len(images), "batch": batch, "chunks": chunks,
+                                 "images_per_s": len(images) * 1e3 / t["median_ms"],
+                                 "ms_per_batch": t["median_ms"] / chunks}
+    model.release_graphs()
+    return arms, notes
 
 
 def _compile_arms_skipped(model, precision: str) -> str | None:

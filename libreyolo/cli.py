@@ -198,6 +198,8 @@ PREDICT = {
     "amp": Opt(_amp, False, "false, true (the family's dtype), fp16 or bf16"),
     "precision": Opt(_precision, None, "fp32 (default, bitwise), fp16 or bf16: the half network (fp16 with fast=true)"),
     "fast": Opt(_flag("fast"), False, "CUDA: compile the half network with inductor inside the CUDA graph"),
+    "decode": Opt(_choice("decode", ("cpu", "gpu", "auto")), "cpu", "image files: cpu (PIL), gpu (JPEGs with nvjpeg, "
+                                                                    "batched) or auto (gpu where it can run)"),
     "save": Opt(_flag("save"), True, "write annotated images"),
     "save_dir": Opt(str, None, "where annotated images go (default: a new runs/predict, runs/predict2, ...)"),
     "vid_stride": Opt(_int("vid_stride", 1), 1, "predict every N-th frame of a video"),
@@ -235,6 +237,8 @@ def cmd_predict(opts: dict, track: bool = False) -> int:
         common["show"] = True
     if opts["precision"] is not None or opts["fast"]:   # the default call stays today's call
         common.update(precision=opts["precision"], fast=opts["fast"])
+    if opts["decode"] != "cpu":
+        common["decode"] = opts["decode"]
     if is_video_source(source):  # frames are counted, not listed (a stream can run for hours)
         run = call(source, stream=True, vid_stride=opts["vid_stride"], timeout=opts["timeout"], **common, **task_opts)
         return _video_report(run, opts, model, track)
@@ -398,7 +402,8 @@ def cmd_verify(opts: dict) -> int:
 BENCH = {
     "model": Opt(str, "yolo9t", "checkpoint path or family/size name"),
     "imgsz": Opt(_imgsz(), 640, "network input size"),
-    "batch": Opt(_int("batch", 1), 1, "batch size"),
+    "batch": Opt(_int("batch", 1), 1, "batch size (above 1 also the batch arms: images/s eager, graph, fast)"),
+    "chunks": Opt(_int("chunks", 1), 4, "batch arms: batches per predict call (chunks x batch images)"),
     "runs": Opt(_int("runs", 1), 200, "timed runs per arm (median reported)"),
     "warmup": Opt(_int("warmup", 0), 30, "untimed warm-up runs per arm"),
     "device": Opt(str, "auto", "auto, cpu, cuda"),
@@ -432,7 +437,7 @@ def cmd_bench(opts: dict) -> int:
         from .engine import fastpath
         fastpath.COMPILE_MODE = opts["compile_mode"]
     res = bench_model(model, imgsz=opts["imgsz"], batch=opts["batch"], runs=opts["runs"], warmup=opts["warmup"],
-                      precision=opts["precision"], compile_arms=opts["compile"])
+                      precision=opts["precision"], compile_arms=opts["compile"], chunks=opts["chunks"])
     tf32 = (f", TF32 conv {res['tf32']['cudnn']} / matmul {res['tf32']['matmul']}"
             if model.device.type == "cuda" else "")   # TF32 exists on CUDA only
     t = Table(title=f"{res['model']} imgsz={res['imgsz']} batch={res['batch']} on {res['device']} "
@@ -469,7 +474,19 @@ def cmd_bench(opts: dict) -> int:
                                               for k, v in c.items()))
     if "prompt_graph_equal_eager" in res["arms"]:
         console.print(f"prompt call graph == eager: {res['arms']['prompt_graph_equal_eager']}")
+    batch_rows = [(k.removeprefix("batch_"), res["arms"][k]) for k in ("batch_eager", "batch_graph", "batch_fast")
+                  if k in res["arms"]]
+    if batch_rows:
+        a0 = batch_rows[0][1]
+        fg = res["arms"].get("forward_graph", {}).get("median_ms")
+        console.print(f"batched predict ({a0['chunks']} x {a0['batch']} images per call), images/s: "
+                      + ", ".join(f"{n} {a['images_per_s']:.0f} ({a['ms_per_batch']:.2f} ms/batch)"
+                                  for n, a in batch_rows)
+                      + (f"; graphed forward {fg:.2f} ms/batch" if fg else ""))
     r = res["ratios"]
+    if r.get("batch_graph_over_eager_images_per_s"):
+        console.print(f"batch: graph / eager images/s x{r['batch_graph_over_eager_images_per_s']:.2f}; "
+                      f"graph ms per batch / graphed forward = {r['batch_graph_ms_per_batch_over_forward_graph']:.2f}")
     if r["forward_speedup"]:
         console.print(f"speedups: forward x{r['forward_speedup']:.2f}, predict x{r['predict_speedup']:.2f}; "
                       f"predict(graph) / forward(graph) = {r['predict_graph_over_forward_graph']:.2f}")

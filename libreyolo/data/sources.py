@@ -43,8 +43,8 @@ import numpy as np
 import torch
 from PIL import Image, ImageOps
 
-__all__ = ["IMAGE_EXTENSIONS", "SourceItem", "Source", "load_sources", "iter_sources", "decode_image",
-           "pil_to_rgb"]
+__all__ = ["IMAGE_EXTENSIONS", "SourceItem", "PendingItem", "Source", "load_sources", "iter_sources",
+           "pending_sources", "decode_image", "pil_to_rgb"]
 
 #: File suffixes (lower case, with the dot) treated as images in directories and glob matches.
 IMAGE_EXTENSIONS: frozenset[str] = frozenset(
@@ -97,14 +97,24 @@ def _parallel_copy(a: np.ndarray) -> np.ndarray:
     return out
 
 
-def load_sources(source: Any, *, bgr: bool = False, borrow: bool = False) -> list[SourceItem]:
+def load_sources(source: Any, *, bgr: bool = False, borrow: bool = False, workers: int = 1) -> list[SourceItem]:
     """Load ``source`` (see the module docstring for the accepted kinds) into a list of items.
 
     ``bgr=True`` says numpy arrays are in OpenCV's BGR(A) order; it has no effect on other kinds.
     ``borrow=True`` lets a numpy input that needs no conversion (uint8, RGB, C-contiguous) be
     used in place instead of copied; such items say ``borrowed`` (see :meth:`SourceItem.own`).
+    ``workers`` > 1 decodes several files at once in threads (Pillow releases the GIL while it
+    decodes): the same items in the same order, and the same error - the first failing file's
+    in source order - as one at a time.
     """
-    return list(iter_sources(source, bgr=bgr, borrow=borrow))
+    if workers <= 1:
+        return list(iter_sources(source, bgr=bgr, borrow=borrow))
+    loaders = _resolve(source, bgr)
+    if sum(1 for _, load in loaders if hasattr(load, "path")) < 2:
+        return [_item(name, load, borrow) for name, load in loaders]
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(max_workers=min(int(workers), len(loaders)), thread_name_prefix="libreyolo-decode") as ex:
+        return list(ex.map(lambda entry: _item(entry[0], entry[1], borrow), loaders))
 
 
 def iter_sources(source: Any, *, bgr: bool = False, borrow: bool = False) -> Iterator[SourceItem]:
@@ -116,6 +126,26 @@ def iter_sources(source: Any, *, bgr: bool = False, borrow: bool = False) -> Ite
     """
     loaders = _resolve(source, bgr)
     return (_item(name, load, borrow) for name, load in loaders)
+
+
+@dataclass
+class PendingItem:
+    """One input resolved but not loaded yet (:func:`pending_sources`): its name, the file's path
+    for an image file (None for in-memory inputs) and :meth:`load`, which gives the
+    :class:`SourceItem` that :func:`load_sources` would give (decoding a file on the CPU)."""
+
+    name: str
+    path: Path | None
+    loader: "_Loader"
+
+    def load(self, borrow: bool = False) -> SourceItem:
+        return _item(self.name, self.loader, borrow)
+
+
+def pending_sources(source: Any, *, bgr: bool = False) -> list[PendingItem]:
+    """Resolve ``source`` like :func:`load_sources` - with the same checks and errors before
+    anything is decoded - without loading any item: predict's GPU decode reads the files itself."""
+    return [PendingItem(name, getattr(load, "path", None), load) for name, load in _resolve(source, bgr)]
 
 
 def _item(name: str, load: "_Loader", borrow: bool) -> SourceItem:
@@ -205,7 +235,10 @@ def _expand_path(item: str | os.PathLike) -> list[Path]:
 
 
 def _file_loader(path: Path) -> _Loader:
-    return lambda: decode_image(path)
+    def load() -> np.ndarray:
+        return decode_image(path)
+    load.path = path  # type: ignore[attr-defined]  # for pending_sources
+    return load
 
 
 def decode_image(path: str | os.PathLike) -> np.ndarray:

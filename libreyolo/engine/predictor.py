@@ -1,29 +1,34 @@
 """Task-generic predict loop: sources -> batches -> GPU preprocessing -> stage -> Results.
 
-The uint8 images are uploaded once; the family's preprocessing (``model.preprocess``: letterbox,
-stretch or resize+crop, then normalization) runs in torch on the model's device. The stage -
-network, then the task's on-device post-processing (:meth:`PredictPlan.finish`) - goes through
-the model's :class:`GraphRunner`, together with the preprocessing when a batch's images share
-one size, so ``cuda_graph`` only changes *how* the same ops run, never *what* they compute:
-eager numbers are the truth. The task turns the stage's outputs into Results
-(:meth:`PredictPlan.results`).
+The uint8 images are uploaded once (for a call of several chunks on a copy stream, overlapping
+the previous chunk's stage: :meth:`Predictor._steps`); the family's preprocessing
+(``model.preprocess``: letterbox, stretch or resize+crop, then normalization) runs in torch on
+the model's device. The stage - network, then the task's on-device post-processing
+(:meth:`PredictPlan.finish`) - goes through the model's :class:`GraphRunner`, together with the
+preprocessing when a batch's images share one size, so ``cuda_graph`` only changes *how* the
+same ops run, never *what* they compute: eager numbers are the truth. The task turns the stage's
+outputs into Results (:meth:`PredictPlan.results`).
 """
 from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import logging
+import os
 import threading
 import time
 import warnings
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
 
-from ..data.sources import SourceItem, load_sources
+from ..data.jpeg import decode_files, gpu_decode_problem, is_jpeg_path, parse_decode, probe
+from ..data.sources import PendingItem, SourceItem, load_sources, pending_sources
 from ..data.video import DEFAULT_TIMEOUT, VideoSources, VideoStream, VideoWriter, is_video_source, open_video_sources
 from ..graphs.capture import to_host
 from ..graphs.runner import normalize_mode
@@ -36,6 +41,8 @@ from .paths import UniqueNames, next_run_dir
 log = logging.getLogger("libreyolo")
 #: ``model.track``'s default ``conf``: detections from here on reach the tracker
 TRACK_CONF = 0.1
+#: threads decoding image files on the CPU (PIL) before a predict call's first chunk
+DECODE_WORKERS = min(8, os.cpu_count() or 1)
 _NO_CONTEXT = contextlib.nullcontext()
 
 
@@ -151,12 +158,15 @@ class Predictor:
         return self.model.task.plan(self.model, size, self.constant, **opts)
 
     def run_batch(self, images: list[torch.Tensor], size: int, mode: Any, amp_dtype, plan: PredictPlan,
-                  repeating: bool = False, half: HalfNetwork | None = None) -> Any:
+                  repeating: bool = False, half: HalfNetwork | None = None,
+                  stacked: torch.Tensor | None = None) -> Any:
         """uint8 HWC device tensors -> the stage's outputs (a HostCopy when ``plan.host``).
 
         ``repeating``: the caller knows this size repeats (video frames), so the uint8 stage
         (preprocessing inside the graph) is used from the first call instead of the second.
-        ``half``: the half / fast path's network (None: fp32)."""
+        ``half``: the half / fast path's network (None: fp32). ``stacked``: the same images
+        already as one contiguous (B, H, W, 3) tensor (the staged upload lands them so), used
+        instead of stacking them again: the same bytes, so the same stage outputs."""
         runner = self.model._runner
         net, from_u8 = self._stage_fns(size, plan, half)
         prep = self.model.preprocess
@@ -170,7 +180,10 @@ class Predictor:
         same = len(set(shapes)) == 1
         with torch.no_grad(), self._autocast(amp_dtype):
             if same:
-                u8 = images[0].unsqueeze(0) if len(images) == 1 else torch.stack(images)
+                if stacked is not None:
+                    u8 = stacked
+                else:
+                    u8 = images[0].unsqueeze(0) if len(images) == 1 else torch.stack(images)
                 # Preprocess inside the graph only for a raw size seen before or known to repeat
                 # (a video, a camera, a fixed pipeline) - otherwise each new photo size would cost a
                 # capture - and not when capture_graph pinned the network stage for this request.
@@ -240,7 +253,8 @@ class Predictor:
                  exist_ok: bool = False, verbose: bool = False, profile: bool = False, stream: bool = False,
                  vid_stride: int = 1, show: bool = False, timeout: float = DEFAULT_TIMEOUT,
                  on_results: Callable[[Results, SourceItem], None] | None = None,
-                 precision: Any = None, fast: Any = False, **task_opts) -> list[Results] | Iterator[Results]:
+                 precision: Any = None, fast: Any = False, decode: Any = None,
+                 **task_opts) -> list[Results] | Iterator[Results]:
         """Predict on ``source`` and return one Results per image (per frame for a video).
 
         ``source``: a path, directory, glob, PIL image, numpy RGB array - or BGR with ``bgr=True``
@@ -276,6 +290,17 @@ class Predictor:
         (CUDA only; precision fp16 unless bf16 is asked) also compiles that copy with inductor,
         captured with the pre- and post-processing when ``cuda_graph`` is on. Both are refused
         for a family outside the measured fast-path contract (:mod:`libreyolo.engine.fastpath`).
+        ``decode``: how image files are decoded - "cpu" (default: PIL, the pixels training and
+        validation see), "gpu" (JPEG files batched on the GPU with nvjpeg, each chunk's files
+        at a time, so only compressed bytes cross PCIe; other formats, CMYK JPEGs and files
+        nvjpeg refuses on the CPU; raises where no GPU decoder exists) or "auto" (the GPU
+        decode where it can run, else the CPU). nvjpeg's pixels can differ from PIL's by a few
+        levels (size and EXIF orientation are the same): :mod:`libreyolo.data.jpeg`. With the
+        GPU decode a corrupt file raises when its chunk is reached (the CPU decode reads every
+        file before the first chunk). Video frames are always decoded by PyAV.
+        Images are predicted chunk by chunk (``batch`` each); with more than one chunk the next
+        chunk's upload or decode overlaps this chunk's stage (:meth:`_steps`), and the outputs
+        are those of each chunk run alone.
         The task's own options (detection: ``conf``, ``iou``, ``max_det``, ``max_nms`` - the
         candidates per image that enter NMS -, ``classes``, ``agnostic_nms``) follow.
         """
@@ -285,7 +310,8 @@ class Predictor:
         if unknown:
             raise TypeError(f"unknown predict option(s) {', '.join(unknown)} for a {m.TASK} model; "
                             f"known: imgsz, batch, cuda_graph, amp, bgr, save, save_dir, exist_ok, verbose, profile, "
-                            "stream, vid_stride, show, timeout, precision, fast, " + ", ".join(m.task.predict_defaults))
+                            "stream, vid_stride, show, timeout, precision, fast, decode, "
+                            + ", ".join(m.task.predict_defaults))
         batch = check_int("batch", batch, 1)
         save, bgr = parse_bool("save", save), parse_bool("bgr", bgr)
         stream, show = parse_bool("stream", stream), parse_bool("show", show)
@@ -306,32 +332,53 @@ class Predictor:
             m._warned_untrained = True
         if getattr(self._local, "busy", None):  # left by a call that failed mid-way: maybe still
             self._local.busy.clear()           # uploading, so to torch's allocator, not the free list
+        decode = parse_decode(decode)
+        gpu_decode = False
         if is_video_source(source):
             videos = open_video_sources(source, vid_stride=vid_stride, timeout=timeout)  # fails here, not later
-            chunks: Iterator[list[SourceItem]] = _video_chunks(videos, int(batch))
+            chunks: Iterator[list[Any]] = _video_chunks(videos, int(batch))
             total = _declared_frames(videos)
             t_load = None
         else:
             videos = None
+            if decode != "cpu":
+                problem = gpu_decode_problem(m.device)
+                if problem is not None and decode == "gpu":
+                    raise ValueError(f"decode='gpu' cannot run here: {problem}. Use decode='cpu' (PIL, the "
+                                     "default) or decode='auto' (the GPU decoder where it can run)")
+                gpu_decode = problem is None
             t_load = time.perf_counter()
-            items = load_sources(source, bgr=bgr, borrow=True)  # owned below, while the GPU works
-            t_load = (time.perf_counter() - t_load) * 1e3 / max(1, len(items))
+            if gpu_decode:   # every check before any file is read; files are read and decoded per chunk
+                items: list[Any] = pending_sources(source, bgr=bgr)
+                t_load = None
+            else:
+                items = load_sources(source, bgr=bgr, borrow=True,   # owned below, while the GPU works
+                                     workers=DECODE_WORKERS)
+                t_load = (time.perf_counter() - t_load) * 1e3 / max(1, len(items))
             chunks = (items[i:i + int(batch)] for i in range(0, len(items), int(batch)))
             total = len(items)
         out_dir = None
         if save:
             out_dir = Path(save_dir) if save_dir else next_run_dir("runs", "predict", exist_ok)
             out_dir.mkdir(parents=True, exist_ok=True)
+        # Overlap needs a next chunk: a call of one chunk keeps the per-image uploads on the compute
+        # stream (no cross-stream event on the batch-1 latency path), unless its files decode on the GPU.
+        staged = videos is None and (gpu_decode or (self.overlap and total > int(batch)))
         run = self._run(chunks, videos, total, t_load, size, mode, amp_dtype, plan, out_dir, verbose, profile,
-                        show, vid_stride, on_results)
+                        show, vid_stride, on_results, staged)
         return run if stream else list(run)
 
+    #: images (not video frames) of a call with more than one chunk go through the overlapped loop:
+    #: staged uploads on a copy stream, the next chunk prepared while this one's stage runs
+    #: (:meth:`_steps`). False: the sequential loop of per-image uploads (what video frames and
+    #: single-chunk calls take), for comparisons
+    overlap: bool = True
+
     def _run(self, chunks, videos, total, t_load, size, mode, amp_dtype, plan, out_dir, verbose, profile, show,
-             vid_stride, on_results) -> Iterator[Results]:
+             vid_stride, on_results, staged: bool = False) -> Iterator[Results]:
         """The predict loop behind :meth:`__call__`: one chunk of items at a time, its Results
         yielded as soon as they are made; video writers and readers closed however it ends."""
         m = self.model
-        sync = (torch.cuda.synchronize if profile and m.device.type == "cuda" else (lambda: None))
         progress = None
         many = videos is None and total > 32   # a bar for many images by default; for videos on verbose
         if verbose or many:
@@ -342,28 +389,12 @@ class Predictor:
         writers: dict[int, VideoWriter] = {}
         viewers: dict[int, _Viewer] = {}
         images_saved = 0
+        lookahead = staged and self.overlap and not profile
+        steps = self._steps(chunks, size, mode, amp_dtype, plan, t_load, staged=staged, lookahead=lookahead,
+                            profile=profile, repeating=videos is not None)
         try:
-            t_wait = time.perf_counter()
-            for chunk in chunks:
-                t0 = time.perf_counter()
-                load_ms = t_load if t_load is not None else (t0 - t_wait) * 1e3 / len(chunk)
-                dev_images = [self._upload(it.image) for it in chunk]
-                sync()
-                t1 = time.perf_counter()
-                out = self.run_batch(dev_images, size, mode, amp_dtype, plan, repeating=videos is not None,
-                                     half=getattr(plan, "half", None))
-                for it in chunk:  # the host copy of borrowed arrays overlaps with the queued GPU work
-                    it.own()
-                sync()
-                t2 = time.perf_counter()
-                speed = {"load": load_ms, "preprocess": (t1 - t0) * 1e3 / len(chunk),
-                         "inference": (t2 - t1) * 1e3 / len(chunk)}
-                chunk_results = plan.results(out, chunk, size, speed)
-                self._release_staging()  # the outputs came after this chunk's uploads on the same stream
-                post_ms = (time.perf_counter() - t2) * 1e3 / len(chunk)
+            for chunk, chunk_results in steps:
                 for r, it in zip(chunk_results, chunk):
-                    r.speed["postprocess"] = post_ms
-                    r.frame_index, r.timestamp, r.stream = it.frame_index, it.timestamp, it.stream
                     if on_results is not None:
                         on_results(r, it)
                     if videos is not None:
@@ -389,8 +420,8 @@ class Predictor:
                 if progress is not None:
                     progress.update(len(chunk))
                 yield from chunk_results
-                t_wait = time.perf_counter()
         finally:
+            steps.close()   # a chunk launched ahead is dropped with it
             if progress is not None:
                 progress.close()
             for wr in writers.values():
@@ -403,6 +434,198 @@ class Predictor:
                 log.info("libreyolo: saved %d annotated image(s) to %s", images_saved, out_dir)
             for wr in writers.values():
                 log.info("libreyolo: saved the annotated video %s (%d frames)", wr.path, wr.count)
+
+    # ------------------------------------------------------------ the loop
+    def _steps(self, chunks, size, mode, amp_dtype, plan, t_load, *, staged: bool, lookahead: bool,
+               profile: bool, repeating: bool) -> Iterator[tuple[list[SourceItem], list[Results]]]:
+        """(items, Results) per chunk, in order, with ``Results.speed`` filled in.
+
+        Per chunk: prepare (the images on the device: :meth:`_prepare_staged` - copy stream,
+        GPU decode - or :meth:`_prepare_simple` - today's per-image uploads), launch (the stage,
+        queued on the compute stream after the chunk's copies), finish (the task's Results,
+        after the stage's outputs reached the host). With ``lookahead`` the order is launch i,
+        prepare i+1, finish i-1: the upload or decode of the next chunk and the host work of
+        the previous one run while chunk i's stage runs on the device. The stage sees the same
+        uint8 batch in either order, so its outputs are the same. An error while reading or
+        preparing a chunk is raised after the chunks before it have been yielded.
+        ``profile``: the device is synchronized between the steps, so the speeds are exact.
+        """
+        m = self.model
+        sync = (lambda: torch.cuda.synchronize(m.device)) if profile and m.device.type == "cuda" else (lambda: None)
+        half = getattr(plan, "half", None)
+        prepare = self._prepare_staged if staged else self._prepare_simple
+        chunks = iter(chunks)
+        error: list[BaseException] = []
+
+        def fetch() -> _Chunk | None:
+            if error:
+                return None
+            t0 = time.perf_counter()
+            try:
+                raw = next(chunks, None)
+                if raw is None:
+                    return None
+                t1 = time.perf_counter()
+                ch = prepare(raw)
+            except Exception as exc:   # noqa: BLE001 - raised once the chunks before it are out
+                error.append(exc)
+                return None
+            sync()
+            n, decode_ms = len(ch.items), ch.load_ms   # decode_ms: files read and decoded in prepare
+            ch.load_ms = t_load if t_load is not None else ((t1 - t0) * 1e3 + decode_ms) / n
+            ch.prep_ms = ((time.perf_counter() - t1) * 1e3 - decode_ms) / n
+            return ch
+
+        def launch(ch: _Chunk) -> tuple[_Chunk, Any, float]:
+            t1 = time.perf_counter()
+            if ch.ready is not None:   # the compute stream waits for this chunk's copies only
+                compute = torch.cuda.current_stream(m.device)
+                compute.wait_event(ch.ready)
+                for t in ch.owned:     # made on the copy stream, read on this one
+                    t.record_stream(compute)
+            out = self.run_batch(ch.images, size, mode, amp_dtype, plan, repeating=repeating, half=half,
+                                 stacked=ch.batch)
+            for it in ch.items:  # the host copy of borrowed arrays overlaps with the queued GPU work
+                it.own()
+            sync()
+            return ch, out, (time.perf_counter() - t1) * 1e3 / len(ch.items)
+
+        def finish(ch: _Chunk, out: Any, inference_ms: float) -> tuple[list[SourceItem], list[Results]]:
+            t2 = time.perf_counter()
+            if ch.host_ready is not None:   # GPU-decoded images: their host copies for the Results
+                ch.host_ready.synchronize()
+                for pinned, arr in ch.downloads:
+                    torch.from_numpy(arr).copy_(pinned)   # torch's multi-threaded copy
+            speed = {"load": ch.load_ms, "preprocess": ch.prep_ms, "inference": inference_ms}
+            chunk_results = plan.results(out, ch.items, size, speed)
+            if not staged:
+                self._release_staging()  # the outputs came after this chunk's uploads on the same stream
+            post_ms = (time.perf_counter() - t2) * 1e3 / len(ch.items)
+            for r, it in zip(chunk_results, ch.items):
+                r.speed["postprocess"] = post_ms
+                r.frame_index, r.timestamp, r.stream = it.frame_index, it.timestamp, it.stream
+            return ch.items, chunk_results
+
+        ch = fetch()
+        launched = None
+        while ch is not None:
+            cur = launch(ch)
+            if lookahead:
+                ch = fetch()   # while chunk i's stage runs
+                if launched is not None:
+                    yield finish(*launched)
+                launched = cur
+            else:
+                yield finish(*cur)
+                ch = fetch()
+        if launched is not None:
+            yield finish(*launched)
+        if error:
+            raise error[0]
+
+    def _prepare_simple(self, items: list[SourceItem]) -> _Chunk:
+        """A chunk's images on the device one by one (:meth:`_upload`, the current stream);
+        the stage stacks them. Video frames take this path."""
+        return _Chunk(items, [self._upload(it.image) for it in items])
+
+    def _prepare_staged(self, raw: list[Any]) -> _Chunk:
+        """A chunk's images on the device without holding up the compute stream.
+
+        ``raw``: SourceItems, or PendingItems (the GPU decode): JPEG files among them are read
+        and decoded on the device in one batched call (:mod:`libreyolo.data.jpeg`), the rest
+        loaded as :func:`load_sources` would. On CUDA the host images are copied into one of two
+        pinned staging buffers and uploaded on this thread's copy stream (:class:`_UploadRing`);
+        the decode runs there too. All of a chunk lands in one device buffer, which is the
+        stacked (B, H, W, 3) batch when the sizes agree, and an event marks it complete: the
+        compute stream waits for that event only (:meth:`_steps`). GPU-decoded images are
+        copied back to pinned host memory on the copy stream for the Results. On the CPU: the
+        images as they are.
+        """
+        m = self.model
+        dev = m.device
+        t0 = time.perf_counter()
+        decoded: dict[int, Any] = {}
+        items: list[SourceItem | None] = [None] * len(raw)
+        ring = self._ring()
+        files: list[tuple[int, PendingItem, Any]] = []
+        for j, it in enumerate(raw):
+            if isinstance(it, PendingItem):
+                gpu = ring is not None and it.path is not None and is_jpeg_path(it.path)
+                f = probe(it.path) if gpu else None
+                if f is None:
+                    items[j] = it.load(borrow=True)
+                else:
+                    files.append((j, it, f))
+            else:
+                items[j] = it
+        if files:
+            # nvjpeg writes its outputs on its own stream into blocks the allocator gives out on the
+            # current one (the copy stream): the copy stream's earlier work - the previous chunk's
+            # stack and host copy, reading blocks freed since - must be over first. The decode
+            # blocks the host until it is done anyway, and that work was queued a chunk ago.
+            ring.stream.synchronize()
+            with torch.cuda.stream(ring.stream):
+                for (j, it, f), img in zip(files, decode_files([f for _, _, f in files], dev)):
+                    if isinstance(img, np.ndarray):   # refused by nvjpeg, decoded on the CPU
+                        items[j] = SourceItem(it.name, img)
+                    else:
+                        decoded[j] = img
+        load_ms = (time.perf_counter() - t0) * 1e3
+        if ring is None:
+            return _Chunk(items, [self._upload(it.image) for it in items], load_ms=load_ms)
+        images: list[Any] = [None] * len(raw)
+        host_j = [j for j in range(len(raw)) if j not in decoded and _on_host(items[j].image)]
+        owned: list[torch.Tensor] = []
+        if host_j:
+            views, base = ring.upload([_host_tensor(items[j].image) for j in host_j])
+            owned.append(base)
+            for j, v in zip(host_j, views):
+                images[j] = v
+        for j in range(len(raw)):
+            if images[j] is None and j not in decoded:   # a CUDA tensor input: as today
+                im = items[j].image
+                images[j] = im if im.device == dev else im.to(dev, non_blocking=True)
+        batch = None
+        shapes = {tuple(int(s) for s in (decoded[j] if j in decoded else images[j]).shape) for j in range(len(raw))}
+        if len(host_j) == len(raw) and len(shapes) == 1:
+            batch = base.view(len(raw), *shapes.pop())   # the uploads landed back to back
+        elif decoded:
+            with torch.cuda.stream(ring.stream):
+                if len(shapes) == 1 and len(decoded) + len(host_j) == len(raw):
+                    batch = torch.stack([decoded[j] if j in decoded else images[j] for j in range(len(raw))])
+                    owned.append(batch)
+                    for j in decoded:
+                        images[j] = batch[j]
+                else:
+                    for j, img in decoded.items():
+                        images[j] = img.contiguous()
+                        owned.append(images[j])
+                # the decoded pixels back to the host for the Results, into a pinned download
+                # buffer; finish() copies them into each item's own array once they arrived
+                order = sorted(decoded)
+                pinned = ring.download([images[j] for j in order])
+                downloads = []
+                for j, view in zip(order, pinned):
+                    items[j] = SourceItem(raw[j].name, np.empty(tuple(view.shape), np.uint8))
+                    downloads.append((view, items[j].image))
+                host_ready = torch.cuda.Event()
+                host_ready.record(ring.stream)
+        ready = torch.cuda.Event()
+        ready.record(ring.stream)
+        ch = _Chunk(items, images, batch, ready, tuple(owned), load_ms=load_ms)
+        if decoded:
+            ch.host_ready, ch.downloads = host_ready, downloads
+        return ch
+
+    def _ring(self) -> "_UploadRing | None":
+        """This thread's upload ring for the model's device (None off CUDA)."""
+        if self.model.device.type != "cuda":
+            return None
+        local = self._local
+        ring = getattr(local, "ring", None)
+        if ring is None or ring.device != self.model.device:
+            ring = local.ring = _UploadRing(self.model.device)
+        return ring
 
     # ----------------------------------------------------------------- track
     def track(self, source: Any, *, tracker: Any = "bytetrack", persist: bool = False,
@@ -495,6 +718,123 @@ class Predictor:
         for key, buf in busy:
             local.free.setdefault(key, []).append(buf)
         busy.clear()
+
+
+# ---------------------------------------------------------------------------------------- staging
+
+
+@dataclass
+class _Chunk:
+    """One chunk of a predict call on its way through :meth:`Predictor._steps`."""
+
+    items: list[SourceItem]
+    images: list[torch.Tensor]            # uint8 HWC on the model's device, one per item
+    batch: torch.Tensor | None = None     # the same images as one contiguous (B, H, W, 3) tensor
+    ready: Any = None                     # CUDA event on the copy stream: the images are complete
+    owned: tuple = ()                     # device tensors made on the copy stream
+    host_ready: Any = None                # CUDA event: GPU-decoded images are in `downloads`
+    downloads: list = dataclasses.field(default_factory=list)   # (pinned view, the item's array)
+    load_ms: float = 0.0
+    prep_ms: float = 0.0
+
+
+def _on_host(image: Any) -> bool:
+    return isinstance(image, np.ndarray) or image.device.type == "cpu"
+
+
+def _host_tensor(image: Any) -> torch.Tensor:
+    """A host image as a CPU tensor sharing its memory (only read: read-only arrays are fine)."""
+    return torch.from_numpy(np.ascontiguousarray(image)) if isinstance(image, np.ndarray) else image
+
+
+class _UploadRing:
+    """Host images -> the device, off the compute stream: two pinned staging buffers used in
+    turn, a copy stream, and an event per buffer (and three pinned download buffers for the
+    GPU-decoded images on their way back: :meth:`download`).
+
+    :meth:`upload` waits (on the host) only until the buffer it is about to fill has finished
+    its previous upload - two chunks back, long done when the device keeps up - copies the
+    images into it (torch's multi-threaded copy), and queues one host-to-device copy per image
+    on the copy stream, into one device buffer allocated there: image j's copy travels while
+    the host fills image j+1. The caller makes the compute stream wait for :meth:`upload`'s
+    event and records the device buffer on the compute stream (``record_stream``), so the
+    allocator reuses it only after the stage has read it.
+    """
+
+    SLOTS = 2
+    #: host buffers in page-locked memory (what makes the copies asynchronous; a CPU test's
+    #: stand-in ring turns it off)
+    PINNED = True
+
+    def __init__(self, device: torch.device):
+        self.device = torch.device(device)
+        self.stream = torch.cuda.Stream(self.device)
+        self._host: list[torch.Tensor | None] = [None] * self.SLOTS
+        self._copied: list[Any] = [None] * self.SLOTS
+        self._next = 0
+
+    #: images of different sizes start at multiples of this many bytes in the device buffer, as
+    #: separate allocations would (the caching allocator's granularity); images of one size lie
+    #: back to back, as ``torch.stack`` would lay them: the stage reads the layout it always read
+    ALIGN = 512
+
+    def upload(self, images: list[torch.Tensor]) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """CPU uint8 tensors -> (device views of the same shapes, the device buffer holding them),
+        queued on the copy stream."""
+        k = self._next
+        self._next = (k + 1) % self.SLOTS
+        if self._copied[k] is not None:
+            self._copied[k].synchronize()   # never overwrite a staging buffer still being copied
+        sizes = [t.numel() for t in images]
+        step = 1 if len({tuple(t.shape) for t in images}) == 1 else self.ALIGN
+        offsets, total = [], 0
+        for n in sizes:
+            offsets.append(total)
+            total += -(-n // step) * step
+        host = self._host[k]
+        if host is None or host.numel() < total:
+            self._host[k] = None
+            host = self._host[k] = torch.empty(total, dtype=torch.uint8, pin_memory=self.PINNED)
+        views = []
+        with torch.cuda.stream(self.stream):
+            dev = torch.empty(total, dtype=torch.uint8, device=self.device)
+            for t, n, off in zip(images, sizes, offsets):
+                staged = host[off:off + n].view(t.shape)
+                staged.copy_(t)
+                d = dev[off:off + n].view(t.shape)
+                d.copy_(staged, non_blocking=True)
+                views.append(d)
+        done = torch.cuda.Event()
+        done.record(self.stream)
+        self._copied[k] = done
+        return views, dev
+
+    #: download buffers: one being filled, one waiting for its chunk's Results, one spare - the
+    #: loop prepares chunk i+1 before it finishes chunk i-1
+    DOWNLOAD_SLOTS = 3
+
+    def download(self, images: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Contiguous device tensors -> pinned host views of the same shapes, the copies queued
+        on the copy stream (the caller records an event after them and waits for it before it
+        reads the views, which stay valid until this slot comes round again)."""
+        if not hasattr(self, "_down"):
+            self._down: list[torch.Tensor | None] = [None] * self.DOWNLOAD_SLOTS
+            self._down_next = 0
+        k = self._down_next
+        self._down_next = (k + 1) % self.DOWNLOAD_SLOTS
+        total = sum(t.numel() for t in images)
+        buf = self._down[k]
+        if buf is None or buf.numel() < total:
+            self._down[k] = None
+            buf = self._down[k] = torch.empty(total, dtype=torch.uint8, pin_memory=self.PINNED)
+        views, off = [], 0
+        with torch.cuda.stream(self.stream):
+            for t in images:
+                v = buf[off:off + t.numel()].view(t.shape)
+                v.copy_(t, non_blocking=True)
+                views.append(v)
+                off += t.numel()
+        return views
 
 
 # ------------------------------------------------------------------------------------------ video
