@@ -132,8 +132,11 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=100)
     ap.add_argument("--warmup", type=int, default=15)
     ap.add_argument("--optim", choices=("sgd", "adamw"), default=None, help="default: the family's recipe")
+    ap.add_argument("--cudnn-benchmark", action="store_true",
+                    help="torch.backends.cudnn.benchmark: cuDNN times its algorithms per shape and keeps the fastest")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
+    torch.backends.cudnn.benchmark = a.cudnn_benchmark
     if not a.all:
         print(json.dumps(run_arm(a.arm, a.model, a.batch, a.imgsz, a.amp, a.runs, a.warmup, a.optim,
                                     a.channels_last, a.fp16)))
@@ -147,9 +150,10 @@ def main() -> None:
                             ["--model", a.model, "--batch", str(a.batch), "--imgsz", str(a.imgsz), "--runs",
                              str(a.runs), "--warmup", str(a.warmup)] + (["--amp"] if a.amp else [])
                             + (["--optim", a.optim] if a.optim else [])
-                            + (["--channels-last"] if a.channels_last else []) + (["--fp16"] if a.fp16 else []))
+                            + (["--channels-last"] if a.channels_last else []) + (["--fp16"] if a.fp16 else [])
+                            + (["--cudnn-benchmark"] if a.cudnn_benchmark else []))
     res = {"model": a.model, "batch": a.batch, "imgsz": a.imgsz, "amp": "fp16" if a.fp16 else "bf16" if a.amp else False,
-           "channels_last": a.channels_last, "arms": arms,
+           "channels_last": a.channels_last, "cudnn_benchmark": a.cudnn_benchmark, "arms": arms,
            "device": torch.cuda.get_device_name(0), "torch": torch.__version__, "date": dt.date.today().isoformat()}
     eager = arms.get("eager", {}).get("median_ms")
     for arm in arms:
