@@ -409,9 +409,33 @@ class Trainer:
         return train, val
 
     # ------------------------------------------------------------------ validate
+    #: how validation graphs are captured (None: CUDA graphs); tests pass a CPU stand-in
+    val_capturer: Any = None
+
+    def _validation_stage(self, net: nn.Module, loader):
+        """The :class:`~libreyolo.engine.valgraph.ValidationStage` for ``net`` (kept across epochs,
+        so its graph is captured once per run): graphed when ``cuda_graph`` is on and the family
+        is capturable, eager otherwise; the batch fixed at the loader's (or the split's size)."""
+        from .valgraph import ValidationStage, graph_validation
+        batch = min(int(loader.batch_size or 1), max(1, len(loader.dataset)))
+        stage = getattr(self, "_val_stage", None)
+        if stage is None or stage.net is not net or stage.batch != batch:
+            graphs, why = graph_validation(self.model, self.cfg.graph.cuda_graph, self.device, self.val_capturer)
+            if graphs:
+                log.info("libreyolo: validating %s through a captured stage (batch %d)", self.model.FAMILY, batch)
+            elif self.cfg.graph.cuda_graph:
+                log.info("libreyolo: validating %s eager: %s", self.model.FAMILY, why)
+            stage = self._val_stage = ValidationStage(self.model, net, batch, graphs, self.val_capturer)
+        return stage
+
     @torch.no_grad()
     def validate(self, net: nn.Module, loader, progress: bool = False, loss_fn: nn.Module | None = None) -> dict:
         """The task's metrics of ``net`` on ``loader`` (eval mode, the AMP of the run).
+
+        Each batch goes through validation's stage (:mod:`libreyolo.engine.valgraph`): the
+        network and the evaluator's device part on fixed-shape batches (a last partial batch
+        padded), replayed from a CUDA graph with ``cuda_graph=True`` on a capturable family -
+        the same numbers as eager, bit for bit - then the evaluator's host part.
 
         With ``loss_fn`` (training's loss module) it also computes the validation loss: the same
         loss as training on each batch's training-format outputs of the evaluated weights (see
@@ -422,16 +446,15 @@ class Trainer:
         was_training = net.training
         net.eval()
         m = self.model
-        infer = m.infer_with(net)
         prep = m.preprocess
+        stage = self._validation_stage(net, loader)
         evaluator = self.last_evaluator = self.task.evaluator(m, self.cfg.task)
         evaluator.reset()
         bar = None
         if progress:
             from tqdm import tqdm
             bar = tqdm(total=len(loader), desc="  validate", unit="batch", leave=False)
-        recorded: list = []
-        hook = net.register_forward_hook(lambda _m, _i, o: recorded.append(o)) if loss_fn is not None else None
+        hook = net.register_forward_hook(stage.record) if loss_fn is not None else None
         total, images = None, 0
         # the loss's own randomness (DETR denoising queries) from a fixed seed: the same batches
         # give the same validation loss, and training's random stream is left as it was
@@ -446,11 +469,10 @@ class Trainer:
                     x = batch[0].to(self.device, non_blocking=True).float().div_(255)
                     x = prep.normalize(x.contiguous(memory_format=self.memory_format))
                     with torch.autocast(self.device.type, dtype=self.amp_dtype or torch.float16, enabled=self.amp):
-                        recorded.clear()
-                        out = infer(x)
+                        out, raw = stage(x, evaluator, with_raw=loss_fn is not None)
                         if loss_fn is not None:
                             targets = [t.to(self.device, non_blocking=True) for t in batch[1:]]
-                            _, items = loss_fn(m.val_loss_outputs(net, recorded[-1], x, *targets), *targets)
+                            _, items = loss_fn(m.val_loss_outputs(net, raw, x, *targets), *targets)
                     if loss_fn is not None:
                         items = items.detach().float() * x.shape[0]
                         total = items if total is None else total + items
@@ -461,6 +483,7 @@ class Trainer:
         finally:
             if hook is not None:
                 hook.remove()
+            stage.recorded.clear()
             if bar is not None:
                 bar.close()
             net.train(was_training)
@@ -900,6 +923,12 @@ class EvaluationHook(Hook):
             t.stop_reason = (f"early stopping after epoch {epoch}/{t.cfg.run.epochs}: the validation fitness has "
                              f"not improved for {epoch - t.best_epoch} epochs (patience={patience}); the best, "
                              f"epoch {t.best_epoch} (fitness {t.best_fitness:.4f}), is best.pt")
+
+    def on_train_end(self, t: Trainer) -> None:
+        stage = getattr(t, "_val_stage", None)
+        if stage is not None:   # its graphs (and their memory) end with the run
+            t.val_graph_info = stage.info()
+            t._val_stage = None
 
 
 class LoggingHook(Hook):
