@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 __all__ = [
+    "host_snapshot",
     "load_checkpoint",
     "save_checkpoint",
     "weights_dir",
@@ -312,6 +313,33 @@ def save_checkpoint(ckpt: Mapping[str, Any], path: str | os.PathLike[str]) -> Pa
         raise
     _fsync_dir(path.parent)
     return path
+
+
+def host_snapshot(ckpt: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of ``ckpt`` that shares nothing mutable with training: every tensor copied into new
+    host memory (strides kept), every dict / list / tuple rebuilt. What a background writer
+    saves while the next epoch updates the weights and the optimizer state in place; the file
+    holds what :func:`save_checkpoint` of ``ckpt`` would have written at the call (CUDA tensors
+    land on the host, as :func:`load_checkpoint` maps them anyway). CUDA tensors travel through
+    pinned memory with one synchronization for all of them."""
+    from torch.utils._pytree import tree_map
+    cuda = []
+
+    def copy(t: Any) -> Any:
+        if not isinstance(t, torch.Tensor):
+            return t
+        t = t.detach()
+        if t.is_cuda:
+            out = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device="cpu", pin_memory=True)
+            out.copy_(t, non_blocking=True)
+            cuda.append(t.device)
+            return out
+        return t.clone(memory_format=torch.preserve_format)
+
+    out = tree_map(copy, dict(ckpt))
+    for device in set(cuda):
+        torch.cuda.synchronize(device)
+    return out
 
 
 def _lock(fd: int) -> bool:
