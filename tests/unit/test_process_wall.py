@@ -1,0 +1,46 @@
+"""What a `libreyolo` process costs outside the trainer: the prompt exit of the CLI (exit handlers
+run, output flushed, no interpreter teardown) and the built-in set's generation in forked workers
+(the same files as in one process)."""
+import subprocess
+import sys
+
+import pytest
+
+from libreyolo import cli
+from libreyolo.data import synthetic
+
+
+class Exited(Exception):
+    pass
+
+
+@pytest.mark.parametrize("rc,code", [(0, 0), (2, 2), (None, 0)])
+def test_entry_runs_the_exit_handlers_then_exits_with_mains_code(monkeypatch, rc, code):
+    calls = []
+    monkeypatch.setattr(cli, "main", lambda: calls.append("main") or rc)
+    monkeypatch.setattr("atexit._run_exitfuncs", lambda: calls.append("atexit"))
+
+    def _exit(value):
+        calls.append(("exit", value))
+        raise Exited
+
+    monkeypatch.setattr("os._exit", _exit)
+    with pytest.raises(Exited):
+        cli.entry()
+    assert calls == ["main", "atexit", ("exit", code)]
+
+
+def test_the_program_flushes_its_output_before_the_prompt_exit():
+    out = subprocess.run([sys.executable, "-m", "libreyolo.cli", "--version"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0 and out.stdout.startswith("libreyolo "), (out.stdout, out.stderr)
+
+
+def test_generation_in_worker_processes_writes_the_same_files(tmp_path, monkeypatch):
+    monkeypatch.setattr(synthetic, "IMAGES_PER_WORKER", 10**6)   # one process
+    one = synthetic.make_shapes_dataset(tmp_path / "one", n_train=12, n_val=4, imgsz=48, seed=3)
+    monkeypatch.setattr(synthetic, "IMAGES_PER_WORKER", 4)       # a pool, where the platform forks
+    many = synthetic.make_shapes_dataset(tmp_path / "many", n_train=12, n_val=4, imgsz=48, seed=3)
+    assert (one.parent / "manifest.json").read_text() == (many.parent / "manifest.json").read_text()
+    for f in sorted((one.parent / "images" / "train").iterdir()):
+        assert f.read_bytes() == (many.parent / "images" / "train" / f.name).read_bytes()
