@@ -74,8 +74,10 @@ class ValidationStage:
         self.recorded: list = []
         self.runner = None
         if graphs:
+            # "auto" with capture_after=1: captured at the first batch; a failed capture runs the
+            # stage eager from then on (the runner logs why) instead of stopping the training
             self.runner = GraphRunner(net, model.FAMILY, model.SUPPORTS_CUDA_GRAPH, capturer=capturer,
-                                      max_graphs=4, watch_versions=False)
+                                      max_graphs=4, capture_after=1, watch_versions=False)
 
     def _stage(self, x: torch.Tensor):
         """The captured function: stage outputs and, with ``with_raw``, the network's output."""
@@ -103,7 +105,7 @@ class ValidationStage:
             out, raw = self._stage(xp)
         else:
             key = ("val", type(evaluator).__qualname__, self.with_raw)
-            out, raw = self.runner(key, self._stage, (xp,), mode=True)
+            out, raw = self.runner(key, self._stage, (xp,), mode="auto")
         if n < self.batch:
             out = tree_map(lambda t: t[:n] if isinstance(t, torch.Tensor) else t, out)
             if with_raw:   # the loss's input from the real images alone (eager, as without padding)

@@ -62,6 +62,18 @@ def test_graph_validation_equals_eager_with_a_padded_last_batch(data):
     assert len(graphed.last_evaluator.gts) == 7
 
 
+def test_a_failed_capture_validates_eager(data):
+    model = yolo9()
+    eager, loader = validator(model, data, graph=False)
+    failing, floader = validator(model, data, graph=True)
+    failing.val_capturer = StandInCapturer(fail=True)
+    m_e, loss_e, p_e = validate(eager, loader)
+    m_f, loss_f, p_f = validate(failing, floader)
+    assert same(p_e, p_f) and m_e == m_f and torch.equal(loss_e, loss_f)
+    info = failing._val_stage.info()
+    assert info["captures"] == 0 and info["eager_calls"] == 3 and "not permitted" in info["failed_captures"][0]
+
+
 def test_padding_drops_the_padded_images_outputs(data):
     """A split smaller than the batch is one batch of its own size (nothing padded); the same
     images padded into a larger batch give the same predictions."""
