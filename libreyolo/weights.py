@@ -320,26 +320,18 @@ def host_snapshot(ckpt: Mapping[str, Any]) -> dict[str, Any]:
     host memory (strides kept), every dict / list / tuple rebuilt. What a background writer
     saves while the next epoch updates the weights and the optimizer state in place; the file
     holds what :func:`save_checkpoint` of ``ckpt`` would have written at the call (CUDA tensors
-    land on the host, as :func:`load_checkpoint` maps them anyway). CUDA tensors travel through
-    pinned memory with one synchronization for all of them."""
+    land on the host, as :func:`load_checkpoint` maps them anyway). The copies are synchronous
+    and into pageable memory: no pinned block is left for the writer thread to free (a pinned
+    free records CUDA events, which a graph capture in the main thread must not meet)."""
     from torch.utils._pytree import tree_map
-    cuda = []
 
     def copy(t: Any) -> Any:
         if not isinstance(t, torch.Tensor):
             return t
-        t = t.detach()
-        if t.is_cuda:
-            out = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device="cpu", pin_memory=True)
-            out.copy_(t, non_blocking=True)
-            cuda.append(t.device)
-            return out
-        return t.clone(memory_format=torch.preserve_format)
+        t = t.detach()   # empty_like keeps dense strides (channels_last), else contiguous
+        return torch.empty_like(t, device="cpu").copy_(t)
 
-    out = tree_map(copy, dict(ckpt))
-    for device in set(cuda):
-        torch.cuda.synchronize(device)
-    return out
+    return tree_map(copy, dict(ckpt))
 
 
 def _lock(fd: int) -> bool:
