@@ -1061,8 +1061,10 @@ class CheckpointHook(Hook):
     """
 
     def on_train_start(self, t: Trainer) -> None:
+        import sys
         from .background import BackgroundJob
         t.checkpoint_writer = self.writer = BackgroundJob("checkpoint writer")
+        self._outer = sys.exc_info()[1]   # train() may run inside a caller's except block
 
     def on_epoch_end(self, t: Trainer, state: dict) -> None:
         from ..weights import host_snapshot
@@ -1070,8 +1072,8 @@ class CheckpointHook(Hook):
         self.writer.wait()   # the previous epoch's files first (and its error, if it failed)
         resumable = host_snapshot(t.checkpoint(epoch, with_state=True))
         files = [(resumable, weights / "last.pt")]
-        if state["is_best"]:
-            files.append((host_snapshot(t.checkpoint(epoch, with_state=False)), weights / "best.pt"))
+        if state["is_best"]:   # the same checkpoint less the training state (a third of the size)
+            files.append(({k: v for k, v in resumable.items() if k != "train_state"}, weights / "best.pt"))
         period = t.cfg.run.save_period
         if period and (epoch + 1) % period == 0:   # a snapshot one can also resume from
             files.append((resumable, weights / f"epoch{epoch + 1}.pt"))
@@ -1090,7 +1092,8 @@ class CheckpointHook(Hook):
         writer = getattr(self, "writer", None)
         if writer is None:
             return
-        stopping = sys.exc_info()[1] is not None   # the run is ending on another error: do not hide it
+        in_flight = sys.exc_info()[1]
+        stopping = in_flight is not None and in_flight is not self._outer   # ending on another error: keep it
         error = writer.close(raising=not stopping)
         if error is not None:
             log.error("libreyolo: writing a checkpoint failed as well: %s", error)

@@ -89,6 +89,8 @@ def test_training_checkpoints_equal_a_synchronous_save_and_the_writer_is_joined(
         real_end(self, t, state)
         # the state the background write copied, saved synchronously (the main thread has not moved on)
         save_checkpoint(t.checkpoint(state["epoch"], with_state=True), t.run_dir / f"sync{state['epoch']}.pt")
+        if state["is_best"]:
+            save_checkpoint(t.checkpoint(state["epoch"], with_state=False), t.run_dir / "sync_best.pt")
         threads.append(self.writer._thread)
 
     monkeypatch.setattr(T.CheckpointHook, "on_epoch_end", on_epoch_end)
@@ -99,7 +101,8 @@ def test_training_checkpoints_equal_a_synchronous_save_and_the_writer_is_joined(
     last, sync = load_checkpoint(weights / "last.pt"), load_checkpoint(tmp_path / "run" / "sync1.pt")
     assert last["train_state"]["epoch"] == 1 and equal(last, sync)
     assert equal(load_checkpoint(weights / "epoch1.pt"), load_checkpoint(tmp_path / "run" / "sync0.pt"))
-    assert LibreYOLO(res["best"], device="cpu").trained
+    assert equal(load_checkpoint(weights / "best.pt"), load_checkpoint(tmp_path / "run" / "sync_best.pt"))
+    assert "train_state" not in load_checkpoint(weights / "best.pt") and LibreYOLO(res["best"], device="cpu").trained
     assert not [p.name for p in weights.iterdir() if p.name.endswith(".tmp")]
 
 
@@ -130,3 +133,14 @@ def test_a_failed_last_write_is_raised_at_the_end(data, tmp_path, monkeypatch):
     with pytest.raises(W.CheckpointSaveError) as info:
         run(data, tmp_path, epochs=1)
     assert "epoch 1's checkpoints" in "".join(info.value.__notes__)
+
+
+def test_a_failed_write_is_raised_at_the_end_inside_a_callers_except_block(data, tmp_path, monkeypatch):
+    """train() called while the caller handles an exception of its own: the write's error is
+    still raised (that exception is not the run's)."""
+    monkeypatch.setattr(W, "save_checkpoint", failing_save(1))
+    with pytest.raises(W.CheckpointSaveError):
+        try:
+            raise KeyError("the caller's")
+        except KeyError:
+            run(data, tmp_path, epochs=1)
