@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 __all__ = [
+    "host_snapshot",
     "load_checkpoint",
     "save_checkpoint",
     "weights_dir",
@@ -312,6 +313,25 @@ def save_checkpoint(ckpt: Mapping[str, Any], path: str | os.PathLike[str]) -> Pa
         raise
     _fsync_dir(path.parent)
     return path
+
+
+def host_snapshot(ckpt: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of ``ckpt`` that shares nothing mutable with training: every tensor copied into new
+    host memory (strides kept), every dict / list / tuple rebuilt. What a background writer
+    saves while the next epoch updates the weights and the optimizer state in place; the file
+    holds what :func:`save_checkpoint` of ``ckpt`` would have written at the call (CUDA tensors
+    land on the host, as :func:`load_checkpoint` maps them anyway). The copies are synchronous
+    and into pageable memory: no pinned block is left for the writer thread to free (a pinned
+    free records CUDA events, which a graph capture in the main thread must not meet)."""
+    from torch.utils._pytree import tree_map
+
+    def copy(t: Any) -> Any:
+        if not isinstance(t, torch.Tensor):
+            return t
+        t = t.detach()   # empty_like keeps dense strides (channels_last), else contiguous
+        return torch.empty_like(t, device="cpu").copy_(t)
+
+    return tree_map(copy, dict(ckpt))
 
 
 def _lock(fd: int) -> bool:

@@ -377,8 +377,8 @@ class Trainer:
         self.memory_format = torch.channels_last if self.channels_last else torch.contiguous_format
         self.frozen_params: list[nn.Parameter] = []   # what freeze= turned off, on again after the run
         self.hooks = [EvaluationHook(), LoggingHook(), CheckpointHook()]
-        if "tensorboard" in cfg.run.loggers:
-            self.hooks.append(TensorBoardHook())
+        if "tensorboard" in cfg.run.loggers:   # before the checkpoints, whose end may raise a write's error
+            self.hooks.insert(2, TensorBoardHook())
 
     # ------------------------------------------------------------------ data
     def _loaders(self, data):
@@ -409,9 +409,33 @@ class Trainer:
         return train, val
 
     # ------------------------------------------------------------------ validate
+    #: how validation graphs are captured (None: CUDA graphs); tests pass a CPU stand-in
+    val_capturer: Any = None
+
+    def _validation_stage(self, net: nn.Module, loader):
+        """The :class:`~libreyolo.engine.valgraph.ValidationStage` for ``net`` (kept across epochs,
+        so its graph is captured once per run): graphed when ``cuda_graph`` is on and the family
+        is capturable, eager otherwise; the batch fixed at the loader's (or the split's size)."""
+        from .valgraph import ValidationStage, graph_validation
+        batch = min(int(loader.batch_size or 1), max(1, len(loader.dataset)))
+        stage = getattr(self, "_val_stage", None)
+        if stage is None or stage.net is not net or stage.batch != batch:
+            graphs, why = graph_validation(self.model, self.cfg.graph.cuda_graph, self.device, self.val_capturer)
+            if graphs:
+                log.info("libreyolo: validating %s through a captured stage (batch %d)", self.model.FAMILY, batch)
+            elif self.cfg.graph.cuda_graph:
+                log.info("libreyolo: validating %s eager: %s", self.model.FAMILY, why)
+            stage = self._val_stage = ValidationStage(self.model, net, batch, graphs, self.val_capturer)
+        return stage
+
     @torch.no_grad()
     def validate(self, net: nn.Module, loader, progress: bool = False, loss_fn: nn.Module | None = None) -> dict:
         """The task's metrics of ``net`` on ``loader`` (eval mode, the AMP of the run).
+
+        Each batch goes through validation's stage (:mod:`libreyolo.engine.valgraph`): the
+        network and the evaluator's device part on fixed-shape batches (a last partial batch
+        padded), replayed from a CUDA graph with ``cuda_graph=True`` on a capturable family -
+        the same numbers as eager, bit for bit - then the evaluator's host part.
 
         With ``loss_fn`` (training's loss module) it also computes the validation loss: the same
         loss as training on each batch's training-format outputs of the evaluated weights (see
@@ -422,16 +446,15 @@ class Trainer:
         was_training = net.training
         net.eval()
         m = self.model
-        infer = m.infer_with(net)
         prep = m.preprocess
+        stage = self._validation_stage(net, loader)
         evaluator = self.last_evaluator = self.task.evaluator(m, self.cfg.task)
         evaluator.reset()
         bar = None
         if progress:
             from tqdm import tqdm
             bar = tqdm(total=len(loader), desc="  validate", unit="batch", leave=False)
-        recorded: list = []
-        hook = net.register_forward_hook(lambda _m, _i, o: recorded.append(o)) if loss_fn is not None else None
+        hook = net.register_forward_hook(stage.record) if loss_fn is not None else None
         total, images = None, 0
         # the loss's own randomness (DETR denoising queries) from a fixed seed: the same batches
         # give the same validation loss, and training's random stream is left as it was
@@ -446,11 +469,10 @@ class Trainer:
                     x = batch[0].to(self.device, non_blocking=True).float().div_(255)
                     x = prep.normalize(x.contiguous(memory_format=self.memory_format))
                     with torch.autocast(self.device.type, dtype=self.amp_dtype or torch.float16, enabled=self.amp):
-                        recorded.clear()
-                        out = infer(x)
+                        out, raw = stage(x, evaluator, with_raw=loss_fn is not None)
                         if loss_fn is not None:
                             targets = [t.to(self.device, non_blocking=True) for t in batch[1:]]
-                            _, items = loss_fn(m.val_loss_outputs(net, recorded[-1], x, *targets), *targets)
+                            _, items = loss_fn(m.val_loss_outputs(net, raw, x, *targets), *targets)
                     if loss_fn is not None:
                         items = items.detach().float() * x.shape[0]
                         total = items if total is None else total + items
@@ -461,6 +483,7 @@ class Trainer:
         finally:
             if hook is not None:
                 hook.remove()
+            stage.recorded.clear()
             if bar is not None:
                 bar.close()
             net.train(was_training)
@@ -763,10 +786,12 @@ class Trainer:
                     self._drop_loaders()
                     raise TrainingError(self._worker_death_message(epoch, died))
         finally:
-            for hook in self.hooks:
-                hook.on_train_end(self)
-            self._unfreeze()
-            self._close_loaders()
+            try:
+                for hook in self.hooks:
+                    hook.on_train_end(self)
+            finally:   # also when a hook's end raises (a checkpoint's background write failed)
+                self._unfreeze()
+                self._close_loaders()
         if self.seam is not None:
             self.model.set_train_seam(self.net, None)
         # the trained weights the Model keeps are the EMA's
@@ -818,6 +843,10 @@ class Trainer:
 
     def _worker_death_message(self, epoch: int, reason: str) -> str:
         """What to tell the user when a DataLoader worker process died during ``epoch``."""
+        writer = getattr(self, "checkpoint_writer", None)
+        error = writer.close(raising=False) if writer is not None else None   # what is on disk, then say it
+        if error is not None:
+            log.error("libreyolo: writing a checkpoint failed as well: %s", error)
         last = self.run_dir / "weights" / "last.pt"
         saved = getattr(self, "saved_epoch", None)
         if saved is None and self.start_epoch > 0:
@@ -878,6 +907,9 @@ class EvaluationHook(Hook):
         t.metric_keys = list(t.task.empty_metrics())
 
     def on_epoch_end(self, t: Trainer, state: dict) -> None:
+        writer = getattr(t, "checkpoint_writer", None)
+        if writer is not None:   # the previous epoch's checkpoints are on disk before validation
+            writer.wait()
         metrics = t.task.empty_metrics()
         t.val_loss = None
         t0 = time.perf_counter()
@@ -901,6 +933,12 @@ class EvaluationHook(Hook):
                              f"not improved for {epoch - t.best_epoch} epochs (patience={patience}); the best, "
                              f"epoch {t.best_epoch} (fitness {t.best_fitness:.4f}), is best.pt")
 
+    def on_train_end(self, t: Trainer) -> None:
+        stage = getattr(t, "_val_stage", None)
+        if stage is not None:   # its graphs (and their memory) end with the run
+            t.val_graph_info = stage.info()
+            t._val_stage = None
+
 
 class LoggingHook(Hook):
     """``results.csv``, the per-epoch log line, ``results.png``.
@@ -911,8 +949,10 @@ class LoggingHook(Hook):
     """
 
     def on_train_start(self, t: Trainer) -> None:
+        from .background import BackgroundJob
         self._handler = None
         self._warned: set[str] = set()
+        self._plotter = BackgroundJob("plotter")
         # results.csv is rewritten whole (atomically) every epoch from these rows, so a full disk
         # or a kill never leaves half a line, and rows that could not be written are not lost.
         # A resumed run keeps the rows up to the epoch it resumes from: epochs it redoes (their
@@ -948,16 +988,19 @@ class LoggingHook(Hook):
             log.info("libreyolo: epoch %d/%d  %s  %s  (%.1f s)", epoch + 1, t.cfg.run.epochs,
                      "  ".join(f"{n} {v:.4f}" for n, v in zip(t.item_names, mloss.tolist())),
                      t.task.summary(metrics), state["time_s"])
-        # results.png costs a matplotlib figure (~0.1-0.2 s): drawn at most every PLOT_EVERY_S
-        # during the run and always at its end, so short GPU epochs are not paced by plotting
-        if t.cfg.run.plots and csv_ok and time.time() - getattr(self, "_plotted_at", 0.0) >= self.PLOT_EVERY_S:
-            self._plot(t)
+        # results.png costs a matplotlib figure (~0.1-0.2 s, the first one also matplotlib's
+        # import): drawn in a thread of its own while the next epoch trains, at most every
+        # PLOT_EVERY_S (and never two at once), and at the end of the run
+        if t.cfg.run.plots and csv_ok and time.time() - getattr(self, "_plotted_at", 0.0) >= self.PLOT_EVERY_S \
+                and not self._plotter.busy():
+            self._plotted_at, self._plotted_rows = time.time(), len(self.rows)
+            self._plotter.submit(self._plot, t, what="results.png")
 
     #: seconds between two drawings of results.png during a run (it is drawn at the end too)
     PLOT_EVERY_S = 30.0
 
     def _plot(self, t: Trainer) -> None:
-        self._plotted_at, self._plotted_rows = time.time(), len(self.rows)
+        """Draw results.png from results.csv (which is replaced whole, never read half-written)."""
         try:
             from .plots import plot_results
             plot_results(t.csv_path)
@@ -983,8 +1026,12 @@ class LoggingHook(Hook):
             return False
 
     def on_train_end(self, t: Trainer) -> None:
+        plotter = getattr(self, "_plotter", None)
+        if plotter is not None:
+            plotter.close()   # _plot never raises: a failed drawing is a warning
         if t.cfg.run.plots and t.history and getattr(self, "_plotted_rows", 0) != len(self.rows) \
                 and t.csv_path.is_file():
+            self._plotted_rows = len(self.rows)
             self._plot(t)   # the last rows, if the last drawing came before them
         evaluator = getattr(t, "last_evaluator", None)
         if t.cfg.run.plots and evaluator is not None and t.history:
@@ -1002,18 +1049,54 @@ class LoggingHook(Hook):
 class CheckpointHook(Hook):
     """``last.pt`` every epoch (with the training state, for ``resume``), ``best.pt`` when the
     fitness improved (weights and metadata only: a third of the size), and with ``save_period=N``
-    ``epoch{N}.pt``, ``epoch{2N}.pt``, ... (with the training state, like ``last.pt``); all atomic."""
+    ``epoch{N}.pt``, ``epoch{2N}.pt``, ... (with the training state, like ``last.pt``); all atomic.
+
+    Written in the background (:class:`~libreyolo.engine.background.BackgroundJob`): at the end
+    of an epoch the checkpoints are copied to host memory (:func:`~libreyolo.weights.host_snapshot`,
+    so the next steps cannot change what is written), then one thread writes them - each through
+    :func:`~libreyolo.weights.save_checkpoint`, temp file + rename - while the next epoch trains.
+    The write is joined before the next epoch's validation, before the next write, at the end of
+    the run and when it stops on an error; an error of the write (a full disk) is raised there.
+    ``t.saved_epoch`` counts the epochs whose ``last.pt`` is on disk.
+    """
+
+    def on_train_start(self, t: Trainer) -> None:
+        import sys
+        from .background import BackgroundJob
+        t.checkpoint_writer = self.writer = BackgroundJob("checkpoint writer")
+        self._outer = sys.exc_info()[1]   # train() may run inside a caller's except block
 
     def on_epoch_end(self, t: Trainer, state: dict) -> None:
-        from ..weights import save_checkpoint
-        epoch = state["epoch"]
-        save_checkpoint(t.checkpoint(epoch, with_state=True), t.run_dir / "weights" / "last.pt")
-        t.saved_epoch = epoch + 1
-        if state["is_best"]:
-            save_checkpoint(t.checkpoint(epoch, with_state=False), t.run_dir / "weights" / "best.pt")
+        from ..weights import host_snapshot
+        epoch, weights = state["epoch"], t.run_dir / "weights"
+        self.writer.wait()   # the previous epoch's files first (and its error, if it failed)
+        resumable = host_snapshot(t.checkpoint(epoch, with_state=True))
+        files = [(resumable, weights / "last.pt")]
+        if state["is_best"]:   # the same checkpoint less the training state (a third of the size)
+            files.append(({k: v for k, v in resumable.items() if k != "train_state"}, weights / "best.pt"))
         period = t.cfg.run.save_period
         if period and (epoch + 1) % period == 0:   # a snapshot one can also resume from
-            save_checkpoint(t.checkpoint(epoch, with_state=True), t.run_dir / "weights" / f"epoch{epoch + 1}.pt")
+            files.append((resumable, weights / f"epoch{epoch + 1}.pt"))
+        self.writer.submit(self._write, t, epoch, files, what=f"epoch {epoch + 1}'s checkpoints in {weights}")
+
+    @staticmethod
+    def _write(t: Trainer, epoch: int, files: list) -> None:
+        from ..weights import save_checkpoint
+        for ckpt, path in files:
+            save_checkpoint(ckpt, path)
+            if path.name == "last.pt":
+                t.saved_epoch = epoch + 1
+
+    def on_train_end(self, t: Trainer) -> None:
+        import sys
+        writer = getattr(self, "writer", None)
+        if writer is None:
+            return
+        in_flight = sys.exc_info()[1]
+        stopping = in_flight is not None and in_flight is not self._outer   # ending on another error: keep it
+        error = writer.close(raising=not stopping)
+        if error is not None:
+            log.error("libreyolo: writing a checkpoint failed as well: %s", error)
 
 
 class TensorBoardHook(Hook):

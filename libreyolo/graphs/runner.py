@@ -15,7 +15,10 @@ per call, whether to run eager, capture, or replay:
 The signature of a call is (key, every input's shape/dtype/device, autocast state, grad
 mode). Parameters and buffers are fingerprinted (device, dtype, data pointer, version
 counter, and the number of tensors): moving the model, loading weights, fusing or
-quantizing it releases every stale graph automatically. The cache is an LRU with a cap;
+quantizing it releases every stale graph automatically. A runner built with
+``watch_versions=False`` leaves the version counters out: its graphs are meant to replay
+weights that change in place (training's EMA network, read by validation), which a graph
+sees as it reads them by address; only moved, replaced or re-registered tensors make it stale. The cache is an LRU with a cap;
 eviction is counted and thrashing is reported once. All lookups, captures and replays
 of one runner are serialized by its lock, so several threads may predict at once.
 
@@ -104,8 +107,10 @@ class GraphRunner:
 
     def __init__(self, module: torch.nn.Module, family: str, supported: bool, *,
                  max_graphs: int = 8, capture_after: int = 2,
-                 capturer: Any | None = None, unsupported_reason: str | None = None):
+                 capturer: Any | None = None, unsupported_reason: str | None = None,
+                 watch_versions: bool = True):
         self.module = module
+        self.watch_versions = bool(watch_versions)
         self.family = family
         self.supported = bool(supported)
         self.unsupported_reason = unsupported_reason or (
@@ -155,14 +160,15 @@ class GraphRunner:
         A graph reads weights by address, so what makes it stale is a tensor that moved
         (new storage: ``.to()``, a dtype change, a replaced parameter) or a changed module
         tree (``fuse()``); version counters are included as well, so an in-place reload is
-        treated as a change too.
+        treated as a change too (unless ``watch_versions`` is off: see the module docstring).
         """
         gen = _STRUCTURE_GENERATION[0]
         if self._tensors is None or self._tensors_gen != gen:
             self._tensors = [*self.module.parameters(), *self.module.buffers()]
             self._tensors_gen = gen
         ts = self._tensors
-        return (len(ts), tuple([t.data_ptr() for t in ts]), tuple([t._version for t in ts]))
+        versions = tuple([t._version for t in ts]) if self.watch_versions else ()
+        return (len(ts), tuple([t.data_ptr() for t in ts]), versions)
 
     signature = staticmethod(signature)
 

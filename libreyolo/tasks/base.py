@@ -40,10 +40,19 @@ def host_views(maps: Sequence[torch.Tensor], download: Callable[[torch.Tensor], 
 
 class Evaluator:
     """Accumulates a validation split: ``reset()``, ``process(outputs, batch)`` per batch (the
-    model's ``infer`` outputs on the device and the loader's CPU batch), then ``evaluate()``."""
+    stage's outputs on the device - :meth:`finish` of the model's ``infer`` outputs - and the
+    loader's CPU batch), then ``evaluate()``."""
 
     def reset(self) -> None:
         raise NotImplementedError
+
+    def finish(self, outputs: Any) -> Any:
+        """``model.infer`` outputs -> what :meth:`process` takes: the device part of the
+        evaluation that runs inside validation's stage (captured with the network when the run
+        uses CUDA graphs), so it must be graph-safe (fixed shapes, no host synchronisation),
+        return batch-first tensors (validation pads a last partial batch and keeps the first
+        rows) and depend only on the evaluator's class and options. Default: unchanged."""
+        return outputs
 
     def process(self, outputs: Any, batch: Sequence[torch.Tensor]) -> None:
         raise NotImplementedError

@@ -8,17 +8,16 @@ import numpy as np
 from .curves import PRSummary
 
 
-def _plt():
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    return plt
+def _figure(**kw):
+    """A bare matplotlib Figure (Agg at savefig): no pyplot import, no global figure state."""
+    from matplotlib.figure import Figure
+    return Figure(**kw)
 
 
 def plot_pr_curves(pr: PRSummary, names: dict[int, str], path: Path) -> Path:
     """Precision against recall per class (thin) and their mean (thick), IoU 0.5."""
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(7, 6), dpi=110)
+    fig = _figure(figsize=(7, 6), dpi=110)
+    ax = fig.subplots()
     present = np.where(pr.present)[0]
     for c in present:
         ax.plot(pr.recall[c], pr.precision[c], lw=1, alpha=0.7, label=str(names.get(int(c), c)))
@@ -30,18 +29,17 @@ def plot_pr_curves(pr: PRSummary, names: dict[int, str], path: Path) -> Path:
     ax.legend(fontsize=7, loc="lower left")
     fig.tight_layout()
     fig.savefig(path)
-    plt.close(fig)
     return path
 
 
 def plot_confusion_matrix(matrix: np.ndarray, names: dict[int, str], path: Path, conf: float) -> Path:
     """Column-normalised confusion matrix (each true class's column sums to 1), background last."""
-    plt = _plt()
     n = matrix.shape[0]
     labels = [str(names.get(i, i)) for i in range(n - 1)] + ["background"]
     norm = matrix / np.maximum(matrix.sum(0, keepdims=True), 1)
     size = max(5.0, 0.45 * n + 2)
-    fig, ax = plt.subplots(figsize=(size + 1, size), dpi=110)
+    fig = _figure(figsize=(size + 1, size), dpi=110)
+    ax = fig.subplots()
     im = ax.imshow(norm, cmap="Blues", vmin=0, vmax=1)
     if n <= 30:
         for i in range(n):
@@ -55,7 +53,6 @@ def plot_confusion_matrix(matrix: np.ndarray, names: dict[int, str], path: Path,
     fig.colorbar(im, ax=ax, fraction=0.046)
     fig.tight_layout()
     fig.savefig(path)
-    plt.close(fig)
     return path
 
 

@@ -137,10 +137,17 @@ class DetectionEvaluator(Evaluator):
         self.first_batch: np.ndarray | None = None
         self.pr = None
 
+    #: candidates per image before NMS (every anchor of a 640 px YOLO head, and more)
+    MAX_CANDIDATES = 30000
+
+    def finish(self, outputs):
+        """The top :attr:`MAX_CANDIDATES` anchors per image, sorted by score: in the stage."""
+        return top_candidates(*outputs, self.MAX_CANDIDATES)
+
     def process(self, outputs, batch) -> None:
         imgs, targets, mask = batch
         o = self.options
-        cand = top_candidates(*outputs, 30000)
+        cand = outputs   # finish's top candidates
         dets = nms_per_image(*cand, conf=o.val_conf, iou=o.val_iou, max_det=o.max_det, nms_free=not self.model.NMS)
         if self.first_batch is None:
             self.first_batch = imgs[:16].numpy()

@@ -1,0 +1,146 @@
+"""Checkpoints written in the background (engine/background.py, weights.host_snapshot, the
+trainer's CheckpointHook): the same content as a synchronous save, a snapshot that training can no
+longer change, one write at a time, joined at the end, and a failed write raised as a clear error
+at the next save or at the end of the run."""
+import errno
+import os
+import threading
+
+import pytest
+import torch
+
+from libreyolo import LibreYOLO
+from libreyolo import weights as W
+from libreyolo.data.synthetic import make_shapes_dataset
+from libreyolo.engine import trainer as T
+from libreyolo.engine.background import BackgroundJob
+from libreyolo.weights import host_snapshot, load_checkpoint, save_checkpoint
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return str(make_shapes_dataset(tmp_path_factory.mktemp("asyncck") / "ds", n_train=8, n_val=4, imgsz=64, seed=0))
+
+
+def run(data, tmp_path, **kw):
+    args = dict(data=data, epochs=2, batch=4, imgsz=64, workers=0, project=str(tmp_path), name="run",
+                warmup_epochs=0, close_mosaic=0, verbose=False, plots=False, seed=0)
+    return LibreYOLO.new("yolox", "n", nc=5, device="cpu", seed=0).train(**{**args, **kw})
+
+
+def equal(a, b) -> bool:
+    """Checkpoint contents equal: tensors by value (and dtype, shape), everything else by ==."""
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(equal(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(equal(x, y) for x, y in zip(a, b))
+    return a == b or (a != a and b != b)
+
+
+def test_snapshot_is_a_copy_that_saves_what_the_original_would(tmp_path):
+    w = torch.arange(12.0).reshape(3, 4)
+    nhwc = torch.randn(2, 3, 4, 5).contiguous(memory_format=torch.channels_last)
+    ck = {"model": {"w": w, "nhwc": nhwc}, "train_state": {"optimizer": {"state": {0: {"momentum_buffer": w * 2}},
+                                                                         "param_groups": [{"lr": 0.1, "params": [0]}]},
+                                                     "epoch": 3}, "names": {0: "a"}}
+    snap = host_snapshot(ck)
+    save_checkpoint(ck, tmp_path / "sync.pt")
+    save_checkpoint(snap, tmp_path / "snap.pt")
+    assert equal(torch.load(tmp_path / "sync.pt"), torch.load(tmp_path / "snap.pt"))
+    assert snap["model"]["nhwc"].stride() == nhwc.stride()              # strides kept
+    w.add_(100.0)                                                       # training goes on in place
+    ck["train_state"]["optimizer"]["param_groups"][0]["lr"] = 0.5
+    assert snap["model"]["w"][0, 1] == 1.0 and snap["train_state"]["optimizer"]["param_groups"][0]["lr"] == 0.1
+
+
+def test_background_job_one_at_a_time_and_errors_surface_once():
+    job, order, gate = BackgroundJob("test writer"), [], threading.Event()
+
+    def first():
+        gate.wait(5)
+        order.append("first")
+
+    job.submit(first, what="first")
+    assert job.busy()
+    threading.Timer(0.05, gate.set).start()
+    job.submit(lambda: order.append("second"), what="second")   # waits for the first
+    job.wait()
+    assert order == ["first", "second"] and not job.busy()
+
+    def fails():
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "last.pt")
+
+    job.submit(fails, what="epoch 3's checkpoints")
+    with pytest.raises(OSError) as info:
+        job.submit(lambda: order.append("never"))   # the next submit raises the previous job's error
+    assert "epoch 3's checkpoints" in "".join(info.value.__notes__) and "test writer" in "".join(info.value.__notes__)
+    job.wait()   # raised once
+    assert order == ["first", "second"]
+    job.submit(fails)
+    assert isinstance(job.close(raising=False), OSError) and job.close() is None
+
+
+def test_training_checkpoints_equal_a_synchronous_save_and_the_writer_is_joined(data, tmp_path, monkeypatch):
+    real_end, threads = T.CheckpointHook.on_epoch_end, []
+
+    def on_epoch_end(self, t, state):
+        real_end(self, t, state)
+        # the state the background write copied, saved synchronously (the main thread has not moved on)
+        save_checkpoint(t.checkpoint(state["epoch"], with_state=True), t.run_dir / f"sync{state['epoch']}.pt")
+        if state["is_best"]:
+            save_checkpoint(t.checkpoint(state["epoch"], with_state=False), t.run_dir / "sync_best.pt")
+        threads.append(self.writer._thread)
+
+    monkeypatch.setattr(T.CheckpointHook, "on_epoch_end", on_epoch_end)
+    res = run(data, tmp_path, save_period=1)
+    weights = tmp_path / "run" / "weights"
+    assert all(th is not None for th in threads) and not any(th.is_alive() for th in threads)   # joined
+    assert not [th for th in threading.enumerate() if th.name.startswith("libreyolo-")]
+    last, sync = load_checkpoint(weights / "last.pt"), load_checkpoint(tmp_path / "run" / "sync1.pt")
+    assert last["train_state"]["epoch"] == 1 and equal(last, sync)
+    assert equal(load_checkpoint(weights / "epoch1.pt"), load_checkpoint(tmp_path / "run" / "sync0.pt"))
+    assert equal(load_checkpoint(weights / "best.pt"), load_checkpoint(tmp_path / "run" / "sync_best.pt"))
+    assert "train_state" not in load_checkpoint(weights / "best.pt") and LibreYOLO(res["best"], device="cpu").trained
+    assert not [p.name for p in weights.iterdir() if p.name.endswith(".tmp")]
+
+
+def failing_save(fail_on: int):
+    real, calls = W.save_checkpoint, []
+
+    def save(ckpt, path):
+        calls.append(path)
+        if len(calls) == fail_on:
+            raise W.CheckpointSaveError(f"could not write {path}: No space left on device")
+        return real(ckpt, path)
+    return save
+
+
+def test_a_failed_background_write_stops_the_run_at_the_next_save(data, tmp_path, monkeypatch):
+    monkeypatch.setattr(W, "save_checkpoint", failing_save(1))   # epoch 1's last.pt
+    epochs = []
+    real_train_epoch = T.Trainer.train_epoch
+    monkeypatch.setattr(T.Trainer, "train_epoch", lambda self, e: epochs.append(e) or real_train_epoch(self, e))
+    with pytest.raises(W.CheckpointSaveError) as info:
+        run(data, tmp_path, epochs=3)
+    assert "last.pt" in str(info.value) and "checkpoint writer" in "".join(info.value.__notes__)
+    assert epochs == [0, 1]   # raised in epoch 2, before its validation: no third epoch
+
+
+def test_a_failed_last_write_is_raised_at_the_end(data, tmp_path, monkeypatch):
+    monkeypatch.setattr(W, "save_checkpoint", failing_save(1))
+    with pytest.raises(W.CheckpointSaveError) as info:
+        run(data, tmp_path, epochs=1)
+    assert "epoch 1's checkpoints" in "".join(info.value.__notes__)
+
+
+def test_a_failed_write_is_raised_at_the_end_inside_a_callers_except_block(data, tmp_path, monkeypatch):
+    """train() called while the caller handles an exception of its own: the write's error is
+    still raised (that exception is not the run's)."""
+    monkeypatch.setattr(W, "save_checkpoint", failing_save(1))
+    with pytest.raises(W.CheckpointSaveError):
+        try:
+            raise KeyError("the caller's")
+        except KeyError:
+            run(data, tmp_path, epochs=1)

@@ -1,0 +1,35 @@
+"""What a `libreyolo` process costs outside the trainer: the prompt exit of the CLI (exit handlers
+run, output flushed, no interpreter teardown)."""
+import subprocess
+import sys
+
+import pytest
+
+from libreyolo import cli
+
+
+class Exited(Exception):
+    pass
+
+
+@pytest.mark.parametrize("rc,code", [(0, 0), (2, 2), (None, 0)])
+def test_entry_runs_the_exit_handlers_then_exits_with_mains_code(monkeypatch, rc, code):
+    calls = []
+    monkeypatch.setattr(cli, "main", lambda: calls.append("main") or rc)
+    monkeypatch.setattr("atexit._run_exitfuncs", lambda: calls.append("atexit"))
+
+    def _exit(value):
+        calls.append(("exit", value))
+        raise Exited
+
+    monkeypatch.setattr("os._exit", _exit)
+    with pytest.raises(Exited):
+        cli.entry()
+    assert calls == ["main", "atexit", ("exit", code)]
+
+
+def test_the_program_flushes_its_output_before_the_prompt_exit():
+    out = subprocess.run([sys.executable, "-m", "libreyolo.cli", "--version"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0 and out.stdout.startswith("libreyolo "), (out.stdout, out.stderr)
+
