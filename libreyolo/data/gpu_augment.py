@@ -1,0 +1,312 @@
+"""The YOLO training recipe on the device: mosaic, random affine, HSV jitter and flip on a batch.
+
+With ``gpu_augment=True`` the DataLoader workers only decode and letterbox each image (or read it
+from ``cache=ram|disk``): :class:`~libreyolo.data.augment.DetectionDataset` then yields
+``(image uint8 (3, S, S), targets (n, 5), geometry int32 (4,))`` and the collate stacks them. The
+trainer moves the batch to the device and calls :class:`DeviceAugment` on it there, before (and
+outside) the captured step; what comes out is what the CPU recipe's collate gives the loss:
+``(images uint8 (B, 3, S, S), targets float32 (B, M, 5) [cls, x1, y1, x2, y2] pixels, mask bool
+(B, M))`` with ``M`` the kept counts' bucketed maximum (:func:`~libreyolo.data.augment.
+max_targets_bucket`), padded rows zero.
+
+Per sample, as :meth:`DetectionDataset._augmented` does it on the CPU:
+
+* with probability ``mosaic``, four images - this one and three others **of the same batch** (the
+  CPU recipe draws them from the whole dataset; the loader's shuffle makes a batch a random draw
+  already, and the workers never see the augmentation) - are tiled around a random centre of a
+  2S x 2S canvas (the canvas centre for ``dense_mosaic``); tile boxes are clipped to their tile;
+* one random affine (rotation within ``degrees``, zoom in ``1 +- scale`` - halved for a dense
+  mosaic -, translation up to ``translate * S``; the CPU recipe has no shear or perspective, so
+  neither has this) maps the canvas to S x S in a single bilinear resampling, outside grey 114;
+  boxes: the four corners mapped, their bounding box clipped, dropped when narrower than
+  ``MIN_BOX_SIDE`` or keeping less than ``MIN_AREA_KEPT`` of their area;
+* HSV jitter as one 3x3 colour matrix, rounding to uint8, and a horizontal flip;
+* with probability ``mixup``, a second augmented sample (of another batch image) blended in with
+  a ratio in [0.45, 0.55], both label sets kept.
+
+Every probability and range is the dataset's own (read from it, so ``close_mosaic`` - which sets
+the dataset's shared mosaic and MixUp probabilities to 0 - applies here too).
+
+Randomness: all random numbers of a batch (a few per sample) are drawn on the host from a CPU
+``torch.Generator`` that the trainer seeds from (seed, epoch) at every epoch, so a run - resumed
+or not - augments the same way, and the CPU and CUDA versions of the same batch use the same
+numbers: only the pixel and box arithmetic runs on the device. The same code runs on CPU tensors.
+
+Why not torchvision.transforms.v2 for the affine and the colour: its functional ops take one set
+of parameters per call (one angle, scale, translation or colour factor for the whole batch), so
+per-sample randomness would be a Python loop over the batch; ``ColorJitter`` also is not the
+recipe's HSV jitter (it converts to HSV and applies brightness/contrast/saturation/hue in a
+random order). Here one ``affine_grid`` + ``grid_sample`` resamples the whole batch with
+per-sample matrices, and the colour jitter is a per-sample 3x3 matrix. v2 does the flips (image
+and ``tv_tensors.BoundingBoxes``), which have no parameter.
+
+Cost: the kernels do not depend on the batch contents; the host does a few small tensor ops per
+batch and reads one number back (the largest kept box count, which sets ``M``) before the step.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+import torchvision.transforms.v2.functional as TF
+from torchvision import tv_tensors
+
+from ..ops.letterbox import PAD_VALUE
+from .augment import MIN_AREA_KEPT, MIN_BOX_SIDE, DetectionDataset, max_targets_bucket
+
+__all__ = ["DeviceAugment", "hue_matrices", "saturation_matrices"]
+
+_LUMA = (0.299, 0.587, 0.114)   # the CPU recipe's luma weights (augment._LUMA)
+
+
+def hue_matrices(theta: torch.Tensor) -> torch.Tensor:
+    """(B,) angles in radians -> (B, 3, 3) float64 rotations of RGB space about the grey axis
+    (Rodrigues' formula; the batched form of the CPU recipe's ``_hue_matrix``)."""
+    theta = theta.to(torch.float64)
+    k = torch.full((3,), 1.0 / math.sqrt(3.0), dtype=torch.float64)
+    kx = torch.tensor([[0.0, -k[2], k[1]], [k[2], 0.0, -k[0]], [-k[1], k[0], 0.0]], dtype=torch.float64)
+    c, s = theta.cos()[:, None, None], theta.sin()[:, None, None]
+    return c * torch.eye(3, dtype=torch.float64) + s * kx + (1.0 - c) * torch.outer(k, k)
+
+
+def saturation_matrices(gain: torch.Tensor) -> torch.Tensor:
+    """(B,) gains -> (B, 3, 3) float64 ``gain * rgb + (1 - gain) * luma`` (the CPU recipe's
+    ``_saturation_matrix``, batched)."""
+    g = gain.to(torch.float64)[:, None, None]
+    luma = torch.tensor(_LUMA, dtype=torch.float64).expand(3, 3)
+    return g * torch.eye(3, dtype=torch.float64) + (1.0 - g) * luma
+
+
+class _Draw:
+    """One pass's random parameters for B samples, derived on the host (CPU tensors) from
+    uniforms ``u`` (B, 9) in [0, 1) - columns: mosaic, angle, zoom, tx, ty, hue, saturation,
+    value, flip -, the mosaic centres ``centre`` (B, 2) (x, y) and the four tiles' batch
+    indices ``src`` (B, 4) (the sample's own image first)."""
+
+    @classmethod
+    def sample(cls, aug: "DeviceAugment", own: torch.Tensor) -> "_Draw":
+        """Random parameters for the samples whose own images are ``own`` (batch indices)."""
+        g, s, n = aug.generator, aug.imgsz, len(own)
+        u = torch.rand((n, 9), generator=g, dtype=torch.float64)
+        centre = torch.randint(s // 2, s + s // 2 + 1, (n, 2), generator=g)
+        others = torch.randint(n, (n, 3), generator=g)
+        return cls(aug, u, centre, torch.cat([own[:, None], own[others]], 1))
+
+    def __init__(self, aug: "DeviceAugment", u: torch.Tensor, centre: torch.Tensor, src: torch.Tensor):
+        s, n = aug.imgsz, u.shape[0]
+        u = u.to(torch.float64)
+
+        def uniform(col: int, lo: float, hi: float) -> torch.Tensor:
+            return lo + (hi - lo) * u[:, col]
+
+        self.mosaic = u[:, 0] < aug.mosaic
+        self.any_mosaic = bool(self.mosaic.any())
+        angle = torch.deg2rad(uniform(1, -aug.degrees, aug.degrees)) if aug.degrees else torch.zeros(n, dtype=torch.float64)
+        zoom = uniform(2, 1.0 - aug.scale, 1.0 + aug.scale) if aug.scale else torch.ones(n, dtype=torch.float64)
+        if aug.dense_mosaic:   # the whole 2S canvas into S
+            zoom = torch.where(self.mosaic, zoom * 0.5, zoom)
+            centre = torch.where(self.mosaic[:, None], torch.full_like(centre, s), centre)
+        t = aug.translate
+        tx = uniform(3, -t, t) * s if t else torch.zeros(n, dtype=torch.float64)
+        ty = uniform(4, -t, t) * s if t else torch.zeros(n, dtype=torch.float64)
+        hue = uniform(5, -aug.hsv_h, aug.hsv_h) * 2.0 * math.pi if aug.hsv_h else torch.zeros(n, dtype=torch.float64)
+        sat = uniform(6, 1.0 - aug.hsv_s, 1.0 + aug.hsv_s) if aug.hsv_s else torch.ones(n, dtype=torch.float64)
+        val = uniform(7, 1.0 - aug.hsv_v, 1.0 + aug.hsv_v) if aug.hsv_v else torch.ones(n, dtype=torch.float64)
+        self.flip = (u[:, 8] < aug.fliplr) if aug.fliplr > 0 else torch.zeros(n, dtype=torch.bool)
+        self.zoom = zoom
+        self.centre = centre                                          # (xc, yc) of each mosaic
+        self.src = src                                                # the 4 tiles' batch indices
+        # out = A (p - c) + (S/2 + t) in continuous pixel coordinates of the canvas; c is the
+        # mosaic canvas' centre (S, S), or the image's (S/2, S/2) - it sits at the canvas origin
+        cos, sin = angle.cos() * zoom, angle.sin() * zoom
+        self.a = torch.stack([torch.stack([cos, -sin], -1), torch.stack([sin, cos], -1)], -2)   # (B, 2, 2)
+        c = torch.where(self.mosaic[:, None], torch.tensor([float(s), float(s)], dtype=torch.float64),
+                        torch.tensor([s / 2.0, s / 2.0], dtype=torch.float64))
+        self.b = torch.stack([s / 2.0 + tx, s / 2.0 + ty], -1) - (self.a @ c[:, :, None])[..., 0]
+        self.canvas = 2 * s if self.any_mosaic else s
+        # grid_sample's matrix, as the CPU recipe's _warp builds it: output point q (normalized
+        # o, q = (S/2)(o + 1)) shows canvas point A^-1 (q - b), normalized by D p - 1
+        inv = torch.linalg.inv(self.a)
+        d = 2.0 / self.canvas
+        half = s / 2.0
+        lin = d * inv * half
+        off = d * (inv @ (half - self.b)[:, :, None])[..., 0] - 1.0
+        self.theta = torch.cat([lin, off[:, :, None]], 2).to(torch.float32)           # (B, 2, 3)
+        colour = val[:, None, None] * (saturation_matrices(sat) @ hue_matrices(hue))
+        self.colour = colour.to(torch.float32)                                         # (B, 3, 3)
+        self.identity_colour = not (aug.hsv_h or aug.hsv_s or aug.hsv_v)
+
+
+class DeviceAugment:
+    """The YOLO recipe on a batch of device tensors (see the module docstring).
+
+    ``dataset`` is the training :class:`DetectionDataset` built with ``gpu_augment=True``: its
+    options (probabilities, ranges, image size) are this recipe's. ``bucket`` rounds the output's
+    target rows as the collate does.
+    """
+
+    def __init__(self, dataset: DetectionDataset, bucket: int = 16):
+        if dataset.policy != "yolo":
+            raise ValueError(f"gpu_augment covers the YOLO recipe (augment_policy='yolo'), not {dataset.policy!r}")
+        self.dataset = dataset
+        self.bucket = int(bucket)
+        self.imgsz = dataset.imgsz
+        self.degrees, self.translate, self.scale = dataset.degrees, dataset.translate, dataset.scale
+        self.fliplr = dataset.fliplr
+        self.hsv_h, self.hsv_s, self.hsv_v = dataset.hsv_h, dataset.hsv_s, dataset.hsv_v
+        self.dense_mosaic = dataset.dense_mosaic
+        self.generator = torch.Generator()
+
+    @property
+    def mosaic(self) -> float:
+        return self.dataset.mosaic   # live: close_mosaic() sets it to 0
+
+    @property
+    def mixup(self) -> float:
+        return self.dataset.mixup
+
+    def seed(self, seed: int, epoch: int, rank: int = 0) -> None:
+        """Seed the generator for ``epoch`` (and process ``rank`` of a distributed run)."""
+        self.generator.manual_seed(int(np.random.SeedSequence([int(seed), int(epoch), int(rank), 0x6A]).generate_state(1)[0]))
+
+    @torch.no_grad()
+    def __call__(self, images: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor,
+                 geometry: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(images uint8 (B, 3, S, S) letterboxed, targets (B, M, 5), mask (B, M), geometry
+        (B, 4) [new_h, new_w, pad_y, pad_x])``, all on one device -> ``(images uint8 (B, 3, S,
+        S), targets float32 (B, M', 5), mask bool (B, M'))``, augmented, on that device."""
+        n, s = images.shape[0], self.imgsz
+        if images.dtype != torch.uint8 or images.shape[1:] != (3, s, s):
+            raise ValueError(f"DeviceAugment expects uint8 (B, 3, {s}, {s}) images, got {images.dtype} "
+                             f"{tuple(images.shape)}")
+        own = torch.arange(n)
+        image, boxes, keep = self._pass(images, targets, mask, geometry, _Draw.sample(self, own))
+        mixup = self.mixup
+        if mixup > 0:
+            u = torch.rand((n, 2), generator=self.generator, dtype=torch.float64)
+            mix = u[:, 0] < mixup
+            if bool(mix.any()):
+                partner = torch.randint(n, (n,), generator=self.generator)
+                other, more, keep2 = self._pass(images, targets, mask, geometry, _Draw.sample(self, partner))
+                dev = images.device
+                r = (0.45 + 0.1 * u[:, 1]).to(torch.float32).to(dev)[:, None, None, None]
+                blend = (image.float() * r + other.float() * (1.0 - r)).round_().clamp_(0, 255).to(torch.uint8)
+                image = torch.where(mix.to(dev)[:, None, None, None], blend, image)
+                boxes = torch.cat([boxes, more], 1)
+                keep = torch.cat([keep, keep2 & mix.to(dev)[:, None]], 1)
+        return (image, *self._compact(boxes, keep))
+
+    # ---- one pass: mosaic (maybe), affine, colour, flip -----------------------------------------
+
+    def _pass(self, images, targets, mask, geometry, d: _Draw):
+        dev, s = images.device, self.imgsz
+        n = images.shape[0]
+        src = d.src.to(dev)
+        mosaic = d.mosaic.to(dev)
+        geo = geometry.to(device=dev, dtype=torch.int64)[src]                 # (B, 4 tiles, 4)
+        nh, nw, py, px = geo.unbind(-1)
+        xc, yc = (v.to(dev)[:, None] for v in d.centre.unbind(1))
+        right = torch.tensor([0, 1, 0, 1], device=dev)                          # tiles 1, 3 right of xc
+        below = torch.tensor([0, 0, 1, 1], device=dev)                          # tiles 2, 3 below yc
+        x0 = torch.where(right.bool(), xc, xc - nw)    # top-left corner of each tile on the canvas
+        y0 = torch.where(below.bool(), yc, yc - nh)
+        # not a mosaic: the whole letterboxed image (its padding included) at the canvas origin,
+        # tiles 1-3 empty; the boxes are not moved or clipped
+        solo = ~mosaic[:, None]
+        first = torch.tensor([True, False, False, False], device=dev)[None]
+        zero = torch.zeros_like(x0)
+        x0, y0 = torch.where(solo, zero, x0), torch.where(solo, zero, y0)
+        px, py = torch.where(solo, zero, px), torch.where(solo, zero, py)
+        nh = torch.where(solo, torch.where(first, s, 0), nh)
+        nw = torch.where(solo, torch.where(first, s, 0), nw)
+
+        # ---- pixels: canvas, one resampling, colour, rounding, flip
+        canvas = self._canvas(images, src, x0, y0, nh, nw, px, py, d)
+        grid = F.affine_grid(d.theta.to(dev), [n, 3, s, s], align_corners=False)
+        src_f = canvas.to(torch.float32).sub_(PAD_VALUE)
+        image = F.grid_sample(src_f, grid, mode="bilinear", padding_mode="zeros", align_corners=False).add_(PAD_VALUE)
+        if not d.identity_colour:
+            # per-sample 3x3 colour matrix, as three multiply-adds (a batched matmul could run in
+            # TF32 on CUDA where that is enabled, and would not match the CPU's float32)
+            m = d.colour.to(dev)
+            flat = image.reshape(n, 3, -1)
+            mixed = m[:, :, 0:1] * flat[:, 0:1]
+            mixed.addcmul_(m[:, :, 1:2], flat[:, 1:2]).addcmul_(m[:, :, 2:3], flat[:, 2:3])
+            image = mixed.reshape(n, 3, s, s)
+        image = image.round_().clamp_(0, 255).to(torch.uint8)
+        flip = d.flip.to(dev)
+        if bool(d.flip.any()):
+            image = torch.where(flip[:, None, None, None], TF.horizontal_flip(image), image)
+
+        # ---- boxes: tiles' targets shifted and clipped, the affine, the filter, the flip
+        m_in = targets.shape[1]
+        t = targets.to(torch.float32)[src]                                     # (B, 4, M, 5)
+        k = mask[src] & torch.where(solo, first, torch.ones_like(first))[..., None]
+        lo_x = torch.where(solo, -math.inf, x0.clamp(min=0).to(torch.float32))[..., None]
+        hi_x = torch.where(solo, math.inf, (x0 + nw).clamp(max=2 * s).to(torch.float32))[..., None]
+        lo_y = torch.where(solo, -math.inf, y0.clamp(min=0).to(torch.float32))[..., None]
+        hi_y = torch.where(solo, math.inf, (y0 + nh).clamp(max=2 * s).to(torch.float32))[..., None]
+        bx = t[..., 1::2] - px[..., None, None].to(torch.float32)   # tile-local (the padding off)
+        by = t[..., 2::2] - py[..., None, None].to(torch.float32)
+        ref = (bx[..., 1] - bx[..., 0]) * (by[..., 1] - by[..., 0])            # area before the cut
+        bx = (bx + x0[..., None, None].to(torch.float32)).clamp(lo_x[..., None], hi_x[..., None])
+        by = (by + y0[..., None, None].to(torch.float32)).clamp(lo_y[..., None], hi_y[..., None])
+        n_rows = 4 * m_in
+        bx, by = bx.reshape(n, n_rows, 2).to(torch.float64), by.reshape(n, n_rows, 2).to(torch.float64)
+        ref, k = ref.reshape(n, n_rows), k.reshape(n, n_rows)
+        cls = t[..., 0].reshape(n, n_rows)
+        a, b = d.a.to(dev), d.b.to(dev)
+        cx = torch.stack([bx[..., 0], bx[..., 1], bx[..., 1], bx[..., 0]], -1)    # the four corners
+        cy = torch.stack([by[..., 0], by[..., 0], by[..., 1], by[..., 1]], -1)
+        ox = a[:, 0, 0, None, None] * cx + a[:, 0, 1, None, None] * cy + b[:, 0, None, None]
+        oy = a[:, 1, 0, None, None] * cx + a[:, 1, 1, None, None] * cy + b[:, 1, None, None]
+        out = torch.stack([ox.amin(-1), oy.amin(-1), ox.amax(-1), oy.amax(-1)], -1).clamp_(0, s)
+        w, h = out[..., 2] - out[..., 0], out[..., 3] - out[..., 1]
+        zoom = d.zoom.to(dev)[:, None]
+        kept = (w * h) / (ref.to(torch.float64) * zoom * zoom).clamp_min(1e-9)
+        keep = k & (w >= MIN_BOX_SIDE) & (h >= MIN_BOX_SIDE) & (kept >= MIN_AREA_KEPT)
+        boxes = out.to(torch.float32)
+        if bool(d.flip.any()):
+            flipped = TF.horizontal_flip(tv_tensors.BoundingBoxes(boxes.reshape(-1, 4), format="XYXY",
+                                                                  canvas_size=(s, s)))
+            boxes = torch.where(flip[:, None, None], flipped.as_subclass(torch.Tensor).reshape(n, n_rows, 4), boxes)
+        return image, torch.cat([cls[..., None], boxes], -1), keep
+
+    def _canvas(self, images, src, x0, y0, nh, nw, px, py, d: _Draw) -> torch.Tensor:
+        """(B, 3, C, C) uint8: the four tiles on the 2S canvas (C = 2S), or, when no sample of
+        the pass is a mosaic, the images themselves (C = S)."""
+        n, s = images.shape[0], self.imgsz
+        if not d.any_mosaic:
+            own = src[:, 0]
+            return images if bool((own == torch.arange(n, device=own.device)).all()) else images[own]
+        c, dev = d.canvas, images.device
+        canvas = torch.full((n, 3, c, c), int(PAD_VALUE), dtype=torch.uint8, device=dev)
+        pos = torch.arange(c, device=dev)
+        ch = torch.arange(3, device=dev)[None, :, None, None]
+        for k in range(4):
+            # canvas row Y shows source row Y - y0 + pad_y of tile k, where y0 <= Y < y0 + new_h
+            rows_in = (pos >= y0[:, k, None]) & (pos < (y0 + nh)[:, k, None])              # (B, C)
+            cols_in = (pos >= x0[:, k, None]) & (pos < (x0 + nw)[:, k, None])
+            if not bool(rows_in.any()) or not bool(cols_in.any()):
+                continue
+            rows = (pos - y0[:, k, None] + py[:, k, None]).clamp_(0, s - 1)
+            cols = (pos - x0[:, k, None] + px[:, k, None]).clamp_(0, s - 1)
+            tile = images[src[:, k, None, None, None], ch, rows[:, None, :, None], cols[:, None, None, :]]
+            canvas = torch.where(rows_in[:, None, :, None] & cols_in[:, None, None, :], tile, canvas)
+        return canvas
+
+    def _compact(self, boxes: torch.Tensor, keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Kept rows first (in order), padded to the bucketed maximum count with zero rows."""
+        n, rows = keep.shape
+        counts = keep.sum(1)
+        m = max_targets_bucket([int(counts.max()) if n else 0], self.bucket)   # the one host read
+        order = torch.sort((~keep).to(torch.uint8), dim=1, stable=True).indices
+        if m > rows:
+            boxes = torch.cat([boxes, boxes.new_zeros(n, m - rows, 5)], 1)
+            order = torch.cat([order, torch.arange(rows, m, device=order.device).expand(n, -1)], 1)
+        idx = order[:, :m]
+        out = boxes.gather(1, idx[..., None].expand(-1, -1, 5))
+        valid = torch.arange(m, device=keep.device)[None] < counts[:, None]
+        return out.masked_fill_(~valid[..., None], 0.0), valid
