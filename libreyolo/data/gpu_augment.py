@@ -138,6 +138,29 @@ class _Draw:
         self.colour = colour.to(torch.float32)                                         # (B, 3, 3)
         self.identity_colour = not (aug.hsv_h or aug.hsv_s or aug.hsv_v)
 
+    def to(self, device: torch.device) -> dict[str, torch.Tensor]:
+        """The per-sample parameters on ``device`` through ONE host-to-device copy (pinned and
+        asynchronous on CUDA: a plain ``.to()`` of a host tensor waits for the stream each time).
+        Every value is exact in float64 (indices, float32 matrices, float64 affine), so the device
+        gets the same numbers as the host."""
+        n = self.src.shape[0]
+        cols = {"src": self.src, "mosaic": self.mosaic[:, None], "centre": self.centre, "flip": self.flip[:, None],
+                "a": self.a.reshape(n, 4), "b": self.b, "zoom": self.zoom[:, None],
+                "theta": self.theta.reshape(n, 6), "colour": self.colour.reshape(n, 9)}
+        pack = torch.cat([v.to(torch.float64) for v in cols.values()], 1)
+        if device.type == "cuda":
+            pack = pack.pin_memory().to(device, non_blocking=True)
+        else:
+            pack = pack.to(device)
+        out, i = {}, 0
+        for k, v in cols.items():
+            out[k] = pack[:, i:i + v.shape[1]]
+            i += v.shape[1]
+        return {"src": out["src"].long(), "mosaic": out["mosaic"][:, 0].bool(), "centre": out["centre"].long(),
+                "flip": out["flip"][:, 0].bool(), "a": out["a"].reshape(n, 2, 2), "b": out["b"],
+                "zoom": out["zoom"][:, 0], "theta": out["theta"].reshape(n, 2, 3).to(torch.float32),
+                "colour": out["colour"].reshape(n, 3, 3).to(torch.float32)}
+
 
 class DeviceAugment:
     """The YOLO recipe on a batch of device tensors (see the module docstring).
@@ -191,11 +214,13 @@ class DeviceAugment:
                 partner = torch.randint(n, (n,), generator=self.generator)
                 other, more, keep2 = self._pass(images, targets, mask, geometry, _Draw.sample(self, partner))
                 dev = images.device
-                r = (0.45 + 0.1 * u[:, 1]).to(torch.float32).to(dev)[:, None, None, None]
+                host = torch.stack([(0.45 + 0.1 * u[:, 1]).to(torch.float32), mix.to(torch.float32)], 1)
+                host = host.pin_memory().to(dev, non_blocking=True) if dev.type == "cuda" else host.to(dev)
+                r, mixed = host[:, 0, None, None, None], host[:, 1].bool()
                 blend = (image.float() * r + other.float() * (1.0 - r)).round_().clamp_(0, 255).to(torch.uint8)
-                image = torch.where(mix.to(dev)[:, None, None, None], blend, image)
+                image = torch.where(mixed[:, None, None, None], blend, image)
                 boxes = torch.cat([boxes, more], 1)
-                keep = torch.cat([keep, keep2 & mix.to(dev)[:, None]], 1)
+                keep = torch.cat([keep, keep2 & mixed[:, None]], 1)
         return (image, *self._compact(boxes, keep))
 
     # ---- one pass: mosaic (maybe), affine, colour, flip -----------------------------------------
@@ -203,19 +228,19 @@ class DeviceAugment:
     def _pass(self, images, targets, mask, geometry, d: _Draw):
         dev, s = images.device, self.imgsz
         n = images.shape[0]
-        src = d.src.to(dev)
-        mosaic = d.mosaic.to(dev)
+        p = d.to(dev)
+        src, mosaic = p["src"], p["mosaic"]
         geo = geometry.to(device=dev, dtype=torch.int64)[src]                 # (B, 4 tiles, 4)
         nh, nw, py, px = geo.unbind(-1)
-        xc, yc = (v.to(dev)[:, None] for v in d.centre.unbind(1))
-        right = torch.tensor([0, 1, 0, 1], device=dev)                          # tiles 1, 3 right of xc
-        below = torch.tensor([0, 0, 1, 1], device=dev)                          # tiles 2, 3 below yc
-        x0 = torch.where(right.bool(), xc, xc - nw)    # top-left corner of each tile on the canvas
-        y0 = torch.where(below.bool(), yc, yc - nh)
+        xc, yc = (v[:, None] for v in p["centre"].unbind(1))
+        tile = torch.arange(4, device=dev)
+        right, below = tile % 2 == 1, tile >= 2                                  # tiles 1, 3 right of xc; 2, 3 below yc
+        x0 = torch.where(right, xc, xc - nw)    # top-left corner of each tile on the canvas
+        y0 = torch.where(below, yc, yc - nh)
         # not a mosaic: the whole letterboxed image (its padding included) at the canvas origin,
         # tiles 1-3 empty; the boxes are not moved or clipped
         solo = ~mosaic[:, None]
-        first = torch.tensor([True, False, False, False], device=dev)[None]
+        first = (tile == 0)[None]
         zero = torch.zeros_like(x0)
         x0, y0 = torch.where(solo, zero, x0), torch.where(solo, zero, y0)
         px, py = torch.where(solo, zero, px), torch.where(solo, zero, py)
@@ -224,19 +249,19 @@ class DeviceAugment:
 
         # ---- pixels: canvas, one resampling, colour, rounding, flip
         canvas = self._canvas(images, src, x0, y0, nh, nw, px, py, d)
-        grid = F.affine_grid(d.theta.to(dev), [n, 3, s, s], align_corners=False)
+        grid = F.affine_grid(p["theta"], [n, 3, s, s], align_corners=False)
         src_f = canvas.to(torch.float32).sub_(PAD_VALUE)
         image = F.grid_sample(src_f, grid, mode="bilinear", padding_mode="zeros", align_corners=False).add_(PAD_VALUE)
         if not d.identity_colour:
             # per-sample 3x3 colour matrix, as three multiply-adds (a batched matmul could run in
             # TF32 on CUDA where that is enabled, and would not match the CPU's float32)
-            m = d.colour.to(dev)
+            m = p["colour"]
             flat = image.reshape(n, 3, -1)
             mixed = m[:, :, 0:1] * flat[:, 0:1]
             mixed.addcmul_(m[:, :, 1:2], flat[:, 1:2]).addcmul_(m[:, :, 2:3], flat[:, 2:3])
             image = mixed.reshape(n, 3, s, s)
         image = image.round_().clamp_(0, 255).to(torch.uint8)
-        flip = d.flip.to(dev)
+        flip = p["flip"]
         if bool(d.flip.any()):
             image = torch.where(flip[:, None, None, None], TF.horizontal_flip(image), image)
 
@@ -257,14 +282,14 @@ class DeviceAugment:
         bx, by = bx.reshape(n, n_rows, 2).to(torch.float64), by.reshape(n, n_rows, 2).to(torch.float64)
         ref, k = ref.reshape(n, n_rows), k.reshape(n, n_rows)
         cls = t[..., 0].reshape(n, n_rows)
-        a, b = d.a.to(dev), d.b.to(dev)
+        a, b = p["a"], p["b"]
         cx = torch.stack([bx[..., 0], bx[..., 1], bx[..., 1], bx[..., 0]], -1)    # the four corners
         cy = torch.stack([by[..., 0], by[..., 0], by[..., 1], by[..., 1]], -1)
         ox = a[:, 0, 0, None, None] * cx + a[:, 0, 1, None, None] * cy + b[:, 0, None, None]
         oy = a[:, 1, 0, None, None] * cx + a[:, 1, 1, None, None] * cy + b[:, 1, None, None]
         out = torch.stack([ox.amin(-1), oy.amin(-1), ox.amax(-1), oy.amax(-1)], -1).clamp_(0, s)
         w, h = out[..., 2] - out[..., 0], out[..., 3] - out[..., 1]
-        zoom = d.zoom.to(dev)[:, None]
+        zoom = p["zoom"][:, None]
         kept = (w * h) / (ref.to(torch.float64) * zoom * zoom).clamp_min(1e-9)
         keep = k & (w >= MIN_BOX_SIDE) & (h >= MIN_BOX_SIDE) & (kept >= MIN_AREA_KEPT)
         boxes = out.to(torch.float32)
@@ -278,9 +303,8 @@ class DeviceAugment:
         """(B, 3, C, C) uint8: the four tiles on the 2S canvas (C = 2S), or, when no sample of
         the pass is a mosaic, the images themselves (C = S)."""
         n, s = images.shape[0], self.imgsz
-        if not d.any_mosaic:
-            own = src[:, 0]
-            return images if bool((own == torch.arange(n, device=own.device)).all()) else images[own]
+        if not d.any_mosaic:   # (decided on the host, like everything that picks a code path)
+            return images if torch.equal(d.src[:, 0], torch.arange(n)) else images[src[:, 0]]
         c, dev = d.canvas, images.device
         canvas = torch.full((n, 3, c, c), int(PAD_VALUE), dtype=torch.uint8, device=dev)
         pos = torch.arange(c, device=dev)
@@ -289,8 +313,6 @@ class DeviceAugment:
             # canvas row Y shows source row Y - y0 + pad_y of tile k, where y0 <= Y < y0 + new_h
             rows_in = (pos >= y0[:, k, None]) & (pos < (y0 + nh)[:, k, None])              # (B, C)
             cols_in = (pos >= x0[:, k, None]) & (pos < (x0 + nw)[:, k, None])
-            if not bool(rows_in.any()) or not bool(cols_in.any()):
-                continue
             rows = (pos - y0[:, k, None] + py[:, k, None]).clamp_(0, s - 1)
             cols = (pos - x0[:, k, None] + px[:, k, None]).clamp_(0, s - 1)
             tile = images[src[:, k, None, None, None], ch, rows[:, None, :, None], cols[:, None, None, :]]
