@@ -28,6 +28,11 @@
   halved for mosaic samples), so an image carries the targets of all four at about half size and
   one-to-one matching gets about four times the positives. Non-mosaic samples are unchanged.
 
+* ``gpu_augment=True`` (the YOLO recipe only): no augmentation here - each sample is the
+  letterboxed image, its targets and its letterbox geometry, and
+  :class:`~libreyolo.data.gpu_augment.DeviceAugment` runs mosaic, affine, HSV, flip and MixUp on
+  the whole batch on the training device (the workers only decode, or read the cache).
+
 All randomness comes from torch's global generator, so a run is reproducible under
 ``torch.manual_seed`` (and per DataLoader worker, whose torch seed the DataLoader sets).
 

@@ -7,7 +7,8 @@ pixels, as one packed (B, max_det * 6 + 1) tensor copied to the host once; other
 after the stage (torchvision) and the boxes are mapped back on the host.
 
 Training: YOLO/COCO datasets or the built-in ``shapes`` set, mosaic / affine / HSV / flip (or the
-DETR recipe), targets padded to a bucketed row count so losses have fixed shapes; validation
+DETR recipe; with ``gpu_augment=True`` the YOLO recipe runs on the device per batch, see
+:mod:`libreyolo.data.gpu_augment`), targets padded to a bucketed row count so losses have fixed shapes; validation
 mAP50 and mAP50-95, fitness 0.1 * mAP50 + 0.9 * mAP50-95.
 """
 from __future__ import annotations
