@@ -349,20 +349,55 @@ def test_trainer_runs_the_device_recipe_and_learns(tmp_path, monkeypatch):
             out = m.train_forward(net, m.preprocess.normalize(fixed[0].float().div(255)), *fixed[1:])
             return float(loss_fn(out, *fixed[1:])[0])
 
-    calls = []
-    real = DeviceAugment.__call__
+    calls, seeds = [], []
+    real, real_seed = DeviceAugment.__call__, DeviceAugment.seed
 
     def counted(self, *batch):
         calls.append(len(batch))
         return real(self, *batch)
 
+    def seeded(self, seed, epoch, rank=0):
+        seeds.append((seed, epoch))
+        return real_seed(self, seed, epoch, rank)
+
     monkeypatch.setattr(DeviceAugment, "__call__", counted)
+    monkeypatch.setattr(DeviceAugment, "seed", seeded)
     model = LibreYOLO.new("yolo9", "t", nc=5, device="cpu", seed=0)
     before = fixed_loss(model)
     res = model.train(data=data, epochs=2, batch=8, imgsz=96, workers=0, project=str(tmp_path), name="run",
                       close_mosaic=0, warmup_epochs=0.5, nbs=8, verbose=False, seed=0, gpu_augment=True,
                       val=False, plots=False, optimizer="AdamW", lr0=0.002)
-    assert calls == [4] * 16 and res["epochs"] == 2
+    assert calls == [4] * 16 and res["epochs"] == 2 and seeds == [(0, 0), (0, 1)]   # re-seeded per epoch
     assert all(math.isfinite(v) for epoch in res["losses"] for v in epoch), res["losses"]
     after = fixed_loss(model)
     assert after < 0.95 * before, (before, after)
+
+
+@pytest.mark.slow   # three short runs (~15 s); the per-epoch seeding itself is checked in the test above
+def test_resumed_run_augments_as_an_uninterrupted_one(tmp_path, monkeypatch):
+    """The device recipe is re-seeded from (seed, epoch) at every epoch: a gpu_augment run
+    interrupted after epoch 1 and resumed ends with the weights of an uninterrupted one."""
+    import libreyolo.weights as weights
+    from libreyolo import LibreYOLO
+    from libreyolo.weights import load_checkpoint
+    data = str(make_shapes_dataset(tmp_path / "ds", n_train=8, n_val=2, imgsz=64, seed=0))
+    args = dict(data=data, epochs=2, batch=4, imgsz=64, workers=0, name="run", close_mosaic=0, warmup_epochs=1,
+                verbose=False, seed=0, nbs=4, gpu_augment=True, mixup=0.5, val=False, plots=False)
+    LibreYOLO.new("yolo9", "t", device="cpu", seed=0).train(project=str(tmp_path / "a"), **args)
+    real_save = weights.save_checkpoint
+
+    def save_then_die(ck, path):
+        out = real_save(ck, path)
+        if str(path).endswith("last.pt"):
+            raise KeyboardInterrupt("simulated interruption after epoch 1")
+        return out
+
+    monkeypatch.setattr(weights, "save_checkpoint", save_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        LibreYOLO.new("yolo9", "t", device="cpu", seed=0).train(project=str(tmp_path / "b"), **args)
+    monkeypatch.setattr(weights, "save_checkpoint", real_save)
+    LibreYOLO.new("yolo9", "t", device="cpu", seed=0).train(project=str(tmp_path / "b"), resume=True, **args)
+    a = load_checkpoint(tmp_path / "a" / "run" / "weights" / "last.pt")["train_state"]["model_raw"]
+    b = load_checkpoint(tmp_path / "b" / "run" / "weights" / "last.pt")["train_state"]["model_raw"]
+    for k, v in a.items():
+        assert torch.allclose(v.float(), b[k].float(), atol=1e-6), k
