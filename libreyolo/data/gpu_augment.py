@@ -17,7 +17,9 @@ Per sample, as :meth:`DetectionDataset._augmented` does it on the CPU:
   2S x 2S canvas (the canvas centre for ``dense_mosaic``); tile boxes are clipped to their tile;
 * one random affine (rotation within ``degrees``, zoom in ``1 +- scale`` - halved for a dense
   mosaic -, translation up to ``translate * S``; the CPU recipe has no shear or perspective, so
-  neither has this) maps the canvas to S x S in a single bilinear resampling, outside grey 114;
+  neither has this) maps the canvas to S x S in a single bilinear resampling, outside grey 114
+  (the 2S canvas itself is never built: each tile is sampled from its source image, see
+  :meth:`DeviceAugment._warp`);
   boxes: the four corners mapped, their bounding box clipped, dropped when narrower than
   ``MIN_BOX_SIDE`` or keeping less than ``MIN_AREA_KEPT`` of their area;
 * HSV jitter as one 3x3 colour matrix, rounding to uint8, and a horizontal flip;
@@ -36,8 +38,8 @@ Why not torchvision.transforms.v2 for the affine and the colour: its functional 
 of parameters per call (one angle, scale, translation or colour factor for the whole batch), so
 per-sample randomness would be a Python loop over the batch; ``ColorJitter`` also is not the
 recipe's HSV jitter (it converts to HSV and applies brightness/contrast/saturation/hue in a
-random order). Here one ``affine_grid`` + ``grid_sample`` resamples the whole batch with
-per-sample matrices, and the colour jitter is a per-sample 3x3 matrix. v2 does the flips (image
+random order). Here ``grid_sample`` resamples the whole batch with per-sample matrices (one
+call per mosaic tile), and the colour jitter is a per-sample 3x3 matrix. v2 does the flips (image
 and ``tv_tensors.BoundingBoxes``), which have no parameter.
 
 Cost: the kernels do not depend on the batch contents; the host does a few small tensor ops per
@@ -125,11 +127,11 @@ class _Draw:
         c = torch.where(self.mosaic[:, None], torch.tensor([float(s), float(s)], dtype=torch.float64),
                         torch.tensor([s / 2.0, s / 2.0], dtype=torch.float64))
         self.b = torch.stack([s / 2.0 + tx, s / 2.0 + ty], -1) - (self.a @ c[:, :, None])[..., 0]
-        self.canvas = 2 * s if self.any_mosaic else s
         # grid_sample's matrix, as the CPU recipe's _warp builds it: output point q (normalized
-        # o, q = (S/2)(o + 1)) shows canvas point A^-1 (q - b), normalized by D p - 1
+        # o, q = (S/2)(o + 1)) shows canvas point A^-1 (q - b), normalized by D p - 1 - here with
+        # D = 2/S, the size of the images the tiles are sampled from (see DeviceAugment._warp)
         inv = torch.linalg.inv(self.a)
-        d = 2.0 / self.canvas
+        d = 2.0 / s
         half = s / 2.0
         lin = d * inv * half
         off = d * (inv @ (half - self.b)[:, :, None])[..., 0] - 1.0
@@ -247,11 +249,8 @@ class DeviceAugment:
         nh = torch.where(solo, torch.where(first, s, 0), nh)
         nw = torch.where(solo, torch.where(first, s, 0), nw)
 
-        # ---- pixels: canvas, one resampling, colour, rounding, flip
-        canvas = self._canvas(images, src, x0, y0, nh, nw, px, py, d)
-        grid = F.affine_grid(p["theta"], [n, 3, s, s], align_corners=False)
-        src_f = canvas.to(torch.float32).sub_(PAD_VALUE)
-        image = F.grid_sample(src_f, grid, mode="bilinear", padding_mode="zeros", align_corners=False).add_(PAD_VALUE)
+        # ---- pixels: mosaic + affine in one resampling, colour, rounding, flip
+        image = self._warp(images, src, x0, y0, nh, nw, px, py, p["theta"], d)
         if not d.identity_colour:
             # per-sample 3x3 colour matrix, as three multiply-adds (a batched matmul could run in
             # TF32 on CUDA where that is enabled, and would not match the CPU's float32)
@@ -299,25 +298,48 @@ class DeviceAugment:
             boxes = torch.where(flip[:, None, None], flipped.as_subclass(torch.Tensor).reshape(n, n_rows, 4), boxes)
         return image, torch.cat([cls[..., None], boxes], -1), keep
 
-    def _canvas(self, images, src, x0, y0, nh, nw, px, py, d: _Draw) -> torch.Tensor:
-        """(B, 3, C, C) uint8: the four tiles on the 2S canvas (C = 2S), or, when no sample of
-        the pass is a mosaic, the images themselves (C = S)."""
-        n, s = images.shape[0], self.imgsz
-        if not d.any_mosaic:   # (decided on the host, like everything that picks a code path)
-            return images if torch.equal(d.src[:, 0], torch.arange(n)) else images[src[:, 0]]
-        c, dev = d.canvas, images.device
-        canvas = torch.full((n, 3, c, c), int(PAD_VALUE), dtype=torch.uint8, device=dev)
-        pos = torch.arange(c, device=dev)
-        ch = torch.arange(3, device=dev)[None, :, None, None]
-        for k in range(4):
-            # canvas row Y shows source row Y - y0 + pad_y of tile k, where y0 <= Y < y0 + new_h
-            rows_in = (pos >= y0[:, k, None]) & (pos < (y0 + nh)[:, k, None])              # (B, C)
-            cols_in = (pos >= x0[:, k, None]) & (pos < (x0 + nw)[:, k, None])
-            rows = (pos - y0[:, k, None] + py[:, k, None]).clamp_(0, s - 1)
-            cols = (pos - x0[:, k, None] + px[:, k, None]).clamp_(0, s - 1)
-            tile = images[src[:, k, None, None, None], ch, rows[:, None, :, None], cols[:, None, None, :]]
-            canvas = torch.where(rows_in[:, None, :, None] & cols_in[:, None, None, :], tile, canvas)
-        return canvas
+    def _warp(self, images, src, x0, y0, nh, nw, px, py, theta, d: _Draw) -> torch.Tensor:
+        """Float (B, 3, S, S): the (mosaic) canvas resampled through each sample's affine, without
+        building the 2S x 2S canvas.
+
+        The CPU recipe pastes the tiles' contents on a grey canvas and samples it bilinearly
+        (``grid_sample`` on canvas - 114, zero outside). Bilinear sampling is linear in the image,
+        and canvas - 114 is the sum over the tiles of each tile's content - 114 placed at its
+        position (zero elsewhere), so the same output is the sum of four ``grid_sample`` calls,
+        one per tile, each on the (B, 3, S, S) source images shifted by the tile's offset, with
+        the source pixels outside the tile's content or off the canvas zeroed. That is four
+        resamplings at the output's size instead of a canvas four times the output's size (and
+        its gather) - the same numbers up to float rounding. Not a mosaic: tile 0 is the whole
+        letterboxed image at the canvas origin, tiles 1-3 are empty (nothing is sampled for them
+        when no sample of the pass is a mosaic)."""
+        n, s, dev = images.shape[0], self.imgsz, images.device
+        # the sampling grid of the affine (canvas coordinates / (S/2) - 1) without its offset, by
+        # hand rather than F.affine_grid: that is a batched matmul, which CUDA runs in TF32 when
+        # torch.backends.cuda.matmul.allow_tf32 is on (10-bit mantissas: a third of a pixel at
+        # 640) - elementwise float32 gives the same grid on every device
+        pos = torch.arange(s, device=dev)
+        base = (pos.to(torch.float32) * 2.0 + 1.0) / s - 1.0     # output pixel centres, normalized
+        lin = theta[:, :, :2, None, None]
+        grid = torch.stack([lin[:, 0, 0] * base[None, None, :] + lin[:, 0, 1] * base[None, :, None],
+                            lin[:, 1, 0] * base[None, None, :] + lin[:, 1, 1] * base[None, :, None]], -1)
+        image = None
+        for k in range(4 if d.any_mosaic else 1):
+            own = k == 0 and torch.equal(d.src[:, 0], torch.arange(n))   # decided on the host
+            x = (images if own else images.index_select(0, src[:, k])).to(torch.float32).sub_(PAD_VALUE)
+            if d.any_mosaic:
+                # source row r is canvas row r - pad_y + y0: keep the tile's content rows on the canvas
+                rows = pos - py[:, k, None] + y0[:, k, None]
+                rows_in = (pos >= py[:, k, None]) & (pos < (py + nh)[:, k, None]) & (rows >= 0) & (rows < 2 * s)
+                cols = pos - px[:, k, None] + x0[:, k, None]
+                cols_in = (pos >= px[:, k, None]) & (pos < (px + nw)[:, k, None]) & (cols >= 0) & (cols < 2 * s)
+                x = x.mul_((rows_in[:, None, :, None] & cols_in[:, None, None, :]).to(torch.float32))
+            # the tile's source pixel of canvas point p is p - (x0 - pad_x, y0 - pad_y)
+            shift = torch.stack([x0[:, k] - px[:, k], y0[:, k] - py[:, k]], 1).to(torch.float32) * (2.0 / s)
+            offset = theta[:, :, 2] - shift
+            part = F.grid_sample(x, grid + offset[:, None, None, :], mode="bilinear", padding_mode="zeros",
+                                 align_corners=False)
+            image = part if image is None else image.add_(part)
+        return image.add_(PAD_VALUE)
 
     def _compact(self, boxes: torch.Tensor, keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Kept rows first (in order), padded to the bucketed maximum count with zero rows."""

@@ -91,8 +91,8 @@ class _Hyp:
 def test_equals_the_cpu_recipe_for_the_same_random_numbers(shapes, monkeypatch, resize, mosaic):
     """Given the random numbers the CPU recipe draws (mosaic centre and partners from torch's
     generator, every range at the same fraction), the batched version gives the same image
-    (within one grey level on a few boundary pixels: grid_sample's coordinates are computed from
-    another normalization) and the same boxes."""
+    (within one grey level on a few pixels: the mosaic is sampled tile by tile, and the sampling
+    grid is computed elementwise instead of by affine_grid) and the same boxes."""
     s, frac = 64, 0.8
     hyp = dict(mosaic=1.0 if mosaic else 0.0, degrees=12.0, translate=0.1, scale=0.4, fliplr=0.0,
                hsv_h=0.015, hsv_s=0.7, hsv_v=0.4)
@@ -123,7 +123,7 @@ def test_equals_the_cpu_recipe_for_the_same_random_numbers(shapes, monkeypatch, 
         src = torch.cat([torch.arange(n)[:, None], others.expand(n, 3)], 1)
         got, boxes, keep = aug._pass(*batch, _Draw(aug, u, centre_t, src))
         diff = (got[i].int() - image.int()).abs()
-        assert diff.max() <= 1 and (diff > 0).float().mean() < 0.01, (diff.max(), (diff > 0).float().mean())
+        assert diff.max() <= 1 and (diff > 0).float().mean() < 1e-3, (diff.max(), (diff > 0).float().mean())
         out = boxes[i][keep[i]]
         assert len(out) == len(want) and len(want) > 0
         torch.testing.assert_close(out, want, atol=1e-3, rtol=0)
