@@ -105,17 +105,18 @@ class _Draw:
 
         self.mosaic = u[:, 0] < aug.mosaic
         self.any_mosaic = bool(self.mosaic.any())
-        angle = torch.deg2rad(uniform(1, -aug.degrees, aug.degrees)) if aug.degrees else torch.zeros(n, dtype=torch.float64)
-        zoom = uniform(2, 1.0 - aug.scale, 1.0 + aug.scale) if aug.scale else torch.ones(n, dtype=torch.float64)
+        zeros, ones = torch.zeros(n, dtype=torch.float64), torch.ones(n, dtype=torch.float64)   # a range of 0
+        angle = torch.deg2rad(uniform(1, -aug.degrees, aug.degrees)) if aug.degrees else zeros
+        zoom = uniform(2, 1.0 - aug.scale, 1.0 + aug.scale) if aug.scale else ones
         if aug.dense_mosaic:   # the whole 2S canvas into S
             zoom = torch.where(self.mosaic, zoom * 0.5, zoom)
             centre = torch.where(self.mosaic[:, None], torch.full_like(centre, s), centre)
         t = aug.translate
-        tx = uniform(3, -t, t) * s if t else torch.zeros(n, dtype=torch.float64)
-        ty = uniform(4, -t, t) * s if t else torch.zeros(n, dtype=torch.float64)
-        hue = uniform(5, -aug.hsv_h, aug.hsv_h) * 2.0 * math.pi if aug.hsv_h else torch.zeros(n, dtype=torch.float64)
-        sat = uniform(6, 1.0 - aug.hsv_s, 1.0 + aug.hsv_s) if aug.hsv_s else torch.ones(n, dtype=torch.float64)
-        val = uniform(7, 1.0 - aug.hsv_v, 1.0 + aug.hsv_v) if aug.hsv_v else torch.ones(n, dtype=torch.float64)
+        tx = uniform(3, -t, t) * s if t else zeros
+        ty = uniform(4, -t, t) * s if t else zeros
+        hue = uniform(5, -aug.hsv_h, aug.hsv_h) * 2.0 * math.pi if aug.hsv_h else zeros
+        sat = uniform(6, 1.0 - aug.hsv_s, 1.0 + aug.hsv_s) if aug.hsv_s else ones
+        val = uniform(7, 1.0 - aug.hsv_v, 1.0 + aug.hsv_v) if aug.hsv_v else ones
         self.flip = (u[:, 8] < aug.fliplr) if aug.fliplr > 0 else torch.zeros(n, dtype=torch.bool)
         self.zoom = zoom
         self.centre = centre                                          # (xc, yc) of each mosaic
@@ -194,7 +195,8 @@ class DeviceAugment:
 
     def seed(self, seed: int, epoch: int, rank: int = 0) -> None:
         """Seed the generator for ``epoch`` (and process ``rank`` of a distributed run)."""
-        self.generator.manual_seed(int(np.random.SeedSequence([int(seed), int(epoch), int(rank), 0x6A]).generate_state(1)[0]))
+        state = np.random.SeedSequence([int(seed), int(epoch), int(rank), 0x6A]).generate_state(1)[0]
+        self.generator.manual_seed(int(state))
 
     @torch.no_grad()
     def __call__(self, images: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor,
@@ -228,6 +230,8 @@ class DeviceAugment:
     # ---- one pass: mosaic (maybe), affine, colour, flip -----------------------------------------
 
     def _pass(self, images, targets, mask, geometry, d: _Draw):
+        """One augmented sample per batch row with the parameters ``d``: (images uint8 (B, 3, S,
+        S), rows float32 (B, 4 M, 5) - each tile's M input rows -, kept bool (B, 4 M))."""
         dev, s = images.device, self.imgsz
         n = images.shape[0]
         p = d.to(dev)

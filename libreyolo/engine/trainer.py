@@ -376,6 +376,7 @@ class Trainer:
         self.channels_last = bool(model.CHANNELS_LAST and self.device.type == "cuda") if cl is None else cl
         self.memory_format = torch.channels_last if self.channels_last else torch.contiguous_format
         self.frozen_params: list[nn.Parameter] = []   # what freeze= turned off, on again after the run
+        self.device_augment = None   # the task's per-batch augmentation on the device (gpu_augment), set up with the data
         self.hooks = [EvaluationHook(), LoggingHook(), CheckpointHook()]
         if "tensorboard" in cfg.run.loggers:
             self.hooks.append(TensorBoardHook())

@@ -40,7 +40,7 @@ def test_cuda_equals_cpu_for_the_same_batch_and_seed(data, hyp, resize):
         torch.testing.assert_close(gpu[1].cpu(), cpu[1], atol=1e-4, rtol=0)
 
 
-def test_training_with_gpu_augment_replays_the_captured_step(tmp_path, data):
+def test_training_with_gpu_augment_replays_the_captured_step(tmp_path, data, monkeypatch):
     """gpu_augment + cuda_graph: the augmentation runs before the captured step, outside it; the
     step is captured and replayed (the bucketed target count keeps its shapes few), losses finite."""
     calls = []
@@ -50,14 +50,11 @@ def test_training_with_gpu_augment_replays_the_captured_step(tmp_path, data):
         calls.append(batch[0].device.type)
         return real(self, *batch)
 
-    DeviceAugment.__call__ = counted
-    try:
-        model = LibreYOLO.new("yolo9", "t", device="cuda")
-        res = model.train(data=data, epochs=3, batch=8, nbs=8, imgsz=128, workers=2, project=str(tmp_path),
-                          cuda_graph=True, amp="bf16", gpu_augment=True, warmup_epochs=0, close_mosaic=1,
-                          verbose=False)
-    finally:
-        DeviceAugment.__call__ = real
+    monkeypatch.setattr(DeviceAugment, "__call__", counted)
+    model = LibreYOLO.new("yolo9", "t", device="cuda")
+    res = model.train(data=data, epochs=3, batch=8, nbs=8, imgsz=128, workers=2, project=str(tmp_path),
+                      cuda_graph=True, amp="bf16", gpu_augment=True, warmup_epochs=0, close_mosaic=1,
+                      verbose=False)
     g = res["cuda_graph"]
     assert g["replays"] > 0 and g["disabled_reason"] is None, g
     assert calls and set(calls) == {"cuda"} and len(calls) == 3 * (64 // 8)
