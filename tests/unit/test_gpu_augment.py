@@ -400,3 +400,13 @@ def test_resumed_run_augments_as_an_uninterrupted_one(tmp_path, monkeypatch):
     b = load_checkpoint(tmp_path / "b" / "run" / "weights" / "last.pt")["train_state"]["model_raw"]
     for k, v in a.items():
         assert torch.allclose(v.float(), b[k].float(), atol=1e-6), k
+
+
+def test_cached_images_feed_the_device_recipe(shapes):
+    """cache=ram: the workers' samples (letterboxed image, targets, geometry) come from the cache,
+    equal to decoding the files."""
+    plain = gpu_dataset(shapes.train, 64, resize="center")
+    cached = gpu_dataset(shapes.train, 64, resize="center")
+    assert cached.cache_images("ram", progress=False)
+    for i in range(len(plain)):
+        assert all(torch.equal(a, b) for a, b in zip(plain[i], cached[i]))
