@@ -42,8 +42,11 @@ random order). Here ``grid_sample`` resamples the whole batch with per-sample ma
 call per mosaic tile), and the colour jitter is a per-sample 3x3 matrix. v2 does the flips (image
 and ``tv_tensors.BoundingBoxes``), which have no parameter.
 
-Cost: the kernels do not depend on the batch contents; the host does a few small tensor ops per
-batch and reads one number back (the largest kept box count, which sets ``M``) before the step.
+Cost: per pass (two with MixUp) one upload of the parameters, four resamplings at the output
+size when a sample of the batch is a mosaic (one otherwise) and some hundred small kernels; the
+host reads one number back (the largest kept box count, which sets ``M``, so the loss sees the
+shapes the CPU recipe gives it) before the step. The letterbox stays in the workers (and in the
+cache): batches of one image size stack, pin and upload in one copy each.
 """
 from __future__ import annotations
 
