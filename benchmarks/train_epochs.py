@@ -7,6 +7,12 @@ time of ``model.train`` (data loading, training, per-epoch validation and checkp
 included) and the final mAP, with per epoch: the training loop, the part of it spent waiting for
 the loader, validation, and what is left around them (overhead). Built-in shapes dataset (or,
 with ``--n-train 2000``, a bigger generated one); an untrained yolo9-t by default.
+
+``--gpu-augment`` adds the arms ``eager+gpu_augment`` and ``graph+gpu_augment``: the same runs with
+``gpu_augment=True`` (workers only decode and letterbox; mosaic, affine, HSV and flip run on the
+GPU per batch), reporting besides the loader wait the mean time of the augmentation call
+(``augment_ms_mean``: it ends with its one host read, so it spans its GPU work). ``--arms``
+picks a subset, e.g. ``--arms graph,graph+gpu_augment``.
 """
 from __future__ import annotations
 
@@ -17,11 +23,28 @@ import tempfile
 import time
 
 
+ARMS = ("eager", "graph")
+GPU_AUGMENT = "+gpu_augment"
+
+
 def run_arm(arm: str, a) -> dict:
     from libreyolo.models.registry import parse_spec
 
+    base, gpu_augment = arm.removesuffix(GPU_AUGMENT), arm.endswith(GPU_AUGMENT)
+    timed: list[float] = []
+    if gpu_augment:   # time each augmentation call (it ends with its one host read of the batch)
+        from libreyolo.data.gpu_augment import DeviceAugment
+        real = DeviceAugment.__call__
+
+        def call(self, *batch):
+            t = time.perf_counter()
+            out = real(self, *batch)
+            timed.append(time.perf_counter() - t)
+            return out
+
+        DeviceAugment.__call__ = call
     cls, size = parse_spec(a.model)
-    if arm == "graph":
+    if base == "graph":
         cls.SUPPORTS_CUDA_GRAPH_TRAIN = cls.SUPPORTS_CUDA_GRAPH_TRAIN or a.force
     model = cls.new(size, device=a.device, seed=0)
     data = "shapes"
@@ -31,8 +54,8 @@ def run_arm(arm: str, a) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
         res = model.train(data=data, epochs=a.epochs, batch=a.batch, imgsz=a.imgsz, workers=a.workers,
-                          amp=a.amp, cuda_graph=arm == "graph", project=tmp, plots=False, verbose=False, seed=0,
-                          cache=a.cache)
+                          amp=a.amp, cuda_graph=base == "graph", project=tmp, plots=False, verbose=False, seed=0,
+                          cache=a.cache, gpu_augment=gpu_augment)
         wall = time.perf_counter() - t0
     hist = res["history"]
     nb = res["cuda_graph"].get("replays", 0) + res["cuda_graph"].get("eager_steps", 0)
@@ -46,12 +69,16 @@ def run_arm(arm: str, a) -> dict:
             "losses_last": res["losses"][-1], "cuda_graph": res["cuda_graph"], "per_epoch": per_epoch,
             "step_ms_mean": 1e3 * (sum(per_epoch["train_s"]) - sum(per_epoch["loader_wait_s"])) / max(1, nb),
             "loader_wait_share": sum(per_epoch["loader_wait_s"]) / max(1e-9, sum(per_epoch["train_s"])),
-            "overhead_s": wall - loop}
+            "overhead_s": wall - loop, "gpu_augment": gpu_augment,
+            "augment_ms_mean": 1e3 * sum(timed) / len(timed) if timed else None}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--arm", choices=["eager", "graph"])
+    ap.add_argument("--arm", choices=[*ARMS, *(f"{x}{GPU_AUGMENT}" for x in ARMS)])
+    ap.add_argument("--gpu-augment", action="store_true", help="also run each arm with gpu_augment=True")
+    ap.add_argument("--arms", default=None, help="comma-separated arms (default: eager,graph and, with "
+                                                 "--gpu-augment, eager+gpu_augment,graph+gpu_augment)")
     ap.add_argument("--model", default="yolo9t")
     ap.add_argument("--epochs", type=int, default=20)
     ap.add_argument("--batch", type=int, default=16)
@@ -70,15 +97,21 @@ def main() -> None:
         return
     import torch
     from train_step import run_in_processes   # this folder is on sys.path when run as a script
-    arms = run_in_processes(__file__, ("eager", "graph"), [f"--{k}={v}" for k, v in
+    names = a.arms.split(",") if a.arms else [*ARMS, *((f"{x}{GPU_AUGMENT}" for x in ARMS) if a.gpu_augment else ())]
+    arms = run_in_processes(__file__, names, [f"--{k}={v}" for k, v in
                             (("model", a.model), ("epochs", a.epochs), ("batch", a.batch), ("imgsz", a.imgsz),
                              ("workers", a.workers), ("amp", a.amp), ("device", a.device), ("n-train", a.n_train),
                              ("data-imgsz", a.data_imgsz), ("cache", a.cache))]
                             + (["--force"] if a.force else []), error_lines=3)
     res = {"model": a.model, "epochs": a.epochs, "batch": a.batch, "imgsz": a.imgsz, "amp": a.amp, "arms": arms,
            "device": torch.cuda.get_device_name(0) if a.device == "cuda" else a.device, "torch": torch.__version__, "date": dt.date.today().isoformat()}
-    if all("wall_s" in v for v in arms.values()):
-        res["speedup"] = arms["eager"]["wall_s"] / arms["graph"]["wall_s"]
+    def ratio(slow: str, fast: str):
+        if "wall_s" in arms.get(slow, {}) and "wall_s" in arms.get(fast, {}):
+            return arms[slow]["wall_s"] / arms[fast]["wall_s"]
+        return None
+
+    res["speedup"] = ratio("eager", "graph")
+    res["speedup_gpu_augment"] = {x: ratio(x, f"{x}{GPU_AUGMENT}") for x in ARMS}
     print(json.dumps(res, indent=2))
     if a.json:
         from libreyolo.benchmark import write_json

@@ -566,6 +566,9 @@ TRAIN = {
                               "(default false: read the files every epoch)"),
     "channels_last": Opt(_auto_flag("channels_last"), None, "NHWC network and batches: true, false or auto "
                                                            "(on CUDA for the families that declare it)"),
+    "gpu_augment": Opt(_flag("gpu_augment"), None, "the YOLO recipe (mosaic, affine, HSV, flip) on the training "
+                                                   "device per batch, the workers only decode (default false; "
+                                                   "augment_policy=yolo only)"),
     "val": Opt(_flag("val"), True, "validate after every epoch (false: no validation, best.pt = last.pt)"),
     "patience": Opt(_int("patience", 0), 0, "stop after N epochs without a better validation fitness (0: never)"),
     "freeze": Opt(parse_freeze, None, "freeze the first N layers, or parameter-name prefixes, e.g. "

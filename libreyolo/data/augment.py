@@ -28,6 +28,11 @@
   halved for mosaic samples), so an image carries the targets of all four at about half size and
   one-to-one matching gets about four times the positives. Non-mosaic samples are unchanged.
 
+* ``gpu_augment=True`` (the YOLO recipe only): no augmentation here - each sample is the
+  letterboxed image, its targets and its letterbox geometry, and
+  :class:`~libreyolo.data.gpu_augment.DeviceAugment` runs mosaic, affine, HSV, flip and MixUp on
+  the whole batch on the training device (the workers only decode, or read the cache).
+
 All randomness comes from torch's global generator, so a run is reproducible under
 ``torch.manual_seed`` (and per DataLoader worker, whose torch seed the DataLoader sets).
 
@@ -105,6 +110,7 @@ class DetectionDataset(Dataset):
         mixup: float = 0.0,
         resize: str = "topleft",
         policy: str = "yolo",
+        gpu_augment: bool = False,
     ) -> None:
         if imgsz < 1:
             raise ValueError(f"imgsz must be positive, got {imgsz}")
@@ -112,6 +118,9 @@ class DetectionDataset(Dataset):
             raise ValueError(f"resize must be one of {LETTERBOX_MODES}, got {resize!r}")
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+        if gpu_augment and (not augment or policy != "yolo"):
+            raise ValueError("gpu_augment=True defers the YOLO recipe (augment=True, policy='yolo') to the device; "
+                             f"got augment={augment}, policy={policy!r}")
         if not 0.0 <= scale < 1.0:
             raise ValueError(f"scale must be in [0, 1) (zoom range 1 +- scale), got {scale}")
         for name, v in (("mosaic", mosaic), ("fliplr", fliplr), ("mixup", mixup)):
@@ -136,6 +145,7 @@ class DetectionDataset(Dataset):
         self.dense_mosaic = bool(dense_mosaic)
         self.resize = resize
         self.policy = policy
+        self.gpu_augment = bool(gpu_augment)
         self._strong = torch.ones(1, dtype=torch.float64).share_memory_()  # the DETR recipe's zoom/crop/colour
         # 1 where a sample's image failed to decode during this run (shared with the workers, so
         # each bad file is warned about once and not retried)
@@ -165,8 +175,14 @@ class DetectionDataset(Dataset):
     def __len__(self) -> int:
         return len(self.samples)
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(image uint8 (3, S, S) RGB, targets float32 (n, 5) [cls, x1, y1, x2, y2] pixels)."""
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, ...]:
+        """(image uint8 (3, S, S) RGB, targets float32 (n, 5) [cls, x1, y1, x2, y2] pixels); with
+        ``gpu_augment`` the image letterboxed, not augmented, and a third item, its geometry
+        (int32 (4,) [new_h, new_w, pad_y, pad_x]), for :class:`~libreyolo.data.gpu_augment.
+        DeviceAugment`, which augments the batch on the device."""
+        if self.gpu_augment:
+            image, p, targets = self.load_letterboxed(index)
+            return image, targets, torch.tensor([p.new_h, p.new_w, p.pad_y, p.pad_x], dtype=torch.int32)
         if not self.augment:
             image, _, targets = self.load_letterboxed(index)
             return image, targets
@@ -523,23 +539,27 @@ def max_targets_bucket(counts: Sequence[int], bucket: int = 16) -> int:
 
 
 def collate_detections(
-    batch: Sequence[tuple[torch.Tensor, torch.Tensor]], bucket: int = 16
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Stack a batch: (images uint8 (B, 3, S, S), targets float32 (B, M, 5), mask bool (B, M)).
+    batch: Sequence[tuple[torch.Tensor, ...]], bucket: int = 16
+) -> tuple[torch.Tensor, ...]:
+    """Stack a batch: (images uint8 (B, 3, S, S), targets float32 (B, M, 5), mask bool (B, M)),
+    and, for samples of a ``gpu_augment`` dataset (which carry their letterbox geometry), a
+    fourth item: geometry int32 (B, 4).
 
     ``M = max_targets_bucket(counts, bucket)``; padded rows are zero with ``mask`` False. Use
     ``functools.partial(collate_detections, bucket=...)`` as a DataLoader ``collate_fn``.
     """
     if len(batch) == 0:
         raise ValueError("cannot collate an empty batch")
-    images = torch.stack([im for im, _ in batch])
-    counts = [int(t.shape[0]) for _, t in batch]
+    images = torch.stack([item[0] for item in batch])
+    counts = [int(item[1].shape[0]) for item in batch]
     m = max_targets_bucket(counts, bucket)
     targets = torch.zeros((len(batch), m, 5), dtype=torch.float32)
     mask = torch.zeros((len(batch), m), dtype=torch.bool)
-    for i, (_, t) in enumerate(batch):
+    for i, item in enumerate(batch):
         n = counts[i]
         if n:
-            targets[i, :n] = t.to(torch.float32)
+            targets[i, :n] = item[1].to(torch.float32)
             mask[i, :n] = True
+    if len(batch[0]) == 3:
+        return images, targets, mask, torch.stack([item[2] for item in batch])
     return images, targets, mask

@@ -376,6 +376,7 @@ class Trainer:
         self.channels_last = bool(model.CHANNELS_LAST and self.device.type == "cuda") if cl is None else cl
         self.memory_format = torch.channels_last if self.channels_last else torch.contiguous_format
         self.frozen_params: list[nn.Parameter] = []   # what freeze= turned off, on again after the run
+        self.device_augment = None   # the task's per-batch augmentation on the device (gpu_augment), set up with the data
         self.hooks = [EvaluationHook(), LoggingHook(), CheckpointHook()]
         if "tensorboard" in cfg.run.loggers:   # before the checkpoints, whose end may raise a write's error
             self.hooks.insert(2, TensorBoardHook())
@@ -518,6 +519,7 @@ class Trainer:
         self.val_loss_fn = m.build_loss().to(self.device) if run.val else None
         self.item_names = tuple(self.loss_fn.item_names)  # the loss contract: see Model.build_loss
         self.train_loader, self.val_loader = self._loaders(data)
+        self.device_augment = self.task.device_augment(self.train_set, cfg.task)   # gpu_augment: per batch
         self.nb = len(self.train_loader)
         self.accumulate = max(round(opt_cfg.nbs / run.batch), 1)
         if opt_cfg.lr0 is None:
@@ -656,9 +658,8 @@ class Trainer:
     def step(self, ni: int, batch) -> torch.Tensor:
         """One batch: forward, loss, backward and - once ``accumulate`` batches are in - the
         update, graphed where the runner can. Returns the loss items (host)."""
-        imgs, *targets = batch
-        x = imgs.to(self.device, non_blocking=True).float().div_(255).contiguous(memory_format=self.memory_format)
-        targets = [t.to(self.device, non_blocking=True) for t in targets]
+        imgs, *targets = self.batch_to_device(batch)
+        x = imgs.float().div_(255).contiguous(memory_format=self.memory_format)
         update_now = ni - self.last_opt_step >= self.accumulate
         runner = self.step_runner
         if self.whole_step and update_now and ni > self.nw:  # micro-batches replay the fwd+bwd graph
@@ -671,6 +672,14 @@ class Trainer:
                 self.last_opt_step = ni
         self.last_batch = (x, targets)
         return items.float().cpu()
+
+    def batch_to_device(self, batch) -> list[torch.Tensor]:
+        """A loader batch on the device; with the task's device augmentation (``gpu_augment``)
+        augmented there, before the step and outside its captured graph."""
+        batch = [t.to(self.device, non_blocking=True) for t in batch]
+        if self.device_augment is not None:
+            batch = list(self.device_augment(*batch))
+        return batch
 
     def train_epoch(self, epoch: int) -> torch.Tensor:
         """One epoch over the training set; returns the mean loss items."""
@@ -685,6 +694,8 @@ class Trainer:
         self.epoch_seeded.set_epoch(epoch)
         torch.manual_seed(cfg.run.seed + epoch)
         np.random.seed((cfg.run.seed + epoch) % 2**32)
+        if self.device_augment is not None:
+            self.device_augment.seed(cfg.run.seed, epoch)
         self.net.train()
         for module in self.frozen_norms:   # frozen layers keep their normalization statistics
             module.eval()

@@ -188,6 +188,12 @@ class Task:
         ``(images uint8 (B, 3, S, S), *targets)``."""
         raise NotImplementedError
 
+    def device_augment(self, train_set: Any, options: TaskOptions) -> Callable[..., tuple] | None:
+        """The augmentation the trainer runs on each batch once it is on the device (before the
+        step, outside any captured graph), with ``seed(seed, epoch)`` called before each epoch;
+        None (the default) when the loader's batches are final."""
+        return None
+
     def on_epoch(self, train_set: Any, epoch: int, epochs: int, options: TaskOptions) -> str | None:
         """Called before each epoch; returns a reason when what the step computes changes from
         this epoch on (the trainer then releases its captured graphs), else None."""

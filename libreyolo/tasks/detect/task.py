@@ -7,7 +7,8 @@ pixels, as one packed (B, max_det * 6 + 1) tensor copied to the host once; other
 after the stage (torchvision) and the boxes are mapped back on the host.
 
 Training: YOLO/COCO datasets or the built-in ``shapes`` set, mosaic / affine / HSV / flip (or the
-DETR recipe), targets padded to a bucketed row count so losses have fixed shapes; validation
+DETR recipe; with ``gpu_augment=True`` the YOLO recipe runs on the device per batch, see
+:mod:`libreyolo.data.gpu_augment`), targets padded to a bucketed row count so losses have fixed shapes; validation
 mAP50 and mAP50-95, fitness 0.1 * mAP50 + 0.9 * mAP50-95.
 """
 from __future__ import annotations
@@ -43,6 +44,7 @@ class DetectOptions(TaskOptions):
     hsv_s: float = 0.7
     hsv_v: float = 0.4
     bucket: int = 16                # targets padded to a multiple of this (fixed loss shapes)
+    gpu_augment: bool = False       # the YOLO recipe on the training device, per batch (workers only decode)
     val_conf: float = 0.001
     val_iou: float = 0.7
     max_det: int = 300
@@ -58,6 +60,12 @@ class DetectOptions(TaskOptions):
         self.max_det = check_int("max_det", self.max_det, 1)
         self.dense_mosaic = parse_bool("dense_mosaic", self.dense_mosaic)
         self.augment_policy = check_choice("augment_policy", self.augment_policy, ("yolo", "detr"))
+        self.gpu_augment = parse_bool("gpu_augment", self.gpu_augment)
+        if self.gpu_augment and self.augment_policy != "yolo":
+            from ...options import OptionError
+            raise OptionError("gpu_augment=True runs the YOLO recipe (mosaic, affine, HSV, flip) on the device; "
+                              f"this run has augment_policy={self.augment_policy!r}, whose transforms run in the "
+                              "DataLoader workers: leave gpu_augment off or use augment_policy=yolo")
 
 
 class DetectPlan(PredictPlan):
@@ -256,9 +264,17 @@ class DetectTask(Task):
                    hsv_h=o.hsv_h, hsv_s=o.hsv_s, hsv_v=o.hsv_v, dense_mosaic=o.dense_mosaic, mixup=o.mixup,
                    policy=o.augment_policy)
         resize = model.preprocess.resize   # as predict feeds the network: letterbox or stretch
-        train = DetectionDataset(data.train, imgsz, augment=True, resize=resize, **hyp)
+        train = DetectionDataset(data.train, imgsz, augment=True, resize=resize, gpu_augment=o.gpu_augment, **hyp)
         val = DetectionDataset(data.val, imgsz, augment=False, resize=resize)
         return train, val, functools.partial(collate_detections, bucket=o.bucket)  # picklable under spawn
+
+    def device_augment(self, train_set, options: DetectOptions):
+        """``gpu_augment=True``: the YOLO recipe on the device (:class:`~libreyolo.data.gpu_augment.
+        DeviceAugment`) for the loader's raw batches; else None."""
+        if not getattr(train_set, "gpu_augment", False):
+            return None
+        from ...data.gpu_augment import DeviceAugment
+        return DeviceAugment(train_set, bucket=options.bucket)
 
     def on_epoch(self, train_set, epoch, epochs, options: DetectOptions) -> str | None:
         if options.close_mosaic and not getattr(train_set, "mosaic_closed", False) \
