@@ -188,8 +188,11 @@ def train_from_python(model, kwargs: dict, nproc: int) -> dict:
                                    "errors are above. A run that saved an epoch can go on with resume=True")
         res = json.loads(result.read_text())
     last = load_checkpoint(res["last"])
+    if int(last.get("nc") or model.nc) != model.nc:   # the ranks rebuilt the head for the data's classes
+        model.reset_classes(int(last["nc"]), last.get("names"))
     model.load_state_dict(last["model"])
-    model.names = dict(last.get("names") or model.names)
+    model.names = {int(k): v for k, v in (last.get("names") or model.names).items()}
+    model.imgsz = int(last.get("imgsz") or model.imgsz)
     return res
 
 

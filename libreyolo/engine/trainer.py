@@ -786,6 +786,8 @@ class Trainer:
             self._setup()
         except BaseException:
             self._unfreeze()
+            if self.dist is not None:
+                self.dist.teardown()
             raise
         cfg = self.cfg
         self.nw = max(round(cfg.optim.warmup_epochs * self.nb), 1) if cfg.optim.warmup_epochs > 0 else 0

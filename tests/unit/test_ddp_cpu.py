@@ -223,3 +223,29 @@ def test_gradient_views_keep_channels_last_strides():
     x = torch.randn(2, 3, 6, 6).to(memory_format=torch.channels_last)
     conv(x).sum().backward()
     assert r.attached() and r.flat.abs().sum() > 0   # autograd accumulated into the buffer
+
+
+def test_model_train_gpu_list_round_trip_loads_the_trained_weights(monkeypatch, tmp_path):
+    """train_from_python's plumbing without GPUs: the 'launch' runs the rank entry point in this
+    process on the CPU (as a one-process run); the model must come back with last.pt's weights,
+    its head rebuilt for the data's 5 classes."""
+    from libreyolo import LibreYOLO
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(k, raising=False)
+    data = make_shapes_dataset(tmp_path / "ds", n_train=8, n_val=4, imgsz=64, seed=0)
+
+    def run_rank_here(cmd, env=None):
+        spec_path = Path(cmd[-1])
+        spec = json.loads(spec_path.read_text())
+        spec["kwargs"]["device"] = "cpu"
+        spec_path.write_text(json.dumps(spec))
+        return D._rank_main(str(spec_path))
+    monkeypatch.setattr(D, "launch", run_rank_here)
+    model = LibreYOLO.new("yolo9", "t", nc=80, device="cpu", seed=0)
+    res = model.train(data=str(data), device="0,1", epochs=1, batch=8, imgsz=64, workers=0, val=False,
+                      plots=False, verbose=False, project=str(tmp_path / "runs"), warmup_epochs=0)
+    assert res["epochs"] == 1 and Path(res["last"]).is_file()
+    last = load_checkpoint(res["last"])
+    assert model.nc == 5 and model.trained
+    sd = model.model.state_dict()
+    assert all(torch.equal(sd[k].cpu(), v) for k, v in last["model"].items())
