@@ -6,7 +6,7 @@ On each rank, in order, with the trainer's own set-up (``Trainer._setup``: proce
 gradient buffer, loss share rule, fused SGD with a tensor lr, bf16 autocast):
 
 * ``steps``: 20 steps on two fixed global batches (each rank its slice), three eager runs and one
-  captured run (``cuda_graph=True``, capture at the first step: the whole step - forward, loss,
+  captured run (capture at the first step: the whole step - forward, loss,
   backward, the NCCL all-reduce of the flat gradient buffer, clipping, SGD, EMA - is one graph).
   Each run records, per step, this rank's local loss (the share it back-propagates) and the
   all-reduced loss items;
@@ -58,10 +58,14 @@ class Recorder:
 
 
 def steps(data: str, project: str, graph: bool, batches, rank: int, world: int) -> dict:
-    _, t = _trainer(data, project, graph, world)
+    # both arms are built with cuda_graph=True - the whole-step optimizer (fused SGD, tensor lr) -, so
+    # they compute the same arithmetic; the eager arm runs the very same step without capture
+    _, t = _trainer(data, project, True, world)
     t._setup()
     if graph:
         t.step_runner._graphs.repeat = 1   # capture at the first step: step 0 is a replay
+    else:
+        t.step_runner.active = False
     t.nw, t.last_opt_step, t.accumulate = -1, -1, 1   # every step a whole step (update included)
     t.opt.zero_grad(set_to_none=False)
     rec = Recorder(t.step_runner)
@@ -77,16 +81,21 @@ def steps(data: str, project: str, graph: bool, batches, rank: int, world: int) 
             "items": items, "graph": rec.runner.info(), "whole_step": t.whole_step}
 
 
-def main(data: str, out: str) -> None:
+def make_batches(data: str, world: int) -> list:
+    """The two fixed global batches (unaugmented images of the training split)."""
     from libreyolo.data.augment import DetectionDataset, collate_detections
     from libreyolo.data.datasets import resolve_data
+    ds = DetectionDataset(resolve_data(data).train, IMGSZ, augment=False)
+    n = PER_RANK * world
+    return [collate_detections([ds[j] for j in range(b * n, (b + 1) * n)], bucket=16) for b in range(2)]
+
+
+def main(data: str, out: str) -> None:
     from libreyolo.distributed import env_rank, env_world
 
     rank, world = env_rank(), env_world()
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    ds = DetectionDataset(resolve_data(data).train, IMGSZ, augment=False)
-    n = PER_RANK * world
-    batches = [collate_detections([ds[j] for j in range(b * n, (b + 1) * n)], bucket=16) for b in range(2)]
+    batches = make_batches(data, world)
     project = str(Path(out).parent / "runs")
     report = {"rank": rank, "world": world}
     report["eager"] = [steps(data, project, False, batches, rank, world) for _ in range(3)]

@@ -26,6 +26,10 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 
 
+sys.path.insert(0, str(HERE))
+import ddp_gpu_child  # noqa: E402
+
+
 def run_ranks(tmp_path: Path, nproc: int) -> list[dict]:
     data = make_shapes_dataset(tmp_path / "s", n_train=64, n_val=8, imgsz=128, seed=0)
     out = tmp_path / "report.json"
@@ -62,6 +66,14 @@ def test_world_size_one_nccl_captures_the_all_reduce_in_the_whole_step(tmp_path)
     (rep,) = run_ranks(tmp_path, 1)
     assert rep["world"] == 1
     check_rank(rep)
+    # one rank in a process group computes what a run without one computes: the same step 0, and a
+    # curve within eager's own spread (the share helpers and the all-reduce change no arithmetic)
+    data = str(tmp_path / "s" / "data.yaml")
+    plain = ddp_gpu_child.steps(data, str(tmp_path / "plain"), False, ddp_gpu_child.make_batches(data, 1), 0, 1)
+    assert plain["local_loss_hex"][0] == rep["eager"][0]["local_loss_hex"][0]
+    curves = [e["local_loss"] for e in rep["eager"]]
+    noise = max(_gap(a, b) for i, a in enumerate(curves) for b in curves[i + 1:])
+    assert max(_gap(plain["local_loss"], c) for c in curves) <= max(2 * noise, 1e-5 * max(abs(v) for v in curves[0]))
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs (nvidia-h200-x2)")

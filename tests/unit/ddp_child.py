@@ -15,6 +15,7 @@ in order, writing what it saw to ``out/rank<R>.json`` after each part:
 import datetime
 import json
 import os
+import time
 from pathlib import Path
 
 import torch
@@ -191,16 +192,16 @@ def main(rank: int, world: int, port: int, data: str, project: str, out: str) ->
     report: dict = {}
     try:
         dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
-        report["grads"] = grads(rank, world, data)
-        _write(out_dir, rank, report)
-        report["agree"] = agree(rank, world)
-        _write(out_dir, rank, report)
-        report["run"] = train(rank, world, data, project, epochs=2)
-        _write(out_dir, rank, report)
-        report["resume"] = train(rank, world, data, project, epochs=3, resume=True)
-        _write(out_dir, rank, report)
-        report["fault"] = train(rank, world, data, project, epochs=2, name="fault", die_at=3)
-        _write(out_dir, rank, report)
+        parts = [("grads", lambda: grads(rank, world, data)), ("agree", lambda: agree(rank, world)),
+                 ("run", lambda: train(rank, world, data, project, epochs=2)),
+                 ("resume", lambda: train(rank, world, data, project, epochs=3, resume=True)),
+                 ("fault", lambda: train(rank, world, data, project, epochs=2, name="fault", die_at=3))]
+        report["seconds"] = {}
+        for name, part in parts:
+            t0 = time.perf_counter()
+            report[name] = part()
+            report["seconds"][name] = round(time.perf_counter() - t0, 2)
+            _write(out_dir, rank, report)
     except BaseException as exc:  # the test reads it
         import traceback
         report["crash"] = traceback.format_exc()

@@ -249,3 +249,25 @@ def test_model_train_gpu_list_round_trip_loads_the_trained_weights(monkeypatch, 
     assert model.nc == 5 and model.trained
     sd = model.model.state_dict()
     assert all(torch.equal(sd[k].cpu(), v) for k, v in last["model"].items())
+
+
+def test_sync_batchnorm_round_trip_shares_the_tensors():
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4),
+                              torch.nn.Sequential(torch.nn.BatchNorm2d(4)))
+    tensors = [id(t) for t in list(net.parameters()) + list(net.buffers())]
+    keys = list(net.state_dict())
+    D.convert_sync_batchnorm(net)
+    assert isinstance(net[1], torch.nn.SyncBatchNorm) and isinstance(net[2][0], torch.nn.SyncBatchNorm)
+    assert list(net.state_dict()) == keys
+    D.revert_sync_batchnorm(net)
+    assert type(net[1]) is torch.nn.BatchNorm2d and type(net[2][0]) is torch.nn.BatchNorm2d
+    assert [id(t) for t in list(net.parameters()) + list(net.buffers())] == tensors
+
+
+def test_sync_bn_outside_a_distributed_run_is_refused(monkeypatch):
+    from libreyolo import LibreYOLO
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(k, raising=False)
+    model = LibreYOLO.new("yolo9", "t", nc=5, device="cpu", seed=0)
+    with pytest.raises(OptionError, match="sync_bn=True synchronizes BatchNorm"):
+        model.train(data="shapes", sync_bn=True, epochs=1)
