@@ -69,15 +69,23 @@ def ranks(tmp_path_factory):
     return reports, project, [p.exitcode for p in procs]
 
 
-def test_two_ranks_of_half_the_batch_give_one_process_gradients(ranks):
+@pytest.mark.parametrize("family", [f for f, _ in ddp_child.SHARE_FAMILIES])
+def test_two_ranks_of_half_the_batch_give_one_process_gradients(ranks, family):
     reports, _, _ = ranks
-    g = reports[0]["grads"]
-    assert g["rule"] == "sum"   # yolo9: the loss's share of the global batch, gradients summed
+    g = reports[0]["grads"][family]
+    assert g["rule"] == "sum"   # the loss's share of the global batch, gradients summed
     assert g["grad_norm"] > 0
     assert g["allclose"], f"2 ranks x 4 images != 1 process x 8 images (max relative diff {g['max_rel_diff']:.3g})"
+    # float rounding only (measured ~1e-8 of the largest gradient); each rank dividing by its own
+    # normalizers instead of the global ones is off by 1.6e-4 (yolo7) to 1.0 (yolox) with either rule
+    assert g["max_rel_diff"] < 1e-5
     assert g["items_close"], "the summed loss items are not the one-process items"
-    assert g["mean_rule_close"], "the mean rule (averaged gradients) does not give the one-process gradient"
-    assert all(r["grads"]["views_kept"] for r in reports), "backward replaced the flat buffer's gradient views"
+    assert all(r["grads"][family]["views_kept"] for r in reports), "backward replaced the gradient views"
+
+
+def test_the_mean_rule_gives_one_process_gradients_of_a_per_sample_mean(ranks):
+    reports, _, _ = ranks
+    assert reports[0]["grads"]["mean_rule_close"], "averaged gradients != the one-process gradient"
 
 
 def test_a_capture_that_failed_on_one_rank_is_dropped_on_every_rank(ranks):
