@@ -563,9 +563,11 @@ TRAIN = {
 
 
 def cmd_train(opts: dict, argv: list[str] | None = None) -> int:
-    from .distributed import cli_train_command, env_rank, launch, launched, local_device, parse_devices
+    from .distributed import check_gpus, cli_train_command, env_rank, launch, launched, local_device, parse_devices
     try:
         gpus = parse_devices(opts["device"])
+        if gpus is not None and not launched():
+            check_gpus(gpus)
     except OptionError as exc:
         raise UsageError(str(exc)) from None
     if gpus is not None and not launched():

@@ -114,6 +114,16 @@ def parse_devices(device: Any) -> list[int] | None:
     return out
 
 
+def check_gpus(gpus: Sequence[int]) -> None:
+    """Refuse a GPU list naming GPUs this machine does not have, before any process starts."""
+    from .options import OptionError
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    missing = [g for g in gpus if g >= count]
+    if missing:
+        raise OptionError(f"device={','.join(map(str, gpus))} asks for GPU(s) {', '.join(map(str, missing))}, but this "
+                          f"machine has {count} CUDA GPU(s)" + ("" if count else " (torch.cuda.is_available() is False)"))
+
+
 def local_device(device: Any) -> str:
     """This rank's device in a launched run: ``cuda:<i>`` - the ``LOCAL_RANK``-th of the GPUs that
     ``device`` lists, else GPU ``LOCAL_RANK`` - or ``cpu`` when ``device`` says cpu (gloo runs)."""
@@ -177,6 +187,8 @@ def train_from_python(model, kwargs: dict, nproc: int) -> dict:
     except TypeError as exc:
         raise DistributedError(f"multi-GPU training passes the training options to torchrun's processes as JSON; "
                                f"one of them is not JSON-serializable: {exc}") from None
+    gpus = parse_devices(kwargs.get("device")) or []
+    check_gpus(gpus)
     with tempfile.TemporaryDirectory(prefix="libreyolo-ddp-") as tmp:
         ckpt, spec, result = Path(tmp) / "model.pt", Path(tmp) / "spec.json", Path(tmp) / "result.json"
         save_checkpoint(model.checkpoint(), ckpt)

@@ -177,11 +177,14 @@ def test_cli_train_builds_the_torchrun_command(monkeypatch):
         monkeypatch.delenv(k, raising=False)
     launched = []
     monkeypatch.setattr(D, "launch", lambda cmd, env=None: launched.append(list(cmd)) or 0)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)   # as on a 2-GPU machine (nothing runs on them)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     argv = ["train", "model=yolo9t", "device=0,1", "batch=32", "epochs=3"]
     assert cli.main(argv) == 0
     assert launched == [[sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                          "-m", "libreyolo.cli", "train", "model=yolo9t", "device=0,1", "batch=32", "epochs=3"]]
     assert cli.main(["train", "device=0,x"]) == 2   # a bad list fails before any launch
+    assert cli.main(["train", "device=0,2"]) == 2   # a GPU this machine does not have
     assert len(launched) == 1
 
 
@@ -197,6 +200,8 @@ def test_model_train_with_a_gpu_list_launches_torchrun(monkeypatch, tmp_path):
         seen["spec"] = spec
         return 1   # as if a rank failed: the call must say so
     monkeypatch.setattr(D, "launch", fake_launch)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     model = LibreYOLO.new("yolo9", "t", nc=5, device="cpu", seed=0)
     with pytest.raises(D.DistributedError, match="exit status 1"):
         model.train(data="shapes", device=[0, 1], epochs=2, batch=16)
@@ -242,6 +247,8 @@ def test_model_train_gpu_list_round_trip_loads_the_trained_weights(monkeypatch, 
         monkeypatch.delenv(k, raising=False)
     data = make_shapes_dataset(tmp_path / "ds", n_train=8, n_val=4, imgsz=64, seed=0)
 
+    monkeypatch.setattr(D, "check_gpus", lambda gpus: None)   # no GPUs here: the rank below trains on the CPU
+
     def run_rank_here(cmd, env=None):
         spec_path = Path(cmd[-1])
         spec = json.loads(spec_path.read_text())
@@ -279,3 +286,10 @@ def test_sync_bn_outside_a_distributed_run_is_refused(monkeypatch):
     model = LibreYOLO.new("yolo9", "t", nc=5, device="cpu", seed=0)
     with pytest.raises(OptionError, match="sync_bn=True synchronizes BatchNorm"):
         model.train(data="shapes", sync_bn=True, epochs=1)
+
+
+def test_a_gpu_list_beyond_the_machine_is_refused_before_launching(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(OptionError, match=r"asks for GPU\(s\) 1, but this machine has 1 CUDA GPU"):
+        D.check_gpus([0, 1])
