@@ -1,7 +1,8 @@
 """One rank of the 2-process gloo run of test_ddp_cpu.py (the test forks one process per rank).
 
-``main(rank, world, port, data, project, out)`` joins a gloo process group on localhost and runs,
-in order, writing what it saw to ``out/rank<R>.json`` after each part:
+``main(rank, world, ports, data, project, out)`` runs, in order, writing what it saw to
+``out/rank<R>.json`` after each part (the first two in a gloo group made here, each training run
+in the group the trainer itself joins from the torchrun-style environment and leaves at its end):
 
 * ``grads``: one yolo9-t batch of 8 split 4 + 4 over the ranks (the loss in its share form, the
   flat gradient buffer summed by :class:`~libreyolo.distributed.GradientReducer`) against rank 0's
@@ -193,26 +194,37 @@ def train(rank: int, world: int, data: str, project: str, *, epochs: int, resume
         T.EpochSeeded = Recording.__mro__[1]
 
 
-def main(rank: int, world: int, port: int, data: str, project: str, out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
+def main(rank: int, world: int, ports: list, data: str, project: str, out: str) -> None:
+    """``ports``: one free port per part that makes its own process group (see the module doc)."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                      LOCAL_WORLD_SIZE=str(world))
     out_dir = Path(out)
-    report: dict = {}
+    report: dict = {"seconds": {}}
+
+    def timed(name, part):
+        t0 = time.perf_counter()
+        report[name] = part()
+        report["seconds"][name] = round(time.perf_counter() - t0, 2)
+        _write(out_dir, rank, report)
+
     try:
+        # the first two parts share a group made here (the trainer uses a group it finds as is)
+        os.environ["MASTER_PORT"] = str(ports[0])
         dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
-        parts = [("grads", lambda: grads(rank, world, data)), ("agree", lambda: agree(rank, world)),
-                 ("run", lambda: train(rank, world, data, project, epochs=2)),
-                 ("resume", lambda: train(rank, world, data, project, epochs=3, resume=True)),
-                 ("fault", lambda: train(rank, world, data, project, epochs=2, name="fault", die_at=3))]
-        report["seconds"] = {}
-        for name, part in parts:
-            t0 = time.perf_counter()
-            report[name] = part()
-            report["seconds"][name] = round(time.perf_counter() - t0, 2)
+        timed("grads", lambda: grads(rank, world, data))
+        timed("agree", lambda: agree(rank, world))
+        dist.destroy_process_group()
+        # each training run joins and leaves its own group, as under torchrun (env:// from RANK etc.)
+        runs = [("run", dict(epochs=2)), ("resume", dict(epochs=3, resume=True)),
+                ("fault", dict(epochs=2, name="fault", die_at=3))]
+        for (name, kw), port in zip(runs, ports[1:]):
+            os.environ["MASTER_PORT"] = str(port)
+            timed(name, lambda: train(rank, world, data, project, **kw))
+            report[name]["group_left"] = not dist.is_initialized()
             _write(out_dir, rank, report)
-    except BaseException as exc:  # the test reads it
+    except BaseException:  # the test reads it
         import traceback
         report["crash"] = traceback.format_exc()
         _write(out_dir, rank, report)
         os._exit(1)
-    os._exit(0)   # the group is broken by the fault run: no teardown to wait for
+    os._exit(0)

@@ -33,14 +33,20 @@ WORLD = 2
 N_TRAIN = 16
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _free_ports(n: int) -> list[int]:
+    """``n`` distinct ports free now (held open together while they are picked)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
-def _rank(rank, port, data, project, out):
-    ddp_child.main(rank, WORLD, port, data, project, out)
+def _rank(rank, ports, data, project, out):
+    ddp_child.main(rank, WORLD, ports, data, project, out)
 
 
 @pytest.fixture(scope="module")
@@ -51,8 +57,8 @@ def ranks(tmp_path_factory):
     project, out = root / "runs", root / "out"
     out.mkdir()
     ctx = multiprocessing.get_context("fork")
-    port = _free_port()
-    procs = [ctx.Process(target=_rank, args=(r, port, data, str(project), str(out)), daemon=True)
+    ports = _free_ports(4)
+    procs = [ctx.Process(target=_rank, args=(r, ports, data, str(project), str(out)), daemon=True)
              for r in range(WORLD)]
     for p in procs:
         p.start()
@@ -131,6 +137,7 @@ def test_resume_loads_last_pt_on_every_rank(ranks):
     reports, project, _ = ranks
     for r in reports:
         assert r["resume"]["start_epoch"] == 2 and r["resume"]["epochs"] == 1
+        assert r["run"]["group_left"] and r["resume"]["group_left"]   # the trainer left the group it joined
     st = load_checkpoint(project / "run" / "weights" / "last.pt")["train_state"]
     assert st["epoch"] == 2
 
