@@ -120,8 +120,9 @@ def check_gpus(gpus: Sequence[int]) -> None:
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     missing = [g for g in gpus if g >= count]
     if missing:
+        why = "" if count else " (torch.cuda.is_available() is False)"
         raise OptionError(f"device={','.join(map(str, gpus))} asks for GPU(s) {', '.join(map(str, missing))}, but this "
-                          f"machine has {count} CUDA GPU(s)" + ("" if count else " (torch.cuda.is_available() is False)"))
+                          f"machine has {count} CUDA GPU(s){why}")
 
 
 def local_device(device: Any) -> str:
@@ -221,7 +222,7 @@ def _rank_main(spec_path: str) -> int:
     res = model.train(**kwargs)
     if env_rank() == 0:
         tmp = Path(spec["result"]).with_suffix(".tmp")
-        tmp.write_text(json.dumps(res, default=lambda o: o if isinstance(o, (int, float, str)) else str(o)))
+        tmp.write_text(json.dumps(res, default=str))   # numpy scalars and the like as text
         os.replace(tmp, spec["result"])
     return 0
 
@@ -243,10 +244,6 @@ def loss_share(on: bool = True) -> Iterator[None]:
         yield
     finally:
         _SHARE.update(previous)
-
-
-def sharing() -> bool:
-    return _SHARE["on"]
 
 
 def global_sum(t: torch.Tensor) -> torch.Tensor:
@@ -416,7 +413,12 @@ class Distributed:
         """Rank 0's parameters and buffers into every rank's ``module`` (one collective per
         tensor, once at the start)."""
         for t in list(module.parameters()) + list(module.buffers()):
-            dist.broadcast(t.data, src=0)
+            if t.is_contiguous():
+                dist.broadcast(t.data, src=0)
+            else:   # channels_last weights: through a contiguous copy (not every backend takes strides)
+                tmp = t.detach().contiguous()
+                dist.broadcast(tmp, src=0)
+                t.data.copy_(tmp)
 
     def agree(self, ok: bool) -> bool:
         """True on every rank when ``ok`` is True on every rank (a MIN all-reduce)."""
