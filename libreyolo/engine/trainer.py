@@ -427,7 +427,8 @@ class Trainer:
             train = torch.utils.data.DataLoader(self.epoch_seeded, batch_size=batch, shuffle=True,
                                                 generator=self.loader_gen,
                                                 drop_last=len(self.train_set) > batch, **common)
-        val = torch.utils.data.DataLoader(self.val_set, batch_size=batch, shuffle=False, **common)
+        # validation runs on rank 0 alone, at the global batch (as one GPU validates)
+        val = torch.utils.data.DataLoader(self.val_set, batch_size=cfg.run.batch, shuffle=False, **common)
         return train, val
 
     # ------------------------------------------------------------------ validate
