@@ -20,10 +20,11 @@ How a run is distributed:
   rank's *share* of the global-batch loss (every normalizer it divides by - positive count, score
   sum, batch size - summed over the ranks through :func:`global_sum` / :func:`global_batch`
   while :func:`loss_share` is on), so summing the ranks' gradients gives the one-process
-  gradient of the global batch up to float rounding (YOLOv9, YOLOv7, YOLOX); ``"mean"`` (the
-  default) - the loss normalizes by its local batch, the gradients are averaged: exact for
-  per-sample means over equal local batches (classification, segmentation cross-entropy),
-  approximate where a normalizer depends on the batch's content (RTMDet, PicoDet, the DETR line).
+  gradient of the global batch up to float rounding (YOLOv9, YOLOv7, YOLOX, RTMDet, PicoDet);
+  ``"mean"`` (the default) - the loss normalizes by its local batch, the gradients are averaged:
+  exact for per-sample means over equal local batches (classification, segmentation
+  cross-entropy), approximate where a normalizer depends on the batch's content (the DETR line's
+  box count).
   Logged loss items are reduced the same way inside the step.
 - **Rank 0 writes.** Only rank 0 validates, logs, plots and writes ``results.csv``, TensorBoard
   events and checkpoints; the others wait for it at the end of each epoch (the broadcast of its

@@ -43,7 +43,7 @@ def _same_on_all_ranks(t: torch.Tensor, world: int) -> bool:
 
 
 #: the families whose loss computes its share of the global batch ("sum" rule)
-SHARE_FAMILIES = (("yolo9", "t"), ("yolox", "n"), ("yolo7", "tiny"))
+SHARE_FAMILIES = (("yolo9", "t"), ("yolox", "n"), ("yolo7", "tiny"), ("rtmdet", "t"), ("picodet", "s"))
 
 
 def grads(rank: int, world: int, data: str) -> dict:
