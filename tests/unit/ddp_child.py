@@ -4,9 +4,10 @@
 ``out/rank<R>.json`` after each part (the first two in a gloo group made here, each training run
 in the group the trainer itself joins from the torchrun-style environment and leaves at its end):
 
-* ``grads``: one yolo9-t batch of 8 split 4 + 4 over the ranks (the loss in its share form, the
-  flat gradient buffer summed by :class:`~libreyolo.distributed.GradientReducer`) against rank 0's
-  one-process gradients of the whole batch; a toy mean loss for the ``"mean"`` rule;
+* ``grads``: for each family of :data:`SHARE_FAMILIES`, one batch of 8 split 4 + 4 over the ranks
+  (the loss in its share form, the flat gradient buffer summed by
+  :class:`~libreyolo.distributed.GradientReducer`) against rank 0's one-process gradients of the
+  whole batch; a toy mean loss for the ``"mean"`` rule;
 * ``agree``: a stand-in capturer that fails on rank 1 only: both ranks must drop capture;
 * ``run``: two epochs of the trainer (2 x 2 steps, global batch 8) with per-step weight
   comparisons across the ranks and the sampler's indices recorded;
