@@ -2,11 +2,11 @@
 (ddp_child.py, one forked process per rank), and the launch plumbing (device lists, the torchrun
 command line) without starting anything.
 
-What the run must show: the gradients of 2 ranks x 4 images equal one process's of the 8
-(the yolo9 share rule, and the mean rule), capture decided by all ranks together, weights equal
-on both ranks after every step, each image once per epoch across the ranks, rank 0 alone writing
-the run folder, resume from last.pt on both ranks, and a rank that dies stopping the run with a
-clear error on rank 0 (last.pt intact)."""
+What the run must show: the gradients of 2 ranks x 4 images equal one process's of the 8 (the
+share rule of the five YOLO-style losses, and the mean rule), capture decided by all ranks
+together, weights equal on both ranks after every step, each image once per epoch across the
+ranks, rank 0 alone writing the run folder, resume from last.pt on both ranks, and a rank that
+dies stopping the run with a clear error on rank 0 (last.pt intact)."""
 import csv
 import json
 import multiprocessing
