@@ -541,7 +541,8 @@ TRAIN = {
     "epochs": Opt(_int("epochs", 1), 100, "training epochs"),
     "batch": Opt(_int("batch", 1), 16, "batch size"),
     "imgsz": Opt(_imgsz(), None, "training size (default: the family's, e.g. 640 for detectors, 224 for classifiers)"),
-    "device": Opt(str, "auto", "auto, cpu, cuda, cuda:1"),
+    "device": Opt(str, "auto", "auto, cpu, cuda, cuda:1; several GPUs (0,1) train one process per GPU under "
+                               "torchrun (batch is then the global batch)"),
     "workers": Opt(_int("workers", 0), None, "DataLoader workers (default: up to 8 on CUDA, 2 on the CPU)"),
     "optimizer": Opt(_choice("optimizer", ("SGD", "AdamW")), None,
                      "SGD or AdamW (default: the family's recipe, SGD for the YOLO families)"),
@@ -575,14 +576,35 @@ TRAIN = {
                                       "freeze=3 or freeze=backbone,neck.down1"),
     "save_period": Opt(_int("save_period", 0), 0, "also save weights/epochN.pt every N epochs (0: never)"),
     "loggers": Opt(parse_loggers, None, "experiment loggers: tensorboard (event files in the run folder)"),
+    "sync_bn": Opt(_flag("sync_bn"), False, "multi-GPU: BatchNorm statistics over the global batch (SyncBatchNorm)"),
+    "ddp_timeout": Opt(_positive_float("ddp_timeout"), 1800.0, "multi-GPU: seconds a rank waits for the others "
+                                                             "before the run stops with an error"),
 }
 
 
-def cmd_train(opts: dict) -> int:
-    model = _load(opts, seed=opts["seed"])
+def cmd_train(opts: dict, argv: list[str] | None = None) -> int:
+    from .distributed import check_gpus, cli_train_command, env_rank, launch, launched, local_device, parse_devices
+    try:
+        gpus = parse_devices(opts["device"])
+        if gpus is not None and not launched():
+            check_gpus(gpus)
+    except OptionError as exc:
+        raise UsageError(str(exc)) from None
+    if gpus is not None and not launched():
+        # several GPUs: the same command, one process per GPU, under torchrun
+        if argv is None:
+            raise UsageError("device= lists several GPUs: run the command line form (libreyolo train ...), or "
+                             "torchrun --nproc-per-node N -m libreyolo.cli train ...")
+        return launch(cli_train_command(argv, len(gpus)))
+    if launched():   # one rank of a torchrun run: the model on this rank's device
+        model = _load({**opts, "device": local_device(opts["device"])}, seed=opts["seed"])
+    else:
+        model = _load(opts, seed=opts["seed"])
     resume = opts.pop("resume")
     kw = {k: v for k, v in opts.items() if k not in ("model",)}
     res = model.train(resume=resume, **kw)
+    if env_rank() != 0:
+        return 0   # rank 0 reports the run
     t = Table(title=f"trained {model.FAMILY}-{model.size} on {opts['data']} ({res['epochs']} epochs, "
                     f"{res['time_s']:.0f} s)")
     names = res["loss_names"]
@@ -847,6 +869,8 @@ def main(argv: list[str] | None = None) -> int:
         print(_options_help(spec))
         return 0
     try:
+        if fn is cmd_train:   # it may re-launch itself under torchrun with the same arguments
+            return cmd_train(_parse(rest, spec, name), argv=rest)
         return fn(_parse(rest, spec, name))
     except (UsageError, OptionError) as exc:  # OptionError: a value only checkable with the model (classes)
         print(f"libreyolo {name}: {exc}", file=sys.stderr)

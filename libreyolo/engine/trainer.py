@@ -33,6 +33,8 @@ import torch
 from torch import nn
 
 from ..device import select_device
+from ..distributed import (Distributed, GradientReducer, convert_sync_batchnorm, launched, local_device, loss_share,
+                           parse_devices, reduction_of, revert_sync_batchnorm)
 from ..graphs.training import GraphedSegment, TrainStepRunner, prime_optimizer_state, scaler_tensors, training_state
 from ..tasks import Task, TaskOptions, get_task
 from .paths import next_run_dir
@@ -63,6 +65,8 @@ class RunConfig:
     freeze: Any = None              # the first N layers, or parameter-name prefixes (see freeze_prefixes)
     save_period: int = 0            # also weights/epoch{N}.pt every N epochs (0: never)
     loggers: Any = None             # "tensorboard" (events in the run folder), or none
+    sync_bn: Any = False            # distributed runs: BatchNorm statistics over the global batch (CUDA)
+    ddp_timeout: Any = 1800         # distributed runs: seconds a collective may wait (a dead rank's limit)
 
 
 @dataclass
@@ -160,9 +164,10 @@ class EpochSeeded(torch.utils.data.Dataset):
     trainer's, re-seeded per epoch there. The epoch lives in shared memory, so running workers see
     it."""
 
-    def __init__(self, dataset, seed: int):
+    def __init__(self, dataset, seed: int, rank: int = 0):
         self.dataset = dataset
         self.seed = int(seed)
+        self.rank = int(rank)   # a distributed run's rank: its workers draw their own streams
         self._epoch = torch.zeros(1, dtype=torch.int64).share_memory_()
         self._seen = -1   # per process: the epoch this process's RNGs were seeded for
 
@@ -178,7 +183,8 @@ class EpochSeeded(torch.utils.data.Dataset):
             epoch = int(self._epoch[0])
             if epoch != self._seen:
                 import random
-                seed = int(np.random.SeedSequence([self.seed, epoch, info.id]).generate_state(1)[0])
+                key = [self.seed, epoch, info.id] + ([self.rank] if self.rank else [])
+                seed = int(np.random.SeedSequence(key).generate_state(1)[0])
                 torch.manual_seed(seed)
                 np.random.seed(seed)
                 random.seed(seed)
@@ -247,7 +253,7 @@ def _param_groups(net: nn.Module, weight_decay: float):
             seen.add(id(p))
             if name == "bias":
                 bias.append(p)
-            elif isinstance(module, (nn.BatchNorm2d, nn.GroupNorm, nn.LayerNorm)):
+            elif isinstance(module, (nn.BatchNorm2d, nn.SyncBatchNorm, nn.GroupNorm, nn.LayerNorm)):
                 no_decay.append(p)
             else:
                 decay.append(p)
@@ -335,6 +341,8 @@ def check_config(cfg: TrainConfig, stride: int) -> None:
     r.save_period = check_int("save_period", r.save_period, 0)
     r.freeze = parse_freeze(r.freeze)
     r.loggers = parse_loggers(r.loggers)
+    r.sync_bn = parse_bool("sync_bn", r.sync_bn)
+    r.ddp_timeout = check_float("ddp_timeout", r.ddp_timeout, 0.0, min_inclusive=False)
     if r.patience and not r.val:
         raise OptionError(f"patience={r.patience} needs validation: early stopping follows the validation "
                           "metric, and val=False turns validation off")
@@ -367,7 +375,11 @@ class Trainer:
         self.model = model
         self.task: Task = model.task
         self.cfg = cfg
-        self.device = select_device(cfg.run.device) if cfg.run.device != "auto" else model.device
+        self.dist: Distributed | None = None   # joined in _setup (train only): see libreyolo.distributed
+        if launched() or parse_devices(cfg.run.device) is not None:
+            self.device = select_device(local_device(cfg.run.device))   # this rank's device
+        else:
+            self.device = select_device(cfg.run.device) if cfg.run.device != "auto" else model.device
         self.model.to(self.device)
         from ..options import parse_amp
         self.amp_dtype = parse_amp(cfg.graph.amp, model.AMP_DTYPE) if self.device.type == "cuda" else None
@@ -401,12 +413,23 @@ class Trainer:
         # persistent workers: no process start-up per epoch; EpochSeeded re-seeds them per epoch
         common = dict(num_workers=workers, pin_memory=pin, collate_fn=collate, persistent_workers=workers > 0)
         batch = cfg.run.batch
-        self.epoch_seeded = EpochSeeded(self.train_set, cfg.run.seed)
+        d = getattr(self, "dist", None)
+        self.epoch_seeded = EpochSeeded(self.train_set, cfg.run.seed, d.rank if d is not None else 0)
         self._loader_started = False   # a persistent loader draws its workers' base seed once, when it starts
-        train = torch.utils.data.DataLoader(self.epoch_seeded, batch_size=batch, shuffle=True,
-                                            generator=self.loader_gen,
-                                            drop_last=len(self.train_set) > batch, **common)
-        val = torch.utils.data.DataLoader(self.val_set, batch_size=batch, shuffle=False, **common)
+        self.train_sampler = None
+        if d is not None:   # each rank its batch/world share of every global batch, reshuffled per epoch
+            batch = d.local_batch(batch)
+            self.train_sampler = torch.utils.data.DistributedSampler(self.epoch_seeded, d.world, d.rank, shuffle=True,
+                                                                     seed=cfg.run.seed)
+            per_rank = len(self.train_sampler)
+            train = torch.utils.data.DataLoader(self.epoch_seeded, batch_size=batch, sampler=self.train_sampler,
+                                                generator=self.loader_gen, drop_last=per_rank > batch, **common)
+        else:
+            train = torch.utils.data.DataLoader(self.epoch_seeded, batch_size=batch, shuffle=True,
+                                                generator=self.loader_gen,
+                                                drop_last=len(self.train_set) > batch, **common)
+        # validation runs on rank 0 alone, at the global batch (as one GPU validates)
+        val = torch.utils.data.DataLoader(self.val_set, batch_size=cfg.run.batch, shuffle=False, **common)
         return train, val
 
     # ------------------------------------------------------------------ validate
@@ -498,6 +521,17 @@ class Trainer:
         from ..weights import load_checkpoint
         cfg, m = self.cfg, self.model
         run, opt_cfg = cfg.run, cfg.optim
+        self.dist = Distributed.setup(run.device, run.ddp_timeout)
+        if self.dist is not None:
+            self.device = self.dist.device
+            self.dist.local_batch(run.batch)   # a batch that does not divide fails before any work
+            if not self.dist.is_main:
+                run.verbose = False   # rank 0 alone reports progress
+        if run.sync_bn:
+            if self.dist is None or self.device.type != "cuda":
+                from ..options import OptionError
+                raise OptionError("sync_bn=True synchronizes BatchNorm across the GPUs of a distributed run "
+                                  "(device=0,1 or torchrun); torch's SyncBatchNorm runs on CUDA only")
         torch.manual_seed(run.seed)
         np.random.seed(run.seed)
         data = self.task.resolve_data(run.data)
@@ -512,6 +546,10 @@ class Trainer:
         if not m.trained and not run.resume:
             m.init_for_training(net)   # the original recipes' prior bias on class/objectness logits
         net.to(self.device, memory_format=self.memory_format).train()
+        if self.dist is not None:
+            self.dist.broadcast_module(net)   # every rank starts from rank 0's weights
+            if run.sync_bn:   # in place: the same parameter and buffer tensors
+                convert_sync_batchnorm(net)
         self.frozen = freeze_prefixes(net, run.freeze) if run.freeze is not None else []
         self.frozen_params, self.frozen_norms = freeze(net, self.frozen)
         self.loss_fn = m.build_loss().to(self.device)
@@ -575,9 +613,13 @@ class Trainer:
             self.resumed_best_epoch = st.get("best_epoch")
             self.run_dir = last.parent.parent
             log.info("libreyolo: resuming %s from epoch %d", self.run_dir, self.start_epoch + 1)
-        if self.run_dir is None:
+        main = self.dist is None or self.dist.is_main
+        if self.run_dir is None and main:
             self.run_dir = next_run_dir(run.project, run.name, run.exist_ok)
-        (self.run_dir / "weights").mkdir(parents=True, exist_ok=True)
+        if main:   # rank 0 alone writes the run folder; the others learn its name
+            (self.run_dir / "weights").mkdir(parents=True, exist_ok=True)
+        if self.dist is not None:
+            self.run_dir = Path(self.dist.broadcast_object(str(self.run_dir)))
         self.csv_path = self.run_dir / "results.csv"
         self._setup_runner()
 
@@ -586,19 +628,29 @@ class Trainer:
         cfg, m, net = self.cfg, self.model, self.net
         amp_dtype, loss_fn, prep = self.amp_dtype, self.loss_fn, m.preprocess
         scaler, opt, ema = self.scaler, self.opt, self.ema
+        params = [p for p in net.parameters() if p.requires_grad]
+        # distributed: the loss computes its share (or local mean) by its DDP_REDUCTION rule, the
+        # logged items and - on the update - the flat gradient buffer are all-reduced by it
+        d = self.dist
+        rule = reduction_of(loss_fn) if d is not None else None
+        reduce_grads = GradientReducer(params, d.world, mean=rule == "mean") if d is not None else None
+        self.grad_reducer = reduce_grads
 
         def step(x, *targets):
             # no autocast weight cache: a captured graph must not record casts the cache frees later
             with torch.autocast(self.device.type, dtype=amp_dtype or torch.float16, enabled=amp_dtype is not None,
-                                cache_enabled=False):
+                                cache_enabled=False), loss_share(d is not None):
                 outputs = m.train_forward(net, prep.normalize(x), *targets)
                 loss, items = loss_fn(outputs, *targets)
             scaler.scale(loss).backward()
-            return loss.detach(), items.detach()
-
-        params = [p for p in net.parameters() if p.requires_grad]
+            items = items.detach()
+            if d is not None:
+                items = d.reduce_items(items, rule)
+            return loss.detach(), items
 
         def optimizer_step() -> None:
+            if reduce_grads is not None:   # before unscaling and clipping: every rank clips the same gradient
+                reduce_grads()
             if scaler.is_enabled():
                 scaler.unscale_(opt)
             torch.nn.utils.clip_grad_norm_(params, max_norm=cfg.optim.clip_grad, foreach=True)
@@ -630,7 +682,8 @@ class Trainer:
         self.optimizer_step = optimizer_step
         self.step_runner = TrainStepRunner(net, step, enabled=bool(cfg.graph.cuda_graph) and self.seam is None,
                                            family=m.FAMILY, supported=m.SUPPORTS_CUDA_GRAPH_TRAIN,
-                                           update=optimizer_step, state=mutable_state)
+                                           update=optimizer_step, state=mutable_state,
+                                           agree=d.agree if d is not None else None)
 
     # ------------------------------------------------------------------ schedule
     def lr_factor(self, epoch: float) -> float:
@@ -692,10 +745,16 @@ class Trainer:
             torch.empty((), dtype=torch.int64).random_(generator=self.loader_gen)
         self._loader_started = True
         self.epoch_seeded.set_epoch(epoch)
-        torch.manual_seed(cfg.run.seed + epoch)
-        np.random.seed((cfg.run.seed + epoch) % 2**32)
+        if self.train_sampler is not None:
+            self.train_sampler.set_epoch(epoch)
+        seed = cfg.run.seed + epoch
+        rank = self.dist.rank if self.dist is not None else 0
+        if rank:   # other ranks augment from their own streams
+            seed = int(np.random.SeedSequence([seed, rank]).generate_state(1)[0])
+        torch.manual_seed(seed)
+        np.random.seed(seed % 2**32)
         if self.device_augment is not None:
-            self.device_augment.seed(cfg.run.seed, epoch)
+            self.device_augment.seed(cfg.run.seed, epoch, rank)
         self.net.train()
         for module in self.frozen_norms:   # frozen layers keep their normalization statistics
             module.eval()
@@ -763,6 +822,8 @@ class Trainer:
             self._setup()
         except BaseException:
             self._unfreeze()
+            if self.dist is not None:
+                self.dist.teardown()
             raise
         cfg = self.cfg
         self.nw = max(round(cfg.optim.warmup_epochs * self.nb), 1) if cfg.optim.warmup_epochs > 0 else 0
@@ -771,38 +832,56 @@ class Trainer:
         self.stop_reason: str | None = None
         self.opt.zero_grad(set_to_none=False)
         t_start = time.time()
-        for hook in self.hooks:
+        d = self.dist
+        main = d is None or d.is_main
+        # rank 0 alone validates, logs and writes; the others keep the evaluation fields only
+        hooks = self.hooks if main else []
+        for hook in self.hooks if main else [h for h in self.hooks if isinstance(h, EvaluationHook)]:
             hook.on_train_start(self)
         try:
             for epoch in range(self.start_epoch, cfg.run.epochs):
-                died = None
+                died = lost = None
                 try:
                     t_epoch = time.time()
                     self._phase(epoch)
                     mloss = self.train_epoch(epoch)
                     state = {"epoch": epoch, "mloss": mloss, "time_s": time.time() - t_epoch}
-                    for hook in self.hooks:
+                    for hook in hooks:
                         hook.on_epoch_end(self, state)
+                    if d is not None:   # the others wait here for rank 0's epoch end, and its decision
+                        self.stop_reason = d.broadcast_object(self.stop_reason)
                     if self.stop_reason:
                         log.info("libreyolo: %s", self.stop_reason)
                         break
                 except RuntimeError as exc:
-                    if not _worker_died(exc):
+                    if d is not None and d.failure(exc):
+                        lost = f"{type(exc).__name__}: {str(exc).strip()}"
+                    elif not _worker_died(exc):
                         raise
-                    died = str(exc).strip()
+                    else:
+                        died = str(exc).strip()
+                if lost is not None:
+                    raise TrainingError(self._rank_failure_message(epoch, lost))
                 if died is not None:
                     # raised outside the handler, with the loaders dropped: torch's error, its
                     # traceback and the (persistent) iterators holding the dead worker's
                     # registration go, so torch's SIGCHLD check does not fire again later
                     self._drop_loaders()
                     raise TrainingError(self._worker_death_message(epoch, died))
+            if d is not None:   # every rank returns rank 0's account of the run
+                (self.history, self.best_metrics, self.best_epoch, self.best_fitness) = d.broadcast_object(
+                    (self.history, self.best_metrics, self.best_epoch, self.best_fitness))
         finally:
             try:
-                for hook in self.hooks:
+                for hook in hooks:
                     hook.on_train_end(self)
             finally:   # also when a hook's end raises (a checkpoint's background write failed)
                 self._unfreeze()
                 self._close_loaders()
+                if d is not None:
+                    if self.cfg.run.sync_bn:
+                        revert_sync_batchnorm(self.net)
+                    d.teardown()
         if self.seam is not None:
             self.model.set_train_seam(self.net, None)
         # the trained weights the Model keeps are the EMA's
@@ -851,6 +930,20 @@ class Trainer:
             gc.collect()
         finally:
             sys.unraisablehook = previous
+
+    def _rank_failure_message(self, epoch: int, reason: str) -> str:
+        """What to tell the user when a collective failed during ``epoch`` (another rank stopped,
+        or the process group timed out)."""
+        last = self.run_dir / "weights" / "last.pt"
+        saved = getattr(self, "saved_epoch", None)
+        if saved is None and self.start_epoch > 0:
+            saved = self.start_epoch
+        kept = (f"{last} holds epoch {saved} and is intact: continue with resume=True" if saved is not None
+                else "nothing had been saved yet in this run")
+        return (f"distributed training stopped in epoch {epoch + 1}/{self.cfg.run.epochs} on rank {self.dist.rank} "
+                f"of {self.dist.world}: a collective failed ({reason}). Another rank stopped (see its error "
+                f"and torchrun's summary) or did not answer within ddp_timeout={self.cfg.run.ddp_timeout:g} s. "
+                f"{kept}.")
 
     def _worker_death_message(self, epoch: int, reason: str) -> str:
         """What to tell the user when a DataLoader worker process died during ``epoch``."""

@@ -26,6 +26,11 @@ buffers, EMA) is restored after capture: the captured run starts from the same s
 Failure policy: on the CPU, for a family not declared capturable, or when a capture or a
 replay raises, one line is logged and the run continues eager; nothing is lost, because a
 failed capture never touched the parameters and a replay that raised is redone eager.
+
+Distributed runs hand an ``agree`` callable (a collective over the ranks): after every capture
+attempt each rank says whether its capture succeeded, and a graph is kept only when all did,
+so every rank runs the same collectives in the same order (a step's eager run and its replay
+issue the same ones).
 """
 from __future__ import annotations
 
@@ -125,8 +130,10 @@ class TrainStepRunner:
                  enabled: bool, family: str, supported: bool, repeat: int = 3, max_graphs: int = 4,
                  capturer: Any | None = None, reason: str | None = None,
                  update: Callable[[], None] | None = None,
-                 state: Callable[[], list[torch.Tensor]] | None = None):
+                 state: Callable[[], list[torch.Tensor]] | None = None,
+                 agree: Callable[[bool], bool] | None = None):
         self.net = net
+        self.agree = agree
         self.step = step
         self.update = update
         self.state = state
@@ -213,6 +220,8 @@ class TrainStepRunner:
                 # the warm-up created state (e.g. lazy optimizer buffers) that cannot be put back
                 graph, failure = None, RuntimeError("the update created new state during warm-up; "
                                                     "call prime_optimizer_state(opt) before training")
+            if self.agree is not None and not self.agree(graph is not None) and graph is not None:
+                graph, failure = None, RuntimeError("the capture failed on another rank (all ranks train eager)")
             if graph is None:
                 self._disable(f"capture failed: {type(failure).__name__}: {failure}")
                 return self._eager(fn, inputs)

@@ -421,9 +421,17 @@ class Model:
         optimizer, lr0, amp, cuda_graph, resume, ...) and the task's (detection: mosaic, mixup,
         ...). Returns the final and best metrics, the per-epoch losses and metrics, and the paths
         of best.pt / last.pt.
+
+        ``device=[0, 1]`` (or ``"0,1"``) trains on those GPUs: the run is started under torchrun,
+        one process per GPU, from this model's current weights, and this model takes the trained
+        weights when it ends (see :func:`libreyolo.distributed.train_from_python`).
         """
+        from ..distributed import launched, parse_devices, train_from_python
         from ..engine.trainer import TrainConfig, Trainer
         given = {k: v for k, v in kwargs.items() if v is not None}   # None: "not given", the family decides
+        gpus = parse_devices(given.get("device"))
+        if gpus is not None and not launched():
+            return train_from_python(self, {**given, "device": ",".join(map(str, gpus))}, len(gpus))
         cfg = TrainConfig.from_kwargs(self.task, **{**self.train_defaults(), **given})
         return Trainer(self, cfg).train()
 

@@ -41,6 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ...distributed import global_sum
 from ...ops.iou import bbox_giou, bbox_overlaps
 from ..common.assign import (DenseMapsLoss, cached, class_cost, dynamic_k_matching, gather_classes, grid_key,
                              points_in_boxes, points_near_centres, prior_grid, sanitize_targets)
@@ -138,6 +139,9 @@ class PicodetLoss(DenseMapsLoss):
     """
 
     item_names = ("vfl", "giou", "dfl")
+    #: distributed runs: each rank divides by the global positive count and score sum (its share
+    #: of the loss); the ranks' gradients are summed (libreyolo.distributed)
+    DDP_REDUCTION = "sum"
 
     def __init__(self, nc: int, reg_max: int = REG_MAX, strides: Sequence[int] = STRIDES,
                  center_radius: float = 2.5, topk: int = 10, iou_weight: float = 6.0,
@@ -187,12 +191,12 @@ class PicodetLoss(DenseMapsLoss):
         # classification: VFL against the IoU of the (detached) prediction, at the gt class
         iou = bbox_overlaps(pred.detach(), target, eps=IOU_EPS) * fgf                    # (B, N)
         score = F.one_hot(labels, nc).to(logits.dtype) * iou.unsqueeze(-1)
-        vfl = varifocal_loss(logits, score, self.alpha, self.gamma).sum() / pos_num.sum().clamp_min(1)
+        vfl = varifocal_loss(logits, score, self.alpha, self.gamma).sum() / global_sum(pos_num.sum()).clamp_min(1)
 
         # regression, weighted by the positive's best class score; off the foreground the
         # prediction is swapped for its constant target so nothing stray reaches the gradient
         weight = scores.amax(-1) * fgf                                                   # (B, N)
-        avg = weight.sum().clamp_min(1.0)
+        avg = global_sum(weight.sum()).clamp_min(1.0)
         pred_fg = torch.where(fg.unsqueeze(-1), pred, target)
         giou = ((1.0 - bbox_giou(pred_fg, target, GIOU_EPS)) * weight).sum() / avg
         ltrb = torch.cat((centres - target[..., :2], target[..., 2:] - centres), -1)

@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ...distributed import global_sum
 from ...ops.iou import bbox_overlaps
 from ..common.assign import (DenseMapsLoss, cached, class_cost, dynamic_k_matching, gather_classes, grid_key,
                              points_in_boxes, prior_grid, sanitize_targets)
@@ -124,6 +125,9 @@ class RtmdetLoss(DenseMapsLoss):
     """
 
     item_names = ("qfl", "giou")
+    #: distributed runs: each rank divides by the global IoU sum (its share of the loss); the
+    #: ranks' gradients are summed (libreyolo.distributed)
+    DDP_REDUCTION = "sum"
 
     def __init__(self, nc: int, strides: Sequence[int] = STRIDES, topk: int = 13, iou_weight: float = 3.0,
                  soft_center_radius: float = 3.0, beta: float = 2.0, cls_weight: float = 1.0,
@@ -153,7 +157,7 @@ class RtmdetLoss(DenseMapsLoss):
 
         fg, labels, boxes, ious = self.assigner(logits.detach(), pred_boxes.detach(), points, strides,
                                                 targets[..., 0], targets[..., 1:5], mask)
-        avg = ious.sum().clamp_min(1.0)        # sum of the assigned IoUs (mmdet: cls and bbox avg_factor)
+        avg = global_sum(ious.sum()).clamp_min(1.0)   # sum of the assigned IoUs (mmdet: cls and bbox avg_factor)
 
         positive = F.one_hot(labels, nc).bool() & fg.unsqueeze(-1)
         qfl = quality_focal_loss(logits, ious.unsqueeze(-1).expand_as(logits), positive, self.beta).sum() / avg

@@ -42,6 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ...distributed import global_batch, global_sum, share_of_mean
 from ...ops.iou import bbox_ciou, bbox_iou, cxcywh_to_xyxy, xyxy_to_cxcywh
 from ..common.assign import dynamic_k_matching, pairwise_class_cost
 from .nn import ANCHORS, STRIDES
@@ -70,6 +71,9 @@ class Yolo7Loss(nn.Module):
     """
 
     item_names: tuple[str, ...] = ("box", "obj", "cls")
+    #: distributed runs: each rank computes its share (global matched counts, its part of the
+    #: objectness mean, the global batch factor); the ranks' gradients are summed
+    DDP_REDUCTION = "sum"
 
     def __init__(self, nc: int, anchors: Sequence = ANCHORS, strides: Sequence[int] = STRIDES,
                  imgsz: int = 640, box: float = 0.05, obj: float = 0.7, cls: float = 0.3,
@@ -187,7 +191,7 @@ class Yolo7Loss(nn.Module):
 
         nl = len(hw)
         per_level = F.one_hot(level, nl).to(flat.dtype)                       # (K, nl)
-        count = (weight.sum(0) @ per_level).clamp_min(1.0)                    # (nl,)
+        count = global_sum(weight.sum(0) @ per_level).clamp_min(1.0)          # (nl,)
         loss_box = ((((1.0 - ciou) * weight).sum(0) @ per_level) / count).sum()
         if nc > 1:
             onehot = F.one_hot(labels.gather(1, gt_idx), nc).to(flat.dtype)
@@ -203,8 +207,8 @@ class Yolo7Loss(nn.Module):
         start = 0
         for lvl, (h, w) in enumerate(hw):
             n = na * h * w
-            loss_obj = loss_obj + self.balance[lvl] * bce_obj[:, start:start + n].mean()
+            loss_obj = loss_obj + self.balance[lvl] * share_of_mean(bce_obj[:, start:start + n].mean(), b)
             start += n
 
         items = torch.stack((loss_box * self.box_gain, loss_obj * self.obj_gain, loss_cls * self.cls_gain))
-        return items.sum() * b, items.detach()
+        return items.sum() * global_batch(b), items.detach()

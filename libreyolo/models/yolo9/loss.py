@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ...distributed import global_batch, global_sum
 from ...ops.iou import bbox_ciou   # the original's CIoU (eps 1e-7, alpha held constant)
 from ..common.assign import (cached, gather_classes, grid_key, points_in_boxes, prior_grid, resolve_conflicts,
                              sanitize_targets, topk_mask)
@@ -129,6 +130,9 @@ class Yolo9Loss(nn.Module):
 
     #: what ``items`` holds, in order (the trainer's progress bar, results.csv columns)
     item_names = ("box", "cls", "dfl")
+    #: distributed runs: each rank computes its share (global score sum, global batch factor);
+    #: the ranks' gradients are summed (libreyolo.distributed)
+    DDP_REDUCTION = "sum"
 
     def __init__(self, nc: int, reg_max: int = 16, strides: Sequence[int] = (8, 16, 32),
                  topk: int = 10, alpha: float = 0.5, beta: float = 6.0,
@@ -185,7 +189,7 @@ class Yolo9Loss(nn.Module):
             cls_logits.detach().sigmoid(), pred_boxes.detach() * strides, anchors * strides,
             targets[..., 0], targets[..., 1:5], mask)
         target_boxes = target_boxes / strides
-        score_sum = target_scores.sum().clamp_min(1.0)
+        score_sum = global_sum(target_scores.sum()).clamp_min(1.0)
 
         loss_cls = F.binary_cross_entropy_with_logits(cls_logits, target_scores, reduction="none").sum() / score_sum
 
@@ -197,4 +201,4 @@ class Yolo9Loss(nn.Module):
         loss_dfl = (dfl * weight).sum() / score_sum
 
         items = torch.stack((loss_box * self.box_gain, loss_cls * self.cls_gain, loss_dfl * self.dfl_gain))
-        return items.sum() * b, items.detach()
+        return items.sum() * global_batch(b), items.detach()

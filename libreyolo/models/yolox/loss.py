@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ...distributed import global_sum
 from ...ops.iou import bbox_iou
 from ..common.assign import (cached, dynamic_k_matching, grid_key, pairwise_class_cost, points_in_boxes,
                              points_near_centres, prior_grid)
@@ -100,6 +101,9 @@ class YoloxLoss(nn.Module):
     """
 
     item_names: tuple[str, ...] = ("iou", "obj", "cls", "l1")
+    #: distributed runs: each rank divides by the global foreground count (its share of the
+    #: loss); the ranks' gradients are summed (libreyolo.distributed)
+    DDP_REDUCTION = "sum"
 
     def __init__(self, nc: int, strides: Sequence[int] = (8, 16, 32), reg_weight: float = 5.0,
                  l1_epochs: int = 15, use_l1: bool = False, center_radius: float = 1.5,
@@ -158,7 +162,7 @@ class YoloxLoss(nn.Module):
             cls_logits.detach(), obj_logits.detach(), pred_boxes.detach(), (cells + 0.5) * strides,
             strides.squeeze(-1), labels, gt_boxes, mask)
         weight = fg.to(flat.dtype)                                            # (B, N)
-        num_fg = weight.sum().clamp_min(1.0)
+        num_fg = global_sum(weight.sum()).clamp_min(1.0)
 
         target_boxes = gt_boxes.gather(1, gt_idx.unsqueeze(-1).expand(-1, -1, 4))
         iou = bbox_iou(pred_boxes, target_boxes, eps=IOU_LOSS_EPS)
