@@ -30,3 +30,13 @@ def _deterministic():
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     yield
+
+
+@pytest.fixture
+def one_thread():
+    """One torch thread for the test (per-image work is many small ops, as in a DataLoader
+    worker: on a busy machine intra-op threads mostly wait for each other)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

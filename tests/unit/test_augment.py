@@ -27,14 +27,7 @@ NO_AUG = dict(mosaic=0.0, degrees=0.0, translate=0.0, scale=0.0, fliplr=0.0, hsv
 RED = (230, 20, 20)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # Per-image work is many small ops: like a DataLoader worker, run it on one thread (on a busy
-    # machine, intra-op threads mostly wait for each other).
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

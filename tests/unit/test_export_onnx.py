@@ -27,12 +27,7 @@ from libreyolo.ops.preprocess import IMAGENET_MEAN, IMAGENET_STD, Preprocess
 IMGSZ = 160
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py
 
 
 def _rows():

@@ -15,6 +15,7 @@ from libreyolo.data.augment import MIN_BOX_SIDE, DetectionDataset, _areas, colla
 from libreyolo.data.datasets import resolve_data
 from libreyolo.data.gpu_augment import DeviceAugment, _Draw, hue_matrices, saturation_matrices
 from libreyolo.data.synthetic import make_shapes_dataset
+from interrupt import interrupted_after_last_pt  # tests/interrupt.py
 
 NO_AUG = dict(mosaic=0.0, degrees=0.0, translate=0.0, scale=0.0, fliplr=0.0, hsv_h=0.0, hsv_s=0.0, hsv_v=0.0)
 #: rectangle colours, one per source image, and how each is recognised after resampling
@@ -28,12 +29,7 @@ def is_colour(image: torch.Tensor, j: int) -> torch.Tensor:
     return torch.where(hi, x > 150, x < 90).all(0)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py
 
 
 @pytest.fixture(scope="module")
@@ -376,25 +372,14 @@ def test_trainer_runs_the_device_recipe_and_learns(tmp_path, monkeypatch):
 def test_resumed_run_augments_as_an_uninterrupted_one(tmp_path, monkeypatch):
     """The device recipe is re-seeded from (seed, epoch) at every epoch: a gpu_augment run
     interrupted after epoch 1 and resumed ends with the weights of an uninterrupted one."""
-    import libreyolo.weights as weights
     from libreyolo import LibreYOLO
     from libreyolo.weights import load_checkpoint
     data = str(make_shapes_dataset(tmp_path / "ds", n_train=8, n_val=2, imgsz=64, seed=0))
     args = dict(data=data, epochs=2, batch=4, imgsz=64, workers=0, name="run", close_mosaic=0, warmup_epochs=1,
                 verbose=False, seed=0, nbs=4, gpu_augment=True, mixup=0.5, val=False, plots=False)
     LibreYOLO.new("yolo9", "t", device="cpu", seed=0).train(project=str(tmp_path / "a"), **args)
-    real_save = weights.save_checkpoint
-
-    def save_then_die(ck, path):
-        out = real_save(ck, path)
-        if str(path).endswith("last.pt"):
-            raise KeyboardInterrupt("simulated interruption after epoch 1")
-        return out
-
-    monkeypatch.setattr(weights, "save_checkpoint", save_then_die)
-    with pytest.raises(KeyboardInterrupt):
+    with interrupted_after_last_pt(monkeypatch):
         LibreYOLO.new("yolo9", "t", device="cpu", seed=0).train(project=str(tmp_path / "b"), **args)
-    monkeypatch.setattr(weights, "save_checkpoint", real_save)
     LibreYOLO.new("yolo9", "t", device="cpu", seed=0).train(project=str(tmp_path / "b"), resume=True, **args)
     a = load_checkpoint(tmp_path / "a" / "run" / "weights" / "last.pt")["train_state"]["model_raw"]
     b = load_checkpoint(tmp_path / "b" / "run" / "weights" / "last.pt")["train_state"]["model_raw"]

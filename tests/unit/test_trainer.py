@@ -11,6 +11,7 @@ from rows import TRAIN_MODELS
 from libreyolo import LibreYOLO
 from libreyolo.data.synthetic import make_shapes_dataset
 from libreyolo.weights import load_checkpoint
+from interrupt import interrupted_after_last_pt  # tests/interrupt.py
 
 
 @pytest.fixture(scope="module")
@@ -83,20 +84,9 @@ def test_two_epochs_falling_loss_checkpoints_csv_png(tmp_path, shapes160):
 @pytest.mark.parametrize("workers", [0, 2])   # 2: persistent workers, re-seeded per epoch
 def test_resume_reproduces_optimizer_ema_and_epoch_state(tmp_path, shapes, monkeypatch, workers):
     """A 2-epoch run interrupted after epoch 1 and resumed ends exactly like an uninterrupted one."""
-    import libreyolo.weights as weights
     _, full = small_run(tmp_path / "a", shapes, epochs=2, workers=workers)
-    real_save = weights.save_checkpoint
-
-    def save_then_die(ck, path):
-        out = real_save(ck, path)
-        if str(path).endswith("last.pt"):
-            raise KeyboardInterrupt("simulated interruption after epoch 1")
-        return out
-
-    monkeypatch.setattr(weights, "save_checkpoint", save_then_die)
-    with pytest.raises(KeyboardInterrupt):
+    with interrupted_after_last_pt(monkeypatch):
         small_run(tmp_path / "b", shapes, epochs=2, workers=workers)
-    monkeypatch.setattr(weights, "save_checkpoint", real_save)
     assert load_checkpoint(tmp_path / "b" / "run" / "weights" / "last.pt")["train_state"]["epoch"] == 0
     model = LibreYOLO.new("yolo9", "t", device="cpu", seed=0)
     resumed = model.train(data=shapes, epochs=2, batch=8, imgsz=64, workers=workers, project=str(tmp_path / "b"),
