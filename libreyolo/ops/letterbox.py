@@ -47,6 +47,15 @@ def letterbox_params(h: int, w: int, size: int, mode: str = "topleft") -> Letter
     return LetterboxParams(size, scale, new_h, new_w, pad_x, pad_y)
 
 
+def image_region(t: torch.Tensor, h: int, w: int, size: int, mode: str = "topleft") -> torch.Tensor:
+    """The part of a (..., size, size) map over the letterboxed square that an (h, w) image
+    covers, as a view (the whole map for "stretch", whose image fills the square)."""
+    if mode == "stretch":
+        return t
+    p = letterbox_params(h, w, size, mode)
+    return t[..., p.pad_y:p.pad_y + p.new_h, p.pad_x:p.pad_x + p.new_w]
+
+
 def letterbox(images_u8: torch.Tensor, size: int, mode: str = "topleft") -> torch.Tensor:
     """(B, H, W, 3) uint8 RGB -> (B, 3, size, size) float32 in [0, 1], image at top-left.
 

@@ -34,7 +34,7 @@ class MattePlan(PredictPlan):
         return logits.float().sigmoid()
 
     def results(self, out, chunk, size, speed):
-        from ...ops.letterbox import letterbox_params
+        from ...ops.letterbox import image_region
         from ...results import Results
         from .results import Alpha
         m = self.model
@@ -42,10 +42,7 @@ class MattePlan(PredictPlan):
         maps = []
         for i, it in enumerate(chunk):
             h, w = int(it.image.shape[0]), int(it.image.shape[1])
-            a = out[i:i + 1]
-            if mode != "stretch":   # the part of the square the letterboxed image covers
-                p = letterbox_params(h, w, size, mode)
-                a = a[..., p.pad_y:p.pad_y + p.new_h, p.pad_x:p.pad_x + p.new_w]
+            a = image_region(out[i:i + 1], h, w, size, mode)
             if tuple(a.shape[-2:]) != (h, w):
                 a = F.interpolate(a, size=(h, w), mode="bilinear", align_corners=False)
             maps.append(a.reshape(h, w))   # bilinear weights are convex: still in [0, 1]

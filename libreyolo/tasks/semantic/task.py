@@ -84,7 +84,7 @@ class SemanticPlan(PredictPlan):
         return logits.argmax(1).to(self.dtype)
 
     def results(self, out, chunk, size, speed):
-        from ...ops.letterbox import letterbox_params
+        from ...ops.letterbox import image_region
         from ...results import Results
         from .maps import resize_nearest
         from .results import SemanticMask
@@ -93,11 +93,7 @@ class SemanticPlan(PredictPlan):
         maps = []
         for i, it in enumerate(chunk):
             h, w = int(it.image.shape[0]), int(it.image.shape[1])
-            cls = out[i]
-            if mode != "stretch":   # the part of the square the letterboxed image covers
-                p = letterbox_params(h, w, size, mode)
-                cls = cls[p.pad_y:p.pad_y + p.new_h, p.pad_x:p.pad_x + p.new_w]
-            maps.append(resize_nearest(cls, h, w))
+            maps.append(resize_nearest(image_region(out[i], h, w, size, mode), h, w))
         return [Results(it.image, it.name, m.names, None, speed=dict(speed), masks=SemanticMask(data))
                 for it, data in zip(chunk, host_views(maps))]
 
