@@ -413,7 +413,7 @@ class Trainer:
         # persistent workers: no process start-up per epoch; EpochSeeded re-seeds them per epoch
         common = dict(num_workers=workers, pin_memory=pin, collate_fn=collate, persistent_workers=workers > 0)
         batch = cfg.run.batch
-        d = getattr(self, "dist", None)
+        d = self.dist
         self.epoch_seeded = EpochSeeded(self.train_set, cfg.run.seed, d.rank if d is not None else 0)
         self._loader_started = False   # a persistent loader draws its workers' base seed once, when it starts
         self.train_sampler = None
@@ -931,35 +931,33 @@ class Trainer:
         finally:
             sys.unraisablehook = previous
 
-    def _rank_failure_message(self, epoch: int, reason: str) -> str:
-        """What to tell the user when a collective failed during ``epoch`` (another rank stopped,
-        or the process group timed out)."""
-        last = self.run_dir / "weights" / "last.pt"
-        saved = getattr(self, "saved_epoch", None)
-        if saved is None and self.start_epoch > 0:
-            saved = self.start_epoch
-        kept = (f"{last} holds epoch {saved} and is intact: continue with resume=True" if saved is not None
-                else "nothing had been saved yet in this run")
-        return (f"distributed training stopped in epoch {epoch + 1}/{self.cfg.run.epochs} on rank {self.dist.rank} "
-                f"of {self.dist.world}: a collective failed ({reason}). Another rank stopped (see its error "
-                f"and torchrun's summary) or did not answer within ddp_timeout={self.cfg.run.ddp_timeout:g} s. "
-                f"{kept}.")
-
-    def _worker_death_message(self, epoch: int, reason: str) -> str:
-        """What to tell the user when a DataLoader worker process died during ``epoch``."""
+    def _last_pt_kept(self) -> str:
+        """What ``last.pt`` holds, for a run stopping on an error: the background write in flight
+        is finished first (its own error logged), so the sentence says what is on disk."""
         writer = getattr(self, "checkpoint_writer", None)
-        error = writer.close(raising=False) if writer is not None else None   # what is on disk, then say it
+        error = writer.close(raising=False) if writer is not None else None
         if error is not None:
             log.error("libreyolo: writing a checkpoint failed as well: %s", error)
         last = self.run_dir / "weights" / "last.pt"
         saved = getattr(self, "saved_epoch", None)
         if saved is None and self.start_epoch > 0:
             saved = self.start_epoch   # resumed, nothing saved yet in this run: the file resumed from
-        kept = (f"{last} holds epoch {saved} and is intact: continue with resume=True" if saved is not None
+        return (f"{last} holds epoch {saved} and is intact: continue with resume=True" if saved is not None
                 else "nothing had been saved yet in this run")
+
+    def _rank_failure_message(self, epoch: int, reason: str) -> str:
+        """What to tell the user when a collective failed during ``epoch`` (another rank stopped,
+        or the process group timed out)."""
+        return (f"distributed training stopped in epoch {epoch + 1}/{self.cfg.run.epochs} on rank {self.dist.rank} "
+                f"of {self.dist.world}: a collective failed ({reason}). Another rank stopped (see its error "
+                f"and torchrun's summary) or did not answer within ddp_timeout={self.cfg.run.ddp_timeout:g} s. "
+                f"{self._last_pt_kept()}.")
+
+    def _worker_death_message(self, epoch: int, reason: str) -> str:
+        """What to tell the user when a DataLoader worker process died during ``epoch``."""
         return (f"training stopped in epoch {epoch + 1}/{self.cfg.run.epochs}: a DataLoader worker process "
                 f"died ({reason}). The usual cause is the out-of-memory killer: lower workers= "
-                f"or batch=, or see the system log. {kept}.")
+                f"or batch=, or see the system log. {self._last_pt_kept()}.")
 
     @property
     def eval_net(self) -> nn.Module:
