@@ -110,13 +110,29 @@ def measuring() -> Iterator[None]:
         _measuring.on = prev
 
 
+#: parsed contract tables by path, with the (mtime, size) they were read at: the check runs on
+#: every half-path predict call, before the launch, where reading and parsing the file each time
+#: cost more than the rest of the check
+_TABLES: dict[str, tuple[tuple[int, int], dict]] = {}
+
+
 def load_table(path: Path | None = None) -> dict:
-    """``{family: {arm: figures or None}}`` with arm "fp16", "fp16-fast", "bf16", "bf16-fast"."""
+    """``{family: {arm: figures or None}}`` with arm "fp16", "fp16-fast", "bf16", "bf16-fast".
+
+    Read once per file version (a rewritten file is read again); the dict is shared: read it,
+    do not modify it."""
     p = Path(path) if path is not None else TABLE_PATH
-    if not p.exists():
+    try:
+        st = os.stat(p)
+    except FileNotFoundError:
         return {}
-    data = json.loads(p.read_text())
-    return data.get("families", {})
+    stamp = (st.st_mtime_ns, st.st_size)
+    hit = _TABLES.get(str(p))
+    if hit is not None and hit[0] == stamp:
+        return hit[1]
+    table = json.loads(p.read_text()).get("families", {})
+    _TABLES[str(p)] = (stamp, table)
+    return table
 
 
 def arm_name(precision: str, fast: bool) -> str:

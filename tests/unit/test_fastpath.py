@@ -6,6 +6,7 @@ runs by default; ``LIBREYOLO_SLOW=1`` runs all twelve (test_dynamo_fullgraph_eve
 """
 import json
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -114,6 +115,22 @@ def test_shipped_table_is_readable():
     assert isinstance(table, dict)
     for fam, arms in table.items():   # every declared arm is an arm name with figures (or None)
         assert set(arms) <= {"fp16", "fp16-fast", "bf16", "bf16-fast"}, fam
+
+
+def test_table_read_once_per_file_version(tmp_path, monkeypatch):
+    """The table is parsed once per file version (predict checks it on every half-path call), and
+    a rewritten file is read again: a new measurement takes effect in a running process."""
+    p = _table(tmp_path, GOOD)
+    first = fastpath.load_table(p)
+    reads = []
+    real = Path.read_text
+    monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: reads.append(self) or real(self, *a, **k))
+    assert fastpath.load_table(p) is first and not reads
+    p.write_text(json.dumps({"families": {"yolox": {"bf16": {**GOOD, "match_rate": 0.5}}}}))
+    os.utime(p, ns=(1, 1))   # a new mtime even on a coarse-grained clock
+    assert fastpath.load_table(p)["yolox"]["bf16"]["match_rate"] == 0.5 and reads == [p]
+    with pytest.raises(FastPathRefused, match="0.5 < 0.99"):
+        check_contract("yolox", "bf16", False, table=fastpath.load_table(p))
 
 
 def test_match_detections():
