@@ -7,7 +7,8 @@ the schedule's warm-up before it - and the end-of-epoch hooks in order: evaluati
 evaluator on the EMA weights), logging (``results.csv``, the per-epoch line, ``results.png``) and
 checkpoints (``last.pt`` with the training state for ``resume``, ``best.pt`` without it, both
 written atomically). The loop keeps the device busy: a step's loss is read one step late
-(:class:`LossFold`, no host sync per step). Features: SGD or AdamW with parameter groups (no decay on norms and biases),
+(:class:`LossFold`, no host sync per step), and the next epoch's loader is started before the
+end-of-epoch hooks (:meth:`Trainer._prepare_epoch`), so its first batches load during validation. Features: SGD or AdamW with parameter groups (no decay on norms and biases),
 warm-up then linear or cosine decay, gradient accumulation to a nominal batch, an exponential
 moving average of the weights, AMP on CUDA.
 
@@ -809,6 +810,10 @@ class Trainer:
             batch = list(self.device_augment(*batch))
         return batch
 
+    #: start the next epoch's loader (its workers on its first batches) before this epoch's
+    #: validation and checkpoints; False: when the next epoch begins (tests and
+    #: benchmarks/train_epochs.py compare the two)
+    prefetch_next_epoch: bool = True
     #: steps the loop reads a step's loss behind: 1, the device runs step i while the host reads
     #: step i-1's; 0, each step waited for at once (a synchronous loop: the same numbers, for comparison)
     loss_lag: int = 1
@@ -818,8 +823,9 @@ class Trainer:
         (``Task.on_epoch``: close_mosaic writes the shared memory the workers read), the shuffle
         generator re-seeded (seed + epoch), the workers' seed epoch (EpochSeeded), the distributed
         sampler's epoch. With persistent workers ``iter()`` sets them to work on the epoch's first
-        batches at once (prefetch_factor per worker). The main process's RNGs are seeded in
-        :meth:`train_epoch`, where the step (and a worker-less loader) draws them."""
+        batches at once (prefetch_factor per worker), so when this runs before the previous epoch's
+        validation those batches load while it validates. The main process's RNGs are seeded in
+        :meth:`train_epoch`, after validation, where the step (and a worker-less loader) draws them."""
         cfg = self.cfg
         why = self.task.on_epoch(self.train_set, epoch, cfg.run.epochs, cfg.task)
         self.loader_gen.manual_seed(cfg.run.seed + epoch)
@@ -913,7 +919,9 @@ class Trainer:
 
     def _phase(self, epoch: int) -> None:
         """Before an epoch: phase changes that alter what the step computes release its graphs.
-        The task's data phase runs where the epoch's loader is prepared (:meth:`_prepare_epoch`)."""
+        The task's data phase ran already where the epoch's loader was prepared (before the
+        previous epoch's validation: :meth:`_prepare_epoch`); its graph release and log line are
+        here, at the epoch's start."""
         _, _, why = self._prepared_for(epoch)
         if why:
             self.step_runner.release(why)
@@ -960,6 +968,8 @@ class Trainer:
                     self._phase(epoch)
                     mloss = self.train_epoch(epoch)
                     state = {"epoch": epoch, "mloss": mloss, "time_s": time.time() - t_epoch}
+                    if self.prefetch_next_epoch and epoch + 1 < cfg.run.epochs:
+                        self._prepare_epoch(epoch + 1)   # its first batches load while this one validates
                     for hook in hooks:
                         hook.on_epoch_end(self, state)
                     if d is not None:   # the others wait here for rank 0's epoch end, and its decision
@@ -1022,7 +1032,7 @@ class Trainer:
         """Stop the loaders' persistent worker processes (and pin-memory threads) now, when the run
         ends, instead of leaving them to the interpreter's exit."""
         import gc
-        self.train_loader = self.val_loader = self._prepared = None   # a prepared epoch's iterator too
+        self.train_loader = self.val_loader = self._prepared = None   # a prefetched epoch's iterator too
         gc.collect()
 
     def _drop_loaders(self) -> None:
