@@ -213,6 +213,9 @@ class LossFold:
 
     def __init__(self, n_items: int, device: torch.device, epoch: int):
         self.cuda = device.type == "cuda"
+        # the events go on the step's stream (its device's current one, which need not be the
+        # current device's: a run on cuda:1 in a process whose current device is cuda:0)
+        self.stream = torch.cuda.current_stream(device) if self.cuda else None
         self.epoch = epoch
         self.mloss = torch.zeros(n_items)
         self.pending: list[tuple] = []
@@ -223,7 +226,7 @@ class LossFold:
         """Before a step's batch is uploaded: the mark its device span starts from."""
         if self.cuda:
             ev = torch.cuda.Event(enable_timing=True)
-            ev.record()
+            ev.record(self.stream)
             return ev
         return time.perf_counter()
 
@@ -239,7 +242,7 @@ class LossFold:
                     v = torch.empty(v.shape, dtype=v.dtype, pin_memory=True).copy_(v, non_blocking=True)
                 fields[k] = v
             end = torch.cuda.Event(enable_timing=True)
-            end.record()
+            end.record(self.stream)
         else:   # the step ran synchronously (another accelerator's values are read now, as before)
             host = items.cpu()
             fields = {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in counts.items()}
