@@ -8,9 +8,10 @@ evaluator on the EMA weights), logging (``results.csv``, the per-epoch line, ``r
 checkpoints (``last.pt`` with the training state for ``resume``, ``best.pt`` without it, both
 written atomically). The loop keeps the device busy: a step's loss is read one step late
 (:class:`LossFold`, no host sync per step), and the next epoch's loader is started before the
-end-of-epoch hooks (:meth:`Trainer._prepare_epoch`), so its first batches load during validation. Features: SGD or AdamW with parameter groups (no decay on norms and biases),
-warm-up then linear or cosine decay, gradient accumulation to a nominal batch, an exponential
-moving average of the weights, AMP on CUDA.
+end-of-epoch hooks (:meth:`Trainer._prepare_epoch`), so its first batches load during validation.
+Features: SGD or AdamW with parameter groups (no decay on norms and biases), warm-up then linear
+or cosine decay, gradient accumulation to a nominal batch, an exponential moving average of the
+weights, AMP on CUDA.
 
 With ``cuda_graph=True`` the step goes through :class:`libreyolo.graphs.training.TrainStepRunner`
 (forward + loss + backward, and the whole step with the update where graph-safe) or, for families
@@ -199,7 +200,7 @@ class LossFold:
     for the step it has just launched.
 
     :meth:`push` takes a step's items (and the progress bar's counts) as device tensors, queues
-    their copy into pinned host memory behind the step on the current stream and records an event;
+    their copy into pinned host memory behind the step on its stream and records an event;
     :meth:`fold`, called once the next step is launched, waits for that event - the device is
     then still busy with the next step, and the loader already fetching the one after - and folds
     the values in exactly as a synchronous loop does: ``mloss = (mloss * i + items) / (i + 1)``
