@@ -8,11 +8,26 @@ included) and the final mAP, with per epoch: the training loop, the part of it s
 the loader, validation, and what is left around them (overhead). Built-in shapes dataset (or,
 with ``--n-train 2000``, a bigger generated one); an untrained yolo9-t by default.
 
+The loop does not wait for each step (it reads a step's loss one step late), so the host's
+times and the device's differ; per epoch, from ``results.csv``'s columns:
+``loader_wait_s`` the host blocked in ``next(loader)`` (time/loader_wait_s; while it waits the
+device may still run the previous step), ``sync_wait_s`` the host blocked on the device
+(time/sync_wait_s: waiting for a step's loss), ``step_device_s`` the steps' spans on the device
+(time/step_device_s, CUDA events from the batch's upload to the step's end; on the CPU the
+step's host time). ``step_ms_mean`` is step_device_s per step; ``device_idle_s`` is the epoch
+less the steps' spans: the time the device had no step to run (a loader wait the previous step
+did not hide, host work between steps).
+
 ``--gpu-augment`` adds the arms ``eager+gpu_augment`` and ``graph+gpu_augment``: the same runs with
 ``gpu_augment=True`` (workers only decode and letterbox; mosaic, affine, HSV and flip run on the
 GPU per batch), reporting besides the loader wait the mean time of the augmentation call
 (``augment_ms_mean``: it ends with its one host read, so it spans its GPU work). ``--arms``
 picks a subset, e.g. ``--arms graph,graph+gpu_augment``.
+
+``+sync_loop`` on an arm (``--arms graph,graph+sync_loop``) runs the loop as it was before it went
+asynchronous: each step's loss read at once (``Trainer.loss_lag = 0``, a device sync per step) and
+each epoch's loader started at the epoch, not during the previous one's validation
+(``Trainer.prefetch_next_epoch = False``); the numbers are the same, the times are the comparison.
 """
 from __future__ import annotations
 
@@ -25,12 +40,20 @@ import time
 
 ARMS = ("eager", "graph")
 GPU_AUGMENT = "+gpu_augment"
+SYNC_LOOP = "+sync_loop"
 
 
 def run_arm(arm: str, a) -> dict:
     from libreyolo.models.registry import parse_spec
 
-    base, gpu_augment = arm.removesuffix(GPU_AUGMENT), arm.endswith(GPU_AUGMENT)
+    base, *mods = arm.split("+")
+    unknown = set(mods) - {GPU_AUGMENT[1:], SYNC_LOOP[1:]}
+    if base not in ARMS or unknown:
+        raise SystemExit(f"unknown arm {arm!r}: {'/'.join(ARMS)} with +gpu_augment and/or +sync_loop")
+    gpu_augment, sync_loop = GPU_AUGMENT[1:] in mods, SYNC_LOOP[1:] in mods
+    if sync_loop:
+        from libreyolo.engine.trainer import Trainer
+        Trainer.loss_lag, Trainer.prefetch_next_epoch = 0, False
     timed: list[float] = []
     if gpu_augment:   # time each augmentation call (it ends with its one host read of the batch)
         from libreyolo.data.gpu_augment import DeviceAugment
@@ -62,20 +85,24 @@ def run_arm(arm: str, a) -> dict:
     per_epoch = {
         "train_s": [h["time/epoch_s"] for h in hist],
         "loader_wait_s": [h["time/loader_wait_s"] for h in hist],
+        "sync_wait_s": [h["time/sync_wait_s"] for h in hist],
+        "step_device_s": [h["time/step_device_s"] for h in hist],
         "val_s": [h["time/val_s"] for h in hist],
     }
     loop = sum(per_epoch["train_s"]) + sum(per_epoch["val_s"])
+    device = sum(per_epoch["step_device_s"])
     return {"arm": arm, "wall_s": wall, "map50": res["map50"], "map50_95": res["map50_95"],
             "losses_last": res["losses"][-1], "cuda_graph": res["cuda_graph"], "per_epoch": per_epoch,
-            "step_ms_mean": 1e3 * (sum(per_epoch["train_s"]) - sum(per_epoch["loader_wait_s"])) / max(1, nb),
+            "step_ms_mean": 1e3 * device / max(1, nb),
             "loader_wait_share": sum(per_epoch["loader_wait_s"]) / max(1e-9, sum(per_epoch["train_s"])),
-            "overhead_s": wall - loop, "gpu_augment": gpu_augment,
+            "device_idle_s": sum(per_epoch["train_s"]) - device,
+            "overhead_s": wall - loop, "gpu_augment": gpu_augment, "sync_loop": sync_loop,
             "augment_ms_mean": 1e3 * sum(timed) / len(timed) if timed else None}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--arm", choices=[*ARMS, *(f"{x}{GPU_AUGMENT}" for x in ARMS)])
+    ap.add_argument("--arm", help="one arm, in this process (eager / graph, with +gpu_augment, +sync_loop)")
     ap.add_argument("--gpu-augment", action="store_true", help="also run each arm with gpu_augment=True")
     ap.add_argument("--arms", default=None, help="comma-separated arms (default: eager,graph and, with "
                                                  "--gpu-augment, eager+gpu_augment,graph+gpu_augment)")
@@ -112,6 +139,7 @@ def main() -> None:
 
     res["speedup"] = ratio("eager", "graph")
     res["speedup_gpu_augment"] = {x: ratio(x, f"{x}{GPU_AUGMENT}") for x in ARMS}
+    res["speedup_async_loop"] = {x: ratio(f"{x}{SYNC_LOOP}", x) for x in ARMS}   # the loop as it is vs +sync_loop
     print(json.dumps(res, indent=2))
     if a.json:
         from libreyolo.benchmark import write_json

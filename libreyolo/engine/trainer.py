@@ -6,9 +6,12 @@ graph decision), then per epoch :meth:`Trainer.train_epoch` - each batch one :me
 the schedule's warm-up before it - and the end-of-epoch hooks in order: evaluation (the task's
 evaluator on the EMA weights), logging (``results.csv``, the per-epoch line, ``results.png``) and
 checkpoints (``last.pt`` with the training state for ``resume``, ``best.pt`` without it, both
-written atomically). Features: SGD or AdamW with parameter groups (no decay on norms and biases),
-warm-up then linear or cosine decay, gradient accumulation to a nominal batch, an exponential
-moving average of the weights, AMP on CUDA.
+written atomically). The loop keeps the device busy: a step's loss is read one step late
+(:class:`LossFold`, no host sync per step), and the next epoch's loader is started before the
+end-of-epoch hooks (:meth:`Trainer._prepare_epoch`), so its first batches load during validation.
+Features: SGD or AdamW with parameter groups (no decay on norms and biases), warm-up then linear
+or cosine decay, gradient accumulation to a nominal batch, an exponential moving average of the
+weights, AMP on CUDA.
 
 With ``cuda_graph=True`` the step goes through :class:`libreyolo.graphs.training.TrainStepRunner`
 (forward + loss + backward, and the whole step with the update where graph-safe) or, for families
@@ -190,6 +193,80 @@ class EpochSeeded(torch.utils.data.Dataset):
                 random.seed(seed)
                 self._seen = epoch
         return self.dataset[index]
+
+
+class LossFold:
+    """An epoch's mean loss items, folded on the host one step late, so that the loop never waits
+    for the step it has just launched.
+
+    :meth:`push` takes a step's items (and the progress bar's counts) as device tensors, queues
+    their copy into pinned host memory behind the step on its stream and records an event;
+    :meth:`fold`, called once the next step is launched, waits for that event - the device is
+    then still busy with the next step, and the loader already fetching the one after - and folds
+    the values in exactly as a synchronous loop does: ``mloss = (mloss * i + items) / (i + 1)``
+    in float32 on the host, so the epoch's mean is the same bit for bit. A non-finite loss raises
+    FloatingPointError naming its epoch and batch (one step later than it was computed).
+
+    Timing, for the per-epoch accounting: ``sync_s`` is the host time blocked waiting for a step's
+    results; ``device_s`` the steps' spans on the device (CUDA events from before the batch's
+    upload to after the step; elsewhere, where the step is synchronous, its host time).
+    """
+
+    def __init__(self, n_items: int, device: torch.device, epoch: int):
+        self.cuda = device.type == "cuda"
+        # the events go on the step's stream (its device's current one, which need not be the
+        # current device's: a run on cuda:1 in a process whose current device is cuda:0)
+        self.stream = torch.cuda.current_stream(device) if self.cuda else None
+        self.epoch = epoch
+        self.mloss = torch.zeros(n_items)
+        self.pending: list[tuple] = []
+        self.counts: dict[str, int] = {}   # the last folded batch's progress-bar fields
+        self.sync_s = self.device_s = 0.0
+
+    def start(self) -> Any:
+        """Before a step's batch is uploaded: the mark its device span starts from."""
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record(self.stream)
+            return ev
+        return time.perf_counter()
+
+    def push(self, i: int, start: Any, items: torch.Tensor, counts: dict[str, Any]) -> None:
+        """Batch ``i``'s items (float32, on the step's device) and progress fields (device
+        scalars or ints), not waited for."""
+        if self.cuda:
+            host = torch.empty(items.shape, dtype=items.dtype, pin_memory=True)
+            host.copy_(items, non_blocking=True)
+            fields = {}
+            for k, v in counts.items():
+                if isinstance(v, torch.Tensor):
+                    v = torch.empty(v.shape, dtype=v.dtype, pin_memory=True).copy_(v, non_blocking=True)
+                fields[k] = v
+            end = torch.cuda.Event(enable_timing=True)
+            end.record(self.stream)
+        else:   # the step ran synchronously (another accelerator's values are read now, as before)
+            host = items.cpu()
+            fields = {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in counts.items()}
+            end = time.perf_counter()
+            self.device_s += end - start
+        self.pending.append((i, start, end, host, fields))
+
+    def fold(self) -> None:
+        """Fold the oldest pushed batch in (waiting for its step to finish on the device)."""
+        i, start, end, items, fields = self.pending.pop(0)
+        if self.cuda:
+            t0 = time.perf_counter()
+            end.synchronize()
+            self.sync_s += time.perf_counter() - t0
+            self.device_s += start.elapsed_time(end) / 1e3
+        if not torch.isfinite(items).all():
+            raise FloatingPointError(f"non-finite loss at epoch {self.epoch + 1} batch {i}: {items.tolist()}")
+        self.mloss = (self.mloss * i + items) / (i + 1)
+        self.counts = {k: int(v) for k, v in fields.items()}
+
+    def drain(self) -> None:
+        while self.pending:
+            self.fold()
 
 
 class ModelEMA:
@@ -416,6 +493,7 @@ class Trainer:
         d = self.dist
         self.epoch_seeded = EpochSeeded(self.train_set, cfg.run.seed, d.rank if d is not None else 0)
         self._loader_started = False   # a persistent loader draws its workers' base seed once, when it starts
+        self._prepared = None   # (epoch, its loader iterator, the task's phase change): see _prepare_epoch
         self.train_sampler = None
         if d is not None:   # each rank its batch/world share of every global batch, reshuffled per epoch
             batch = d.local_batch(batch)
@@ -710,7 +788,9 @@ class Trainer:
     # ------------------------------------------------------------------ loop
     def step(self, ni: int, batch) -> torch.Tensor:
         """One batch: forward, loss, backward and - once ``accumulate`` batches are in - the
-        update, graphed where the runner can. Returns the loss items (host)."""
+        update, graphed where the runner can. Returns the loss items as float32 on the step's
+        device, not waited for: reading them on the host is the caller's sync (train_epoch reads
+        them one step late, through :class:`LossFold`)."""
         imgs, *targets = self.batch_to_device(batch)
         x = imgs.float().div_(255).contiguous(memory_format=self.memory_format)
         update_now = ni - self.last_opt_step >= self.accumulate
@@ -724,7 +804,7 @@ class Trainer:
                 self.optimizer_step()
                 self.last_opt_step = ni
         self.last_batch = (x, targets)
-        return items.float().cpu()
+        return items.detach().float()
 
     def batch_to_device(self, batch) -> list[torch.Tensor]:
         """A loader batch on the device; with the task's device augmentation (``gpu_augment``)
@@ -734,9 +814,24 @@ class Trainer:
             batch = list(self.device_augment(*batch))
         return batch
 
-    def train_epoch(self, epoch: int) -> torch.Tensor:
-        """One epoch over the training set; returns the mean loss items."""
-        cfg, nb = self.cfg, self.nb
+    #: start the next epoch's loader (its workers on its first batches) before this epoch's
+    #: validation and checkpoints; False: when the next epoch begins (tests and
+    #: benchmarks/train_epochs.py compare the two)
+    prefetch_next_epoch: bool = True
+    #: steps the loop reads a step's loss behind: 1, the device runs step i while the host reads
+    #: step i-1's; 0, each step waited for at once (a synchronous loop: the same numbers, for comparison)
+    loss_lag: int = 1
+
+    def _prepare_epoch(self, epoch: int) -> None:
+        """What epoch ``epoch``'s batches depend on, then its loader iterator: the task's data phase
+        (``Task.on_epoch``: close_mosaic writes the shared memory the workers read), the shuffle
+        generator re-seeded (seed + epoch), the workers' seed epoch (EpochSeeded), the distributed
+        sampler's epoch. With persistent workers ``iter()`` sets them to work on the epoch's first
+        batches at once (prefetch_factor per worker), so when this runs before the previous epoch's
+        validation those batches load while it validates. The main process's RNGs are seeded in
+        :meth:`train_epoch`, after validation, where the step (and a worker-less loader) draws them."""
+        cfg = self.cfg
+        why = self.task.on_epoch(self.train_set, epoch, cfg.run.epochs, cfg.task)
         self.loader_gen.manual_seed(cfg.run.seed + epoch)
         if self.train_loader.persistent_workers and self._loader_started:
             # a loader draws its workers' base seed from the generator before the shuffle, and a
@@ -747,6 +842,22 @@ class Trainer:
         self.epoch_seeded.set_epoch(epoch)
         if self.train_sampler is not None:
             self.train_sampler.set_epoch(epoch)
+        self._prepared = (epoch, iter(self.train_loader), why)
+
+    def _prepared_for(self, epoch: int) -> tuple:
+        prepared = getattr(self, "_prepared", None)
+        if prepared is None or prepared[0] != epoch:
+            self._prepare_epoch(epoch)
+        return self._prepared
+
+    def train_epoch(self, epoch: int) -> torch.Tensor:
+        """One epoch over the training set; returns the mean loss items.
+
+        The loop does not wait for the device: each step's items are read one step late
+        (:class:`LossFold`), and the progress bar shows those and refreshes at tqdm's own rate."""
+        cfg, nb = self.cfg, self.nb
+        _, batches, _ = self._prepared_for(epoch)
+        self._prepared = None
         seed = cfg.run.seed + epoch
         rank = self.dist.rank if self.dist is not None else 0
         if rank:   # other ranks augment from their own streams
@@ -758,29 +869,40 @@ class Trainer:
         self.net.train()
         for module in self.frozen_norms:   # frozen layers keep their normalization statistics
             module.eval()
-        mloss = torch.zeros(len(self.item_names))
+        fold = LossFold(len(self.item_names), self.device, epoch)
         progress = None
         if cfg.run.verbose:
             from tqdm import tqdm
             progress = tqdm(total=nb, desc=f"epoch {epoch + 1}/{cfg.run.epochs}", unit="batch", leave=True)
+
+        def postfix() -> None:   # the last folded batch's fields; drawn at tqdm's next refresh
+            post = {n: f"{v:.3f}" for n, v in zip(self.item_names, fold.mloss.tolist())}
+            post.update(fold.counts)
+            progress.set_postfix(post, refresh=False)
+
         wait, t_ready = 0.0, time.perf_counter()
-        for i, batch in enumerate(self.train_loader):
-            wait += time.perf_counter() - t_ready   # the step waited this long for the loader
+        for i, batch in enumerate(batches):
+            wait += time.perf_counter() - t_ready   # the loop waited this long for the loader
             ni = i + nb * epoch
             self.warmup(ni, epoch)
+            start = fold.start()
             items = self.step(ni, batch)
-            if not torch.isfinite(items).all():
-                raise FloatingPointError(f"non-finite loss at epoch {epoch + 1} batch {i}: {items.tolist()}")
-            mloss = (mloss * i + items) / (i + 1)
+            counts = {}
             if progress is not None:
                 x, targets = self.last_batch
-                post = {n: f"{v:.3f}" for n, v in zip(self.item_names, mloss.tolist())}
-                post.update(self.task_postfix(targets), size=x.shape[-1])
-                progress.set_postfix(post)
+                counts = {**self.task_postfix(targets), "size": x.shape[-1]}
+            fold.push(i, start, items, counts)
+            if len(fold.pending) > self.loss_lag:   # the previous batch's: finished or finishing
+                fold.fold()
+                if progress is not None:
+                    postfix()
+            if progress is not None:
                 progress.update(1)
             t_ready = time.perf_counter()
-        self.loader_wait_s = wait
+        fold.drain()
+        self.loader_wait_s, self.sync_wait_s, self.step_device_s = wait, fold.sync_s, fold.device_s
         if progress is not None:
+            postfix()
             progress.close()
         if self.last_opt_step < nb * (epoch + 1) - 1:
             # flush gradients still accumulating, so an epoch is self-contained and a
@@ -789,18 +911,22 @@ class Trainer:
             self.last_opt_step = nb * (epoch + 1) - 1
         for g in self.opt.param_groups:
             _set_lr(g, g["initial_lr"] * self.lr_factor(epoch + 1))
-        return mloss
+        return fold.mloss
 
     @staticmethod
     def task_postfix(targets) -> dict:
-        """Progress-bar fields of the batch's targets (detection: instances)."""
+        """Progress-bar fields of the batch's (device) targets (detection: instances), as tensors
+        the loop reads one step late (no sync)."""
         if len(targets) == 2 and targets[1].dtype == torch.bool:
-            return {"inst": int(targets[1].sum())}
+            return {"inst": targets[1].sum()}
         return {}
 
     def _phase(self, epoch: int) -> None:
-        """Before an epoch: phase changes that alter what the step computes release its graphs."""
-        why = self.task.on_epoch(self.train_set, epoch, self.cfg.run.epochs, self.cfg.task)
+        """Before an epoch: phase changes that alter what the step computes release its graphs.
+        The task's data phase ran already where the epoch's loader was prepared (before the
+        previous epoch's validation: :meth:`_prepare_epoch`); its graph release and log line are
+        here, at the epoch's start."""
+        _, _, why = self._prepared_for(epoch)
         if why:
             self.step_runner.release(why)
             log.info("libreyolo: %s", why)
@@ -846,6 +972,8 @@ class Trainer:
                     self._phase(epoch)
                     mloss = self.train_epoch(epoch)
                     state = {"epoch": epoch, "mloss": mloss, "time_s": time.time() - t_epoch}
+                    if self.prefetch_next_epoch and epoch + 1 < cfg.run.epochs:
+                        self._prepare_epoch(epoch + 1)   # its first batches load while this one validates
                     for hook in hooks:
                         hook.on_epoch_end(self, state)
                     if d is not None:   # the others wait here for rank 0's epoch end, and its decision
@@ -908,7 +1036,7 @@ class Trainer:
         """Stop the loaders' persistent worker processes (and pin-memory threads) now, when the run
         ends, instead of leaving them to the interpreter's exit."""
         import gc
-        self.train_loader = self.val_loader = None
+        self.train_loader = self.val_loader = self._prepared = None   # a prefetched epoch's iterator too
         gc.collect()
 
     def _drop_loaders(self) -> None:
@@ -926,7 +1054,7 @@ class Trainer:
 
         sys.unraisablehook = hook
         try:
-            self.train_loader = self.val_loader = None
+            self.train_loader = self.val_loader = self._prepared = None
             gc.collect()
         finally:
             sys.unraisablehook = previous
@@ -1080,6 +1208,10 @@ class LoggingHook(Hook):
                "time/epoch_s": round(state["time_s"], 3),
                # where an epoch goes: waiting for batches, validating (the rest is the steps)
                "time/loader_wait_s": round(getattr(t, "loader_wait_s", 0.0), 3),
+               # the steps' span on the device (CUDA events; elsewhere their host time), and the
+               # host's time blocked on the device (the loop reads each step's loss one step late)
+               "time/step_device_s": round(getattr(t, "step_device_s", 0.0), 3),
+               "time/sync_wait_s": round(getattr(t, "sync_wait_s", 0.0), 3),
                "time/val_s": round(state.get("val_s", 0.0), 3)}
         row.update({k: metrics[k] for k in t.metric_keys if k in metrics})
         t.history.append(row)

@@ -195,8 +195,11 @@ class Task:
         return None
 
     def on_epoch(self, train_set: Any, epoch: int, epochs: int, options: TaskOptions) -> str | None:
-        """Called before each epoch; returns a reason when what the step computes changes from
-        this epoch on (the trainer then releases its captured graphs), else None."""
+        """Called before each epoch, before its loader starts - which is before the previous
+        epoch's validation, so that the loader's workers fetch the epoch's first batches while it
+        validates (a change here must concern the training data and step only); returns a reason
+        when what the step computes changes from this epoch on (the trainer then releases its
+        captured graphs at the epoch's start), else None."""
         return None
 
     # ------------------------------------------------------------ evaluation

@@ -1,0 +1,67 @@
+"""The asynchronous training loop on a real GPU: each step's loss copied into pinned memory behind
+the step and read one step late (LossFold's CUDA path), with the whole step captured.
+The CPU tests (tests/unit/test_train_loop.py) cover the same loop where the step is synchronous."""
+import pytest
+import torch
+
+from libreyolo import LibreYOLO
+from libreyolo.data.synthetic import make_shapes_dataset
+from libreyolo.engine import trainer as T
+
+pytestmark = pytest.mark.cuda
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return str(make_shapes_dataset(tmp_path_factory.mktemp("loop") / "s", n_train=64, n_val=8, imgsz=128))
+
+
+def train(tmp_path, data, monkeypatch, **kw):
+    real, seen = T.Trainer.step, []
+
+    def step(self, ni, batch):
+        items = real(self, ni, batch)
+        seen.append(items.clone())   # on the device: the test adds no sync to the loop
+        return items
+
+    monkeypatch.setattr(T.Trainer, "step", step)
+    model = LibreYOLO.new("yolo9", "t", device="cuda")
+    model.SUPPORTS_CUDA_GRAPH_TRAIN = True
+    args = dict(data=data, epochs=3, batch=8, nbs=16, imgsz=128, workers=2, project=str(tmp_path), cuda_graph=True,
+                amp="bf16", warmup_epochs=0, close_mosaic=1, verbose=True, plots=False)
+    return model.train(**{**args, **kw}), seen
+
+
+def test_async_epoch_means_are_the_host_fold_of_each_steps_items(data, tmp_path, monkeypatch):
+    """The epoch means in history equal (mloss * i + items) / (i + 1) in float32 on the host over
+    each step's items - what the synchronous loop computed - with graphs replaying, the progress
+    bar's counts read from pinned memory, and the device time of the steps accounted."""
+    res, seen = train(tmp_path, data, monkeypatch)
+    assert res["cuda_graph"]["replays"] > 0 and res["cuda_graph"]["disabled_reason"] is None, res["cuda_graph"]
+    nb = len(seen) // 3
+    for epoch, row in enumerate(res["history"]):
+        mloss = torch.zeros(len(res["loss_names"]))
+        for i in range(nb):
+            mloss = (mloss * i + seen[epoch * nb + i].float().cpu()) / (i + 1)
+        assert [row[f"train/{n}_loss"] for n in res["loss_names"]] == [float(v) for v in mloss.tolist()], epoch
+        assert 0.0 < row["time/step_device_s"] <= row["time/epoch_s"] + 1e-3, row
+        assert 0.0 <= row["time/sync_wait_s"] <= row["time/epoch_s"], row
+
+
+def test_a_non_finite_loss_on_cuda_names_its_epoch_and_batch(data, tmp_path, monkeypatch):
+    real = T.Trainer.step
+    bad = None
+
+    def step(self, ni, batch):
+        nonlocal bad
+        items = real(self, ni, batch)
+        if bad is None and ni == self.nb + 2:   # epoch 2, batch 2
+            bad = ni
+            return items * float("nan")
+        return items
+
+    monkeypatch.setattr(T.Trainer, "step", step)
+    model = LibreYOLO.new("yolo9", "t", device="cuda")
+    with pytest.raises(FloatingPointError, match=r"non-finite loss at epoch 2 batch 2: \[nan"):
+        model.train(data=data, epochs=2, batch=8, imgsz=128, workers=2, project=str(tmp_path), warmup_epochs=0,
+                    verbose=False, plots=False, val=False)

@@ -1,0 +1,186 @@
+"""The training loop off the step's critical path (CPU): the loss read one step late (LossFold)
+gives the same epoch means as folding each step's items on the spot; a non-finite loss still stops
+the run naming its epoch and batch; the next epoch's loader started before validation
+(prefetch_next_epoch) gives the same batches and history as starting it at the epoch, also
+across a resume; a run that stops with an epoch prefetched leaves no worker running."""
+import math
+import multiprocessing
+
+import pytest
+import torch
+
+from libreyolo import LibreYOLO
+from libreyolo.data.synthetic import make_shapes_dataset
+from libreyolo.engine import trainer as T
+from interrupt import interrupted_after_last_pt  # tests/interrupt.py
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return str(make_shapes_dataset(tmp_path_factory.mktemp("loop") / "ds", n_train=16, n_val=4, imgsz=64, seed=0))
+
+
+def run(tmp_path, data, **kw):
+    args = dict(data=data, epochs=2, batch=8, imgsz=64, workers=0, project=str(tmp_path), name="run",
+                close_mosaic=1, warmup_epochs=1, verbose=False, plots=False, seed=0, nbs=16)
+    model = LibreYOLO.new("yolo9", "t", nc=5, device="cpu", seed=0)
+    return model.train(**{**args, **kw})
+
+
+REAL_STEP = T.Trainer.step
+
+
+def recording_steps(monkeypatch) -> list:
+    """Patch Trainer.step to record (ni, the loader batch, the returned items) of every step,
+    into a new list (replacing an earlier recording)."""
+    real, seen = REAL_STEP, []
+
+    def step(self, ni, batch):
+        items = real(self, ni, batch)
+        seen.append((ni, [t.clone() for t in batch], items.clone()))
+        return items
+
+    monkeypatch.setattr(T.Trainer, "step", step)
+    return seen
+
+
+def numbers(history) -> list[dict]:
+    """A run's history less its timings (the part that must not move by a bit)."""
+    return [{k: v for k, v in row.items() if not k.startswith("time/")} for row in history]
+
+
+def test_epoch_means_are_the_fold_of_each_steps_items(data, tmp_path, monkeypatch):
+    """history's train losses equal (mloss * i + items) / (i + 1) in float32 on the host, step by
+    step, as the loop computed them before it read the items one step late; verbose on, so the
+    progress-bar fields (read from the lagged copy) are exercised too."""
+    seen = recording_steps(monkeypatch)
+    res = run(tmp_path, data, epochs=2, verbose=True)
+    nb = len(seen) // 2
+    assert nb == 2 and [ni for ni, _, _ in seen] == list(range(2 * nb))
+    for epoch, row in enumerate(res["history"]):
+        mloss = torch.zeros(len(res["loss_names"]))
+        for i in range(nb):
+            items = seen[epoch * nb + i][2]
+            assert items.dtype == torch.float32
+            mloss = (mloss * i + items) / (i + 1)
+        assert [row[f"train/{n}_loss"] for n in res["loss_names"]] == [float(v) for v in mloss.tolist()]
+    for row in res["history"]:   # the step's and the sync's share of the epoch are accounted
+        assert 0.0 < row["time/step_device_s"] <= row["time/epoch_s"] and row["time/sync_wait_s"] >= 0.0
+
+
+@pytest.mark.parametrize("bad", [3, 1])   # epoch 2's last batch (after the loop), epoch 1's second
+def test_a_non_finite_loss_names_its_epoch_and_batch(data, tmp_path, monkeypatch, bad):
+    real = T.Trainer.step
+
+    def step(self, ni, batch):
+        items = real(self, ni, batch)
+        return items * float("nan") if ni == bad else items
+
+    monkeypatch.setattr(T.Trainer, "step", step)
+    with pytest.raises(FloatingPointError, match=rf"non-finite loss at epoch {bad // 2 + 1} batch {bad % 2}: \[nan"):
+        run(tmp_path, data, epochs=2)
+
+
+def test_loss_fold_on_the_host_is_the_synchronous_arithmetic():
+    """LossFold itself: pushed items folded one step late give the running mean bit for bit, the
+    progress fields come back as ints, a NaN raises with its epoch and batch."""
+    g = torch.Generator().manual_seed(0)
+    steps = [torch.rand(3, generator=g) * 10 for _ in range(7)]
+    fold = T.LossFold(3, torch.device("cpu"), epoch=4)
+    for i, items in enumerate(steps):
+        fold.push(i, fold.start(), items, {"inst": torch.tensor(i + 2), "size": 64})
+        if len(fold.pending) > 1:
+            fold.fold()
+            assert fold.counts == {"inst": i + 1, "size": 64}
+    fold.drain()
+    mloss = torch.zeros(3)
+    for i, items in enumerate(steps):
+        mloss = (mloss * i + items) / (i + 1)
+    assert torch.equal(fold.mloss, mloss) and fold.device_s >= 0.0
+    fold.push(0, fold.start(), torch.tensor([1.0, math.inf, 0.0]), {})
+    with pytest.raises(FloatingPointError, match=r"epoch 5 batch 0"):
+        fold.drain()
+
+
+def test_prefetched_epochs_see_the_same_batches_and_history(data, tmp_path, monkeypatch):
+    """Persistent workers (2), 3 epochs, mosaic closed for the last: with the next epoch's loader
+    started before validation (and close_mosaic before it), every batch and every number of the
+    history equals a run that starts each epoch's loader at the epoch."""
+    prepared_at_validation = []
+    real_validate = T.Trainer.validate
+
+    def validate(self, *a, **kw):
+        prepared_at_validation.append(None if self._prepared is None else
+                                      (self._prepared[0], bool(getattr(self.train_set, "mosaic_closed", False))))
+        return real_validate(self, *a, **kw)
+
+    class Recording(T.EpochSeeded):   # the mosaic probability each sample was drawn with, in the workers
+        mosaic: dict = {}
+
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            self.seen = Recording.mosaic[id(self)] = torch.full((3, len(self)), -1.0).share_memory_()
+
+        def __getitem__(self, index):
+            self.seen[int(self._epoch[0]), index] = self.dataset.mosaic
+            return super().__getitem__(index)
+
+    monkeypatch.setattr(T.Trainer, "validate", validate)
+    monkeypatch.setattr(T, "EpochSeeded", Recording)
+    arms = {}
+    for prefetch in (True, False):
+        monkeypatch.setattr(T.Trainer, "prefetch_next_epoch", prefetch)
+        seen = recording_steps(monkeypatch)
+        Recording.mosaic.clear()
+        res = run(tmp_path / str(prefetch), data, epochs=3, workers=2)
+        (drawn,) = Recording.mosaic.values()
+        # every sample of epochs 1-2 with mosaic on, every one of epoch 3 after close_mosaic
+        assert torch.equal(drawn, torch.tensor([[1.0] * 16, [1.0] * 16, [0.0] * 16])), (prefetch, drawn)
+        arms[prefetch] = (seen, res)
+    # the prefetch happened: epoch 2's loader (then epoch 3's, with mosaic closed) before validation
+    assert prepared_at_validation == [(1, False), (2, True), None, None, None, None]
+    (a, ra), (b, rb) = arms[True], arms[False]
+    assert len(a) == len(b) == 6
+    for (ni, batch, items), (nj, other, items_b) in zip(a, b):
+        assert ni == nj and all(torch.equal(x, y) for x, y in zip(batch, other)), ni
+        assert torch.equal(items, items_b), ni
+    assert numbers(ra["history"]) == numbers(rb["history"])
+    # and the epochs differ (the test would see a loader that replays one epoch's batches)
+    assert not torch.equal(a[0][1][0], a[2][1][0]) and not torch.equal(a[2][1][0], a[4][1][0])
+
+
+def test_a_resumed_run_sees_the_batches_of_an_uninterrupted_prefetching_one(data, tmp_path, monkeypatch):
+    """Epochs 2 and 3 of an uninterrupted run (each prefetched during the previous validation)
+    equal those of a run interrupted after epoch 1's last.pt and resumed (epoch 2 from a freshly
+    started loader): same batches, same losses, same history."""
+    seen_full = recording_steps(monkeypatch)
+    full = run(tmp_path / "full", data, epochs=3, workers=2)
+    monkeypatch.setattr(T.Trainer, "step", REAL_STEP)
+    with interrupted_after_last_pt(monkeypatch):
+        run(tmp_path / "cut", data, epochs=3, workers=2)
+    seen_resumed = recording_steps(monkeypatch)
+    resumed = run(tmp_path / "cut", data, epochs=3, workers=2, resume=True)
+    assert resumed["epochs"] == 2
+    later = [s for s in seen_full if s[0] >= 2]
+    assert [s[0] for s in later] == [s[0] for s in seen_resumed] == [2, 3, 4, 5]
+    for (ni, batch, items), (_, other, items_b) in zip(later, seen_resumed):
+        assert all(torch.equal(x, y) for x, y in zip(batch, other)), ni
+        assert torch.equal(items, items_b), ni
+    assert numbers(full["history"])[1:] == numbers(resumed["history"])
+
+
+def test_an_early_stop_with_an_epoch_prefetched_leaves_no_worker_running(data, tmp_path, monkeypatch):
+    forced = iter([0.3, 0.1, 0.2, 0.4])
+
+    def validate(self, net, loader, progress=False, **kw):
+        v = next(forced)
+        return {"map50": v, "map50_95": v, "precision": 0.0, "recall": 0.0, "per_class": {}}
+
+    prepared, real_prepare = [], T.Trainer._prepare_epoch
+    monkeypatch.setattr(T.Trainer, "_prepare_epoch", lambda self, e: prepared.append(e) or real_prepare(self, e))
+    monkeypatch.setattr(T.Trainer, "validate", validate)
+    before = set(multiprocessing.active_children())
+    res = run(tmp_path, data, epochs=4, workers=2, patience=1)
+    assert res["epochs"] == 2 and "early stopping after epoch 2/4" in res["stop_reason"]
+    assert prepared == [0, 1, 2]   # epoch 3 was prefetched, then the run stopped
+    assert set(multiprocessing.active_children()) <= before
