@@ -4,6 +4,10 @@
 #                (correctness only: no test asserts a time), junit + log in $OUT.
 #   PART=bench : `libreyolo bench` for $BENCH (model:imgsz[:batch]) and benchmarks/train_step.py for
 #                $TRAIN (model:imgsz:batch), one process each, JSON bundled into $OUT/json.tgz.
+#   PART=train : issue 16's whole runs: the 30-epoch `libreyolo train --cuda-graph` process timed
+#                (and again with gpu_augment=true), benchmarks/train_epochs.py's loop before/after
+#                (graph+sync_loop vs graph, 30 epochs) and the 20-epoch run eager vs graph on a
+#                generated set of $N_TRAIN (2000) images; results.csv files and JSON into $OUT.
 # Wheels missing on the machine travel in .whl (carry it).
 set -uo pipefail
 OUT="${OUT:-.out}"; mkdir -p "$OUT"
@@ -40,5 +44,23 @@ bench)
     echo "train $spec rc=$?" >> "$OUT/train.log"; pack
   done
   grep -h "median\|speedup\|rc=\|predict_graph\b\|forward_graph\b" "$OUT"/*.log | tail -60;;
+train)
+  export LIBREYOLO_DATASETS_DIR="${LIBREYOLO_DATASETS_DIR:-/tmp/ds}"
+  python3 -c "from libreyolo.data.datasets import resolve_data; resolve_data('shapes')" > "$OUT/train.log" 2>&1
+  TIMEFORMAT='process wall %R s'
+  for arm in plain gpu_augment; do   # a fresh process each, from interpreter start to its exit
+    extra=""; [ "$arm" = gpu_augment ] && extra="gpu_augment=true"
+    { time timeout "${T_CLI:-100}" python3 -m libreyolo.cli train model=yolo9t data=shapes epochs=30 batch=16 \
+        imgsz=320 cuda_graph=true project=/tmp/runs name="cli-$arm" exist_ok=true $extra \
+        > "$OUT/train-cli-$arm.log" 2>&1; echo "cli $arm rc=$?" >> "$OUT/train-cli-$arm.log"; } 2>> "$OUT/train-cli-$arm.log"
+    cp "/tmp/runs/cli-$arm/results.csv" "$OUT/train-cli-$arm.csv" 2>/dev/null
+    tail -2 "$OUT/train-cli-$arm.log" >> "$OUT/train.log"
+  done
+  timeout "${T_LOOP:-170}" python3 benchmarks/train_epochs.py --arms graph+sync_loop,graph --epochs 30 --imgsz 320 \
+    --batch 16 --workers 8 --amp true --json "$J/loop.json" >> "$OUT/train.log" 2>&1; echo "loop rc=$?" >> "$OUT/train.log"; pack
+  timeout "${T_BIG:-240}" python3 benchmarks/train_epochs.py --arms eager,graph --epochs 20 --imgsz 320 --batch 16 \
+    --workers 8 --amp true --n-train "${N_TRAIN:-2000}" --json "$J/big.json" >> "$OUT/train.log" 2>&1
+  echo "big rc=$?" >> "$OUT/train.log"; pack
+  tail -30 "$OUT/train.log";;
 esac
 pack
