@@ -292,6 +292,8 @@ def compile_arms_for(model, x: torch.Tensor, images: list, imgsz: int, batch: in
             _sync(dev)
             if fast:
                 compile_s["fast_first_compile_s"] = time.perf_counter() - t0
+                # a warm cache (an earlier run) makes this a cache hit, not a compile
+                compile_s["fast_first_compile_cache"] = hn.first_call_cache
             graph = CudaGraphCapturer().capture(lambda t: hn(t), (xh,), module=hn.net)
             arms[f"forward_{name}_graph"] = time_call(lambda: graph.replay((xh,), clone=False), dev, runs, warmup)
             eager = _clone(hn(xh))
