@@ -13,7 +13,8 @@
 #   first call, dynamo's own phases), the capture of the network inside our CUDA graph
 #   (capture_s) and whether that graph's replay is bitwise equal to the network called directly.
 # Then the CPU tests of the cache mechanics (tests/unit/test_fastpath.py, the slow one included).
-# Environment: MODELS (default "yoloxn yolo9t"), IMGSZ (640), PRECISION (fp16), WARM (2).
+# Environment: MODELS (default "yoloxn yolo9t"), IMGSZ (640), PRECISION (fp16), WARM (2). Two models
+# may pass the device's 10-minute limit per call: then one call per model (MODELS=yoloxn, ...).
 set -uo pipefail
 export PYTHONPATH="$PWD:${PYTHONPATH:-}" PYTHONUNBUFFERED=1 OMP_NUM_THREADS="${OMP_NUM_THREADS:-4}"
 python3 -c "import torch;print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0), \
@@ -29,7 +30,8 @@ probe() {   # model, cache dir, extra args...
 for m in ${MODELS:-yoloxn yolo9t}; do
   c=$(mktemp -d /tmp/libreyolo-warm-XXXX)
   probe "$m" "$c" --arm compile --cold 1 --warm "${WARM:-2}"
-  TORCHINDUCTOR_COMPILE_THREADS=1 probe "$m" "$c" --arm compile --cold 0 --warm 1
+  export TORCHINDUCTOR_COMPILE_THREADS=1; probe "$m" "$c" --arm compile --cold 0 --warm 1
+  unset TORCHINDUCTOR_COMPILE_THREADS
   probe "$m" "$c" --arm aoti --cold 1 --warm "${WARM:-2}"
   du -sh "$c"/* >> "$OUT/warmstart-$m.log" 2>&1
 done
