@@ -193,32 +193,53 @@ def _source_fingerprint(model) -> tuple:
     return (id(model.model), str(model.device), bool(model.fused), fp)
 
 
-def inductor_cache_dir(model, precision: str) -> Path:
-    """Where inductor's on-disk caches (FX graph cache, autotune results, compiled kernels) live
-    for this network: ``<libreyolo cache>/inductor/torch-<version>/<family>-<size>-<precision>``.
-    Inductor keys each entry by the graph (which holds the shapes) itself; the directory keeps
-    torch versions, families, sizes and precisions apart so that one never evicts another's."""
+def inductor_cache_dir() -> Path:
+    """Where inductor's on-disk caches (FX graph and AOTAutograd caches, autotune results, the
+    compiled kernels and Triton's cache beneath) live when libreyolo chooses:
+    ``<libreyolo cache>/inductor/torch-<version>``. Inductor keys every entry by what it compiled:
+    the graph (family, size, input shape and dtype - the precision - are all in it), the config
+    and the system (torch, Triton and CUDA versions, the GPU). The version in the path only keeps
+    an upgrade from reading an older torch's files."""
     root = Path(os.environ.get("LIBREYOLO_CACHE_DIR") or Path.home() / ".cache" / "libreyolo").expanduser()
-    return root / "inductor" / f"torch-{torch.__version__}" / f"{model.FAMILY}-{model.size}-{precision}"
+    return root / "inductor" / f"torch-{torch.__version__}"
 
 
-@contextlib.contextmanager
-def _inductor_caches(path: Path) -> Iterator[None]:
-    """Point inductor's local caches at ``path`` (an existing directory) during a call of the
-    compiled network: compilation is lazy and a new input shape recompiles on a later call."""
-    import torch._inductor.config as icfg
-    old_env = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    old = (icfg.fx_graph_cache, icfg.autotune_local_cache)
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(path)
-    icfg.fx_graph_cache, icfg.autotune_local_cache = True, True
+def _inductor_default_dir() -> str:
+    """Inductor's own default cache directory (``/tmp/torchinductor_<user>``)."""
     try:
-        yield
-    finally:
-        icfg.fx_graph_cache, icfg.autotune_local_cache = old
-        if old_env is None:
-            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
-        else:
-            os.environ["TORCHINDUCTOR_CACHE_DIR"] = old_env
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    except ImportError:   # older layouts
+        from torch._inductor.runtime.runtime_utils import default_cache_dir
+    return os.path.abspath(default_cache_dir())
+
+
+def use_inductor_cache() -> Path:
+    """Point inductor's caches at :func:`inductor_cache_dir` for the rest of the process, before
+    the first compile, and return the directory inductor uses.
+
+    Inductor reads ``TORCHINDUCTOR_CACHE_DIR`` each time, but some of its paths are fixed at their
+    first use in a process: Triton's cache (``TRITON_CACHE_DIR`` is set from it when the first
+    kernel loads), the autotune cache's local path (cached), and what the compile workers are
+    handed. So the directory is set once and never switched back and forth around calls (a
+    compile or a background thread outside such a window would read or write the default
+    instead). Importing ``torch._dynamo`` (torchvision does) already sets the variable to
+    inductor's default ``/tmp/torchinductor_<user>``; that value is replaced, any other - the
+    user's choice - is kept."""
+    current = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if current and os.path.abspath(current) != _inductor_default_dir():
+        return Path(current)
+    path = inductor_cache_dir()
+    path.mkdir(parents=True, exist_ok=True)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(path)
+    return path
+
+
+def _cache_counts() -> dict:
+    """Inductor's FX-graph and AOTAutograd cache hit / miss counts so far in this process."""
+    from torch._dynamo.utils import counters
+    ind, aot = counters["inductor"], counters["aot_autograd"]
+    return {"fxgraph_cache_hit": ind["fxgraph_cache_hit"], "fxgraph_cache_miss": ind["fxgraph_cache_miss"],
+            "autograd_cache_hit": aot["autograd_cache_hit"], "autograd_cache_miss": aot["autograd_cache_miss"]}
 
 
 #: torch.compile mode of ``fast=True``: inductor without cudagraph trees (our own CUDA graph holds
@@ -243,6 +264,8 @@ class HalfNetwork:
     compile_mode: str | None = None
     #: seconds of the first call (dynamo + inductor compile, or the on-disk cache hit)
     first_call_s: float | None = None
+    #: inductor's cache hits / misses during the first call (``_cache_counts``): a warm start hits
+    first_call_cache: dict | None = None
     calls: int = field(default=0)
 
     @property
@@ -250,18 +273,17 @@ class HalfNetwork:
         return DTYPES[self.precision]
 
     def __call__(self, x: torch.Tensor) -> Any:
-        if not self.fast:
+        if not self.fast or self.first_call_s is not None:
             self.calls += 1
             return self.infer(x)
-        t0 = time.perf_counter() if self.first_call_s is None else None
-        with _inductor_caches(self.cache_dir):
-            out = self.infer(x)
-        if t0 is not None:
-            if x.device.type == "cuda":
-                torch.cuda.synchronize(x.device)
-            self.first_call_s = time.perf_counter() - t0
-            log.info("libreyolo: %s fast path ready in %.1f s (compiled or read from %s)", self.precision,
-                     self.first_call_s, self.cache_dir)
+        before, t0 = _cache_counts(), time.perf_counter()
+        out = self.infer(x)
+        if x.device.type == "cuda":
+            torch.cuda.synchronize(x.device)
+        self.first_call_s = time.perf_counter() - t0
+        self.first_call_cache = {k: v - before[k] for k, v in _cache_counts().items()}
+        log.info("libreyolo: %s fast path ready in %.1f s (inductor cache %s: %s)", self.precision,
+                 self.first_call_s, self.cache_dir, self.first_call_cache)
         self.calls += 1
         return out
 
@@ -285,7 +307,10 @@ def make_half(net: torch.nn.Module, dtype: torch.dtype, fused: bool) -> torch.nn
 def compile_infer(infer: Callable, backend: str = "inductor", mode: str | None = COMPILE_MODE,
                   fullgraph: bool = True) -> Callable:
     """``torch.compile`` of a family's ``infer`` bound to a half network (one graph: a break would
-    split the captured stage into eager islands, so ``fullgraph`` is on)."""
+    split the captured stage into eager islands, so ``fullgraph`` is on), with inductor's caches
+    pointed at the libreyolo cache first (:func:`use_inductor_cache`)."""
+    if backend == "inductor":
+        use_inductor_cache()
     kw = {"mode": mode} if backend == "inductor" and mode else {}
     return torch.compile(infer, backend=backend, fullgraph=fullgraph, dynamic=False, **kw)
 
@@ -312,8 +337,7 @@ def half_network(model, precision: str, fast: bool = False) -> HalfNetwork:
     infer = model.infer_with(net)
     cache_dir = mode = None
     if fast:
-        cache_dir, mode = inductor_cache_dir(model, precision), COMPILE_MODE
-        cache_dir.mkdir(parents=True, exist_ok=True)
+        cache_dir, mode = use_inductor_cache(), COMPILE_MODE
         infer = compile_infer(infer, mode=mode)
     hn = cache[key] = HalfNetwork(net, infer, precision, bool(fast), src, time.perf_counter() - t0,
                                   cache_dir=cache_dir, compile_mode=mode)

@@ -259,21 +259,34 @@ def test_bf16_close_to_fp32(yolox, image):
 
 
 # -------------------------------------------------------------------- dynamo
-def _trace(fam, size):
+def _trace(fam, size, imgsz=128):
+    """``compile_infer`` of the family's half network: one fullgraph trace (a graph break would
+    raise) that its second call reuses (a trace that fills a Python-side cache - the decoders'
+    prior grids - would recompile there: one more trace of every warm start), equal to it eager.
+    ``imgsz`` is one no other test of this file uses, so that no grid is cached beforehand."""
+    from torch._dynamo.utils import counters
     m = LibreYOLO.new(fam, size, nc=3, device="cpu", seed=0)
     net = make_half(m.model, torch.bfloat16, False)
-    x = torch.rand(1, 3, 64, 64, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    x = torch.rand(1, 3, imgsz, imgsz, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
     x = x.contiguous(memory_format=torch.channels_last)
-    with torch.no_grad():
-        eager = m.infer_with(net)(x)
-        compiled = compile_infer(m.infer_with(net), backend="aot_eager")(x)   # fullgraph=True
     torch._dynamo.reset()
+    counters.clear()
+    with torch.no_grad():
+        fn = compile_infer(m.infer_with(net), backend="aot_eager")   # fullgraph=True
+        compiled, again = fn(x), fn(x)
+        graphs = counters["stats"]["unique_graphs"]
+        eager = m.infer_with(net)(x)
+    torch._dynamo.reset()
+    assert graphs == 1, f"{fam}: {graphs} graphs for two calls of one input (a recompile)"
     assert all(torch.equal(a, b) for a, b in zip(eager, compiled))
+    assert all(torch.equal(a, b) for a, b in zip(again, compiled))
 
 
-def test_dynamo_fullgraph_one_family():
-    """fullgraph tracing of a half network (a graph break would raise), equal to it eager."""
-    _trace("yolo7", "tiny")
+@pytest.mark.parametrize("fam,size", [("yolo7", "tiny"), ("yolox", "n")])
+def test_dynamo_fullgraph_one_family(fam, size):
+    """fullgraph tracing of a half network, no recompile on its second call, equal to it eager
+    (yolox: its decoder's grid cache once made the second call recompile)."""
+    _trace(fam, size)
 
 
 @pytest.mark.skipif(not os.environ.get("LIBREYOLO_SLOW"), reason="~3 min on 2 CPU cores: LIBREYOLO_SLOW=1")
@@ -325,8 +338,9 @@ def test_bench_on_cpu_skips_the_compile_arms_with_a_note():
 
 def test_fast_half_network_plumbing_on_cpu(monkeypatch, tmp_path, image):
     """fast=True's half network with a cheap dynamo backend standing in for inductor (fast=True
-    itself is refused on the CPU): compiled on its first call with inductor's caches pointed
-    at the libreyolo cache dir, equal to the uncompiled half copy, the environment restored."""
+    itself is refused on the CPU): compiled on its first call, inductor's caches pointed at the
+    libreyolo cache dir before it (and left there: inductor fixes some of its paths at their first
+    use), equal to the uncompiled half copy."""
     monkeypatch.setenv("LIBREYOLO_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     seen = []
@@ -343,8 +357,8 @@ def test_fast_half_network_plumbing_on_cpu(monkeypatch, tmp_path, image):
     m = input_sensitive(LibreYOLO.new("yolo7", "tiny", nc=3, device="cpu", seed=0))
     hn = half_network(m, "bf16", fast=True)
     assert hn.fast and hn.compile_mode == fastpath.COMPILE_MODE
-    assert hn.cache_dir == tmp_path / "inductor" / f"torch-{torch.__version__}" / "yolo7-tiny-bf16"
-    assert hn.cache_dir.is_dir()
+    assert hn.cache_dir == tmp_path / "inductor" / f"torch-{torch.__version__}"
+    assert hn.cache_dir.is_dir() and os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(hn.cache_dir)
     pred = m._get_predictor()
     plan = pred.plan(64)
     u8 = torch.from_numpy(image).unsqueeze(0)
@@ -353,6 +367,84 @@ def test_fast_half_network_plumbing_on_cpu(monkeypatch, tmp_path, image):
         eager_out = pred._stage_fns(64, plan, half_network(m, "bf16"))[1](u8)
     torch._dynamo.reset()
     assert hn.first_call_s is not None and seen == [str(hn.cache_dir)]
-    assert os.environ.get("TORCHINDUCTOR_CACHE_DIR") != str(hn.cache_dir)   # only during the calls
+    assert set(hn.first_call_cache) == {"fxgraph_cache_hit", "fxgraph_cache_miss", "autograd_cache_hit",
+                                        "autograd_cache_miss"}
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(hn.cache_dir)   # kept for the process
     assert all(torch.equal(a, b) for a, b in zip(fast_out, eager_out))
     assert all(t.dtype != torch.bfloat16 for t in fast_out)   # post-processing in float32
+
+
+# ------------------------------------------------------------ inductor's on-disk cache
+_CACHE_CHILD = r"""
+import json, os, sys
+import torch
+from libreyolo.engine import fastpath
+
+
+class Tiny(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+
+    def forward(self, x):
+        return torch.sigmoid(self.conv(x)) * 2.0 + x.mean(1, keepdim=True)
+
+
+torch.manual_seed(0)
+net = Tiny().eval()
+x = torch.rand(1, 3, 16, 16, generator=torch.Generator().manual_seed(1))
+fn = fastpath.compile_infer(net)   # inductor, fullgraph, dynamic=False, COMPILE_MODE
+with torch.no_grad():
+    out = fn(x)
+torch.save(out, sys.argv[1])
+print("CACHE " + json.dumps({**fastpath._cache_counts(), "dir": os.environ.get("TORCHINDUCTOR_CACHE_DIR")}),
+      flush=True)
+os._exit(0)   # no interpreter teardown: seconds on a busy machine
+"""
+
+
+@pytest.mark.slow
+def test_compiled_network_hits_the_cache_in_a_second_process(tmp_path):
+    """The fast path's compile helper in two fresh processes over one LIBREYOLO_CACHE_DIR: the
+    first compiles into <cache>/inductor/torch-<version> (misses), the second reads it back (FX
+    graph and AOTAutograd cache hits, no miss) and computes bitwise the same output. A tiny
+    network; still ~45 s on two busy CPU cores (two imports of torch and libreyolo, one C++
+    compile), hence slow."""
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k not in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
+    env.update(LIBREYOLO_CACHE_DIR=str(tmp_path / "cache"), TORCHINDUCTOR_COMPILE_THREADS="1")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    want_dir = tmp_path / "cache" / "inductor" / f"torch-{torch.__version__}"
+    runs = []
+    for i in range(2):
+        p = subprocess.run([sys.executable, "-c", _CACHE_CHILD, str(tmp_path / f"out{i}.pt")], env=env,
+                           capture_output=True, text=True, timeout=300)
+        line = [ln for ln in p.stdout.splitlines() if ln.startswith("CACHE ")]
+        assert p.returncode == 0 and line, p.stderr[-3000:]
+        runs.append(json.loads(line[-1][6:]))
+    cold, warm = runs
+    assert cold["dir"] == warm["dir"] == str(want_dir)
+    assert cold["fxgraph_cache_miss"] >= 1 and cold["fxgraph_cache_hit"] == 0, cold
+    assert warm["fxgraph_cache_hit"] >= 1 and warm["fxgraph_cache_miss"] == 0, warm
+    assert warm["autograd_cache_hit"] >= 1 and warm["autograd_cache_miss"] == 0, warm
+    assert (want_dir / "fxgraph").is_dir() and (want_dir / "aotautograd").is_dir()
+    a, b = (torch.load(tmp_path / f"out{i}.pt", weights_only=True) for i in range(2))
+    assert torch.equal(a, b)
+
+
+def test_inductor_cache_dir_set_by_the_user_is_kept(monkeypatch, tmp_path):
+    """A TORCHINDUCTOR_CACHE_DIR of the user's is kept; unset or inductor's default, it becomes
+    the libreyolo cache's."""
+    monkeypatch.setenv("LIBREYOLO_CACHE_DIR", str(tmp_path / "ours"))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "theirs"))
+    assert fastpath.use_inductor_cache() == tmp_path / "theirs"
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "theirs")
+    ours = tmp_path / "ours" / "inductor" / f"torch-{torch.__version__}"
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
+    assert fastpath.use_inductor_cache() == ours and os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(ours)
+    # importing torch._dynamo sets inductor's default: that one is not a choice, it is replaced
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())
+    assert fastpath.use_inductor_cache() == ours and os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(ours)

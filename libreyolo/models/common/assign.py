@@ -76,7 +76,13 @@ def prior_grid(hw: Sequence[tuple[int, int]], strides: Sequence[int], offset: fl
 
 
 def cached(cache: dict, key, build: Callable[[], tuple[Tensor, ...]], limit: int = 16) -> tuple[Tensor, ...]:
-    """``cache[key]``, built by ``build()`` on a miss (the cache is emptied past ``limit`` entries)."""
+    """``cache[key]``, built by ``build()`` on a miss (the cache is emptied past ``limit`` entries).
+
+    Under ``torch.compile`` the cache is bypassed (``build()`` is traced into the graph): a traced
+    lookup guards on the dict's contents and the traced miss fills it, so the compiled function
+    would recompile - one more dynamo trace - on its second call."""
+    if torch.compiler.is_compiling():
+        return build()
     hit = cache.get(key)
     if hit is None:
         hit = build()

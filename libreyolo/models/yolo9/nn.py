@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..common.assign import cached
 from ..common.blocks import ELAN, SPPELAN, AConv, ADown, ConvBN, RepNCSPELAN, fuse_modules
 
 STRIDES = (8, 16, 32)
@@ -139,24 +140,20 @@ class DetectHead(nn.Module):
         return [torch.cat((b(f), c(f)), 1) for f, b, c in zip(feats, self.cv2, self.cv3)]
 
     def anchors(self, maps, dtype, device):
-        """Anchor centres (2, N) in grid units and per-anchor stride (1, N), cached per shape."""
-        key = (tuple(m.shape[-2:] for m in maps), dtype, device)
-        hit = self._grid_cache.get(key)
-        if hit is not None:
-            return hit
-        points, strides = [], []
-        for m, s in zip(maps, STRIDES):
-            h, w = m.shape[-2:]
-            ys = torch.arange(h, dtype=dtype, device=device) + 0.5
-            xs = torch.arange(w, dtype=dtype, device=device) + 0.5
-            gy, gx = torch.meshgrid(ys, xs, indexing="ij")
-            points.append(torch.stack((gx.reshape(-1), gy.reshape(-1)), 0))
-            strides.append(torch.full((1, h * w), float(s), dtype=dtype, device=device))
-        out = (torch.cat(points, 1), torch.cat(strides, 1))
-        if len(self._grid_cache) > 16:
-            self._grid_cache.clear()
-        self._grid_cache[key] = out
-        return out
+        """Anchor centres (2, N) in grid units and per-anchor stride (1, N), cached per shape
+        (not under torch.compile: :func:`cached`)."""
+        hws = tuple(tuple(m.shape[-2:]) for m in maps)
+
+        def build():
+            points, strides = [], []
+            for (h, w), s in zip(hws, STRIDES):
+                ys = torch.arange(h, dtype=dtype, device=device) + 0.5
+                xs = torch.arange(w, dtype=dtype, device=device) + 0.5
+                gy, gx = torch.meshgrid(ys, xs, indexing="ij")
+                points.append(torch.stack((gx.reshape(-1), gy.reshape(-1)), 0))
+                strides.append(torch.full((1, h * w), float(s), dtype=dtype, device=device))
+            return torch.cat(points, 1), torch.cat(strides, 1)
+        return cached(self._grid_cache, (hws, dtype, device), build)
 
     def decode(self, maps):
         """Raw maps -> (B, 4+nc, N): xyxy in input pixels, then class probabilities."""
