@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from types import SimpleNamespace
 
 import pytest
 
@@ -212,7 +211,6 @@ def test_demo_reports_the_metrics_of_best_pt_not_the_last_epochs(tmp_path, monke
     """The metrics printed are the ones best.pt carries (its epoch named), not the last epoch's:
     training is replaced by one that writes a best.pt of epoch 2 whose metrics differ from the
     run's final ones. The held-out image is a validation image, predicted with best.pt."""
-    import numpy as np
     import torch
 
     from libreyolo import LibreYOLO
