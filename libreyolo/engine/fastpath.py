@@ -189,8 +189,7 @@ def _source_fingerprint(model) -> tuple:
     """What the half copy was made from: the fp32 network object, its device and fused state, and
     every parameter's and buffer's address and version (training steps, loads and ``.to()`` all
     change it)."""
-    fp = model._runner.fingerprint()
-    return (id(model.model), str(model.device), bool(model.fused), fp)
+    return (*_network_identity(model), model._runner.fingerprint())
 
 
 def inductor_cache_dir() -> Path:
@@ -315,14 +314,32 @@ def compile_infer(infer: Callable, backend: str = "inductor", mode: str | None =
     return torch.compile(infer, backend=backend, fullgraph=fullgraph, dynamic=False, **kw)
 
 
-def half_network(model, precision: str, fast: bool = False) -> HalfNetwork:
+def _network_identity(model) -> tuple:
+    """The cheap part of :func:`_source_fingerprint`: which network object, its device, fused."""
+    return (id(model.model), str(model.device), bool(model.fused))
+
+
+def is_current(model, hn: HalfNetwork) -> bool:
+    """Whether ``hn`` was made from the model's fp32 network as it is now (every tensor's address
+    and version: a pass over all of them)."""
+    return hn.source == _source_fingerprint(model)
+
+
+def half_network(model, precision: str, fast: bool = False, verify: bool = True) -> HalfNetwork:
     """The model's cached half network for ``precision`` (compiled with ``fast``), rebuilt when the
     fp32 network changed since it was made (weights loaded or trained, ``reset_classes``,
-    ``.to()``, ``fuse()``). A rebuild releases the model's CUDA graphs: they read the old copy."""
+    ``.to()``, ``fuse()``). A rebuild releases the model's CUDA graphs: they read the old copy.
+
+    ``verify=False`` checks only which network it is (a new one after ``reset_classes``, a move,
+    ``fuse()``) and skips the pass over every tensor: predict launches with the cached copy and
+    checks it with :func:`is_current` while the device works, running the call again on a
+    rebuilt copy when the weights changed."""
     cache: dict = model.__dict__.setdefault("_half_networks", {})
-    src = _source_fingerprint(model)
     key = (precision, bool(fast))
     hn = cache.get(key)
+    if not verify and hn is not None and hn.source[:3] == _network_identity(model):
+        return hn
+    src = _source_fingerprint(model)
     if hn is not None and hn.source == src:
         return hn
     if hn is not None or any(h.source != src for h in cache.values()):

@@ -35,7 +35,7 @@ from ..graphs.runner import normalize_mode
 from ..options import check_float, check_imgsz, check_int, parse_amp, parse_bool
 from ..results import Results, _display_problem
 from ..tasks.base import PredictPlan
-from .fastpath import HalfNetwork, arm_name, check_contract, half_network, resolve, to_float32
+from .fastpath import HalfNetwork, arm_name, check_contract, half_network, is_current, resolve, to_float32
 from .paths import UniqueNames, next_run_dir
 
 log = logging.getLogger("libreyolo")
@@ -105,8 +105,10 @@ class Predictor:
 
         return net, from_u8
 
-    def _half(self, precision: str, fast: bool) -> HalfNetwork | None:
-        """The half network of a call (None for fp32), after the family's contract check."""
+    def _half(self, precision: str, fast: bool, verify: bool = True) -> HalfNetwork | None:
+        """The half network of a call (None for fp32), after the family's contract check;
+        ``verify=False``: the cached copy unchecked against the weights (see :func:`half_network`:
+        the caller checks it after its launch)."""
         if precision == "fp32":
             return None
         m = self.model
@@ -114,7 +116,7 @@ class Predictor:
             raise NotImplementedError(f"precision={precision!r} is not available for {m.FAMILY}: its predict "
                                       "stage has a seam (PREDICT_SEAM); use precision='fp32'")
         check_contract(m.FAMILY, precision, fast)
-        return half_network(m, precision, fast)
+        return half_network(m, precision, fast, verify=verify)
 
     @staticmethod
     def _keys(size: int, plan: PredictPlan, half: HalfNetwork | None) -> tuple[tuple, tuple]:
@@ -325,7 +327,7 @@ class Predictor:
         if precision != "fp32" and amp_dtype is not None:
             raise ValueError(f"amp and precision={precision!r} exclude each other: the half path runs a half "
                              "copy of the network without autocast; pass one of them")
-        plan.half = self._half(precision, fast)
+        plan.half = self._half(precision, fast, verify=False)   # checked after the first launch (_steps)
         if not m.trained and not getattr(m, "_warned_untrained", False):
             log.warning("libreyolo: %s-%s is UNTRAINED (random weights): its predictions are meaningless",
                         m.FAMILY, m.size)
@@ -453,6 +455,7 @@ class Predictor:
         m = self.model
         sync = (lambda: torch.cuda.synchronize(m.device)) if profile and m.device.type == "cuda" else (lambda: None)
         half = getattr(plan, "half", None)
+        unchecked = [half is not None]   # the half copy is checked against the weights after the first launch
         prepare = self._prepare_staged if staged else self._prepare_simple
         chunks = iter(chunks)
         error: list[BaseException] = []
@@ -485,10 +488,27 @@ class Predictor:
                     t.record_stream(compute)
             out = self.run_batch(ch.images, size, mode, amp_dtype, plan, repeating=repeating, half=half,
                                  stacked=ch.batch)
+            if unchecked[0]:
+                out = recheck(ch, out)
             for it in ch.items:  # the host copy of borrowed arrays overlaps with the queued GPU work
                 it.own()
             sync()
             return ch, out, (time.perf_counter() - t1) * 1e3 / len(ch.items)
+
+        def recheck(ch: _Chunk, out: Any) -> Any:
+            """The half copy the first chunk launched with, checked against the fp32 weights while the
+            device runs it (the pass over every tensor is off the launch's critical path); made before
+            the weights last changed, the chunk runs again on a rebuilt copy (which releases the
+            graphs that read the old one)."""
+            nonlocal half
+            unchecked[0] = False
+            if is_current(m, half):
+                return out
+            if m.device.type == "cuda":
+                torch.cuda.synchronize(m.device)   # the stale run ends before its graph and buffers go
+            half = plan.half = half_network(m, half.precision, half.fast)
+            return self.run_batch(ch.images, size, mode, amp_dtype, plan, repeating=repeating, half=half,
+                                  stacked=ch.batch)
 
         def finish(ch: _Chunk, out: Any, inference_ms: float) -> tuple[list[SourceItem], list[Results]]:
             t2 = time.perf_counter()

@@ -185,6 +185,45 @@ def test_half_copy_cache_invalidation():
     assert torch.equal(w16, w32.to(torch.bfloat16).contiguous(memory_format=torch.channels_last))
 
 
+@pytest.mark.parametrize("graph", [False, True])
+def test_predict_checks_the_half_copy_after_its_launch(image, monkeypatch, graph):
+    """Predict launches with the cached half copy and checks it against the fp32 weights after the
+    launch (the pass over every tensor off the critical path); weights changed in place since the
+    copy was made: the call runs again on a rebuilt copy, with the numbers a fresh model gives."""
+    from libreyolo.engine.predictor import Predictor
+
+    def new():
+        m = input_sensitive(LibreYOLO.new("yolox", "n", nc=3, device="cpu", seed=0))
+        m._runner.capturer = StandInCapturer()
+        return m
+
+    m = new()
+    with measuring():
+        before = m(image, imgsz=64, cuda_graph=graph, conf=0.01, precision="bf16")[0].boxes.data
+        first = half_network(m, "bf16", verify=False)
+        events = []
+        real_fp, real_run = fastpath._source_fingerprint, Predictor.run_batch
+        monkeypatch.setattr(fastpath, "_source_fingerprint", lambda model: events.append("fp") or real_fp(model))
+        monkeypatch.setattr(Predictor, "run_batch", lambda self, *a, **k: events.append("run") or real_run(self, *a, **k))
+        again = m(image, imgsz=64, cuda_graph=graph, conf=0.01, precision="bf16")[0].boxes.data
+        assert events[0] == "run" and "fp" in events                  # launched first, checked after
+        assert half_network(m, "bf16", verify=False) is first and torch.equal(again, before)
+        events.clear()
+        with torch.no_grad():
+            for q in m.model.parameters():                                # a training step, in place
+                q.mul_(1.01)
+        changed = m(image, imgsz=64, cuda_graph=graph, conf=0.01, precision="bf16")[0].boxes.data
+        assert events.count("run") == 2                                   # the stale run, then again
+        rebuilt = half_network(m, "bf16", verify=False)
+        assert rebuilt is not first and fastpath.is_current(m, rebuilt)
+        fresh = new()
+        with torch.no_grad():
+            for q, r in zip(fresh.model.parameters(), m.model.parameters()):
+                q.copy_(r)
+        want = fresh(image, imgsz=64, cuda_graph=graph, conf=0.01, precision="bf16")[0].boxes.data
+    assert not torch.equal(changed, before) and torch.equal(changed, want)
+
+
 def test_graph_keys_distinct_per_precision(image):
     m = input_sensitive(LibreYOLO.new("yolox", "n", nc=3, device="cpu", seed=0))
     m._runner.capturer = StandInCapturer()
