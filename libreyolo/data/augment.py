@@ -211,12 +211,11 @@ class DetectionDataset(Dataset):
             ref_area = _areas(targets)
             center = (s / 2.0, s / 2.0)
             dense = False
-        if dense:   # the whole 2S canvas into S
-            image, targets = self._random_affine(canvas, targets, ref_area, center, zoom_scale=0.5)
-        else:
-            image, targets = self._random_affine(canvas, targets, ref_area, center)
-        image = self._random_color(image)
-        image = image.round_().clamp_(0, 255).to(torch.uint8)
+        # what _random_affine then _random_color do, the same draws in the same order, with the
+        # resampling, colour and rounding done together (_render)
+        a, b, zoom, identity = self._affine_params(canvas, center, 0.5 if dense else 1.0)   # dense: 2S into S
+        targets = self._affine_boxes(targets, ref_area, a, b, zoom)
+        image = _render(canvas, a, b, s, self._colour_matrix(), identity)
         if self.fliplr > 0 and float(torch.rand(())) < self.fliplr:
             image = TF.horizontal_flip(image)
             if len(targets):
@@ -443,6 +442,14 @@ class DetectionDataset(Dataset):
 
         Returns the image as float (3, S, S) on the 0..255 scale (rounded once, after colour).
         """
+        a, b, zoom, identity = self._affine_params(canvas, center, zoom_scale)
+        canvas = canvas if isinstance(canvas, _Canvas) else _Canvas.of(canvas)
+        image = canvas.dense().to(torch.float32) if identity else _warp(canvas, a, b, self.imgsz)
+        return image, self._affine_boxes(targets, ref_area, a, b, zoom)
+
+    def _affine_params(self, canvas, center: tuple[float, float], zoom_scale: float = 1.0):
+        """The random affine's draws: (A, b, zoom, whether it is the identity) with output point
+        ``A @ (p - center) + (S/2 + t)`` for canvas point p (continuous pixel coordinates)."""
         s = self.imgsz
         angle = math.radians(_uniform(-self.degrees, self.degrees)) if self.degrees else 0.0
         zoom = _uniform(1.0 - self.scale, 1.0 + self.scale) if self.scale else 1.0
@@ -451,17 +458,19 @@ class DetectionDataset(Dataset):
         tx = _uniform(-self.translate, self.translate) * s if self.translate else 0.0
         ty = _uniform(-self.translate, self.translate) * s if self.translate else 0.0
         cos, sin = math.cos(angle) * zoom, math.sin(angle) * zoom
-        # out = A @ (p - center) + (S/2 + t), for p in continuous pixel coordinates.
         a = torch.tensor([[cos, -sin], [sin, cos]], dtype=torch.float64)
         c = torch.tensor(center, dtype=torch.float64)
         b = torch.tensor([s / 2.0 + tx, s / 2.0 + ty], dtype=torch.float64) - a @ c
         identity = canvas.shape[-1] == s and angle == 0.0 and zoom == 1.0 and tx == 0.0 and ty == 0.0
-        if not isinstance(canvas, _Canvas):
-            canvas = _Canvas.of(canvas)
-        image = canvas.dense().to(torch.float32) if identity else _warp(canvas, a, b, s)
+        return a, b, zoom, identity
 
+    def _affine_boxes(self, targets: torch.Tensor, ref_area: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+                      zoom: float) -> torch.Tensor:
+        """Targets through the affine: the bounding box of each box's four corners, clipped, and
+        dropped when narrower than MIN_BOX_SIDE or keeping less than MIN_AREA_KEPT of its area."""
+        s = self.imgsz
         if len(targets) == 0:
-            return image, targets.reshape(0, 5)
+            return targets.reshape(0, 5)
         xy = targets[:, [1, 2, 3, 2, 3, 4, 1, 4]].reshape(-1, 4, 2).to(torch.float64)
         xy = xy @ a.T + b  # the four corners of each box
         out = torch.cat([xy.amin(1), xy.amax(1)], dim=1).clamp_(0, s)
@@ -469,10 +478,16 @@ class DetectionDataset(Dataset):
         kept = (w * h) / (ref_area.to(torch.float64) * zoom * zoom).clamp_min(1e-9)
         keep = (w >= MIN_BOX_SIDE) & (h >= MIN_BOX_SIDE) & (kept >= MIN_AREA_KEPT)
         result = torch.cat([targets[:, :1].to(torch.float64), out], dim=1)[keep]
-        return image, result.to(torch.float32)
+        return result.to(torch.float32)
 
     def _random_color(self, image: torch.Tensor) -> torch.Tensor:
-        """HSV-style jitter of a float (3, S, S) image, applied as ONE 3x3 colour matrix.
+        """HSV-style jitter of a float (3, S, S) image, applied as ONE 3x3 colour matrix
+        (:meth:`_colour_matrix`)."""
+        m = self._colour_matrix()
+        return image if m is None else (m @ image.reshape(image.shape[0], -1)).reshape(image.shape)
+
+    def _colour_matrix(self) -> torch.Tensor | None:
+        """The colour jitter's draws as one float32 3x3 matrix (None: the identity, nothing to do).
 
         Hue: a rotation about the grey axis by ``+-hsv_h`` of the colour circle; saturation: a
         blend with luma by a gain in ``1 +- hsv_s``; value: a gain in ``1 +- hsv_v``. Grey (the
@@ -483,11 +498,8 @@ class DetectionDataset(Dataset):
         sat = _uniform(1.0 - self.hsv_s, 1.0 + self.hsv_s) if self.hsv_s else 1.0
         val = _uniform(1.0 - self.hsv_v, 1.0 + self.hsv_v) if self.hsv_v else 1.0
         if hue == 0.0 and sat == 1.0 and val == 1.0:
-            return image
-        m = val * (_saturation_matrix(sat) @ _hue_matrix(hue))
-        c = image.shape[0]
-        flat = image.reshape(c, -1)
-        return (m.to(torch.float32) @ flat).reshape(image.shape)
+            return None
+        return (val * (_saturation_matrix(sat) @ _hue_matrix(hue))).to(torch.float32)
 
 
 _LUMA = torch.tensor([0.299, 0.587, 0.114], dtype=torch.float64)
@@ -612,10 +624,58 @@ def _warp(canvas: "_Canvas", a: torch.Tensor, b: torch.Tensor, size: int) -> tor
     shows canvas point ``A^-1 (q - b)`` (continuous pixel coordinates, pixel i spanning [i, i + 1)).
 
     One bilinear ``grid_sample`` at the output resolution, whatever the canvas size; outside the
-    canvas is grey 114. ``grid_sample`` reads only the pixels next to its sampling points, so only
-    the canvas' window around them (the four corners of the grid - it is affine -, widened by two
-    pixels) is filled in, as float - 114: on average a third of a mosaic's 2S canvas. Pixels
-    outside the window are never read; the output is the same as that of the whole canvas.
+    canvas is grey 114 (see :func:`_warp_source`).
+    """
+    src, grid = _warp_source(canvas, a, b, size)
+    out = F.grid_sample(src, grid, mode="bilinear", padding_mode="zeros", align_corners=False)[0]
+    return out.add_(PAD_VALUE)
+
+
+def _render(canvas: "_Canvas", a: torch.Tensor, b: torch.Tensor, size: int, colour: torch.Tensor | None,
+            identity: bool) -> torch.Tensor:
+    """uint8 (3, size, size): :func:`_warp` (or, for the identity, the canvas itself), times the
+    float32 colour matrix (None: none), rounded and clamped - the same numbers as those steps one
+    after the other over the whole image, done here a band of rows at a time (:func:`_band_rows`),
+    so that a band stays in the CPU's cache through its five passes: each output pixel's
+    arithmetic is its own (tests/unit/test_augment.py compares with the whole-image steps)."""
+    if identity:
+        return _finish(canvas.dense().to(torch.float32), colour)
+    src, grid = _warp_source(canvas, a, b, size)
+    rows = _band_rows(size)
+    if rows >= size:
+        out = F.grid_sample(src, grid, mode="bilinear", padding_mode="zeros", align_corners=False)[0]
+        return _finish(out.add_(PAD_VALUE), colour)
+    image = torch.empty((3, size, size), dtype=torch.uint8)
+    for r0 in range(0, size, rows):
+        band = F.grid_sample(src, grid[:, r0:r0 + rows], mode="bilinear", padding_mode="zeros", align_corners=False)
+        image[:, r0:r0 + rows] = _finish(band[0].add_(PAD_VALUE), colour)
+    return image
+
+
+def _band_rows(size: int) -> int:
+    """Output rows per band of :func:`_render`: the whole image up to 2 MB of float32 (320 px is
+    1.2 MB), else bands of about 512 KB (68 rows at 640 px: 40 % less time than the whole image
+    on this project's 2-core VM; at 320 px bands were slower)."""
+    if 12 * size * size <= 2 ** 21:
+        return size
+    return max(8, 2 ** 19 // (12 * size))
+
+
+def _finish(x: torch.Tensor, colour: torch.Tensor | None) -> torch.Tensor:
+    """Float (3, h, w) on the 0..255 scale -> the colour matrix applied, rounded, uint8."""
+    if colour is not None:
+        x = (colour @ x.reshape(3, -1)).reshape(x.shape)
+    return x.round_().clamp_(0, 255).to(torch.uint8)
+
+
+def _warp_source(canvas: "_Canvas", a: torch.Tensor, b: torch.Tensor, size: int):
+    """The input and grid of :func:`_warp`'s ``grid_sample``: (float32 (1, 3, H, W) canvas - 114,
+    (1, size, size, 2) grid).
+
+    ``grid_sample`` reads only the pixels next to its sampling points, so only the canvas' window
+    around them (the four corners of the grid - it is affine -, widened by two pixels) is filled
+    in: on average a third of a mosaic's 2S canvas. The rest of the tensor is left unwritten and
+    never read; the output is that of the whole canvas.
     """
     h, w = canvas.h, canvas.w
     inv = torch.linalg.inv(a)
@@ -628,7 +688,7 @@ def _warp(canvas: "_Canvas", a: torch.Tensor, b: torch.Tensor, size: int) -> tor
     grid = _affine_grid(theta, size)
     # the source pixels bilinear sampling reads: floor(i) and floor(i) + 1 of each unnormalized
     # coordinate i = ((g + 1) * W - 1) / 2 (align_corners=False) of the grid, whose extremes are at
-    # its four corners (it is affine); computed here in float64 from theta, hence the margin
+    # its four corners; computed here in float64 from theta, hence the margin
     t = theta.tolist()
     e = _GRID_BASE[size][0]
     lo, hi = float(e[0]), float(e[-1])
@@ -641,8 +701,7 @@ def _warp(canvas: "_Canvas", a: torch.Tensor, b: torch.Tensor, size: int) -> tor
     src = torch.empty((1, 3, h, w), dtype=torch.float32)
     if x0 < x1 and y0 < y1:
         canvas.fill_minus_pad(src[0], y0, y1, x0, x1)
-    out = F.grid_sample(src, grid, mode="bilinear", padding_mode="zeros", align_corners=False)[0]
-    return out.add_(PAD_VALUE)
+    return src, grid
 
 
 #: per output size: (x, y) of the pixel centres as F.affine_grid places them, and whether the

@@ -680,3 +680,23 @@ def test_every_uint8_survives_the_letterbox_round_trip():
     assert torch.equal(full, hwc.permute(2, 0, 1))
     half = letterbox(hwc[:8].unsqueeze(0).contiguous(), 16)[0].mul_(255.0).round_().clamp_(0, 255).to(torch.uint8)
     assert torch.equal(half[:, :8], hwc[:8].permute(2, 0, 1)) and (half[:, 8:] == 114).all()
+
+
+@pytest.mark.parametrize("size, colour", [(600, True), (600, False), (96, True)])
+def test_render_in_bands_is_the_whole_image_steps(size, colour):
+    """_render (warp, colour matrix, rounding; at 600 px in bands of rows, the last one short) gives
+    the bytes of those steps one after the other over the whole image."""
+    g = torch.Generator().manual_seed(size)
+    canvas = augment_mod._Canvas(2 * size, [(torch.randint(0, 256, (3, size, size + 40), dtype=torch.uint8,
+                                                            generator=g), size // 3, size // 2)])
+    assert (augment_mod._band_rows(size) < size) == (size == 600)
+    r = math.radians(7.0)
+    a = torch.tensor([[math.cos(r), -math.sin(r)], [math.sin(r), math.cos(r)]], dtype=torch.float64) * 0.8
+    b = torch.tensor([size / 2.0, size / 2.0], dtype=torch.float64) - a @ torch.tensor([float(size)] * 2,
+                                                                                      dtype=torch.float64)
+    m = (torch.eye(3) * 1.1 + 0.05 * torch.rand((3, 3), generator=g)) if colour else None
+    whole = _reference_warp(canvas.dense(), a, b, size)
+    if m is not None:
+        whole = (m @ whole.reshape(3, -1)).reshape(whole.shape)
+    want = whole.round_().clamp_(0, 255).to(torch.uint8)
+    assert torch.equal(augment_mod._render(canvas, a, b, size, m, False), want)
