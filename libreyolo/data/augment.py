@@ -57,7 +57,7 @@ from torchvision import tv_tensors
 from torchvision.transforms import v2
 
 from ..ops.letterbox import MODES as LETTERBOX_MODES
-from ..ops.letterbox import PAD_VALUE, LetterboxParams, letterbox, letterbox_params
+from ..ops.letterbox import PAD_VALUE, LetterboxParams, letterbox_params
 from .datasets import Sample
 from .sources import decode_image
 
@@ -205,16 +205,17 @@ class DetectionDataset(Dataset):
         elif self.policy == "detr":
             return self._detr_recipe(index)
         else:
-            canvas, _, targets = self.load_letterboxed(index)
+            region, p, targets = self._tile(index)
+            canvas = _Canvas(s, [(region, p.pad_y, p.pad_x)])   # the letterboxed image, never built
+            targets = torch.from_numpy(targets)
             ref_area = _areas(targets)
             center = (s / 2.0, s / 2.0)
             dense = False
-        if dense:   # the whole 2S canvas into S
-            image, targets = self._random_affine(canvas, targets, ref_area, center, zoom_scale=0.5)
-        else:
-            image, targets = self._random_affine(canvas, targets, ref_area, center)
-        image = self._random_color(image)
-        image = image.round_().clamp_(0, 255).to(torch.uint8)
+        # what _random_affine then _random_color do, the same draws in the same order, with the
+        # resampling, colour and rounding done together (_render)
+        a, b, zoom, identity = self._affine_params(canvas, center, 0.5 if dense else 1.0)   # dense: 2S into S
+        targets = self._affine_boxes(targets, ref_area, a, b, zoom)
+        image = _render(canvas, a, b, s, self._colour_matrix(), identity)
         if self.fliplr > 0 and float(torch.rand(())) < self.fliplr:
             image = TF.horizontal_flip(image)
             if len(targets):
@@ -296,10 +297,28 @@ class DetectionDataset(Dataset):
         else:
             sample, hwc = self._decode(index)
             image, p = self._letterbox_u8(torch.from_numpy(hwc))
-        targets = torch.from_numpy(sample.labels).to(torch.float32).reshape(-1, 5).clone()
-        targets[:, 1::2] = targets[:, 1::2] * p.new_w + p.pad_x
-        targets[:, 2::2] = targets[:, 2::2] * p.new_h + p.pad_y
-        return image, p, targets
+        return image, p, self._targets(sample, p)
+
+    def _tile(self, index: int) -> tuple[torch.Tensor, LetterboxParams, np.ndarray]:
+        """What :meth:`load_letterboxed` gives, without building the padded square: (the image's
+        region of it, (3, new_h, new_w) - uint8, or float32 holding the same whole numbers -, its
+        letterbox parameters, targets px on the square as a float32 numpy array). The region is a
+        view of the cache or of the decoded image where it can be: read it, do not write it."""
+        entry = self._cache[index] if self._cache is not None else None
+        if entry is not None:
+            image, p = entry
+            if not isinstance(image, torch.Tensor):
+                image = torch.from_numpy(np.load(image))
+            region = image[:, p.pad_y:p.pad_y + p.new_h, p.pad_x:p.pad_x + p.new_w]
+            return region, p, _pixel_targets(self.samples[index], p)
+        sample, hwc = self._decode(index)
+        region, p = self._letterbox_region(torch.from_numpy(hwc))
+        return region, p, _pixel_targets(sample, p)
+
+    @staticmethod
+    def _targets(sample: Sample, p: LetterboxParams) -> torch.Tensor:
+        """A sample's normalized labels as pixel targets on its letterboxed square."""
+        return torch.from_numpy(_pixel_targets(sample, p))
 
     def _detr_recipe(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         """RT-DETR / D-FINE training transforms on the decoded image, then predict's resize."""
@@ -348,57 +367,89 @@ class DetectionDataset(Dataset):
                            "warned about above); check the dataset's files")
 
     def _letterbox_u8(self, hwc: torch.Tensor):
-        """(H, W, 3) uint8 -> ((3, S, S) uint8 in the dataset's resize mode, its letterbox parameters)."""
-        p = letterbox_params(int(hwc.shape[0]), int(hwc.shape[1]), self.imgsz, self.resize)
-        # letterbox() returns float in [0, 1]; back to the uint8 grid it interpolated on.
-        x = letterbox(hwc.unsqueeze(0).contiguous(), self.imgsz, self.resize)[0]
-        return x.mul_(255.0).round_().clamp_(0, 255).to(torch.uint8), p
+        """(H, W, 3) uint8 -> ((3, S, S) uint8 in the dataset's resize mode, its letterbox parameters):
+        the same pixels as ``letterbox()`` (predict's) times 255, rounded - its padding, 114 / 255
+        * 255, rounds back to 114 -, with only the image's region computed in float."""
+        region, p = self._letterbox_region(hwc)
+        if (p.new_h, p.new_w) == (self.imgsz, self.imgsz):
+            return region.to(torch.uint8, memory_format=torch.contiguous_format), p
+        image = torch.full((3, self.imgsz, self.imgsz), int(PAD_VALUE), dtype=torch.uint8)
+        image[:, p.pad_y:p.pad_y + p.new_h, p.pad_x:p.pad_x + p.new_w] = region
+        return image, p
+
+    def _letterbox_region(self, hwc: torch.Tensor) -> tuple[torch.Tensor, LetterboxParams]:
+        """(H, W, 3) uint8 -> (the image's (3, new_h, new_w) region of its letterboxed square, its
+        letterbox parameters), the pixels ``letterbox()`` gives there, times 255 and rounded.
+
+        Not resized: a (permuted) view of ``hwc`` itself - exact, as every uint8 ``k`` comes back
+        from ``k / 255 * 255`` rounded (tests/unit/test_augment.py checks all 256). Resized: float32
+        whole numbers, the same operations as ``letterbox()`` and the rounding after it (bilinear
+        ``interpolate``, ``/ 255``, ``* 255``, round, clamp), on the region only.
+        """
+        h, w = int(hwc.shape[0]), int(hwc.shape[1])
+        p = letterbox_params(h, w, self.imgsz, self.resize)
+        chw = hwc.permute(2, 0, 1)
+        if (p.new_h, p.new_w) == (h, w):
+            return chw, p
+        x = chw.unsqueeze(0).to(torch.float32, memory_format=torch.contiguous_format)
+        x = F.interpolate(x, size=(p.new_h, p.new_w), mode="bilinear", align_corners=False)[0]
+        return x.div_(255.0).mul_(255.0).round_().clamp_(0, 255), p
 
     # ---- mosaic and affine ----------------------------------------------------------------------
 
-    def _load_mosaic(self, index: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _load_mosaic(self, index: int) -> tuple["_Canvas", torch.Tensor, torch.Tensor]:
         """Four images tiled around a random centre of a 2S canvas: (canvas, targets, ref area).
 
-        ``ref area`` is each box's area before the canvas cut it, for the area-kept filter.
-        With ``dense_mosaic`` the centre is the canvas centre (no tile is cut).
+        The canvas is a :class:`_Canvas` - the tiles and where they sit; ``.dense()`` builds it -
+        as the warp reads only the part of it the output samples. ``ref area`` is each box's area
+        before the canvas cut it, for the area-kept filter. With ``dense_mosaic`` the centre is
+        the canvas centre (no tile is cut).
         """
         s = self.imgsz
-        canvas = torch.full((3, 2 * s, 2 * s), int(PAD_VALUE), dtype=torch.uint8)
         if self.dense_mosaic:
             xc = yc = s
         else:
             xc = int(torch.randint(s // 2, s + s // 2 + 1, ()))
             yc = int(torch.randint(s // 2, s + s // 2 + 1, ()))
         others = torch.randint(len(self.samples), (3,)).tolist()
-        all_targets, all_ref = [], []
+        tiles, all_targets, all_ref = [], [], []
         for k, i in enumerate([index, *others]):
-            tile, p, targets = self.load_letterboxed(i)
-            nh, nw = p.new_h, p.new_w  # the tile is the image itself, without its padding
-            tile = tile[:, p.pad_y:p.pad_y + nh, p.pad_x:p.pad_x + nw]
+            tile, p, targets = self._tile(i)   # the image itself, without its padding
+            nh, nw = p.new_h, p.new_w
             targets[:, 1::2] -= p.pad_x
             targets[:, 2::2] -= p.pad_y
             x0 = xc - nw if k in (0, 2) else xc  # top-left corner of the tile on the canvas
             y0 = yc - nh if k in (0, 1) else yc
             cx0, cy0 = max(x0, 0), max(y0, 0)
             cx1, cy1 = min(x0 + nw, 2 * s), min(y0 + nh, 2 * s)
-            canvas[:, cy0:cy1, cx0:cx1] = tile[:, cy0 - y0:cy1 - y0, cx0 - x0:cx1 - x0]
-            if len(targets):
+            tiles.append((tile[:, cy0 - y0:cy1 - y0, cx0 - x0:cx1 - x0], cy0, cx0))
+            if len(targets):   # float32 numpy: the same operations torch would do, for less overhead
                 all_ref.append(_areas(targets))
-                targets[:, 1::2] = (targets[:, 1::2] + x0).clamp_(cx0, cx1)
-                targets[:, 2::2] = (targets[:, 2::2] + y0).clamp_(cy0, cy1)
+                targets[:, 1::2] = np.clip(targets[:, 1::2] + x0, cx0, cx1)
+                targets[:, 2::2] = np.clip(targets[:, 2::2] + y0, cy0, cy1)
                 all_targets.append(targets)
+        canvas = _Canvas(2 * s, tiles)
         if not all_targets:
             return canvas, torch.zeros((0, 5)), torch.zeros((0,))
-        return canvas, torch.cat(all_targets), torch.cat(all_ref)
+        return canvas, torch.from_numpy(np.concatenate(all_targets)), torch.from_numpy(np.concatenate(all_ref))
 
-    def _random_affine(self, canvas: torch.Tensor, targets: torch.Tensor, ref_area: torch.Tensor,
+    def _random_affine(self, canvas: "torch.Tensor | _Canvas", targets: torch.Tensor, ref_area: torch.Tensor,
                        center: tuple[float, float], zoom_scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotate/scale about ``center``, translate, and resample to S x S in one pass.
 
-        ``zoom_scale`` multiplies the random zoom (0.5 for a dense mosaic).
+        ``canvas``: a :class:`_Canvas` or a uint8 (3, H, W) picture. ``zoom_scale`` multiplies the
+        random zoom (0.5 for a dense mosaic).
 
         Returns the image as float (3, S, S) on the 0..255 scale (rounded once, after colour).
         """
+        a, b, zoom, identity = self._affine_params(canvas, center, zoom_scale)
+        canvas = canvas if isinstance(canvas, _Canvas) else _Canvas.of(canvas)
+        image = canvas.dense().to(torch.float32) if identity else _warp(canvas, a, b, self.imgsz)
+        return image, self._affine_boxes(targets, ref_area, a, b, zoom)
+
+    def _affine_params(self, canvas, center: tuple[float, float], zoom_scale: float = 1.0):
+        """The random affine's draws: (A, b, zoom, whether it is the identity) with output point
+        ``A @ (p - center) + (S/2 + t)`` for canvas point p (continuous pixel coordinates)."""
         s = self.imgsz
         angle = math.radians(_uniform(-self.degrees, self.degrees)) if self.degrees else 0.0
         zoom = _uniform(1.0 - self.scale, 1.0 + self.scale) if self.scale else 1.0
@@ -407,15 +458,19 @@ class DetectionDataset(Dataset):
         tx = _uniform(-self.translate, self.translate) * s if self.translate else 0.0
         ty = _uniform(-self.translate, self.translate) * s if self.translate else 0.0
         cos, sin = math.cos(angle) * zoom, math.sin(angle) * zoom
-        # out = A @ (p - center) + (S/2 + t), for p in continuous pixel coordinates.
         a = torch.tensor([[cos, -sin], [sin, cos]], dtype=torch.float64)
         c = torch.tensor(center, dtype=torch.float64)
         b = torch.tensor([s / 2.0 + tx, s / 2.0 + ty], dtype=torch.float64) - a @ c
         identity = canvas.shape[-1] == s and angle == 0.0 and zoom == 1.0 and tx == 0.0 and ty == 0.0
-        image = canvas.to(torch.float32) if identity else _warp(canvas, a, b, s)
+        return a, b, zoom, identity
 
+    def _affine_boxes(self, targets: torch.Tensor, ref_area: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+                      zoom: float) -> torch.Tensor:
+        """Targets through the affine: the bounding box of each box's four corners, clipped, and
+        dropped when narrower than MIN_BOX_SIDE or keeping less than MIN_AREA_KEPT of its area."""
+        s = self.imgsz
         if len(targets) == 0:
-            return image, targets.reshape(0, 5)
+            return targets.reshape(0, 5)
         xy = targets[:, [1, 2, 3, 2, 3, 4, 1, 4]].reshape(-1, 4, 2).to(torch.float64)
         xy = xy @ a.T + b  # the four corners of each box
         out = torch.cat([xy.amin(1), xy.amax(1)], dim=1).clamp_(0, s)
@@ -423,10 +478,16 @@ class DetectionDataset(Dataset):
         kept = (w * h) / (ref_area.to(torch.float64) * zoom * zoom).clamp_min(1e-9)
         keep = (w >= MIN_BOX_SIDE) & (h >= MIN_BOX_SIDE) & (kept >= MIN_AREA_KEPT)
         result = torch.cat([targets[:, :1].to(torch.float64), out], dim=1)[keep]
-        return image, result.to(torch.float32)
+        return result.to(torch.float32)
 
     def _random_color(self, image: torch.Tensor) -> torch.Tensor:
-        """HSV-style jitter of a float (3, S, S) image, applied as ONE 3x3 colour matrix.
+        """HSV-style jitter of a float (3, S, S) image, applied as ONE 3x3 colour matrix
+        (:meth:`_colour_matrix`)."""
+        m = self._colour_matrix()
+        return image if m is None else (m @ image.reshape(image.shape[0], -1)).reshape(image.shape)
+
+    def _colour_matrix(self) -> torch.Tensor | None:
+        """The colour jitter's draws as one float32 3x3 matrix (None: the identity, nothing to do).
 
         Hue: a rotation about the grey axis by ``+-hsv_h`` of the colour circle; saturation: a
         blend with luma by a gain in ``1 +- hsv_s``; value: a gain in ``1 +- hsv_v``. Grey (the
@@ -437,11 +498,8 @@ class DetectionDataset(Dataset):
         sat = _uniform(1.0 - self.hsv_s, 1.0 + self.hsv_s) if self.hsv_s else 1.0
         val = _uniform(1.0 - self.hsv_v, 1.0 + self.hsv_v) if self.hsv_v else 1.0
         if hue == 0.0 and sat == 1.0 and val == 1.0:
-            return image
-        m = val * (_saturation_matrix(sat) @ _hue_matrix(hue))
-        c = image.shape[0]
-        flat = image.reshape(c, -1)
-        return (m.to(torch.float32) @ flat).reshape(image.shape)
+            return None
+        return (val * (_saturation_matrix(sat) @ _hue_matrix(hue))).to(torch.float32)
 
 
 _LUMA = torch.tensor([0.299, 0.587, 0.114], dtype=torch.float64)
@@ -483,46 +541,209 @@ def _disk_cache_folder(samples: Sequence[Sample], imgsz: int, resize: str):
     return folder
 
 
+_K = 1.0 / math.sqrt(3.0)   # each coordinate of the grey axis' unit vector
+_EYE = ((1.0, 0.0, 0.0), (0.0, 1.0, 0.0), (0.0, 0.0, 1.0))
+_KX = ((0.0, -_K, _K), (_K, 0.0, -_K), (-_K, _K, 0.0))   # its cross-product matrix
+
+
 def _hue_matrix(theta: float) -> torch.Tensor:
-    """Rotation of RGB space by ``theta`` radians about the grey axis (1, 1, 1) (Rodrigues)."""
-    k = torch.full((3,), 1.0 / math.sqrt(3.0), dtype=torch.float64)
-    kx = torch.tensor([[0.0, -k[2], k[1]], [k[2], 0.0, -k[0]], [-k[1], k[0], 0.0]], dtype=torch.float64)
-    eye = torch.eye(3, dtype=torch.float64)
-    return math.cos(theta) * eye + math.sin(theta) * kx + (1.0 - math.cos(theta)) * torch.outer(k, k)
+    """Rotation of RGB space by ``theta`` radians about the grey axis (1, 1, 1) (Rodrigues):
+    ``cos I + sin [k]x + (1 - cos) k k^T``, entry by entry in float64 (a handful of Python float
+    operations instead of a dozen tiny tensors; the same numbers)."""
+    c, s = math.cos(theta), math.sin(theta)
+    kk = _K * _K
+    return torch.tensor([[c * _EYE[i][j] + s * _KX[i][j] + (1.0 - c) * kk for j in range(3)] for i in range(3)],
+                        dtype=torch.float64)
 
 
 def _saturation_matrix(gain: float) -> torch.Tensor:
     """``gain * rgb + (1 - gain) * luma``: 0 is greyscale, 1 the identity, >1 more saturated."""
-    return gain * torch.eye(3, dtype=torch.float64) + (1.0 - gain) * _LUMA.expand(3, 3)
+    luma = _LUMA.tolist()
+    return torch.tensor([[gain * _EYE[i][j] + (1.0 - gain) * luma[j] for j in range(3)] for i in range(3)],
+                        dtype=torch.float64)
 
 
 def _uniform(lo: float, hi: float) -> float:
     return lo + (hi - lo) * float(torch.rand((), dtype=torch.float64))
 
 
-def _areas(targets: torch.Tensor) -> torch.Tensor:
+def _areas(targets):
+    """Box areas of (n, 5) targets, a tensor or a numpy array."""
     return (targets[:, 3] - targets[:, 1]) * (targets[:, 4] - targets[:, 2])
 
 
-def _warp(canvas: torch.Tensor, a: torch.Tensor, b: torch.Tensor, size: int) -> torch.Tensor:
-    """Resample uint8 (3, H, W) to float (3, size, size): output point q shows canvas point
-    ``A^-1 (q - b)`` (continuous pixel coordinates, pixel i spanning [i, i + 1)).
+def _pixel_targets(sample: Sample, p: LetterboxParams) -> np.ndarray:
+    """A sample's normalized labels as float32 (n, 5) pixel targets on its letterboxed square
+    (numpy's float32 arithmetic: the same numbers as torch's)."""
+    targets = np.array(sample.labels, dtype=np.float32).reshape(-1, 5)
+    targets[:, 1::2] = targets[:, 1::2] * np.float32(p.new_w) + np.float32(p.pad_x)
+    targets[:, 2::2] = targets[:, 2::2] * np.float32(p.new_h) + np.float32(p.pad_y)
+    return targets
 
-    One bilinear ``grid_sample`` at the output resolution, whatever the canvas size (the 2S mosaic
-    canvas costs no more than a plain image); outside the canvas is grey 114.
+
+class _Canvas:
+    """A uint8 (3, H, W) picture - a mosaic's 2S canvas, or one letterboxed image - held as its
+    tiles on grey 114 instead of built: ``tiles`` are (content (3, h, w) - uint8, or float32
+    whole numbers -, top, left), inside the picture and not overlapping. The warp fills in only
+    the part of it that the output samples (see :func:`_warp`)."""
+
+    def __init__(self, size: int | tuple[int, int], tiles: Sequence[tuple[torch.Tensor, int, int]]):
+        self.h, self.w = (size, size) if isinstance(size, int) else size
+        self.tiles = list(tiles)
+
+    @classmethod
+    def of(cls, image: torch.Tensor) -> "_Canvas":
+        """A built uint8 (3, H, W) picture as a one-tile canvas."""
+        return cls((int(image.shape[1]), int(image.shape[2])), [(image, 0, 0)])
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return (3, self.h, self.w)
+
+    def dense(self) -> torch.Tensor:
+        """The picture, uint8 (3, H, W)."""
+        out = torch.full((3, self.h, self.w), int(PAD_VALUE), dtype=torch.uint8)
+        for tile, y0, x0 in self.tiles:
+            out[:, y0:y0 + tile.shape[1], x0:x0 + tile.shape[2]] = tile
+        return out
+
+    def fill_minus_pad(self, out: torch.Tensor, y0: int, y1: int, x0: int, x1: int) -> None:
+        """``out[:, y0:y1, x0:x1]`` = the picture's pixels there, minus 114, as float32 (what
+        ``dense().float() - 114`` holds there: the same numbers)."""
+        out[:, y0:y1, x0:x1].zero_()
+        for tile, ty, tx in self.tiles:
+            ya, yb = max(y0, ty), min(y1, ty + tile.shape[1])
+            xa, xb = max(x0, tx), min(x1, tx + tile.shape[2])
+            if ya < yb and xa < xb:
+                # uint8 (or float whole numbers) + -114.0 in float32: exactly float(v) - 114
+                torch.add(tile[:, ya - ty:yb - ty, xa - tx:xb - tx], -PAD_VALUE, out=out[:, ya:yb, xa:xb])
+
+
+def _warp(canvas: "_Canvas", a: torch.Tensor, b: torch.Tensor, size: int) -> torch.Tensor:
+    """Resample the uint8 (3, H, W) picture ``canvas`` to float (3, size, size): output point q
+    shows canvas point ``A^-1 (q - b)`` (continuous pixel coordinates, pixel i spanning [i, i + 1)).
+
+    One bilinear ``grid_sample`` at the output resolution, whatever the canvas size; outside the
+    canvas is grey 114 (see :func:`_warp_source`).
     """
-    _, h, w = canvas.shape
+    src, grid = _warp_source(canvas, a, b, size)
+    out = F.grid_sample(src, grid, mode="bilinear", padding_mode="zeros", align_corners=False)[0]
+    return out.add_(PAD_VALUE)
+
+
+def _render(canvas: "_Canvas", a: torch.Tensor, b: torch.Tensor, size: int, colour: torch.Tensor | None,
+            identity: bool) -> torch.Tensor:
+    """uint8 (3, size, size): :func:`_warp` (or, for the identity, the canvas itself), times the
+    float32 colour matrix (None: none), rounded and clamped - the same numbers as those steps one
+    after the other over the whole image, done here a band of rows at a time (:func:`_band_rows`),
+    so that a band stays in the CPU's cache through its five passes: each output pixel's
+    arithmetic is its own (tests/unit/test_augment.py compares with the whole-image steps)."""
+    if identity:
+        return _finish(canvas.dense().to(torch.float32), colour)
+    src, grid = _warp_source(canvas, a, b, size)
+    rows = _band_rows(size)
+    if rows >= size:
+        out = F.grid_sample(src, grid, mode="bilinear", padding_mode="zeros", align_corners=False)[0]
+        return _finish(out.add_(PAD_VALUE), colour)
+    image = torch.empty((3, size, size), dtype=torch.uint8)
+    for r0 in range(0, size, rows):
+        band = F.grid_sample(src, grid[:, r0:r0 + rows], mode="bilinear", padding_mode="zeros", align_corners=False)
+        image[:, r0:r0 + rows] = _finish(band[0].add_(PAD_VALUE), colour)
+    return image
+
+
+def _band_rows(size: int) -> int:
+    """Output rows per band of :func:`_render`: the whole image up to 2 MB of float32 (320 px is
+    1.2 MB: there bands only add calls), else bands of about 512 KB, which stay in a core's L2
+    cache (68 rows at 640 px; docs/benchmarks.md has the figures)."""
+    if 12 * size * size <= 2 ** 21:
+        return size
+    return max(8, 2 ** 19 // (12 * size))
+
+
+def _finish(x: torch.Tensor, colour: torch.Tensor | None) -> torch.Tensor:
+    """Float (3, h, w) on the 0..255 scale -> the colour matrix applied, rounded, uint8."""
+    if colour is not None:
+        x = (colour @ x.reshape(3, -1)).reshape(x.shape)
+    return x.round_().clamp_(0, 255).to(torch.uint8)
+
+
+def _warp_source(canvas: "_Canvas", a: torch.Tensor, b: torch.Tensor, size: int):
+    """The input and grid of :func:`_warp`'s ``grid_sample``: (float32 (1, 3, H, W) canvas - 114,
+    (1, size, size, 2) grid).
+
+    ``grid_sample`` reads only the pixels next to its sampling points, so only the canvas' window
+    around them (the four corners of the grid - it is affine -, widened by two pixels) is filled
+    in: on average a third of a mosaic's 2S canvas. The rest of the tensor is left unwritten and
+    never read; the output is that of the whole canvas.
+    """
+    h, w = canvas.h, canvas.w
     inv = torch.linalg.inv(a)
     # affine_grid works in normalized coordinates: q = (S/2)(o + 1) and p_n = D p - 1.
     d = torch.diag(torch.tensor([2.0 / w, 2.0 / h], dtype=torch.float64))
     half = size / 2.0
     lin = d @ inv * half
     off = d @ inv @ (torch.full((2,), half, dtype=torch.float64) - b) - 1.0
-    theta = torch.cat([lin, off[:, None]], dim=1).to(torch.float32).unsqueeze(0)
-    grid = F.affine_grid(theta, [1, 3, size, size], align_corners=False)
-    src = canvas.to(torch.float32).sub_(PAD_VALUE).unsqueeze(0)
-    out = F.grid_sample(src, grid, mode="bilinear", padding_mode="zeros", align_corners=False)[0]
-    return out.add_(PAD_VALUE)
+    theta = torch.cat([lin, off[:, None]], dim=1).to(torch.float32)
+    grid = _affine_grid(theta, size)
+    # the source pixels bilinear sampling reads: floor(i) and floor(i) + 1 of each unnormalized
+    # coordinate i = ((g + 1) * W - 1) / 2 (align_corners=False) of the grid, whose extremes are at
+    # its four corners; computed here in float64 from theta, hence the margin
+    t = theta.tolist()
+    e = _GRID_BASE[size][0]
+    lo, hi = float(e[0]), float(e[-1])
+    gx = [t[0][0] * u + t[0][1] * v + t[0][2] for u in (lo, hi) for v in (lo, hi)]
+    gy = [t[1][0] * u + t[1][1] * v + t[1][2] for u in (lo, hi) for v in (lo, hi)]
+    x0 = max(0, math.floor((((min(gx) + 1.0) * w - 1.0) / 2.0)) - 2)
+    x1 = min(w, math.floor((((max(gx) + 1.0) * w - 1.0) / 2.0)) + 4)
+    y0 = max(0, math.floor((((min(gy) + 1.0) * h - 1.0) / 2.0)) - 2)
+    y1 = min(h, math.floor((((max(gy) + 1.0) * h - 1.0) / 2.0)) + 4)
+    src = torch.empty((1, 3, h, w), dtype=torch.float32)
+    if x0 < x1 and y0 < y1:
+        canvas.fill_minus_pad(src[0], y0, y1, x0, x1)
+    return src, grid
+
+
+#: per output size: (x, y) of the pixel centres as F.affine_grid places them, and whether the
+#: elementwise grid of _affine_grid equals F.affine_grid's on this machine
+_GRID_BASE: dict[int, tuple[torch.Tensor, torch.Tensor, bool]] = {}
+
+
+def _affine_grid(theta: torch.Tensor, size: int) -> torch.Tensor:
+    """``F.affine_grid(theta[None], [1, 3, size, size], align_corners=False)`` for a (2, 3) float32
+    ``theta``, the same float32 numbers at a fraction of the cost.
+
+    affine_grid multiplies its base grid (x, y, 1) by theta with a batched matmul (~70 % of a
+    320 px sample's grid time); with three terms that is ``(t0 * x + t1 * y) + t2`` per
+    coordinate, computed here elementwise (the products once per row and column). Whether the
+    matmul rounds exactly so (no fused multiply-add) depends on the machine's BLAS: the first
+    grid of each size is compared with F.affine_grid's, and a machine where they differ keeps
+    F.affine_grid.
+    """
+    entry = _GRID_BASE.get(size)
+    if entry is None:
+        ident = F.affine_grid(torch.tensor([[[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]]]), [1, 3, size, size],
+                              align_corners=False)[0]
+        bx, by = ident[0, :, 0].clone(), ident[:, 0, 1].clone()
+        reference = F.affine_grid(theta[None], [1, 3, size, size], align_corners=False)
+        entry = (bx, by, torch.equal(_elementwise_grid(theta, bx, by), reference))
+        _GRID_BASE[size] = entry
+        if not entry[2]:
+            LOGGER.debug("libreyolo: the elementwise affine grid differs from F.affine_grid here; using F.affine_grid")
+    bx, by, exact = entry
+    if not exact:
+        return F.affine_grid(theta[None], [1, 3, size, size], align_corners=False)
+    return _elementwise_grid(theta, bx, by)
+
+
+def _elementwise_grid(theta: torch.Tensor, bx: torch.Tensor, by: torch.Tensor) -> torch.Tensor:
+    """(1, H, W, 2) grid: ``(theta[r, 0] * bx[j] + theta[r, 1] * by[i]) + theta[r, 2]``, as a view of
+    (2, H, W) planes (written contiguously; grid_sample reads any strides, and as fast)."""
+    planes = torch.empty((2, len(by), len(bx)), dtype=torch.float32)
+    for r in range(2):
+        torch.add((theta[r, 0] * bx)[None, :], (theta[r, 1] * by)[:, None], out=planes[r])
+        planes[r].add_(theta[r, 2])
+    return planes.permute(1, 2, 0).unsqueeze(0)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -252,7 +252,9 @@ def decode_image(path: str | os.PathLike) -> np.ndarray:
     try:
         with Image.open(path) as im:
             im.load()  # PIL opens lazily; load() is where truncation and corruption surface
-            return pil_to_rgb(im)
+            # upright in place: this image is ours (pil_to_rgb copies a caller's image for it)
+            ImageOps.exif_transpose(im, in_place=True)
+            return _upright_to_rgb(im)
     except (FileNotFoundError, PermissionError, IsADirectoryError):
         raise
     except Exception as e:  # UnidentifiedImageError, truncated data, decompression bombs, ...
@@ -298,6 +300,11 @@ def pil_to_rgb(image: Image.Image) -> np.ndarray:
     upright = ImageOps.exif_transpose(image)
     if upright is None:  # older Pillow returns None when in_place is set; be defensive
         upright = image
+    return _upright_to_rgb(upright)
+
+
+def _upright_to_rgb(upright: Image.Image) -> np.ndarray:
+    """:func:`pil_to_rgb` of an image already upright (its EXIF orientation applied)."""
     mode = upright.mode
     if mode == "RGB":
         out = np.array(upright, dtype=np.uint8)  # np.array copies: never shares the PIL buffer

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 import pickle
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
+import libreyolo.data.augment as augment_mod
 from libreyolo.data.augment import (
     MIN_BOX_SIDE,
     DetectionDataset,
@@ -227,7 +229,7 @@ def test_mosaic_warp_without_zoom_is_the_centre_crop(shapes):
     torch.manual_seed(3)
     canvas, targets, ref = ds._load_mosaic(0)
     image, out = ds._random_affine(canvas, targets, ref, (64.0, 64.0))
-    crop = canvas[:, 32:96, 32:96].float()
+    crop = canvas.dense()[:, 32:96, 32:96].float()
     assert (image - crop).abs().max() <= 0.01
     kept = targets.clone()
     kept[:, 1:] = (kept[:, 1:] - 32).clamp(0, 64)
@@ -464,3 +466,237 @@ def test_undecodable_flags_are_shared_with_dataloader_workers(tmp_path, caplog):
     (images, targets, mask), = list(loader)
     assert targets[0, 0, 0] == 1.0  # sample 0 was replaced by sample 1
     assert ds._undecodable.tolist() == [1, 0, 0]  # seen by the main process too: not retried
+
+
+# ---- the sample is the recipe's reference arithmetic, bit for bit -----------------------------------
+#
+# DetectionDataset builds a sample without its padded squares or its 2S mosaic canvas, computes the
+# affine grid elementwise and fills in only the part of the canvas the warp reads. The reference
+# below is the recipe the plain way (letterboxed squares cropped, the canvas built, the whole canvas
+# in float, F.affine_grid, torch's colour matrices): the same random draws in the same order must
+# give the same bytes.
+
+
+def _reference_hue(theta: float) -> torch.Tensor:
+    k = torch.full((3,), 1.0 / math.sqrt(3.0), dtype=torch.float64)
+    kx = torch.tensor([[0.0, -k[2], k[1]], [k[2], 0.0, -k[0]], [-k[1], k[0], 0.0]], dtype=torch.float64)
+    eye = torch.eye(3, dtype=torch.float64)
+    return math.cos(theta) * eye + math.sin(theta) * kx + (1.0 - math.cos(theta)) * torch.outer(k, k)
+
+
+def _reference_saturation(gain: float) -> torch.Tensor:
+    luma = torch.tensor([0.299, 0.587, 0.114], dtype=torch.float64)
+    return gain * torch.eye(3, dtype=torch.float64) + (1.0 - gain) * luma.expand(3, 3)
+
+
+def _uniform(lo: float, hi: float) -> float:
+    return lo + (hi - lo) * float(torch.rand((), dtype=torch.float64))
+
+
+def _reference_warp(canvas: torch.Tensor, a: torch.Tensor, b: torch.Tensor, size: int) -> torch.Tensor:
+    _, h, w = canvas.shape
+    inv = torch.linalg.inv(a)
+    d = torch.diag(torch.tensor([2.0 / w, 2.0 / h], dtype=torch.float64))
+    half = size / 2.0
+    lin = d @ inv * half
+    off = d @ inv @ (torch.full((2,), half, dtype=torch.float64) - b) - 1.0
+    theta = torch.cat([lin, off[:, None]], dim=1).to(torch.float32).unsqueeze(0)
+    grid = torch.nn.functional.affine_grid(theta, [1, 3, size, size], align_corners=False)
+    src = canvas.to(torch.float32).sub_(114.0).unsqueeze(0)
+    return torch.nn.functional.grid_sample(src, grid, mode="bilinear", padding_mode="zeros",
+                                           align_corners=False)[0].add_(114.0)
+
+
+def _reference_mosaic(ds: DetectionDataset, index: int):
+    s = ds.imgsz
+    canvas = torch.full((3, 2 * s, 2 * s), 114, dtype=torch.uint8)
+    if ds.dense_mosaic:
+        xc = yc = s
+    else:
+        xc = int(torch.randint(s // 2, s + s // 2 + 1, ()))
+        yc = int(torch.randint(s // 2, s + s // 2 + 1, ()))
+    others = torch.randint(len(ds.samples), (3,)).tolist()
+    all_targets, all_ref = [], []
+    for k, i in enumerate([index, *others]):
+        tile, p, targets = ds.load_letterboxed(i)   # predict's letterbox (test_letterbox_matches_predict)
+        nh, nw = p.new_h, p.new_w
+        tile = tile[:, p.pad_y:p.pad_y + nh, p.pad_x:p.pad_x + nw]
+        targets[:, 1::2] -= p.pad_x
+        targets[:, 2::2] -= p.pad_y
+        x0 = xc - nw if k in (0, 2) else xc
+        y0 = yc - nh if k in (0, 1) else yc
+        cx0, cy0 = max(x0, 0), max(y0, 0)
+        cx1, cy1 = min(x0 + nw, 2 * s), min(y0 + nh, 2 * s)
+        canvas[:, cy0:cy1, cx0:cx1] = tile[:, cy0 - y0:cy1 - y0, cx0 - x0:cx1 - x0]
+        if len(targets):
+            all_ref.append((targets[:, 3] - targets[:, 1]) * (targets[:, 4] - targets[:, 2]))
+            targets[:, 1::2] = (targets[:, 1::2] + x0).clamp_(cx0, cx1)
+            targets[:, 2::2] = (targets[:, 2::2] + y0).clamp_(cy0, cy1)
+            all_targets.append(targets)
+    if not all_targets:
+        return canvas, torch.zeros((0, 5)), torch.zeros((0,))
+    return canvas, torch.cat(all_targets), torch.cat(all_ref)
+
+
+def _reference_sample(ds: DetectionDataset, index: int):
+    """One ``augment=True`` YOLO-recipe sample (no MixUp) the plain way."""
+    s = ds.imgsz
+    zoom_scale = 1.0
+    if float(torch.rand(())) < ds.mosaic:
+        canvas, targets, ref = _reference_mosaic(ds, index)
+        center = (float(s), float(s))
+        zoom_scale = 0.5 if ds.dense_mosaic else 1.0
+    else:
+        canvas, _, targets = ds.load_letterboxed(index)
+        ref = (targets[:, 3] - targets[:, 1]) * (targets[:, 4] - targets[:, 2])
+        center = (s / 2.0, s / 2.0)
+    angle = math.radians(_uniform(-ds.degrees, ds.degrees)) if ds.degrees else 0.0
+    zoom = (_uniform(1.0 - ds.scale, 1.0 + ds.scale) if ds.scale else 1.0) * zoom_scale
+    tx = _uniform(-ds.translate, ds.translate) * s if ds.translate else 0.0
+    ty = _uniform(-ds.translate, ds.translate) * s if ds.translate else 0.0
+    cos, sin = math.cos(angle) * zoom, math.sin(angle) * zoom
+    a = torch.tensor([[cos, -sin], [sin, cos]], dtype=torch.float64)
+    b = torch.tensor([s / 2.0 + tx, s / 2.0 + ty], dtype=torch.float64) - a @ torch.tensor(center, dtype=torch.float64)
+    identity = canvas.shape[-1] == s and angle == 0.0 and zoom == 1.0 and tx == 0.0 and ty == 0.0
+    image = canvas.to(torch.float32) if identity else _reference_warp(canvas, a, b, s)
+    if len(targets):
+        xy = targets[:, [1, 2, 3, 2, 3, 4, 1, 4]].reshape(-1, 4, 2).to(torch.float64) @ a.T + b
+        out = torch.cat([xy.amin(1), xy.amax(1)], dim=1).clamp_(0, s)
+        w, h = out[:, 2] - out[:, 0], out[:, 3] - out[:, 1]
+        kept = (w * h) / (ref.to(torch.float64) * zoom * zoom).clamp_min(1e-9)
+        keep = (w >= MIN_BOX_SIDE) & (h >= MIN_BOX_SIDE) & (kept >= 0.2)
+        targets = torch.cat([targets[:, :1].to(torch.float64), out], dim=1)[keep].to(torch.float32)
+    else:
+        targets = targets.reshape(0, 5)
+    hue = _uniform(-ds.hsv_h, ds.hsv_h) * 2.0 * math.pi if ds.hsv_h else 0.0
+    sat = _uniform(1.0 - ds.hsv_s, 1.0 + ds.hsv_s) if ds.hsv_s else 1.0
+    val = _uniform(1.0 - ds.hsv_v, 1.0 + ds.hsv_v) if ds.hsv_v else 1.0
+    if not (hue == 0.0 and sat == 1.0 and val == 1.0):
+        m = val * (_reference_saturation(sat) @ _reference_hue(hue))
+        image = (m.to(torch.float32) @ image.reshape(3, -1)).reshape(image.shape)
+    image = image.round_().clamp_(0, 255).to(torch.uint8)
+    if ds.fliplr > 0 and float(torch.rand(())) < ds.fliplr:
+        image = image.flip(-1)
+        if len(targets):
+            x1 = s - targets[:, 3]
+            targets[:, 3] = s - targets[:, 1]
+            targets[:, 1] = x1
+    return image.contiguous(), targets
+
+
+@pytest.mark.parametrize("size", [128, 96, 160])   # images of long side 128: not resized, shrunk, enlarged
+@pytest.mark.parametrize("mode", ["topleft", "center", "stretch"])
+@pytest.mark.parametrize("hyp", [{}, {"degrees": 20.0, "scale": 0.9, "translate": 0.3}, {"mosaic": 0.5},
+                                 {"dense_mosaic": True}, {"mosaic": 0.0, "degrees": 5.0}],
+                         ids=["defaults", "wide", "half-mosaic", "dense", "solo"])
+def test_sample_is_the_reference_recipe_bit_for_bit(shapes, size, mode, hyp):
+    ds = DetectionDataset(shapes.train, size, augment=True, resize=mode, **hyp)
+    boxes = 0
+    for i in range(8):
+        torch.manual_seed(500 + i)
+        image, targets = ds[i]
+        torch.manual_seed(500 + i)
+        want_image, want = _reference_sample(ds, i)
+        assert torch.equal(image, want_image), (i, (image.int() - want_image.int()).abs().max())
+        assert torch.equal(targets, want), i
+        boxes += len(targets)
+    assert boxes > 0
+
+
+@pytest.mark.parametrize("cache", ["ram", "disk"])
+def test_cached_sample_is_the_reference_recipe(shapes, tmp_path, monkeypatch, cache):
+    """From cache=ram|disk the tiles are views of the cached squares: the same bytes."""
+    monkeypatch.setenv("LIBREYOLO_CACHE_DIR", str(tmp_path))
+    ds = DetectionDataset(shapes.train, 96, augment=True, resize="center", degrees=10.0)
+    assert ds.cache_images(cache, progress=False)
+    for i in range(6):
+        torch.manual_seed(900 + i)
+        image, targets = ds[i]
+        torch.manual_seed(900 + i)
+        want_image, want = _reference_sample(ds, i)
+        assert torch.equal(image, want_image) and torch.equal(targets, want), i
+
+
+def test_random_draws_stay_in_step_with_the_reference(shapes):
+    """The generator is left where the reference leaves it: a run of samples matches throughout."""
+    ds = DetectionDataset(shapes.train, 96, augment=True, mosaic=0.5, degrees=10.0)
+    torch.manual_seed(7)
+    got = [ds[i % len(ds)] for i in range(12)]
+    torch.manual_seed(7)
+    want = [_reference_sample(ds, i % len(ds)) for i in range(12)]
+    for (gi, gt), (wi, wt) in zip(got, want):
+        assert torch.equal(gi, wi) and torch.equal(gt, wt)
+
+
+@pytest.mark.parametrize("angle, zoom, shift", [(0.0, 1.0, (0, 0)), (45.0, 0.5, (0, 0)), (30.0, 1.7, (40, -25)),
+                                                (0.0, 0.4, (300, 0)), (10.0, 1.0, (-400, 0)), (0.0, 2.0, (0, 190))])
+def test_warp_of_the_window_is_the_warp_of_the_whole_canvas(angle, zoom, shift):
+    """Extreme affines - the whole canvas read, a corner of it, none of it (all grey) -: filling in
+    only the window the warp reads gives the warp of the whole built canvas."""
+    g = torch.Generator().manual_seed(3)
+    s = 64
+    tiles = [(torch.randint(0, 256, (3, 50, 70), dtype=torch.uint8, generator=g), 14, 0),
+             (torch.randint(0, 256, (3, 64, 30), dtype=torch.uint8, generator=g), 0, 70),
+             (torch.rand((3, 40, 40), generator=g).mul(255).round(), 64, 20)]   # a float tile of whole numbers
+    canvas = augment_mod._Canvas(2 * s, tiles)
+    r = math.radians(angle)
+    a = torch.tensor([[math.cos(r), -math.sin(r)], [math.sin(r), math.cos(r)]], dtype=torch.float64) * zoom
+    b = torch.tensor([s / 2.0 + shift[0], s / 2.0 + shift[1]], dtype=torch.float64) - a @ torch.tensor([64.0, 64.0],
+                                                                                                        dtype=torch.float64)
+    got = augment_mod._warp(canvas, a, b, s)
+    assert torch.equal(got, _reference_warp(canvas.dense(), a, b, s))
+    if shift == (300, 0):
+        assert (got == 114).all()   # nothing of the canvas in view
+
+
+@pytest.mark.parametrize("size", [64, 97, 320])
+def test_affine_grid_is_f_affine_grids(size):
+    g = torch.Generator().manual_seed(size)
+    for _ in range(20):
+        theta = (torch.rand((2, 3), generator=g) * 4 - 2).to(torch.float32)
+        want = torch.nn.functional.affine_grid(theta[None], [1, 3, size, size], align_corners=False)
+        assert torch.equal(augment_mod._affine_grid(theta, size), want)
+
+
+def test_affine_grid_falls_back_where_the_elementwise_grid_differs(monkeypatch):
+    """A machine whose matmul rounds otherwise (a fused multiply-add) keeps F.affine_grid."""
+    monkeypatch.setattr(augment_mod, "_GRID_BASE", {})
+    real = augment_mod._elementwise_grid
+    monkeypatch.setattr(augment_mod, "_elementwise_grid", lambda *a: real(*a).nextafter(torch.tensor(9.0)))
+    theta = torch.tensor([[0.7, 0.2, 0.1], [-0.3, 0.9, -0.2]])
+    want = torch.nn.functional.affine_grid(theta[None], [1, 3, 40, 40], align_corners=False)
+    for _ in range(2):
+        assert torch.equal(augment_mod._affine_grid(theta, 40), want)
+    assert augment_mod._GRID_BASE[40][2] is False
+
+
+def test_every_uint8_survives_the_letterbox_round_trip():
+    """Why an image that needs no resize is pasted as it is: predict's letterbox divides by 255,
+    the dataset multiplies back and rounds, and every value - the padding's 114 among them - comes
+    back unchanged."""
+    values = torch.arange(256, dtype=torch.uint8)
+    hwc = values.reshape(16, 16, 1).expand(16, 16, 3).contiguous()   # all 256 values in each channel
+    full = letterbox(hwc.unsqueeze(0), 16)[0].mul_(255.0).round_().clamp_(0, 255).to(torch.uint8)
+    assert torch.equal(full, hwc.permute(2, 0, 1))
+    half = letterbox(hwc[:8].unsqueeze(0).contiguous(), 16)[0].mul_(255.0).round_().clamp_(0, 255).to(torch.uint8)
+    assert torch.equal(half[:, :8], hwc[:8].permute(2, 0, 1)) and (half[:, 8:] == 114).all()
+
+
+@pytest.mark.parametrize("size, colour", [(600, True), (600, False), (96, True)])
+def test_render_in_bands_is_the_whole_image_steps(size, colour):
+    """_render (warp, colour matrix, rounding; at 600 px in bands of rows, the last one short) gives
+    the bytes of those steps one after the other over the whole image."""
+    g = torch.Generator().manual_seed(size)
+    canvas = augment_mod._Canvas(2 * size, [(torch.randint(0, 256, (3, size, size + 40), dtype=torch.uint8,
+                                                            generator=g), size // 3, size // 2)])
+    assert (augment_mod._band_rows(size) < size) == (size == 600)
+    r = math.radians(7.0)
+    a = torch.tensor([[math.cos(r), -math.sin(r)], [math.sin(r), math.cos(r)]], dtype=torch.float64) * 0.8
+    b = torch.tensor([size / 2.0, size / 2.0], dtype=torch.float64) - a @ torch.tensor([float(size)] * 2,
+                                                                                      dtype=torch.float64)
+    m = (torch.eye(3) * 1.1 + 0.05 * torch.rand((3, 3), generator=g)) if colour else None
+    whole = _reference_warp(canvas.dense(), a, b, size)
+    if m is not None:
+        whole = (m @ whole.reshape(3, -1)).reshape(whole.shape)
+    want = whole.round_().clamp_(0, 255).to(torch.uint8)
+    assert torch.equal(augment_mod._render(canvas, a, b, size, m, False), want)

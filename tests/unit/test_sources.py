@@ -408,3 +408,20 @@ def test_predict_result_does_not_change_when_the_callers_array_does():
     (res,) = model(arr, imgsz=64, conf=0.0)
     arr[:] = 0
     np.testing.assert_array_equal(res.orig_img, keep)
+
+
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_decode_image_is_pil_to_rgb_of_the_file(tmp_path, orientation):
+    """decode_image turns its own image upright in place: the same pixels as pil_to_rgb, which
+    copies a caller's image to turn it, for every EXIF orientation."""
+    from libreyolo.data.sources import decode_image, pil_to_rgb
+
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    path = tmp_path / f"o{orientation}.jpg"
+    Image.fromarray(rgb_array(6, 10)).save(path, exif=exif, quality=95)
+    with Image.open(path) as im:
+        want = pil_to_rgb(im)
+    got = decode_image(path)
+    assert got.flags.writeable and got.flags.c_contiguous
+    np.testing.assert_array_equal(got, want)
