@@ -115,7 +115,7 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--n-train", type=int, default=0, help="generate a shapes set of this many training images")
     ap.add_argument("--data-imgsz", type=int, default=640, help="long side of the generated set's images")
-    ap.add_argument("--cache", default="false", help="ram, disk or false")
+    ap.add_argument("--cache", default="auto", help="ram, disk, auto (the library's default) or false")
     ap.add_argument("--force", action="store_true", help="declare the family train-capturable for this run")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()

@@ -563,8 +563,9 @@ TRAIN = {
     "seed": Opt(_int("seed", 0), 0, "random seed"),
     "cuda_graph": Opt(_flag("cuda_graph"), False, "capture the training step in CUDA graphs (eager fallback, "
                                                   "one log line)"),
-    "cache": Opt(str, False, "ram or disk: decode and resize every image once, before the first epoch "
-                              "(default false: read the files every epoch)"),
+    "cache": Opt(str, "auto", "ram or disk: decode and resize every image once, before the first epoch; "
+                               "auto (default): in RAM when the images need at most a quarter of the free "
+                               "memory and 4 GiB; false: read the files every epoch"),
     "channels_last": Opt(_auto_flag("channels_last"), None, "NHWC network and batches: true, false or auto "
                                                            "(on CUDA for the families that declare it)"),
     "gpu_augment": Opt(_flag("gpu_augment"), None, "the YOLO recipe (mosaic, affine, HSV, flip) on the training "

@@ -256,13 +256,14 @@ _AMP_BF16 = ("bf16", "bfloat16")
 
 
 def parse_cache(value: Any) -> str | bool:
-    """``cache``: False (and the false spellings), "ram" (True means it) or "disk"."""
-    if isinstance(value, str) and value.strip().lower() in ("ram", "disk"):
+    """``cache``: False (and the false spellings), "ram" (True means it), "disk" or "auto" (RAM
+    when the images fit a share of the free memory)."""
+    if isinstance(value, str) and value.strip().lower() in ("ram", "disk", "auto"):
         return value.strip().lower()
     try:
         return "ram" if parse_bool("cache", value) else False
     except OptionError:
-        raise OptionError(f"cache must be ram, disk or false, got {value!r}") from None
+        raise OptionError(f"cache must be ram, disk, auto or false, got {value!r}") from None
 
 
 def parse_amp(value: Any, family_default: Any = AMP_FAMILY_DEFAULT) -> Any:

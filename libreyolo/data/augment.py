@@ -46,6 +46,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
 import numpy as np
@@ -83,6 +84,13 @@ LOGGER = logging.getLogger("libreyolo")
 MIN_BOX_SIDE = 2.0
 #: Boxes keeping less than this fraction of their (scaled) area after cropping are dropped.
 MIN_AREA_KEPT = 0.2
+
+
+#: cache="auto" keeps the letterboxed images in RAM when they need at most this share of the
+#: available memory ...
+AUTO_CACHE_FRACTION = 0.25
+#: ... and at most this many bytes (4 GiB: ~3,400 images at 640 px, ~14,000 at 320)
+AUTO_CACHE_MAX_BYTES = 4 << 30
 
 
 class DetectionDataset(Dataset):
@@ -224,7 +232,8 @@ class DetectionDataset(Dataset):
                 targets[:, 1] = x1
         return image, targets
 
-    def cache_images(self, mode: str, *, progress: bool = True, max_fraction: float = 0.6) -> bool:
+    def cache_images(self, mode: str, *, progress: bool = True, max_fraction: float = 0.6,
+                     threads: int | None = None) -> bool:
         """Decode and letterbox every image once, before training, and keep the results: ``"ram"``
         in this process (DataLoader workers started by fork share it copy-on-write) or ``"disk"``
         as ``.npy`` files under the libreyolo cache, keyed by the files, their sizes and mtimes,
@@ -234,13 +243,29 @@ class DetectionDataset(Dataset):
         transforms the original image.
 
         ``"ram"`` is refused with one warning (and the files are read as before) when the images
-        need more than ``max_fraction`` of the available memory. Returns whether a cache is used.
+        need more than ``max_fraction`` of the available memory. ``"auto"`` (training's default)
+        is ``"ram"`` when the images need at most :data:`AUTO_CACHE_FRACTION` of the available
+        memory and :data:`AUTO_CACHE_MAX_BYTES`, else no cache; one info line says which. A cached
+        sample is the same bytes as one read from its file. The images are decoded and
+        letterboxed by ``threads`` threads (default: up to 8, one per core). Returns whether a
+        cache is used.
         """
-        if mode not in ("ram", "disk"):
-            raise ValueError(f"cache must be 'ram', 'disk' or false, got {mode!r}")
+        if mode not in ("ram", "disk", "auto"):
+            raise ValueError(f"cache must be 'ram', 'disk', 'auto' or false, got {mode!r}")
         n, s = len(self.samples), self.imgsz
         need = n * 3 * s * s
-        if mode == "ram":
+        if mode == "auto":
+            avail = _available_memory()
+            limit = min(AUTO_CACHE_FRACTION * avail, AUTO_CACHE_MAX_BYTES) if avail is not None else 0
+            if need > limit:
+                LOGGER.info("libreyolo: cache=auto: %d images at %d px need %.2f GB, over the automatic RAM "
+                            "cache's %.2f GB; reading the image files every epoch (cache=ram or cache=disk "
+                            "caches them anyway)", n, s, need / 1e9, limit / 1e9)
+                return False
+            LOGGER.info("libreyolo: cache=auto: keeping %d images at %d px in RAM (%.2f GB; cache=false reads "
+                        "the files every epoch)", n, s, need / 1e9)
+            mode = "ram"
+        elif mode == "ram":
             avail = _available_memory()
             if avail is not None and need > max_fraction * avail:
                 LOGGER.warning("libreyolo: cache=ram needs %.1f GB for %d images at %d px but %.1f GB are "
@@ -253,10 +278,14 @@ class DetectionDataset(Dataset):
             from tqdm import tqdm
             bar = tqdm(total=n, desc=f"  caching images ({mode}, {need / 1e9:.2f} GB)", unit="img", leave=False)
         cache: list = [None] * n
-        for i in range(n):
-            cache[i] = self._cached_entry(i, folder)
-            if bar is not None:
-                bar.update(1)
+        # threads: PIL's decode and torch's resize release the GIL; each entry is computed alone,
+        # so the bytes are those of a serial fill
+        threads = min(8, os.cpu_count() or 1) if threads is None else max(1, int(threads))
+        with ThreadPoolExecutor(threads) as pool:
+            for i, entry in enumerate(pool.map(lambda i: self._cached_entry(i, folder), range(n))):
+                cache[i] = entry
+                if bar is not None:
+                    bar.update(1)
         if bar is not None:
             bar.close()
         self._cache = cache

@@ -60,7 +60,8 @@ class RunConfig:
     name: str = "exp"
     exist_ok: bool = False
     resume: Any = False             # True (the run's last.pt) or a path
-    cache: Any = False              # "ram" / "disk": decode + letterbox every image once (False: each epoch)
+    cache: Any = "auto"             # "ram" / "disk": decode + letterbox every image once (False: each
+                                    # epoch; "auto": RAM when the images fit, see DetectionDataset.cache_images)
     seed: int = 0
     plots: bool = True
     verbose: bool = True
@@ -474,19 +475,26 @@ class Trainer:
     def _loaders(self, data):
         cfg = self.cfg
         self.train_set, self.val_set, collate = self.task.datasets(data, cfg.run.imgsz, self.model, cfg.task)
-        if cfg.run.cache:   # before the workers start: forked workers share a RAM cache
+        workers = default_workers(self.device) if cfg.run.workers is None else int(cfg.run.workers)
+        mode = cfg.run.cache
+        if mode == "auto" and workers > 0 and _start_method() != "fork":
+            # workers not forked (spawn, forkserver) would each receive a copy of a RAM cache
+            log.info("libreyolo: cache=auto: no RAM cache, the DataLoader workers start by %s and would "
+                     "each hold a copy (cache=ram caches anyway)", _start_method())
+            mode = False
+        if mode:   # before the workers start: forked workers share a RAM cache
             for ds in (self.train_set, self.val_set):
                 fill = getattr(ds, "cache_images", None)
                 if fill is None:
-                    log.warning("libreyolo: cache=%s: the %s task's datasets have no image cache; they read "
-                                "their files every epoch", cfg.run.cache, self.task.name)
+                    if mode != "auto":
+                        log.warning("libreyolo: cache=%s: the %s task's datasets have no image cache; they "
+                                    "read their files every epoch", mode, self.task.name)
                     break
-                fill(cfg.run.cache, progress=cfg.run.verbose)
+                fill(mode, progress=cfg.run.verbose)
         # One generator, re-seeded at every epoch (seed + epoch): the shuffle order and the
         # workers' augmentation seeds of epoch e are the same in a resumed run.
         self.loader_gen = torch.Generator().manual_seed(cfg.run.seed)
         pin = self.device.type == "cuda"
-        workers = default_workers(self.device) if cfg.run.workers is None else int(cfg.run.workers)
         # persistent workers: no process start-up per epoch; EpochSeeded re-seeds them per epoch
         common = dict(num_workers=workers, pin_memory=pin, collate_fn=collate, persistent_workers=workers > 0)
         batch = cfg.run.batch
@@ -1372,6 +1380,13 @@ class TensorBoardHook(Hook):
         if self.writer is not None:
             self.writer.close()
             self.writer = None
+
+
+def _start_method() -> str:
+    """How DataLoader workers start here: the start method set for this process, else the
+    platform's default (the first of ``get_all_start_methods``); reading it sets nothing."""
+    import multiprocessing
+    return multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_all_start_methods()[0]
 
 
 def _set_lr(group: dict, value: float) -> None:
