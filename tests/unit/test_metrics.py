@@ -88,3 +88,38 @@ def test_pycocotools_fallback_and_missing_backend(monkeypatch):
     monkeypatch.setitem(sys.modules, "pycocotools.coco", None)
     with pytest.raises(ImportError, match="pip install faster-coco-eval"):
         evaluate_detections(_perfect(GT), GT, nc=3)
+
+
+def test_coco_inputs_are_those_of_a_row_by_row_loop():
+    """The column-wise COCO inputs equal, value for value, a plain loop over the rows (ids, class
+    filter, clipped xywh, areas, scores), for arrays and tensors, with classes out of range and
+    boxes of negative width among them."""
+    from libreyolo.tasks.detect.metrics import coco_inputs
+    rng = np.random.default_rng(0)
+    nc = 4
+    preds, gts = [], []
+    for n, m in [(7, 3), (0, 2), (5, 0), (12, 6)]:
+        p = np.concatenate([rng.uniform(0, 50, (n, 4)), rng.uniform(0, 1, (n, 1)),
+                            rng.integers(-1, nc + 1, (n, 1))], 1).astype(np.float32)
+        g = np.concatenate([rng.integers(-1, nc + 1, (m, 1)), rng.uniform(0, 50, (m, 4))], 1).astype(np.float32)
+        preds.append(torch.from_numpy(p) if n % 2 else p)
+        gts.append(g)
+    images, anns, dets = [], [], []
+    instances = np.zeros(nc, dtype=np.int64)
+    for i, (pred, gt) in enumerate(zip(preds, gts), start=1):
+        images.append({"id": i, "width": 1, "height": 1})
+        for cls, x1, y1, x2, y2 in np.asarray(gt, dtype=np.float64).reshape(-1, 5):
+            c = int(cls)
+            if 0 <= c < nc:
+                w, h = max(x2 - x1, 0.0), max(y2 - y1, 0.0)
+                instances[c] += 1
+                anns.append({"id": len(anns) + 1, "image_id": i, "category_id": c + 1,
+                             "bbox": [x1, y1, w, h], "area": w * h, "iscrowd": 0})
+        for x1, y1, x2, y2, conf, cls in np.asarray(pred, dtype=np.float64).reshape(-1, 6):
+            c = int(cls)
+            if 0 <= c < nc:
+                dets.append({"image_id": i, "category_id": c + 1, "score": float(conf),
+                             "bbox": [x1, y1, max(x2 - x1, 0.0), max(y2 - y1, 0.0)]})
+    got = coco_inputs(preds, gts, nc)
+    assert got[0] == images and got[1] == anns and got[2] == dets and got[3].tolist() == instances.tolist()
+    assert anns and dets and any(d["bbox"][2] == 0.0 for d in dets)   # the cases are exercised

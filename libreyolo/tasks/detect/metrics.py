@@ -72,6 +72,43 @@ def _coco_precision(gt: dict, dets: list[dict]) -> np.ndarray:
     return np.asarray(ev.eval["precision"])
 
 
+def coco_inputs(predictions: list, ground_truths: list, nc: int) -> tuple[list, list, list, np.ndarray]:
+    """The COCO ``images``, ground-truth ``annotations`` and detection results of
+    :func:`evaluate_detections` (image ids from 1, annotation ids in order from 1, category id =
+    class + 1, xywh boxes with negative sides clipped to 0; rows whose class is outside
+    ``0..nc-1`` left out), and the ground-truth instances per class.
+
+    Built column-wise with numpy and handed over as Python floats (the same float64 values a
+    row-by-row loop gives): a validation split of a weak detector carries up to ``max_det``
+    detections per image, and a Python loop over numpy rows cost more than the COCO evaluation."""
+    images, anns, dets = [], [], []
+    instances = np.zeros(nc, dtype=np.int64)
+    for i, (pred, gt) in enumerate(zip(predictions, ground_truths), start=1):
+        images.append({"id": i, "width": 1, "height": 1})
+        g = _as_array(gt, 5)
+        c = g[:, 0].astype(np.int64)
+        g, c = g[(c >= 0) & (c < nc)], c[(c >= 0) & (c < nc)]
+        if len(g):
+            x1, y1 = g[:, 1], g[:, 2]
+            w, h = np.maximum(g[:, 3] - x1, 0.0), np.maximum(g[:, 4] - y1, 0.0)
+            instances += np.bincount(c, minlength=nc)
+            first = len(anns) + 1
+            anns.extend({"id": first + k, "image_id": i, "category_id": ck + 1, "bbox": [a, b, ww, hh],
+                         "area": area, "iscrowd": 0}
+                        for k, (ck, a, b, ww, hh, area) in enumerate(zip(
+                            c.tolist(), x1.tolist(), y1.tolist(), w.tolist(), h.tolist(), (w * h).tolist())))
+        d = _as_array(pred, 6)
+        c = d[:, 5].astype(np.int64)
+        d, c = d[(c >= 0) & (c < nc)], c[(c >= 0) & (c < nc)]
+        if len(d):
+            x1, y1 = d[:, 0], d[:, 1]
+            w, h = np.maximum(d[:, 2] - x1, 0.0), np.maximum(d[:, 3] - y1, 0.0)
+            dets.extend({"image_id": i, "category_id": ck + 1, "score": sc, "bbox": [a, b, ww, hh]}
+                        for ck, sc, a, b, ww, hh in zip(
+                            c.tolist(), d[:, 4].tolist(), x1.tolist(), y1.tolist(), w.tolist(), h.tolist()))
+    return images, anns, dets, instances
+
+
 def evaluate_detections(predictions: list, ground_truths: list, nc: int,
                         names: dict[int, str] | None = None) -> dict:
     """COCO mAP50 and mAP50-95, overall and per class.
@@ -89,25 +126,7 @@ def evaluate_detections(predictions: list, ground_truths: list, nc: int,
     names = names or {}
     label = {c: str(names.get(c, c)) for c in range(nc)}
 
-    images, anns, dets = [], [], []
-    instances = np.zeros(nc, dtype=np.int64)
-    for i, (pred, gt) in enumerate(zip(predictions, ground_truths), start=1):
-        images.append({"id": i, "width": 1, "height": 1})
-        for cls, x1, y1, x2, y2 in _as_array(gt, 5):
-            c = int(cls)
-            if not 0 <= c < nc:
-                continue
-            w, h = max(x2 - x1, 0.0), max(y2 - y1, 0.0)
-            instances[c] += 1
-            anns.append({"id": len(anns) + 1, "image_id": i, "category_id": c + 1,
-                         "bbox": [x1, y1, w, h], "area": w * h, "iscrowd": 0})
-        for x1, y1, x2, y2, conf, cls in _as_array(pred, 6):
-            c = int(cls)
-            if not 0 <= c < nc:
-                continue
-            dets.append({"image_id": i, "category_id": c + 1, "score": float(conf),
-                         "bbox": [x1, y1, max(x2 - x1, 0.0), max(y2 - y1, 0.0)]})
-
+    images, anns, dets, instances = coco_inputs(predictions, ground_truths, nc)
     present = [c for c in range(nc) if instances[c] > 0]
     per_class = {label[c]: {"map50": 0.0, "map50_95": 0.0, "instances": int(instances[c])}
                  for c in present}

@@ -166,10 +166,15 @@ class DetectionEvaluator(Evaluator):
     def evaluate(self) -> dict:
         """COCO mAP50 / mAP50-95 (per class too), and precision / recall at the confidence of the
         best mean F1 (IoU 0.5)."""
+        from ...graphs.capture import no_gc
         from .curves import pr_summary
         from .metrics import evaluate_detections
-        out = evaluate_detections(self.preds, self.gts, self.model.nc, self.model.names)
-        self.pr = pr_summary(self.preds, self.gts, self.model.nc)
+        # tens of thousands of small dicts and arrays (a weak detector's max_det rows per image):
+        # in a training process's large heap, the collections they trigger cost more than the
+        # evaluation itself
+        with no_gc():
+            out = evaluate_detections(self.preds, self.gts, self.model.nc, self.model.names)
+            self.pr = pr_summary(self.preds, self.gts, self.model.nc)
         out["precision"], out["recall"] = self.pr.p, self.pr.r
         return out
 
