@@ -219,11 +219,7 @@ class DetectionDataset(Dataset):
             ref_area = _areas(targets)
             center = (s / 2.0, s / 2.0)
             dense = False
-        # what _random_affine then _random_color do, the same draws in the same order, with the
-        # resampling, colour and rounding done together (_render)
-        a, b, zoom, identity = self._affine_params(canvas, center, 0.5 if dense else 1.0)   # dense: 2S into S
-        targets = self._affine_boxes(targets, ref_area, a, b, zoom)
-        image = _render(canvas, a, b, s, self._colour_matrix(), identity)
+        image, targets = self._transform(canvas, targets, ref_area, center, 0.5 if dense else 1.0)   # dense: 2S into S
         if self.fliplr > 0 and float(torch.rand(())) < self.fliplr:
             image = TF.horizontal_flip(image)
             if len(targets):
@@ -326,7 +322,7 @@ class DetectionDataset(Dataset):
         else:
             sample, hwc = self._decode(index)
             image, p = self._letterbox_u8(torch.from_numpy(hwc))
-        return image, p, self._targets(sample, p)
+        return image, p, torch.from_numpy(_pixel_targets(sample, p))
 
     def _tile(self, index: int) -> tuple[torch.Tensor, LetterboxParams, np.ndarray]:
         """What :meth:`load_letterboxed` gives, without building the padded square: (the image's
@@ -343,11 +339,6 @@ class DetectionDataset(Dataset):
         sample, hwc = self._decode(index)
         region, p = self._letterbox_region(torch.from_numpy(hwc))
         return region, p, _pixel_targets(sample, p)
-
-    @staticmethod
-    def _targets(sample: Sample, p: LetterboxParams) -> torch.Tensor:
-        """A sample's normalized labels as pixel targets on its letterboxed square."""
-        return torch.from_numpy(_pixel_targets(sample, p))
 
     def _detr_recipe(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         """RT-DETR / D-FINE training transforms on the decoded image, then predict's resize."""
@@ -462,19 +453,19 @@ class DetectionDataset(Dataset):
             return canvas, torch.zeros((0, 5)), torch.zeros((0,))
         return canvas, torch.from_numpy(np.concatenate(all_targets)), torch.from_numpy(np.concatenate(all_ref))
 
-    def _random_affine(self, canvas: "torch.Tensor | _Canvas", targets: torch.Tensor, ref_area: torch.Tensor,
-                       center: tuple[float, float], zoom_scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rotate/scale about ``center``, translate, and resample to S x S in one pass.
+    def _transform(self, canvas: "torch.Tensor | _Canvas", targets: torch.Tensor, ref_area: torch.Tensor,
+                   center: tuple[float, float], zoom_scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+        """The random affine - rotate/scale about ``center``, translate, resample to S x S in one
+        pass - then the colour jitter, rounded once: (uint8 (3, S, S) image, targets).
 
         ``canvas``: a :class:`_Canvas` or a uint8 (3, H, W) picture. ``zoom_scale`` multiplies the
-        random zoom (0.5 for a dense mosaic).
-
-        Returns the image as float (3, S, S) on the 0..255 scale (rounded once, after colour).
+        random zoom (0.5 for a dense mosaic). The affine's draws come first, then the colour's;
+        the resampling, colour matrix and rounding run together (:func:`_render`).
         """
-        a, b, zoom, identity = self._affine_params(canvas, center, zoom_scale)
         canvas = canvas if isinstance(canvas, _Canvas) else _Canvas.of(canvas)
-        image = canvas.dense().to(torch.float32) if identity else _warp(canvas, a, b, self.imgsz)
-        return image, self._affine_boxes(targets, ref_area, a, b, zoom)
+        a, b, zoom, identity = self._affine_params(canvas, center, zoom_scale)
+        targets = self._affine_boxes(targets, ref_area, a, b, zoom)
+        return _render(canvas, a, b, self.imgsz, self._colour_matrix(), identity), targets
 
     def _affine_params(self, canvas, center: tuple[float, float], zoom_scale: float = 1.0):
         """The random affine's draws: (A, b, zoom, whether it is the identity) with output point
@@ -508,12 +499,6 @@ class DetectionDataset(Dataset):
         keep = (w >= MIN_BOX_SIDE) & (h >= MIN_BOX_SIDE) & (kept >= MIN_AREA_KEPT)
         result = torch.cat([targets[:, :1].to(torch.float64), out], dim=1)[keep]
         return result.to(torch.float32)
-
-    def _random_color(self, image: torch.Tensor) -> torch.Tensor:
-        """HSV-style jitter of a float (3, S, S) image, applied as ONE 3x3 colour matrix
-        (:meth:`_colour_matrix`)."""
-        m = self._colour_matrix()
-        return image if m is None else (m @ image.reshape(image.shape[0], -1)).reshape(image.shape)
 
     def _colour_matrix(self) -> torch.Tensor | None:
         """The colour jitter's draws as one float32 3x3 matrix (None: the identity, nothing to do).
@@ -669,11 +654,10 @@ def _render(canvas: "_Canvas", a: torch.Tensor, b: torch.Tensor, size: int, colo
     arithmetic is its own (tests/unit/test_augment.py compares with the whole-image steps)."""
     if identity:
         return _finish(canvas.dense().to(torch.float32), colour)
-    src, grid = _warp_source(canvas, a, b, size)
     rows = _band_rows(size)
     if rows >= size:
-        out = F.grid_sample(src, grid, mode="bilinear", padding_mode="zeros", align_corners=False)[0]
-        return _finish(out.add_(PAD_VALUE), colour)
+        return _finish(_warp(canvas, a, b, size), colour)
+    src, grid = _warp_source(canvas, a, b, size)
     image = torch.empty((3, size, size), dtype=torch.uint8)
     for r0 in range(0, size, rows):
         band = F.grid_sample(src, grid[:, r0:r0 + rows], mode="bilinear", padding_mode="zeros", align_corners=False)

@@ -105,8 +105,7 @@ def test_equals_the_cpu_recipe_for_the_same_random_numbers(shapes, monkeypatch, 
         else:
             canvas, _, targets = cpu.load_letterboxed(i)
             ref, centre = _areas(targets), (s / 2.0, s / 2.0)
-        image, want = cpu._random_affine(canvas, targets, ref, centre)
-        image = cpu._random_color(image).round_().clamp_(0, 255).to(torch.uint8)
+        image, want = cpu._transform(canvas, targets, ref, centre)   # the affine, colour, rounding
         # the same draws for sample i of the batched version (the batch is the whole dataset)
         torch.manual_seed(100 + i)
         xc, yc = int(torch.randint(s // 2, s + s // 2 + 1, ())), int(torch.randint(s // 2, s + s // 2 + 1, ()))
