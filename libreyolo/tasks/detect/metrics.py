@@ -72,6 +72,17 @@ def _coco_precision(gt: dict, dets: list[dict]) -> np.ndarray:
     return np.asarray(ev.eval["precision"])
 
 
+def _xywh_in_range(rows: np.ndarray, cls_col: int, box_col: int, nc: int):
+    """The rows whose class (column ``cls_col``, truncated to an int) is in ``0..nc-1``: (those
+    rows, their classes, x1, y1, width, height) with the xyxy box at ``box_col`` and negative
+    sides clipped to 0."""
+    c = rows[:, cls_col].astype(np.int64)
+    keep = (c >= 0) & (c < nc)
+    rows, c = rows[keep], c[keep]
+    x1, y1 = rows[:, box_col], rows[:, box_col + 1]
+    return rows, c, x1, y1, np.maximum(rows[:, box_col + 2] - x1, 0.0), np.maximum(rows[:, box_col + 3] - y1, 0.0)
+
+
 def coco_inputs(predictions: list, ground_truths: list, nc: int) -> tuple[list, list, list, np.ndarray]:
     """The COCO ``images``, ground-truth ``annotations`` and detection results of
     :func:`evaluate_detections` (image ids from 1, annotation ids in order from 1, category id =
@@ -85,27 +96,17 @@ def coco_inputs(predictions: list, ground_truths: list, nc: int) -> tuple[list, 
     instances = np.zeros(nc, dtype=np.int64)
     for i, (pred, gt) in enumerate(zip(predictions, ground_truths), start=1):
         images.append({"id": i, "width": 1, "height": 1})
-        g = _as_array(gt, 5)
-        c = g[:, 0].astype(np.int64)
-        g, c = g[(c >= 0) & (c < nc)], c[(c >= 0) & (c < nc)]
-        if len(g):
-            x1, y1 = g[:, 1], g[:, 2]
-            w, h = np.maximum(g[:, 3] - x1, 0.0), np.maximum(g[:, 4] - y1, 0.0)
-            instances += np.bincount(c, minlength=nc)
-            first = len(anns) + 1
-            anns.extend({"id": first + k, "image_id": i, "category_id": ck + 1, "bbox": [a, b, ww, hh],
-                         "area": area, "iscrowd": 0}
-                        for k, (ck, a, b, ww, hh, area) in enumerate(zip(
-                            c.tolist(), x1.tolist(), y1.tolist(), w.tolist(), h.tolist(), (w * h).tolist())))
-        d = _as_array(pred, 6)
-        c = d[:, 5].astype(np.int64)
-        d, c = d[(c >= 0) & (c < nc)], c[(c >= 0) & (c < nc)]
-        if len(d):
-            x1, y1 = d[:, 0], d[:, 1]
-            w, h = np.maximum(d[:, 2] - x1, 0.0), np.maximum(d[:, 3] - y1, 0.0)
-            dets.extend({"image_id": i, "category_id": ck + 1, "score": sc, "bbox": [a, b, ww, hh]}
-                        for ck, sc, a, b, ww, hh in zip(
-                            c.tolist(), d[:, 4].tolist(), x1.tolist(), y1.tolist(), w.tolist(), h.tolist()))
+        _, c, x1, y1, w, h = _xywh_in_range(_as_array(gt, 5), 0, 1, nc)
+        instances += np.bincount(c, minlength=nc)
+        first = len(anns) + 1
+        anns.extend({"id": first + k, "image_id": i, "category_id": ck + 1, "bbox": [a, b, ww, hh],
+                     "area": area, "iscrowd": 0}
+                    for k, (ck, a, b, ww, hh, area) in enumerate(zip(
+                        c.tolist(), x1.tolist(), y1.tolist(), w.tolist(), h.tolist(), (w * h).tolist())))
+        d, c, x1, y1, w, h = _xywh_in_range(_as_array(pred, 6), 5, 0, nc)
+        dets.extend({"image_id": i, "category_id": ck + 1, "score": sc, "bbox": [a, b, ww, hh]}
+                    for ck, sc, a, b, ww, hh in zip(
+                        c.tolist(), d[:, 4].tolist(), x1.tolist(), y1.tolist(), w.tolist(), h.tolist()))
     return images, anns, dets, instances
 
 
