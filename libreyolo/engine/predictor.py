@@ -455,7 +455,7 @@ class Predictor:
         m = self.model
         sync = (lambda: torch.cuda.synchronize(m.device)) if profile and m.device.type == "cuda" else (lambda: None)
         half = getattr(plan, "half", None)
-        unchecked = [half is not None]   # the half copy is checked against the weights after the first launch
+        checked = half is None   # the half copy is checked against the weights after the first launch
         prepare = self._prepare_staged if staged else self._prepare_simple
         chunks = iter(chunks)
         error: list[BaseException] = []
@@ -488,7 +488,7 @@ class Predictor:
                     t.record_stream(compute)
             out = self.run_batch(ch.images, size, mode, amp_dtype, plan, repeating=repeating, half=half,
                                  stacked=ch.batch)
-            if unchecked[0]:
+            if not checked:
                 out = recheck(ch, out)
             for it in ch.items:  # the host copy of borrowed arrays overlaps with the queued GPU work
                 it.own()
@@ -500,8 +500,8 @@ class Predictor:
             device runs it (the pass over every tensor is off the launch's critical path); made before
             the weights last changed, the chunk runs again on a rebuilt copy (which releases the
             graphs that read the old one)."""
-            nonlocal half
-            unchecked[0] = False
+            nonlocal half, checked
+            checked = True
             if is_current(m, half):
                 return out
             if m.device.type == "cuda":
