@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..common.assign import cached
+from ..common.assign import cached, prior_grid
 from ..common.blocks import ELAN, SPPELAN, AConv, ADown, ConvBN, RepNCSPELAN, fuse_modules
 
 STRIDES = (8, 16, 32)
@@ -143,17 +143,8 @@ class DetectHead(nn.Module):
         """Anchor centres (2, N) in grid units and per-anchor stride (1, N), cached per shape
         (not under torch.compile: :func:`cached`)."""
         hws = tuple(tuple(m.shape[-2:]) for m in maps)
-
-        def build():
-            points, strides = [], []
-            for (h, w), s in zip(hws, STRIDES):
-                ys = torch.arange(h, dtype=dtype, device=device) + 0.5
-                xs = torch.arange(w, dtype=dtype, device=device) + 0.5
-                gy, gx = torch.meshgrid(ys, xs, indexing="ij")
-                points.append(torch.stack((gx.reshape(-1), gy.reshape(-1)), 0))
-                strides.append(torch.full((1, h * w), float(s), dtype=dtype, device=device))
-            return torch.cat(points, 1), torch.cat(strides, 1)
-        return cached(self._grid_cache, (hws, dtype, device), build)
+        return cached(self._grid_cache, (hws, dtype, device),   # prior_grid's (N, 2) / (N, 1), transposed
+                      lambda: tuple(t.T.contiguous() for t in prior_grid(hws, STRIDES, 0.5, False, dtype, device)))
 
     def decode(self, maps):
         """Raw maps -> (B, 4+nc, N): xyxy in input pixels, then class probabilities."""
