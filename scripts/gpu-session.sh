@@ -8,6 +8,10 @@
 #                (and again with gpu_augment=true), benchmarks/train_epochs.py's loop before/after
 #                (graph+sync_loop vs graph, 30 epochs) and the 20-epoch run eager vs graph on a
 #                generated set of $N_TRAIN (2000) images; results.csv files and JSON into $OUT.
+#   PART=big   : that last run alone (one process and JSON per arm: a timed-out arm keeps the other's).
+#   PART=profile : the 30-epoch CLI process under cProfile and -X importtime
+#                (scripts/profile_train_cli.py): where its wall goes outside the epochs.
+#   K          : PART=tests only runs the tests whose names match this pytest -k expression.
 # Wheels missing on the machine travel in .whl (carry it).
 set -uo pipefail
 OUT="${OUT:-.out}"; mkdir -p "$OUT"
@@ -17,6 +21,16 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 J=/tmp/json; mkdir -p "$J"; pack() { tar czf "$OUT/json.tgz" -C "$J" . 2>/dev/null; }
+big() {   # 20 epochs eager vs graph on a generated set of $N_TRAIN images, one process and JSON per arm
+  export LIBREYOLO_DATASETS_DIR="${LIBREYOLO_DATASETS_DIR:-/tmp/ds}"
+  python3 -c "from libreyolo.data.synthetic import make_shapes_dataset as m; n=${N_TRAIN:-2000}; \
+print(m(n_train=n, n_val=max(64, n // 10), imgsz=640))" >> "$OUT/train.log" 2>&1
+  for arm in graph eager; do
+    timeout "${T_BIG:-200}" python3 benchmarks/train_epochs.py --arm "$arm" --epochs "${BIG_EPOCHS:-20}" --imgsz 320 \
+      --batch 16 --workers 8 --amp true --n-train "${N_TRAIN:-2000}" > "$J/big-$arm.json" 2>> "$OUT/train.log"
+    echo "big $arm rc=$?" >> "$OUT/train.log"; pack
+  done
+}
 python3 -c "import torch, torchvision; print(torch.__version__, torchvision.__version__, torch.cuda.get_device_name(0))" > "$OUT/env.txt" 2>&1
 case "${PART:-tests}" in
 tests)
@@ -28,7 +42,7 @@ for task, data in (('detect', 'shapes'), ('classify', 'shapes-cls'), ('semantic'
         TASKS[task].resolve_data(data)
 " >> "$OUT/gpu-tests.log" 2>&1
   timeout "${T:-540}" python3 -m pytest -m cuda ${TESTS:-tests} -q -p no:cacheprovider -rf --tb=short --timeout=240 \
-    -n "${WORKERS:-3}" --durations=20 --junitxml="$OUT/gpu-tests.xml" > "$OUT/gpu-tests.log" 2>&1
+    ${K:+-k "$K"} -n "${WORKERS:-3}" --durations=20 --junitxml="$OUT/gpu-tests.xml" > "$OUT/gpu-tests.log" 2>&1
   echo "tests rc=$?" >> "$OUT/gpu-tests.log"; tail -40 "$OUT/gpu-tests.log";;
 bench)
   export OMP_NUM_THREADS="${OMP_NUM_THREADS:-8}"
@@ -58,9 +72,16 @@ train)
   done
   timeout "${T_LOOP:-170}" python3 benchmarks/train_epochs.py --arms graph+sync_loop,graph --epochs 30 --imgsz 320 \
     --batch 16 --workers 8 --amp true --json "$J/loop.json" >> "$OUT/train.log" 2>&1; echo "loop rc=$?" >> "$OUT/train.log"; pack
-  timeout "${T_BIG:-240}" python3 benchmarks/train_epochs.py --arms eager,graph --epochs 20 --imgsz 320 --batch 16 \
-    --workers 8 --amp true --n-train "${N_TRAIN:-2000}" --json "$J/big.json" >> "$OUT/train.log" 2>&1
-  echo "big rc=$?" >> "$OUT/train.log"; pack
-  tail -30 "$OUT/train.log";;
+  big; tail -30 "$OUT/train.log";;
+big) big; tail -30 "$OUT/train.log";;
+profile)
+  # where the 30-epoch CLI process spends its wall outside the epochs: cProfile + -X importtime
+  export LIBREYOLO_DATASETS_DIR="${LIBREYOLO_DATASETS_DIR:-/tmp/ds}"
+  python3 -c "from libreyolo.data.datasets import resolve_data; resolve_data('shapes')" > "$OUT/profile.log" 2>&1
+  TIMEFORMAT='process wall %R s'
+  { time timeout "${T_CLI:-100}" python3 -X importtime scripts/profile_train_cli.py --prof "$OUT/train-cli.prof" \
+      --top 120 -- train model=yolo9t data=shapes epochs=30 batch=16 imgsz=320 cuda_graph=true project=/tmp/runs \
+      name=profile exist_ok=true > "$OUT/profile.log" 2> "$OUT/profile-stderr.log"; } 2>> "$OUT/profile.log"
+  grep -h "profile_train_cli\|process wall" "$OUT/profile.log";;
 esac
 pack
