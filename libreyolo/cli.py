@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -603,6 +604,7 @@ def cmd_train(opts: dict, argv: list[str] | None = None) -> int:
         model = _load(opts, seed=opts["seed"])
     resume = opts.pop("resume")
     kw = {k: v for k, v in opts.items() if k not in ("model",)}
+    before = _process_age()   # the interpreter's start, the imports and the model, up to here
     res = model.train(resume=resume, **kw)
     if env_rank() != 0:
         return 0   # rank 0 reports the run
@@ -620,7 +622,22 @@ def cmd_train(opts: dict, argv: list[str] | None = None) -> int:
         console.print(f"cuda_graph: {g['replays']} captured steps, {g['eager_steps']} eager"
                       + (f" ({g['disabled_reason']})" if g["disabled_reason"] else ""))
     console.print(f"weights: [bold]{res['best']}[/] (best), {res['last']} (last); curves: {res['run_dir']}/results.png")
+    from .engine.trainer import timing_line
+    console.print("time: " + (f"{before:.1f} s from the process's start to train() (imports, model); "
+                              if before is not None else "") + timing_line(res["timing"]), highlight=False)
     return 0
+
+
+def _process_age() -> float | None:
+    """Seconds since this process started (Linux: /proc), None where that cannot be read."""
+    try:
+        with open("/proc/self/stat") as f:
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])   # field 22: starttime
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return uptime - start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 #: the demo's held-out picture falls back to this threshold (top 5) when nothing reaches ``conf``
@@ -890,7 +907,6 @@ def entry() -> None:
     torch process (and its CUDA context) takes seconds; the operating system reclaims the memory
     and the device at once. Output is flushed first."""
     import atexit
-    import os
     import threading
     rc = main()
     for thread in threading.enumerate():   # what a normal exit waits for, too

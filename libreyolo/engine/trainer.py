@@ -400,6 +400,15 @@ def freeze(net: nn.Module, prefixes: Sequence[str]) -> tuple[list[nn.Parameter],
     return changed, norms
 
 
+def timing_line(timing: dict) -> str:
+    """One line of where a run's wall went (:attr:`Trainer.timing`, seconds)."""
+    total = sum(timing[k] for k in ("setup_s", "train_s", "val_s", "ckpt_wait_s", "between_s", "end_s"))
+    return (f"{total:.1f} s in train(): set-up {timing['setup_s']:.1f}, epochs {timing['train_s']:.1f}, "
+            f"validation {timing['val_s']:.1f} (evaluation {timing['eval_s']:.1f}), waiting for checkpoint "
+            f"writes {timing['ckpt_wait_s']:.1f}, the rest of the epochs' ends {timing['between_s']:.1f}, "
+            f"end {timing['end_s']:.1f}")
+
+
 def check_config(cfg: TrainConfig, stride: int) -> None:
     """Validate every option once, before anything is loaded; canonical values in place. The
     image size is rounded up to the model's stride with one warning, as predict does."""
@@ -599,7 +608,10 @@ class Trainer:
             net.train(was_training)
         if loss_fn is not None:
             self.val_loss = (total / max(images, 1)).cpu() if total is not None else None
-        return evaluator.evaluate()
+        t0 = time.perf_counter()
+        metrics = evaluator.evaluate()
+        self.val_eval_s = time.perf_counter() - t0
+        return metrics
 
     # ------------------------------------------------------------------ set-up
     def _setup(self) -> None:
@@ -952,6 +964,7 @@ class Trainer:
         self.frozen_params = []
 
     def train(self) -> dict:
+        t_setup = time.perf_counter()
         try:
             self._setup()
         except BaseException:
@@ -966,6 +979,10 @@ class Trainer:
         self.stop_reason: str | None = None
         self.opt.zero_grad(set_to_none=False)
         t_start = time.time()
+        # where the run's wall goes (see timing_line): set-up, the epochs' steps, validation,
+        # the rest of each epoch's end (checkpoint snapshot, CSV, the next epoch's loader), the end
+        timing = self.timing = {"setup_s": time.perf_counter() - t_setup, "train_s": 0.0, "val_s": 0.0,
+                                "eval_s": 0.0, "ckpt_wait_s": 0.0, "between_s": 0.0, "end_s": 0.0}
         d = self.dist
         main = d is None or d.is_main
         # rank 0 alone validates, logs and writes; the others keep the evaluation fields only
@@ -980,10 +997,16 @@ class Trainer:
                     self._phase(epoch)
                     mloss = self.train_epoch(epoch)
                     state = {"epoch": epoch, "mloss": mloss, "time_s": time.time() - t_epoch}
+                    t_end = time.perf_counter()
                     if self.prefetch_next_epoch and epoch + 1 < cfg.run.epochs:
                         self._prepare_epoch(epoch + 1)   # its first batches load while this one validates
                     for hook in hooks:
                         hook.on_epoch_end(self, state)
+                    timing["train_s"] += state["time_s"]
+                    for k in ("val_s", "eval_s", "ckpt_wait_s"):
+                        timing[k] += state.get(k, 0.0)
+                    timing["between_s"] += (time.perf_counter() - t_end - state.get("val_s", 0.0)
+                                            - state.get("ckpt_wait_s", 0.0))
                     if d is not None:   # the others wait here for rank 0's epoch end, and its decision
                         self.stop_reason = d.broadcast_object(self.stop_reason)
                     if self.stop_reason:
@@ -1008,6 +1031,7 @@ class Trainer:
                 (self.history, self.best_metrics, self.best_epoch, self.best_fitness) = d.broadcast_object(
                     (self.history, self.best_metrics, self.best_epoch, self.best_fitness))
         finally:
+            t_end = time.perf_counter()
             try:
                 for hook in hooks:
                     hook.on_train_end(self)
@@ -1018,6 +1042,7 @@ class Trainer:
                     if self.cfg.run.sync_bn:
                         revert_sync_batchnorm(self.net)
                     d.teardown()
+                timing["end_s"] = time.perf_counter() - t_end
         if self.seam is not None:
             self.model.set_train_seam(self.net, None)
         # the trained weights the Model keeps are the EMA's
@@ -1032,6 +1057,7 @@ class Trainer:
         runner, seam = self.step_runner, self.seam
         best = self.best_metrics or {}
         return {"run_dir": str(self.run_dir), "epochs": len(self.history), "time_s": time.time() - t_start,
+                "timing": dict(timing),
                 **{k: final.get(k) for k in self.metric_keys}, "best_metrics": best,
                 "best_epoch": self.best_epoch, "best_fitness": self.best_fitness, "history": self.history,
                 "stop_reason": self.stop_reason,
@@ -1146,15 +1172,17 @@ class EvaluationHook(Hook):
 
     def on_epoch_end(self, t: Trainer, state: dict) -> None:
         writer = getattr(t, "checkpoint_writer", None)
+        t0 = time.perf_counter()
         if writer is not None:   # the previous epoch's checkpoints are on disk before validation
             writer.wait()
         metrics = t.task.empty_metrics()
-        t.val_loss = None
-        t0 = time.perf_counter()
+        t.val_loss, t.val_eval_s = None, 0.0
+        t1 = time.perf_counter()
         validated = t.cfg.run.val and len(t.val_set) > 0
         if validated:
             metrics = t.validate(t.eval_net, t.val_loader, progress=t.cfg.run.verbose, loss_fn=t.val_loss_fn)
-        state["val_s"] = time.perf_counter() - t0
+        state["val_s"], state["ckpt_wait_s"] = time.perf_counter() - t1, t1 - t0
+        state["eval_s"] = t.val_eval_s
         fitness = t.task.fitness(metrics)
         state["metrics"], state["is_best"] = metrics, (fitness > t.best_fitness) or not validated
         t.epoch_metrics = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
@@ -1220,7 +1248,11 @@ class LoggingHook(Hook):
                # host's time blocked on the device (the loop reads each step's loss one step late)
                "time/step_device_s": round(getattr(t, "step_device_s", 0.0), 3),
                "time/sync_wait_s": round(getattr(t, "sync_wait_s", 0.0), 3),
-               "time/val_s": round(state.get("val_s", 0.0), 3)}
+               "time/val_s": round(state.get("val_s", 0.0), 3),
+               # of validation, the evaluator's host part (matching, COCO mAP, curves)
+               "time/eval_s": round(state.get("eval_s", 0.0), 3),
+               # the epoch's end waiting for the previous epoch's checkpoint write
+               "time/ckpt_wait_s": round(state.get("ckpt_wait_s", 0.0), 3)}
         row.update({k: metrics[k] for k in t.metric_keys if k in metrics})
         t.history.append(row)
         self.rows.append({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in row.items()

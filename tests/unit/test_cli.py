@@ -181,7 +181,11 @@ def test_train_and_val_of_a_classifier_through_the_cli(tmp_path, capsys):
                     tmp_path / "d" / split / name / f"{i}.png")
     args = ["model=resnet18", f"data={tmp_path / 'd'}", "imgsz=32", "batch=4", "workers=0", "device=cpu"]
     assert main(["train", *args, "epochs=1", f"project={tmp_path}", "name=r"]) == 0
-    assert "top1" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "top1" in out
+    # where the process's wall went, on one line (rich may wrap it)
+    line = " ".join(out[out.index("time: "):].split())
+    assert "from the process's start to train()" in line and "in train(): set-up" in line, line
     best = tmp_path / "r" / "weights" / "best.pt"
     assert main(["val", f"model={best}", *args[1:4], "device=cpu"]) == 0
     out = capsys.readouterr().out

@@ -5,6 +5,7 @@ the run naming its epoch and batch; the next epoch's loader started before valid
 across a resume; a run that stops with an epoch prefetched leaves no worker running."""
 import math
 import multiprocessing
+import time
 
 import pytest
 import torch
@@ -184,3 +185,34 @@ def test_an_early_stop_with_an_epoch_prefetched_leaves_no_worker_running(data, t
     assert res["epochs"] == 2 and "early stopping after epoch 2/4" in res["stop_reason"]
     assert prepared == [0, 1, 2]   # epoch 3 was prefetched, then the run stopped
     assert set(multiprocessing.active_children()) <= before
+
+
+def test_the_runs_timing_accounts_for_its_wall_and_names_the_checkpoint_wait(data, tmp_path, monkeypatch):
+    """res["timing"] splits train()'s wall into set-up, epochs, validation (its evaluation part
+    within it), waiting for checkpoint writes, the rest of the epochs' ends and the end: the parts
+    add up to the wall measured around train(), and a slow checkpoint write shows as the next
+    epoch's wait (results.csv's time/ckpt_wait_s), not as training or validation."""
+    from libreyolo import weights as W
+    real_save = W.save_checkpoint
+
+    def slow_save(ckpt, path):
+        time.sleep(0.4)
+        return real_save(ckpt, path)
+
+    monkeypatch.setattr(W, "save_checkpoint", slow_save)
+    t0 = time.perf_counter()
+    res = run(tmp_path, data, epochs=2)
+    wall = time.perf_counter() - t0
+    timing = res["timing"]
+    parts = sum(timing[k] for k in ("setup_s", "train_s", "val_s", "ckpt_wait_s", "between_s", "end_s"))
+    assert 0.9 * wall - 0.3 <= parts <= wall, (parts, wall, timing)
+    h = res["history"]
+    assert timing["train_s"] == pytest.approx(sum(r["time/epoch_s"] for r in h), abs=0.01)
+    assert timing["val_s"] == pytest.approx(sum(r["time/val_s"] for r in h), abs=0.01)
+    for r in h:
+        assert 0.0 <= r["time/eval_s"] <= r["time/val_s"]
+    # epoch 1's last.pt (+ best.pt) sleep 0.8 s in the writer while epoch 2 trains (well under that
+    # on 64 px images): epoch 2's end waits for them; epoch 1 had nothing to wait for
+    assert h[0]["time/ckpt_wait_s"] < 0.1 and h[1]["time/ckpt_wait_s"] > 0.2, h
+    # the end joins epoch 2's write (its last.pt at least: 0.4 s)
+    assert timing["end_s"] >= 0.3, timing
