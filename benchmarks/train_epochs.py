@@ -28,6 +28,11 @@ picks a subset, e.g. ``--arms graph,graph+gpu_augment``.
 asynchronous: each step's loss read at once (``Trainer.loss_lag = 0``, a device sync per step) and
 each epoch's loader started at the epoch, not during the previous one's validation
 (``Trainer.prefetch_next_epoch = False``); the numbers are the same, the times are the comparison.
+``+switch`` runs with ``Trainer.switch_interval = 0.0005`` (the thread switch interval: how soon the
+loop gets the GIL back from the checkpoint writer and the plotter), ``+overlap`` with
+``Trainer.join_write_before_validation = False`` (the previous checkpoint write overlaps
+validation); each arm also reports train()'s ``timing`` (set-up, epochs, validation, checkpoint
+waits, the epochs' ends, the end).
 """
 from __future__ import annotations
 
@@ -41,19 +46,28 @@ import time
 ARMS = ("eager", "graph")
 GPU_AUGMENT = "+gpu_augment"
 SYNC_LOOP = "+sync_loop"
+#: levers of the epoch's host side, measured before they become defaults (see Trainer's attributes):
+#: a 0.5 ms thread switch interval, the checkpoint write overlapping validation
+SWITCH = "+switch"
+OVERLAP = "+overlap"
 
 
 def run_arm(arm: str, a) -> dict:
     from libreyolo.models.registry import parse_spec
 
     base, *mods = arm.split("+")
-    unknown = set(mods) - {GPU_AUGMENT[1:], SYNC_LOOP[1:]}
+    unknown = set(mods) - {m[1:] for m in (GPU_AUGMENT, SYNC_LOOP, SWITCH, OVERLAP)}
     if base not in ARMS or unknown:
-        raise SystemExit(f"unknown arm {arm!r}: {'/'.join(ARMS)} with +gpu_augment and/or +sync_loop")
+        raise SystemExit(f"unknown arm {arm!r}: {'/'.join(ARMS)} with any of +gpu_augment, +sync_loop, "
+                         "+switch, +overlap")
     gpu_augment, sync_loop = GPU_AUGMENT[1:] in mods, SYNC_LOOP[1:] in mods
+    from libreyolo.engine.trainer import Trainer
     if sync_loop:
-        from libreyolo.engine.trainer import Trainer
         Trainer.loss_lag, Trainer.prefetch_next_epoch = 0, False
+    if SWITCH[1:] in mods:
+        Trainer.switch_interval = 0.0005
+    if OVERLAP[1:] in mods:
+        Trainer.join_write_before_validation = False
     timed: list[float] = []
     if gpu_augment:   # time each augmentation call (it ends with its one host read of the batch)
         from libreyolo.data.gpu_augment import DeviceAugment
@@ -96,7 +110,7 @@ def run_arm(arm: str, a) -> dict:
             "step_ms_mean": 1e3 * device / max(1, nb),
             "loader_wait_share": sum(per_epoch["loader_wait_s"]) / max(1e-9, sum(per_epoch["train_s"])),
             "device_idle_s": sum(per_epoch["train_s"]) - device,
-            "overhead_s": wall - loop, "gpu_augment": gpu_augment, "sync_loop": sync_loop,
+            "overhead_s": wall - loop, "timing": res["timing"], "gpu_augment": gpu_augment, "sync_loop": sync_loop,
             "augment_ms_mean": 1e3 * sum(timed) / len(timed) if timed else None}
 
 

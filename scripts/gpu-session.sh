@@ -5,8 +5,8 @@
 #   PART=bench : `libreyolo bench` for $BENCH (model:imgsz[:batch]) and benchmarks/train_step.py for
 #                $TRAIN (model:imgsz:batch), one process each, JSON bundled into $OUT/json.tgz.
 #   PART=train : issue 16's whole runs: the 30-epoch `libreyolo train --cuda-graph` process timed
-#                (and again with gpu_augment=true), benchmarks/train_epochs.py's loop before/after
-#                (graph+sync_loop vs graph, 30 epochs) and the 20-epoch run eager vs graph on a
+#                (and again with gpu_augment=true), benchmarks/train_epochs.py's host levers
+#                ($LOOP_ARMS: graph, graph+switch, graph+overlap; 30 epochs) and the 20-epoch run eager vs graph on a
 #                generated set of $N_TRAIN (2000) images; results.csv files and JSON into $OUT.
 #   PART=big   : that last run alone (one process and JSON per arm: a timed-out arm keeps the other's).
 #   PART=profile : the 30-epoch CLI process under cProfile and -X importtime
@@ -70,7 +70,7 @@ train)
     cp "/tmp/runs/cli-$arm/results.csv" "$OUT/train-cli-$arm.csv" 2>/dev/null
     tail -2 "$OUT/train-cli-$arm.log" >> "$OUT/train.log"
   done
-  timeout "${T_LOOP:-170}" python3 benchmarks/train_epochs.py --arms graph+sync_loop,graph --epochs 30 --imgsz 320 \
+  timeout "${T_LOOP:-170}" python3 benchmarks/train_epochs.py --arms "${LOOP_ARMS:-graph,graph+switch,graph+overlap}" --epochs 30 --imgsz 320 \
     --batch 16 --workers 8 --amp true --json "$J/loop.json" >> "$OUT/train.log" 2>&1; echo "loop rc=$?" >> "$OUT/train.log"; pack
   big; tail -30 "$OUT/train.log";;
 big) big; tail -30 "$OUT/train.log";;

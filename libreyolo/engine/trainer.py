@@ -26,6 +26,7 @@ import csv
 import logging
 import math
 import os
+import sys
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -841,6 +842,15 @@ class Trainer:
     #: steps the loop reads a step's loss behind: 1, the device runs step i while the host reads
     #: step i-1's; 0, each step waited for at once (a synchronous loop: the same numbers, for comparison)
     loss_lag: int = 1
+    #: the interpreter's thread switch interval (sys.setswitchinterval, seconds) for the run, then
+    #: restored; None keeps Python's 5 ms. The checkpoint writer and the plotter hold the GIL while
+    #: they pickle and draw, and a main thread that released it (to wait on the device, to launch
+    #: a replay) gets it back only at the next switch: a shorter interval bounds that wait
+    #: (benchmarks/train_epochs.py's +switch arm measures it)
+    switch_interval: float | None = None
+    #: the epoch's end joins the previous epoch's checkpoint write before validating (True), or
+    #: only before the next write, so that the write overlaps validation (False; the +overlap arm)
+    join_write_before_validation: bool = True
 
     def _prepare_epoch(self, epoch: int) -> None:
         """What epoch ``epoch``'s batches depend on, then its loader iterator: the task's data phase
@@ -989,7 +999,10 @@ class Trainer:
         hooks = self.hooks if main else []
         for hook in self.hooks if main else [h for h in self.hooks if isinstance(h, EvaluationHook)]:
             hook.on_train_start(self)
+        interval = sys.getswitchinterval()
         try:
+            if self.switch_interval is not None:
+                sys.setswitchinterval(self.switch_interval)
             for epoch in range(self.start_epoch, cfg.run.epochs):
                 died = lost = None
                 try:
@@ -1031,6 +1044,7 @@ class Trainer:
                 (self.history, self.best_metrics, self.best_epoch, self.best_fitness) = d.broadcast_object(
                     (self.history, self.best_metrics, self.best_epoch, self.best_fitness))
         finally:
+            sys.setswitchinterval(interval)
             t_end = time.perf_counter()
             try:
                 for hook in hooks:
@@ -1173,8 +1187,8 @@ class EvaluationHook(Hook):
     def on_epoch_end(self, t: Trainer, state: dict) -> None:
         writer = getattr(t, "checkpoint_writer", None)
         t0 = time.perf_counter()
-        if writer is not None:   # the previous epoch's checkpoints are on disk before validation
-            writer.wait()
+        if writer is not None and t.join_write_before_validation:
+            writer.wait()   # the previous epoch's checkpoints are on disk before validation
         metrics = t.task.empty_metrics()
         t.val_loss, t.val_eval_s = None, 0.0
         t1 = time.perf_counter()
@@ -1329,7 +1343,8 @@ class CheckpointHook(Hook):
     of an epoch the checkpoints are copied to host memory (:func:`~libreyolo.weights.host_snapshot`,
     so the next steps cannot change what is written), then one thread writes them - each through
     :func:`~libreyolo.weights.save_checkpoint`, temp file + rename - while the next epoch trains.
-    The write is joined before the next epoch's validation, before the next write, at the end of
+    The write is joined before the next epoch's validation (unless
+    ``Trainer.join_write_before_validation`` is False), before the next write, at the end of
     the run and when it stops on an error; an error of the write (a full disk) is raised there.
     ``t.saved_epoch`` counts the epochs whose ``last.pt`` is on disk.
     """
@@ -1343,7 +1358,11 @@ class CheckpointHook(Hook):
     def on_epoch_end(self, t: Trainer, state: dict) -> None:
         from ..weights import host_snapshot
         epoch, weights = state["epoch"], t.run_dir / "weights"
+        t0 = time.perf_counter()
         self.writer.wait()   # the previous epoch's files first (and its error, if it failed)
+        # counted in the run's timing; the epoch's results.csv row, written before, has the wait
+        # before validation only
+        state["ckpt_wait_s"] = state.get("ckpt_wait_s", 0.0) + time.perf_counter() - t0
         resumable = host_snapshot(t.checkpoint(epoch, with_state=True))
         files = [(resumable, weights / "last.pt")]
         if state["is_best"]:   # the same checkpoint less the training state (a third of the size)

@@ -216,3 +216,24 @@ def test_the_runs_timing_accounts_for_its_wall_and_names_the_checkpoint_wait(dat
     assert h[0]["time/ckpt_wait_s"] < 0.1 and h[1]["time/ckpt_wait_s"] > 0.2, h
     # the end joins epoch 2's write (its last.pt at least: 0.4 s)
     assert timing["end_s"] >= 0.3, timing
+
+
+def test_the_host_levers_leave_every_number_as_it_was(data, tmp_path, monkeypatch):
+    """Trainer.switch_interval (then restored) and join_write_before_validation=False (the write
+    overlapping validation) change when the host does things, never what: the same history,
+    best epoch and last.pt weights as the defaults."""
+    import sys
+    from libreyolo.weights import load_checkpoint
+    base = run(tmp_path / "a", data, epochs=2)
+    interval = sys.getswitchinterval()
+    seen = []
+    real_epoch = T.Trainer.train_epoch
+    monkeypatch.setattr(T.Trainer, "train_epoch", lambda self, e: seen.append(sys.getswitchinterval())
+                        or real_epoch(self, e))
+    monkeypatch.setattr(T.Trainer, "switch_interval", 0.0005)
+    monkeypatch.setattr(T.Trainer, "join_write_before_validation", False)
+    lever = run(tmp_path / "b", data, epochs=2)
+    assert seen == [0.0005, 0.0005] and sys.getswitchinterval() == interval
+    assert numbers(lever["history"]) == numbers(base["history"]) and lever["best_epoch"] == base["best_epoch"]
+    a, b = (load_checkpoint(r["last"])["model"] for r in (base, lever))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
