@@ -201,6 +201,8 @@ def write_images(kind: str, jobs: list[tuple[str, int]], write_one: Callable[[tu
     chunk = max(1, min(16, math.ceil(len(jobs) / (4 * workers))))
     chunks = [jobs[k:k + chunk] for k in range(0, len(jobs), chunk)]
     workers = min(workers, len(chunks))
+    if multiprocessing.current_process().daemon:  # a daemonic process may not start children
+        workers = 1
     files: dict[str, str] = {}
     with tqdm(total=len(jobs), desc=f"{kind} dataset", unit="img", leave=False, disable=len(jobs) < 200) as bar:
         if workers <= 1:

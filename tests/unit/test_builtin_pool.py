@@ -109,6 +109,24 @@ def test_a_worker_that_dies_is_one_clear_error(tmp_path, monkeypatch):
     assert multiprocessing.active_children() == []
 
 
+def _generate_in_daemon(root, queue):
+    make_shapes_dataset(root, **SIZES)
+    queue.put((root / "manifest.json").read_bytes())  # every file's SHA-256; small enough for the pipe
+
+
+def test_a_daemonic_process_generates_without_a_pool(tmp_path, monkeypatch):
+    """A daemonic process (a DataLoader worker, say) may not start children: it writes the set itself."""
+    monkeypatch.setenv(builtin.WORKERS_ENV, "2")
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_generate_in_daemon, args=(tmp_path / "d", queue), daemon=True)
+    proc.start()
+    proc.join(timeout=60)
+    assert proc.exitcode == 0
+    monkeypatch.setenv(builtin.WORKERS_ENV, "1")
+    one = make_shapes_dataset(tmp_path / "one", **SIZES).parent
+    assert queue.get(timeout=5) == (one / "manifest.json").read_bytes()
+
 def test_worker_count(monkeypatch):
     monkeypatch.delenv(builtin.WORKERS_ENV, raising=False)
     monkeypatch.setattr(builtin, "_cores", lambda: 40)
