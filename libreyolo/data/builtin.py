@@ -192,7 +192,8 @@ def write_images(kind: str, jobs: list[tuple[str, int]], write_one: Callable[[tu
     :func:`dataset_workers` processes, in chunks of consecutive jobs (the progress bar advances per
     finished chunk). Every job's output depends on the job alone, so the files are the same bytes
     either way. An error in any job stops the generation (pending chunks cancelled, the workers
-    joined) and is raised here, naming the set and the image.
+    joined) and is raised here as it was raised there, with a note naming the set and the image
+    (Python >= 3.11); a worker that dies is a RuntimeError naming the set.
     """
     workers = dataset_workers(len(jobs) * long_side * long_side)
     # ~4 chunks a worker balance uneven images; at most 16 images a chunk bound how long Ctrl-C
