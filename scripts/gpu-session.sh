@@ -11,6 +11,8 @@
 #   PART=big   : that last run alone (one process and JSON per arm: a timed-out arm keeps the other's).
 #   PART=profile : the 30-epoch CLI process under cProfile and -X importtime
 #                (scripts/profile_train_cli.py): where its wall goes outside the epochs.
+#   PART=gen   : benchmarks/builtin_sets.py: the 2000 + 200 shapes set at 640 generated with $GEN_WORKERS
+#                (16) worker processes and with one, a fresh process and JSON line per arm.
 #   K          : PART=tests only runs the tests whose names match this pytest -k expression.
 # Wheels missing on the machine travel in .whl (carry it).
 set -uo pipefail
@@ -74,6 +76,10 @@ train)
     --batch 16 --workers 8 --amp true --json "$J/loop.json" >> "$OUT/train.log" 2>&1; echo "loop rc=$?" >> "$OUT/train.log"; pack
   big; tail -30 "$OUT/train.log";;
 big) big; tail -30 "$OUT/train.log";;
+gen)
+  timeout "${T_GEN:-400}" python3 benchmarks/builtin_sets.py --n-train 2000 --n-val 200 --imgsz 640 \
+    --workers "${GEN_WORKERS:-16}" 1 > "$J/builtin_sets.jsonl" 2> "$OUT/gen.log"
+  echo "gen rc=$?" >> "$OUT/gen.log"; cat "$J/builtin_sets.jsonl" "$OUT/gen.log";;
 profile)
   # where the 30-epoch CLI process spends its wall outside the epochs: cProfile + -X importtime
   export LIBREYOLO_DATASETS_DIR="${LIBREYOLO_DATASETS_DIR:-/tmp/ds}"

@@ -13,6 +13,7 @@ byte-identical files), idempotent (a complete set with a matching manifest is re
 """
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from pathlib import Path
@@ -20,7 +21,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
-from .builtin import JPEG_QUALITY, build_once, cache_root, file_sha256, write_manifest
+from .builtin import JPEG_QUALITY, build_once, cache_root, file_sha256, write_images, write_manifest
 from .synthetic import SHAPE_NAMES, _background, _shape_mask
 
 __all__ = ["SHAPES_CLS_NAMES", "make_shapes_cls_dataset", "render_shape_image"]
@@ -53,21 +54,27 @@ def make_shapes_cls_dataset(root: Path | str | None = None, n_train: int = 600, 
 
 
 def _generate(out: Path, params: dict) -> None:
-    files: dict[str, str] = {}
+    jobs = []
     for split, n in (("train", params["n_train"]), ("val", params["n_val"])):
         for name in SHAPES_CLS_NAMES:
             (out / split / name).mkdir(parents=True)
-        for i in range(n):
-            rng = np.random.default_rng([params["seed"], 0 if split == "train" else 1, i])
-            cls = i % len(SHAPES_CLS_NAMES)
-            pixels = render_shape_image(rng, cls)
-            rel = f"{split}/{SHAPES_CLS_NAMES[cls]}/{split}_{i:05d}.jpg"
-            Image.fromarray(pixels).save(out / rel, format="JPEG", quality=JPEG_QUALITY)
-            files[rel] = file_sha256(out / rel)
+        jobs += [(split, i) for i in range(n)]
+    files = write_images("shapes-cls", jobs, functools.partial(_write_one, out, params["seed"]), _MAX_SIDE)
     names = "\n".join(f"  - {n}" for n in SHAPES_CLS_NAMES)
     write_manifest(out, params, files,
                    "# libreyolo built-in synthetic classification dataset (libreyolo.data.shapes_cls)\n"
                    f"path: .\ntrain: train\nval: val\nnames:\n{names}\n")
+
+
+def _write_one(out: Path, seed: int, job: tuple[str, int]) -> dict[str, str]:
+    """Draw image ``job = (split, index)``, write it into ``out``; its SHA-256 by relative path."""
+    split, i = job
+    rng = np.random.default_rng([seed, 0 if split == "train" else 1, i])
+    cls = i % len(SHAPES_CLS_NAMES)
+    pixels = render_shape_image(rng, cls)
+    rel = f"{split}/{SHAPES_CLS_NAMES[cls]}/{split}_{i:05d}.jpg"
+    Image.fromarray(pixels).save(out / rel, format="JPEG", quality=JPEG_QUALITY)
+    return {rel: file_sha256(out / rel)}
 
 
 def render_shape_image(rng: np.random.Generator, cls: int) -> np.ndarray:

@@ -17,7 +17,8 @@ tiny model learns in a few CPU minutes; ``libreyolo demo`` trains on it). Each s
 under its own folder name, so the default set and its manifest do not change.
 
 Generation is deterministic (each image has its own seeded generator, so the same arguments give
-byte-identical files), idempotent (a complete dataset with a matching manifest is reused) and
+byte-identical files, in one process or spread over worker processes: ``LIBREYOLO_DATASET_WORKERS``
+in :mod:`libreyolo.data.builtin`), idempotent (a complete dataset with a matching manifest is reused) and
 atomic (written into a temporary folder that is renamed into place, so an interrupted run or two
 processes racing never leave a half-written dataset behind).
 """
