@@ -9,6 +9,9 @@
 #                (graph+sync_loop vs graph, 30 epochs) and the 20-epoch run eager vs graph on a
 #                generated set of $N_TRAIN (2000) images; results.csv files and JSON into $OUT.
 #   PART=big   : that last run alone (one process and JSON per arm: a timed-out arm keeps the other's).
+#   PART=quality : gpu_augment's accuracy against the CPU recipe's: the 30-epoch CLI run of PART=train for
+#                both arms under each seed of $SEEDS (0 1 2), results.csv per arm and seed into $OUT, and
+#                each run's final mAP50-95 in $OUT/quality.log (one run per arm cannot tell them apart).
 #   PART=profile : the 30-epoch CLI process under cProfile and -X importtime
 #                (scripts/profile_train_cli.py): where its wall goes outside the epochs.
 #   K          : PART=tests only runs the tests whose names match this pytest -k expression.
@@ -74,6 +77,22 @@ train)
     --batch 16 --workers 8 --amp true --json "$J/loop.json" >> "$OUT/train.log" 2>&1; echo "loop rc=$?" >> "$OUT/train.log"; pack
   big; tail -30 "$OUT/train.log";;
 big) big; tail -30 "$OUT/train.log";;
+quality)
+  export LIBREYOLO_DATASETS_DIR="${LIBREYOLO_DATASETS_DIR:-/tmp/ds}"
+  python3 -c "from libreyolo.data.datasets import resolve_data; resolve_data('shapes')" > "$OUT/quality.log" 2>&1
+  for seed in ${SEEDS:-0 1 2}; do
+    for arm in plain gpu_augment; do
+      extra=""; [ "$arm" = gpu_augment ] && extra="gpu_augment=true"
+      timeout "${T_CLI:-100}" python3 -m libreyolo.cli train model=yolo9t data=shapes epochs=30 batch=16 imgsz=320 \
+        cuda_graph=true seed="$seed" project=/tmp/runs name="q-$arm-$seed" exist_ok=true $extra \
+        > "$OUT/quality-$arm-$seed.log" 2>&1
+      echo "quality $arm seed=$seed rc=$?" >> "$OUT/quality.log"
+      cp "/tmp/runs/q-$arm-$seed/results.csv" "$OUT/quality-$arm-$seed.csv" 2>/dev/null \
+        && tail -1 "$OUT/quality-$arm-$seed.csv" | awk -F, -v a="$arm" -v s="$seed" \
+          '{print "final mAP50-95", a, "seed", s, $11}' >> "$OUT/quality.log"
+    done
+  done
+  cat "$OUT/quality.log";;
 profile)
   # where the 30-epoch CLI process spends its wall outside the epochs: cProfile + -X importtime
   export LIBREYOLO_DATASETS_DIR="${LIBREYOLO_DATASETS_DIR:-/tmp/ds}"
