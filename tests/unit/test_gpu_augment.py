@@ -124,6 +124,53 @@ def test_equals_the_cpu_recipe_for_the_same_random_numbers(shapes, monkeypatch, 
         torch.testing.assert_close(out, want, atol=1e-3, rtol=0)
 
 
+@pytest.mark.parametrize("resize", ["topleft", "center"])
+def test_equals_the_cpu_recipe_for_random_numbers(shapes, monkeypatch, resize):
+    """As above with each sample's own random numbers - mosaic or not, every range at its own
+    fraction, flipped or not -: the same boxes (the same ones kept) and the image within one grey
+    level, so the device recipe is the CPU recipe but for where its numbers come from."""
+    s = 64
+    hyp = dict(mosaic=0.5, degrees=10.0, translate=0.1, scale=0.5, fliplr=0.5, hsv_h=0.015, hsv_s=0.7, hsv_v=0.4)
+    cpu = DetectionDataset(shapes.train, s, augment=True, resize=resize, **hyp)
+    dev = gpu_dataset(shapes.train, s, resize=resize, **hyp)
+    batch = collate_detections([dev[i] for i in range(len(dev))])
+    aug = DeviceAugment(dev)
+    n, kinds = len(dev), set()
+    for trial in range(16):
+        i = trial % n
+        u = torch.rand(9, generator=torch.Generator().manual_seed(trial), dtype=torch.float64)
+        fractions = iter(u[1:8].tolist())   # angle, zoom, tx, ty, hue, saturation, value: _Draw's columns
+        monkeypatch.setattr(augment_mod, "_uniform", lambda lo, hi: lo + next(fractions) * (hi - lo))
+        mosaic, flip = bool(u[0] < 0.5), bool(u[8] < 0.5)
+        kinds.add((mosaic, flip))
+        torch.manual_seed(trial)
+        if mosaic:
+            canvas, targets, ref = cpu._load_mosaic(i)
+            centre = (float(s), float(s))
+            torch.manual_seed(trial)   # its centre and partners, drawn again
+            xc, yc = int(torch.randint(s // 2, s + s // 2 + 1, ())), int(torch.randint(s // 2, s + s // 2 + 1, ()))
+            others = torch.randint(n, (3,))
+        else:
+            canvas, _, targets = cpu.load_letterboxed(i)
+            ref, centre = _areas(targets), (s / 2.0, s / 2.0)
+            xc = yc = 0
+            others = torch.zeros(3, dtype=torch.long)
+        image, want = cpu._transform(canvas, targets, ref, centre)
+        if flip:   # _augmented's flip
+            image = image.flip(-1)
+            want = torch.stack([want[:, 0], s - want[:, 3], want[:, 2], s - want[:, 1], want[:, 4]], 1)
+        rows = torch.full((n, 9), 0.999, dtype=torch.float64)
+        rows[i] = u
+        src = torch.cat([torch.arange(n)[:, None], others.expand(n, 3)], 1)
+        got, boxes, keep = aug._pass(*batch, _Draw(aug, rows, torch.tensor([[xc, yc]]).expand(n, 2), src))
+        diff = (got[i].int() - image.int()).abs()
+        assert diff.max() <= 1 and (diff > 0).float().mean() < 1e-2, (trial, diff.max(), (diff > 0).float().mean())
+        out = boxes[i][keep[i]]
+        assert len(out) == len(want), (trial, len(out), len(want))
+        torch.testing.assert_close(out, want, atol=1e-3, rtol=0)
+    assert len(kinds) == 4   # mosaic or not, flipped or not: each was compared
+
+
 def test_flip_alone_equals_the_cpu_flip(shapes):
     """Flip only (probability 1): the letterboxed image mirrored exactly, boxes mirrored."""
     s = 64
