@@ -51,9 +51,10 @@ and ``tv_tensors.BoundingBoxes``), which have no parameter.
 Cost: per batch one device copy of the pool (the batch and the earlier batches it keeps, about
 B + ``pool`` images, concatenated); per pass (two with MixUp) one upload of the parameters, four
 resamplings at the output size when a sample of the batch is a mosaic (one otherwise) and some
-hundred small kernels; the host reads one number back (the largest kept box count, which sets ``M``, so the loss sees the
-shapes the CPU recipe gives it) before the step. The letterbox stays in the workers (and in the
-cache): batches of one image size stack, pin and upload in one copy each.
+hundred small kernels; the host reads one number back (the largest kept box count, which sets
+``M``, so the loss sees the shapes the CPU recipe gives it) before the step. The letterbox stays
+in the workers (and in the cache): batches of one image size stack, pin and upload in one copy
+each.
 """
 from __future__ import annotations
 
@@ -236,7 +237,7 @@ class DeviceAugment:
             m = max(b[1].shape[1] for b in batches)
             pad = [(b[0], F.pad(b[1], (0, 0, 0, m - b[1].shape[1])), F.pad(b[2], (0, m - b[2].shape[1])), b[3])
                    for b in batches]
-            pooled = tuple(torch.cat([b[k].to(batches[0][k].dtype) for b in pad]) for k in range(4))
+            pooled = tuple(torch.cat([b[k] for b in pad]) for k in range(4))
         else:
             pooled = (images, targets, mask, geometry)
         if self.pool > 0:
