@@ -9,6 +9,11 @@
 #                ($LOOP_ARMS: graph, graph+switch, graph+overlap; 30 epochs) and the 20-epoch run eager vs graph on a
 #                generated set of $N_TRAIN (2000) images; results.csv files and JSON into $OUT.
 #   PART=big   : that last run alone (one process and JSON per arm: a timed-out arm keeps the other's).
+#   PART=quality : gpu_augment's accuracy against the CPU recipe's: the 30-epoch CLI run of PART=train for
+#                the arms of $ARMS (plain gpu_augment gpu_augment_local: the last with batch-local
+#                mosaic partners, DeviceAugment's POOL_IMAGES=0) under each seed of $SEEDS (0 1 2),
+#                results.csv per arm and seed into $OUT, and each run's final mAP50-95 in
+#                $OUT/quality.log (one run per arm cannot tell them apart).
 #   PART=profile : the 30-epoch CLI process under cProfile and -X importtime
 #                (scripts/profile_train_cli.py): where its wall goes outside the epochs.
 #   PART=gen   : benchmarks/builtin_sets.py: the 2000 + 200 shapes set at 640 generated with $GEN_WORKERS
@@ -80,6 +85,24 @@ gen)
   timeout "${T_GEN:-400}" python3 benchmarks/builtin_sets.py --n-train 2000 --n-val 200 --imgsz 640 \
     --workers "${GEN_WORKERS:-16}" 1 > "$J/builtin_sets.jsonl" 2> "$OUT/gen.log"
   echo "gen rc=$?" >> "$OUT/gen.log"; cat "$J/builtin_sets.jsonl" "$OUT/gen.log";;
+quality)
+  export LIBREYOLO_DATASETS_DIR="${LIBREYOLO_DATASETS_DIR:-/tmp/ds}"
+  python3 -c "from libreyolo.data.datasets import resolve_data; resolve_data('shapes')" > "$OUT/quality.log" 2>&1
+  for seed in ${SEEDS:-0 1 2}; do
+    for arm in ${ARMS:-plain gpu_augment gpu_augment_local}; do
+      extra=""; [ "$arm" != plain ] && extra="gpu_augment=true"
+      pool=""; [ "$arm" = gpu_augment_local ] && pool="g.POOL_IMAGES = 0"
+      timeout "${T_CLI:-100}" python3 -c "import sys; import libreyolo.data.gpu_augment as g; $pool
+from libreyolo.cli import main; sys.exit(main(sys.argv[1:]))" train model=yolo9t data=shapes epochs=30 batch=16 imgsz=320 \
+        cuda_graph=true seed="$seed" project=/tmp/runs name="q-$arm-$seed" exist_ok=true $extra \
+        > "$OUT/quality-$arm-$seed.log" 2>&1
+      echo "quality $arm seed=$seed rc=$?" >> "$OUT/quality.log"
+      cp "/tmp/runs/q-$arm-$seed/results.csv" "$OUT/quality-$arm-$seed.csv" 2>/dev/null \
+        && tail -1 "$OUT/quality-$arm-$seed.csv" | awk -F, -v a="$arm" -v s="$seed" \
+          '{print "final mAP50-95", a, "seed", s, $11}' >> "$OUT/quality.log"
+    done
+  done
+  cat "$OUT/quality.log";;
 profile)
   # where the 30-epoch CLI process spends its wall outside the epochs: cProfile + -X importtime
   export LIBREYOLO_DATASETS_DIR="${LIBREYOLO_DATASETS_DIR:-/tmp/ds}"

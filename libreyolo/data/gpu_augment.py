@@ -11,10 +11,14 @@ max_targets_bucket`), padded rows zero.
 
 Per sample, as :meth:`DetectionDataset._augmented` does it on the CPU:
 
-* with probability ``mosaic``, four images - this one and three others **of the same batch** (the
-  CPU recipe draws them from the whole dataset; the loader's shuffle makes a batch a random draw
-  already, and the workers never see the augmentation) - are tiled around a random centre of a
-  2S x 2S canvas (the canvas centre for ``dense_mosaic``); tile boxes are clipped to their tile;
+* with probability ``mosaic``, four images - this one and three others drawn from a **pool**: the
+  batch and the batches before it in the epoch, at least ``pool`` images besides the batch
+  (:data:`POOL_IMAGES`; the CPU recipe draws them from the whole dataset, and the workers never
+  see the augmentation) - are tiled around a random centre of a 2S x 2S canvas (the canvas
+  centre for ``dense_mosaic``); tile boxes are clipped to their tile. Partners from the batch
+  alone (``pool=0``) would make a batch of B mosaics show only B distinct images - each about
+  four times - where the CPU recipe's shows about 3.6 B at B=16 on a 320-image set: a quarter of
+  the diversity per step (docs/benchmarks.md, "gpu_augment's quality");
 * one random affine (rotation within ``degrees``, zoom in ``1 +- scale`` - halved for a dense
   mosaic -, translation up to ``translate * S``; the CPU recipe has no shear or perspective, so
   neither has this) maps the canvas to S x S in a single bilinear resampling, outside grey 114
@@ -23,8 +27,8 @@ Per sample, as :meth:`DetectionDataset._augmented` does it on the CPU:
   boxes: the four corners mapped, their bounding box clipped, dropped when narrower than
   ``MIN_BOX_SIDE`` or keeping less than ``MIN_AREA_KEPT`` of their area;
 * HSV jitter as one 3x3 colour matrix, rounding to uint8, and a horizontal flip;
-* with probability ``mixup``, a second augmented sample (of another batch image) blended in with
-  a ratio in [0.45, 0.55], both label sets kept.
+* with probability ``mixup``, a second augmented sample (of another image of the pool) blended in
+  with a ratio in [0.45, 0.55], both label sets kept.
 
 Every probability and range is the dataset's own (read from it, so ``close_mosaic`` - which sets
 the dataset's shared mosaic and MixUp probabilities to 0 - applies here too).
@@ -33,6 +37,8 @@ Randomness: all random numbers of a batch (a few per sample) are drawn on the ho
 ``torch.Generator`` that the trainer seeds from (seed, epoch) at every epoch, so a run - resumed
 or not - augments the same way, and the CPU and CUDA versions of the same batch use the same
 numbers: only the pixel and box arithmetic runs on the device. The same code runs on CPU tensors.
+The pool is emptied there too (it holds only the epoch's batches), so a resumed run's pool is an
+uninterrupted one's.
 
 Why not torchvision.transforms.v2 for the affine and the colour: its functional ops take one set
 of parameters per call (one angle, scale, translation or colour factor for the whole batch), so
@@ -42,11 +48,13 @@ random order). Here ``grid_sample`` resamples the whole batch with per-sample ma
 call per mosaic tile), and the colour jitter is a per-sample 3x3 matrix. v2 does the flips (image
 and ``tv_tensors.BoundingBoxes``), which have no parameter.
 
-Cost: per pass (two with MixUp) one upload of the parameters, four resamplings at the output
-size when a sample of the batch is a mosaic (one otherwise) and some hundred small kernels; the
-host reads one number back (the largest kept box count, which sets ``M``, so the loss sees the
-shapes the CPU recipe gives it) before the step. The letterbox stays in the workers (and in the
-cache): batches of one image size stack, pin and upload in one copy each.
+Cost: per batch one device copy of the pool (the batch and the earlier batches it keeps, about
+B + ``pool`` images, concatenated); per pass (two with MixUp) one upload of the parameters, four
+resamplings at the output size when a sample of the batch is a mosaic (one otherwise) and some
+hundred small kernels; the host reads one number back (the largest kept box count, which sets
+``M``, so the loss sees the shapes the CPU recipe gives it) before the step. The letterbox stays
+in the workers (and in the cache): batches of one image size stack, pin and upload in one copy
+each.
 """
 from __future__ import annotations
 
@@ -61,7 +69,15 @@ from torchvision import tv_tensors
 from ..ops.letterbox import PAD_VALUE
 from .augment import MIN_AREA_KEPT, MIN_BOX_SIDE, DetectionDataset, max_targets_bucket
 
-__all__ = ["DeviceAugment", "hue_matrices", "saturation_matrices"]
+__all__ = ["DeviceAugment", "POOL_IMAGES", "hue_matrices", "saturation_matrices"]
+
+#: Mosaic and MixUp partners are drawn from the batch and from as many of the epoch's previous
+#: batches as hold at least this many images (kept on the device: 128 images are 157 MB at 640 px,
+#: 39 MB at 320). At batch 16 that is the last 8 batches: a batch of 16 mosaics then shows about 52
+#: distinct images (47 on average over a 20-batch epoch, whose first batches' pool is still
+#: filling), where batch-local partners show 16 and the CPU recipe's dataset-wide draws about 58
+#: on a 320-image set (tests/unit/test_gpu_augment.py checks it against the CPU recipe).
+POOL_IMAGES = 128
 
 _LUMA = (0.299, 0.587, 0.114)   # the CPU recipe's luma weights (augment._LUMA)
 
@@ -87,17 +103,20 @@ def saturation_matrices(gain: torch.Tensor) -> torch.Tensor:
 class _Draw:
     """One pass's random parameters for B samples, derived on the host (CPU tensors) from
     uniforms ``u`` (B, 9) in [0, 1) - columns: mosaic, angle, zoom, tx, ty, hue, saturation,
-    value, flip -, the mosaic centres ``centre`` (B, 2) (x, y) and the four tiles' batch
-    indices ``src`` (B, 4) (the sample's own image first)."""
+    value, flip -, the mosaic centres ``centre`` (B, 2) (x, y) and the four tiles' indices
+    ``src`` (B, 4) into the pool (the batch first, then earlier batches; the sample's own image
+    first)."""
 
     @classmethod
-    def sample(cls, aug: "DeviceAugment", own: torch.Tensor) -> "_Draw":
-        """Random parameters for the samples whose own images are ``own`` (batch indices)."""
+    def sample(cls, aug: "DeviceAugment", own: torch.Tensor, pool: int | None = None) -> "_Draw":
+        """Random parameters for the samples whose own images are ``own`` (pool indices), with
+        mosaic partners drawn uniformly from the first ``pool`` images of the pool (default: as
+        many as ``own``)."""
         g, s, n = aug.generator, aug.imgsz, len(own)
         u = torch.rand((n, 9), generator=g, dtype=torch.float64)
         centre = torch.randint(s // 2, s + s // 2 + 1, (n, 2), generator=g)
-        others = torch.randint(n, (n, 3), generator=g)
-        return cls(aug, u, centre, torch.cat([own[:, None], own[others]], 1))
+        others = torch.randint(n if pool is None else int(pool), (n, 3), generator=g)
+        return cls(aug, u, centre, torch.cat([own[:, None], others], 1))
 
     def __init__(self, aug: "DeviceAugment", u: torch.Tensor, centre: torch.Tensor, src: torch.Tensor):
         s, n = aug.imgsz, u.shape[0]
@@ -173,14 +192,22 @@ class DeviceAugment:
 
     ``dataset`` is the training :class:`DetectionDataset` built with ``gpu_augment=True``: its
     options (probabilities, ranges, image size) are this recipe's. ``bucket`` rounds the output's
-    target rows as the collate does.
+    target rows as the collate does. ``pool``: mosaic and MixUp partners come from the batch and
+    the fewest most recent earlier batches of the epoch holding at least this many images
+    (default: :data:`POOL_IMAGES`, read when the instance is made; 0: the batch alone); the pool
+    keeps references to those batches' device tensors (the inputs are never written to).
     """
 
-    def __init__(self, dataset: DetectionDataset, bucket: int = 16):
+    def __init__(self, dataset: DetectionDataset, bucket: int = 16, pool: int | None = None):
         if dataset.policy != "yolo":
             raise ValueError(f"gpu_augment covers the YOLO recipe (augment_policy='yolo'), not {dataset.policy!r}")
+        pool = POOL_IMAGES if pool is None else pool
+        if pool < 0:
+            raise ValueError(f"pool must be >= 0 images, got {pool}")
         self.dataset = dataset
         self.bucket = int(bucket)
+        self.pool = int(pool)
+        self._earlier: list[tuple[torch.Tensor, ...]] = []   # earlier batches of the epoch, oldest first
         self.imgsz = dataset.imgsz
         self.degrees, self.translate, self.scale = dataset.degrees, dataset.translate, dataset.scale
         self.fliplr = dataset.fliplr
@@ -200,6 +227,24 @@ class DeviceAugment:
         """Seed the generator for ``epoch`` (and process ``rank`` of a distributed run)."""
         state = np.random.SeedSequence([int(seed), int(epoch), int(rank), 0x6A]).generate_state(1)[0]
         self.generator.manual_seed(int(state))
+        self._earlier = []   # the epoch's first batch draws its partners from itself
+
+    def _pooled(self, images, targets, mask, geometry) -> tuple[torch.Tensor, ...]:
+        """The pool: this batch's tensors followed by the earlier batches' (targets padded to one
+        row count), then this batch remembered and the batches no longer needed forgotten."""
+        batches = [(images, targets, mask, geometry), *reversed(self._earlier)]
+        if len(batches) > 1:
+            m = max(b[1].shape[1] for b in batches)
+            pad = [(b[0], F.pad(b[1], (0, 0, 0, m - b[1].shape[1])), F.pad(b[2], (0, m - b[2].shape[1])), b[3])
+                   for b in batches]
+            pooled = tuple(torch.cat([b[k] for b in pad]) for k in range(4))
+        else:
+            pooled = (images, targets, mask, geometry)
+        if self.pool > 0:
+            self._earlier.append((images, targets, mask, geometry))
+            while len(self._earlier) > 1 and sum(b[0].shape[0] for b in self._earlier[1:]) >= self.pool:
+                self._earlier.pop(0)
+        return pooled
 
     @torch.no_grad()
     def __call__(self, images: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor,
@@ -212,14 +257,16 @@ class DeviceAugment:
             raise ValueError(f"DeviceAugment expects uint8 (B, 3, {s}, {s}) images, got {images.dtype} "
                              f"{tuple(images.shape)}")
         own = torch.arange(n)
-        image, boxes, keep = self._pass(images, targets, mask, geometry, _Draw.sample(self, own))
+        images, targets, mask, geometry = self._pooled(images, targets, mask, geometry)
+        pool = images.shape[0]
+        image, boxes, keep = self._pass(images, targets, mask, geometry, _Draw.sample(self, own, pool))
         mixup = self.mixup
         if mixup > 0:
             u = torch.rand((n, 2), generator=self.generator, dtype=torch.float64)
             mix = u[:, 0] < mixup
             if bool(mix.any()):
-                partner = torch.randint(n, (n,), generator=self.generator)
-                other, more, keep2 = self._pass(images, targets, mask, geometry, _Draw.sample(self, partner))
+                partner = torch.randint(pool, (n,), generator=self.generator)
+                other, more, keep2 = self._pass(images, targets, mask, geometry, _Draw.sample(self, partner, pool))
                 dev = images.device
                 host = torch.stack([(0.45 + 0.1 * u[:, 1]).to(torch.float32), mix.to(torch.float32)], 1)
                 host = host.pin_memory().to(dev, non_blocking=True) if dev.type == "cuda" else host.to(dev)
@@ -233,10 +280,12 @@ class DeviceAugment:
     # ---- one pass: mosaic (maybe), affine, colour, flip -----------------------------------------
 
     def _pass(self, images, targets, mask, geometry, d: _Draw):
-        """One augmented sample per batch row with the parameters ``d``: (images uint8 (B, 3, S,
-        S), rows float32 (B, 4 M, 5) - each tile's M input rows -, kept bool (B, 4 M))."""
+        """One augmented sample per row of ``d`` (B of them) from the pool's ``images``,
+        ``targets``, ``mask``, ``geometry`` (the batch its first B rows) with the parameters ``d``:
+        (images uint8 (B, 3, S, S), rows float32 (B, 4 M, 5) - each tile's M input rows -, kept
+        bool (B, 4 M))."""
         dev, s = images.device, self.imgsz
-        n = images.shape[0]
+        n = d.src.shape[0]
         p = d.to(dev)
         src, mosaic = p["src"], p["mosaic"]
         geo = geometry.to(device=dev, dtype=torch.int64)[src]                 # (B, 4 tiles, 4)
@@ -319,7 +368,7 @@ class DeviceAugment:
         its gather) - the same numbers up to float rounding. Not a mosaic: tile 0 is the whole
         letterboxed image at the canvas origin, tiles 1-3 are empty (nothing is sampled for them
         when no sample of the pass is a mosaic)."""
-        n, s, dev = images.shape[0], self.imgsz, images.device
+        n, s, dev = d.src.shape[0], self.imgsz, images.device
         # the sampling grid of the affine (canvas coordinates / (S/2) - 1) without its offset, by
         # hand rather than F.affine_grid: that is a batched matmul, which CUDA runs in TF32 when
         # torch.backends.cuda.matmul.allow_tf32 is on (10-bit mantissas: a third of a pixel at
@@ -332,7 +381,7 @@ class DeviceAugment:
         image = None
         for k in range(4 if d.any_mosaic else 1):
             own = k == 0 and torch.equal(d.src[:, 0], torch.arange(n))   # decided on the host
-            x = (images if own else images.index_select(0, src[:, k])).to(torch.float32).sub_(PAD_VALUE)
+            x = (images[:n] if own else images.index_select(0, src[:, k])).to(torch.float32).sub_(PAD_VALUE)
             if d.any_mosaic:
                 # source row r is canvas row r - pad_y + y0: keep the tile's content rows on the canvas
                 rows = pos - py[:, k, None] + y0[:, k, None]

@@ -4,6 +4,7 @@ The same code runs on CUDA tensors; tests/gpu/test_gpu_augment_gpu.py checks tha
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import pytest
@@ -123,6 +124,53 @@ def test_equals_the_cpu_recipe_for_the_same_random_numbers(shapes, monkeypatch, 
         torch.testing.assert_close(out, want, atol=1e-3, rtol=0)
 
 
+@pytest.mark.parametrize("resize", ["topleft", "center"])
+def test_equals_the_cpu_recipe_for_random_numbers(shapes, monkeypatch, resize):
+    """As above with each sample's own random numbers - mosaic or not, every range at its own
+    fraction, flipped or not -: the same boxes (the same ones kept) and the image within one grey
+    level, so the device recipe is the CPU recipe but for where its numbers come from."""
+    s = 64
+    hyp = dict(mosaic=0.5, degrees=10.0, translate=0.1, scale=0.5, fliplr=0.5, hsv_h=0.015, hsv_s=0.7, hsv_v=0.4)
+    cpu = DetectionDataset(shapes.train, s, augment=True, resize=resize, **hyp)
+    dev = gpu_dataset(shapes.train, s, resize=resize, **hyp)
+    batch = collate_detections([dev[i] for i in range(len(dev))])
+    aug = DeviceAugment(dev)
+    n, kinds = len(dev), set()
+    for trial in range(16):
+        i = trial % n
+        u = torch.rand(9, generator=torch.Generator().manual_seed(trial), dtype=torch.float64)
+        fractions = iter(u[1:8].tolist())   # angle, zoom, tx, ty, hue, saturation, value: _Draw's columns
+        monkeypatch.setattr(augment_mod, "_uniform", lambda lo, hi: lo + next(fractions) * (hi - lo))
+        mosaic, flip = bool(u[0] < 0.5), bool(u[8] < 0.5)
+        kinds.add((mosaic, flip))
+        torch.manual_seed(trial)
+        if mosaic:
+            canvas, targets, ref = cpu._load_mosaic(i)
+            centre = (float(s), float(s))
+            torch.manual_seed(trial)   # its centre and partners, drawn again
+            xc, yc = int(torch.randint(s // 2, s + s // 2 + 1, ())), int(torch.randint(s // 2, s + s // 2 + 1, ()))
+            others = torch.randint(n, (3,))
+        else:
+            canvas, _, targets = cpu.load_letterboxed(i)
+            ref, centre = _areas(targets), (s / 2.0, s / 2.0)
+            xc = yc = 0
+            others = torch.zeros(3, dtype=torch.long)
+        image, want = cpu._transform(canvas, targets, ref, centre)
+        if flip:   # _augmented's flip
+            image = image.flip(-1)
+            want = torch.stack([want[:, 0], s - want[:, 3], want[:, 2], s - want[:, 1], want[:, 4]], 1)
+        rows = torch.full((n, 9), 0.999, dtype=torch.float64)
+        rows[i] = u
+        src = torch.cat([torch.arange(n)[:, None], others.expand(n, 3)], 1)
+        got, boxes, keep = aug._pass(*batch, _Draw(aug, rows, torch.tensor([[xc, yc]]).expand(n, 2), src))
+        diff = (got[i].int() - image.int()).abs()
+        assert diff.max() <= 1 and (diff > 0).float().mean() < 1e-2, (trial, diff.max(), (diff > 0).float().mean())
+        out = boxes[i][keep[i]]
+        assert len(out) == len(want), (trial, len(out), len(want))
+        torch.testing.assert_close(out, want, atol=1e-3, rtol=0)
+    assert len(kinds) == 4   # mosaic or not, flipped or not: each was compared
+
+
 def test_flip_alone_equals_the_cpu_flip(shapes):
     """Flip only (probability 1): the letterboxed image mirrored exactly, boxes mirrored."""
     s = 64
@@ -152,16 +200,17 @@ def test_colour_matrices_are_the_cpu_recipes():
 def test_boxes_follow_the_rectangles(dense):
     """Each source image holds one filled rectangle of its own colour; through mosaic (and not),
     rotation, zoom, translation, clipping and flips, every output box bounds the pixels of its
-    rectangle (IoU with the colour mask's bounding box), and no rectangle is left without a box."""
+    rectangle (IoU with the colour mask's bounding box), and no rectangle is left without a box -
+    with mosaic partners from the earlier batches of the pool too."""
     s, scale = 96, 0.3
     aug = DeviceAugment(_Hyp(s, mosaic=0.6, degrees=10.0, translate=0.1, scale=scale, fliplr=0.5,
                              dense_mosaic=dense))
     checked = 0
-    for seed in range(6):
-        batch = rect_batch(4, s, seed)
-        aug.seed(seed, 0)
+    batches = [rect_batch(4, s, seed) for seed in range(6)]
+    area = max(float(((t[:, 0, 3] - t[:, 0, 1]) * (t[:, 0, 4] - t[:, 0, 2])).max()) for _, t, _, _ in batches)
+    aug.seed(0, 0)   # once: later batches draw partners from the earlier ones too (the pool)
+    for seed, batch in enumerate(batches):
         images, targets, mask = aug(*batch)
-        area = ((batch[1][:, 0, 3] - batch[1][:, 0, 1]) * (batch[1][:, 0, 4] - batch[1][:, 0, 2])).max()
         for i in range(4):
             covered = torch.zeros((4, s, s), dtype=torch.bool)
             for cls, x1, y1, x2, y2 in targets[i][mask[i]].tolist():
@@ -187,6 +236,89 @@ def test_boxes_follow_the_rectangles(dense):
 
 #: a box is dropped when it keeps less than 20% of its area: what it leaves visible is less than that
 MIN_AREA_SLACK = 0.2
+
+
+# ---- mosaic partners ----------------------------------------------------------------------------------
+
+
+def _distinct_images_per_batch(batches, s, n_images):
+    """Per output batch: how many distinct source images it shows. Each image's one target is
+    its whole picture with class = the image's index, so the kept classes name the images."""
+    out = []
+    for images, targets, mask in batches:
+        ids = targets[..., 0][mask].long()
+        assert ids.min() >= 0 and ids.max() < n_images
+        out.append(len(torch.unique(ids)))
+    return out
+
+
+def _whole_image_samples(shapes, n):
+    """``n`` samples over the fixture's images, each with one box - its whole picture - of class
+    = its index."""
+    import numpy as np
+    from libreyolo.data.datasets import Sample
+    base = shapes.train
+    return [Sample(base[i % len(base)].image, np.array([[i, 0.0, 0.0, 1.0, 1.0]], dtype=np.float32),
+                   base[i % len(base)].width, base[i % len(base)].height) for i in range(n)]
+
+
+def test_mosaic_partners_are_about_as_diverse_as_the_cpu_recipes(shapes):
+    """The CPU recipe draws each mosaic's three partners from the whole dataset: a batch of 16
+    mosaics shows about 16 + 48 distinct images. Partners drawn from the batch alone would show
+    16 (a quarter of the diversity per step); the pool of earlier batches brings the device
+    recipe within 15% of the CPU recipe's count once it holds POOL_IMAGES images (from the 9th
+    batch of an epoch at batch 16), and above the batch-local count from the 2nd batch on. Dense
+    mosaics (the whole 2S canvas shrunk into S) keep every tile's box, so the boxes' classes name
+    every tile's image."""
+    from libreyolo.data.gpu_augment import POOL_IMAGES
+    s, n, b = 32, 256, 16
+    samples = _whole_image_samples(shapes, n)
+    hyp = dict(NO_AUG, mosaic=1.0, dense_mosaic=True)
+    col = functools.partial(collate_detections, bucket=16)
+    torch.manual_seed(0)
+    cpu = _distinct_images_per_batch(
+        DataLoader(DetectionDataset(samples, s, augment=True, **hyp), batch_size=b, shuffle=True, collate_fn=col),
+        s, n)
+    dev_set = gpu_dataset(samples, s, **hyp)
+    loader = DataLoader(dev_set, batch_size=b, shuffle=True, collate_fn=col,
+                        generator=torch.Generator().manual_seed(0))
+    for pool, name in ((POOL_IMAGES, "pooled"), (0, "batch-local")):
+        aug = DeviceAugment(dev_set, pool=pool)
+        aug.seed(0, 0)
+        got = _distinct_images_per_batch((aug(*raw) for raw in loader), s, n)
+        if name == "batch-local":
+            assert max(got) <= b, got
+            continue
+        full = POOL_IMAGES // b   # batches before the pool is full
+        steady = sum(got[full:]) / len(got[full:])
+        want = sum(cpu) / len(cpu)
+        assert want > 3 * b, cpu   # the CPU recipe's diversity, about 16 + 48 draws from 256 images
+        assert steady >= 0.85 * want, (steady, want, got)
+        assert got[0] <= b and min(got[1:]) > b, got   # the epoch's first batch has no earlier batches
+        assert len(aug._earlier) == full   # the pool keeps only as many batches as it needs
+
+
+def test_the_pool_starts_empty_every_epoch():
+    """seed() forgets the earlier batches: a batch right after seed() is augmented as by a fresh
+    DeviceAugment (what a resumed run does at its first epoch), and earlier batches change it."""
+    hyp = dict(mosaic=1.0, degrees=5.0, translate=0.1, scale=0.5, fliplr=0.5, mixup=0.5)
+    first, second = rect_batch(8, 48, 0), rect_batch(8, 48, 1)
+    fresh = DeviceAugment(_Hyp(48, **hyp))
+    fresh.seed(3, 0)
+    alone = fresh(*second)
+    used = DeviceAugment(_Hyp(48, **hyp))
+    used.seed(3, 1)
+    used(*first)
+    used.seed(3, 0)
+    again = used(*second)
+    assert all(torch.equal(x, y) for x, y in zip(again, alone))
+    # the same random numbers as ``alone``, but the first batch in the pool: partners drawn from 16 images
+    used.seed(3, 0)
+    state = used.generator.get_state()
+    used(*first)
+    used.generator.set_state(state)
+    pooled = used(*second)
+    assert not torch.equal(pooled[0], alone[0])
 
 
 # ---- randomness ------------------------------------------------------------------------------------
