@@ -47,7 +47,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 import torch.distributed as dist
@@ -402,6 +402,25 @@ class Distributed:
 
     def barrier(self) -> None:
         dist.barrier()
+
+    def main_first(self, fn: Callable[[], Any], what: str) -> Any:
+        """``fn()`` on rank 0, then - once rank 0's call has returned - on the others: work whose
+        first call writes what later calls reuse (a built-in dataset generated into the cache,
+        with a worker pool of its own) is done once, not by every rank at the same time. When
+        rank 0's call raises, the others raise a :class:`DistributedError` naming it (``what``:
+        what ``fn`` does, for the message) instead of waiting in a later collective."""
+        if self.is_main:
+            try:
+                out = fn()
+            except Exception as exc:
+                self.broadcast_object(f"{type(exc).__name__}: {exc}")
+                raise
+            self.broadcast_object(None)
+            return out
+        failed = self.broadcast_object(None)
+        if failed is not None:
+            raise DistributedError(f"rank 0 could not {what}: {failed}")
+        return fn()
 
     def broadcast_object(self, obj: Any) -> Any:
         """Rank 0's ``obj`` on every rank (small Python objects: a path, a decision)."""

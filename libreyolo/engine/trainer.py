@@ -633,7 +633,10 @@ class Trainer:
                                   "(device=0,1 or torchrun); torch's SyncBatchNorm runs on CUDA only")
         torch.manual_seed(run.seed)
         np.random.seed(run.seed)
-        data = self.task.resolve_data(run.data)
+        if self.dist is not None:   # rank 0 first: a built-in set is generated once, not per rank
+            data = self.dist.main_first(lambda: self.task.resolve_data(run.data), f"prepare data={run.data!r}")
+        else:
+            data = self.task.resolve_data(run.data)
         if data.nc != m.nc:
             log.info("libreyolo: dataset has %d classes, model %d: rebuilding the head for %d classes",
                      data.nc, m.nc, data.nc)

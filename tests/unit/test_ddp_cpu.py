@@ -300,3 +300,37 @@ def test_a_gpu_list_beyond_the_machine_is_refused_before_launching(monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     with pytest.raises(OptionError, match=r"asks for GPU\(s\) 1, but this machine has 1 CUDA GPU"):
         D.check_gpus([0, 1])
+
+
+class _Ranked(D.Distributed):
+    """A Distributed of one rank whose broadcast is recorded (rank 0) or answered from
+    ``answer`` (the others), in place of a process group: main_first's order and errors."""
+
+    def __init__(self, rank: int, calls: list, answer=None):
+        self.rank, self.world, self.calls, self.answer = rank, WORLD, calls, answer
+
+    def broadcast_object(self, obj):
+        self.calls.append(("broadcast", obj))
+        return obj if self.rank == 0 else self.answer
+
+
+def test_main_first_runs_rank_0_before_the_others_and_passes_its_failure_on():
+    calls = []
+    work = lambda: calls.append("work") or "data"   # noqa: E731
+    assert _Ranked(0, calls).main_first(work, "prepare data") == "data"
+    assert calls == ["work", ("broadcast", None)]   # rank 0: the work, then the others are let go
+    calls.clear()
+    assert _Ranked(1, calls).main_first(work, "prepare data") == "data"
+    assert calls == [("broadcast", None), "work"]   # the others: rank 0's word first, then the work
+
+    def bad():
+        raise ValueError("data.yaml: no 'names'")
+
+    calls.clear()
+    with pytest.raises(ValueError, match="no 'names'"):
+        _Ranked(0, calls).main_first(bad, "prepare data='d.yaml'")
+    assert calls == [("broadcast", "ValueError: data.yaml: no 'names'")]
+    calls.clear()
+    with pytest.raises(D.DistributedError, match=r"rank 0 could not prepare data='d.yaml': ValueError: data.yaml"):
+        _Ranked(1, calls, answer="ValueError: data.yaml: no 'names'").main_first(work, "prepare data='d.yaml'")
+    assert "work" not in calls
