@@ -1,9 +1,19 @@
-"""Device selection shared by models, the trainer and the CLI."""
+"""Device selection shared by models, the trainer and the CLI; the host's usable cores."""
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
+
+
+def available_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask where the platform has one)."""
+    if hasattr(os, "process_cpu_count"):  # Python >= 3.13
+        return max(1, os.process_cpu_count() or 1)
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return max(1, os.cpu_count() or 1)
 
 
 def select_device(device: Any = "auto") -> torch.device:

@@ -41,6 +41,8 @@ import numpy as np
 from PIL import Image
 from tqdm import tqdm
 
+from ..device import available_cores
+
 __all__ = ["JPEG_QUALITY", "POOL_MIN_PIXELS", "WORKERS_ENV", "PairedSet", "build_once", "cache_root", "check_sizes",
            "dataset_workers", "default_datasets_dir", "file_sha256", "image_size", "sized_params", "write_images",
            "write_manifest"]
@@ -170,16 +172,7 @@ def dataset_workers(n_pixels: int) -> int:
         return n
     if n_pixels < POOL_MIN_PIXELS:
         return 1
-    return min(_cores(), _MAX_WORKERS)
-
-
-def _cores() -> int:
-    """The cores this process may run on (its affinity mask where the platform has one)."""
-    if hasattr(os, "process_cpu_count"):  # Python >= 3.13
-        return max(1, os.process_cpu_count() or 1)
-    if hasattr(os, "sched_getaffinity"):
-        return max(1, len(os.sched_getaffinity(0)))
-    return max(1, os.cpu_count() or 1)
+    return min(available_cores(), _MAX_WORKERS)
 
 
 def write_images(kind: str, jobs: list[tuple[str, int]], write_one: Callable[[tuple[str, int]], dict[str, str]],

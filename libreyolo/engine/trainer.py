@@ -36,7 +36,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..device import select_device
+from ..device import available_cores, select_device
 from ..distributed import (Distributed, GradientReducer, convert_sync_batchnorm, launched, local_device, loss_share,
                            parse_devices, reduction_of, revert_sync_batchnorm)
 from ..graphs.training import GraphedSegment, TrainStepRunner, prime_optimizer_state, scaler_tensors, training_state
@@ -153,8 +153,7 @@ def default_workers(device: torch.device) -> int:
     """DataLoader workers when ``workers`` is not given: on CUDA as many as keep a graphed step fed
     (up to 8, one core left for the main process); on the CPU at most 2, since workers there
     compete with the training arithmetic for the same cores."""
-    import os
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = available_cores()
     return max(1, min(8 if device.type == "cuda" else 2, cores - 1)) if cores > 1 else 0
 
 

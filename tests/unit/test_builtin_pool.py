@@ -129,10 +129,10 @@ def test_a_daemonic_process_generates_without_a_pool(tmp_path, monkeypatch):
 
 def test_worker_count(monkeypatch):
     monkeypatch.delenv(builtin.WORKERS_ENV, raising=False)
-    monkeypatch.setattr(builtin, "_cores", lambda: 40)
+    monkeypatch.setattr(builtin, "available_cores", lambda: 40)
     assert builtin.dataset_workers(builtin.POOL_MIN_PIXELS - 1) == 1  # a tiny set: no pool
     assert builtin.dataset_workers(builtin.POOL_MIN_PIXELS) == 16  # capped
-    monkeypatch.setattr(builtin, "_cores", lambda: 2)
+    monkeypatch.setattr(builtin, "available_cores", lambda: 2)
     assert builtin.dataset_workers(2200 * 640 * 640) == 2
     monkeypatch.setenv(builtin.WORKERS_ENV, "3")
     assert builtin.dataset_workers(10) == 3  # the override applies to a tiny set too
@@ -148,7 +148,7 @@ def test_the_default_sizes_pick_one_process_or_the_pool(monkeypatch):
     """What the threshold means for the sets as used: the test-sized and the default small sets stay
     in one process, the detection set at its defaults and the 640-px benchmark set use the pool."""
     monkeypatch.delenv(builtin.WORKERS_ENV, raising=False)
-    monkeypatch.setattr(builtin, "_cores", lambda: 16)
+    monkeypatch.setattr(builtin, "available_cores", lambda: 16)
     assert builtin.dataset_workers(32 * 64 * 64) == 1
     assert builtin.dataset_workers((200 + 50) * 128 * 128) == 1  # shapes-seg / shapes-depth defaults
     assert builtin.dataset_workers((320 + 64) * 320 * 320) == 16  # shapes defaults
