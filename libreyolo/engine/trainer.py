@@ -1047,7 +1047,7 @@ class Trainer:
                     (self.history, self.best_metrics, self.best_epoch, self.best_fitness))
         finally:
             sys.setswitchinterval(interval)
-            t_end = time.perf_counter()
+            t_close = time.perf_counter()
             try:
                 for hook in hooks:
                     hook.on_train_end(self)
@@ -1058,7 +1058,7 @@ class Trainer:
                     if self.cfg.run.sync_bn:
                         revert_sync_batchnorm(self.net)
                     d.teardown()
-                timing["end_s"] = time.perf_counter() - t_end
+                timing["end_s"] = time.perf_counter() - t_close
         if self.seam is not None:
             self.model.set_train_seam(self.net, None)
         # the trained weights the Model keeps are the EMA's
