@@ -9,6 +9,8 @@
 #                ($LOOP_ARMS: graph, graph+switch, graph+overlap; 30 epochs) and the 20-epoch run eager vs graph on a
 #                generated set of $N_TRAIN (2000) images; results.csv files and JSON into $OUT.
 #   PART=big   : that last run alone (one process and JSON per arm: a timed-out arm keeps the other's).
+#   PART=cli   : the first of PART=train alone: the 30-epoch CLI process for each arm of $CLI_ARMS
+#                (plain gpu_augment; an arm named twice runs again, the machine then warm).
 #   PART=quality : gpu_augment's accuracy against the CPU recipe's: the 30-epoch CLI run of PART=train for
 #                the arms of $ARMS (plain gpu_augment gpu_augment_local: the last with batch-local
 #                mosaic partners, DeviceAugment's POOL_IMAGES=0) under each seed of $SEEDS (0 1 2),
@@ -16,8 +18,8 @@
 #                $OUT/quality.log (one run per arm cannot tell them apart).
 #   PART=profile : the 30-epoch CLI process under cProfile and -X importtime
 #                (scripts/profile_train_cli.py): where its wall goes outside the epochs.
-#   PART=gen   : benchmarks/builtin_sets.py: the 2000 + 200 shapes set at 640 generated with $GEN_WORKERS
-#                (16) worker processes and with one, a fresh process and JSON line per arm.
+#   PART=gen   : benchmarks/builtin_sets.py: the 2000 + 200 shapes set at 640 generated with each worker
+#                count of $GEN_ARMS (16 1), a fresh process and JSON line per arm.
 #   K          : PART=tests only runs the tests whose names match this pytest -k expression.
 # Wheels missing on the machine travel in .whl (carry it).
 set -uo pipefail
@@ -36,6 +38,21 @@ print(m(n_train=n, n_val=max(64, n // 10), imgsz=640))" >> "$OUT/train.log" 2>&1
     timeout "${T_BIG:-200}" python3 benchmarks/train_epochs.py --arm "$arm" --epochs "${BIG_EPOCHS:-20}" --imgsz 320 \
       --batch 16 --workers 8 --amp true --n-train "${N_TRAIN:-2000}" > "$J/big-$arm.json" 2>> "$OUT/train.log"
     echo "big $arm rc=$?" >> "$OUT/train.log"; pack
+  done
+}
+cli() {   # the 30-epoch CLI process timed, plain and with gpu_augment, a fresh process each
+  export LIBREYOLO_DATASETS_DIR="${LIBREYOLO_DATASETS_DIR:-/tmp/ds}"
+  python3 -c "from libreyolo.data.datasets import resolve_data; resolve_data('shapes')" > "$OUT/train.log" 2>&1
+  TIMEFORMAT='process wall %R s'
+  local i=0
+  for arm in ${CLI_ARMS:-plain gpu_augment}; do   # a fresh process each, from interpreter start to its exit
+    extra=""; [ "$arm" = gpu_augment ] && extra="gpu_augment=true"
+    i=$((i + 1)); [ -e "$OUT/train-cli-$arm.log" ] && arm="$arm-$i"   # an arm named twice: cold, then warm
+    { time timeout "${T_CLI:-100}" python3 -m libreyolo.cli train model=yolo9t data=shapes epochs=30 batch=16 \
+        imgsz=320 cuda_graph=true project=/tmp/runs name="cli-$arm" exist_ok=true $extra \
+        > "$OUT/train-cli-$arm.log" 2>&1; echo "cli $arm rc=$?" >> "$OUT/train-cli-$arm.log"; } 2>> "$OUT/train-cli-$arm.log"
+    cp "/tmp/runs/cli-$arm/results.csv" "$OUT/train-cli-$arm.csv" 2>/dev/null
+    tail -2 "$OUT/train-cli-$arm.log" >> "$OUT/train.log"
   done
 }
 python3 -c "import torch, torchvision; print(torch.__version__, torchvision.__version__, torch.cuda.get_device_name(0))" > "$OUT/env.txt" 2>&1
@@ -66,24 +83,15 @@ bench)
   done
   grep -h "median\|speedup\|rc=\|predict_graph\b\|forward_graph\b" "$OUT"/*.log | tail -60;;
 train)
-  export LIBREYOLO_DATASETS_DIR="${LIBREYOLO_DATASETS_DIR:-/tmp/ds}"
-  python3 -c "from libreyolo.data.datasets import resolve_data; resolve_data('shapes')" > "$OUT/train.log" 2>&1
-  TIMEFORMAT='process wall %R s'
-  for arm in plain gpu_augment; do   # a fresh process each, from interpreter start to its exit
-    extra=""; [ "$arm" = gpu_augment ] && extra="gpu_augment=true"
-    { time timeout "${T_CLI:-100}" python3 -m libreyolo.cli train model=yolo9t data=shapes epochs=30 batch=16 \
-        imgsz=320 cuda_graph=true project=/tmp/runs name="cli-$arm" exist_ok=true $extra \
-        > "$OUT/train-cli-$arm.log" 2>&1; echo "cli $arm rc=$?" >> "$OUT/train-cli-$arm.log"; } 2>> "$OUT/train-cli-$arm.log"
-    cp "/tmp/runs/cli-$arm/results.csv" "$OUT/train-cli-$arm.csv" 2>/dev/null
-    tail -2 "$OUT/train-cli-$arm.log" >> "$OUT/train.log"
-  done
+  cli
   timeout "${T_LOOP:-170}" python3 benchmarks/train_epochs.py --arms "${LOOP_ARMS:-graph,graph+switch,graph+overlap}" --epochs 30 --imgsz 320 \
     --batch 16 --workers 8 --amp true --json "$J/loop.json" >> "$OUT/train.log" 2>&1; echo "loop rc=$?" >> "$OUT/train.log"; pack
   big; tail -30 "$OUT/train.log";;
 big) big; tail -30 "$OUT/train.log";;
+cli) cli; tail -30 "$OUT/train.log";;
 gen)
   timeout "${T_GEN:-400}" python3 benchmarks/builtin_sets.py --n-train 2000 --n-val 200 --imgsz 640 \
-    --workers "${GEN_WORKERS:-16}" 1 > "$J/builtin_sets.jsonl" 2> "$OUT/gen.log"
+    --workers ${GEN_ARMS:-16 1} > "$J/builtin_sets.jsonl" 2> "$OUT/gen.log"
   echo "gen rc=$?" >> "$OUT/gen.log"; cat "$J/builtin_sets.jsonl" "$OUT/gen.log";;
 quality)
   export LIBREYOLO_DATASETS_DIR="${LIBREYOLO_DATASETS_DIR:-/tmp/ds}"
