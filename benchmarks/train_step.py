@@ -32,7 +32,7 @@ DEFAULT_DATA = {"detect": "shapes", "classify": "shapes-cls", "semantic": "shape
 
 
 def run_arm(arm: str, spec: str, batch: int, imgsz: int, amp: bool, runs: int, warmup: int,
-            optim: str | None = None, channels_last: bool = False, fp16: bool = False) -> dict:
+            optim: str | None = None, channels_last: bool = False, fp16: bool = False, profile: int = 0) -> dict:
     from libreyolo import LibreYOLO
     from libreyolo.benchmark import time_call
     from libreyolo.graphs.training import TrainStepRunner, prime_optimizer_state, scaler_tensors, training_state
@@ -101,8 +101,56 @@ def run_arm(arm: str, spec: str, batch: int, imgsz: int, amp: bool, runs: int, w
             update()
 
     timing = time_call(one, torch.device("cuda"), runs, warmup)
-    return {"arm": arm, "optimizer": optim, "median_ms": timing["median_ms"], "min_ms": timing["min_ms"], "runs": runs,
-            "runner": runner.info() if seg is None else seg.info()}
+    res = {"arm": arm, "optimizer": optim, "median_ms": timing["median_ms"], "min_ms": timing["min_ms"], "runs": runs,
+           "runner": runner.info() if seg is None else seg.info()}
+    if profile:
+        res["profile"] = kernel_profile(one, profile)
+    return res
+
+
+#: kernel-name fragments -> the groups of --profile's summary (first match wins)
+KERNEL_GROUPS = (("batch_norm", "batchnorm"), ("bn_", "batchnorm"), ("conv", "convolution"), ("xmma", "convolution"),
+                 ("cudnn", "convolution"), ("gemm", "gemm"), ("sm90", "gemm"), ("multi_tensor", "foreach"),
+                 ("foreach", "foreach"), ("fused_sgd", "optimizer"), ("fused_adam", "optimizer"),
+                 ("reduce", "reduction"), ("nchwToNhwc", "layout"), ("nhwcToNchw", "layout"), ("elementwise", "elementwise"),
+                 ("copy", "copy"), ("sort", "sort/topk"), ("topk", "sort/topk"), ("scatter", "index"), ("gather", "index"),
+                 ("index", "index"))
+
+
+def kernel_profile(one, steps: int, top: int = 30) -> dict:
+    """torch.profiler over ``steps`` calls of ``one``: the kernels per step, their summed time
+    against the steps' wall (the rest: the device idle between kernels, launch-bound), and the
+    kernels by group and the ``top`` by time (ms per step)."""
+    import time
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            one()
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+    kernels = [e for e in prof.key_averages() if e.device_type == DeviceType.CUDA]
+
+    def ms(e) -> float:   # torch >= 2.4 names it device_time_total (us), older ones cuda_time_total
+        return getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0.0)
+
+    groups: dict[str, list[float]] = {}
+    for e in kernels:
+        name = e.key.lower()
+        group = next((g for frag, g in KERNEL_GROUPS if frag.lower() in name), "other")
+        acc = groups.setdefault(group, [0.0, 0.0])
+        acc[0] += ms(e) / 1e3 / steps
+        acc[1] += e.count / steps
+    kernels.sort(key=ms, reverse=True)
+    return {"steps": steps, "wall_ms_per_step": wall * 1e3 / steps,
+            "kernel_ms_per_step": sum(ms(e) for e in kernels) / 1e3 / steps,
+            "kernels_per_step": sum(e.count for e in kernels) / steps,
+            "groups": {g: {"ms": round(v[0], 3), "kernels": round(v[1], 1)}
+                       for g, v in sorted(groups.items(), key=lambda kv: -kv[1][0])},
+            "top": [{"kernel": e.key[:120], "ms": round(ms(e) / 1e3 / steps, 3), "per_step": e.count / steps}
+                    for e in kernels[:top]]}
 
 
 def run_in_processes(script: str, arms, args: list[str], error_lines: int = 1) -> dict:
@@ -134,12 +182,14 @@ def main() -> None:
     ap.add_argument("--optim", choices=("sgd", "adamw"), default=None, help="default: the family's recipe")
     ap.add_argument("--cudnn-benchmark", action="store_true",
                     help="torch.backends.cudnn.benchmark: cuDNN times its algorithms per shape and keeps the fastest")
+    ap.add_argument("--profile", type=int, default=0, help="torch.profiler over N more steps: kernels per step, "
+                                                            "their time against the wall, the top kernels")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     torch.backends.cudnn.benchmark = a.cudnn_benchmark
     if not a.all:
         print(json.dumps(run_arm(a.arm, a.model, a.batch, a.imgsz, a.amp, a.runs, a.warmup, a.optim,
-                                    a.channels_last, a.fp16)))
+                                    a.channels_last, a.fp16, a.profile)))
         return
     if a.arms is None:
         from libreyolo.models.base import Model
@@ -151,7 +201,8 @@ def main() -> None:
                              str(a.runs), "--warmup", str(a.warmup)] + (["--amp"] if a.amp else [])
                             + (["--optim", a.optim] if a.optim else [])
                             + (["--channels-last"] if a.channels_last else []) + (["--fp16"] if a.fp16 else [])
-                            + (["--cudnn-benchmark"] if a.cudnn_benchmark else []))
+                            + (["--cudnn-benchmark"] if a.cudnn_benchmark else [])
+                            + (["--profile", str(a.profile)] if a.profile else []))
     res = {"model": a.model, "batch": a.batch, "imgsz": a.imgsz, "amp": "fp16" if a.fp16 else "bf16" if a.amp else False,
            "channels_last": a.channels_last, "cudnn_benchmark": a.cudnn_benchmark, "arms": arms,
            "device": torch.cuda.get_device_name(0), "torch": torch.__version__, "date": dt.date.today().isoformat()}

@@ -598,13 +598,14 @@ def cmd_train(opts: dict, argv: list[str] | None = None) -> int:
             raise UsageError("device= lists several GPUs: run the command line form (libreyolo train ...), or "
                              "torchrun --nproc-per-node N -m libreyolo.cli train ...")
         return launch(cli_train_command(argv, len(gpus)))
+    at_command = _process_age()   # the interpreter's start and the command line's imports
     if launched():   # one rank of a torchrun run: the model on this rank's device
         model = _load({**opts, "device": local_device(opts["device"])}, seed=opts["seed"])
     else:
         model = _load(opts, seed=opts["seed"])
     resume = opts.pop("resume")
     kw = {k: v for k, v in opts.items() if k not in ("model",)}
-    before = _process_age()   # the interpreter's start, the imports and the model, up to here
+    before = _process_age()   # ... then the library's imports, the model and its device, up to here
     res = model.train(resume=resume, **kw)
     if env_rank() != 0:
         return 0   # rank 0 reports the run
@@ -623,7 +624,8 @@ def cmd_train(opts: dict, argv: list[str] | None = None) -> int:
                       + (f" ({g['disabled_reason']})" if g["disabled_reason"] else ""))
     console.print(f"weights: [bold]{res['best']}[/] (best), {res['last']} (last); curves: {res['run_dir']}/results.png")
     from .engine.trainer import timing_line
-    console.print("time: " + (f"{before:.1f} s from the process's start to train() (imports, model); "
+    console.print("time: " + (f"{before:.1f} s from the process's start to train() ({at_command:.1f} to the "
+                              f"command, {before - at_command:.1f} the library's imports and the model); "
                               if before is not None else "") + timing_line(res["timing"]), highlight=False)
     return 0
 

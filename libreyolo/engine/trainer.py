@@ -20,6 +20,7 @@ captured logs one line and trains eager.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import copy
 import csv
@@ -403,10 +404,16 @@ def freeze(net: nn.Module, prefixes: Sequence[str]) -> tuple[list[nn.Parameter],
 def timing_line(timing: dict) -> str:
     """One line of where a run's wall went (:attr:`Trainer.timing`, seconds)."""
     total = sum(timing[k] for k in ("setup_s", "train_s", "val_s", "ckpt_wait_s", "between_s", "end_s"))
+
+    def parts(key: str) -> str:   # the parts of a figure, largest first, those of 0.05 s and more
+        named = sorted(((v, k[:-4].lower() if k.endswith("Hook") else k) for k, v in timing.get(key, {}).items()
+                        if v >= 0.05), reverse=True)
+        return f" ({', '.join(f'{k} {v:.1f}' for v, k in named)})" if named else ""
+
     return (f"{total:.1f} s in train(): set-up {timing['setup_s']:.1f}, epochs {timing['train_s']:.1f}, "
             f"validation {timing['val_s']:.1f} (evaluation {timing['eval_s']:.1f}), waiting for checkpoint "
-            f"writes {timing['ckpt_wait_s']:.1f}, the rest of the epochs' ends {timing['between_s']:.1f}, "
-            f"end {timing['end_s']:.1f}")
+            f"writes {timing['ckpt_wait_s']:.1f}, the rest of the epochs' ends {timing['between_s']:.1f}"
+            f"{parts('between_parts')}, end {timing['end_s']:.1f}{parts('end_parts')}")
 
 
 def check_config(cfg: TrainConfig, stride: int) -> None:
@@ -995,6 +1002,10 @@ class Trainer:
         # the rest of each epoch's end (checkpoint snapshot, CSV, the next epoch's loader), the end
         timing = self.timing = {"setup_s": time.perf_counter() - t_setup, "train_s": 0.0, "val_s": 0.0,
                                 "eval_s": 0.0, "ckpt_wait_s": 0.0, "between_s": 0.0, "end_s": 0.0}
+        # between_s and end_s by part: the next epoch's loader ("prepare"), each hook (less the
+        # validation and the checkpoint waits counted apart), the loaders' shutdown ("loaders")
+        parts, ends = collections.defaultdict(float), collections.defaultdict(float)
+        timing["between_parts"], timing["end_parts"] = parts, ends
         d = self.dist
         main = d is None or d.is_main
         # rank 0 alone validates, logs and writes; the others keep the evaluation fields only
@@ -1015,8 +1026,12 @@ class Trainer:
                     t_end = time.perf_counter()
                     if self.prefetch_next_epoch and epoch + 1 < cfg.run.epochs:
                         self._prepare_epoch(epoch + 1)   # its first batches load while this one validates
+                    parts["prepare"] += time.perf_counter() - t_end
                     for hook in hooks:
+                        t_hook, waited = time.perf_counter(), state.get("val_s", 0.0) + state.get("ckpt_wait_s", 0.0)
                         hook.on_epoch_end(self, state)
+                        parts[type(hook).__name__] += (time.perf_counter() - t_hook - state.get("val_s", 0.0)
+                                                       - state.get("ckpt_wait_s", 0.0) + waited)
                     timing["train_s"] += state["time_s"]
                     for k in ("val_s", "eval_s", "ckpt_wait_s"):
                         timing[k] += state.get(k, 0.0)
@@ -1050,10 +1065,14 @@ class Trainer:
             t_close = time.perf_counter()
             try:
                 for hook in hooks:
+                    t_hook = time.perf_counter()
                     hook.on_train_end(self)
+                    ends[type(hook).__name__] += time.perf_counter() - t_hook
             finally:   # also when a hook's end raises (a checkpoint's background write failed)
                 self._unfreeze()
+                t_loaders = time.perf_counter()
                 self._close_loaders()
+                ends["loaders"] += time.perf_counter() - t_loaders
                 if d is not None:
                     if self.cfg.run.sync_bn:
                         revert_sync_batchnorm(self.net)
@@ -1073,7 +1092,7 @@ class Trainer:
         runner, seam = self.step_runner, self.seam
         best = self.best_metrics or {}
         return {"run_dir": str(self.run_dir), "epochs": len(self.history), "time_s": time.time() - t_start,
-                "timing": dict(timing),
+                "timing": {k: dict(v) if isinstance(v, dict) else v for k, v in timing.items()},
                 **{k: final.get(k) for k in self.metric_keys}, "best_metrics": best,
                 "best_epoch": self.best_epoch, "best_fitness": self.best_fitness, "history": self.history,
                 "stop_reason": self.stop_reason,

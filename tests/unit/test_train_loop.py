@@ -216,6 +216,16 @@ def test_the_runs_timing_accounts_for_its_wall_and_names_the_checkpoint_wait(dat
     assert h[0]["time/ckpt_wait_s"] < 0.1 and h[1]["time/ckpt_wait_s"] > 0.2, h
     # the end joins epoch 2's write (its last.pt at least: 0.4 s)
     assert timing["end_s"] >= 0.3, timing
+    # the epochs' ends and the end by part: they add up to their figure, and the checkpoint
+    # writer's join is the end's checkpoint part (the write's wait is not in the epochs' parts)
+    between, end = timing["between_parts"], timing["end_parts"]
+    assert {"prepare", "EvaluationHook", "LoggingHook", "CheckpointHook"} <= between.keys(), between
+    assert {"LoggingHook", "CheckpointHook", "loaders"} <= end.keys(), end
+    assert sum(between.values()) == pytest.approx(timing["between_s"], abs=0.05), timing
+    assert sum(end.values()) == pytest.approx(timing["end_s"], abs=0.05), timing
+    assert end["CheckpointHook"] >= 0.3 and between["CheckpointHook"] < 0.3, timing
+    line = T.timing_line(timing)
+    assert "end " in line and "checkpoint " in line, line
 
 
 def test_the_host_levers_leave_every_number_as_it_was(data, tmp_path, monkeypatch):
