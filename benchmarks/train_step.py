@@ -109,10 +109,11 @@ def run_arm(arm: str, spec: str, batch: int, imgsz: int, amp: bool, runs: int, w
 
 
 #: kernel-name fragments -> the groups of --profile's summary (first match wins)
-KERNEL_GROUPS = (("batch_norm", "batchnorm"), ("bn_", "batchnorm"), ("conv", "convolution"), ("xmma", "convolution"),
+KERNEL_GROUPS = (("nchwToNhwc", "layout"), ("nhwcToNchw", "layout"),   # cuDNN's own, before "cudnn"
+                 ("batch_norm", "batchnorm"), ("bn_", "batchnorm"), ("conv", "convolution"), ("xmma", "convolution"),
                  ("cudnn", "convolution"), ("gemm", "gemm"), ("sm90", "gemm"), ("multi_tensor", "foreach"),
                  ("foreach", "foreach"), ("fused_sgd", "optimizer"), ("fused_adam", "optimizer"),
-                 ("reduce", "reduction"), ("nchwToNhwc", "layout"), ("nhwcToNchw", "layout"), ("elementwise", "elementwise"),
+                 ("reduce", "reduction"), ("elementwise", "elementwise"),
                  ("copy", "copy"), ("sort", "sort/topk"), ("topk", "sort/topk"), ("scatter", "index"), ("gather", "index"),
                  ("index", "index"))
 

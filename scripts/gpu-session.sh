@@ -40,7 +40,7 @@ print(m(n_train=n, n_val=max(64, n // 10), imgsz=640))" >> "$OUT/train.log" 2>&1
     echo "big $arm rc=$?" >> "$OUT/train.log"; pack
   done
 }
-cli() {   # the 30-epoch CLI process timed, plain and with gpu_augment, a fresh process each
+cli() {   # the 30-epoch CLI process timed for each arm of $CLI_ARMS, a fresh process each
   export LIBREYOLO_DATASETS_DIR="${LIBREYOLO_DATASETS_DIR:-/tmp/ds}"
   python3 -c "from libreyolo.data.datasets import resolve_data; resolve_data('shapes')" > "$OUT/train.log" 2>&1
   TIMEFORMAT='process wall %R s'

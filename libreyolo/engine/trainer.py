@@ -1006,6 +1006,9 @@ class Trainer:
         # validation and the checkpoint waits counted apart), the loaders' shutdown ("loaders")
         parts, ends = collections.defaultdict(float), collections.defaultdict(float)
         timing["between_parts"], timing["end_parts"] = parts, ends
+
+        def waits(state: dict) -> float:   # an epoch end's time counted apart from between_s
+            return state.get("val_s", 0.0) + state.get("ckpt_wait_s", 0.0)
         d = self.dist
         main = d is None or d.is_main
         # rank 0 alone validates, logs and writes; the others keep the evaluation fields only
@@ -1027,16 +1030,14 @@ class Trainer:
                     if self.prefetch_next_epoch and epoch + 1 < cfg.run.epochs:
                         self._prepare_epoch(epoch + 1)   # its first batches load while this one validates
                     parts["prepare"] += time.perf_counter() - t_end
-                    for hook in hooks:
-                        t_hook, waited = time.perf_counter(), state.get("val_s", 0.0) + state.get("ckpt_wait_s", 0.0)
+                    for hook in hooks:   # each hook's time less the validation and waits it added
+                        t_hook, counted = time.perf_counter(), waits(state)
                         hook.on_epoch_end(self, state)
-                        parts[type(hook).__name__] += (time.perf_counter() - t_hook - state.get("val_s", 0.0)
-                                                       - state.get("ckpt_wait_s", 0.0) + waited)
+                        parts[type(hook).__name__] += time.perf_counter() - t_hook - (waits(state) - counted)
                     timing["train_s"] += state["time_s"]
                     for k in ("val_s", "eval_s", "ckpt_wait_s"):
                         timing[k] += state.get(k, 0.0)
-                    timing["between_s"] += (time.perf_counter() - t_end - state.get("val_s", 0.0)
-                                            - state.get("ckpt_wait_s", 0.0))
+                    timing["between_s"] = sum(parts.values())
                     if d is not None:   # the others wait here for rank 0's epoch end, and its decision
                         self.stop_reason = d.broadcast_object(self.stop_reason)
                     if self.stop_reason:
