@@ -717,36 +717,30 @@ def _warp_source(canvas: "_Canvas", a: torch.Tensor, b: torch.Tensor, size: int)
     return src, grid
 
 
-#: per output size: (x, y) of the pixel centres as F.affine_grid places them, and whether the
-#: elementwise grid of _affine_grid equals F.affine_grid's on this machine
-_GRID_BASE: dict[int, tuple[torch.Tensor, torch.Tensor, bool]] = {}
+#: per output size: (x, y) of the pixel centres as F.affine_grid places them (align_corners=False)
+_GRID_BASE: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
 def _affine_grid(theta: torch.Tensor, size: int) -> torch.Tensor:
-    """``F.affine_grid(theta[None], [1, 3, size, size], align_corners=False)`` for a (2, 3) float32
-    ``theta``, the same float32 numbers at a fraction of the cost.
+    """The recipe's sampling grid for a (2, 3) float32 ``theta``: (1, size, size, 2), each
+    coordinate the float32 ``(t0 * x + t1 * y) + t2`` at F.affine_grid's pixel centres
+    (x, y) - what ``F.affine_grid(theta[None], [1, 3, size, size], align_corners=False)``
+    computes, at a fraction of its cost.
 
     affine_grid multiplies its base grid (x, y, 1) by theta with a batched matmul (~70 % of a
-    320 px sample's grid time); with three terms that is ``(t0 * x + t1 * y) + t2`` per
-    coordinate, computed here elementwise (the products once per row and column). Whether the
-    matmul rounds exactly so (no fused multiply-add) depends on the machine's BLAS: the first
-    grid of each size is compared with F.affine_grid's, and a machine where they differ keeps
-    F.affine_grid.
+    320 px sample's grid time), and how that matmul rounds (fused multiply-adds or not, for all
+    thetas or some) is the BLAS's choice, which changes with the CPU and the BLAS build, so its
+    grid can differ from one machine to the next in the last bit. Separate float32 multiplies and
+    adds round the same everywhere: the same augmented bytes on every machine, within an ulp
+    or two of F.affine_grid's grid.
     """
     entry = _GRID_BASE.get(size)
     if entry is None:
+        # the identity's grid is the base itself on any BLAS (products with 0 and 1 are exact)
         ident = F.affine_grid(torch.tensor([[[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]]]), [1, 3, size, size],
                               align_corners=False)[0]
-        bx, by = ident[0, :, 0].clone(), ident[:, 0, 1].clone()
-        reference = F.affine_grid(theta[None], [1, 3, size, size], align_corners=False)
-        entry = (bx, by, torch.equal(_elementwise_grid(theta, bx, by), reference))
-        _GRID_BASE[size] = entry
-        if not entry[2]:
-            LOGGER.debug("libreyolo: the elementwise affine grid differs from F.affine_grid here; using F.affine_grid")
-    bx, by, exact = entry
-    if not exact:
-        return F.affine_grid(theta[None], [1, 3, size, size], align_corners=False)
-    return _elementwise_grid(theta, bx, by)
+        entry = _GRID_BASE[size] = (ident[0, :, 0].clone(), ident[:, 0, 1].clone())
+    return _elementwise_grid(theta, *entry)
 
 
 def _elementwise_grid(theta: torch.Tensor, bx: torch.Tensor, by: torch.Tensor) -> torch.Tensor:
