@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 __all__ = [
+    "host_copies",
     "host_snapshot",
     "load_checkpoint",
     "save_checkpoint",
@@ -323,15 +324,79 @@ def host_snapshot(ckpt: Mapping[str, Any]) -> dict[str, Any]:
     land on the host, as :func:`load_checkpoint` maps them anyway). The copies are synchronous
     and into pageable memory: no pinned block is left for the writer thread to free (a pinned
     free records CUDA events, which a graph capture in the main thread must not meet)."""
-    from torch.utils._pytree import tree_map
+    from torch.utils._pytree import tree_flatten, tree_unflatten
 
-    def copy(t: Any) -> Any:
-        if not isinstance(t, torch.Tensor):
-            return t
-        t = t.detach()   # empty_like keeps dense strides (channels_last), else contiguous
-        return torch.empty_like(t, device="cpu").copy_(t)
+    leaves, spec = tree_flatten(dict(ckpt))
+    where = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
+    for i, copy in zip(where, host_copies([leaves[i] for i in where])):
+        leaves[i] = copy
+    return tree_unflatten(leaves, spec)
 
-    return tree_map(copy, dict(ckpt))
+
+#: the most bytes one batched device-to-host transfer of :func:`host_copies` gathers on the device
+HOST_COPY_CHUNK_BYTES = 256 << 20
+
+
+def host_copies(tensors: list[torch.Tensor], contiguous: bool = False) -> list[torch.Tensor]:
+    """New host tensors with the values of ``tensors`` (detached; each its own storage), with
+    their strides where they are dense (contiguous or channels_last), else - or with
+    ``contiguous`` - contiguous.
+
+    A checkpoint is a thousand or more small tensors; copying them to the host one by one is a
+    thousand synchronous transfers (~0.3 s per epoch for a 2 M-parameter network with its EMA
+    and optimizer state). Here the dense tensors of one device and dtype are concatenated on
+    their device as flat views of their memory (up to :data:`HOST_COPY_CHUNK_BYTES` at a time),
+    moved in one transfer, and split on the host into tensors laid out as their sources: the
+    same bytes, in a few transfers.
+    """
+    out: list[torch.Tensor | None] = [None] * len(tensors)
+    groups: dict[tuple[torch.device, torch.dtype], list[tuple[int, torch.Tensor]]] = {}
+    for i, t in enumerate(tensors):
+        t = t.detach()
+        if contiguous:
+            t = t.contiguous()   # on its device: the host side then splits a plain flat buffer
+        if t.numel() == 0:
+            out[i] = torch.empty_like(t, device="cpu")
+        elif not _dense(t):
+            out[i] = t.to("cpu", copy=True, memory_format=torch.contiguous_format)
+        else:
+            groups.setdefault((t.device, t.dtype), []).append((i, t))
+    for members in groups.values():
+        start = 0
+        while start < len(members):
+            stop, nbytes = start, 0
+            while stop < len(members) and (stop == start or nbytes + _nbytes(members[stop][1]) <= HOST_COPY_CHUNK_BYTES):
+                nbytes += _nbytes(members[stop][1])
+                stop += 1
+            chunk = members[start:stop]
+            flat = torch.cat([_flat_memory(t) for _, t in chunk]).to("cpu")   # a new tensor already
+            offset = 0
+            for i, t in chunk:
+                dst = torch.empty_like(t, device="cpu")   # dense source: the same strides
+                _flat_memory(dst).copy_(flat[offset:offset + t.numel()])
+                offset += t.numel()
+                out[i] = dst
+            start = stop
+    return out  # type: ignore[return-value]
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """Whether ``t``'s elements fill its memory span exactly in one of the layouts ``empty_like``
+    reproduces (contiguous, channels_last, channels_last_3d)."""
+    if t.is_contiguous():
+        return True
+    if t.dim() == 4:
+        return t.is_contiguous(memory_format=torch.channels_last)
+    return t.dim() == 5 and t.is_contiguous(memory_format=torch.channels_last_3d)
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _flat_memory(t: torch.Tensor) -> torch.Tensor:
+    """The 1-D view of a dense tensor's memory, in memory order."""
+    return t.as_strided((t.numel(),), (1,), t.storage_offset())
 
 
 def _lock(fd: int) -> bool:

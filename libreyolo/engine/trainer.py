@@ -1164,12 +1164,13 @@ class Trainer:
     def checkpoint(self, epoch: int, with_state: bool) -> dict:
         """The LibreYOLO checkpoint of the EMA weights; ``with_state`` adds what ``resume`` needs
         (raw weights, optimizer, scaler, EMA count, epoch): ``last.pt`` only."""
+        from ..weights import host_copies
         ck = self.model.checkpoint_of(self.eval_net)
         ck["train_metrics"] = self.epoch_metrics
         if with_state:
+            raw = self.net.state_dict()
             ck["train_state"] = {
-                "model_raw": {k: v.detach().cpu().clone(memory_format=torch.contiguous_format)
-                              for k, v in self.net.state_dict().items()},
+                "model_raw": dict(zip(raw, host_copies(list(raw.values()), contiguous=True))),
                 "optimizer": self.opt.state_dict(), "scaler": self.scaler.state_dict(),
                 "ema_updates": self.ema.updates if self.ema is not None else None,
                 "epoch": epoch, "best_fitness": self.best_fitness, "best_epoch": self.best_epoch,

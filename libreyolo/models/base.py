@@ -350,7 +350,9 @@ class Model:
             raise ValueError("a fused model cannot be saved in the LibreYOLO layout (BatchNorm was folded "
                              "away); save before calling fuse()")
         from .. import __version__
-        sd = {k: v.detach().to("cpu").clone(memory_format=torch.contiguous_format) for k, v in net.state_dict().items()}
+        from ..weights import host_copies
+        sd = net.state_dict()
+        sd = dict(zip(sd, host_copies(list(sd.values()), contiguous=True)))
         ckpt = {"model": sd, "schema_version": SCHEMA_VERSION, "libreyolo_version": __version__,
                 "model_family": self.FAMILY, "size": self.size, "task": self.TASK, "nc": self.nc,
                 "names": dict(self.names), "imgsz": self.imgsz, "preprocess": self.preprocess.as_dict()}

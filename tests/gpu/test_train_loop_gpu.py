@@ -65,3 +65,34 @@ def test_a_non_finite_loss_on_cuda_names_its_epoch_and_batch(data, tmp_path, mon
     with pytest.raises(FloatingPointError, match=r"non-finite loss at epoch 2 batch 2: \[nan"):
         model.train(data=data, epochs=2, batch=8, imgsz=128, workers=2, project=str(tmp_path), warmup_epochs=0,
                     verbose=False, plots=False, val=False)
+
+
+def test_host_copies_of_cuda_tensors_are_their_bytes_in_few_transfers(monkeypatch):
+    """weights.host_copies on a device's tensors: the same bytes and strides on the host, each in
+    its own memory, in one device-to-host transfer per dtype (chunked), CPU tensors alongside."""
+    from libreyolo import weights as W
+    g = torch.Generator(device="cuda").manual_seed(0)
+    sources = [torch.randn(3, 4, 5, 6, device="cuda", generator=g).contiguous(memory_format=torch.channels_last),
+               torch.randn(7, device="cuda", generator=g).to(torch.bfloat16), torch.tensor(3.5, device="cuda"),
+               torch.randn(8, 8, device="cuda", generator=g)[:, 1:5], torch.arange(6, device="cuda"),
+               torch.randn(5, 5, device="cuda", generator=g), torch.randn(4), torch.empty(0, device="cuda")]
+    transfers = []
+    real_to = torch.Tensor.to
+
+    def counting_to(self, *a, **kw):
+        out = real_to(self, *a, **kw)
+        if self.is_cuda and out.device.type == "cpu":
+            transfers.append(self.dtype)
+        return out
+
+    monkeypatch.setattr(torch.Tensor, "to", counting_to)
+    copies = W.host_copies(sources)
+    monkeypatch.setattr(torch.Tensor, "to", real_to)
+    # float32 (channels_last, 0-d, 5x5), bfloat16, int64, the non-dense slice on its own
+    assert sorted(map(str, transfers)) == sorted(["torch.float32", "torch.bfloat16", "torch.int64", "torch.float32"])
+    for src, got in zip(sources, copies):
+        assert got.device.type == "cpu" and got.dtype == src.dtype and got.shape == src.shape
+        assert torch.equal(got, src.cpu())
+        if W._dense(src) and src.numel():
+            assert got.stride() == src.stride()
+    assert all(c.is_contiguous() for c in W.host_copies(sources, contiguous=True))

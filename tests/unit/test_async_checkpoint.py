@@ -55,6 +55,59 @@ def test_snapshot_is_a_copy_that_saves_what_the_original_would(tmp_path):
     assert snap["model"]["w"][0, 1] == 1.0 and snap["train_state"]["optimizer"]["param_groups"][0]["lr"] == 0.1
 
 
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """The tensor's bytes (NaN payloads and signed zeros included), in logical order."""
+    return t.contiguous().reshape(-1).view(torch.uint8) if t.dtype != torch.bool else t.contiguous()
+
+
+@pytest.mark.parametrize("chunk", [None, 64])   # 64 bytes: several transfers per dtype
+@pytest.mark.parametrize("contiguous", [False, True])
+def test_host_copies_are_the_same_bytes_in_their_own_memory(monkeypatch, chunk, contiguous):
+    if chunk is not None:
+        monkeypatch.setattr(W, "HOST_COPY_CHUNK_BYTES", chunk)
+    g = torch.Generator().manual_seed(0)
+    base = torch.randn(40, generator=g)
+    base[3], base[7] = float("nan"), -0.0
+    big = torch.randn(6, 5, 4, generator=g)
+    sources = [
+        base[2:14].reshape(3, 4),                                          # a view at an offset
+        torch.randn(2, 3, 4, 5, generator=g).contiguous(memory_format=torch.channels_last),
+        torch.randn(1, 2, 3, 4, 5, generator=g).contiguous(memory_format=torch.channels_last_3d),
+        torch.tensor(2.5), torch.tensor(7, dtype=torch.int64),             # 0-d
+        torch.empty(0, 3), torch.randint(0, 9, (5,), generator=g).to(torch.int32),
+        big.transpose(0, 2), big[:, ::2], torch.ones(3).expand(4, 3),      # not dense: contiguous
+        torch.randn(9, generator=g).to(torch.bfloat16), torch.tensor([True, False, True]),
+        torch.nn.Parameter(torch.randn(4, 4, generator=g)),
+    ]
+    copies = W.host_copies(sources, contiguous=contiguous)
+    assert len(copies) == len(sources)
+    for src, got in zip(sources, copies):
+        assert got.device.type == "cpu" and got.dtype == src.dtype and got.shape == src.shape
+        assert not got.requires_grad
+        assert torch.equal(_bits(got), _bits(src.detach()))
+        if contiguous or not W._dense(src):
+            assert got.is_contiguous()
+        elif src.numel() > 0:
+            assert got.stride() == src.stride()
+    # each copy has its own memory: no two share a storage, none shares the source's
+    ptrs = [c.untyped_storage().data_ptr() for c in copies if c.numel()]
+    assert len(set(ptrs)) == len(ptrs)
+    assert not {s.untyped_storage().data_ptr() for s in sources if s.numel()} & set(ptrs)
+    before = copies[0].clone()
+    base.add_(1.0)
+    assert torch.equal(_bits(copies[0]), _bits(before))
+
+
+def test_checkpoint_of_is_contiguous_host_tensors_of_the_state_dict():
+    model = LibreYOLO.new("yolox", "n", nc=3, device="cpu", seed=0)
+    model.model.to(memory_format=torch.channels_last)
+    sd = model.model.state_dict()
+    ck = model.checkpoint_of(model.model)["model"]
+    assert list(ck) == list(sd)
+    assert all(v.is_contiguous() and v.device.type == "cpu" and torch.equal(v, sd[k]) for k, v in ck.items())
+    assert any(not v.is_contiguous() for v in sd.values())   # the channels_last sources were covered
+
+
 def test_background_job_one_at_a_time_and_errors_surface_once():
     job, order, gate = BackgroundJob("test writer"), [], threading.Event()
 
