@@ -31,6 +31,8 @@ from typing import Any
 import torch
 
 __all__ = [
+    "HostPack",
+    "PackedSnapshot",
     "host_copies",
     "host_snapshot",
     "load_checkpoint",
@@ -318,85 +320,102 @@ def save_checkpoint(ckpt: Mapping[str, Any], path: str | os.PathLike[str]) -> Pa
 
 def host_snapshot(ckpt: Mapping[str, Any]) -> dict[str, Any]:
     """A copy of ``ckpt`` that shares nothing mutable with training: every tensor copied into new
-    host memory (strides kept), every dict / list / tuple rebuilt. What a background writer
-    saves while the next epoch updates the weights and the optimizer state in place; the file
-    holds what :func:`save_checkpoint` of ``ckpt`` would have written at the call (CUDA tensors
-    land on the host, as :func:`load_checkpoint` maps them anyway). The copies are synchronous
-    and into pageable memory: no pinned block is left for the writer thread to free (a pinned
-    free records CUDA events, which a graph capture in the main thread must not meet)."""
-    from torch.utils._pytree import tree_flatten, tree_unflatten
-
-    leaves, spec = tree_flatten(dict(ckpt))
-    where = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
-    for i, copy in zip(where, host_copies([leaves[i] for i in where])):
-        leaves[i] = copy
-    return tree_unflatten(leaves, spec)
+    host memory (contiguous, each its own storage), every dict / list / tuple rebuilt. What a
+    background writer saves while the next epoch updates the weights and the optimizer state in
+    place; the file holds the values :func:`save_checkpoint` of ``ckpt`` would have written at
+    the call (CUDA tensors land on the host, as :func:`load_checkpoint` maps them anyway).
+    ``PackedSnapshot(ckpt).unpack()``: the copy is taken at once, the split into tensors can be
+    left to the writer thread."""
+    return PackedSnapshot(ckpt).unpack()
 
 
-#: the most bytes one batched device-to-host transfer of :func:`host_copies` gathers on the device
+class PackedSnapshot:
+    """``ckpt`` copied to host memory as a few flat buffers (:class:`HostPack`) and its
+    structure; :meth:`unpack` builds the dict of :func:`host_snapshot` from them.
+
+    Taking it costs a few operator calls however many tensors the checkpoint holds, so the
+    training thread can take it at an epoch's end even while other Python threads (the loader's
+    pin-memory thread, a plot being drawn) are busy: each operator call gives up the GIL, and
+    getting it back behind a busy thread can take the interpreter's switch interval (5 ms), which
+    made a per-tensor copy of a 3,000-tensor checkpoint take seconds. The per-tensor work is
+    :meth:`unpack`'s, in the thread that writes the files. The copies are synchronous and into
+    pageable memory: no pinned block is left for the writer thread to free (a pinned free records
+    CUDA events, which a graph capture in the main thread must not meet)."""
+
+    def __init__(self, ckpt: Mapping[str, Any]) -> None:
+        from torch.utils._pytree import tree_flatten
+
+        leaves, self._spec = tree_flatten(dict(ckpt))
+        self._where = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
+        self._pack = HostPack([leaves[i] for i in self._where])
+        for i in self._where:
+            leaves[i] = None   # the pack holds the values; the training's tensors are not kept
+        self._leaves = leaves
+
+    def unpack(self) -> dict[str, Any]:
+        from torch.utils._pytree import tree_unflatten
+
+        leaves = list(self._leaves)
+        for i, t in zip(self._where, self._pack.tensors()):
+            leaves[i] = t
+        return tree_unflatten(leaves, self._spec)
+
+
+#: the most bytes one flat buffer of :class:`HostPack` gathers on a device (its temporary memory)
 HOST_COPY_CHUNK_BYTES = 256 << 20
 
 
-def host_copies(tensors: list[torch.Tensor], contiguous: bool = False) -> list[torch.Tensor]:
-    """New host tensors with the values of ``tensors`` (detached; each its own storage), with
-    their strides where they are dense (contiguous or channels_last), else - or with
-    ``contiguous`` - contiguous.
+class HostPack:
+    """The values of ``tensors`` copied to host memory in a few transfers: the tensors of one
+    device and dtype concatenated (contiguous, flattened) on their device, up to
+    :data:`HOST_COPY_CHUNK_BYTES` at a time, each buffer moved to the host at once.
+    :meth:`tensors` splits the buffers into contiguous tensors with their own storage."""
 
-    A checkpoint is a thousand or more small tensors; copying them to the host one by one is a
-    thousand synchronous transfers (~0.3 s per epoch for a 2 M-parameter network with its EMA
-    and optimizer state). Here the dense tensors of one device and dtype are concatenated on
-    their device as flat views of their memory (up to :data:`HOST_COPY_CHUNK_BYTES` at a time),
-    moved in one transfer, and split on the host into tensors laid out as their sources: the
-    same bytes, in a few transfers.
-    """
-    out: list[torch.Tensor | None] = [None] * len(tensors)
-    groups: dict[tuple[torch.device, torch.dtype], list[tuple[int, torch.Tensor]]] = {}
-    for i, t in enumerate(tensors):
-        t = t.detach()
-        if contiguous:
-            t = t.contiguous()   # on its device: the host side then splits a plain flat buffer
-        if t.numel() == 0:
-            out[i] = torch.empty_like(t, device="cpu")
-        elif not _dense(t):
-            out[i] = t.to("cpu", copy=True, memory_format=torch.contiguous_format)
-        else:
-            groups.setdefault((t.device, t.dtype), []).append((i, t))
-    for members in groups.values():
-        start = 0
-        while start < len(members):
-            stop, nbytes = start, 0
-            while stop < len(members) and (stop == start or nbytes + _nbytes(members[stop][1]) <= HOST_COPY_CHUNK_BYTES):
-                nbytes += _nbytes(members[stop][1])
-                stop += 1
-            chunk = members[start:stop]
-            flat = torch.cat([_flat_memory(t) for _, t in chunk]).to("cpu")   # a new tensor already
-            offset = 0
-            for i, t in chunk:
-                dst = torch.empty_like(t, device="cpu")   # dense source: the same strides
-                _flat_memory(dst).copy_(flat[offset:offset + t.numel()])
-                offset += t.numel()
-                out[i] = dst
-            start = stop
-    return out  # type: ignore[return-value]
+    def __init__(self, tensors: list[torch.Tensor]) -> None:
+        from torch._utils import _flatten_dense_tensors   # one C++ call per buffer (what DDP uses)
+
+        self._shapes = [t.shape for t in tensors]
+        self._buffers: list[tuple[torch.Tensor, list[int]]] = []   # (flat host buffer, its tensors' indices)
+        self._alone: dict[int, torch.Tensor] = {}                  # sparse and other non-strided layouts
+        groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
+        for i, t in enumerate(tensors):
+            if t.layout != torch.strided:
+                self._alone[i] = t.detach().to("cpu", copy=True)
+            else:
+                groups.setdefault((t.device, t.dtype), []).append(i)
+        with torch.no_grad():
+            for members in groups.values():
+                start = 0
+                while start < len(members):
+                    stop, nbytes = start, 0
+                    while stop < len(members) and (stop == start or nbytes + _nbytes(tensors[members[stop]]) <= HOST_COPY_CHUNK_BYTES):
+                        nbytes += _nbytes(tensors[members[stop]])
+                        stop += 1
+                    chunk = members[start:stop]
+                    # copy=True: a one-tensor buffer of a host tensor is that tensor's own memory
+                    flat = _flatten_dense_tensors([tensors[i] for i in chunk]).to("cpu", copy=True)
+                    self._buffers.append((flat, chunk))
+                    start = stop
+
+    def tensors(self) -> list[torch.Tensor]:
+        out: list[torch.Tensor | None] = [None] * len(self._shapes)
+        for i, t in self._alone.items():
+            out[i] = t
+        for flat, chunk in self._buffers:
+            parts = flat.split([self._shapes[i].numel() for i in chunk])
+            for i, part in zip(chunk, parts):
+                out[i] = part.view(self._shapes[i]).clone()
+        return out  # type: ignore[return-value]
 
 
-def _dense(t: torch.Tensor) -> bool:
-    """Whether ``t``'s elements fill its memory span exactly in one of the layouts ``empty_like``
-    reproduces (contiguous, channels_last, channels_last_3d)."""
-    if t.is_contiguous():
-        return True
-    if t.dim() == 4:
-        return t.is_contiguous(memory_format=torch.channels_last)
-    return t.dim() == 5 and t.is_contiguous(memory_format=torch.channels_last_3d)
+def host_copies(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """New contiguous host tensors with the values of ``tensors`` (detached, each its own
+    storage), copied in a few transfers (:class:`HostPack`)."""
+    return HostPack(tensors).tensors()
 
 
 def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
-
-
-def _flat_memory(t: torch.Tensor) -> torch.Tensor:
-    """The 1-D view of a dense tensor's memory, in memory order."""
-    return t.as_strided((t.numel(),), (1,), t.storage_offset())
 
 
 def _lock(fd: int) -> bool:

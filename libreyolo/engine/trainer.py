@@ -1161,16 +1161,17 @@ class Trainer:
     def eval_net(self) -> nn.Module:
         return self.ema.ema if self.ema is not None else self.net
 
-    def checkpoint(self, epoch: int, with_state: bool) -> dict:
+    def checkpoint(self, epoch: int, with_state: bool, host: bool = True) -> dict:
         """The LibreYOLO checkpoint of the EMA weights; ``with_state`` adds what ``resume`` needs
-        (raw weights, optimizer, scaler, EMA count, epoch): ``last.pt`` only."""
-        from ..weights import host_copies
-        ck = self.model.checkpoint_of(self.eval_net)
+        (raw weights, optimizer, scaler, EMA count, epoch): ``last.pt`` only. The weights are
+        host copies; with ``host=False`` they, like the optimizer's state always, are the
+        device's tensors, for :func:`~libreyolo.weights.host_snapshot` to copy all at once."""
+        from ..models.base import _weights
+        ck = self.model.checkpoint_of(self.eval_net, host)
         ck["train_metrics"] = self.epoch_metrics
         if with_state:
-            raw = self.net.state_dict()
             ck["train_state"] = {
-                "model_raw": dict(zip(raw, host_copies(list(raw.values()), contiguous=True))),
+                "model_raw": _weights(self.net, host),
                 "optimizer": self.opt.state_dict(), "scaler": self.scaler.state_dict(),
                 "ema_updates": self.ema.updates if self.ema is not None else None,
                 "epoch": epoch, "best_fitness": self.best_fitness, "best_epoch": self.best_epoch,
@@ -1363,7 +1364,7 @@ class CheckpointHook(Hook):
     ``epoch{N}.pt``, ``epoch{2N}.pt``, ... (with the training state, like ``last.pt``); all atomic.
 
     Written in the background (:class:`~libreyolo.engine.background.BackgroundJob`): at the end
-    of an epoch the checkpoints are copied to host memory (:func:`~libreyolo.weights.host_snapshot`,
+    of an epoch the checkpoint is copied to host memory (:class:`~libreyolo.weights.PackedSnapshot`,
     so the next steps cannot change what is written), then one thread writes them - each through
     :func:`~libreyolo.weights.save_checkpoint`, temp file + rename - while the next epoch trains.
     The write is joined before the next epoch's validation (unless
@@ -1379,26 +1380,32 @@ class CheckpointHook(Hook):
         self._outer = sys.exc_info()[1]   # train() may run inside a caller's except block
 
     def on_epoch_end(self, t: Trainer, state: dict) -> None:
-        from ..weights import host_snapshot
+        from ..weights import PackedSnapshot
         epoch, weights = state["epoch"], t.run_dir / "weights"
         t0 = time.perf_counter()
         self.writer.wait()   # the previous epoch's files first (and its error, if it failed)
         # counted in the run's timing; the epoch's results.csv row, written before, has the wait
         # before validation only
         state["ckpt_wait_s"] = state.get("ckpt_wait_s", 0.0) + time.perf_counter() - t0
-        resumable = host_snapshot(t.checkpoint(epoch, with_state=True))
-        files = [(resumable, weights / "last.pt")]
-        if state["is_best"]:   # the same checkpoint less the training state (a third of the size)
-            files.append(({k: v for k, v in resumable.items() if k != "train_state"}, weights / "best.pt"))
+        # every tensor (weights, EMA weights, optimizer state) copied to the host in a few
+        # transfers; the writer thread splits them into the checkpoint's tensors
+        snapshot = PackedSnapshot(t.checkpoint(epoch, with_state=True, host=False))
+        names = ["last.pt"]
+        if state["is_best"]:
+            names.append("best.pt")
         period = t.cfg.run.save_period
         if period and (epoch + 1) % period == 0:   # a snapshot one can also resume from
-            files.append((resumable, weights / f"epoch{epoch + 1}.pt"))
-        self.writer.submit(self._write, t, epoch, files, what=f"epoch {epoch + 1}'s checkpoints in {weights}")
+            names.append(f"epoch{epoch + 1}.pt")
+        self.writer.submit(self._write, t, epoch, snapshot, [weights / n for n in names],
+                           what=f"epoch {epoch + 1}'s checkpoints in {weights}")
 
     @staticmethod
-    def _write(t: Trainer, epoch: int, files: list) -> None:
+    def _write(t: Trainer, epoch: int, snapshot, paths: list) -> None:
         from ..weights import save_checkpoint
-        for ckpt, path in files:
+        resumable = snapshot.unpack()
+        for path in paths:
+            # best.pt: the same checkpoint less the training state (a third of the size)
+            ckpt = {k: v for k, v in resumable.items() if k != "train_state"} if path.name == "best.pt" else resumable
             save_checkpoint(ckpt, path)
             if path.name == "last.pt":
                 t.saved_epoch = epoch + 1

@@ -344,15 +344,15 @@ class Model:
         """The LibreYOLO checkpoint dict of this model (CPU tensors)."""
         return self.checkpoint_of(self.model)
 
-    def checkpoint_of(self, net: nn.Module) -> dict:
-        """The LibreYOLO checkpoint dict for ``net`` with this model's metadata."""
+    def checkpoint_of(self, net: nn.Module, host: bool = True) -> dict:
+        """The LibreYOLO checkpoint dict for ``net`` with this model's metadata: its weights
+        copied to host memory, contiguous. ``host=False`` leaves them the network's own tensors,
+        for a caller that copies everything at once (:class:`~libreyolo.weights.PackedSnapshot`)."""
         if self.fused:
             raise ValueError("a fused model cannot be saved in the LibreYOLO layout (BatchNorm was folded "
                              "away); save before calling fuse()")
         from .. import __version__
-        from ..weights import host_copies
-        sd = net.state_dict()
-        sd = dict(zip(sd, host_copies(list(sd.values()), contiguous=True)))
+        sd = _weights(net, host)
         ckpt = {"model": sd, "schema_version": SCHEMA_VERSION, "libreyolo_version": __version__,
                 "model_family": self.FAMILY, "size": self.size, "task": self.TASK, "nc": self.nc,
                 "names": dict(self.names), "imgsz": self.imgsz, "preprocess": self.preprocess.as_dict()}
@@ -519,3 +519,13 @@ def _load_strict(net: nn.Module, sd: dict, what: str, source: str | None) -> Non
             parts.append(f"{len(bad)} with the wrong shape (e.g. {'; '.join(bad[:3])})")
         raise ValueError(f"{source or 'state dict'} does not match {what}: " + ", ".join(parts))
     net.load_state_dict(sd, strict=True)
+
+
+def _weights(net: nn.Module, host: bool) -> dict[str, torch.Tensor]:
+    """``net``'s state dict: detached contiguous host copies, or with ``host=False`` the network's
+    own tensors (parameters as they are: no operator call per tensor, see
+    :class:`~libreyolo.weights.PackedSnapshot`), for a caller that copies them at once."""
+    from ..weights import host_copies
+    sd = net.state_dict(keep_vars=True)
+    return dict(zip(sd, host_copies(list(sd.values())))) if host else sd
+

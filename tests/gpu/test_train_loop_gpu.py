@@ -68,8 +68,8 @@ def test_a_non_finite_loss_on_cuda_names_its_epoch_and_batch(data, tmp_path, mon
 
 
 def test_host_copies_of_cuda_tensors_are_their_bytes_in_few_transfers(monkeypatch):
-    """weights.host_copies on a device's tensors: the same bytes and strides on the host, each in
-    its own memory, in one device-to-host transfer per dtype (chunked), CPU tensors alongside."""
+    """weights.host_copies on a device's tensors: the same values on the host, contiguous, each in
+    its own memory, in one device-to-host transfer per dtype, CPU tensors alongside."""
     from libreyolo import weights as W
     g = torch.Generator(device="cuda").manual_seed(0)
     sources = [torch.randn(3, 4, 5, 6, device="cuda", generator=g).contiguous(memory_format=torch.channels_last),
@@ -82,17 +82,13 @@ def test_host_copies_of_cuda_tensors_are_their_bytes_in_few_transfers(monkeypatc
     def counting_to(self, *a, **kw):
         out = real_to(self, *a, **kw)
         if self.is_cuda and out.device.type == "cpu":
-            transfers.append(self.dtype)
+            transfers.append(str(self.dtype))
         return out
 
     monkeypatch.setattr(torch.Tensor, "to", counting_to)
     copies = W.host_copies(sources)
     monkeypatch.setattr(torch.Tensor, "to", real_to)
-    # float32 (channels_last, 0-d, 5x5), bfloat16, int64, the non-dense slice on its own
-    assert sorted(map(str, transfers)) == sorted(["torch.float32", "torch.bfloat16", "torch.int64", "torch.float32"])
+    assert sorted(transfers) == ["torch.bfloat16", "torch.float32", "torch.int64"]
     for src, got in zip(sources, copies):
         assert got.device.type == "cpu" and got.dtype == src.dtype and got.shape == src.shape
-        assert torch.equal(got, src.cpu())
-        if W._dense(src) and src.numel():
-            assert got.stride() == src.stride()
-    assert all(c.is_contiguous() for c in W.host_copies(sources, contiguous=True))
+        assert got.is_contiguous() and torch.equal(got, src.cpu())

@@ -49,7 +49,7 @@ def test_snapshot_is_a_copy_that_saves_what_the_original_would(tmp_path):
     save_checkpoint(ck, tmp_path / "sync.pt")
     save_checkpoint(snap, tmp_path / "snap.pt")
     assert equal(torch.load(tmp_path / "sync.pt"), torch.load(tmp_path / "snap.pt"))
-    assert snap["model"]["nhwc"].stride() == nhwc.stride()              # strides kept
+    assert snap["model"]["nhwc"].is_contiguous() and torch.equal(snap["model"]["nhwc"], nhwc)
     w.add_(100.0)                                                       # training goes on in place
     ck["train_state"]["optimizer"]["param_groups"][0]["lr"] = 0.5
     assert snap["model"]["w"][0, 1] == 1.0 and snap["train_state"]["optimizer"]["param_groups"][0]["lr"] == 0.1
@@ -60,9 +60,8 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().reshape(-1).view(torch.uint8) if t.dtype != torch.bool else t.contiguous()
 
 
-@pytest.mark.parametrize("chunk", [None, 64])   # 64 bytes: several transfers per dtype
-@pytest.mark.parametrize("contiguous", [False, True])
-def test_host_copies_are_the_same_bytes_in_their_own_memory(monkeypatch, chunk, contiguous):
+@pytest.mark.parametrize("chunk", [None, 64])   # 64 bytes: several buffers per dtype
+def test_host_copies_are_the_same_bytes_in_their_own_memory(monkeypatch, chunk):
     if chunk is not None:
         monkeypatch.setattr(W, "HOST_COPY_CHUNK_BYTES", chunk)
     g = torch.Generator().manual_seed(0)
@@ -75,27 +74,46 @@ def test_host_copies_are_the_same_bytes_in_their_own_memory(monkeypatch, chunk, 
         torch.randn(1, 2, 3, 4, 5, generator=g).contiguous(memory_format=torch.channels_last_3d),
         torch.tensor(2.5), torch.tensor(7, dtype=torch.int64),             # 0-d
         torch.empty(0, 3), torch.randint(0, 9, (5,), generator=g).to(torch.int32),
-        big.transpose(0, 2), big[:, ::2], torch.ones(3).expand(4, 3),      # not dense: contiguous
+        big.transpose(0, 2), big[:, ::2], torch.ones(3).expand(4, 3),      # not dense
         torch.randn(9, generator=g).to(torch.bfloat16), torch.tensor([True, False, True]),
-        torch.nn.Parameter(torch.randn(4, 4, generator=g)),
+        torch.nn.Parameter(torch.randn(4, 4, generator=g)), torch.tensor([5.0]),
+        torch.eye(3).to_sparse(),                                          # not strided: copied alone
     ]
-    copies = W.host_copies(sources, contiguous=contiguous)
+    copies = W.host_copies(sources)
     assert len(copies) == len(sources)
     for src, got in zip(sources, copies):
         assert got.device.type == "cpu" and got.dtype == src.dtype and got.shape == src.shape
         assert not got.requires_grad
-        assert torch.equal(_bits(got), _bits(src.detach()))
-        if contiguous or not W._dense(src):
-            assert got.is_contiguous()
-        elif src.numel() > 0:
-            assert got.stride() == src.stride()
+        if src.layout == torch.strided:
+            assert got.is_contiguous() and torch.equal(_bits(got), _bits(src.detach()))
+        else:
+            assert torch.equal(got.to_dense(), src.to_dense())
     # each copy has its own memory: no two share a storage, none shares the source's
-    ptrs = [c.untyped_storage().data_ptr() for c in copies if c.numel()]
+    strided = [(s, c) for s, c in zip(sources, copies) if c.layout == torch.strided and c.numel()]
+    ptrs = [c.untyped_storage().data_ptr() for _, c in strided]
     assert len(set(ptrs)) == len(ptrs)
-    assert not {s.untyped_storage().data_ptr() for s in sources if s.numel()} & set(ptrs)
+    assert all(c.untyped_storage().nbytes() == c.numel() * c.element_size() for _, c in strided)
+    assert not {s.untyped_storage().data_ptr() for s, _ in strided} & set(ptrs)
     before = copies[0].clone()
     base.add_(1.0)
     assert torch.equal(_bits(copies[0]), _bits(before))
+
+
+def test_packed_snapshot_is_taken_at_the_call_and_unpacked_later():
+    """What the trainer's writer thread saves is the checkpoint as it was when the snapshot was
+    taken, whatever training did to its tensors and containers since."""
+    w, m = torch.arange(6.0), torch.ones(2, 2)
+    ck = {"model": {"w": w}, "train_state": {"optimizer": {"state": {0: {"momentum_buffer": m}}}, "epoch": 1},
+          "names": ["a"]}
+    snap = W.PackedSnapshot(ck)
+    w.mul_(0.0)
+    m.add_(5.0)
+    ck["names"].append("b")
+    ck["train_state"]["epoch"] = 2
+    out = snap.unpack()
+    assert torch.equal(out["model"]["w"], torch.arange(6.0))
+    assert torch.equal(out["train_state"]["optimizer"]["state"][0]["momentum_buffer"], torch.ones(2, 2))
+    assert out["train_state"]["epoch"] == 1 and out["names"] == ["a"]
 
 
 def test_checkpoint_of_is_contiguous_host_tensors_of_the_state_dict():

@@ -130,8 +130,8 @@ class PPOCR(Model):
         crops = torch.randint(0, 256, (2, 48, 320, 3), generator=g, dtype=torch.uint8).to(self.device)
         self.infer_rec(crops, torch.tensor([320, 200], device=self.device))
 
-    def checkpoint_of(self, net: nn.Module) -> dict:
-        ckpt = super().checkpoint_of(net)
+    def checkpoint_of(self, net: nn.Module, host: bool = True) -> dict:
+        ckpt = super().checkpoint_of(net, host)
         ckpt.setdefault("charset", list(self.charset))
         return ckpt
 
