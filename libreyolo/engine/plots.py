@@ -21,7 +21,12 @@ def plot_results(csv_path: str | Path, out: str | Path | None = None) -> Path | 
     epochs = [int(r["epoch"]) for r in rows]
     cols = 4
     nrows = -(-len(keys) // cols)
-    fig = Figure(figsize=(4 * cols, 3 * nrows))
+    width, height = 4.0 * cols, 3.0 * nrows
+    fig = Figure(figsize=(width, height))
+    # fixed margins in inches (tick labels left, title above, x label below each panel) rather
+    # than tight_layout, which measures every text first and was 40 % of the drawing's time
+    fig.subplots_adjust(left=0.6 / width, right=1 - 0.15 / width, bottom=0.5 / height, top=1 - 0.3 / height,
+                        wspace=0.75 / (4.0 - 0.75), hspace=0.85 / (3.0 - 0.85))
     axes = fig.subplots(nrows, cols, squeeze=False)
     for ax, key in zip(axes.flat, keys):
         ys = [float(r[key]) if r[key] not in ("", "nan") else float("nan") for r in rows]
@@ -31,7 +36,6 @@ def plot_results(csv_path: str | Path, out: str | Path | None = None) -> Path | 
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(keys):]:
         ax.axis("off")
-    fig.tight_layout()
     out = Path(out or csv_path.with_name("results.png"))
     tmp = out.with_name(out.name + ".tmp.png")
     try:   # to a temp file, then renamed: a failed write (a full disk) leaves the old picture whole
