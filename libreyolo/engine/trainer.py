@@ -963,11 +963,12 @@ class Trainer:
     def _phase(self, epoch: int) -> None:
         """Before an epoch: phase changes that alter what the step computes release its graphs.
         The task's data phase ran already where the epoch's loader was prepared (before the
-        previous epoch's validation: :meth:`_prepare_epoch`); its graph release and log line are
-        here, at the epoch's start."""
+        previous epoch's validation: :meth:`_prepare_epoch`); its log line is here, at the
+        epoch's start. It keeps the step's graphs: a captured step starts at the batch in its
+        input buffers (the data pipeline, CPU or device augmentation, is never in the graph), and
+        batches of another shape (fewer target rows without mosaic) get graphs of their own."""
         _, _, why = self._prepared_for(epoch)
         if why:
-            self.step_runner.release(why)
             log.info("libreyolo: %s", why)
         on_epoch = getattr(self.loss_fn, "on_epoch", None)
         if on_epoch is not None and on_epoch(epoch, self.cfg.run.epochs):

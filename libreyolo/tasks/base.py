@@ -197,9 +197,9 @@ class Task:
     def on_epoch(self, train_set: Any, epoch: int, epochs: int, options: TaskOptions) -> str | None:
         """Called before each epoch, before its loader starts - which is before the previous
         epoch's validation, so that the loader's workers fetch the epoch's first batches while it
-        validates (a change here must concern the training data and step only); returns a reason
-        when what the step computes changes from this epoch on (the trainer then releases its
-        captured graphs at the epoch's start), else None."""
+        validates (a change here must concern the training data only); returns a line saying
+        what changed from this epoch on (logged at the epoch's start), else None. The training
+        step's graphs are kept: they start at the batch, after the data pipeline."""
         return None
 
     # ------------------------------------------------------------ evaluation
