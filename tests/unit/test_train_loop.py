@@ -247,3 +247,32 @@ def test_the_host_levers_leave_every_number_as_it_was(data, tmp_path, monkeypatc
     assert numbers(lever["history"]) == numbers(base["history"]) and lever["best_epoch"] == base["best_epoch"]
     a, b = (load_checkpoint(r["last"])["model"] for r in (base, lever))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_data_phase_keeps_the_steps_graphs_and_a_loss_change_releases_them(caplog):
+    """close_mosaic changes the batches, not the captured step (which starts at the batch): the
+    epoch logs it and keeps its graphs; a loss whose on_epoch says it changed releases them."""
+    released = []
+
+    class Runner:
+        def release(self, why):
+            released.append(why)
+
+    class Loss:
+        def __init__(self, changes_at):
+            self.changes_at = changes_at
+
+        def on_epoch(self, epoch, epochs):
+            return epoch == self.changes_at
+
+    t = object.__new__(T.Trainer)
+    t.step_runner, t.val_loss_fn = Runner(), None
+    t.cfg = T.TrainConfig(epochs=10)
+    t.loss_fn = Loss(changes_at=8)
+    t._prepared = (7, iter(()), "mosaic closed for the last 3 epochs")
+    with caplog.at_level("INFO", logger="libreyolo"):
+        t._phase(7)
+    assert released == [] and "mosaic closed for the last 3 epochs" in caplog.text
+    t._prepared = (8, iter(()), None)
+    t._phase(8)
+    assert released == ["Loss changed at epoch 9"]
