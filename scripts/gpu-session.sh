@@ -20,6 +20,8 @@
 #                (scripts/profile_train_cli.py): where its wall goes outside the epochs.
 #   PART=gen   : benchmarks/builtin_sets.py: the 2000 + 200 shapes set at 640 generated with each worker
 #                count of $GEN_ARMS (16 1), a fresh process and JSON line per arm.
+#   PART=snapshot : benchmarks/checkpoint_snapshot.py: an epoch's checkpoint snapshot per tensor vs
+#                packed, alone and beside a busy Python thread (yolo9-t, channels_last), JSON in $OUT.
 #   K          : PART=tests only runs the tests whose names match this pytest -k expression.
 # Wheels missing on the machine travel in .whl (carry it).
 set -uo pipefail
@@ -89,6 +91,10 @@ train)
   big; tail -30 "$OUT/train.log";;
 big) big; tail -30 "$OUT/train.log";;
 cli) cli; tail -30 "$OUT/train.log";;
+snapshot)
+  timeout "${T_SNAP:-90}" python3 benchmarks/checkpoint_snapshot.py --channels-last --busy --runs "${RUNS:-3}" \
+    --json "$OUT/checkpoint-snapshot.json" > "$OUT/snapshot.log" 2>&1
+  echo "snapshot rc=$?" >> "$OUT/snapshot.log"; cat "$OUT/snapshot.log";;
 gen)
   timeout "${T_GEN:-400}" python3 benchmarks/builtin_sets.py --n-train 2000 --n-val 200 --imgsz 640 \
     --workers ${GEN_ARMS:-16 1} > "$J/builtin_sets.jsonl" 2> "$OUT/gen.log"
