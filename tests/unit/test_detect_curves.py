@@ -1,5 +1,6 @@
 """Precision/recall, PR curves, confusion matrix and the validation pictures of detection."""
 import numpy as np
+import pytest
 
 from libreyolo.tasks.detect.curves import confusion_matrix, pr_summary
 
@@ -52,3 +53,46 @@ def test_evaluator_plots_its_pictures(tmp_path):
     names = [p.name for p in ev.plot(tmp_path)]
     assert names == ["pr_curve.png", "confusion_matrix.png", "val_batch0_labels.jpg", "val_batch0_pred.jpg"]
     assert all((tmp_path / n).stat().st_size > 1000 for n in names)
+
+
+def _reference_match(pred, gt, thr):
+    """Greedy matching the plain way: every prediction, highest confidence first, takes the
+    unmatched ground truth of its class with the highest IoU >= thr."""
+    tp, taken = np.zeros(len(pred), bool), np.zeros(len(gt), bool)
+    for i in sorted(range(len(pred)), key=lambda k: -pred[k, 4]):
+        best, best_iou = None, thr
+        for j in range(len(gt)):
+            if taken[j] or int(gt[j, 0]) != int(pred[i, 5]):
+                continue
+            x1, y1 = max(pred[i, 0], gt[j, 1]), max(pred[i, 1], gt[j, 2])
+            x2, y2 = min(pred[i, 2], gt[j, 3]), min(pred[i, 3], gt[j, 4])
+            inter = max(x2 - x1, 0.0) * max(y2 - y1, 0.0)
+            union = (pred[i, 2] - pred[i, 0]) * (pred[i, 3] - pred[i, 1]) + (gt[j, 3] - gt[j, 1]) * (gt[j, 4] - gt[j, 2]) - inter
+            v = inter / union
+            if v >= best_iou and (best is None or v > best_iou):
+                best, best_iou = j, v
+        if best is not None:
+            taken[best] = tp[i] = True
+    return tp
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_matching_is_the_greedy_reference(seed):
+    """Crowded images (boxes jittered around few ground truths, several classes, tied scores): the
+    matcher's true positives are the plain greedy loop's."""
+    from libreyolo.tasks.detect.curves import _match
+    rng = np.random.default_rng(seed)
+    m = int(rng.integers(1, 8))
+    xy = rng.uniform(0, 200, (m, 2))
+    gt = np.concatenate([rng.integers(0, 3, (m, 1)), xy, xy + rng.uniform(20, 60, (m, 2))], 1)
+    n = 120
+    src = rng.integers(0, m, n)
+    jitter = rng.normal(0, 8, (n, 4)) * (rng.uniform(size=(n, 1)) < 0.7) + rng.normal(0, 60, (n, 4)) * (rng.uniform(size=(n, 1)) >= 0.7)
+    boxes = gt[src, 1:5] + jitter
+    boxes[:, 2:] = np.maximum(boxes[:, 2:], boxes[:, :2] + 1.0)
+    pred = np.concatenate([boxes, np.round(rng.uniform(size=(n, 1)), 1),
+                           np.where(rng.uniform(size=(n, 1)) < 0.8, gt[src, :1], rng.integers(0, 3, (n, 1)))], 1)
+    pred = pred[np.argsort(-pred[:, 4], kind="stable")]
+    got = _match(pred, gt, 0.5)
+    assert got.any() and not got.all()
+    np.testing.assert_array_equal(got, _reference_match(pred, gt, 0.5))

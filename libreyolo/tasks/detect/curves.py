@@ -24,7 +24,10 @@ def _match(pred: np.ndarray, gt: np.ndarray, iou_thr: float) -> np.ndarray:
     same = pred[:, 5:6].astype(np.int64) == gt[None, :, 0].astype(np.int64)
     iou = np.where(same, iou, 0.0)
     taken = np.zeros(len(gt), dtype=bool)
-    for i in np.argsort(-pred[:, 4], kind="stable"):
+    order = np.argsort(-pred[:, 4], kind="stable")
+    # only predictions reaching some ground truth can match: a weak detector's max_det rows per
+    # image are mostly not, and the greedy loop is Python
+    for i in order[(iou[order] >= iou_thr).any(1)]:
         cand = np.where(~taken & (iou[i] >= iou_thr))[0]
         if len(cand):
             j = cand[np.argmax(iou[i, cand])]
