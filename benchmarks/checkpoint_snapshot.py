@@ -54,7 +54,7 @@ def packed(m, net, ema, opt):
     from libreyolo.weights import PackedSnapshot
     ck = m.checkpoint_of(ema, host=False)
     ck["train_state"] = {"model_raw": _weights(net, False), "optimizer": opt.state_dict()}
-    return PackedSnapshot(ck)
+    return PackedSnapshot(ck, contiguous=("model", "train_state.model_raw"))   # as CheckpointHook
 
 
 def unpack(m, net, ema, opt, snap=[]):

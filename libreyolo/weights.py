@@ -320,10 +320,11 @@ def save_checkpoint(ckpt: Mapping[str, Any], path: str | os.PathLike[str]) -> Pa
 
 def host_snapshot(ckpt: Mapping[str, Any]) -> dict[str, Any]:
     """A copy of ``ckpt`` that shares nothing mutable with training: every tensor copied into new
-    host memory (contiguous, each its own storage), every dict / list / tuple rebuilt. What a
-    background writer saves while the next epoch updates the weights and the optimizer state in
-    place; the file holds the values :func:`save_checkpoint` of ``ckpt`` would have written at
-    the call (CUDA tensors land on the host, as :func:`load_checkpoint` maps them anyway).
+    host memory (each its own storage; the strides of a dense one kept - channels_last stays
+    channels_last -, any other contiguous), every dict / list / tuple rebuilt. What a background
+    writer saves while the next epoch updates the weights and the optimizer state in place; the
+    file holds the values :func:`save_checkpoint` of ``ckpt`` would have written at the call
+    (CUDA tensors land on the host, as :func:`load_checkpoint` maps them anyway).
     ``PackedSnapshot(ckpt).unpack()``: the copy is taken at once, the split into tensors can be
     left to the writer thread."""
     return PackedSnapshot(ckpt).unpack()
@@ -331,7 +332,9 @@ def host_snapshot(ckpt: Mapping[str, Any]) -> dict[str, Any]:
 
 class PackedSnapshot:
     """``ckpt`` copied to host memory as a few flat buffers (:class:`HostPack`) and its
-    structure; :meth:`unpack` builds the dict of :func:`host_snapshot` from them.
+    structure; :meth:`unpack` builds the dict of :func:`host_snapshot` from them. The tensors
+    under a key path of ``contiguous`` (``"model"``, ``"train_state.model_raw"``: dotted keys)
+    come back contiguous, the others with their strides where they are dense.
 
     Taking it costs a few operator calls however many tensors the checkpoint holds, so the
     training thread can take it at an epoch's end even while other Python threads (the loader's
@@ -342,12 +345,15 @@ class PackedSnapshot:
     pageable memory: no pinned block is left for the writer thread to free (a pinned free records
     CUDA events, which a graph capture in the main thread must not meet)."""
 
-    def __init__(self, ckpt: Mapping[str, Any]) -> None:
-        from torch.utils._pytree import tree_flatten
+    def __init__(self, ckpt: Mapping[str, Any], contiguous: tuple[str, ...] = ()) -> None:
+        from torch.utils._pytree import tree_flatten_with_path
 
-        leaves, self._spec = tree_flatten(dict(ckpt))
+        pairs, self._spec = tree_flatten_with_path(dict(ckpt))
+        leaves = [leaf for _, leaf in pairs]
         self._where = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
-        self._pack = HostPack([leaves[i] for i in self._where])
+        prefixes = tuple(tuple(c.split(".")) for c in contiguous)
+        keep = [not any(_under(pairs[i][0], p) for p in prefixes) for i in self._where]
+        self._pack = HostPack([leaves[i] for i in self._where], keep_strides=keep)
         for i in self._where:
             leaves[i] = None   # the pack holds the values; the training's tensors are not kept
         self._leaves = leaves
@@ -361,20 +367,32 @@ class PackedSnapshot:
         return tree_unflatten(leaves, self._spec)
 
 
+def _under(path: tuple, prefix: tuple[str, ...]) -> bool:
+    """Whether a pytree key path starts with the dict keys ``prefix``."""
+    return len(path) >= len(prefix) and all(str(getattr(k, "key", None)) == p for k, p in zip(path, prefix))
+
+
 #: the most bytes one flat buffer of :class:`HostPack` gathers on a device (its temporary memory)
 HOST_COPY_CHUNK_BYTES = 256 << 20
 
 
 class HostPack:
     """The values of ``tensors`` copied to host memory in a few transfers: the tensors of one
-    device and dtype concatenated (contiguous, flattened) on their device, up to
+    device and dtype concatenated (in logical order, flattened) on their device, up to
     :data:`HOST_COPY_CHUNK_BYTES` at a time, each buffer moved to the host at once.
-    :meth:`tensors` splits the buffers into contiguous tensors with their own storage."""
+    :meth:`tensors` splits the buffers into tensors with their own storage: contiguous, or - where
+    ``keep_strides`` says so (default: none) and the source was dense - with the source's
+    strides (an optimizer's channels_last momentum must match its parameter's layout: fused
+    optimizers require it)."""
 
-    def __init__(self, tensors: list[torch.Tensor]) -> None:
+    def __init__(self, tensors: list[torch.Tensor], keep_strides: list[bool] | None = None) -> None:
         from torch._utils import _flatten_dense_tensors   # one C++ call per buffer (what DDP uses)
 
         self._shapes = [t.shape for t in tensors]
+        # metadata reads only (no operator call): the layout to restore at unpack
+        self._strides = [t.stride() if keep and t.layout == torch.strided and not t.is_contiguous()
+                         and _dense_strides(t.shape, t.stride()) else None
+                         for t, keep in zip(tensors, keep_strides or [False] * len(tensors))]
         self._buffers: list[tuple[torch.Tensor, list[int]]] = []   # (flat host buffer, its tensors' indices)
         self._alone: dict[int, torch.Tensor] = {}                  # sparse and other non-strided layouts
         groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
@@ -404,8 +422,21 @@ class HostPack:
         for flat, chunk in self._buffers:
             parts = flat.split([self._shapes[i].numel() for i in chunk])
             for i, part in zip(chunk, parts):
-                out[i] = part.view(self._shapes[i]).clone()
+                value, stride = part.view(self._shapes[i]), self._strides[i]
+                out[i] = value.clone() if stride is None else \
+                    torch.empty_strided(self._shapes[i], stride, dtype=value.dtype).copy_(value)
         return out  # type: ignore[return-value]
+
+
+def _dense_strides(shape: torch.Size, stride: tuple[int, ...]) -> bool:
+    """Whether ``stride`` lays ``shape``'s elements out densely, without gaps or overlaps, in some
+    order of the dimensions (contiguous, channels_last, any permutation)."""
+    expected = 1
+    for size, st in sorted(((n, s) for n, s in zip(shape, stride) if n != 1), key=lambda d: d[1]):
+        if st != expected:
+            return False
+        expected *= size
+    return True
 
 
 def host_copies(tensors: list[torch.Tensor]) -> list[torch.Tensor]:

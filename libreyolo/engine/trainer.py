@@ -1390,7 +1390,10 @@ class CheckpointHook(Hook):
         state["ckpt_wait_s"] = state.get("ckpt_wait_s", 0.0) + time.perf_counter() - t0
         # every tensor (weights, EMA weights, optimizer state) copied to the host in a few
         # transfers; the writer thread splits them into the checkpoint's tensors
-        snapshot = PackedSnapshot(t.checkpoint(epoch, with_state=True, host=False))
+        # (the weights contiguous, as every LibreYOLO checkpoint holds them; the optimizer state
+        # in its parameters' layout, which a fused optimizer requires when it is resumed)
+        snapshot = PackedSnapshot(t.checkpoint(epoch, with_state=True, host=False),
+                                  contiguous=("model", "train_state.model_raw"))
         names = ["last.pt"]
         if state["is_best"]:
             names.append("best.pt")

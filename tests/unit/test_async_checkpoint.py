@@ -49,7 +49,7 @@ def test_snapshot_is_a_copy_that_saves_what_the_original_would(tmp_path):
     save_checkpoint(ck, tmp_path / "sync.pt")
     save_checkpoint(snap, tmp_path / "snap.pt")
     assert equal(torch.load(tmp_path / "sync.pt"), torch.load(tmp_path / "snap.pt"))
-    assert snap["model"]["nhwc"].is_contiguous() and torch.equal(snap["model"]["nhwc"], nhwc)
+    assert snap["model"]["nhwc"].stride() == nhwc.stride()              # strides kept
     w.add_(100.0)                                                       # training goes on in place
     ck["train_state"]["optimizer"]["param_groups"][0]["lr"] = 0.5
     assert snap["model"]["w"][0, 1] == 1.0 and snap["train_state"]["optimizer"]["param_groups"][0]["lr"] == 0.1
@@ -114,6 +114,36 @@ def test_packed_snapshot_is_taken_at_the_call_and_unpacked_later():
     assert torch.equal(out["model"]["w"], torch.arange(6.0))
     assert torch.equal(out["train_state"]["optimizer"]["state"][0]["momentum_buffer"], torch.ones(2, 2))
     assert out["train_state"]["epoch"] == 1 and out["names"] == ["a"]
+
+
+def test_packed_snapshot_keeps_dense_layouts_except_under_its_contiguous_keys():
+    g = torch.Generator().manual_seed(1)
+    nhwc = torch.randn(4, 3, 3, 3, generator=g).contiguous(memory_format=torch.channels_last)
+    dense_t = torch.randn(5, 7, generator=g).t()                         # a permutation: dense
+    sparse_rows = torch.randn(6, 4, generator=g)[::2]                    # gaps: not dense
+    ck = {"model": {"w": nhwc}, "train_state": {"model_raw": {"w": nhwc}, "optimizer": {"state": {0: {
+        "momentum_buffer": nhwc * 2, "t": dense_t, "rows": sparse_rows}}}}}
+    out = W.PackedSnapshot(ck, contiguous=("model", "train_state.model_raw")).unpack()
+    assert out["model"]["w"].is_contiguous() and out["train_state"]["model_raw"]["w"].is_contiguous()
+    state = out["train_state"]["optimizer"]["state"][0]
+    assert state["momentum_buffer"].stride() == nhwc.stride() and state["t"].stride() == dense_t.stride()
+    assert state["rows"].is_contiguous()
+    for got, want in ((out["model"]["w"], nhwc), (state["momentum_buffer"], nhwc * 2), (state["t"], dense_t),
+                      (state["rows"], sparse_rows)):
+        assert torch.equal(got, want)
+
+
+def test_resumable_checkpoint_of_a_channels_last_run_keeps_the_optimizers_layout(data, tmp_path):
+    """last.pt of a channels_last run: the weights contiguous (the LibreYOLO layout), each momentum
+    buffer in its parameter's layout (a fused optimizer refuses mismatched layouts on resume)."""
+    run(data, tmp_path, epochs=1, channels_last=True)
+    ck = load_checkpoint(tmp_path / "run" / "weights" / "last.pt")
+    assert all(v.is_contiguous() for v in ck["model"].values())
+    assert all(v.is_contiguous() for v in ck["train_state"]["model_raw"].values())
+    buffers = [s["momentum_buffer"] for s in ck["train_state"]["optimizer"]["state"].values()]
+    assert any(b.dim() == 4 and not b.is_contiguous() and b.is_contiguous(memory_format=torch.channels_last)
+               for b in buffers)
+    assert all(b.dim() != 4 or b.is_contiguous(memory_format=torch.channels_last) for b in buffers)
 
 
 def test_checkpoint_of_is_contiguous_host_tensors_of_the_state_dict():
