@@ -320,6 +320,23 @@ class ModelEMA:
         return [e for e, _ in self._float] + [e for e, _ in self._other] + [self.count]
 
 
+def match_state_layouts(opt: torch.optim.Optimizer) -> int:
+    """Lay each optimizer state tensor shaped like its parameter out as the parameter is (its
+    strides); returns how many were converted. A checkpoint may hold a channels_last
+    parameter's momentum contiguous (written by another tool, or before this run's layout was
+    chosen), and the fused optimizers pair the elements of parameter, gradient and state by
+    memory position: a layout mismatch there is a silently wrong update, not an error."""
+    converted = 0
+    for group in opt.param_groups:
+        for p in group["params"]:
+            state = opt.state.get(p)
+            for key, v in (state or {}).items():
+                if isinstance(v, torch.Tensor) and v.shape == p.shape and v.stride() != p.stride():
+                    state[key] = torch.empty_like(p, dtype=v.dtype).copy_(v)   # p's strides (dense)
+                    converted += 1
+    return converted
+
+
 def _param_groups(net: nn.Module, weight_decay: float):
     """Decayed weights, undecayed norm weights, biases; trainable only, each tensor once (a
     parameter registered under two modules, like D-FINE's shared ``up``, is listed once)."""
@@ -710,6 +727,7 @@ class Trainer:
                                  f"freeze={self.frozen or None}: resume with the run's own freeze")
             net.load_state_dict(st["model_raw"])
             opt.load_state_dict(st["optimizer"])
+            match_state_layouts(opt)
             if self.whole_step:  # a loaded tensor lr comes back on the CPU
                 for g in opt.param_groups:
                     g["lr"] = torch.tensor(float(g["lr"]), device=self.device)

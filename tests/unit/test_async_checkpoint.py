@@ -245,3 +245,36 @@ def test_a_failed_write_is_raised_at_the_end_inside_a_callers_except_block(data,
             raise KeyError("the caller's")
         except KeyError:
             run(data, tmp_path, epochs=1)
+
+
+def test_a_resumed_optimizer_state_takes_its_parameters_layout():
+    """A contiguous momentum for a channels_last parameter (a checkpoint written elsewhere): the
+    fused SGD would pair the wrong elements; after match_state_layouts the resumed update is the
+    uninterrupted one."""
+    def params():
+        w = torch.nn.Parameter(torch.arange(108.0).reshape(4, 3, 3, 3).contiguous(memory_format=torch.channels_last))
+        return [w, torch.nn.Parameter(torch.arange(4.0))]
+
+    def grads(ps, scale):
+        for p in ps:
+            p.grad = (torch.arange(p.numel(), dtype=torch.float32).reshape(p.shape) * scale).contiguous(
+                memory_format=torch.channels_last if p.dim() == 4 else torch.contiguous_format)
+
+    ref = params()
+    opt = torch.optim.SGD(ref, lr=0.1, momentum=0.9, fused=True)
+    for scale in (1.0, 0.5):
+        grads(ref, scale)
+        opt.step()
+    ps = params()
+    first = torch.optim.SGD(ps, lr=0.1, momentum=0.9, fused=True)
+    grads(ps, 1.0)
+    first.step()
+    sd = first.state_dict()
+    sd["state"][0]["momentum_buffer"] = sd["state"][0]["momentum_buffer"].contiguous()   # as written elsewhere
+    resumed = torch.optim.SGD(ps, lr=0.1, momentum=0.9, fused=True)
+    resumed.load_state_dict(sd)
+    assert T.match_state_layouts(resumed) == 1
+    assert resumed.state[ps[0]]["momentum_buffer"].stride() == ps[0].stride()
+    grads(ps, 0.5)
+    resumed.step()
+    assert all(torch.equal(a, b) for a, b in zip(ps, ref))
