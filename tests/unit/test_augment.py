@@ -349,7 +349,10 @@ def test_max_targets_bucket():
     assert max_targets_bucket([16], 16) == 16
     assert max_targets_bucket([0, 0], 16) == 16  # batches without objects share the smallest shape
     assert max_targets_bucket([], 8) == 8
-    assert max_targets_bucket([5], 1) == 5
+    assert max_targets_bucket([5], 1) == 8
+    assert max_targets_bucket([33, 2], 16) == 64 and max_targets_bucket([64], 16) == 64
+    assert max_targets_bucket([65], 16) == 128                 # doubling: few shapes however crowded
+    assert len({max_targets_bucket([n], 16) for n in range(300)}) == 6   # 16 ... 512
     with pytest.raises(ValueError):
         max_targets_bucket([1], 0)
 

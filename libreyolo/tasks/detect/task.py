@@ -43,7 +43,7 @@ class DetectOptions(TaskOptions):
     hsv_h: float = 0.015
     hsv_s: float = 0.7
     hsv_v: float = 0.4
-    bucket: int = 16                # targets padded to a multiple of this (fixed loss shapes)
+    bucket: int = 16                # targets padded to this times a power of two (fixed loss shapes)
     gpu_augment: bool = False       # the YOLO recipe on the training device, per batch (workers only decode)
     val_conf: float = 0.001
     val_iou: float = 0.7
