@@ -35,14 +35,18 @@ class GraphCache:
 
     ``repeat``: how many times a signature must have been seen before :meth:`note` says it may be
     captured (1: at once). ``on_evict(count)`` is called after each eviction with the total so far.
+    ``recount_evicted``: an evicted signature must be seen ``repeat`` times again before its next
+    capture (else once is enough).
     """
 
-    def __init__(self, max_graphs: int, repeat: int = 1, on_evict: Callable[[int], None] | None = None):
+    def __init__(self, max_graphs: int, repeat: int = 1, on_evict: Callable[[int], None] | None = None,
+                 recount_evicted: bool = False):
         if max_graphs < 1:
             raise ValueError("max_graphs must be >= 1")
         self.max_graphs = max_graphs
         self.repeat = max(1, int(repeat))
         self.on_evict = on_evict
+        self.recount_evicted = recount_evicted
         self.evictions = 0
         self._entries: OrderedDict[tuple, Any] = OrderedDict()
         self._seen: Counter = Counter()
@@ -65,7 +69,9 @@ class GraphCache:
         self._entries[sig] = entry
         self._entries.move_to_end(sig)
         while len(self._entries) > self.max_graphs:
-            self._entries.popitem(last=False)
+            gone, _ = self._entries.popitem(last=False)
+            if self.recount_evicted:
+                self._seen.pop(gone, None)
             self.evictions += 1
             if self.on_evict is not None:
                 self.on_evict(self.evictions)

@@ -127,7 +127,7 @@ class TrainStepRunner:
     """
 
     def __init__(self, net: torch.nn.Module, step: Callable[..., tuple[torch.Tensor, torch.Tensor]], *,
-                 enabled: bool, family: str, supported: bool, repeat: int = 3, max_graphs: int = 4,
+                 enabled: bool, family: str, supported: bool, repeat: int = 3, max_graphs: int = 8,
                  capturer: Any | None = None, reason: str | None = None,
                  update: Callable[[], None] | None = None,
                  state: Callable[[], list[torch.Tensor]] | None = None,
@@ -139,11 +139,14 @@ class TrainStepRunner:
         self.state = state
         self.family = family
         self.capturer = capturer if capturer is not None else CudaGraphCapturer(warmup=3)
-        self._graphs = GraphCache(max_graphs, repeat=repeat)
+        self._graphs = GraphCache(max_graphs, repeat=repeat, on_evict=self._evicted, recount_evicted=True)
         self.captures = 0
         self.replays = 0
         self.eager_steps = 0
         self.disabled_reason: str | None = None
+        # set when the cache thrashes: signatures without a graph then run eager (see _evicted)
+        self.captures_stopped: str | None = None
+        self._evictions_before = 0   # evictions before the last release
         self.active = False
         if enabled:
             if not supported:
@@ -162,11 +165,25 @@ class TrainStepRunner:
                           lambda self, value: setattr(self._graphs, "max_graphs", int(value)))
     repeat = property(lambda self: self._graphs.repeat)
 
+    def _evicted(self, evictions: int) -> None:
+        """A capture costs hundreds of steps' worth of host time when it replaces a graph that the
+        next batches need again: once as many graphs were evicted as the cache holds (since the
+        last release), shapes without a graph train eager, with one log line, and the graphs
+        kept go on replaying."""
+        n = evictions - self._evictions_before
+        if n >= self.max_graphs and self.captures_stopped is None:
+            self.captures_stopped = (f"{n} graphs evicted (cap {self.max_graphs}): the batches keep changing "
+                                     "shape")
+            log.warning("libreyolo: the training step's CUDA-graph cache of %s is thrashing (%s); batch shapes "
+                        "without a graph train eager from now on (fix the batch's shapes or raise max_graphs)",
+                        self.family, self.captures_stopped)
+
     def release(self, why: str = "") -> None:
         """Drop the graphs (e.g. at a phase change that alters what the step computes)."""
         if self._graphs:
             log.info("libreyolo: released %d training graph(s)%s", len(self._graphs), f": {why}" if why else "")
         self._graphs.clear()
+        self._evictions_before, self.captures_stopped = self._graphs.evictions, None
         reset = getattr(self.capturer, "reset_pool", None)
         if reset is not None:
             reset()
@@ -192,7 +209,7 @@ class TrainStepRunner:
         sig = signature("whole" if whole else "step", inputs)
         graph = self._graphs.get(sig)
         if graph is None:
-            if not self._graphs.note(sig):
+            if self.captures_stopped is not None or not self._graphs.note(sig):
                 return self._eager(fn, inputs)
             ensure_grads(self.net)
             tensors = [p.grad for p in self.net.parameters() if p.grad is not None]
@@ -237,6 +254,7 @@ class TrainStepRunner:
     def info(self) -> dict:
         return {"active": self.active, "captures": self.captures, "replays": self.replays,
                 "eager_steps": self.eager_steps, "graphs": len(self._graphs),
+                "evictions": self._graphs.evictions, "captures_stopped": self.captures_stopped,
                 "disabled_reason": self.disabled_reason}
 
 

@@ -89,6 +89,39 @@ def test_new_shape_is_a_new_graph_and_cap_is_respected():
     assert r.info()["graphs"] == 2 and r.info()["captures"] == 3
 
 
+def test_a_thrashing_cache_stops_capturing_new_shapes_with_one_line(caplog):
+    """More shapes in rotation than the cache holds: each eviction costs a recapture later, so
+    after as many evictions as the cache holds new shapes train eager (one warning), the graphs
+    kept replay, and a release (a phase change) starts afresh."""
+    cap = StandIn()
+    net, r = setup(cap)
+    r.max_graphs = 2
+    shapes = [2, 3, 4] * 12
+    with caplog.at_level(logging.WARNING, logger="libreyolo"):
+        for b in shapes:
+            r(*batches(1, b)[0])
+    info = r.info()
+    assert sum("thrashing" in m for m in caplog.messages) == 1 and info["captures_stopped"]
+    assert info["evictions"] == 2 and cap.captured == 4 and info["graphs"] == 2   # then no more captures
+    assert info["replays"] > 0 and info["eager_steps"] + info["replays"] == len(shapes)
+    r.release("phase change")
+    assert r.info()["captures_stopped"] is None
+    for _ in range(3):
+        r(*batches(1, 5)[0])
+    assert cap.captured == 5
+
+
+def test_an_evicted_shape_is_recounted_before_its_next_capture():
+    cap = StandIn()
+    net, r = setup(cap)
+    r.max_graphs = 1
+    for b in (2, 2, 2, 3, 3, 3):      # 2 captured on its third sight, then evicted by 3
+        r(*batches(1, b)[0])
+    assert cap.captured == 2
+    r(*batches(1, 2)[0])              # seen once since its eviction: eager, no capture yet
+    assert cap.captured == 2 and r.info()["eager_steps"] == 5
+
+
 def test_unsupported_or_cpu_logs_one_line_and_trains_eager(caplog):
     with caplog.at_level(logging.WARNING, logger="libreyolo"):
         net, r = setup(None, supported=False)
