@@ -92,3 +92,46 @@ def test_host_copies_of_cuda_tensors_are_their_bytes_in_few_transfers(monkeypatc
     for src, got in zip(sources, copies):
         assert got.device.type == "cpu" and got.dtype == src.dtype and got.shape == src.shape
         assert got.is_contiguous() and torch.equal(got, src.cpu())
+
+
+def test_a_resumed_channels_last_whole_step_run_ends_as_an_uninterrupted_one(data, tmp_path, monkeypatch):
+    """yolo9 trains channels_last on CUDA with the fused SGD inside the captured whole step; the
+    fused update pairs parameter, gradient and momentum by memory position, so a momentum
+    resumed in another layout is a silently wrong update. Interrupted after epoch 1 and resumed,
+    the run's last.pt is the uninterrupted run's, within the distance of two uninterrupted runs
+    (cuDNN's deterministic kernels: normally none), and every momentum is in its parameter's layout."""
+    from interrupt import interrupted_after_last_pt  # tests/interrupt.py
+    from libreyolo.weights import load_checkpoint
+    monkeypatch.setattr(torch.backends.cudnn, "deterministic", True)
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
+    args = dict(data=data, epochs=2, batch=8, nbs=8, imgsz=128, workers=0, cuda_graph=True, amp="bf16",
+                warmup_epochs=0, close_mosaic=0, verbose=False, plots=False, val=False, seed=0, name="run")
+
+    def run(project, **kw):
+        model = LibreYOLO.new("yolo9", "t", device="cuda", seed=0)
+        model.SUPPORTS_CUDA_GRAPH_TRAIN = True
+        return model.train(project=str(tmp_path / project), **{**args, **kw})
+
+    res = run("a")
+    assert res["cuda_graph"]["replays"] > 0 and res["cuda_graph"]["disabled_reason"] is None, res["cuda_graph"]
+    run("a2")
+    with interrupted_after_last_pt(monkeypatch):
+        run("b")
+    resumed = run("b", resume=True)
+    assert resumed["cuda_graph"]["replays"] > 0, resumed["cuda_graph"]
+    a, a2, b = (load_checkpoint(tmp_path / p / "run" / "weights" / "last.pt") for p in ("a", "a2", "b"))
+
+    def tensors(ck):
+        st = ck["train_state"]
+        return ([*ck["model"].values(), *st["model_raw"].values()]
+                + [s["momentum_buffer"] for _, s in sorted(st["optimizer"]["state"].items())])
+
+    def distance(x, y):
+        return max(float((u.float() - v.float()).abs().max()) if u.numel() else 0.0 for u, v in zip(tensors(x), tensors(y)))
+
+    noise = distance(a, a2)
+    assert distance(a, b) <= 10 * noise + 1e-6, (distance(a, b), noise)
+    assert b["train_state"]["epoch"] == 1
+    momenta = [s["momentum_buffer"] for s in b["train_state"]["optimizer"]["state"].values()]
+    assert any(m.dim() == 4 and not m.is_contiguous() for m in momenta)   # the run was channels_last
+    assert all(m.dim() != 4 or m.is_contiguous(memory_format=torch.channels_last) for m in momenta)
