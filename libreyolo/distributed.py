@@ -30,7 +30,11 @@ How a run is distributed:
   events and checkpoints; the others wait for it at the end of each epoch (the broadcast of its
   decision to stop or go on is that barrier).
 - **Capture.** All ranks decide together: a capture that failed on any rank is dropped on every
-  rank (:meth:`Distributed.agree`), so no rank replays a collective its peers do not run.
+  rank (:meth:`Distributed.agree`), so no rank replays a collective its peers do not run. The
+  ranks run the same shapes: a task whose target rows vary (detection) has every step's
+  targets padded to the largest row count of the ranks (:meth:`Distributed.max_int`, on a CPU
+  group), so a new shape is met - and captured, warm-up collectives included - on every rank at
+  the same step.
 - **Faults.** The process group has a timeout (:data:`DEFAULT_TIMEOUT_S`, ``ddp_timeout=``);
   NCCL's asynchronous error handling is on, so a rank blocked in a collective with a dead peer
   fails instead of hanging; torchrun stops the other ranks when one exits with an error.
@@ -357,6 +361,7 @@ class Distributed:
         self.rank, self.world, self.local_rank = rank, world, local_rank
         self.device, self.owns_group = device, owns_group
         self.backend = dist.get_backend()
+        self._cpu_group = None   # see max_int
 
     @classmethod
     def setup(cls, device: Any, timeout_s: float = DEFAULT_TIMEOUT_S) -> "Distributed | None":
@@ -439,6 +444,16 @@ class Distributed:
                 tmp = t.detach().contiguous()
                 dist.broadcast(tmp, src=0)
                 t.data.copy_(tmp)
+
+    def max_int(self, value: int) -> int:
+        """The largest ``value`` of the ranks, through a CPU (gloo) group: no device sync, so the
+        training loop still runs ahead of the device (the group is made at the first call,
+        which every rank makes at the same step)."""
+        if self._cpu_group is None:
+            self._cpu_group = dist.group.WORLD if self.backend == "gloo" else dist.new_group(backend="gloo")
+        t = torch.tensor([int(value)], dtype=torch.int64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self._cpu_group)
+        return int(t.item())
 
     def agree(self, ok: bool) -> bool:
         """True on every rank when ``ok`` is True on every rank (a MIN all-reduce)."""

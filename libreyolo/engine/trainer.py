@@ -839,7 +839,7 @@ class Trainer:
         update, graphed where the runner can. Returns the loss items as float32 on the step's
         device, not waited for: reading them on the host is the caller's sync (train_epoch reads
         them one step late, through :class:`LossFold`)."""
-        imgs, *targets = self.batch_to_device(batch)
+        imgs, *targets = self.device_batch(batch)
         x = imgs.float().div_(255).contiguous(memory_format=self.memory_format)
         update_now = ni - self.last_opt_step >= self.accumulate
         runner = self.step_runner
@@ -853,6 +853,19 @@ class Trainer:
                 self.last_opt_step = ni
         self.last_batch = (x, targets)
         return items.detach().float()
+
+    def device_batch(self, batch) -> list[torch.Tensor]:
+        """The step's batch: :meth:`batch_to_device`, and in a distributed run the targets padded
+        to the largest row count of the ranks (a task whose target rows vary: detection). A rank
+        meeting a new count would capture - its warm-up running collectives its peers, replaying,
+        do not - while the others replay; with one count for all they capture together."""
+        imgs, *targets = self.batch_to_device(batch)
+        rows = self.task.target_rows(targets) if self.dist is not None else None
+        if rows is not None:
+            agreed = self.dist.max_int(rows)
+            if agreed != rows:
+                targets = self.task.pad_target_rows(targets, agreed)
+        return [imgs, *targets]
 
     def batch_to_device(self, batch) -> list[torch.Tensor]:
         """A loader batch on the device; with the task's device augmentation (``gpu_augment``)

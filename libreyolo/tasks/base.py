@@ -194,6 +194,18 @@ class Task:
         None (the default) when the loader's batches are final."""
         return None
 
+    def target_rows(self, targets: Sequence[torch.Tensor]) -> int | None:
+        """How many rows the batch's targets (after the images, on the device) are padded to,
+        where that varies from batch to batch; None (the default) when the targets' shapes are
+        fixed. A distributed run pads every rank's batch to the largest count of the ranks
+        (:meth:`pad_target_rows`), so the ranks run the same shapes and capture at the same steps."""
+        return None
+
+    def pad_target_rows(self, targets: Sequence[torch.Tensor], rows: int) -> list[torch.Tensor]:
+        """``targets`` padded to ``rows`` rows (at least :meth:`target_rows`); the loss must not
+        see the padding."""
+        return list(targets)
+
     def on_epoch(self, train_set: Any, epoch: int, epochs: int, options: TaskOptions) -> str | None:
         """Called before each epoch, before its loader starts - which is before the previous
         epoch's validation, so that the loader's workers fetch the epoch's first batches while it

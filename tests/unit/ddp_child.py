@@ -10,7 +10,8 @@ in the group the trainer itself joins from the torchrun-style environment and le
   whole batch; a toy mean loss for the ``"mean"`` rule;
 * ``agree``: a stand-in capturer that fails on rank 1 only: both ranks must drop capture;
 * ``run``: two epochs of the trainer (2 x 2 steps, global batch 8) with per-step weight
-  comparisons across the ranks and the sampler's indices recorded;
+  comparisons across the ranks, the sampler's indices and each step's target rows recorded
+  (rank 1 pads its targets to 32 rows, rank 0 to 16: the step must pad both to the larger);
 * ``resume``: a third epoch with ``resume=True`` (both ranks load last.pt);
 * ``fault``: rank 1 exits in the middle of an epoch; rank 0 must stop with a TrainingError.
 """
@@ -165,8 +166,14 @@ def train(rank: int, world: int, data: str, project: str, *, epochs: int, resume
 
     same: list = []
     sizes: list = []
+    rows: list = []   # per step: (this rank's own target rows, the rows the step ran with)
 
     class Trainer(T.Trainer):
+        def device_batch(self, batch):
+            out = super().device_batch(batch)
+            rows.append((int(batch[1].shape[1]), int(out[1].shape[1])))
+            return out
+
         def step(self, ni, batch):
             if die_at is not None and rank == 1 and ni == die_at:
                 os._exit(3)   # a rank that dies mid-epoch (no clean-up, as a crash or a kill)
@@ -180,7 +187,7 @@ def train(rank: int, world: int, data: str, project: str, *, epochs: int, resume
         model = LibreYOLO.new("yolo9", "t", nc=80, device="cpu", seed=0)
         kw = dict(data=data, epochs=epochs, batch=8, imgsz=64, workers=0, project=project, name=name, val=True,
                   plots=False, verbose=False, seed=0, nbs=8, warmup_epochs=0, close_mosaic=1, resume=resume,
-                  ddp_timeout=60)
+                  ddp_timeout=60, bucket=16 if rank == 0 else 32)   # the ranks' own target rows differ
         if resume or die_at is not None:   # validation (rank 0, the other waiting) is exercised by the first run
             kw["val"] = False
         cfg = T.TrainConfig.from_kwargs(model.task, **{**model.train_defaults(), **kw})
@@ -190,7 +197,7 @@ def train(rank: int, world: int, data: str, project: str, *, epochs: int, resume
         except T.TrainingError as exc:
             return {"error": str(exc), "error_type": type(exc).__name__}
         return {"run_dir": res["run_dir"], "epochs": res["epochs"], "start_epoch": t.start_epoch, "same": same,
-                "seen": seen, "losses": res["losses"], "local_batches": sizes}
+                "seen": seen, "losses": res["losses"], "local_batches": sizes, "rows": rows}
     finally:
         T.EpochSeeded = Recording.__mro__[1]
 

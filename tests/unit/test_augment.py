@@ -705,3 +705,16 @@ def test_render_in_bands_is_the_whole_image_steps(size, colour):
         whole = (m @ whole.reshape(3, -1)).reshape(whole.shape)
     want = whole.round_().clamp_(0, 255).to(torch.uint8)
     assert torch.equal(augment_mod._render(canvas, a, b, size, m, False), want)
+
+
+def test_detection_targets_pad_to_more_rows_as_the_collate_pads():
+    from libreyolo.tasks import TASKS
+    task = TASKS["detect"]
+    items = [(torch.zeros(3, 8, 8, dtype=torch.uint8), torch.tensor([[1.0, 0, 0, 4, 4]] * n)) for n in (3, 20)]
+    _, boxes, mask = collate_detections(items, bucket=16)
+    assert task.target_rows([boxes, mask]) == 32
+    _, want_boxes, want_mask = collate_detections(items, bucket=64)
+    got = task.pad_target_rows([boxes, mask], 64)
+    assert torch.equal(got[0], want_boxes) and torch.equal(got[1], want_mask)
+    with pytest.raises(ValueError, match="cannot pad 32 target rows to 16"):
+        task.pad_target_rows([boxes, mask], 16)

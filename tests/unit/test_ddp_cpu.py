@@ -111,6 +111,19 @@ def test_weights_equal_on_both_ranks_after_every_step(ranks):
     assert reports[0]["run"]["local_batches"] == [4, 4, 4, 4]   # global batch 8 over 2 ranks
 
 
+def test_the_ranks_step_with_the_same_target_rows(ranks):
+    """Each rank's collate pads its targets to its own row count (16 on rank 0, 32 on rank 1
+    here); the step pads both to the larger, so the ranks run - and would capture - the same
+    shapes at the same steps."""
+    reports, _, _ = ranks
+    for part in ("run", "resume"):
+        r0, r1 = (r[part]["rows"] for r in reports)
+        assert len(r0) == len(r1) > 0
+        assert [a for _, a in r0] == [a for _, a in r1]
+        assert all(a == max(l0, l1) for (l0, a), (l1, _) in zip(r0, r1))
+    assert any(own < agreed for own, agreed in reports[0]["run"]["rows"])
+
+
 def test_every_image_once_per_epoch_across_the_ranks(ranks):
     reports, _, _ = ranks
     for epoch in (0, 1):

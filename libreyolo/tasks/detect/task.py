@@ -281,6 +281,18 @@ class DetectTask(Task):
         from ...data.gpu_augment import DeviceAugment
         return DeviceAugment(train_set, bucket=options.bucket)
 
+    def target_rows(self, targets) -> int:
+        return int(targets[0].shape[1])   # (B, M, 5) boxes, (B, M) mask: the bucketed M
+
+    def pad_target_rows(self, targets, rows: int) -> list:
+        import torch.nn.functional as F
+        boxes, mask, *rest = targets
+        more = rows - boxes.shape[1]
+        if more < 0:
+            raise ValueError(f"cannot pad {boxes.shape[1]} target rows to {rows}")
+        # zero rows, masked out (False): what the collate pads with
+        return [F.pad(boxes, (0, 0, 0, more)), F.pad(mask, (0, more), value=False), *rest]
+
     def on_epoch(self, train_set, epoch, epochs, options: DetectOptions) -> str | None:
         if options.close_mosaic and not getattr(train_set, "mosaic_closed", False) \
                 and epoch >= max(0, epochs - options.close_mosaic):
