@@ -346,13 +346,14 @@ class PackedSnapshot:
     CUDA events, which a graph capture in the main thread must not meet)."""
 
     def __init__(self, ckpt: Mapping[str, Any], contiguous: tuple[str, ...] = ()) -> None:
-        from torch.utils._pytree import tree_flatten_with_path
+        from torch.utils._pytree import tree_flatten, tree_leaves
 
-        pairs, self._spec = tree_flatten_with_path(dict(ckpt))
-        leaves = [leaf for _, leaf in pairs]
+        ckpt = dict(ckpt)
+        leaves, self._spec = tree_flatten(ckpt)
         self._where = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
-        prefixes = tuple(tuple(c.split(".")) for c in contiguous)
-        keep = [not any(_under(pairs[i][0], p) for p in prefixes) for i in self._where]
+        flat = {id(leaf) for path in contiguous for leaf in tree_leaves(_subtree(ckpt, path))
+                if isinstance(leaf, torch.Tensor)}   # (a tensor under such a path is flat wherever it appears)
+        keep = [id(leaves[i]) not in flat for i in self._where]
         self._pack = HostPack([leaves[i] for i in self._where], keep_strides=keep)
         for i in self._where:
             leaves[i] = None   # the pack holds the values; the training's tensors are not kept
@@ -367,9 +368,12 @@ class PackedSnapshot:
         return tree_unflatten(leaves, self._spec)
 
 
-def _under(path: tuple, prefix: tuple[str, ...]) -> bool:
-    """Whether a pytree key path starts with the dict keys ``prefix``."""
-    return len(path) >= len(prefix) and all(str(getattr(k, "key", None)) == p for k, p in zip(path, prefix))
+def _subtree(tree: Mapping[str, Any], path: str) -> Any:
+    """``tree["a"]["b"]`` for the dotted path ``"a.b"``; None where a key is missing."""
+    node: Any = tree
+    for key in path.split("."):
+        node = node.get(key) if isinstance(node, Mapping) else None
+    return node
 
 
 #: the most bytes one flat buffer of :class:`HostPack` gathers on a device (its temporary memory)
