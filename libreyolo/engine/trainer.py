@@ -427,8 +427,11 @@ def timing_line(timing: dict) -> str:
                         if v >= 0.05), reverse=True)
         return f" ({', '.join(f'{k} {v:.1f}' for v, k in named)})" if named else ""
 
+    vp = timing.get("val_parts", {})
+    names = (("host", "nms+matching"), ("stage", "device stage"), ("loss", "device loss"), ("loader", "loader"))
+    val = "".join(f", {name} {vp[k]:.1f}" for k, name in names if vp.get(k, 0.0) >= 0.05)
     return (f"{total:.1f} s in train(): set-up {timing['setup_s']:.1f}, epochs {timing['train_s']:.1f}, "
-            f"validation {timing['val_s']:.1f} (evaluation {timing['eval_s']:.1f}), waiting for checkpoint "
+            f"validation {timing['val_s']:.1f} (evaluation {timing['eval_s']:.1f}{val}), waiting for checkpoint "
             f"writes {timing['ckpt_wait_s']:.1f}, the rest of the epochs' ends {timing['between_s']:.1f}"
             f"{parts('between_parts')}, end {timing['end_s']:.1f}{parts('end_parts')}")
 
@@ -599,6 +602,19 @@ class Trainer:
             bar = tqdm(total=len(loader), desc="  validate", unit="batch", leave=False)
         hook = net.register_forward_hook(stage.record) if loss_fn is not None else None
         total, images = None, 0
+        # where validation's time goes (seconds): waiting for the loader, the evaluator's host part
+        # (NMS and matching, which waits for the device's stage), and the device time of the
+        # stage and of the validation loss (CUDA events, read once at the end: no added sync)
+        parts = {"loader": 0.0, "host": 0.0, "stage": 0.0, "loss": 0.0}
+        spans: list[tuple[Any, Any, Any]] = []
+        cuda = self.device.type == "cuda"
+
+        def mark() -> Any:
+            if cuda:
+                ev = torch.cuda.Event(enable_timing=True)
+                ev.record()
+                return ev
+            return time.perf_counter()
         # the loss's own randomness (DETR denoising queries) from a fixed seed: the same batches
         # give the same validation loss, and training's random stream is left as it was
         rng = contextlib.nullcontext()
@@ -608,11 +624,15 @@ class Trainer:
             with rng:
                 if loss_fn is not None:
                     torch.manual_seed(self.cfg.run.seed)
+                t_wait = time.perf_counter()
                 for batch in loader:
+                    parts["loader"] += time.perf_counter() - t_wait
                     x = batch[0].to(self.device, non_blocking=True).float().div_(255)
                     x = prep.normalize(x.contiguous(memory_format=self.memory_format))
+                    m0 = mark()
                     with torch.autocast(self.device.type, dtype=self.amp_dtype or torch.float16, enabled=self.amp):
                         out, raw = stage(x, evaluator, with_raw=loss_fn is not None)
+                        m1 = mark()
                         if loss_fn is not None:
                             targets = [t.to(self.device, non_blocking=True) for t in batch[1:]]
                             _, items = loss_fn(m.val_loss_outputs(net, raw, x, *targets), *targets)
@@ -620,9 +640,13 @@ class Trainer:
                         items = items.detach().float() * x.shape[0]
                         total = items if total is None else total + items
                         images += x.shape[0]
+                    spans.append((m0, m1, mark()))
+                    t_host = time.perf_counter()
                     evaluator.process(out, batch)
+                    parts["host"] += time.perf_counter() - t_host
                     if bar is not None:
                         bar.update(1)
+                    t_wait = time.perf_counter()
         finally:
             if hook is not None:
                 hook.remove()
@@ -632,6 +656,16 @@ class Trainer:
             net.train(was_training)
         if loss_fn is not None:
             self.val_loss = (total / max(images, 1)).cpu() if total is not None else None
+        if cuda and spans:
+            spans[-1][2].synchronize()
+        for a, b, c in spans:
+            if cuda:
+                parts["stage"] += a.elapsed_time(b) / 1e3
+                parts["loss"] += b.elapsed_time(c) / 1e3
+            else:
+                parts["stage"] += b - a
+                parts["loss"] += c - b
+        self.val_parts = parts
         t0 = time.perf_counter()
         metrics = evaluator.evaluate()
         self.val_eval_s = time.perf_counter() - t0
@@ -1038,6 +1072,8 @@ class Trainer:
         # validation and the checkpoint waits counted apart), the loaders' shutdown ("loaders")
         parts, ends = collections.defaultdict(float), collections.defaultdict(float)
         timing["between_parts"], timing["end_parts"] = parts, ends
+        # validation's time by part (see validate): the loader, the host part, the device's stage and loss
+        val_parts = timing["val_parts"] = collections.defaultdict(float)
 
         def waits(state: dict) -> float:   # an epoch end's time counted apart from between_s
             return state.get("val_s", 0.0) + state.get("ckpt_wait_s", 0.0)
@@ -1069,6 +1105,8 @@ class Trainer:
                     timing["train_s"] += state["time_s"]
                     for k in ("val_s", "eval_s", "ckpt_wait_s"):
                         timing[k] += state.get(k, 0.0)
+                    for k, v in state.get("val_parts", {}).items():
+                        val_parts[k] += v
                     timing["between_s"] = sum(parts.values())
                     if d is not None:   # the others wait here for rank 0's epoch end, and its decision
                         self.stop_reason = d.broadcast_object(self.stop_reason)
@@ -1253,6 +1291,7 @@ class EvaluationHook(Hook):
             metrics = t.validate(t.eval_net, t.val_loader, progress=t.cfg.run.verbose, loss_fn=t.val_loss_fn)
         state["val_s"], state["ckpt_wait_s"] = time.perf_counter() - t1, t1 - t0
         state["eval_s"] = t.val_eval_s
+        state["val_parts"] = dict(getattr(t, "val_parts", {})) if validated else {}
         fitness = t.task.fitness(metrics)
         state["metrics"], state["is_best"] = metrics, (fitness > t.best_fitness) or not validated
         t.epoch_metrics = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
