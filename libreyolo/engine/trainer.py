@@ -608,11 +608,13 @@ class Trainer:
         parts = {"loader": 0.0, "host": 0.0, "stage": 0.0, "loss": 0.0}
         spans: list[tuple[Any, Any, Any]] = []
         cuda = self.device.type == "cuda"
+        # the events go on the run's device's current stream (not the current device's: see LossFold)
+        stream = torch.cuda.current_stream(self.device) if cuda else None
 
         def mark() -> Any:
             if cuda:
                 ev = torch.cuda.Event(enable_timing=True)
-                ev.record()
+                ev.record(stream)
                 return ev
             return time.perf_counter()
         # the loss's own randomness (DETR denoising queries) from a fixed seed: the same batches
