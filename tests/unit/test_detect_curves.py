@@ -96,3 +96,37 @@ def test_matching_is_the_greedy_reference(seed):
     got = _match(pred, gt, 0.5)
     assert got.any() and not got.all()
     np.testing.assert_array_equal(got, _reference_match(pred, gt, 0.5))
+
+
+def test_evaluator_process_splits_each_images_detections_and_ground_truth():
+    """process() keeps, per image, its NMS survivors ([x1, y1, x2, y2, conf, cls]) and its real
+    target rows ([cls, x1, y1, x2, y2]), in order, whatever the padding."""
+    import torch
+
+    from libreyolo import LibreYOLO
+    from libreyolo.ops.nms import nms_per_image
+    from libreyolo.tasks.detect import DetectOptions
+    from libreyolo.tasks.detect.task import DetectionEvaluator
+    m = LibreYOLO.new("yolox", "n", nc=3, device="cpu", seed=0)
+    ev = DetectionEvaluator(m, DetectOptions())
+    g = torch.Generator().manual_seed(0)
+    b, n = 3, 50
+    xy = torch.rand(b, n, 2, generator=g) * 80
+    boxes = torch.cat([xy, xy + torch.rand(b, n, 2, generator=g) * 30 + 2], -1)
+    scores = torch.rand(b, n, generator=g).sort(1, descending=True).values
+    scores[1] = 0.0   # an image without detections
+    cls = torch.randint(0, 3, (b, n), generator=g)
+    targets = torch.zeros(b, 16, 5)
+    mask = torch.zeros(b, 16, dtype=torch.bool)
+    for i, k in enumerate((2, 0, 5)):
+        targets[i, :k] = torch.rand(k, 5, generator=g) * 50
+        mask[i, :k] = True
+    batch = (torch.zeros(b, 3, 96, 96, dtype=torch.uint8), targets, mask)
+    ev.process((boxes, scores, cls), batch)
+    o = ev.options
+    dets = nms_per_image(boxes, scores, cls, conf=o.val_conf, iou=o.val_iou, max_det=o.max_det, nms_free=not m.NMS)
+    assert len(ev.preds) == len(ev.gts) == b
+    for i in range(b):
+        np.testing.assert_array_equal(ev.preds[i], dets[dets[:, 0] == i, 1:].numpy())
+        np.testing.assert_array_equal(ev.gts[i], targets[i][mask[i]].numpy())
+    assert len(ev.preds[1]) == 0 and ev.preds[0].shape[1] == 6 and len(ev.gts[2]) == 5

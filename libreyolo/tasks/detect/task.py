@@ -159,9 +159,12 @@ class DetectionEvaluator(Evaluator):
         dets = nms_per_image(*cand, conf=o.val_conf, iou=o.val_iou, max_det=o.max_det, nms_free=not self.model.NMS)
         if self.first_batch is None:
             self.first_batch = imgs[:16].numpy()
+        # split per image in numpy: a torch call per image gives up the GIL (and waits to get it
+        # back behind a busy thread, such as the next epoch's pin-memory thread)
+        dets, targets, mask = dets.numpy(), targets.numpy(), mask.numpy()
         for i in range(targets.shape[0]):
-            self.preds.append(dets[dets[:, 0] == i, 1:].numpy())
-            self.gts.append(targets[i][mask[i]].numpy())
+            self.preds.append(dets[dets[:, 0] == i, 1:])
+            self.gts.append(targets[i][mask[i]])
 
     def evaluate(self) -> dict:
         """COCO mAP50 / mAP50-95 (per class too), and precision / recall at the confidence of the
