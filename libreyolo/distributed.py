@@ -56,6 +56,8 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 import torch.distributed as dist
 
+from .weights import is_dense
+
 log = logging.getLogger("libreyolo")
 
 #: seconds a collective (a barrier while rank 0 validates, say) may wait before the run fails;
@@ -311,7 +313,7 @@ class GradientReducer:
         offset = 0
         with torch.no_grad():
             for p in self.params:
-                if not _dense(p):
+                if not is_dense(p):
                     raise DistributedError(f"a parameter of shape {tuple(p.shape)} is not dense in memory; the flat "
                                            "gradient buffer needs dense parameters")
                 view = self.flat.as_strided(p.shape, p.stride(), offset)
@@ -332,19 +334,6 @@ class GradientReducer:
         dist.all_reduce(self.flat)
         if self.mean and self.world > 1:
             self.flat.div_(self.world)
-
-
-def _dense(t: torch.Tensor) -> bool:
-    """Whether ``t``'s elements fill ``numel`` consecutive places (any order of the dimensions)."""
-    if t.numel() <= 1:
-        return True
-    dims = sorted((s, n) for s, n in zip(t.stride(), t.shape) if n != 1)
-    expected = 1
-    for stride, size in dims:
-        if stride != expected:
-            return False
-        expected *= size
-    return True
 
 
 # ------------------------------------------------------------------------------------- the group

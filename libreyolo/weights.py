@@ -395,7 +395,7 @@ class HostPack:
         self._shapes = [t.shape for t in tensors]
         # metadata reads only (no operator call): the layout to restore at unpack
         self._strides = [t.stride() if keep and t.layout == torch.strided and not t.is_contiguous()
-                         and _dense_strides(t.shape, t.stride()) else None
+                         and is_dense(t) else None
                          for t, keep in zip(tensors, keep_strides or [False] * len(tensors))]
         self._buffers: list[tuple[torch.Tensor, list[int]]] = []   # (flat host buffer, its tensors' indices)
         self._alone: dict[int, torch.Tensor] = {}                  # sparse and other non-strided layouts
@@ -432,12 +432,14 @@ class HostPack:
         return out  # type: ignore[return-value]
 
 
-def _dense_strides(shape: torch.Size, stride: tuple[int, ...]) -> bool:
-    """Whether ``stride`` lays ``shape``'s elements out densely, without gaps or overlaps, in some
-    order of the dimensions (contiguous, channels_last, any permutation)."""
+def is_dense(t: torch.Tensor) -> bool:
+    """Whether ``t``'s elements fill ``numel`` consecutive places, without gaps or overlaps, in
+    some order of the dimensions (contiguous, channels_last, any permutation): metadata only."""
+    if t.numel() <= 1:
+        return True
     expected = 1
-    for size, st in sorted(((n, s) for n, s in zip(shape, stride) if n != 1), key=lambda d: d[1]):
-        if st != expected:
+    for stride, size in sorted((s, n) for s, n in zip(t.stride(), t.shape) if n != 1):
+        if stride != expected:
             return False
         expected *= size
     return True
