@@ -405,19 +405,21 @@ class HostPack:
                 self._alone[i] = t.detach().to("cpu", copy=True)
             else:
                 groups.setdefault((t.device, t.dtype), []).append(i)
+        chunks: list[list[int]] = []   # per device and dtype, consecutive runs of at most the chunk size
+        for members in groups.values():
+            nbytes = HOST_COPY_CHUNK_BYTES + 1   # the first member starts a chunk
+            for i in members:
+                size = tensors[i].numel() * tensors[i].element_size()
+                if nbytes + size > HOST_COPY_CHUNK_BYTES:
+                    chunks.append([])
+                    nbytes = 0
+                chunks[-1].append(i)
+                nbytes += size
         with torch.no_grad():
-            for members in groups.values():
-                start = 0
-                while start < len(members):
-                    stop, nbytes = start, 0
-                    while stop < len(members) and (stop == start or nbytes + _nbytes(tensors[members[stop]]) <= HOST_COPY_CHUNK_BYTES):
-                        nbytes += _nbytes(tensors[members[stop]])
-                        stop += 1
-                    chunk = members[start:stop]
-                    # copy=True: a one-tensor buffer of a host tensor is that tensor's own memory
-                    flat = _flatten_dense_tensors([tensors[i] for i in chunk]).to("cpu", copy=True)
-                    self._buffers.append((flat, chunk))
-                    start = stop
+            for chunk in chunks:
+                # copy=True: a one-tensor buffer of a host tensor is that tensor's own memory
+                flat = _flatten_dense_tensors([tensors[i] for i in chunk]).to("cpu", copy=True)
+                self._buffers.append((flat, chunk))
 
     def tensors(self) -> list[torch.Tensor]:
         out: list[torch.Tensor | None] = [None] * len(self._shapes)
@@ -450,9 +452,6 @@ def host_copies(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     storage), copied in a few transfers (:class:`HostPack`)."""
     return HostPack(tensors).tensors()
 
-
-def _nbytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
 
 
 def _lock(fd: int) -> bool:
