@@ -1237,7 +1237,7 @@ class Trainer:
         """The LibreYOLO checkpoint of the EMA weights; ``with_state`` adds what ``resume`` needs
         (raw weights, optimizer, scaler, EMA count, epoch): ``last.pt`` only. The weights are
         host copies; with ``host=False`` they, like the optimizer's state always, are the
-        device's tensors, for :func:`~libreyolo.weights.host_snapshot` to copy all at once."""
+        device's tensors, for :class:`~libreyolo.weights.PackedSnapshot` to copy all at once."""
         from ..models.base import _weights
         ck = self.model.checkpoint_of(self.eval_net, host)
         ck["train_metrics"] = self.epoch_metrics
