@@ -57,10 +57,6 @@ def packed(m, net, ema, opt):
     return PackedSnapshot(ck, contiguous=("model", "train_state.model_raw"))   # as CheckpointHook
 
 
-def unpack(m, net, ema, opt, snap=[]):
-    if not snap:
-        snap.append(packed(m, net, ema, opt))
-    return snap[0].unpack()
 
 
 def timed(fn, args, runs: int, device: str) -> float:
@@ -89,7 +85,8 @@ def main() -> None:
     n = sum(len(x) for x in (args[1].state_dict(), args[2].state_dict())) + len(args[3].state_dict()["state"])
     res = {"model": f"{a.family}-{a.size}", "device": torch.cuda.get_device_name(0) if a.device.startswith("cuda") else "cpu",
            "torch": torch.__version__, "tensors": n, "runs": a.runs, "channels_last": a.channels_last}
-    arms = (("per_tensor", per_tensor), ("packed", packed), ("unpack", unpack))
+    snapshot = packed(*args)   # what the writer thread unpacks
+    arms = (("per_tensor", per_tensor), ("packed", packed), ("unpack", lambda *_: snapshot.unpack()))
     for name, fn in arms:
         res[f"{name}_ms"] = timed(fn, args, a.runs, a.device)
     if a.busy:
