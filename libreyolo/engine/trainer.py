@@ -1086,6 +1086,10 @@ class Trainer:
         for hook in self.hooks if main else [h for h in self.hooks if isinstance(h, EvaluationHook)]:
             hook.on_train_start(self)
         interval = sys.getswitchinterval()
+        # a DataLoader worker's death arrives as an exception raised wherever the main thread is
+        # (torch's SIGCHLD handler), also between a grad-mode switch and its restore (an
+        # optimizer step, a no_grad block's exit): the run's end puts the caller's mode back
+        grad_enabled = torch.is_grad_enabled()
         try:
             if self.switch_interval is not None:
                 sys.setswitchinterval(self.switch_interval)
@@ -1135,6 +1139,7 @@ class Trainer:
                     (self.history, self.best_metrics, self.best_epoch, self.best_fitness))
         finally:
             sys.setswitchinterval(interval)
+            torch.set_grad_enabled(grad_enabled)
             t_close = time.perf_counter()
             try:
                 for hook in hooks:

@@ -201,3 +201,25 @@ def test_full_disk_while_drawing_results_png(data, tmp_path, monkeypatch, caplog
     assert res["epochs"] == 2 and (run / "results.png").stat().st_size > 1000
     assert not list(run.glob("*.tmp*")) and csv_epochs(run) == [1, 2]
     assert load_checkpoint(res["last"])["train_state"]["epoch"] == 1
+
+
+def test_a_worker_death_inside_a_grad_mode_switch_leaves_the_callers_grad_mode(data, tmp_path, monkeypatch):
+    """torch's SIGCHLD handler raises the worker's death wherever the main thread is, also between
+    an optimizer step's set_grad_enabled(False) and its restore: the run stops with its
+    TrainingError and the caller's grad mode is back (else every later training in the process
+    computes losses without a graph)."""
+    real_step = T.Trainer.step
+
+    def step(self, ni, batch):
+        if ni == self.nb + 1:
+            torch.set_grad_enabled(False)   # as inside torch.optim's step when the signal lands
+            raise RuntimeError("DataLoader worker (pid 12345) is killed by signal: Killed.")
+        return real_step(self, ni, batch)
+
+    monkeypatch.setattr(T.Trainer, "step", step)
+    assert torch.is_grad_enabled()
+    with pytest.raises(T.TrainingError, match="DataLoader worker"):
+        resume(data, tmp_path, resume=False, workers=0)
+    assert torch.is_grad_enabled()
+    monkeypatch.setattr(T.Trainer, "step", real_step)
+    assert resume(data, tmp_path)["epochs"] == 1
