@@ -29,8 +29,10 @@ try:  # Triton ships with CUDA builds of torch; a CPU-only install may lack it
 except Exception:  # pragma: no cover - depends on the install
     triton = None
 
-#: the largest candidate count one program holds in registers
-MAX_CANDIDATES = 4096
+#: the largest candidate count per image: the walk's program holds its 512 words of removed
+#: bits and a 32-row tile of suppression bits (32 x 512 words over 8 warps) in registers. It
+#: covers every anchor of a 640 px YOLO head (8,400), so validation's NMS fits at that size.
+MAX_CANDIDATES = 16384
 
 
 def available(device: torch.device) -> bool:
@@ -172,7 +174,8 @@ def select_packed(boxes: torch.Tensor, scores: torch.Tensor, cls: torch.Tensor, 
     else:
         bits, block_w = out, 32  # not read
     _walk_select_kernel[(bsz,)](bits, thresholds, boxes, scores, cls, out, k, w, int(max_det), row,
-                                NMS=bool(nms), BLOCK_W=block_w, BLOCK_K=1024, num_warps=1 if block_w <= 32 else 4)
+                                NMS=bool(nms), BLOCK_W=block_w, BLOCK_K=1024,
+                                num_warps=1 if block_w <= 32 else 4 if block_w <= 128 else 8)
     return out
 
 
