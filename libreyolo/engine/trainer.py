@@ -428,7 +428,7 @@ def timing_line(timing: dict) -> str:
         return f" ({', '.join(f'{k} {v:.1f}' for v, k in named)})" if named else ""
 
     vp = timing.get("val_parts", {})
-    names = (("host", "nms+matching"), ("stage", "device stage"), ("loss", "device loss"), ("loader", "loader"))
+    names = (("host", "host part"), ("stage", "device stage"), ("loss", "device loss"), ("loader", "loader"))
     val = "".join(f", {name} {vp[k]:.1f}" for k, name in names if vp.get(k, 0.0) >= 0.05)
     return (f"{total:.1f} s in train(): set-up {timing['setup_s']:.1f}, epochs {timing['train_s']:.1f}, "
             f"validation {timing['val_s']:.1f} (evaluation {timing['eval_s']:.1f}{val}), waiting for checkpoint "
@@ -603,7 +603,7 @@ class Trainer:
         hook = net.register_forward_hook(stage.record) if loss_fn is not None else None
         total, images = None, 0
         # where validation's time goes (seconds): waiting for the loader, the evaluator's host part
-        # (NMS and matching, which waits for the device's stage), and the device time of the
+        # (detection: host NMS or the copy of the device's, waiting for the stage), the device time of the
         # stage and of the validation loss (CUDA events, read once at the end: no added sync)
         parts = {"loader": 0.0, "host": 0.0, "stage": 0.0, "loss": 0.0}
         spans: list[tuple[Any, Any, Any]] = []

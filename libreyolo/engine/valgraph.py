@@ -4,8 +4,8 @@ run eager or replayed from a CUDA graph.
 The stage of one validation batch is ``evaluator.finish(model.infer(x))`` on the normalized
 batch ``x`` - what predict's captured stage is for inference (network + the task's device
 post-processing), with the evaluator's :meth:`~libreyolo.tasks.base.Evaluator.finish` as the
-post-processing (detection: the top candidates per image; NMS and matching follow on the host as
-before). Every batch has one shape: a last partial batch is padded with zero images up to the
+post-processing (detection: the top candidates per image and, on CUDA with Triton, predict's
+fixed-shape NMS; the matching follows on the host). Every batch has one shape: a last partial batch is padded with zero images up to the
 fixed batch (the validation batch, or the whole split when it is smaller) and the padding's
 outputs are dropped - eager and graph run the very same shapes, so a replay computes what eager
 computes, bit for bit, and one graph serves the whole split.
@@ -104,7 +104,7 @@ class ValidationStage:
         if self.runner is None:
             out, raw = self._stage(xp)
         else:
-            key = ("val", type(evaluator).__qualname__, self.with_raw)
+            key = ("val", type(evaluator).__qualname__, evaluator.stage_tag, self.with_raw)
             out, raw = self.runner(key, self._stage, (xp,), mode="auto")
         if n < self.batch:
             out = tree_map(lambda t: t[:n] if isinstance(t, torch.Tensor) else t, out)

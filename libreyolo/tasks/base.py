@@ -51,8 +51,12 @@ class Evaluator:
         evaluation that runs inside validation's stage (captured with the network when the run
         uses CUDA graphs), so it must be graph-safe (fixed shapes, no host synchronisation),
         return batch-first tensors (validation pads a last partial batch and keeps the first
-        rows) and depend only on the evaluator's class and options. Default: unchanged."""
+        rows) and depend only on the evaluator's class and the options :attr:`stage_tag`
+        names. Default: unchanged."""
         return outputs
+
+    #: the options :meth:`finish` depends on (part of validation's graph key): none by default
+    stage_tag: tuple = ()
 
     def process(self, outputs: Any, batch: Sequence[torch.Tensor]) -> None:
         raise NotImplementedError

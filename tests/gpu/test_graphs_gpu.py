@@ -237,15 +237,16 @@ def _reference_nms(b, s, c, conf, iou, max_det, agnostic):
 
 
 @pytest.mark.parametrize("agnostic", [False, True])
-def test_in_graph_nms_equals_greedy_torchvision_nms(agnostic):
+@pytest.mark.parametrize("k", [1000, 8400])   # predict's max_nms; every anchor of a 640 px head (validation)
+def test_in_graph_nms_equals_greedy_torchvision_nms(agnostic, k):
     from libreyolo.ops.nms import top_candidates
     from libreyolo.ops.nms_graph import select_detections
     g = torch.Generator(device="cuda").manual_seed(1)
-    xy = torch.rand((3, 5000, 2), device="cuda", generator=g) * 600
-    wh = torch.rand((3, 5000, 2), device="cuda", generator=g) * 120 + 4
-    cand = top_candidates(torch.cat((xy, xy + wh), -1), torch.rand((3, 5000), device="cuda", generator=g),
-                          torch.randint(0, 6, (3, 5000), device="cuda", generator=g), 1000)
-    for conf, iou, max_det in ((0.25, 0.45, 300), (0.05, 0.7, 1000), (0.9, 0.3, 5)):
+    xy = torch.rand((3, 9000, 2), device="cuda", generator=g) * 600
+    wh = torch.rand((3, 9000, 2), device="cuda", generator=g) * 120 + 4
+    cand = top_candidates(torch.cat((xy, xy + wh), -1), torch.rand((3, 9000), device="cuda", generator=g),
+                          torch.randint(0, 6, (3, 9000), device="cuda", generator=g), k)
+    for conf, iou, max_det in ((0.25, 0.45, 300), (0.05, 0.7, 1000), (0.9, 0.3, 5), (0.001, 0.7, 300)):
         thr = torch.tensor([conf, iou], device="cuda")
         dets, count = select_detections(*cand, thr, max_det, agnostic=agnostic)
         for i in range(3):
@@ -253,6 +254,62 @@ def test_in_graph_nms_equals_greedy_torchvision_nms(agnostic):
             assert int(count[i]) == ref.shape[0] > 0
             assert torch.equal(dets[i, :int(count[i])], ref), (conf, iou, i)
             assert not dets[i, int(count[i]):].any()
+
+
+def test_validation_nms_in_the_stage_equals_greedy_nms_and_the_host_path_s_metrics():
+    """Detection validation on CUDA runs predict's fixed-shape NMS in its stage: each image's
+    predictions are exactly greedy per-class NMS of all its candidates (torchvision, no
+    coordinate offsets), and the metrics are the host path's (class-offset torchvision NMS,
+    whose offsets can round a borderline IoU differently: equal to 1e-4 here)."""
+    from libreyolo.ops.nms import top_candidates
+    from libreyolo.tasks.detect import DetectOptions
+    from libreyolo.tasks.detect.task import DetectionEvaluator
+    m = filled_model("yolo9", "t")
+    g = torch.Generator(device="cuda").manual_seed(3)
+    x = torch.rand((4, 3, 640, 640), device="cuda", generator=g)
+    with torch.no_grad():
+        outputs = m.infer(x)
+    opts = DetectOptions()
+    targets = torch.zeros((4, 6, 5))
+    targets[:, :, 0] = torch.arange(6) % m.nc
+    targets[:, :, 1:3] = torch.rand((4, 6, 2)) * 400
+    targets[:, :, 3:] = targets[:, :, 1:3] + 80
+    batch = (torch.zeros((4, 3, 8, 8), dtype=torch.uint8), targets, torch.ones((4, 6), dtype=torch.bool))
+    dev = DetectionEvaluator(m, opts)
+    out = dev.finish(outputs)
+    assert isinstance(out, torch.Tensor) and out.shape == (4, opts.max_det * 6 + 1)
+    dev.process(out, batch)
+    cand = top_candidates(*outputs, DetectionEvaluator.MAX_CANDIDATES)
+    assert cand[1].shape[1] == 8400
+    for i in range(4):
+        ref = _reference_nms(cand[0][i], cand[1][i].float(), cand[2][i], opts.val_conf, opts.val_iou, opts.max_det, False)
+        assert ref.shape[0] > 10 and torch.equal(torch.from_numpy(dev.preds[i]), ref.cpu()), i
+    host = DetectionEvaluator(m, opts)
+    host.device_nms = lambda scores: False
+    host.process(host.finish(outputs), batch)
+    a, b = dev.evaluate(), host.evaluate()
+    assert a.keys() == b.keys() and all(abs(a[k] - b[k]) <= 1e-4 for k in a if isinstance(a[k], float)), (a, b)
+
+
+def test_a_capture_keeps_the_allocator_s_cached_blocks_unless_memory_is_short():
+    """The capturer does not empty the caching allocator (torch.cuda.graph's entry does): the
+    eager work after a capture keeps its cached blocks; with little free memory it empties
+    the device cache first. The replays equal eager either way."""
+    from libreyolo.graphs.capture import CudaGraphCapturer
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU()).cuda().eval()
+    x = torch.rand((2, 3, 32, 32), device="cuda")
+    fn = torch.no_grad()(net)
+    for low, kept in ((0.0, True), (1.01, False)):
+        cap = CudaGraphCapturer()
+        cap.LOW_MEMORY = low
+        torch.empty(256 << 20, dtype=torch.uint8, device="cuda")   # freed at once: a cached 256 MB block
+        cached = torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
+        assert cached >= 256 << 20
+        graph = cap.capture(fn, (x,))
+        after = torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
+        assert (after >= cached) is kept, (low, cached, after)
+        for probe in (x, torch.randn_like(x) * 3):
+            assert torch.equal(graph.replay((probe,), clone=True), fn(probe))
 
 
 def test_predict_post_stage_is_captured_with_nms(images):

@@ -130,3 +130,37 @@ def test_evaluator_process_splits_each_images_detections_and_ground_truth():
         np.testing.assert_array_equal(ev.preds[i], dets[dets[:, 0] == i, 1:].numpy())
         np.testing.assert_array_equal(ev.gts[i], targets[i][mask[i]].numpy())
     assert len(ev.preds[1]) == 0 and ev.preds[0].shape[1] == 6 and len(ev.gts[2]) == 5
+
+
+def test_evaluator_takes_the_stage_s_packed_detections_as_its_host_nms_rows():
+    """The device-NMS stage (CUDA with Triton) hands ``process`` one packed (B, max_det * 6 + 1)
+    tensor; its per-image predictions are those rows, as the host path's are its NMS's rows."""
+    import torch
+
+    from libreyolo import LibreYOLO
+    from libreyolo.ops.nms import top_candidates
+    from libreyolo.tasks.detect import DetectOptions
+    from libreyolo.tasks.detect.task import DetectionEvaluator
+    m = LibreYOLO.new("yolox", "n", nc=3, device="cpu", seed=0)
+    g = torch.Generator().manual_seed(0)
+    # boxes on a grid, none overlapping: NMS keeps every candidate above conf
+    xy = torch.stack(torch.meshgrid(torch.arange(6.0), torch.arange(5.0), indexing="ij"), -1).reshape(1, 30, 2) * 50
+    boxes = torch.cat((xy, xy + 30), -1).expand(2, -1, -1).contiguous()
+    scores = torch.rand((2, 30), generator=g)
+    cls = torch.randint(0, 3, (2, 30), generator=g)
+    cand = top_candidates(boxes, scores, cls, 30)
+    opts = DetectOptions(val_conf=0.3, max_det=20)
+    batch = (torch.zeros((2, 3, 8, 8), dtype=torch.uint8), torch.zeros((2, 4, 5)), torch.zeros((2, 4), dtype=torch.bool))
+    host = DetectionEvaluator(m, opts)
+    host.process(cand, batch)
+    packed = torch.zeros((2, 20 * 6 + 1))
+    for i in range(2):
+        keep = cand[1][i] > 0.3
+        rows = torch.cat((cand[0][i][keep], cand[1][i][keep, None], cand[2][i][keep, None].float()), 1)[:20]
+        packed[i, :rows.numel()] = rows.flatten()
+        packed[i, -1] = rows.shape[0]
+    dev = DetectionEvaluator(m, opts)
+    dev.process(packed, batch)
+    assert [p.shape[0] for p in host.preds] == [p.shape[0] for p in dev.preds] and host.preds[0].shape[0] > 5
+    assert all(np.array_equal(a, b) for a, b in zip(host.preds, dev.preds))
+    assert dev.stage_tag == (0.3, opts.val_iou, 20)

@@ -130,7 +130,8 @@ class DetectPlan(PredictPlan):
 
 
 class DetectionEvaluator(Evaluator):
-    """COCO mAP50 / mAP50-95 of a validation split (NMS as predict does, at ``val_conf``)."""
+    """COCO mAP50 / mAP50-95 of a validation split (NMS as predict does, at ``val_conf``: on
+    CUDA with Triton the same in-stage NMS, otherwise torchvision's on the host)."""
 
     def __init__(self, model, options: DetectOptions):
         self.model, self.options = model, options
@@ -148,20 +149,49 @@ class DetectionEvaluator(Evaluator):
     #: candidates per image before NMS (every anchor of a 640 px YOLO head, and more)
     MAX_CANDIDATES = 30000
 
+    def device_nms(self, scores: torch.Tensor) -> bool:
+        """Whether NMS and the selection run in the stage for these candidate scores: on CUDA
+        with Triton, when every candidate fits the fixed-shape kernel (validation keeps all of
+        them: capping them would change the metric)."""
+        return nms_graph.available(scores.device) and (not self.model.NMS or scores.shape[1] <= nms_graph.MAX_CANDIDATES)
+
     def finish(self, outputs):
-        """The top :attr:`MAX_CANDIDATES` anchors per image, sorted by score: in the stage."""
-        return top_candidates(*outputs, self.MAX_CANDIDATES)
+        """In the stage: the top :attr:`MAX_CANDIDATES` anchors per image, sorted by score, and
+        where :meth:`device_nms` says so NMS and the selection too - predict's fixed-shape NMS
+        (:func:`~libreyolo.ops.nms_graph.select_packed`), one packed (B, max_det * 6 + 1) tensor.
+        Otherwise NMS runs in :meth:`process`, on the host (torchvision)."""
+        cand = top_candidates(*outputs, self.MAX_CANDIDATES)
+        if not self.device_nms(cand[1]):
+            return cand
+        o = self.options
+        thr = cand[1].new_empty(2, dtype=torch.float32)   # filled on the device, not copied: graph-safe
+        thr[0], thr[1] = o.val_conf, o.val_iou
+        return select_packed(*cand, thr, o.max_det, nms=self.model.NMS)
+
+    @property
+    def stage_tag(self) -> tuple:
+        """What the stage of :meth:`finish` bakes in besides the evaluator's class (the
+        thresholds of the device NMS): part of the stage's graph key."""
+        o = self.options
+        return (o.val_conf, o.val_iou, o.max_det)
 
     def process(self, outputs, batch) -> None:
         imgs, targets, mask = batch
         o = self.options
-        cand = outputs   # finish's top candidates
-        dets = nms_per_image(*cand, conf=o.val_conf, iou=o.val_iou, max_det=o.max_det, nms_free=not self.model.NMS)
         if self.first_batch is None:
             self.first_batch = imgs[:16].numpy()
+        targets, mask = targets.numpy(), mask.numpy()
+        if isinstance(outputs, torch.Tensor):   # finish's packed detections: count last in each row
+            host = outputs.cpu().numpy()
+            counts = host[:, -1].astype(np.int64)
+            for i in range(targets.shape[0]):
+                self.preds.append(host[i, :counts[i] * 6].reshape(-1, 6).copy())
+                self.gts.append(targets[i][mask[i]])
+            return
+        dets = nms_per_image(*outputs, conf=o.val_conf, iou=o.val_iou, max_det=o.max_det, nms_free=not self.model.NMS)
         # split per image in numpy: a torch call per image gives up the GIL (and waits to get it
         # back behind a busy thread, such as the next epoch's pin-memory thread)
-        dets, targets, mask = dets.numpy(), targets.numpy(), mask.numpy()
+        dets = dets.numpy()
         for i in range(targets.shape[0]):
             self.preds.append(dets[dets[:, 0] == i, 1:])
             self.gts.append(targets[i][mask[i]])
