@@ -147,8 +147,8 @@ def to_host(outputs: Any) -> HostCopy:
 def no_gc():
     """No Python garbage collection while a capture runs. A collection inside the capture can
     free pinned host tensors of an earlier DataLoader (or CUDA events with them), and the host
-    allocator's event query from the capturing thread invalidates the capture. A capture is
-    short, so nothing is postponed for long."""
+    allocator's event query from the capturing thread invalidates the capture; torch.cuda.graph
+    collects once before it starts, so nothing is postponed for long."""
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -159,33 +159,11 @@ def no_gc():
 
 
 class CudaGraphCapturer:
-    """Captures callables into CUDA graphs that share one memory pool.
-
-    The capture calls ``CUDAGraph.capture_begin/capture_end`` on a capture stream of its own
-    rather than entering ``torch.cuda.graph``, whose entry empties the caching allocator's
-    device and pinned-host caches: every cached block is freed (a driver call each), and the
-    eager work after the capture - the next training steps, a DataLoader's pinned batches -
-    pays cudaMalloc / cudaHostAlloc for them again. The graph's memory comes from its private
-    pool either way; the device cache is emptied only when free memory is short
-    (:attr:`LOW_MEMORY`), the case that release was for.
-    """
-
-    #: empty the device cache before a capture when less than this share of memory is free
-    LOW_MEMORY = 0.25
+    """Captures callables into CUDA graphs that share one memory pool."""
 
     def __init__(self, warmup: int = 3):
         self.warmup = warmup
         self._pool = None
-        self._streams: dict[int, torch.cuda.Stream] = {}
-
-    def _stream(self, device: torch.device) -> "torch.cuda.Stream":
-        """The side stream of warm-ups and captures, one per device: graphs sharing a pool are
-        captured on one stream (torch's graph-memory notes), and the caching allocator keeps
-        blocks per stream, so every warm-up reuses the blocks of the one before it."""
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        if index not in self._streams:
-            self._streams[index] = torch.cuda.Stream(index)
-        return self._streams[index]
 
     @property
     def pool(self):
@@ -204,7 +182,7 @@ class CudaGraphCapturer:
 
     def capture(self, fn: Callable[..., Any], inputs: Sequence[torch.Tensor],
                 module: torch.nn.Module | None = None) -> CapturedGraph:
-        """Warm up ``fn`` on the side stream, then capture ``fn(*static_inputs)`` on it."""
+        """Warm up ``fn`` on a side stream, then capture ``fn(*static_inputs)``."""
         device = inputs[0].device
         if device.type != "cuda":
             raise RuntimeError(f"CUDA-graph capture needs CUDA tensors, got {device}")
@@ -214,7 +192,7 @@ class CudaGraphCapturer:
             versions = [x._version for x in static_inputs]
             saved = snapshot_buffers(module)
             rng = torch.cuda.get_rng_state(device)
-            side = self._stream(device)
+            side = torch.cuda.Stream(device)
             side.wait_stream(torch.cuda.current_stream(device))
             try:
                 with torch.cuda.stream(side), _no_cache_autocast():
@@ -225,20 +203,11 @@ class CudaGraphCapturer:
             finally:
                 restore_buffers(saved)
                 torch.cuda.set_rng_state(rng, device)
-            free, total = torch.cuda.mem_get_info(device)
-            if free < self.LOW_MEMORY * total:
-                torch.cuda.empty_cache()
             before = torch.cuda.memory_reserved(device)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.stream(side), _no_cache_autocast(), no_gc():
-                graph.capture_begin(pool=self.pool, capture_error_mode="thread_local")
-                try:
-                    static_outputs = fn(*static_inputs)
-                except BaseException:
-                    with contextlib.suppress(Exception):   # the capture's own error, not its end's
-                        graph.capture_end()
-                    raise
-                graph.capture_end()
+            with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"), _no_cache_autocast(), \
+                    no_gc():
+                static_outputs = fn(*static_inputs)
             torch.cuda.synchronize(device)
             pool_bytes = max(0, torch.cuda.memory_reserved(device) - before)
             leaves, _ = tree_flatten(static_outputs)

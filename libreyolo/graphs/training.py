@@ -2,8 +2,8 @@
 
 The general path (DESIGN.md, engine contract 7): once a batch signature (image, target and
 mask shapes, dtype, autocast) has repeated ``repeat`` times, the step "forward -> loss ->
-scaled backward" is captured by :class:`~libreyolo.graphs.capture.CudaGraphCapturer`
-(``capture_error_mode="thread_local"``; no torch class is replaced) and replayed for every later batch of that signature.
+scaled backward" is captured with ``torch.cuda.graph(..., capture_error_mode="thread_local")``
+directly (no torch class is replaced) and replayed for every later batch of that signature.
 Up to ``max_graphs`` signatures are kept (LRU), so multi-scale training and a smaller last
 batch do not disable capture.
 
