@@ -164,8 +164,10 @@ class DetectionEvaluator(Evaluator):
         if not self.device_nms(cand[1]):
             return cand
         o = self.options
-        thr = cand[1].new_empty(2, dtype=torch.float32)   # filled on the device, not copied: graph-safe
-        thr[0], thr[1] = o.val_conf, o.val_iou
+        # two fill kernels (an item assignment would copy a CPU scalar: not capturable)
+        thr = cand[1].new_empty(2, dtype=torch.float32)
+        thr[:1].fill_(o.val_conf)
+        thr[1:].fill_(o.val_iou)
         return select_packed(*cand, thr, o.max_det, nms=self.model.NMS)
 
     @property
