@@ -21,7 +21,9 @@
 #   PART=gen   : benchmarks/builtin_sets.py: the 2000 + 200 shapes set at 640 generated with each worker
 #                count of $GEN_ARMS (16 1), a fresh process and JSON line per arm.
 #   PART=snapshot : benchmarks/checkpoint_snapshot.py: an epoch's checkpoint snapshot per tensor vs
-#                packed, alone and beside a busy Python thread (yolo9-t, channels_last), JSON in $OUT.
+#                packed, and benchmarks/capture_restore.py: a capture's save and restore of the whole
+#                step's state per tensor vs FlatCopy; alone and beside a busy Python thread
+#                (yolo9-t, channels_last), JSON in $OUT.
 #   K          : PART=tests only runs the tests whose names match this pytest -k expression.
 # Wheels missing on the machine travel in .whl (carry it).
 set -uo pipefail
@@ -92,9 +94,13 @@ train)
 big) big; tail -30 "$OUT/train.log";;
 cli) cli; tail -30 "$OUT/train.log";;
 snapshot)
-  timeout "${T_SNAP:-90}" python3 benchmarks/checkpoint_snapshot.py --channels-last --busy --runs "${RUNS:-3}" \
+  # the per-tensor arms beside the busy thread take tens of seconds a call: few runs
+  timeout "${T_SNAP:-150}" python3 benchmarks/checkpoint_snapshot.py --channels-last --busy --runs "${RUNS:-1}" \
     --json "$OUT/checkpoint-snapshot.json" > "$OUT/snapshot.log" 2>&1
-  echo "snapshot rc=$?" >> "$OUT/snapshot.log"; cat "$OUT/snapshot.log";;
+  echo "snapshot rc=$?" >> "$OUT/snapshot.log"
+  timeout "${T_SNAP:-150}" python3 benchmarks/capture_restore.py --channels-last --busy --runs "${RUNS:-1}" \
+    --json "$OUT/capture-restore.json" >> "$OUT/snapshot.log" 2>&1
+  echo "capture_restore rc=$?" >> "$OUT/snapshot.log"; cat "$OUT/snapshot.log";;
 gen)
   timeout "${T_GEN:-400}" python3 benchmarks/builtin_sets.py --n-train 2000 --n-val 200 --imgsz 640 \
     --workers ${GEN_ARMS:-16 1} > "$J/builtin_sets.jsonl" 2> "$OUT/gen.log"

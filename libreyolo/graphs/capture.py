@@ -39,19 +39,66 @@ def _no_cache_autocast(device_type: str = "cuda"):
     return torch.autocast(device_type, dtype=dtype, cache_enabled=False)
 
 
-def snapshot_buffers(module: torch.nn.Module | None) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Copies of every buffer of ``module`` (BatchNorm statistics, counters)."""
-    if module is None:
-        return []
-    return [(b, b.detach().clone()) for b in module.buffers()]
+class FlatCopy:
+    """The values of many tensors, kept in one flat buffer per device and dtype, and put back
+    with one copy per buffer.
+
+    A capture's warm-up must leave gradients, optimizer state and BatchNorm statistics as it
+    found them: thousands of tensors for a training step. A clone and a copy per tensor are two
+    operator calls each, and every call gives up the GIL; beside a busy Python thread (the
+    checkpoint writer, a loader's pin-memory thread) getting it back can take the
+    interpreter's switch interval each time. Here taking the copy is one concatenation per
+    buffer, putting it back one split and one ``torch._foreach_copy_``. The values round-trip
+    exactly (copies only), into each tensor's own layout.
+    """
+
+    def __init__(self, tensors: Sequence[torch.Tensor]):
+        from torch._utils import _flatten_dense_tensors
+        groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+        for t in tensors:
+            groups.setdefault((t.device, t.dtype), []).append(t)
+        with torch.no_grad():
+            self._groups = []
+            for ts in groups.values():
+                flat = _flatten_dense_tensors(ts)
+                if len(ts) == 1:   # a lone tensor's "flattening" is a view of it, not a copy
+                    flat = flat.clone()
+                self._groups.append((ts, flat))
+
+    def __len__(self) -> int:
+        return sum(len(ts) for ts, _ in self._groups)
+
+    @torch.no_grad()
+    def restore(self, changed_only: bool = False) -> None:
+        """Put the values back; with ``changed_only`` only into the tensors whose values differ
+        now (found in one comparison per buffer and one host read), so the others keep their
+        version counters. Values, not version counters, say what changed: BatchNorm's kernels
+        update the running statistics without moving their counters."""
+        from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+        for ts, flat in self._groups:
+            values = _unflatten_dense_tensors(flat, ts)
+            if changed_only:
+                diff = _flatten_dense_tensors(ts) != flat   # NaN != NaN: a NaN is put back too
+                sizes = torch.tensor([t.numel() for t in ts], device=flat.device)
+                owner = torch.repeat_interleave(torch.arange(len(ts), device=flat.device), sizes)
+                hits = torch.zeros(len(ts), device=flat.device).index_add_(0, owner, diff.float())
+                keep = (hits > 0).tolist()
+                if not any(keep):
+                    continue
+                ts = [t for t, k in zip(ts, keep) if k]
+                values = [v for v, k in zip(values, keep) if k]
+            torch._foreach_copy_(list(ts), list(values))
 
 
-@torch.no_grad()
-def restore_buffers(saved: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-    """Put back buffers that changed (untouched ones keep their version counters)."""
-    for live, copy in saved:
-        if not torch.equal(live, copy):
-            live.copy_(copy)
+def snapshot_buffers(module: torch.nn.Module | None) -> FlatCopy:
+    """A copy of every buffer of ``module`` (BatchNorm statistics, counters)."""
+    return FlatCopy([] if module is None else [b for b in module.buffers()])
+
+
+def restore_buffers(saved: FlatCopy) -> None:
+    """Put back the buffers that changed since :func:`snapshot_buffers` (the others keep their
+    version counters)."""
+    saved.restore(changed_only=True)
 
 
 @dataclass

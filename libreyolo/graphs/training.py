@@ -41,7 +41,7 @@ from typing import Any, Callable
 import torch
 
 from .cache import GraphCache, signature
-from .capture import CAPTURE_LOCK, CudaGraphCapturer, no_gc
+from .capture import CAPTURE_LOCK, CudaGraphCapturer, FlatCopy, no_gc
 
 log = logging.getLogger("libreyolo")
 
@@ -217,7 +217,7 @@ class TrainStepRunner:
             if whole and self.state is not None:
                 state = [t for t in self.state() if t is not None]
                 tensors, n_state = tensors + state, len(state)
-            saved = [t.detach().clone() for t in tensors]
+            saved = FlatCopy(tensors)
             failure = None
             try:
                 t0 = time.perf_counter()
@@ -230,9 +230,7 @@ class TrainStepRunner:
             finally:
                 # warm-up (and a failed capture) must leave gradients, weights, optimizer and
                 # EMA state exactly as they were
-                with torch.no_grad():
-                    for t, v in zip(tensors, saved):
-                        t.copy_(v)
+                saved.restore()
             if graph is not None and n_state >= 0 and len([t for t in self.state() if t is not None]) != n_state:
                 # the warm-up created state (e.g. lazy optimizer buffers) that cannot be put back
                 graph, failure = None, RuntimeError("the update created new state during warm-up; "
@@ -308,9 +306,10 @@ class GraphedSegment(torch.nn.Module):
         import inspect
 
         inner = self.inner
-        buffers = [b for b in inner.buffers()]
-        saved = [b.detach().clone() for b in buffers]
-        grads = [(p, None if p.grad is None else p.grad.detach().clone()) for p in inner.parameters()]
+        saved = FlatCopy([b for b in inner.buffers()])
+        params = list(inner.parameters())
+        old = [p.grad for p in params]
+        grads = FlatCopy([g for g in old if g is not None])
 
         class _Thin(torch.nn.Module):  # a fresh wrapper per signature: its forward gets graphed
             def __init__(self, m):
@@ -333,14 +332,12 @@ class GraphedSegment(torch.nn.Module):
             log.warning("libreyolo: %s runs eager, CUDA-graph capture off: %s", self.name, self.disabled_reason)
             return None
         finally:
-            with torch.no_grad():  # warm-up ran forward/backward: undo its BatchNorm and .grad effects
-                for b, v in zip(buffers, saved):
-                    b.copy_(v)
-                for p, g in grads:
-                    if g is None:
-                        p.grad = None
-                    else:
-                        p.grad.copy_(g)
+            # warm-up ran forward/backward: undo its BatchNorm and .grad effects
+            saved.restore()
+            grads.restore()   # into the gradient tensors the parameters had
+            for p, g in zip(params, old):
+                if p.grad is not g:   # warm-up created (or replaced) a gradient
+                    p.grad = g
         self.captures += 1
         log.info("libreyolo: captured %s forward+backward for input %s in %.0f ms", self.name,
                  tuple(x.shape), (time.perf_counter() - t0) * 1e3)

@@ -321,3 +321,37 @@ def test_primed_adamw_state_gives_the_lazy_first_steps_bit_for_bit(fused):
         return [p.detach().clone() for p in net.parameters()]
 
     assert all(torch.equal(a, b) for a, b in zip(run(False), run(True)))
+
+
+def test_flat_copy_round_trips_every_tensor_in_its_own_layout_and_dtype():
+    """FlatCopy (the warm-up's save and restore): the values come back bit for bit into the very
+    tensors, channels_last ones included, across dtypes, a dtype with a single tensor too (whose
+    flattening alone would be a view, not a copy); ``changed_only`` (the capturer's BatchNorm
+    restore) puts back the running statistics, which BatchNorm updates without moving their
+    version counters, and leaves the unchanged buffers' counters alone."""
+    from libreyolo.graphs.capture import FlatCopy, restore_buffers, snapshot_buffers
+    g = torch.Generator().manual_seed(0)
+    ts = [torch.randn((2, 3, 4, 5), generator=g).contiguous(memory_format=torch.channels_last),
+          torch.randn((7,), generator=g), torch.randn((3, 3), generator=g).half(),
+          torch.arange(4), torch.zeros(0)]
+    before = [t.clone() for t in ts]
+    saved = FlatCopy(ts)
+    assert len(saved) == len(ts)
+    with torch.no_grad():
+        for t in ts:
+            t.add_(1) if t.is_floating_point() else t.mul_(3)
+    assert not torch.equal(ts[0], before[0])
+    saved.restore()
+    assert all(torch.equal(t, b) and t.dtype == b.dtype for t, b in zip(ts, before))
+    assert ts[0].is_contiguous(memory_format=torch.channels_last) and not ts[0].is_contiguous()
+    # changed_only: BatchNorm's statistics after a warm-up pass, the other buffers untouched
+    bn = nn.Sequential(nn.BatchNorm2d(3), nn.BatchNorm2d(3))
+    bn[1].eval()
+    stats = {k: v.clone() for k, v in bn.state_dict().items()}
+    versions = {k: v._version for k, v in bn.state_dict().items()}
+    snap = snapshot_buffers(bn)
+    bn(torch.randn((2, 3, 4, 4), generator=g))
+    assert not torch.equal(bn[0].running_mean, stats["0.running_mean"])
+    restore_buffers(snap)
+    assert all(torch.equal(v, stats[k]) for k, v in bn.state_dict().items())
+    assert all(v._version == versions[k] for k, v in bn.state_dict().items() if k.startswith("1."))
