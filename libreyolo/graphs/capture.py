@@ -250,16 +250,25 @@ class CudaGraphCapturer:
             finally:
                 restore_buffers(saved)
                 torch.cuda.set_rng_state(rng, device)
+            t1 = time.perf_counter()
             before = torch.cuda.memory_reserved(device)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"), _no_cache_autocast(), \
                     no_gc():
+                t2 = time.perf_counter()
                 static_outputs = fn(*static_inputs)
+                t3 = time.perf_counter()
             torch.cuda.synchronize(device)
+            t4 = time.perf_counter()
             pool_bytes = max(0, torch.cuda.memory_reserved(device) - before)
             leaves, _ = tree_flatten(static_outputs)
             if not any(isinstance(t, torch.Tensor) for t in leaves):
                 raise RuntimeError("the captured function returned no tensor")
-            return CapturedGraph(graph, static_inputs, static_outputs,
-                                 (time.perf_counter() - t0) * 1e3, pool_bytes,
-                                 writes_inputs=[x._version for x in static_inputs] != versions)
+            # where the capture's time went (ms): the warm-up with its save and restore, the
+            # graph context's entry (a device sync, the allocator's caches emptied), recording
+            # the function, and the capture's end (the graph instantiated) with a sync
+            phases = {"warmup": (t1 - t0) * 1e3, "entry": (t2 - t1) * 1e3, "record": (t3 - t2) * 1e3,
+                      "end": (t4 - t3) * 1e3}
+            return CapturedGraph(graph, static_inputs, static_outputs, (t4 - t0) * 1e3, pool_bytes,
+                                 writes_inputs=[x._version for x in static_inputs] != versions,
+                                 meta={"phases_ms": phases})

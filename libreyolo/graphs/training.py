@@ -223,8 +223,10 @@ class TrainStepRunner:
                 t0 = time.perf_counter()
                 graph = self.capturer.capture(fn, inputs, module=self.net)
                 self.captures += 1
-                log.info("libreyolo: captured a %s training step for %s in %.0f ms",
-                         "whole" if whole else "forward+backward", self.family, (time.perf_counter() - t0) * 1e3)
+                phases = getattr(graph, "meta", {}).get("phases_ms", {})
+                log.info("libreyolo: captured a %s training step for %s in %.0f ms%s",
+                         "whole" if whole else "forward+backward", self.family, (time.perf_counter() - t0) * 1e3,
+                         " (" + ", ".join(f"{k} {v:.0f}" for k, v in phases.items()) + ")" if phases else "")
             except Exception as exc:  # optional optimization: never fatal
                 graph, failure = None, exc
             finally:
