@@ -15,13 +15,10 @@ Arms, side by side in one process (medians of ``--runs`` copy + restore round tr
 """
 from __future__ import annotations
 
-import argparse
-import json
 import sys
-import threading
 
 import torch
-from checkpoint_snapshot import setup, timed
+from checkpoint_snapshot import parse_args, report, run_arms, setup
 
 
 def whole_step_state(net, ema, opt) -> list[torch.Tensor]:
@@ -45,46 +42,17 @@ def flat(tensors) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--family", default="yolo9")
-    ap.add_argument("--size", default="t")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--runs", type=int, default=15)
-    ap.add_argument("--channels-last", action="store_true")
-    ap.add_argument("--busy", action="store_true", help="each arm again beside a busy Python thread")
-    ap.add_argument("--json", default=None)
-    a = ap.parse_args()
+    a = parse_args(__doc__)
     _, net, ema, opt = setup(a.family, a.size, a.device, a.channels_last)
     tensors = whole_step_state(net, ema, opt)
     before = [t.detach().clone() for t in tensors]
     res = {"model": f"{a.family}-{a.size}", "device": torch.cuda.get_device_name(0) if a.device.startswith("cuda") else "cpu",
            "torch": torch.__version__, "tensors": len(tensors), "runs": a.runs, "channels_last": a.channels_last}
     arms = (("per_tensor", per_tensor), ("flat", flat))
-    for name, fn in arms:
-        res[f"{name}_ms"] = timed(fn, (tensors,), a.runs, a.device)
-    if a.busy:
-        stop = threading.Event()
-
-        def spin() -> None:   # pure Python: holds the GIL until the interpreter's switch interval
-            x = 0
-            while not stop.is_set():
-                x += 1
-
-        th = threading.Thread(target=spin, daemon=True)
-        th.start()
-        try:
-            for name, fn in arms:
-                res[f"{name}_busy_ms"] = timed(fn, (tensors,), a.runs, a.device)
-        finally:
-            stop.set()
-            th.join()
+    run_arms(arms, (tensors,), a, res)
     # the round trips put back what they copied: the state is what it was
     res["state_unchanged"] = all(torch.equal(t, b) for t, b in zip(tensors, before))
-    line = json.dumps(res)
-    print(line)
-    if a.json:
-        with open(a.json, "w") as f:
-            f.write(line + "\n")
+    report(res, a.json)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ Arms, side by side in one process (medians of ``--runs`` calls, milliseconds):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import statistics
@@ -59,6 +60,27 @@ def packed(m, net, ema, opt):
 
 
 
+@contextlib.contextmanager
+def busy_thread():
+    """A Python thread spinning beside the caller for the block (a loader's pin-memory thread,
+    the checkpoint writer, a plot being drawn): pure Python, it holds the GIL until the
+    interpreter's switch interval each time it gets it."""
+    stop = threading.Event()
+
+    def spin() -> None:
+        x = 0
+        while not stop.is_set():
+            x += 1
+
+    th = threading.Thread(target=spin, daemon=True)
+    th.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        th.join()
+
+
 def timed(fn, args, runs: int, device: str) -> float:
     fn(*args)
     times = []
@@ -71,8 +93,9 @@ def timed(fn, args, runs: int, device: str) -> float:
     return statistics.median(times)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
+def parse_args(doc: str | None) -> argparse.Namespace:
+    """The options of this benchmark and of capture_restore.py."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--family", default="yolo9")
     ap.add_argument("--size", default="t")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -80,35 +103,38 @@ def main() -> None:
     ap.add_argument("--channels-last", action="store_true", help="the network in channels_last (the trainer's CUDA default)")
     ap.add_argument("--busy", action="store_true", help="each arm again beside a busy Python thread")
     ap.add_argument("--json", default=None)
-    a = ap.parse_args()
+    return ap.parse_args()
+
+
+def main() -> None:
+    a = parse_args(__doc__)
     args = setup(a.family, a.size, a.device, a.channels_last)
     n = sum(len(x) for x in (args[1].state_dict(), args[2].state_dict())) + len(args[3].state_dict()["state"])
     res = {"model": f"{a.family}-{a.size}", "device": torch.cuda.get_device_name(0) if a.device.startswith("cuda") else "cpu",
            "torch": torch.__version__, "tensors": n, "runs": a.runs, "channels_last": a.channels_last}
     snapshot = packed(*args)   # what the writer thread unpacks
     arms = (("per_tensor", per_tensor), ("packed", packed), ("unpack", lambda *_: snapshot.unpack()))
+    run_arms(arms, args, a, res)
+    report(res, a.json)
+
+
+def run_arms(arms, args, a, res: dict) -> None:
+    """Each arm's median into ``res`` (``<arm>_ms``), and with ``--busy`` again beside a busy
+    thread (``<arm>_busy_ms``)."""
     for name, fn in arms:
         res[f"{name}_ms"] = timed(fn, args, a.runs, a.device)
     if a.busy:
-        stop = threading.Event()
-
-        def spin() -> None:   # pure Python: holds the GIL until the interpreter's switch interval
-            x = 0
-            while not stop.is_set():
-                x += 1
-
-        th = threading.Thread(target=spin, daemon=True)
-        th.start()
-        try:
+        with busy_thread():
             for name, fn in arms:
                 res[f"{name}_busy_ms"] = timed(fn, args, a.runs, a.device)
-        finally:
-            stop.set()
-            th.join()
+
+
+def report(res: dict, path: str | None) -> None:
+    """One JSON line on stdout, and into ``path`` when given."""
     line = json.dumps(res)
     print(line)
-    if a.json:
-        with open(a.json, "w") as f:
+    if path:
+        with open(path, "w") as f:
             f.write(line + "\n")
 
 
