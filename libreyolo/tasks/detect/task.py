@@ -182,21 +182,18 @@ class DetectionEvaluator(Evaluator):
         o = self.options
         if self.first_batch is None:
             self.first_batch = imgs[:16].numpy()
+        # split per image in numpy: a torch call per image gives up the GIL (and waits to get it
+        # back behind a busy thread, such as the next epoch's pin-memory thread)
         targets, mask = targets.numpy(), mask.numpy()
         if isinstance(outputs, torch.Tensor):   # finish's packed detections: count last in each row
             host = outputs.cpu().numpy()
-            counts = host[:, -1].astype(np.int64)
-            for i in range(targets.shape[0]):
-                self.preds.append(host[i, :counts[i] * 6].reshape(-1, 6).copy())
-                self.gts.append(targets[i][mask[i]])
-            return
-        dets = nms_per_image(*outputs, conf=o.val_conf, iou=o.val_iou, max_det=o.max_det, nms_free=not self.model.NMS)
-        # split per image in numpy: a torch call per image gives up the GIL (and waits to get it
-        # back behind a busy thread, such as the next epoch's pin-memory thread)
-        dets = dets.numpy()
-        for i in range(targets.shape[0]):
-            self.preds.append(dets[dets[:, 0] == i, 1:])
-            self.gts.append(targets[i][mask[i]])
+            preds = [host[i, :n * 6].reshape(-1, 6).copy() for i, n in enumerate(host[:, -1].astype(np.int64))]
+        else:
+            dets = nms_per_image(*outputs, conf=o.val_conf, iou=o.val_iou, max_det=o.max_det,
+                                 nms_free=not self.model.NMS).numpy()
+            preds = [dets[dets[:, 0] == i, 1:] for i in range(targets.shape[0])]
+        self.preds.extend(preds)
+        self.gts.extend(targets[i][mask[i]] for i in range(targets.shape[0]))
 
     def evaluate(self) -> dict:
         """COCO mAP50 / mAP50-95 (per class too), and precision / recall at the confidence of the
