@@ -29,9 +29,10 @@ asynchronous: each step's loss read at once (``Trainer.loss_lag = 0``, a device 
 each epoch's loader started at the epoch, not during the previous one's validation
 (``Trainer.prefetch_next_epoch = False``); the numbers are the same, the times are the comparison.
 ``+switch`` runs with ``Trainer.switch_interval = 0.0005`` (the thread switch interval: how soon the
-loop gets the GIL back from the checkpoint writer and the plotter), ``+overlap`` with
-``Trainer.join_write_before_validation = False`` (the previous checkpoint write overlaps
-validation); each arm also reports train()'s ``timing`` (set-up, epochs, validation, checkpoint
+loop gets the GIL back from the checkpoint writer and the plotter), ``+nofreeze`` with
+``Trainer.freeze_heap = False`` (the garbage collector's full collections walk the whole heap,
+as by Python's default), ``+overlap`` with ``Trainer.join_write_before_validation = False``
+(the previous checkpoint write overlaps validation); each arm also reports train()'s ``timing`` (set-up, epochs, validation, checkpoint
 waits, the epochs' ends, the end).
 """
 from __future__ import annotations
@@ -50,13 +51,15 @@ SYNC_LOOP = "+sync_loop"
 #: a 0.5 ms thread switch interval, the checkpoint write overlapping validation
 SWITCH = "+switch"
 OVERLAP = "+overlap"
+#: the garbage collector's default behaviour: the heap not frozen for the run (Trainer.freeze_heap)
+NOFREEZE = "+nofreeze"
 
 
 def run_arm(arm: str, a) -> dict:
     from libreyolo.models.registry import parse_spec
 
     base, *mods = arm.split("+")
-    unknown = set(mods) - {m[1:] for m in (GPU_AUGMENT, SYNC_LOOP, SWITCH, OVERLAP)}
+    unknown = set(mods) - {m[1:] for m in (GPU_AUGMENT, SYNC_LOOP, SWITCH, OVERLAP, NOFREEZE)}
     if base not in ARMS or unknown:
         raise SystemExit(f"unknown arm {arm!r}: {'/'.join(ARMS)} with any of +gpu_augment, +sync_loop, "
                          "+switch, +overlap")
@@ -68,6 +71,8 @@ def run_arm(arm: str, a) -> dict:
         Trainer.switch_interval = 0.0005
     if OVERLAP[1:] in mods:
         Trainer.join_write_before_validation = False
+    if NOFREEZE[1:] in mods:
+        Trainer.freeze_heap = False
     timed: list[float] = []
     if gpu_augment:   # time each augmentation call (it ends with its one host read of the batch)
         from libreyolo.data.gpu_augment import DeviceAugment

@@ -10,7 +10,8 @@
 #                generated set of $N_TRAIN (2000) images; results.csv files and JSON into $OUT.
 #   PART=big   : that last run alone (one process and JSON per arm: a timed-out arm keeps the other's).
 #   PART=cli   : the first of PART=train alone: the 30-epoch CLI process for each arm of $CLI_ARMS
-#                (plain gpu_augment; an arm named twice runs again, the machine then warm).
+#                (plain gpu_augment nofreeze; an arm named twice runs again, the machine then warm;
+#                nofreeze: Trainer.freeze_heap off, the garbage collector as by Python's default).
 #   PART=quality : gpu_augment's accuracy against the CPU recipe's: the 30-epoch CLI run of PART=train for
 #                the arms of $ARMS (plain gpu_augment gpu_augment_local: the last with batch-local
 #                mosaic partners, DeviceAugment's POOL_IMAGES=0) under each seed of $SEEDS (0 1 2),
@@ -51,8 +52,10 @@ cli() {   # the 30-epoch CLI process timed for each arm of $CLI_ARMS, a fresh pr
   local i=0
   for arm in ${CLI_ARMS:-plain gpu_augment}; do   # a fresh process each, from interpreter start to its exit
     extra=""; [ "$arm" = gpu_augment ] && extra="gpu_augment=true"
+    pre=""; [ "$arm" = nofreeze ] && pre="import libreyolo.engine.trainer as T; T.Trainer.freeze_heap = False"
     i=$((i + 1)); [ -e "$OUT/train-cli-$arm.log" ] && arm="$arm-$i"   # an arm named twice: cold, then warm
-    { time timeout "${T_CLI:-100}" python3 -m libreyolo.cli train model=yolo9t data=shapes epochs=30 batch=16 \
+    { time timeout "${T_CLI:-100}" python3 -c "import sys; $pre
+from libreyolo.cli import main; sys.exit(main(sys.argv[1:]))" train model=yolo9t data=shapes epochs=30 batch=16 \
         imgsz=320 cuda_graph=true project=/tmp/runs name="cli-$arm" exist_ok=true $extra \
         > "$OUT/train-cli-$arm.log" 2>&1; echo "cli $arm rc=$?" >> "$OUT/train-cli-$arm.log"; } 2>> "$OUT/train-cli-$arm.log"
     cp "/tmp/runs/cli-$arm/results.csv" "$OUT/train-cli-$arm.csv" 2>/dev/null

@@ -9,9 +9,11 @@ synchronous one would, one epoch later at most.
 """
 from __future__ import annotations
 
+import contextlib
+import gc
 import logging
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 log = logging.getLogger("libreyolo")
 
@@ -65,3 +67,35 @@ class BackgroundJob:
                 raise
             return exc
         return None
+
+
+_frozen = 0
+_frozen_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def frozen_heap(enabled: bool = True) -> Iterator[None]:
+    """The objects alive at entry leave the garbage collector's view for the block
+    (``gc.freeze()``), and come back at its exit (``gc.unfreeze()``, once the last of
+    overlapping blocks ends).
+
+    A training process holds a few hundred thousand long-lived objects (torch, the datasets'
+    lists, the model); every full collection walks all of them - about 0.25 s on a 2-core CPU
+    - and a run's allocations trigger such collections every few epochs, in the step loop's
+    critical path. Frozen, a full collection walks only what the run created. Objects are still
+    freed by their reference counts; only reference cycles among the frozen ones wait for the
+    exit to be collected."""
+    global _frozen
+    if not enabled:
+        yield
+        return
+    with _frozen_lock:
+        gc.freeze()
+        _frozen += 1
+    try:
+        yield
+    finally:
+        with _frozen_lock:
+            _frozen -= 1
+            if _frozen == 0:
+                gc.unfreeze()

@@ -42,6 +42,7 @@ from ..distributed import (Distributed, GradientReducer, convert_sync_batchnorm,
                            parse_devices, reduction_of, revert_sync_batchnorm)
 from ..graphs.training import GraphedSegment, TrainStepRunner, prime_optimizer_state, scaler_tensors, training_state
 from ..tasks import Task, TaskOptions, get_task
+from .background import frozen_heap
 from .paths import next_run_dir
 
 log = logging.getLogger("libreyolo")
@@ -927,6 +928,9 @@ class Trainer:
     #: the epoch's end joins the previous epoch's checkpoint write before validating (True), or
     #: only before the next write, so that the write overlaps validation (False; the +overlap arm)
     join_write_before_validation: bool = True
+    #: the objects alive when the epochs start are left out of the garbage collector's full
+    #: collections for the run (engine.background.frozen_heap); False: Python's default
+    freeze_heap: bool = True
 
     def _prepare_epoch(self, epoch: int) -> None:
         """What epoch ``epoch``'s batches depend on, then its loader iterator: the task's data phase
@@ -1090,7 +1094,9 @@ class Trainer:
         # (torch's SIGCHLD handler), also between a grad-mode switch and its restore (an
         # optimizer step, a no_grad block's exit): the run's end puts the caller's mode back
         grad_enabled = torch.is_grad_enabled()
+        heap = contextlib.ExitStack()
         try:
+            heap.enter_context(frozen_heap(self.freeze_heap))
             if self.switch_interval is not None:
                 sys.setswitchinterval(self.switch_interval)
             for epoch in range(self.start_epoch, cfg.run.epochs):
@@ -1155,6 +1161,7 @@ class Trainer:
                     if self.cfg.run.sync_bn:
                         revert_sync_batchnorm(self.net)
                     d.teardown()
+                heap.close()   # the objects frozen at the start are collectable again
                 timing["end_s"] = time.perf_counter() - t_close
         if self.seam is not None:
             self.model.set_train_seam(self.net, None)

@@ -278,3 +278,49 @@ def test_a_resumed_optimizer_state_takes_its_parameters_layout():
     grads(ps, 0.5)
     resumed.step()
     assert all(torch.equal(a, b) for a, b in zip(ps, ref))
+
+
+def test_frozen_heap_hides_the_objects_alive_at_entry_until_the_last_block_ends(data, tmp_path, monkeypatch):
+    """The run's heap is frozen for its epochs (a full collection then walks only what the run
+    created) and unfrozen once the last overlapping block ends, also when a run fails; a cycle
+    made before the block is collected after it."""
+    import gc
+
+    from libreyolo.engine.background import frozen_heap
+    assert gc.get_freeze_count() == 0
+    with frozen_heap():
+        outer = gc.get_freeze_count()
+        assert outer > 1000
+        with frozen_heap():
+            assert gc.get_freeze_count() >= outer
+        assert gc.get_freeze_count() >= outer   # the outer block still holds it
+    assert gc.get_freeze_count() == 0
+    with frozen_heap(enabled=False):
+        assert gc.get_freeze_count() == 0
+    # a reference cycle dropped while frozen is collected after the block
+    import weakref
+
+    class Node:
+        pass
+    a, b = Node(), Node()
+    a.other, b.other = b, a
+    ref = weakref.ref(a)
+    with frozen_heap():
+        del a, b
+        gc.collect()
+        assert ref() is not None   # frozen: not collected
+    gc.collect()
+    assert ref() is None
+    # a training run: frozen during its epochs, not after it, and not after a failing one
+    counts = []
+    real = T.Trainer.train_epoch
+    monkeypatch.setattr(T.Trainer, "train_epoch", lambda self, e: (counts.append(gc.get_freeze_count()), real(self, e))[1])
+    run(data, tmp_path)
+    assert counts and min(counts) > 1000 and gc.get_freeze_count() == 0
+
+    def boom(self, e):
+        raise ValueError("a failing epoch")
+    monkeypatch.setattr(T.Trainer, "train_epoch", boom)
+    with pytest.raises(ValueError, match="a failing epoch"):
+        run(data, tmp_path, name="fails")
+    assert gc.get_freeze_count() == 0
