@@ -1153,6 +1153,7 @@ class Trainer:
                     hook.on_train_end(self)
                     ends[type(hook).__name__] += time.perf_counter() - t_hook
             finally:   # also when a hook's end raises (a checkpoint's background write failed)
+                heap.close()   # the objects frozen at the start are collectable again
                 self._unfreeze()
                 t_loaders = time.perf_counter()
                 self._close_loaders()
@@ -1161,7 +1162,6 @@ class Trainer:
                     if self.cfg.run.sync_bn:
                         revert_sync_batchnorm(self.net)
                     d.teardown()
-                heap.close()   # the objects frozen at the start are collectable again
                 timing["end_s"] = time.perf_counter() - t_close
         if self.seam is not None:
             self.model.set_train_seam(self.net, None)
