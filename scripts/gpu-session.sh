@@ -8,7 +8,8 @@
 #                (and again with gpu_augment=true), benchmarks/train_epochs.py's host levers
 #                ($LOOP_ARMS: graph, graph+switch, graph+overlap; 30 epochs) and the 20-epoch run eager vs graph on a
 #                generated set of $N_TRAIN (2000) images; results.csv files and JSON into $OUT.
-#   PART=big   : that last run alone (one process and JSON per arm: a timed-out arm keeps the other's).
+#   PART=big   : that last run alone (one process and JSON per arm: a timed-out arm keeps the other's;
+#                $BIG_ARMS picks them, default "graph eager"; the eager arm needs T_BIG=400).
 #   PART=cli   : the first of PART=train alone: the 30-epoch CLI process for each arm of $CLI_ARMS
 #                (plain gpu_augment nofreeze; an arm named twice runs again, the machine then warm;
 #                nofreeze: Trainer.freeze_heap off, the garbage collector as by Python's default).
@@ -39,7 +40,7 @@ big() {   # 20 epochs eager vs graph on a generated set of $N_TRAIN images, one 
   export LIBREYOLO_DATASETS_DIR="${LIBREYOLO_DATASETS_DIR:-/tmp/ds}"
   python3 -c "from libreyolo.data.synthetic import make_shapes_dataset as m; n=${N_TRAIN:-2000}; \
 print(m(n_train=n, n_val=max(64, n // 10), imgsz=640))" >> "$OUT/train.log" 2>&1
-  for arm in graph eager; do
+  for arm in ${BIG_ARMS:-graph eager}; do
     timeout "${T_BIG:-200}" python3 benchmarks/train_epochs.py --arm "$arm" --epochs "${BIG_EPOCHS:-20}" --imgsz 320 \
       --batch 16 --workers 8 --amp true --n-train "${N_TRAIN:-2000}" > "$J/big-$arm.json" 2>> "$OUT/train.log"
     echo "big $arm rc=$?" >> "$OUT/train.log"; pack
