@@ -55,8 +55,11 @@ class FlatCopy:
     def __init__(self, tensors: Sequence[torch.Tensor]):
         from torch._utils import _flatten_dense_tensors
         groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
-        for t in tensors:
-            groups.setdefault((t.device, t.dtype), []).append(t)
+        seen: set[int] = set()
+        for t in tensors:   # each tensor once (a whole step's state lists the gradients again)
+            if id(t) not in seen:
+                seen.add(id(t))
+                groups.setdefault((t.device, t.dtype), []).append(t)
         with torch.no_grad():
             self._groups = []
             for ts in groups.values():
