@@ -453,7 +453,6 @@ def host_copies(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     return HostPack(tensors).tensors()
 
 
-
 def _lock(fd: int) -> bool:
     """Take an exclusive advisory lock on ``fd`` without waiting; False if another open file
     holds one, or where locks are not supported (no ``fcntl``, a file system without them)."""

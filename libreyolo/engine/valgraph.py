@@ -7,8 +7,8 @@ post-processing), with the evaluator's :meth:`~libreyolo.tasks.base.Evaluator.fi
 post-processing (detection: the top candidates per image and, on CUDA with Triton, predict's
 fixed-shape NMS; the matching follows on the host). Every batch has one shape: a last partial
 batch is padded with zero images up to the fixed batch (the validation batch, or the whole split
-when it is smaller) and the padding's outputs are dropped - eager and graph run the very same shapes, so a replay computes what eager
-computes, bit for bit, and one graph serves the whole split.
+when it is smaller) and the padding's outputs are dropped - eager and graph run the very same
+shapes, so a replay computes what eager computes, bit for bit, and one graph serves the whole split.
 
 With graphs on, the stage goes through a :class:`~libreyolo.graphs.runner.GraphRunner` of its own
 over the evaluated network, built with ``watch_versions=False``: training updates that network
