@@ -126,6 +126,9 @@ class TrainStepRunner:
     logging items; it must be fixed-shape and free of host syncs to be capturable.
     """
 
+    #: warm-up iterations before a capture (on a side stream, then undone)
+    CAPTURE_WARMUP = 1
+
     def __init__(self, net: torch.nn.Module, step: Callable[..., tuple[torch.Tensor, torch.Tensor]], *,
                  enabled: bool, family: str, supported: bool, repeat: int = 3, max_graphs: int = 8,
                  capturer: Any | None = None, reason: str | None = None,
@@ -138,7 +141,11 @@ class TrainStepRunner:
         self.update = update
         self.state = state
         self.family = family
-        self.capturer = capturer if capturer is not None else CudaGraphCapturer(warmup=3)
+        # One warm-up iteration: by the time a signature is captured it has run eagerly (``repeat``
+        # sightings), so the lazy set-up a first call does (cuDNN/cuBLAS handles, the primed
+        # optimizer state, GradScaler's tensors) is done, and each further iteration is one more
+        # eager step (most of a capture's time) whose effects are then undone.
+        self.capturer = capturer if capturer is not None else CudaGraphCapturer(warmup=self.CAPTURE_WARMUP)
         self._graphs = GraphCache(max_graphs, repeat=repeat, on_evict=self._evicted, recount_evicted=True)
         self.captures = 0
         self.replays = 0
