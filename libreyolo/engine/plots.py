@@ -10,7 +10,8 @@ from pathlib import Path
 
 
 def plot_results(csv_path: str | Path, out: str | Path | None = None) -> Path | None:
-    """results.csv -> results.png: one panel per column (losses, lr, metrics) against epoch."""
+    """results.csv -> results.png: one panel per loss, metric and lr column against epoch, and one
+    panel for the ``time/`` columns together (seconds per epoch, one line each, with a legend)."""
     csv_path = Path(csv_path)
     rows = list(csv.DictReader(csv_path.open()))
     if not rows:
@@ -18,9 +19,13 @@ def plot_results(csv_path: str | Path, out: str | Path | None = None) -> Path | 
     from matplotlib.figure import Figure
 
     keys = [k for k in rows[0] if k != "epoch"]
+    times = [k for k in keys if k.startswith("time/")]
+    # a panel is a title and its columns; the time columns share one (seven small panels of
+    # seconds were 40 % of the drawing's time and harder to compare than one with a legend)
+    panels = [(k, [k]) for k in keys if k not in times] + ([("time per epoch (s)", times)] if times else [])
     epochs = [int(r["epoch"]) for r in rows]
     cols = 4
-    nrows = -(-len(keys) // cols)
+    nrows = -(-len(panels) // cols)
     width, height = 4.0 * cols, 3.0 * nrows
     fig = Figure(figsize=(width, height))
     # fixed margins in inches (tick labels left, title above, x label below each panel) rather
@@ -28,13 +33,17 @@ def plot_results(csv_path: str | Path, out: str | Path | None = None) -> Path | 
     fig.subplots_adjust(left=0.6 / width, right=1 - 0.15 / width, bottom=0.5 / height, top=1 - 0.3 / height,
                         wspace=0.75 / (4.0 - 0.75), hspace=0.85 / (3.0 - 0.85))
     axes = fig.subplots(nrows, cols, squeeze=False)
-    for ax, key in zip(axes.flat, keys):
-        ys = [float(r[key]) if r[key] not in ("", "nan") else float("nan") for r in rows]
-        ax.plot(epochs, ys, marker="o", markersize=3, linewidth=1.5)
-        ax.set_title(key)
+    for ax, (title, columns) in zip(axes.flat, panels):
+        for key in columns:
+            ys = [float(r[key]) if r.get(key) not in (None, "", "nan") else float("nan") for r in rows]
+            ax.plot(epochs, ys, marker="o", markersize=3 if len(columns) == 1 else 2, linewidth=1.5,
+                    label=key.removeprefix("time/").removesuffix("_s"))
+        if len(columns) > 1:
+            ax.legend(fontsize=7, ncols=2, frameon=False)
+        ax.set_title(title)
         ax.set_xlabel("epoch")
         ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(keys):]:
+    for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
     out = Path(out or csv_path.with_name("results.png"))
     tmp = out.with_name(out.name + ".tmp.png")
