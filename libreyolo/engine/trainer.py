@@ -1387,9 +1387,12 @@ class LoggingHook(Hook):
                      t.task.summary(metrics), state["time_s"])
         # results.png costs a matplotlib figure (~0.1-0.2 s, the first one also matplotlib's
         # import): drawn in a thread of its own while the next epoch trains, at most every
-        # PLOT_EVERY_S (and never two at once), and at the end of the run
-        if t.cfg.run.plots and csv_ok and time.time() - getattr(self, "_plotted_at", 0.0) >= self.PLOT_EVERY_S \
-                and not self._plotter.busy():
+        # PLOT_EVERY_S (and never two at once), and at the end of the run. Not after the first
+        # epoch: one point is no curve, and the thread's import and drawing would share the
+        # interpreter with the next epoch's first steps, where the step's graphs are captured
+        # (Python-bound: a capture beside them took three times as long)
+        if t.cfg.run.plots and csv_ok and len(self.rows) >= 2 \
+                and time.time() - getattr(self, "_plotted_at", 0.0) >= self.PLOT_EVERY_S and not self._plotter.busy():
             self._plotted_at, self._plotted_rows = time.time(), len(self.rows)
             self._plotter.submit(self._plot, t, what="results.png")
 
@@ -1402,6 +1405,7 @@ class LoggingHook(Hook):
             from .plots import plot_results
             plot_results(t.csv_path)
         except Exception as exc:  # a plot is never worth a failed run
+            self._plotted_rows = -1   # drawn again at the next chance (the end at the latest)
             self._warn_once("plot", "libreyolo: could not draw results.png (training goes on; further "
                             "failures are not reported): %s", exc)
 

@@ -180,8 +180,8 @@ def test_full_disk_while_writing_results_csv(data, tmp_path, monkeypatch, caplog
 
 
 def test_full_disk_while_drawing_results_png(data, tmp_path, monkeypatch, caplog):
-    """results.png fails to save in epoch 1 (half a file written, then ENOSPC): one warning, no
-    temp picture left, training goes on and epoch 2 draws it."""
+    """results.png fails to save at its first drawing (half a file written, then ENOSPC): one
+    warning, no temp picture left, training goes on and the end of the run draws it again."""
     from matplotlib.figure import Figure
     real_savefig, calls = Figure.savefig, []
 
