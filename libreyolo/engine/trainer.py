@@ -1138,7 +1138,16 @@ class Trainer:
                     # raised outside the handler, with the loaders dropped: torch's error, its
                     # traceback and the (persistent) iterators holding the dead worker's
                     # registration go, so torch's SIGCHLD check does not fire again later
-                    self._drop_loaders()
+                    for _ in range(3):
+                        try:
+                            self._drop_loaders()
+                            break
+                        except RuntimeError as exc:
+                            # another killed worker's SIGCHLD, handled outside a finalizer (at
+                            # any bytecode, the function's entry included): dropped again, since
+                            # the loaders still registered report the dead worker until joined
+                            if not _worker_died(exc):
+                                raise
                     raise TrainingError(self._worker_death_message(epoch, died))
             if d is not None:   # every rank returns rank 0's account of the run
                 (self.history, self.best_metrics, self.best_epoch, self.best_fitness) = d.broadcast_object(
