@@ -1,8 +1,9 @@
 """Training curves as a PNG (matplotlib, headless).
 
 Drawn on a bare :class:`matplotlib.figure.Figure` (rendered by Agg at ``savefig``), not through
-pyplot: no global figure registry - so the trainer can draw in a thread of its own - and no
-pyplot import, which is most of matplotlib's import time."""
+pyplot: no global figure registry - so it can draw in any thread - and no pyplot import, which is
+most of matplotlib's import time. During training it draws in a child interpreter
+(:class:`PlotProcess`): this file imports nothing of the package, so the child runs it alone."""
 from __future__ import annotations
 
 import csv
@@ -54,3 +55,97 @@ def plot_results(csv_path: str | Path, out: str | Path | None = None) -> Path | 
         tmp.unlink(missing_ok=True)
         raise
     return out
+
+
+def serve() -> None:
+    """The child's loop (:class:`PlotProcess`): one JSON request per stdin line, ``{"csv": ...,
+    "out": ...}``, one JSON reply per stdout line, ``{"ok": path or null}`` or ``{"error": text}``;
+    stdin's end ends it."""
+    import json
+    import sys
+    for line in sys.stdin:
+        try:
+            req = json.loads(line)
+            out = plot_results(req["csv"], req.get("out"))
+            reply = {"ok": None if out is None else str(out)}
+        except Exception as exc:  # reported to the parent, which warns; the child lives on
+            reply = {"error": f"{type(exc).__name__}: {exc}"}
+        sys.stdout.write(json.dumps(reply) + "\n")
+        sys.stdout.flush()
+
+
+# the child runs this file alone (matplotlib, not torch or the package), with the caller's folder
+# and the script's off sys.path so that no file there shadows a module it imports
+_CHILD = ("import sys; del sys.path[0]; import importlib.util as u; "
+          "s = u.spec_from_file_location('libreyolo_plots_child', sys.argv[1]); m = u.module_from_spec(s); "
+          "s.loader.exec_module(m); m.serve()")
+
+
+class PlotProcess:
+    """results.png drawn by a child interpreter that imports matplotlib alone.
+
+    A drawing in a thread of the trainer's process shares its interpreter lock with the step
+    loop: each time the loop waits on the device it must then wait for the lock as well, and the
+    first drawing (matplotlib's import) made the epoch beside it three times as long. The child
+    starts at the first :meth:`draw` and serves every later one; the caller (the trainer's
+    plotter thread) blocks on its reply without holding the lock. When the child cannot start or
+    dies, the drawing is done in this process (one debug line) from then on.
+    """
+
+    def __init__(self) -> None:
+        self._proc = None
+        self.failed: str | None = None
+
+    def _child(self):
+        if self._proc is None and self.failed is None:
+            import subprocess
+            import sys
+            try:
+                self._proc = subprocess.Popen([sys.executable, "-c", _CHILD, __file__], stdin=subprocess.PIPE,
+                                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                                              bufsize=1)
+            except OSError as exc:
+                self._fail(f"could not start: {exc}")
+        return self._proc
+
+    def _fail(self, why: str) -> None:
+        import logging
+        logging.getLogger("libreyolo").debug("libreyolo: results.png drawn in this process (plot child %s)", why)
+        self.failed = why
+        self.close()
+
+    def draw(self, csv_path: str | Path, out: str | Path | None = None) -> Path | None:
+        """:func:`plot_results` in the child; an error it reports (a full disk) is raised here."""
+        import json
+        proc = self._child()
+        if proc is not None:
+            try:
+                proc.stdin.write(json.dumps({"csv": str(csv_path), "out": None if out is None else str(out)}) + "\n")
+                proc.stdin.flush()
+                line = proc.stdout.readline()
+            except (OSError, ValueError):
+                line = ""
+            if line:
+                reply = json.loads(line)
+                if "error" in reply:
+                    raise RuntimeError(reply["error"])
+                return None if reply["ok"] is None else Path(reply["ok"])
+            self._fail(f"exited with {proc.poll()}")
+        return plot_results(csv_path, out)
+
+    def close(self) -> None:
+        """End the child (its stdin closed; killed if it has not exited within 10 s)."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        import subprocess
+        try:
+            proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()

@@ -1348,9 +1348,11 @@ class LoggingHook(Hook):
 
     def on_train_start(self, t: Trainer) -> None:
         from .background import BackgroundJob
+        from .plots import PlotProcess
         self._handler = None
         self._warned: set[str] = set()
-        self._plotter = BackgroundJob("plotter")
+        self._plotter = BackgroundJob("plotter")   # waits on the drawing child (or draws, without one)
+        self._child = PlotProcess() if self.plot_in_child else None
         # results.csv is rewritten whole (atomically) every epoch from these rows, so a full disk
         # or a kill never leaves half a line, and rows that could not be written are not lost.
         # A resumed run keeps the rows up to the epoch it resumes from: epochs it redoes (their
@@ -1394,12 +1396,11 @@ class LoggingHook(Hook):
             log.info("libreyolo: epoch %d/%d  %s  %s  (%.1f s)", epoch + 1, t.cfg.run.epochs,
                      "  ".join(f"{n} {v:.4f}" for n, v in zip(t.item_names, mloss.tolist())),
                      t.task.summary(metrics), state["time_s"])
-        # results.png costs a matplotlib figure (~0.1-0.2 s, the first one also matplotlib's
-        # import): drawn in a thread of its own while the next epoch trains, at most every
+        # results.png costs a matplotlib figure (the first one also matplotlib's import): drawn
+        # by a child interpreter (PlotProcess; a drawing in this one, even in a thread, slowed
+        # the epoch beside it by a second) while the next epoch trains, at most every
         # PLOT_EVERY_S (and never two at once), and at the end of the run. Not after the first
-        # epoch: one point is no curve, and the thread's import and drawing would share the
-        # interpreter with the next epoch's first steps, where the step's graphs are captured
-        # (Python-bound: a capture beside them took three times as long)
+        # epoch: one point is no curve
         if t.cfg.run.plots and csv_ok and len(self.rows) >= 2 \
                 and time.time() - getattr(self, "_plotted_at", 0.0) >= self.PLOT_EVERY_S and not self._plotter.busy():
             self._plotted_at, self._plotted_rows = time.time(), len(self.rows)
@@ -1407,12 +1408,17 @@ class LoggingHook(Hook):
 
     #: seconds between two drawings of results.png during a run (it is drawn at the end too)
     PLOT_EVERY_S = 30.0
+    #: draw results.png in a child interpreter (engine.plots.PlotProcess); False: in a thread here
+    plot_in_child = True
 
     def _plot(self, t: Trainer) -> None:
         """Draw results.png from results.csv (which is replaced whole, never read half-written)."""
         try:
-            from .plots import plot_results
-            plot_results(t.csv_path)
+            if self._child is not None:
+                self._child.draw(t.csv_path)
+            else:
+                from .plots import plot_results
+                plot_results(t.csv_path)
         except Exception as exc:  # a plot is never worth a failed run
             self._plotted_rows = -1   # drawn again at the next chance (the end at the latest)
             self._warn_once("plot", "libreyolo: could not draw results.png (training goes on; further "
@@ -1437,18 +1443,25 @@ class LoggingHook(Hook):
 
     def on_train_end(self, t: Trainer) -> None:
         plotter = getattr(self, "_plotter", None)
-        if plotter is not None:
-            plotter.close()   # _plot never raises: a failed drawing is a warning
-        if t.cfg.run.plots and t.history and getattr(self, "_plotted_rows", 0) != len(self.rows) \
-                and t.csv_path.is_file():
-            self._plotted_rows = len(self.rows)
-            self._plot(t)   # the last rows, if the last drawing came before them
-        evaluator = getattr(t, "last_evaluator", None)
-        if t.cfg.run.plots and evaluator is not None and t.history:
-            try:   # the last epoch's validation: PR curves, confusion matrix, a validation batch
-                evaluator.plot(t.run_dir)
-            except Exception as exc:  # a plot is never worth a failed run
-                log.warning("libreyolo: could not draw the validation plots: %s", exc)
+        if plotter is not None:   # on_train_start ran
+            try:
+                plotter.close()   # _plot never raises: a failed drawing is a warning
+                if t.cfg.run.plots and t.history and getattr(self, "_plotted_rows", 0) != len(self.rows) \
+                        and t.csv_path.is_file():
+                    self._plotted_rows = len(self.rows)
+                    # the last rows, if the last drawing came before them: in the child while this
+                    # process draws the validation plots
+                    plotter.submit(self._plot, t, what="results.png")
+                evaluator = getattr(t, "last_evaluator", None)
+                if t.cfg.run.plots and evaluator is not None and t.history:
+                    try:   # the last epoch's validation: PR curves, confusion matrix, a validation batch
+                        evaluator.plot(t.run_dir)
+                    except Exception as exc:  # a plot is never worth a failed run
+                        log.warning("libreyolo: could not draw the validation plots: %s", exc)
+                plotter.close()
+            finally:
+                if self._child is not None:
+                    self._child.close()
         if self._handler is not None:
             lib = logging.getLogger("libreyolo")
             lib.removeHandler(self._handler)

@@ -193,6 +193,7 @@ def test_full_disk_while_drawing_results_png(data, tmp_path, monkeypatch, caplog
         return real_savefig(self, fname, *args, **kwargs)
 
     monkeypatch.setattr(Figure, "savefig", savefig)
+    monkeypatch.setattr(T.LoggingHook, "plot_in_child", False)   # drawn here, where savefig is patched
     with caplog.at_level(logging.WARNING, logger="libreyolo"):
         res = resume(data, tmp_path, resume=False, plots=True)
     warned = [m for m in caplog.messages if "results.png" in m]
