@@ -461,7 +461,14 @@ class Model:
             raise ValueError(f"the dataset has {ds.nc} classes but the model predicts {self.nc}")
         t = Trainer(self, cfg)
         _, val_loader = t._loaders(ds)
-        metrics = t.validate(self.model, val_loader, progress=verbose)
+        # the evaluation's helper processes (detection: the classes dealt out to them, the same
+        # figures) start now and import while the split runs through the network
+        t.eval_pool = self.task.evaluation_pool(t.eval_processes) if t.eval_processes > 0 else None
+        try:
+            metrics = t.validate(self.model, val_loader, progress=verbose)
+        finally:
+            if t.eval_pool is not None:
+                t.eval_pool.close()
         if save_json:
             import json
             import os

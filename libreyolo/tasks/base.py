@@ -64,6 +64,10 @@ class Evaluator:
     def evaluate(self) -> dict[str, float]:
         raise NotImplementedError
 
+    #: helper processes a training run lends to :meth:`evaluate` (the task's
+    #: :meth:`Task.evaluation_pool`); None: it evaluates in the caller's process
+    pool: Any = None
+
     def plot(self, run_dir) -> list:
         """Pictures of the last evaluation written into ``run_dir`` (none by default)."""
         return []
@@ -221,6 +225,13 @@ class Task:
     # ------------------------------------------------------------ evaluation
     def evaluator(self, model, options: TaskOptions) -> Evaluator:
         raise NotImplementedError
+
+    def evaluation_pool(self, processes: int) -> Any:
+        """Helper processes (started now, ended by their ``close()``) that a training run's
+        evaluators use for every validation (``Evaluator.pool``), or None: the task's
+        evaluation is not worth spreading (the default). Their figures must equal the
+        in-process evaluation's exactly."""
+        return None
 
     def fitness(self, metrics: dict[str, float]) -> float:
         """The number ``best.pt`` maximises."""

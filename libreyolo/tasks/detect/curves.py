@@ -11,8 +11,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import torch
-from torchvision.ops import box_iou
+
+
+def box_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """(n, m) IoU of xyxy boxes, float64: torchvision's ``box_iou`` formula operation for
+    operation (the same values, bit for bit: a test compares them). Written in numpy because
+    the evaluation's child processes (:mod:`.evalpool`) run this module without torch, whose
+    import costs seconds per process."""
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    area_a = (a[:, 2] - a[:, 0]) * (a[:, 3] - a[:, 1])
+    area_b = (b[:, 2] - b[:, 0]) * (b[:, 3] - b[:, 1])
+    lt = np.maximum(a[:, None, :2], b[:, :2])
+    rb = np.minimum(a[:, None, 2:], b[:, 2:])
+    wh = np.clip(rb - lt, 0.0, None)
+    inter = wh[:, :, 0] * wh[:, :, 1]
+    return inter / (area_a[:, None] + area_b - inter)
 
 
 def _match(pred: np.ndarray, gt: np.ndarray, iou_thr: float) -> np.ndarray:
@@ -20,7 +33,7 @@ def _match(pred: np.ndarray, gt: np.ndarray, iou_thr: float) -> np.ndarray:
     tp = np.zeros(len(pred), dtype=bool)
     if not len(pred) or not len(gt):
         return tp
-    iou = box_iou(torch.as_tensor(pred[:, :4], dtype=torch.float64), torch.as_tensor(gt[:, 1:5], dtype=torch.float64)).numpy()
+    iou = box_iou(pred[:, :4], gt[:, 1:5])
     same = pred[:, 5:6].astype(np.int64) == gt[None, :, 0].astype(np.int64)
     iou = np.where(same, iou, 0.0)
     taken = np.zeros(len(gt), dtype=bool)
@@ -48,40 +61,60 @@ class PRSummary:
     r: float                     # mean recall over present classes at best_conf
 
 
-def pr_summary(preds: list[np.ndarray], gts: list[np.ndarray], nc: int, iou_thr: float = 0.5,
-               grid: int = 101) -> PRSummary:
-    """Precision and recall per class as functions of the confidence threshold."""
-    confs, tps, classes = [], [], []
+def pr_rows(preds: list[np.ndarray], gts: list[np.ndarray], nc: int, classes=None, iou_thr: float = 0.5,
+            grid: int = 101) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per-class precision and recall on the confidence grid, (k, G) each, and the ground-truth
+    instances (k,), for ``classes`` (ascending; default all ``nc``). A class's rows depend on
+    its own predictions and ground truths only (a prediction matches a ground truth of its
+    class), so rows computed for a subset equal the same rows of the whole."""
+    sub = None if classes is None else np.asarray(classes, dtype=np.int64)
+    ks = np.arange(nc) if sub is None else sub
+    confs, tps, labels = [], [], []
     n_gt = np.zeros(nc, dtype=np.int64)
     for pred, gt in zip(preds, gts):
         pred = np.asarray(pred, dtype=np.float64).reshape(-1, 6)
         gt = np.asarray(gt, dtype=np.float64).reshape(-1, 5)
+        if sub is not None:
+            pred = pred[np.isin(pred[:, 5].astype(np.int64), sub)]
+            gt = gt[np.isin(gt[:, 0].astype(np.int64), sub)]
         for c in gt[:, 0].astype(np.int64):
             if 0 <= c < nc:
                 n_gt[c] += 1
         confs.append(pred[:, 4])
         tps.append(_match(pred, gt, iou_thr))
-        classes.append(pred[:, 5].astype(np.int64))
+        labels.append(pred[:, 5].astype(np.int64))
     conf = np.concatenate(confs) if confs else np.zeros(0)
     tp = np.concatenate(tps) if tps else np.zeros(0, dtype=bool)
-    cls = np.concatenate(classes) if classes else np.zeros(0, dtype=np.int64)
+    cls = np.concatenate(labels) if labels else np.zeros(0, dtype=np.int64)
     g = np.linspace(0, 1, grid)
-    precision = np.zeros((nc, grid))
-    recall = np.zeros((nc, grid))
-    for c in range(nc):
+    precision = np.zeros((len(ks), grid))
+    recall = np.zeros((len(ks), grid))
+    for row, c in enumerate(ks):
         sel = cls == c
         above = conf[sel][None, :] >= g[:, None]              # (G, n_c)
         n_det = above.sum(1)
         n_tp = (above & tp[sel][None, :]).sum(1)
-        precision[c] = np.where(n_det > 0, n_tp / np.maximum(n_det, 1), 1.0)
-        recall[c] = n_tp / max(int(n_gt[c]), 1)
-    present = n_gt > 0
+        precision[row] = np.where(n_det > 0, n_tp / np.maximum(n_det, 1), 1.0)
+        recall[row] = n_tp / max(int(n_gt[c]), 1)
+    return precision, recall, n_gt[ks]
+
+
+def summarize_pr(precision: np.ndarray, recall: np.ndarray, n_gt: np.ndarray, grid: int = 101) -> PRSummary:
+    """:class:`PRSummary` of every class's rows (:func:`pr_rows`, in class order)."""
+    g = np.linspace(0, 1, grid)
+    present = np.asarray(n_gt) > 0
     if not present.any():
         return PRSummary(g, precision, recall, present, 0.0, 0.0, 0.0)
     p_mean, r_mean = precision[present].mean(0), recall[present].mean(0)
     f1 = 2 * p_mean * r_mean / np.maximum(p_mean + r_mean, 1e-12)
     best = int(np.argmax(f1))
     return PRSummary(g, precision, recall, present, float(g[best]), float(p_mean[best]), float(r_mean[best]))
+
+
+def pr_summary(preds: list[np.ndarray], gts: list[np.ndarray], nc: int, iou_thr: float = 0.5,
+               grid: int = 101) -> PRSummary:
+    """Precision and recall per class as functions of the confidence threshold."""
+    return summarize_pr(*pr_rows(preds, gts, nc, iou_thr=iou_thr, grid=grid), grid=grid)
 
 
 def confusion_matrix(preds: list[np.ndarray], gts: list[np.ndarray], nc: int, conf: float = 0.25,
@@ -103,7 +136,7 @@ def confusion_matrix(preds: list[np.ndarray], gts: list[np.ndarray], nc: int, co
             for c in pred_cls:
                 m[c, nc] += 1
             continue
-        iou = box_iou(torch.as_tensor(pred[:, :4]), torch.as_tensor(gt[:, 1:5])).numpy()
+        iou = box_iou(pred[:, :4], gt[:, 1:5])
         used_p, used_g = set(), set()
         for flat in np.argsort(-iou, axis=None, kind="stable"):   # best overlaps first, any class
             i, j = divmod(int(flat), len(gt))

@@ -9,14 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import io
+import sys
 from typing import Any
 
 import numpy as np
-
-try:  # torch is a dependency of the package, but the metrics do not need it
-    import torch
-except ImportError:  # pragma: no cover
-    torch = None
 
 INSTALL_HINT = "mAP needs faster-coco-eval (or pycocotools): pip install faster-coco-eval"
 
@@ -27,6 +23,9 @@ def _silent(*args: Any, **kwargs: Any) -> None:
 
 def _as_array(x: Any, cols: int) -> np.ndarray:
     """Tensor / array / list -> float64 (n, cols) array (an empty input gives (0, cols))."""
+    # torch only if already imported (a tensor implies it): the evaluation's child processes
+    # run this module without it
+    torch = sys.modules.get("torch")
     if torch is not None and isinstance(x, torch.Tensor):
         x = x.detach().float().cpu().numpy()
     a = np.asarray(x, dtype=np.float64)
@@ -110,6 +109,41 @@ def coco_inputs(predictions: list, ground_truths: list, nc: int) -> tuple[list, 
     return images, anns, dets, instances
 
 
+def coco_ap(predictions: list, ground_truths: list, nc: int, classes=None) -> tuple[np.ndarray, dict[int, np.ndarray]]:
+    """The ground-truth instances per class (nc,) and, for each scored class of ``classes``
+    (ascending; default all ``nc``) - one with ground truth -, its COCO AP at each IoU threshold
+    (T,). COCO scores each (image, class) pair on its own, so the APs of a subset evaluated
+    alone equal the same classes' APs of the whole split (what :mod:`.evalpool` relies on)."""
+    if classes is not None:
+        keep = set(int(c) for c in classes)
+        predictions = [a[np.isin(a[:, 5].astype(np.int64), list(keep))] for a in (_as_array(p, 6) for p in predictions)]
+        ground_truths = [a[np.isin(a[:, 0].astype(np.int64), list(keep))] for a in (_as_array(g, 5) for g in ground_truths)]
+    images, anns, dets, instances = coco_inputs(predictions, ground_truths, nc)
+    scored = [c for c in (range(nc) if classes is None else sorted(keep)) if instances[c] > 0]
+    if not scored or not dets:   # nothing detected: every scored class has AP 0 (and loadRes([]) can fail)
+        return instances, {c: np.zeros(10) for c in scored}
+    cats = range(nc) if classes is None else sorted(keep)
+    gt_dict = {"images": images, "annotations": anns, "categories": [{"id": c + 1, "name": str(c)} for c in cats]}
+    precision = _coco_precision(gt_dict, dets)           # (T, R, K, A, M); K follows category ids
+    p = precision[:, :, :, 0, -1]                        # area "all", maxDets 100 -> (T, R, K)
+    column = {c: k for k, c in enumerate(cats)}
+    return instances, {c: np.array([row[row > -1].mean() if (row > -1).any() else 0.0 for row in p[:, :, column[c]]])
+                       for c in scored}
+
+
+def summarize_ap(instances: np.ndarray, ap: dict[int, np.ndarray], nc: int, names: dict[int, str] | None = None) -> dict:
+    """:func:`evaluate_detections`' result from every class's :func:`coco_ap`."""
+    names = names or {}
+    label = {c: str(names.get(c, c)) for c in range(nc)}
+    present = [c for c in range(nc) if instances[c] > 0]
+    per_class = {label[c]: {"map50": float(ap[c][0]), "map50_95": float(ap[c].mean()), "instances": int(instances[c])}
+                 for c in present}
+    if not present:
+        return {"map50": 0.0, "map50_95": 0.0, "per_class": per_class}
+    return {"map50": float(np.mean([ap[c][0] for c in present])),
+            "map50_95": float(np.mean([ap[c].mean() for c in present])), "per_class": per_class}
+
+
 def evaluate_detections(predictions: list, ground_truths: list, nc: int,
                         names: dict[int, str] | None = None) -> dict:
     """COCO mAP50 and mAP50-95, overall and per class.
@@ -124,28 +158,4 @@ def evaluate_detections(predictions: list, ground_truths: list, nc: int,
     if len(predictions) != len(ground_truths):
         raise ValueError(f"{len(predictions)} prediction lists for {len(ground_truths)} images")
     _backend()   # fail early and clearly when no backend is installed
-    names = names or {}
-    label = {c: str(names.get(c, c)) for c in range(nc)}
-
-    images, anns, dets, instances = coco_inputs(predictions, ground_truths, nc)
-    present = [c for c in range(nc) if instances[c] > 0]
-    per_class = {label[c]: {"map50": 0.0, "map50_95": 0.0, "instances": int(instances[c])}
-                 for c in present}
-    if not present:
-        return {"map50": 0.0, "map50_95": 0.0, "per_class": per_class}
-    if not dets:   # nothing detected: every scored class has AP 0 (and loadRes([]) can fail)
-        return {"map50": 0.0, "map50_95": 0.0, "per_class": per_class}
-
-    gt_dict = {"images": images, "annotations": anns,
-               "categories": [{"id": c + 1, "name": label[c]} for c in range(nc)]}
-    precision = _coco_precision(gt_dict, dets)           # (T, R, K, A, M); K follows category ids
-    p = precision[:, :, :, 0, -1]                        # area "all", maxDets 100 -> (T, R, K)
-    ap50, ap = [], []
-    for c in present:
-        pc = p[:, :, c]
-        ap_t = np.array([row[row > -1].mean() if (row > -1).any() else 0.0 for row in pc])
-        per_class[label[c]]["map50"] = float(ap_t[0])
-        per_class[label[c]]["map50_95"] = float(ap_t.mean())
-        ap50.append(ap_t[0])
-        ap.append(ap_t.mean())
-    return {"map50": float(np.mean(ap50)), "map50_95": float(np.mean(ap)), "per_class": per_class}
+    return summarize_ap(*coco_ap(predictions, ground_truths, nc), nc, names)

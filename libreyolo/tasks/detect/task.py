@@ -205,8 +205,15 @@ class DetectionEvaluator(Evaluator):
         # in a training process's large heap, the collections they trigger cost more than the
         # evaluation itself
         with no_gc():
-            out = evaluate_detections(self.preds, self.gts, self.model.nc, self.model.names)
-            self.pr = pr_summary(self.preds, self.gts, self.model.nc)
+            # the run's pool (classes dealt out to child processes: the same figures) when it
+            # takes the split, else here
+            res = None if self.pool is None else self.pool.evaluate(self.preds, self.gts, self.model.nc,
+                                                                    self.model.names)
+            if res is None:
+                out = evaluate_detections(self.preds, self.gts, self.model.nc, self.model.names)
+                self.pr = pr_summary(self.preds, self.gts, self.model.nc)
+            else:
+                out, self.pr = res
         out["precision"], out["recall"] = self.pr.p, self.pr.r
         return out
 
@@ -336,6 +343,14 @@ class DetectTask(Task):
     # ------------------------------------------------------------ evaluation
     def evaluator(self, model, options: DetectOptions) -> DetectionEvaluator:
         return DetectionEvaluator(model, options)
+
+    def evaluation_pool(self, processes: int):
+        """:class:`~.evalpool.EvalPool`: the classes' COCO and PR figures computed in
+        ``processes`` child interpreters (at least two; else None)."""
+        if processes < 2:
+            return None
+        from .evalpool import EvalPool
+        return EvalPool(processes)
 
     def fitness(self, metrics) -> float:
         def nz(v):
