@@ -74,13 +74,6 @@ def serve() -> None:
         sys.stdout.flush()
 
 
-# the child runs this file alone (matplotlib, not torch or the package), with the caller's folder
-# and the script's off sys.path so that no file there shadows a module it imports
-_CHILD = ("import sys; del sys.path[0]; import importlib.util as u; "
-          "s = u.spec_from_file_location('libreyolo_plots_child', sys.argv[1]); m = u.module_from_spec(s); "
-          "s.loader.exec_module(m); m.serve()")
-
-
 class PlotProcess:
     """results.png drawn by a child interpreter that imports matplotlib alone.
 
@@ -98,12 +91,9 @@ class PlotProcess:
 
     def _child(self):
         if self._proc is None and self.failed is None:
-            import subprocess
-            import sys
+            from ..childproc import start_child
             try:
-                self._proc = subprocess.Popen([sys.executable, "-c", _CHILD, __file__], stdin=subprocess.PIPE,
-                                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                                              bufsize=1)
+                self._proc = start_child(__file__, "libreyolo_plots_child", text=True)
             except OSError as exc:
                 self._fail(f"could not start: {exc}")
         return self._proc
@@ -136,16 +126,6 @@ class PlotProcess:
     def close(self) -> None:
         """End the child (its stdin closed; killed if it has not exited within 10 s)."""
         proc, self._proc = self._proc, None
-        if proc is None:
-            return
-        import subprocess
-        try:
-            proc.stdin.close()
-        except OSError:
-            pass
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        proc.stdout.close()
+        if proc is not None:
+            from ..childproc import end_children
+            end_children([proc])

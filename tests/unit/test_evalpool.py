@@ -84,6 +84,21 @@ def test_the_pool_gives_the_in_process_figures_and_hands_back_when_it_fails():
         pool.close()
 
 
+def test_a_child_imports_numpy_and_faster_coco_eval_not_torch(tmp_path):
+    """The child runs evalpool.py with metrics.py and curves.py beside it, not the package."""
+    import json
+    import subprocess
+    import sys
+    from libreyolo import childproc
+    code = childproc._SNIPPET.replace("m.serve()", "m._siblings()[0]._backend(); import json; "
+                                      "print(json.dumps(sorted(sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code, evalpool.__file__, "evalpool_child"], capture_output=True,
+                         text=True, check=True, cwd=tmp_path).stdout
+    mods = set(json.loads(out))
+    assert "faster_coco_eval" in mods and "libreyolo_evalpool_curves" in mods
+    assert "torch" not in mods and "libreyolo" not in mods and "torchvision" not in mods
+
+
 def test_the_numpy_box_iou_is_torchvisions_bit_for_bit():
     rng = np.random.default_rng(3)
     a = rng.uniform(0, 300, (200, 4))

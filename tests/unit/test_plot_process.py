@@ -43,8 +43,9 @@ def test_the_child_draws_results_png_and_reports_an_error_the_parent_raises(tmp_
 
 def test_the_child_imports_matplotlib_alone_not_torch(tmp_path):
     """The child runs engine/plots.py by itself: neither torch nor the package is imported."""
-    code = plots._CHILD.replace("m.serve()", "import json; print(json.dumps(sorted(sys.modules)))")
-    out = subprocess.run([sys.executable, "-c", code, plots.__file__], capture_output=True, text=True,
+    from libreyolo import childproc
+    code = childproc._SNIPPET.replace("m.serve()", "import json; print(json.dumps(sorted(sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code, plots.__file__, "plots_child"], capture_output=True, text=True,
                          check=True, cwd=tmp_path).stdout
     mods = set(json.loads(out))
     assert "torch" not in mods and "libreyolo" not in mods and "numpy" not in mods

@@ -146,26 +146,18 @@ def serve() -> None:
         dst.flush()
 
 
-# the child runs this file alone, with the caller's folder and the script's off sys.path so that
-# no file there shadows a module it imports
-_CHILD = ("import sys; del sys.path[0]; import importlib.util as u; "
-          "s = u.spec_from_file_location('libreyolo_evalpool_child', sys.argv[1]); m = u.module_from_spec(s); "
-          "s.loader.exec_module(m); m.serve()")
-
-
 class EvalPool:
     """``processes`` child interpreters for :meth:`DetectionEvaluator.evaluate
     <libreyolo.tasks.detect.task.DetectionEvaluator.evaluate>`, started at once (they import
     numpy and faster-coco-eval while the run sets up) and ended by :meth:`close`."""
 
     def __init__(self, processes: int) -> None:
-        import subprocess
+        from ...childproc import start_child
         self.failed: str | None = None
         self._procs = []
         for _ in range(processes):
             try:
-                self._procs.append(subprocess.Popen([sys.executable, "-c", _CHILD, __file__], stdin=subprocess.PIPE,
-                                                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL))
+                self._procs.append(start_child(__file__, "libreyolo_evalpool_child"))
             except OSError as exc:
                 self._fail(f"could not start: {exc}")
                 break
@@ -213,17 +205,6 @@ class EvalPool:
 
     def close(self) -> None:
         """End the children (stdin closed; killed if not gone within 10 s)."""
-        import subprocess
+        from ...childproc import end_children
         procs, self._procs = self._procs, []
-        for proc in procs:
-            try:
-                proc.stdin.close()
-            except OSError:
-                pass
-        for proc in procs:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            proc.stdout.close()
+        end_children(procs)
