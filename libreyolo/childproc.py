@@ -22,10 +22,17 @@ def start_child(file: str, name: str, text: bool = False) -> subprocess.Popen:
                             bufsize=1 if text else -1)
 
 
-def end_children(procs: list, timeout: float = 10.0) -> None:
-    """Close each child's stdin (its ``serve()`` returns), then wait for it; one still running after
-    ``timeout`` seconds is killed."""
+def end_children(procs: list, quit: bytes | str, timeout: float = 10.0) -> None:
+    """Send each child its ``quit`` message (its ``serve()`` returns) and close its stdin, then wait
+    for it; one still running after ``timeout`` seconds is killed. The message, not the pipe's end,
+    ends a child: a process forked from ours after the child started (a DataLoader worker) holds
+    a copy of the pipe's write end, and the child would not see the end before that one exits."""
     for proc in procs:
+        try:
+            proc.stdin.write(quit)
+            proc.stdin.flush()
+        except (OSError, ValueError):
+            pass
         try:
             proc.stdin.close()
         except OSError:

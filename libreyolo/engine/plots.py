@@ -64,6 +64,8 @@ def serve() -> None:
     import json
     import sys
     for line in sys.stdin:
+        if line.strip() == "quit":   # childproc.end_children's message
+            return
         try:
             req = json.loads(line)
             out = plot_results(req["csv"], req.get("out"))
@@ -128,4 +130,4 @@ class PlotProcess:
         proc, self._proc = self._proc, None
         if proc is not None:
             from ..childproc import end_children
-            end_children([proc])
+            end_children([proc], "quit\n")

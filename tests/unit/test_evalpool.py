@@ -134,12 +134,40 @@ def test_a_training_run_with_the_pool_has_the_in_process_runs_history(tmp_path, 
         used.append(out is not None)
         return out
     monkeypatch.setattr(evalpool.EvalPool, "evaluate", spy)
+    ended = []
+    real_close = evalpool.EvalPool.close
+
+    def close(self):
+        procs = list(self._procs)
+        real_close(self)
+        ended.extend(p.returncode for p in procs)
+    monkeypatch.setattr(evalpool.EvalPool, "close", close)
     hist = {}
     for n in (0, 2):
         monkeypatch.setattr(T.Trainer, "eval_processes", n)
         model = LibreYOLO.new("yolo9", "t", nc=5, device="cpu", seed=0)
-        res = model.train(data=data, epochs=2, batch=8, imgsz=64, workers=0, project=str(tmp_path), name=f"p{n}",
+        # loader workers (forked after the pool started: they hold its pipes)
+        res = model.train(data=data, epochs=2, batch=8, imgsz=64, workers=2, project=str(tmp_path), name=f"p{n}",
                           warmup_epochs=1, verbose=False, plots=False, seed=0, nbs=16)
         hist[n] = [{k: v for k, v in r.items() if k.startswith(("metrics/", "val/", "train/"))} for r in res["history"]]
     assert used and all(used)                            # both epochs evaluated by the children
+    assert ended == [0, 0]                               # ended by their quit message, not killed
     assert hist[0] == hist[2]
+
+
+def test_the_pool_ends_while_a_forked_process_holds_its_pipes():
+    """A DataLoader worker forked after the pool started holds copies of the children's stdin
+    write ends, so the pipe's end never reaches them: the quit message ends them (exit status 0,
+    not the kill after the wait's timeout)."""
+    import multiprocessing as mp
+    import time
+    pool = evalpool.EvalPool(2)
+    holder = mp.get_context("fork").Process(target=time.sleep, args=(60,))
+    holder.start()
+    procs = list(pool._procs)
+    try:
+        pool.close()
+        assert [p.returncode for p in procs] == [0, 0]
+    finally:
+        holder.kill()
+        holder.join()

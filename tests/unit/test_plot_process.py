@@ -70,3 +70,21 @@ def test_a_child_that_cannot_start_draws_here(tmp_path, monkeypatch):
     child = PlotProcess()
     out = child.draw(_csv(tmp_path / "results.csv"))
     assert out.stat().st_size > 1000 and "no processes left" in child.failed
+
+
+def test_the_child_ends_while_a_forked_process_holds_its_pipe(tmp_path):
+    """The quit line ends the child though a process forked after it (a loader worker) holds its
+    stdin's write end (exit status 0, not the kill after the wait's timeout)."""
+    import multiprocessing as mp
+    import time
+    child = PlotProcess()
+    child.draw(_csv(tmp_path / "results.csv"))
+    holder = mp.get_context("fork").Process(target=time.sleep, args=(60,))
+    holder.start()
+    proc = child._proc
+    try:
+        child.close()
+        assert proc.returncode == 0
+    finally:
+        holder.kill()
+        holder.join()

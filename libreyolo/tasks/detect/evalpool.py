@@ -55,6 +55,8 @@ def _read(stream) -> dict | None:
     if len(head) < 8:
         return None
     (n,) = struct.unpack("<Q", head)
+    if n == 0:   # the quit message (EvalPool.close)
+        return None
     data = stream.read(n)
     if len(data) < n:
         return None
@@ -207,4 +209,4 @@ class EvalPool:
         """End the children (stdin closed; killed if not gone within 10 s)."""
         from ...childproc import end_children
         procs, self._procs = self._procs, []
-        end_children(procs)
+        end_children(procs, struct.pack("<Q", 0))
