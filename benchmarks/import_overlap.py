@@ -20,7 +20,7 @@ def cuda_up():
 arm = sys.argv[1]
 t1 = time.perf_counter()
 if arm == "serial":
-    import torchvision  # noqa
+    __import__("torchvision")   # the import is what is timed
     t_tv = time.perf_counter() - t1
     cuda_up()
     t_cuda = time.perf_counter() - t1 - t_tv
