@@ -126,7 +126,7 @@ class PlotProcess:
         return plot_results(csv_path, out)
 
     def close(self) -> None:
-        """End the child (its stdin closed; killed if it has not exited within 10 s)."""
+        """End the child (the quit line; killed if it has not exited within 10 s)."""
         proc, self._proc = self._proc, None
         if proc is not None:
             from ..childproc import end_children

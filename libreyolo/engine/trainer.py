@@ -933,9 +933,9 @@ class Trainer:
     #: collections for the run (engine.background.frozen_heap); False: Python's default
     freeze_heap: bool = True
     #: helper processes the validations' evaluation may use (Task.evaluation_pool: detection
-    #: deals its classes out to them, the same figures); 0: each evaluation in this process.
-    #: A quarter of the cores, at most 4 (none on a machine of fewer than 8)
-    eval_processes: int = min(4, (os.cpu_count() or 1) // 4) if (os.cpu_count() or 1) >= 8 else 0
+    #: deals its classes out to them, the same figures); below 2: each evaluation in this process.
+    #: A quarter of the cores, at most 4 (none on a machine of fewer than 8: a pool needs two)
+    eval_processes: int = min(4, (os.cpu_count() or 1) // 4)
 
     def _prepare_epoch(self, epoch: int) -> None:
         """What epoch ``epoch``'s batches depend on, then its loader iterator: the task's data phase
@@ -1307,7 +1307,7 @@ class EvaluationHook(Hook):
         t.metric_keys = list(t.task.empty_metrics())
         t.eval_pool = None
         main = t.dist is None or t.dist.is_main   # rank 0 alone validates
-        if main and t.cfg.run.val and len(t.val_set) > 0 and t.eval_processes > 0:
+        if main and t.cfg.run.val and len(t.val_set) > 0:
             t.eval_pool = t.task.evaluation_pool(t.eval_processes)
 
     def on_epoch_end(self, t: Trainer, state: dict) -> None:

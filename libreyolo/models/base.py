@@ -463,7 +463,7 @@ class Model:
         _, val_loader = t._loaders(ds)
         # the evaluation's helper processes (detection: the classes dealt out to them, the same
         # figures) start now and import while the split runs through the network
-        t.eval_pool = self.task.evaluation_pool(t.eval_processes) if t.eval_processes > 0 else None
+        t.eval_pool = self.task.evaluation_pool(t.eval_processes)
         try:
             metrics = t.validate(self.model, val_loader, progress=verbose)
         finally:

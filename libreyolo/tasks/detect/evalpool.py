@@ -128,7 +128,8 @@ def deal(weights: np.ndarray, parts: int) -> list[list[int]]:
 
 def serve() -> None:
     """The child's loop: a request (the flat rows of its classes) in, :func:`evaluate_chunk`'s
-    arrays out; stdin's end ends it. An error is sent back as ``{"error": message bytes}``."""
+    arrays out; the quit message (a zero length) or stdin's end ends it. An error is sent back as
+    ``{"error": message bytes}``."""
     src, dst = sys.stdin.buffer, sys.stdout.buffer
     metrics, _ = _siblings()   # imported before the first request
     try:
@@ -178,8 +179,10 @@ class EvalPool:
         """(metrics dict, PRSummary) of the split, as :func:`~.metrics.evaluate_detections` and
         :func:`~.curves.pr_summary` give them; None when the pool is not worth it (few rows, one
         class, no children) or has failed (the caller evaluates itself)."""
+        if self.failed is not None or len(self._procs) < 2 or nc < 2:
+            return None
         flat_p, flat_g = _flat(preds, 6), _flat(gts, 5)
-        if self.failed is not None or len(self._procs) < 2 or nc < 2 or len(flat_p) < MIN_ROWS:
+        if len(flat_p) < MIN_ROWS:
             return None
         weights = np.bincount(flat_p[:, 6].astype(np.int64).clip(0, nc), minlength=nc + 1)[:nc]
         groups = deal(weights, len(self._procs))
@@ -206,7 +209,7 @@ class EvalPool:
         return join_chunks(chunks, nc, names)
 
     def close(self) -> None:
-        """End the children (stdin closed; killed if not gone within 10 s)."""
+        """End the children (the quit message; killed if not gone within 10 s)."""
         from ...childproc import end_children
         procs, self._procs = self._procs, []
         end_children(procs, struct.pack("<Q", 0))

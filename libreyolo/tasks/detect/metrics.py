@@ -114,15 +114,14 @@ def coco_ap(predictions: list, ground_truths: list, nc: int, classes=None) -> tu
     (ascending; default all ``nc``) - one with ground truth -, its COCO AP at each IoU threshold
     (T,). COCO scores each (image, class) pair on its own, so the APs of a subset evaluated
     alone equal the same classes' APs of the whole split (what :mod:`.evalpool` relies on)."""
+    cats = list(range(nc)) if classes is None else sorted(set(int(c) for c in classes))
     if classes is not None:
-        keep = set(int(c) for c in classes)
-        predictions = [a[np.isin(a[:, 5].astype(np.int64), list(keep))] for a in (_as_array(p, 6) for p in predictions)]
-        ground_truths = [a[np.isin(a[:, 0].astype(np.int64), list(keep))] for a in (_as_array(g, 5) for g in ground_truths)]
+        predictions = [a[np.isin(a[:, 5].astype(np.int64), cats)] for a in (_as_array(p, 6) for p in predictions)]
+        ground_truths = [a[np.isin(a[:, 0].astype(np.int64), cats)] for a in (_as_array(g, 5) for g in ground_truths)]
     images, anns, dets, instances = coco_inputs(predictions, ground_truths, nc)
-    scored = [c for c in (range(nc) if classes is None else sorted(keep)) if instances[c] > 0]
+    scored = [c for c in cats if instances[c] > 0]
     if not scored or not dets:   # nothing detected: every scored class has AP 0 (and loadRes([]) can fail)
         return instances, {c: np.zeros(10) for c in scored}
-    cats = range(nc) if classes is None else sorted(keep)
     gt_dict = {"images": images, "annotations": anns, "categories": [{"id": c + 1, "name": str(c)} for c in cats]}
     precision = _coco_precision(gt_dict, dets)           # (T, R, K, A, M); K follows category ids
     p = precision[:, :, :, 0, -1]                        # area "all", maxDets 100 -> (T, R, K)
