@@ -20,7 +20,8 @@ Decoder: each stage map is projected to ``decoder_dim`` channels by a linear lay
 upsampled bilinearly (align_corners=False) to the first stage's 1/4 resolution, and the four
 maps are concatenated deepest stage first (stage 3, 2, 1, 0); then 1x1 conv -> BatchNorm ->
 ReLU -> dropout -> 1x1 classifier. ``forward`` upsamples those 1/4-resolution logits to the
-input size.
+input size. Every upsampling goes through ``ops.interpolate.resize_bilinear``: the same forward
+as ``F.interpolate``, and a backward that is deterministic (torch's sums with atomics).
 
 Input: RGB in [0, 1]; the network normalizes it with the ImageNet mean / std held in
 non-persistent buffers (so they are not part of the checkpoint layout). All shapes derive
@@ -33,6 +34,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from ...ops.interpolate import resize_bilinear
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -216,7 +219,7 @@ class DecodeHead(nn.Module):
 
     def forward(self, feats: list[torch.Tensor]) -> torch.Tensor:
         size = feats[0].shape[-2:]
-        maps = [F.interpolate(proj(f), size=size, mode="bilinear", align_corners=False)
+        maps = [resize_bilinear(proj(f), size)
                 for proj, f in zip(self.linear_projections, feats)]
         x = self.linear_fuse(torch.cat(maps[::-1], 1))
         x = self.dropout(F.relu(self.batch_norm(x)))
@@ -245,4 +248,4 @@ class SegformerNet(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         logits = self.forward_features(x)
-        return F.interpolate(logits, size=x.shape[-2:], mode="bilinear", align_corners=False)
+        return resize_bilinear(logits, x.shape[-2:])
