@@ -161,10 +161,7 @@ GRAPH_PENDING: dict[str, str] = {}
 # Families whose training capture is built but not declared (SUPPORTS_CUDA_GRAPH_TRAIN False): the
 # GPU training rows of tests/gpu/test_tasks_gpu.py run for them too, marked xfail(strict=False) -
 # the report shows which rows pass (XPASS) and which do not. Family -> why it is not declared.
-TRAIN_PENDING: dict[str, str] = {
-    "segformer": "the 20-step whole-step curve left eager's spread once (session 8 run 4: 8.93e-4 against "
-                 "2 x 4.13e-4; run 2 passed); docs/families.md, Semantic segmentation",
-}
+TRAIN_PENDING: dict[str, str] = {}
 # (family, size) exported to ONNX and compared with eager predict through onnxruntime on the CPU
 # (tests/unit/test_export_onnx.py): every family, in every run (each costs 5-25 s of export on
 # two cores); scripts/onnx_parity.py prints the table of all.

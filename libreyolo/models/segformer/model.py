@@ -23,10 +23,12 @@ class Segformer(Model):
     FAMILY = "segformer"
     TASK = "semantic"
     DEFAULT_NC = 150   # ADE20K, the label set of the published checkpoints
-    # Declared after the GPU parity protocol passed (predict stages fp32 and AMP, batch 1 and 8):
-    # see docs/families.md. Training capture is not declared: its step-0 checks pass, but the
-    # 20-step curve once left eager's spread (docs/families.md, Semantic segmentation).
+    # Declared after the GPU parity protocol passed (predict stages fp32 and AMP, batch 1 and 8;
+    # training: step-0 loss and buffers, the whole step, the 20-step curve equal to eager's under
+    # cuDNN's deterministic kernels, the bilinear upsampling's backward made deterministic by
+    # ops.interpolate): see docs/families.md, Semantic segmentation.
     SUPPORTS_CUDA_GRAPH = True
+    SUPPORTS_CUDA_GRAPH_TRAIN = True
     WHOLE_STEP_OPTIMIZERS = ("sgd", "adamw")   # the step-0 checks passed with both; AdamW is the recipe's
     SIZES = tuple(CONFIGS)
     FILE_PREFIX = "LibreSegformer"   # the LibreYOLO checkpoint names: LibreSegformerb0.pt, ...
