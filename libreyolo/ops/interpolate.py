@@ -8,11 +8,10 @@ implementation). :func:`resize_bilinear` keeps ``F.interpolate``'s forward (the 
 same output bits) and computes the backward as what it is, a separable linear map:
 ``grad_in = A_h^T @ grad_out @ A_w``, where ``A_h`` (out_h x in_h) and ``A_w`` hold the
 interpolation weights. Two matrix products reduce in a fixed order, so the gradient is the same
-bits on every run and under capture. On CUDA the first product (the large one, over the output
-width) runs in the gradient's own dtype, whose GEMM accumulates in float32, so a half-precision
-step reads its large output gradient once, with no float32 copy of it; the second product (a
-fraction of the size) runs in float32. On the CPU both run in float32 (its half-precision GEMMs
-are less exact, and its memory traffic is not the point there).
+bits on every run and under capture. Both run in float32 whatever the gradient's dtype, and the
+result is rounded once to it: a half-precision first product would round its intermediate too,
+which measured several times further from a float64 reference than that one rounding, for little
+time saved (docs/families.md, Semantic segmentation).
 
 The weights follow the kernel's index rule for ``align_corners=False`` and an output size (scale
 ``in / out``): source ``(dst + 0.5) * scale - 0.5`` clamped at 0, its floor and the next index
@@ -50,24 +49,23 @@ class _ResizeBilinear(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         (hi, wi), (ho, wo) = ctx.in_size, tuple(grad.shape[-2:])
-        first = grad.dtype if grad.is_cuda else torch.float32
-        a_w = _weights(wi, wo, grad.device, first)
-        a_h = _weights(hi, ho, grad.device, torch.float32)
-        g = torch.matmul(grad.to(first), a_w)                          # (..., ho, wi)
-        g = torch.matmul(a_h.t(), g.float())                           # (..., hi, wi)
+        a_w = _weights(wi, wo, grad.device)
+        a_h = _weights(hi, ho, grad.device)
+        g = torch.matmul(grad.float(), a_w)                            # (..., ho, wi)
+        g = torch.matmul(a_h.t(), g)                                   # (..., hi, wi)
         return g.to(ctx.dtype), None
 
 
-_CACHE: dict[tuple[int, int, torch.device, torch.dtype], torch.Tensor] = {}
+_CACHE: dict[tuple[int, int, torch.device], torch.Tensor] = {}
 
 
-def _weights(n_in: int, n_out: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """The weights, kept per (sizes, device, dtype) when built outside a capture: one built while
+def _weights(n_in: int, n_out: int, device: torch.device) -> torch.Tensor:
+    """The float32 weights, kept per (sizes, device) when built outside a capture: one built while
     capturing lives in the graph's memory pool, so it is recorded into the graph, never kept."""
-    key = (n_in, n_out, device, dtype)
+    key = (n_in, n_out, device)
     w = _CACHE.get(key)
     if w is None:
-        w = bilinear_weights(n_in, n_out, device, dtype)
+        w = bilinear_weights(n_in, n_out, device)
         if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
             _CACHE[key] = w
     return w

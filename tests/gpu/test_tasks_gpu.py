@@ -174,7 +174,7 @@ def _nc(spec, task_batches):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_resize_bilinear_backward_is_the_same_bits_every_run_and_in_a_graph(dtype):
+def test_resize_bilinear_backward_is_the_same_bits_every_run_and_in_a_graph(dtype, record_property):
     """SegFormer's upsampling (ops.interpolate): F.interpolate's forward bits; a backward that is
     the same bits on every eager run and replayed on another input (torch's own backward sums with
     atomics), and within one rounding of a float64 reference (torch's bf16 backward accumulates in
@@ -200,8 +200,14 @@ def test_resize_bilinear_backward_is_the_same_bits_every_run_and_in_a_graph(dtyp
     x64 = x.detach().double().requires_grad_(True)
     out64 = torch.nn.functional.interpolate(x64, size=(128, 128), mode="bilinear", align_corners=False)
     ref_grad = torch.autograd.grad(out64, x64, g.double())[0]
-    err = ((runs[0][1].double() - ref_grad).abs() / (ref_grad.abs() + 1)).max().item()
-    assert err <= (1e-5 if dtype == torch.float32 else 1e-2), f"backward off the float64 reference: {err}"
+    off = lambda h: ((h.double() - ref_grad).abs() / (ref_grad.abs() + 1)).max().item()  # noqa: E731
+    err = off(runs[0][1])
+    xt = x.detach().clone().requires_grad_(True)
+    torch.nn.functional.interpolate(xt, size=(128, 128), mode="bilinear", align_corners=False).backward(g)
+    record_property("err", err)
+    record_property("torch_err", off(xt.grad))   # torch's own backward, for docs/families.md
+    # float32 products rounded once to the dtype: one bf16 rounding is at most 2**-8 (0.0039) of the value
+    assert err <= (1e-5 if dtype == torch.float32 else 4e-3), f"backward off the float64 reference: {err}"
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
