@@ -14,6 +14,10 @@ _SNIPPET = ("import sys; del sys.path[0]; import importlib.util as u; "
             "sys.modules[sys.argv[2]] = m; s.loader.exec_module(m); m.serve()")
 
 
+class ChildGone(RuntimeError):
+    """A child exited with a request in flight (its caller does the work in its own process)."""
+
+
 def start_child(file: str, name: str, text: bool = False) -> subprocess.Popen:
     """``file``'s ``serve()`` in a new interpreter (the module named ``name`` there), its stdin and
     stdout piped (text lines, or bytes), its stderr dropped; OSError when it cannot start."""

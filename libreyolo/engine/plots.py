@@ -3,7 +3,9 @@
 Drawn on a bare :class:`matplotlib.figure.Figure` (rendered by Agg at ``savefig``), not through
 pyplot: no global figure registry - so it can draw in any thread - and no pyplot import, which is
 most of matplotlib's import time. During training it draws in a child interpreter
-(:class:`PlotProcess`): this file imports nothing of the package, so the child runs it alone."""
+(:class:`PlotProcess`): this file imports nothing of the package, so the child runs it alone. The
+child also runs a task's own drawing function from a file of its own that imports no more than
+numpy and matplotlib (:meth:`PlotProcess.send`: the detection evaluator's curves)."""
 from __future__ import annotations
 
 import csv
@@ -57,19 +59,37 @@ def plot_results(csv_path: str | Path, out: str | Path | None = None) -> Path | 
     return out
 
 
+def _call(request: dict, modules: dict):
+    """``fn(**kwargs)`` of the module in ``file`` (loaded once, alone, like this file)."""
+    import importlib.util
+    file = request["file"]
+    mod = modules.get(file)
+    if mod is None:
+        spec = importlib.util.spec_from_file_location(f"libreyolo_plots_{len(modules)}", file)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        modules[file] = mod
+    return getattr(mod, request["fn"])(**request.get("kwargs", {}))
+
+
 def serve() -> None:
     """The child's loop (:class:`PlotProcess`): one JSON request per stdin line, ``{"csv": ...,
-    "out": ...}``, one JSON reply per stdout line, ``{"ok": path or null}`` or ``{"error": text}``;
-    stdin's end ends it."""
+    "out": ...}`` (:func:`plot_results`) or ``{"call": {"file", "fn", "kwargs"}}`` (a task's
+    drawing function), one JSON reply per stdout line, ``{"ok": result}`` (a path or null, or the
+    function's JSON result) or ``{"error": text}``; the line ``quit`` ends it."""
     import json
     import sys
+    modules: dict = {}
     for line in sys.stdin:
         if line.strip() == "quit":   # childproc.end_children's message
             return
         try:
             req = json.loads(line)
-            out = plot_results(req["csv"], req.get("out"))
-            reply = {"ok": None if out is None else str(out)}
+            if "call" in req:
+                reply = {"ok": _call(req["call"], modules)}
+            else:
+                out = plot_results(req["csv"], req.get("out"))
+                reply = {"ok": None if out is None else str(out)}
         except Exception as exc:  # reported to the parent, which warns; the child lives on
             reply = {"error": f"{type(exc).__name__}: {exc}"}
         sys.stdout.write(json.dumps(reply) + "\n")
@@ -88,8 +108,10 @@ class PlotProcess:
     """
 
     def __init__(self) -> None:
+        import threading
         self._proc = None
         self.failed: str | None = None
+        self._busy = threading.Lock()   # held from a send to its reply: one request at a time
 
     def _child(self):
         if self._proc is None and self.failed is None:
@@ -102,28 +124,60 @@ class PlotProcess:
 
     def _fail(self, why: str) -> None:
         import logging
-        logging.getLogger("libreyolo").debug("libreyolo: results.png drawn in this process (plot child %s)", why)
+        logging.getLogger("libreyolo").debug("libreyolo: plots drawn in this process from now on (plot child %s)", why)
         self.failed = why
         self.close()
 
     def draw(self, csv_path: str | Path, out: str | Path | None = None) -> Path | None:
         """:func:`plot_results` in the child; an error it reports (a full disk) is raised here."""
-        import json
-        proc = self._child()
-        if proc is not None:
+        from ..childproc import ChildGone
+        reply = self.send({"csv": str(csv_path), "out": None if out is None else str(out)})
+        if reply is not None:
             try:
-                proc.stdin.write(json.dumps({"csv": str(csv_path), "out": None if out is None else str(out)}) + "\n")
-                proc.stdin.flush()
+                ok = reply()
+            except ChildGone:
+                return plot_results(csv_path, out)
+            return None if ok is None else Path(ok)
+        return plot_results(csv_path, out)
+
+    def send(self, request: dict):
+        """Send ``request`` to the child at once and return a function that waits for its reply
+        (the drawing's result; an error the child reports is raised as RuntimeError, the child's
+        exit before it replied as :class:`~libreyolo.childproc.ChildGone`); None when there is no
+        child or it died (the caller then draws in this process). ``{"call": {"file", "fn", "kwargs"}}``
+        asks for ``fn(**kwargs)`` of the module ``file``, which must import no more than numpy and
+        matplotlib. One request at a time: the reply's function is called before the next send."""
+        import json
+
+        from ..childproc import ChildGone
+        self._busy.acquire()
+        proc = self._child()
+        if proc is None:
+            self._busy.release()
+            return None
+        try:
+            proc.stdin.write(json.dumps(request) + "\n")
+            proc.stdin.flush()
+        except (OSError, ValueError):
+            self._fail(f"exited with {proc.poll()}")
+            self._busy.release()
+            return None
+
+        def reply():
+            try:
                 line = proc.stdout.readline()
             except (OSError, ValueError):
                 line = ""
-            if line:
-                reply = json.loads(line)
-                if "error" in reply:
-                    raise RuntimeError(reply["error"])
-                return None if reply["ok"] is None else Path(reply["ok"])
-            self._fail(f"exited with {proc.poll()}")
-        return plot_results(csv_path, out)
+            finally:
+                self._busy.release()
+            if not line:
+                self._fail(f"exited with {proc.poll()}")
+                raise ChildGone("the plot child exited before it replied")
+            answer = json.loads(line)
+            if "error" in answer:
+                raise RuntimeError(answer["error"])
+            return answer["ok"]
+        return reply
 
     def close(self) -> None:
         """End the child (the quit line; killed if it has not exited within 10 s)."""

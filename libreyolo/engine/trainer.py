@@ -1458,18 +1458,22 @@ class LoggingHook(Hook):
         if plotter is not None:   # on_train_start ran
             try:
                 plotter.close()   # _plot never raises: a failed drawing is a warning
-                if t.cfg.run.plots and t.history and getattr(self, "_plotted_rows", 0) != len(self.rows) \
-                        and t.csv_path.is_file():
-                    self._plotted_rows = len(self.rows)
-                    # the last rows, if the last drawing came before them: in the child while this
-                    # process draws the validation plots
-                    plotter.submit(self._plot, t, what="results.png")
                 evaluator = getattr(t, "last_evaluator", None)
                 if t.cfg.run.plots and evaluator is not None and t.history:
-                    try:   # the last epoch's validation: PR curves, confusion matrix, a validation batch
+                    # the last epoch's validation: PR curves, confusion matrix, a validation batch;
+                    # the matplotlib figures in the child (warm) while this process draws the rest
+                    child = self._child if self._child is not None and self._child.failed is None else None
+                    evaluator.plotter = child
+                    try:
                         evaluator.plot(t.run_dir)
                     except Exception as exc:  # a plot is never worth a failed run
                         log.warning("libreyolo: could not draw the validation plots: %s", exc)
+                    finally:
+                        evaluator.plotter = None
+                if t.cfg.run.plots and t.history and getattr(self, "_plotted_rows", 0) != len(self.rows) \
+                        and t.csv_path.is_file():
+                    self._plotted_rows = len(self.rows)
+                    plotter.submit(self._plot, t, what="results.png")   # the last rows, if drawn before them
                 plotter.close()
             finally:
                 if self._child is not None:

@@ -67,6 +67,9 @@ class Evaluator:
     #: helper processes a training run lends to :meth:`evaluate` (the task's
     #: :meth:`Task.evaluation_pool`); None: it evaluates in the caller's process
     pool: Any = None
+    #: a training run's plot child (engine.plots.PlotProcess) that :meth:`plot` may hand its
+    #: matplotlib figures to (set by the trainer for the run's last plots), or None
+    plotter: Any = None
 
     def plot(self, run_dir) -> list:
         """Pictures of the last evaluation written into ``run_dir`` (none by default)."""

@@ -164,3 +164,56 @@ def test_evaluator_takes_the_stage_s_packed_detections_as_its_host_nms_rows():
     assert [p.shape[0] for p in host.preds] == [p.shape[0] for p in dev.preds] and host.preds[0].shape[0] > 5
     assert all(np.array_equal(a, b) for a, b in zip(host.preds, dev.preds))
     assert dev.stage_tag == (0.3, opts.val_iou, 20)
+
+
+def _evaluator():
+    import torch
+
+    from libreyolo import LibreYOLO
+    from libreyolo.tasks.detect import DetectOptions
+    from libreyolo.tasks.detect.task import DetectionEvaluator
+    m = LibreYOLO.new("yolox", "n", nc=3, device="cpu", seed=0)
+    ev = DetectionEvaluator(m, DetectOptions())
+    ev.preds, ev.gts = perfect(), GT
+    ev.first_batch = torch.randint(0, 255, (2, 3, 96, 96), dtype=torch.uint8, generator=torch.Generator().manual_seed(0)).numpy()
+    return ev
+
+
+def test_the_plot_child_draws_the_curves_as_this_process_would(tmp_path):
+    """With a plot child the two matplotlib figures come from it (the same pictures, the arrays'
+    file removed) and this process draws the batch pictures."""
+    from libreyolo.engine.plots import PlotProcess
+    ev = _evaluator()
+    (tmp_path / "here").mkdir()
+    (tmp_path / "child").mkdir()
+    here = [p.read_bytes() for p in ev.plot(tmp_path / "here")]
+    child = PlotProcess()
+    ev.plotter = child
+    try:
+        paths = ev.plot(tmp_path / "child")
+        assert child._proc is not None and child.failed is None   # it did draw in the child
+    finally:
+        child.close()
+    assert [p.name for p in paths] == ["pr_curve.png", "confusion_matrix.png", "val_batch0_labels.jpg",
+                                       "val_batch0_pred.jpg"]
+    assert [p.read_bytes() for p in paths] == here
+    assert sorted(p.name for p in (tmp_path / "child").iterdir()) == sorted(p.name for p in paths)
+
+
+def test_a_plot_child_that_dies_leaves_the_curves_to_this_process(tmp_path, monkeypatch):
+    from libreyolo.engine.plots import PlotProcess
+    ev = _evaluator()
+    child = PlotProcess()
+    real_send = child.send
+
+    def send_then_die(request):
+        reply = real_send({"csv": "/no/such/file"})   # a request in flight ...
+        child._proc.kill()                              # ... when the child dies
+        child._proc.wait()
+        return reply
+    monkeypatch.setattr(child, "send", send_then_die)
+    ev.plotter = child
+    paths = ev.plot(tmp_path)
+    assert [p.name for p in paths][:2] == ["pr_curve.png", "confusion_matrix.png"]
+    assert all(p.stat().st_size > 1000 for p in paths) and child.failed is not None
+    assert not (tmp_path / ".curves.npz").exists()

@@ -67,8 +67,10 @@ def test_two_epochs_falling_loss_checkpoints_csv_png(tmp_path, shapes160):
     total = [sum(l) for l in res["losses"]]
     assert total[-1] < total[0], total
     run = tmp_path / "run"
-    for f in ("weights/last.pt", "weights/best.pt", "results.csv", "results.png"):
-        assert (run / f).exists(), f
+    for f in ("weights/last.pt", "weights/best.pt", "results.csv", "results.png", "pr_curve.png",
+              "confusion_matrix.png", "val_batch0_labels.jpg", "val_batch0_pred.jpg"):
+        assert (run / f).exists(), f   # the curves drawn by the plot child, the batch pictures here
+    assert not (run / ".curves.npz").exists()
     rows = list(csv.DictReader((run / "results.csv").open()))
     assert [int(r["epoch"]) for r in rows] == [1, 2]
     for n in res["loss_names"]:   # the validation loss beside the training one, same terms

@@ -1,11 +1,21 @@
-"""Pictures of a detection validation: PR curves, the confusion matrix, a validation batch."""
+"""Pictures of a detection validation: PR curves, the confusion matrix, a validation batch.
+
+The two matplotlib figures (:func:`plot_curves`) import nothing of the package at run time, so
+the training run's plot child (:class:`~libreyolo.engine.plots.PlotProcess`) draws them from the
+arrays :func:`save_curves` wrote (:func:`draw_saved_curves`), while the trainer's process draws
+the batch pictures (PIL, through ``Results.plot``) and never imports matplotlib."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .curves import PRSummary
+if TYPE_CHECKING:
+    from .curves import PRSummary
+
+#: the fields of a PRSummary that :func:`save_curves` keeps
+CURVE_FIELDS = ("conf_grid", "precision", "recall", "present", "best_conf", "p", "r")
 
 
 def _figure(**kw):
@@ -54,6 +64,32 @@ def plot_confusion_matrix(matrix: np.ndarray, names: dict[int, str], path: Path,
     fig.tight_layout()
     fig.savefig(path)
     return path
+
+
+def plot_curves(pr: PRSummary, matrix: np.ndarray, names: dict[int, str], run_dir: str | Path,
+                conf: float) -> list[Path]:
+    """pr_curve.png and confusion_matrix.png in ``run_dir``."""
+    run_dir = Path(run_dir)
+    return [plot_pr_curves(pr, names, run_dir / "pr_curve.png"),
+            plot_confusion_matrix(matrix, names, run_dir / "confusion_matrix.png", conf)]
+
+
+def save_curves(path: str | Path, pr: PRSummary, matrix: np.ndarray) -> None:
+    """What :func:`plot_curves` draws, as one uncompressed ``.npz`` at ``path``."""
+    np.savez(path, matrix=matrix, **{f: np.asarray(getattr(pr, f)) for f in CURVE_FIELDS})
+
+
+def draw_saved_curves(npz: str, run_dir: str, names: dict[str, str], conf: float) -> list[str]:
+    """The plot child's entry: :func:`plot_curves` from the file :func:`save_curves` wrote, which
+    is removed (also when the drawing fails); ``names`` as JSON has string keys."""
+    from types import SimpleNamespace
+    try:
+        with np.load(npz) as z:
+            pr = SimpleNamespace(**{f: z[f] if z[f].ndim else z[f].item() for f in CURVE_FIELDS})
+            matrix = z["matrix"]
+    finally:
+        Path(npz).unlink(missing_ok=True)
+    return [str(p) for p in plot_curves(pr, matrix, {int(k): v for k, v in names.items()}, run_dir, conf)]
 
 
 def plot_batch(images: np.ndarray, boxes: list[np.ndarray], names: dict[int, str], path: Path,

@@ -259,23 +259,55 @@ class DetectionEvaluator(Evaluator):
         return out
 
     def plot(self, run_dir) -> list:
-        """pr_curve.png, confusion_matrix.png, val_batch0_labels.jpg, val_batch0_pred.jpg."""
+        """pr_curve.png, confusion_matrix.png, val_batch0_labels.jpg, val_batch0_pred.jpg.
+
+        With :attr:`plotter` (a training run's plot child) the two matplotlib figures are drawn
+        there while this process draws the batch pictures; without one, or when it is gone,
+        all four here."""
         from pathlib import Path
 
+        from . import plots
         from .curves import confusion_matrix
-        from .plots import plot_batch, plot_confusion_matrix, plot_pr_curves
         run_dir, names, nc = Path(run_dir), self.model.names, self.model.nc
         if self.pr is None:
             self.evaluate()
-        out = [plot_pr_curves(self.pr, names, run_dir / "pr_curve.png"),
-               plot_confusion_matrix(confusion_matrix(self.preds, self.gts, nc, self.PLOT_CONF), names,
-                                     run_dir / "confusion_matrix.png", self.PLOT_CONF)]
-        if self.first_batch is not None:
-            n = len(self.first_batch)
-            out.append(plot_batch(self.first_batch, self.gts[:n], names, run_dir / "val_batch0_labels.jpg", False))
-            preds = [p[p[:, 4] >= self.PLOT_CONF] for p in self.preds[:n]]
-            out.append(plot_batch(self.first_batch, preds, names, run_dir / "val_batch0_pred.jpg", True))
-        return out
+        matrix = confusion_matrix(self.preds, self.gts, nc, self.PLOT_CONF)
+        reply = None
+        if self.plotter is not None:
+            npz = run_dir / ".curves.npz"
+            plots.save_curves(npz, self.pr, matrix)
+            reply = self.plotter.send({"call": {"file": plots.__file__, "fn": "draw_saved_curves", "kwargs": {
+                "npz": str(npz), "run_dir": str(run_dir), "names": {str(k): v for k, v in names.items()},
+                "conf": self.PLOT_CONF}}})
+            if reply is None:
+                npz.unlink(missing_ok=True)
+        batch = []
+        try:
+            if self.first_batch is not None:
+                n = len(self.first_batch)
+                batch.append(plots.plot_batch(self.first_batch, self.gts[:n], names,
+                                              run_dir / "val_batch0_labels.jpg", False))
+                preds = [p[p[:, 4] >= self.PLOT_CONF] for p in self.preds[:n]]
+                batch.append(plots.plot_batch(self.first_batch, preds, names, run_dir / "val_batch0_pred.jpg", True))
+        finally:
+            curves = self._curves_reply(reply, run_dir)   # the child's reply is always read
+        if curves is None:
+            curves = plots.plot_curves(self.pr, matrix, names, run_dir, self.PLOT_CONF)
+        return curves + batch
+
+    @staticmethod
+    def _curves_reply(reply, run_dir) -> list | None:
+        """The curves' paths from the plot child; None when there was no child or it died."""
+        from pathlib import Path
+
+        from ...childproc import ChildGone
+        if reply is None:
+            return None
+        try:
+            return [Path(p) for p in reply()]
+        except ChildGone:
+            (Path(run_dir) / ".curves.npz").unlink(missing_ok=True)
+            return None
 
 
 class DetectTask(Task):
