@@ -52,13 +52,15 @@ cli() {   # the 30-epoch CLI process timed for each arm of $CLI_ARMS, a fresh pr
   python3 -c "from libreyolo.data.datasets import resolve_data; resolve_data('shapes')" > "$OUT/train.log" 2>&1
   TIMEFORMAT='process wall %R s'
   local i=0
-  for arm in ${CLI_ARMS:-plain gpu_augment}; do   # a fresh process each, from interpreter start to its exit
+  # a fresh process each, from interpreter start to its exit; entry() as the libreyolo program
+  # (the console script, python -m libreyolo.cli): it ends without the interpreter's teardown
+  for arm in ${CLI_ARMS:-plain gpu_augment}; do
     extra=""; [ "$arm" = gpu_augment ] && extra="gpu_augment=true"
     pre=""; [ "$arm" = nofreeze ] && pre="import libreyolo.engine.trainer as T; T.Trainer.freeze_heap = False"
     [ "$arm" = nopool ] && pre="import libreyolo.engine.trainer as T; T.Trainer.eval_processes = 0"
     i=$((i + 1)); [ -e "$OUT/train-cli-$arm.log" ] && arm="$arm-$i"   # an arm named twice: cold, then warm
     { time timeout "${T_CLI:-100}" python3 -c "import sys; $pre
-from libreyolo.cli import main; sys.exit(main(sys.argv[1:]))" train model=yolo9t data=shapes epochs=30 batch=16 \
+from libreyolo.cli import entry; entry()" train model=yolo9t data=shapes epochs=30 batch=16 \
         imgsz=320 cuda_graph=true project=/tmp/runs name="cli-$arm" exist_ok=true $extra \
         > "$OUT/train-cli-$arm.log" 2>&1; echo "cli $arm rc=$?" >> "$OUT/train-cli-$arm.log"; } 2>> "$OUT/train-cli-$arm.log"
     cp "/tmp/runs/cli-$arm/results.csv" "$OUT/train-cli-$arm.csv" 2>/dev/null
@@ -119,7 +121,7 @@ quality)
       extra=""; [ "$arm" != plain ] && extra="gpu_augment=true"
       pool=""; [ "$arm" = gpu_augment_local ] && pool="g.POOL_IMAGES = 0"
       timeout "${T_CLI:-100}" python3 -c "import sys; import libreyolo.data.gpu_augment as g; $pool
-from libreyolo.cli import main; sys.exit(main(sys.argv[1:]))" train model=yolo9t data=shapes epochs=30 batch=16 imgsz=320 \
+from libreyolo.cli import entry; entry()" train model=yolo9t data=shapes epochs=30 batch=16 imgsz=320 \
         cuda_graph=true seed="$seed" project=/tmp/runs name="q-$arm-$seed" exist_ok=true $extra \
         > "$OUT/quality-$arm-$seed.log" 2>&1
       echo "quality $arm seed=$seed rc=$?" >> "$OUT/quality.log"
