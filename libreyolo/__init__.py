@@ -3,13 +3,30 @@
     from libreyolo import LibreYOLO, SAMPLE_IMAGE
     model = LibreYOLO("LibreYOLO9t.pt")
     results = model(SAMPLE_IMAGE, cuda_graph=True)
+
+The names below are imported on first use (PEP 562), so that ``import libreyolo.cli`` (the
+``libreyolo`` program) does not import torch before it has parsed its command line: the program
+then imports torch, starts CUDA in a thread and imports the rest beside it (``cli._load``).
 """
 from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from .factory import LibreYOLO  # noqa: E402
-from .assets import SAMPLE_IMAGE  # noqa: E402
-from .models.registry import list_models  # noqa: E402
-
 __all__ = ["LibreYOLO", "SAMPLE_IMAGE", "list_models", "__version__"]
+
+_LAZY = {"LibreYOLO": (".factory", "LibreYOLO"), "SAMPLE_IMAGE": (".assets", "SAMPLE_IMAGE"),
+         "list_models": (".models.registry", "list_models")}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+        module, attr = _LAZY[name]
+        value = getattr(importlib.import_module(module, __name__), attr)
+        globals()[name] = value   # later lookups find it directly
+        return value
+    raise AttributeError(f"module 'libreyolo' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
