@@ -5,8 +5,8 @@
     results = model(SAMPLE_IMAGE, cuda_graph=True)
 
 The names below are imported on first use (PEP 562), so that ``import libreyolo.cli`` (the
-``libreyolo`` program) does not import torch before it has parsed its command line: the program
-then imports torch, starts CUDA in a thread and imports the rest beside it (``cli._load``).
+``libreyolo`` program) does not import torch before it has parsed its command line: its help and
+a bad option's message come without torch's import.
 """
 from __future__ import annotations
 

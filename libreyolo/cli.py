@@ -174,48 +174,12 @@ def _need_model(opts: dict, command: str) -> None:
 
 def _load(opts: dict, seed: int | None = None):
     """The model named by ``opts["model"]``; ``seed`` makes an untrained one's initial weights
-    reproducible (a run's ``seed`` then covers the whole run, not only what follows the init).
-    CUDA starts in a thread while the library's modules are imported (:func:`_start_cuda`)."""
-    _start_cuda(opts.get("device"))
+    reproducible (a run's ``seed`` then covers the whole run, not only what follows the init)."""
     from . import LibreYOLO
     if seed is not None:
         import torch
         torch.manual_seed(seed)
     return LibreYOLO(opts["model"], device=opts.get("device") or "auto")
-
-
-def _start_cuda(device: Any) -> None:
-    """Start CUDA on the command's device in a thread of its own - the context, and cuDNN's and
-    cuBLAS's libraries, loaded by a small convolution and matrix product of zeros - and return:
-    the caller then imports the library's modules (torchvision, the families) while CUDA starts,
-    where a command otherwise pays the two one after the other (docs/benchmarks.md, session 18).
-    Nothing is started for the CPU, several GPUs or no CUDA; the thread draws no random numbers
-    and a failure there is left to the command's own first use of the device to report."""
-    import threading
-
-    import torch
-    text = "auto" if device is None else str(device).strip().lower()
-    if text in ("auto", "cuda"):
-        index = None
-    elif text.isdigit():
-        index = int(text)
-    elif text.startswith("cuda:") and text[5:].isdigit():
-        index = int(text[5:])
-    else:   # cpu, mps, a list of GPUs (its own processes), or what select_device will refuse
-        return
-    if not torch.cuda.is_available():
-        return
-
-    def start() -> None:
-        try:
-            dev = torch.device("cuda", torch.cuda.current_device() if index is None else index)
-            x = torch.zeros(1, 8, 8, 8, device=dev)
-            torch.nn.functional.conv2d(x, torch.zeros(8, 8, 3, 3, device=dev), padding=1)
-            torch.zeros(8, 8, device=dev) @ torch.zeros(8, 8, device=dev)
-            torch.cuda.synchronize(dev)
-        except Exception:  # noqa: BLE001 - reported by the command's own use of the device
-            pass
-    threading.Thread(target=start, name="libreyolo-cuda-start", daemon=True).start()
 
 
 # ---------------------------------------------------------------- commands

@@ -314,7 +314,7 @@ def test_demo_runs_end_to_end_and_its_numbers_are_best_pts(tmp_path, monkeypatch
 
 def test_the_program_parses_its_command_line_before_importing_torch():
     """``import libreyolo.cli`` imports neither torch nor the families (the package's names load
-    on first use), so a model command can start CUDA in a thread beside the library's imports."""
+    on first use): ``libreyolo --help`` and a bad option answer without torch's import."""
     import subprocess
     import sys
     code = ("import sys, libreyolo.cli; assert 'torch' not in sys.modules, 'torch'; "
@@ -322,37 +322,3 @@ def test_the_program_parses_its_command_line_before_importing_torch():
             "assert 'torch' in sys.modules and 'list_models' in dir(libreyolo); print('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.stdout.strip() == "ok", out.stderr
-
-
-@pytest.mark.parametrize("device", ["cpu", "0,1", "mps", "nonsense"])
-def test_no_cuda_start_where_the_command_will_not_run_on_one_gpu(device, monkeypatch):
-    import threading
-    started = []
-    monkeypatch.setattr(threading.Thread, "start", lambda self: started.append(self.name))
-    cli._start_cuda(device)
-    assert started == []
-
-
-def test_the_cuda_start_runs_beside_the_imports_and_draws_no_random_numbers(monkeypatch):
-    """Where CUDA is available (stood in for here) the start runs in a daemon thread of its own;
-    its work leaves torch's random state as it was."""
-    import threading
-
-    import torch
-    threads = []
-    real_start = threading.Thread.start
-
-    def start(self):
-        threads.append(self)
-        real_start(self)
-    monkeypatch.setattr(threading.Thread, "start", start)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
-    real_zeros = torch.zeros
-    monkeypatch.setattr(torch, "zeros", lambda *s, device=None: real_zeros(*s))   # the CPU stands in for cuda:0
-    state = torch.random.get_rng_state()
-    cli._start_cuda("auto")
-    assert [t.name for t in threads] == ["libreyolo-cuda-start"] and threads[0].daemon
-    threads[0].join(10)
-    assert not threads[0].is_alive() and torch.equal(torch.random.get_rng_state(), state)
