@@ -76,7 +76,7 @@ def resize_bilinear(x: torch.Tensor, size: tuple[int, int] | torch.Size) -> torc
     with a deterministic backward when ``x`` needs a gradient (the forward is that call itself).
 
     Traced, exported or compiled, it is the plain call: ``size`` stays symbolic there (the
-    custom backward fixes it to integers) and no gradient is taken."""
+    custom backward fixes it to integers), and a compiled graph's backward is torch's own."""
     tracing = torch.jit.is_tracing() or torch.onnx.is_in_onnx_export() or torch.compiler.is_compiling()
     if torch.is_grad_enabled() and x.requires_grad and not tracing:
         return _ResizeBilinear.apply(x, (int(size[0]), int(size[1])))

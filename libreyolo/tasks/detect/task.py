@@ -275,7 +275,11 @@ class DetectionEvaluator(Evaluator):
         reply = None
         if self.plotter is not None:
             npz = run_dir / ".curves.npz"
-            plots.save_curves(npz, self.pr, matrix)
+            try:
+                plots.save_curves(npz, self.pr, matrix)
+            except BaseException:   # a full disk: no half-written file left behind
+                npz.unlink(missing_ok=True)
+                raise
             reply = self.plotter.send({"call": {"file": plots.__file__, "fn": "draw_saved_curves", "kwargs": {
                 "npz": str(npz), "run_dir": str(run_dir), "names": {str(k): v for k, v in names.items()},
                 "conf": self.PLOT_CONF}}})
