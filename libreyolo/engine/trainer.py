@@ -1462,8 +1462,7 @@ class LoggingHook(Hook):
                 if t.cfg.run.plots and evaluator is not None and t.history:
                     # the last epoch's validation: PR curves, confusion matrix, a validation batch;
                     # the matplotlib figures in the child (warm) while this process draws the rest
-                    child = self._child if self._child is not None and self._child.failed is None else None
-                    evaluator.plotter = child
+                    evaluator.plotter = self._child   # a failed child sends nothing: all drawn here
                     try:
                         evaluator.plot(t.run_dir)
                     except Exception as exc:  # a plot is never worth a failed run

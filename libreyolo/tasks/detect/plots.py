@@ -80,15 +80,12 @@ def save_curves(path: str | Path, pr: PRSummary, matrix: np.ndarray) -> None:
 
 
 def draw_saved_curves(npz: str, run_dir: str, names: dict[str, str], conf: float) -> list[str]:
-    """The plot child's entry: :func:`plot_curves` from the file :func:`save_curves` wrote, which
-    is removed (also when the drawing fails); ``names`` as JSON has string keys."""
+    """The plot child's entry: :func:`plot_curves` from the file :func:`save_curves` wrote (its
+    writer removes it); ``names`` as JSON has string keys."""
     from types import SimpleNamespace
-    try:
-        with np.load(npz) as z:
-            pr = SimpleNamespace(**{f: z[f] if z[f].ndim else z[f].item() for f in CURVE_FIELDS})
-            matrix = z["matrix"]
-    finally:
-        Path(npz).unlink(missing_ok=True)
+    with np.load(npz) as z:
+        pr = SimpleNamespace(**{f: z[f] if z[f].ndim else z[f].item() for f in CURVE_FIELDS})
+        matrix = z["matrix"]
     return [str(p) for p in plot_curves(pr, matrix, {int(k): v for k, v in names.items()}, run_dir, conf)]
 
 

@@ -272,35 +272,33 @@ class DetectionEvaluator(Evaluator):
         if self.pr is None:
             self.evaluate()
         matrix = confusion_matrix(self.preds, self.gts, nc, self.PLOT_CONF)
-        reply = None
-        if self.plotter is not None:
-            npz = run_dir / ".curves.npz"
-            try:
-                plots.save_curves(npz, self.pr, matrix)
-            except BaseException:   # a full disk: no half-written file left behind
-                npz.unlink(missing_ok=True)
-                raise
-            reply = self.plotter.send({"call": {"file": plots.__file__, "fn": "draw_saved_curves", "kwargs": {
-                "npz": str(npz), "run_dir": str(run_dir), "names": {str(k): v for k, v in names.items()},
-                "conf": self.PLOT_CONF}}})
-            if reply is None:
-                npz.unlink(missing_ok=True)
-        batch = []
+        npz = run_dir / ".curves.npz"   # the curves' arrays for the child; removed here, whatever happens
         try:
-            if self.first_batch is not None:
-                n = len(self.first_batch)
-                batch.append(plots.plot_batch(self.first_batch, self.gts[:n], names,
-                                              run_dir / "val_batch0_labels.jpg", False))
-                preds = [p[p[:, 4] >= self.PLOT_CONF] for p in self.preds[:n]]
-                batch.append(plots.plot_batch(self.first_batch, preds, names, run_dir / "val_batch0_pred.jpg", True))
+            reply = None
+            if self.plotter is not None:
+                plots.save_curves(npz, self.pr, matrix)
+                reply = self.plotter.send({"call": {"file": plots.__file__, "fn": "draw_saved_curves", "kwargs": {
+                    "npz": str(npz), "run_dir": str(run_dir), "names": {str(k): v for k, v in names.items()},
+                    "conf": self.PLOT_CONF}}})
+            batch = []
+            try:
+                if self.first_batch is not None:
+                    n = len(self.first_batch)
+                    batch.append(plots.plot_batch(self.first_batch, self.gts[:n], names,
+                                                  run_dir / "val_batch0_labels.jpg", False))
+                    preds = [p[p[:, 4] >= self.PLOT_CONF] for p in self.preds[:n]]
+                    batch.append(plots.plot_batch(self.first_batch, preds, names, run_dir / "val_batch0_pred.jpg",
+                                                  True))
+            finally:
+                curves = self._curves_reply(reply)   # the child's reply is always read
         finally:
-            curves = self._curves_reply(reply, run_dir)   # the child's reply is always read
+            npz.unlink(missing_ok=True)
         if curves is None:
             curves = plots.plot_curves(self.pr, matrix, names, run_dir, self.PLOT_CONF)
         return curves + batch
 
     @staticmethod
-    def _curves_reply(reply, run_dir) -> list | None:
+    def _curves_reply(reply) -> list | None:
         """The curves' paths from the plot child; None when there was no child or it died."""
         from pathlib import Path
 
@@ -310,7 +308,6 @@ class DetectionEvaluator(Evaluator):
         try:
             return [Path(p) for p in reply()]
         except ChildGone:
-            (Path(run_dir) / ".curves.npz").unlink(missing_ok=True)
             return None
 
 
