@@ -225,3 +225,29 @@ def test_cli_predict_with_a_prompt(tmp_path, image):
     assert (out / "img.jpg").exists()
     rows = json.loads((tmp_path / "r.json").read_text())[0]["detections"]
     assert [d["name"] for d in rows] == ["mask0", "mask1", "mask2"]
+
+
+@pytest.mark.parametrize("lq,lk,split", [(7, 4096, True), (7, 1024, True), (7, 1000, False), (4096, 7, False),
+                                         (100, 4096, False)])
+def test_attention_weighted_sum_in_runs_of_keys_is_the_product(lq, lk, split):
+    """A few queries over many keys (tokens -> image) sum in runs of SPLIT_KEYS keys: the same
+    product up to rounding (float64 exact to 1e-12, float32 to its precision); other shapes,
+    or SPLIT_KEYS None, are the plain matmul, bit for bit."""
+    from libreyolo.models.mobilesam.nn import Attention
+    att = Attention(64, 4)
+    g = torch.Generator().manual_seed(0)
+    w = torch.rand(2, 4, lq, lk, generator=g).softmax(-1)
+    v = torch.randn(2, 4, lk, 16, generator=g)
+    ref = (w.double() @ v.double())
+    out = att._weighted_sum(w, v)
+    assert out.shape == ref.shape and out.dtype == torch.float32
+    assert torch.allclose(out.double(), ref, rtol=0, atol=1e-5)
+    assert torch.allclose(att._weighted_sum(w.double(), v.double()), ref, rtol=0, atol=1e-12)
+    if split:   # the path taken: the runs' products, added
+        run = att.SPLIT_KEYS
+        runs = w.unflatten(-1, (lk // run, run)).transpose(-3, -2) @ v.unflatten(-2, (lk // run, run))
+        assert torch.equal(out, runs.sum(-3))
+    else:
+        assert torch.equal(out, w @ v)
+    att.SPLIT_KEYS = None
+    assert torch.equal(att._weighted_sum(w, v), w @ v)

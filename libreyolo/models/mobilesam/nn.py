@@ -346,12 +346,30 @@ class Attention(nn.Module):
         b, n, c = x.shape
         return x.reshape(b, n, self.num_heads, c // self.num_heads).transpose(1, 2)
 
+    #: keys per partial product when a few queries attend to many keys (tokens -> image): the
+    #: weighted sum over the keys is cut into runs of this many, multiplied as one batch and the
+    #: partial sums added. As one matmul (7 queries x 4096 keys x 16 channels a head) cuBLAS picks a
+    #: kernel that walks the 4096 keys in sequence: three such products took a fifth of a prompt
+    #: call's device time (scripts/sam_prompt_profile.py). None: always one matmul.
+    SPLIT_KEYS: int | None = 256
+
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         q, k, v = self._heads(self.q_proj(q)), self._heads(self.k_proj(k)), self._heads(self.v_proj(v))
-        attn = (q @ k.permute(0, 1, 3, 2)) / math.sqrt(q.shape[-1])
-        out = attn.softmax(-1) @ v
+        attn = ((q @ k.permute(0, 1, 3, 2)) / math.sqrt(q.shape[-1])).softmax(-1)
+        out = self._weighted_sum(attn, v)
         b, h, n, c = out.shape
         return self.out_proj(out.transpose(1, 2).reshape(b, n, h * c))
+
+
+    def _weighted_sum(self, attn: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """``attn @ v`` for (B, H, Lq, Lk) weights and (B, H, Lk, C) values; in runs of
+        :attr:`SPLIT_KEYS` keys when Lk is many of them and Lq is few."""
+        run, lq, lk = self.SPLIT_KEYS, attn.shape[-2], v.shape[-2]
+        if run is None or lq > 64 or lk < 4 * run or lk % run:
+            return attn @ v
+        parts = lk // run
+        a = attn.unflatten(-1, (parts, run)).transpose(-3, -2)   # (B, H, parts, Lq, run)
+        return (a @ v.unflatten(-2, (parts, run))).sum(-3)
 
 
 class MLPBlock(nn.Module):
