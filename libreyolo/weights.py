@@ -421,6 +421,17 @@ class HostPack:
                 flat = _flatten_dense_tensors([tensors[i] for i in chunk]).to("cpu", copy=True)
                 self._buffers.append((flat, chunk))
 
+    def __getstate__(self) -> dict:
+        # the flat buffers as bytes (numpy views, no copy): pickled with protocol 5 they travel
+        # out of band (engine.ckptwriter sends them to its child as raw bytes)
+        state = dict(self.__dict__)
+        state["_buffers"] = [(flat.view(torch.uint8).numpy(), flat.dtype, chunk) for flat, chunk in self._buffers]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        state["_buffers"] = [(torch.from_numpy(raw).view(dtype), chunk) for raw, dtype, chunk in state["_buffers"]]
+        self.__dict__.update(state)
+
     def tensors(self) -> list[torch.Tensor]:
         out: list[torch.Tensor | None] = [None] * len(self._shapes)
         for i, t in self._alone.items():

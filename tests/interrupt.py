@@ -6,13 +6,15 @@ import contextlib
 import pytest
 
 import libreyolo.weights as weights
+from libreyolo.engine import trainer
 
 
 @contextlib.contextmanager
 def interrupted_after_last_pt(monkeypatch):
     """Inside the block, the first write of ``last.pt`` completes and then raises
     KeyboardInterrupt (a run stopped right after its first epoch's checkpoint); the block expects
-    that interruption, and the real writer is back after it."""
+    that interruption, and the real writer is back after it. The checkpoints are written in the
+    training process (a child writer process does not see the patched writer)."""
     real_save = weights.save_checkpoint
 
     def save_then_die(ck, path):
@@ -22,6 +24,7 @@ def interrupted_after_last_pt(monkeypatch):
         return out
 
     monkeypatch.setattr(weights, "save_checkpoint", save_then_die)
+    monkeypatch.setattr(trainer.Trainer, "checkpoint_process", False)
     try:
         with pytest.raises(KeyboardInterrupt):
             yield

@@ -927,11 +927,16 @@ class Trainer:
     #: (benchmarks/train_epochs.py's +switch arm measures it)
     switch_interval: float | None = None
     #: the epoch's end joins the previous epoch's checkpoint write before validating (True), or
-    #: only before the next write, so that the write overlaps validation (False; the +overlap arm)
-    join_write_before_validation: bool = True
+    #: only before the next write, so that the write overlaps validation (False; the +overlap arm).
+    #: None: False when a child process writes (it takes no GIL from validation), else True
+    join_write_before_validation: bool | None = None
     #: the objects alive when the epochs start are left out of the garbage collector's full
     #: collections for the run (engine.background.frozen_heap); False: Python's default
     freeze_heap: bool = True
+    #: checkpoints written by a child interpreter (engine.ckptwriter: the pickling off this
+    #: process's GIL, which the step loop needs); None: on CUDA runs, where a GIL-starved loop
+    #: leaves the device idle. False: the writer thread writes them itself
+    checkpoint_process: bool | None = None
     #: helper processes the validations' evaluation may use (Task.evaluation_pool: detection
     #: deals its classes out to them, the same figures); below 2: each evaluation in this process.
     #: A quarter of the cores, at most 4 (none on a machine of fewer than 8: a pool needs two)
@@ -1313,7 +1318,11 @@ class EvaluationHook(Hook):
     def on_epoch_end(self, t: Trainer, state: dict) -> None:
         writer = getattr(t, "checkpoint_writer", None)
         t0 = time.perf_counter()
-        if writer is not None and t.join_write_before_validation:
+        join = t.join_write_before_validation
+        if join is None:   # the child may have gone since: then the writer thread writes again
+            child = getattr(t, "checkpoint_writer_process", None)
+            join = child is None or child.proc is None
+        if writer is not None and join:
             writer.wait()   # the previous epoch's checkpoints are on disk before validation
         metrics = t.task.empty_metrics()
         t.val_loss, t.val_eval_s = None, 0.0
@@ -1493,8 +1502,12 @@ class CheckpointHook(Hook):
     of an epoch the checkpoint is copied to host memory (:class:`~libreyolo.weights.PackedSnapshot`,
     so the next steps cannot change what is written), then one thread writes them - each through
     :func:`~libreyolo.weights.save_checkpoint`, temp file + rename - while the next epoch trains.
+    With ``Trainer.checkpoint_process`` (on CUDA by default) that thread hands the snapshot to a
+    child interpreter (:class:`~libreyolo.engine.ckptwriter.WriterProcess`), which splits and
+    pickles it there, away from the step loop's GIL; without the child the thread writes itself.
     The write is joined before the next epoch's validation (unless
-    ``Trainer.join_write_before_validation`` is False), before the next write, at the end of
+    ``Trainer.join_write_before_validation`` says otherwise: by default not when a child process
+    writes), before the next write, at the end of
     the run and when it stops on an error; an error of the write (a full disk) is raised there.
     ``t.saved_epoch`` counts the epochs whose ``last.pt`` is on disk.
     """
@@ -1504,6 +1517,16 @@ class CheckpointHook(Hook):
         from .background import BackgroundJob
         t.checkpoint_writer = self.writer = BackgroundJob("checkpoint writer")
         self._outer = sys.exc_info()[1]   # train() may run inside a caller's except block
+        child = t.checkpoint_process
+        if child is None:
+            child = t.device.type == "cuda"
+        self.process = None
+        if child:   # it starts (imports torch) while the first epoch trains
+            from .ckptwriter import WriterProcess
+            self.process = WriterProcess()
+            if self.process.proc is None:
+                self.process = None
+        t.checkpoint_writer_process = self.process
 
     def on_epoch_end(self, t: Trainer, state: dict) -> None:
         from ..weights import PackedSnapshot
@@ -1528,15 +1551,14 @@ class CheckpointHook(Hook):
         self.writer.submit(self._write, t, epoch, snapshot, [weights / n for n in names],
                            what=f"epoch {epoch + 1}'s checkpoints in {weights}")
 
-    @staticmethod
-    def _write(t: Trainer, epoch: int, snapshot, paths: list) -> None:
-        from ..weights import save_checkpoint
-        resumable = snapshot.unpack()
-        for path in paths:
-            # best.pt: the same checkpoint less the training state (a third of the size)
-            ckpt = {k: v for k, v in resumable.items() if k != "train_state"} if path.name == "best.pt" else resumable
-            save_checkpoint(ckpt, path)
-            if path.name == "last.pt":
+    def _write(self, t: Trainer, epoch: int, snapshot, paths: list) -> None:
+        from .ckptwriter import write_snapshot
+        process, written = getattr(self, "process", None), []
+        try:
+            if process is None or not process.write(snapshot, paths, written):
+                write_snapshot(snapshot, paths, written)
+        finally:
+            if any(p.name == "last.pt" for p in written):
                 t.saved_epoch = epoch + 1
 
     def on_train_end(self, t: Trainer) -> None:
@@ -1546,7 +1568,11 @@ class CheckpointHook(Hook):
             return
         in_flight = sys.exc_info()[1]
         stopping = in_flight is not None and in_flight is not self._outer   # ending on another error: keep it
-        error = writer.close(raising=not stopping)
+        try:
+            error = writer.close(raising=not stopping)
+        finally:
+            if getattr(self, "process", None) is not None:
+                self.process.close()
         if error is not None:
             log.error("libreyolo: writing a checkpoint failed as well: %s", error)
 
