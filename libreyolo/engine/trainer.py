@@ -629,7 +629,11 @@ class Trainer:
                 if loss_fn is not None:
                     torch.manual_seed(self.cfg.run.seed)
                 t_wait = time.perf_counter()
-                for batch in loader:
+                # the iterator the epoch's last step started (_prefetch_validation), if it is this
+                # loader's: a second iter() of a persistent loader would reset its workers' work
+                prefetched, self._val_batches = getattr(self, "_val_batches", None), None
+                batches = prefetched[1] if prefetched is not None and prefetched[0] is loader else loader
+                for batch in batches:
                     parts["loader"] += time.perf_counter() - t_wait
                     x = batch[0].to(self.device, non_blocking=True).float().div_(255)
                     x = prep.normalize(x.contiguous(memory_format=self.memory_format))
@@ -964,6 +968,21 @@ class Trainer:
             self.train_sampler.set_epoch(epoch)
         self._prepared = (epoch, iter(self.train_loader), why)
 
+    #: start the validation loader's workers on its first batches before the epoch's last step,
+    #: so validation does not begin by waiting for them (its batches do not depend on the epoch)
+    prefetch_validation: bool = True
+
+    def _prefetch_validation(self) -> None:
+        """``iter()`` of the validation loader now, for :meth:`validate` to consume: with persistent
+        workers that sets them to work at once (prefetch_factor batches each). Only where this
+        epoch's validation runs (rank 0, ``val`` on, a non-empty split) and the loader has workers."""
+        self._val_batches = None
+        loader = getattr(self, "val_loader", None)
+        main = self.dist is None or self.dist.is_main
+        if (self.prefetch_validation and main and loader is not None and loader.num_workers > 0
+                and self.cfg.run.val and len(self.val_set) > 0):
+            self._val_batches = (loader, iter(loader))
+
     def _prepared_for(self, epoch: int) -> tuple:
         prepared = getattr(self, "_prepared", None)
         if prepared is None or prepared[0] != epoch:
@@ -1003,6 +1022,8 @@ class Trainer:
         wait, t_ready = 0.0, time.perf_counter()
         for i, batch in enumerate(batches):
             wait += time.perf_counter() - t_ready   # the loop waited this long for the loader
+            if i == nb - 1:
+                self._prefetch_validation()
             ni = i + nb * epoch
             self.warmup(ni, epoch)
             start = fold.start()
@@ -1209,7 +1230,8 @@ class Trainer:
         """Stop the loaders' persistent worker processes (and pin-memory threads) now, when the run
         ends, instead of leaving them to the interpreter's exit."""
         import gc
-        self.train_loader = self.val_loader = self._prepared = None   # a prefetched epoch's iterator too
+        # a prefetched epoch's iterator, and validation's, too
+        self.train_loader = self.val_loader = self._prepared = self._val_batches = None
         gc.collect()
 
     def _drop_loaders(self) -> None:
@@ -1227,7 +1249,7 @@ class Trainer:
 
         sys.unraisablehook = hook
         try:
-            self.train_loader = self.val_loader = self._prepared = None
+            self.train_loader = self.val_loader = self._prepared = self._val_batches = None
             gc.collect()
         finally:
             sys.unraisablehook = previous

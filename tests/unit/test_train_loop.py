@@ -282,3 +282,41 @@ def test_a_data_phase_keeps_the_steps_graphs_and_a_loss_change_releases_them(cap
     t._prepared = (8, iter(()), None)
     t._phase(8)
     assert released == ["Loss changed at epoch 9"]
+
+
+def test_validation_prefetched_before_the_last_step_gives_the_same_numbers(data, tmp_path, monkeypatch):
+    """The validation loader started before an epoch's last step (prefetch_validation) is the
+    iterator validation consumes - one iter() of it per epoch, not two (a second would reset its
+    persistent workers) - and the run's history and weights are those of starting it at
+    validation."""
+    from libreyolo.weights import load_checkpoint
+    base_history = None
+    results = {}
+    for prefetch in (False, True):
+        monkeypatch.setattr(T.Trainer, "prefetch_validation", prefetch)
+        iters = []
+        real_iter = torch.utils.data.DataLoader.__iter__
+
+        def counting_iter(self, real_iter=real_iter, iters=iters):
+            iters.append(self)
+            return real_iter(self)
+        monkeypatch.setattr(torch.utils.data.DataLoader, "__iter__", counting_iter)
+        ready = []
+        real_validate = T.Trainer.validate
+
+        def validate(self, net, loader, *a, ready=ready, real_validate=real_validate, **kw):
+            ready.append(getattr(self, "_val_batches", None) is not None)   # started before the call
+            return real_validate(self, net, loader, *a, **kw)
+        monkeypatch.setattr(T.Trainer, "validate", validate)
+        res = run(tmp_path / str(prefetch), data, epochs=2, workers=2)
+        assert ready == [prefetch, prefetch]
+        monkeypatch.setattr(torch.utils.data.DataLoader, "__iter__", real_iter)
+        val_iters = [loader for loader in iters if loader.dataset.__class__.__name__ != "EpochSeeded"]
+        assert len(val_iters) == 2, val_iters   # one per epoch's validation, prefetched or not
+        results[prefetch] = res
+        if base_history is None:
+            base_history = numbers(res["history"])
+        else:
+            assert numbers(res["history"]) == base_history
+    a, b = (load_checkpoint(results[p]["last"])["model"] for p in (False, True))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
