@@ -49,6 +49,25 @@ def time_call(fn: Callable[[], Any], device: torch.device, runs: int, warmup: in
             "min_ms": samples[0], "runs": runs}
 
 
+def event_time_call(fn: Callable[[], Any], runs: int, warmup: int) -> dict:
+    """:func:`time_call` on the device's clock: CUDA events recorded around each call (on the
+    current stream), so a launch-bound call is timed by what its kernels took, not the host."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(runs):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        samples.append(a.elapsed_time(b))
+    samples.sort()
+    return {"median_ms": statistics.median(samples), "p90_ms": samples[int(0.9 * (len(samples) - 1))],
+            "min_ms": samples[0], "runs": runs}
+
+
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)

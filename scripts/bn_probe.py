@@ -11,27 +11,17 @@ stats between the two; and whether two cuDNN runs give the same bits.
 """
 import argparse
 import json
-import statistics
 
 import torch
 import torch.nn.functional as F
+
+from libreyolo.benchmark import event_time_call
 
 SHAPES = [(16, 320), (32, 160), (64, 160), (64, 80), (128, 80), (128, 40), (256, 20)]
 
 
 def timed(fn, runs=50, warmup=10) -> float:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(runs):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b))
-    return statistics.median(ts)
+    return event_time_call(fn, runs, warmup)["median_ms"]
 
 
 def run(kind, x, g, w, b, rm, rv, momentum=0.03, eps=1e-3):

@@ -26,6 +26,7 @@ from PIL import Image
 from torch.profiler import ProfilerActivity, profile
 
 from libreyolo import SAMPLE_IMAGE, LibreYOLO
+from libreyolo.benchmark import event_time_call
 
 
 def wall_ms(fn, runs: int, warmup: int) -> float:
@@ -42,15 +43,7 @@ def wall_ms(fn, runs: int, warmup: int) -> float:
 
 
 def event_ms(fn, runs: int) -> float:
-    ts = []
-    for _ in range(runs):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b))
-    return statistics.median(ts)
+    return event_time_call(fn, runs, 0)["median_ms"]
 
 
 def graphed_forward(net, x):

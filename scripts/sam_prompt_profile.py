@@ -11,13 +11,13 @@ matmul), the landed value last.
 """
 import argparse
 import json
-import statistics
 from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 from libreyolo import SAMPLE_IMAGE, LibreYOLO
+from libreyolo.benchmark import event_time_call
 from libreyolo.data.sources import load_sources
 from libreyolo.graphs.capture import CudaGraphCapturer
 from libreyolo.models.mobilesam.nn import Attention
@@ -27,18 +27,7 @@ from libreyolo.tasks.segment_prompt.task import BENCH_PROMPT
 
 
 def replay_ms(g, args, runs=200, warmup=30) -> float:
-    for _ in range(warmup):
-        g.replay(args, clone=False)
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(runs):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay(args, clone=False)
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
+    return event_time_call(lambda: g.replay(args, clone=False), runs, warmup)["median_ms"]
 
 
 def main() -> None:
