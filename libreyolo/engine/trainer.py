@@ -1195,6 +1195,9 @@ class Trainer:
             finally:   # also when a hook's end raises (a checkpoint's background write failed)
                 heap.close()   # the objects frozen at the start are collectable again
                 self._unfreeze()
+                child = getattr(self, "checkpoint_writer_process", None)
+                if child is not None:   # CheckpointHook's end closed it, unless a hook before it raised
+                    child.close()       # (after the write in flight: close waits for its lock)
                 t_loaders = time.perf_counter()
                 self._close_loaders()
                 ends["loaders"] += time.perf_counter() - t_loaders

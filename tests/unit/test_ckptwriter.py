@@ -109,3 +109,26 @@ def test_a_training_run_writes_through_the_child_and_ends_it(tmp_path, monkeypat
         p.wait(timeout=30)
     last = load_checkpoint(tmp_path / "run" / "weights" / "last.pt")
     assert last["train_state"]["epoch"] == 1 and LibreYOLO(res["best"], device="cpu").trained
+
+
+def test_the_child_ends_also_when_a_hook_before_the_checkpoints_fails_at_the_end(tmp_path, monkeypatch):
+    data = make_shapes_dataset(tmp_path / "ds", n_train=4, n_val=4, imgsz=64, seed=0)
+    monkeypatch.setattr(T.Trainer, "checkpoint_process", True)
+    started = []
+    real_init = C.WriterProcess.__init__
+
+    def init(self):
+        real_init(self)
+        started.append(self.proc)
+    monkeypatch.setattr(C.WriterProcess, "__init__", init)
+
+    def fail(self, t):
+        raise RuntimeError("the logging hook's end failed")
+    monkeypatch.setattr(T.LoggingHook, "on_train_end", fail)
+    with pytest.raises(RuntimeError, match="logging hook"):
+        LibreYOLO.new("yolox", "n", nc=5, device="cpu", seed=0).train(
+            data=str(data), epochs=1, batch=4, imgsz=64, workers=0, project=str(tmp_path), name="run",
+            warmup_epochs=0, close_mosaic=0, verbose=False, plots=False, seed=0)
+    assert len(started) == 1 and started[0] is not None
+    started[0].wait(timeout=30)   # told to quit all the same
+    assert load_checkpoint(tmp_path / "run" / "weights" / "last.pt")["train_state"]["epoch"] == 0
