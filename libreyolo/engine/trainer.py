@@ -539,6 +539,7 @@ class Trainer:
         self.epoch_seeded = EpochSeeded(self.train_set, cfg.run.seed, d.rank if d is not None else 0)
         self._loader_started = False   # a persistent loader draws its workers' base seed once, when it starts
         self._prepared = None   # (epoch, its loader iterator, the task's phase change): see _prepare_epoch
+        self._worker_signal = _WorkerDeathSignal()
         self.train_sampler = None
         if d is not None:   # each rank its batch/world share of every global batch, reshuffled per epoch
             batch = d.local_batch(batch)
@@ -967,6 +968,7 @@ class Trainer:
         if self.train_sampler is not None:
             self.train_sampler.set_epoch(epoch)
         self._prepared = (epoch, iter(self.train_loader), why)
+        self._worker_signal.install()   # torch's SIGCHLD handler is set by then (an iterator with workers)
 
     #: start the validation loader's workers on its first batches before the epoch's last step,
     #: so validation does not begin by waiting for them (its batches do not depend on the epoch)
@@ -1169,16 +1171,8 @@ class Trainer:
                     # raised outside the handler, with the loaders dropped: torch's error, its
                     # traceback and the (persistent) iterators holding the dead worker's
                     # registration go, so torch's SIGCHLD check does not fire again later
-                    for _ in range(3):
-                        try:
-                            self._drop_loaders()
-                            break
-                        except RuntimeError as exc:
-                            # another killed worker's SIGCHLD, handled outside a finalizer (at
-                            # any bytecode, the function's entry included): dropped again, since
-                            # the loaders still registered report the dead worker until joined
-                            if not _worker_died(exc):
-                                raise
+                    self._worker_signal.quiet = True   # (if the loader's own check saw it first)
+                    self._drop_loaders()
                     raise TrainingError(self._worker_death_message(epoch, died))
             if d is not None:   # every rank returns rank 0's account of the run
                 (self.history, self.best_metrics, self.best_epoch, self.best_fitness) = d.broadcast_object(
@@ -1199,7 +1193,9 @@ class Trainer:
                 if child is not None:   # CheckpointHook's end closed it, unless a hook before it raised
                     child.close()       # (after the write in flight: close waits for its lock)
                 t_loaders = time.perf_counter()
+                self._worker_signal.quiet = True   # the workers' exits as they are shut down
                 self._close_loaders()
+                self._worker_signal.uninstall()
                 ends["loaders"] += time.perf_counter() - t_loaders
                 if d is not None:
                     if self.cfg.run.sync_bn:
@@ -1667,6 +1663,52 @@ def _worker_died(exc: BaseException) -> bool:
     """Whether ``exc`` is torch's report of a DataLoader worker process that died (killed by a
     signal - often the out-of-memory killer - or exited), not an error raised by the dataset."""
     return isinstance(exc, RuntimeError) and "DataLoader worker (pid" in str(exc)
+
+
+class _WorkerDeathSignal:
+    """torch's SIGCHLD handler (it raises a dead DataLoader worker's error at whatever bytecode the
+    main thread is at), reporting the first death only. After that the run is stopping; a second
+    report could land anywhere: in the except clause that handles the first, or inside an
+    iterator's ``__del__`` between its workers' join and the removal of their pids, where Python
+    only prints it and the pids stay registered (every later child exit of the process, a
+    subprocess's too, would raise the dead worker's error again). Installed over torch's handler
+    once a loader iterator with workers exists (torch sets its own then, once per process), and
+    put back when the run ends; only from the main thread, the one Python runs handlers in."""
+
+    def __init__(self):
+        self.inner = None    # the handler this one wraps (torch's)
+        self.quiet = False   # set by the first report: the later ones are dropped
+
+    @staticmethod
+    def _settable() -> bool:
+        import signal
+        import threading
+        return hasattr(signal, "SIGCHLD") and threading.current_thread() is threading.main_thread()
+
+    def install(self) -> None:
+        import signal
+        if self.inner is None and self._settable():
+            current = signal.getsignal(signal.SIGCHLD)
+            if callable(current) and current is not self:
+                self.inner = current
+                signal.signal(signal.SIGCHLD, self)
+
+    def __call__(self, signum, frame) -> None:
+        if self.quiet:
+            return
+        try:
+            self.inner(signum, frame)
+        except RuntimeError as exc:
+            if _worker_died(exc):
+                self.quiet = True
+            raise
+
+    def uninstall(self) -> None:
+        import signal
+        if self.inner is not None and self._settable() and signal.getsignal(signal.SIGCHLD) is self:
+            signal.signal(signal.SIGCHLD, self.inner)
+            self.inner = None
+        self.quiet = False   # where another handler wraps this one, it reports again as torch's
 
 
 def _read_csv(path: Path) -> list[dict]:

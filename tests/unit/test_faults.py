@@ -128,9 +128,47 @@ def test_dataloader_worker_killed_mid_epoch_stops_with_one_clear_message(data, t
     # torch's SIGCHLD check no longer knows the dead worker: another child's exit raises nothing
     subprocess.run(["true"], check=True)
     time.sleep(0.05)
+    assert not isinstance(signal.getsignal(signal.SIGCHLD), T._WorkerDeathSignal)   # torch's handler back
     monkeypatch.setattr(T.Trainer, "step", real_step)
     res = resume(data, tmp_path, workers=1)   # workers again: no stale worker registration
     assert res["epochs"] == 1 and csv_epochs(tmp_path / "run") == [1, 2]
+
+
+def test_worker_death_signal_reports_the_first_death_only_then_puts_the_handler_back():
+    """After a worker died, torch's SIGCHLD check raises its error at every child exit, wherever the
+    main thread is (in the except clause handling the first, inside a loader's shutdown). The run's
+    wrapper lets the first through and drops the rest until the run ends."""
+    calls = []
+
+    def torch_like(signum, frame):
+        calls.append(signum)
+        raise RuntimeError("DataLoader worker (pid 12345) is killed by signal: Killed.")
+
+    previous = signal.signal(signal.SIGCHLD, torch_like)
+    try:
+        w = T._WorkerDeathSignal()
+        w.install()
+        assert signal.getsignal(signal.SIGCHLD) is w and w.inner is torch_like
+        w.install()   # a later epoch's iterator: not wrapped twice
+        assert w.inner is torch_like
+        with pytest.raises(RuntimeError, match="DataLoader worker"):
+            w(signal.SIGCHLD, None)
+        w(signal.SIGCHLD, None)   # the second report: dropped
+        assert calls == [signal.SIGCHLD] and w.quiet
+        w.uninstall()
+        assert signal.getsignal(signal.SIGCHLD) is torch_like and not w.quiet
+    finally:
+        signal.signal(signal.SIGCHLD, previous if previous is not None else signal.SIG_DFL)
+
+    def dataset_error(signum, frame):   # not a worker's death: every one raised
+        raise RuntimeError("something else")
+
+    w = T._WorkerDeathSignal()
+    w.inner = dataset_error
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="something else"):
+            w(signal.SIGCHLD, None)
+    assert not w.quiet
 
 
 class FullDisk:
