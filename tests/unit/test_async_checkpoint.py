@@ -2,6 +2,7 @@
 trainer's CheckpointHook): the same content as a synchronous save, a snapshot that training can no
 longer change, one write at a time, joined at the end, and a failed write raised as a clear error
 at the next save or at the end of the run."""
+import collections
 import errno
 import os
 import threading
@@ -114,6 +115,30 @@ def test_packed_snapshot_is_taken_at_the_call_and_unpacked_later():
     assert torch.equal(out["model"]["w"], torch.arange(6.0))
     assert torch.equal(out["train_state"]["optimizer"]["state"][0]["momentum_buffer"], torch.ones(2, 2))
     assert out["train_state"]["epoch"] == 1 and out["names"] == ["a"]
+
+
+Pair = collections.namedtuple("Pair", "a b")   # at module level: the snapshot is pickled
+
+
+def test_packed_snapshot_rebuilds_every_container_of_its_kind_and_refuses_unknown_ones():
+    import collections
+    import pickle
+    t = torch.arange(4.0)
+    sd = collections.OrderedDict(w=t, b=t + 1)
+    ck = {"model": sd, "groups": [{"betas": (0.9, 0.99), "params": [0, 1]}], "pair": Pair(t * 2, "x"),
+          "flags": {"a"}, "none": None, "shared": t}
+    snap = W.PackedSnapshot(ck, contiguous=("model",))
+    out = pickle.loads(pickle.dumps(snap, protocol=5)).unpack()   # as the writer's child gets it
+    assert type(out["model"]) is collections.OrderedDict and list(out["model"]) == ["w", "b"]
+    assert out["model"] is not sd and out["groups"][0] is not ck["groups"][0]
+    assert out["groups"] == [{"betas": (0.9, 0.99), "params": [0, 1]}] and type(out["groups"][0]["betas"]) is tuple
+    assert type(out["pair"]) is Pair and out["pair"].b == "x" and torch.equal(out["pair"].a, t * 2)
+    assert out["flags"] == {"a"} and out["none"] is None
+    # the same tensor at two places: two copies, each with the value, neither the training's
+    assert torch.equal(out["shared"], t) and torch.equal(out["model"]["w"], t)
+    assert out["shared"].data_ptr() != t.data_ptr() != out["model"]["w"].data_ptr()
+    with pytest.raises(TypeError, match="defaultdict.*train_state.stats"):
+        W.PackedSnapshot({"train_state": {"stats": collections.defaultdict(list)}})
 
 
 def test_packed_snapshot_keeps_dense_layouts_except_under_its_contiguous_keys():
