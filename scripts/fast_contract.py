@@ -139,6 +139,13 @@ def measure_family(fam: str, size: str, args, data) -> dict:
     return out
 
 
+#: the table file's first entry: what it is, for a reader who opens it
+TABLE_ABOUT = ("Measured fast-path figures per detection family and arm (fp16, fp16-fast, bf16, bf16-fast), "
+               "written by scripts/fast_contract.py --table on a GPU. A family/arm missing here is unmeasured "
+               "and refused; one whose figures break the contract (libreyolo/engine/fastpath.py: CONTRACT) is "
+               "refused naming the figure.")
+
+
 def markdown(rows: list[dict]) -> str:
     c = CONTRACT
     lines = [f"Contract: matched at IoU >= 0.95 >= {c['match_rate_min']:.0%}, score diff p99 <= "
@@ -210,6 +217,12 @@ def main(argv: list[str]) -> int:
     return write(rows, args)
 
 
+def _json_value(v):
+    """``v`` for the table file, which is strict JSON: a figure that is not a finite number (NaN
+    scores made a score difference NaN) is null there, which the library reads as a breach."""
+    return None if isinstance(v, float) and not np.isfinite(v) else v
+
+
 def write(rows: list[dict], args) -> int:
     result = {"contract": CONTRACT, "args": vars(args), "families": rows}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -221,9 +234,9 @@ def write(rows: list[dict], args) -> int:
     if args.table:   # the library's table: figures only (no parity details), per family and arm
         keep = ("graph_bitwise", "match_rate", "score_diff_p99", "map_diff", "map50_95", "detections",
                 "device", "torch", "date", "error")
-        table = {"contract": CONTRACT, "weights": args.weights,
-                 "families": {r["family"]: {arm: {k: f[k] for k in keep if k in f} for arm, f in r["arms"].items()}
-                              for r in rows}}
+        table = {"about": TABLE_ABOUT, "contract": CONTRACT, "weights": args.weights,
+                 "families": {r["family"]: {arm: {k: _json_value(f[k]) for k in keep if k in f}
+                                            for arm, f in r["arms"].items()} for r in rows}}
         Path(args.table).write_text(json.dumps(table, indent=2) + "\n")
         print(f"table written to {args.table}")
     return 0

@@ -141,15 +141,20 @@ def arm_name(precision: str, fast: bool) -> str:
 
 def violations(figures: dict) -> list[str]:
     """The contract bounds ``figures`` (one arm's measurement) breaks, as readable strings."""
+    import math
     out = []
     c = CONTRACT
+    # a figure that is not a finite number (NaN scores in the half path's output) breaks its bound
+    bad = {k for k in ("match_rate", "score_diff_p99", "map_diff")
+           if isinstance(figures.get(k), float) and not math.isfinite(figures[k])}
     if figures.get("error"):
         out.append(f"the measurement failed ({figures['error']})")
-    if figures.get("match_rate") is None or figures["match_rate"] < c["match_rate_min"]:
+    if "match_rate" in bad or figures.get("match_rate") is None or figures["match_rate"] < c["match_rate_min"]:
         out.append(f"matched-detection rate at IoU>=0.95 {figures.get('match_rate')} < {c['match_rate_min']}")
-    if figures.get("score_diff_p99") is None or figures["score_diff_p99"] > c["score_diff_p99_max"]:
+    if "score_diff_p99" in bad or figures.get("score_diff_p99") is None \
+            or figures["score_diff_p99"] > c["score_diff_p99_max"]:
         out.append(f"score difference p99 {figures.get('score_diff_p99')} > {c['score_diff_p99_max']}")
-    if figures.get("map_diff") is None or abs(figures["map_diff"]) > c["map_diff_max"]:
+    if "map_diff" in bad or figures.get("map_diff") is None or abs(figures["map_diff"]) > c["map_diff_max"]:
         out.append(f"mAP50-95 difference {figures.get('map_diff')} points > {c['map_diff_max']}")
     if figures.get("detections") is not None and figures["detections"] < MIN_DETECTIONS:
         out.append(f"only {figures['detections']} fp32 detections to match (< {MIN_DETECTIONS}): too few to conclude")

@@ -92,6 +92,8 @@ GOOD = {"match_rate": 0.995, "score_diff_p99": 0.004, "map_diff": -0.1, "graph_b
 @pytest.mark.parametrize("bad,says", [({"match_rate": 0.97}, "matched-detection rate at IoU>=0.95 0.97 < 0.99"),
                                       ({"score_diff_p99": 0.02}, "score difference p99 0.02 > 0.01"),
                                       ({"map_diff": -0.5}, "mAP50-95 difference -0.5 points > 0.3"),
+                                      ({"score_diff_p99": float("nan")}, "score difference p99 nan > 0.01"),
+                                      ({"score_diff_p99": None}, "score difference p99 None > 0.01"),
                                       ({"graph_bitwise": False}, "graph replay not bitwise"),
                                       ({"error": "boom"}, "the measurement failed \\(boom\\)")])
 def test_refused_outside_contract(yolox, image, tmp_path, monkeypatch, bad, says):
@@ -115,6 +117,15 @@ def test_shipped_table_is_readable():
     assert isinstance(table, dict)
     for fam, arms in table.items():   # every declared arm is an arm name with figures (or None)
         assert set(arms) <= {"fp16", "fp16-fast", "bf16", "bf16-fast"}, fam
+    # strict JSON (no NaN: a non-finite figure is written as null), and every detection family
+    # of the contract script measured in fp16
+    def no_constant(name):
+        raise ValueError(f"{name} in the shipped table")
+    raw = json.loads(fastpath.TABLE_PATH.read_text(), parse_constant=no_constant)
+    from libreyolo.models.registry import FAMILIES
+    detection = {name for name, cls in FAMILIES.items() if cls.TASK == "detect"}
+    measured = {f for f, arms in raw["families"].items() if {"fp16", "fp16-fast"} <= set(arms)}
+    assert detection <= measured, detection - measured
 
 
 def test_table_read_once_per_file_version(tmp_path, monkeypatch):
