@@ -35,7 +35,8 @@ def run_arm(arm: str, spec: str, batch: int, imgsz: int, amp: bool, runs: int, w
             optim: str | None = None, channels_last: bool = False, fp16: bool = False, profile: int = 0) -> dict:
     from libreyolo import LibreYOLO
     from libreyolo.benchmark import time_call
-    from libreyolo.graphs.training import TrainStepRunner, prime_optimizer_state, scaler_tensors, training_state
+    from libreyolo.graphs.training import (TrainStepRunner, backward_into_grads, prime_optimizer_state, scaler_tensors,
+                                           training_state)
 
     if Path(spec).is_file():
         model = LibreYOLO(spec, device="cuda")
@@ -70,7 +71,7 @@ def run_arm(arm: str, spec: str, batch: int, imgsz: int, amp: bool, runs: int, w
     def step(x, *t):
         with torch.autocast("cuda", dtype=dtype, enabled=amp or fp16, cache_enabled=False):
             loss, items = loss_fn(model.train_forward(net, prep.normalize(x), *t), *t)
-        scaler.scale(loss).backward()
+        backward_into_grads(scaler.scale(loss), params)   # as the trainer's step
         return loss.detach(), items.detach()
 
     def update():

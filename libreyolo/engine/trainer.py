@@ -40,7 +40,8 @@ from torch import nn
 from ..device import available_cores, select_device
 from ..distributed import (Distributed, GradientReducer, convert_sync_batchnorm, launched, local_device, loss_share,
                            parse_devices, reduction_of, revert_sync_batchnorm)
-from ..graphs.training import GraphedSegment, TrainStepRunner, prime_optimizer_state, scaler_tensors, training_state
+from ..graphs.training import (GraphedSegment, TrainStepRunner, backward_into_grads, prime_optimizer_state,
+                               scaler_tensors, training_state)
 from ..tasks import Task, TaskOptions, get_task
 from .background import frozen_heap
 from .paths import next_run_dir
@@ -811,7 +812,7 @@ class Trainer:
                                 cache_enabled=False), loss_share(d is not None):
                 outputs = m.train_forward(net, prep.normalize(x), *targets)
                 loss, items = loss_fn(outputs, *targets)
-            scaler.scale(loss).backward()
+            backward_into_grads(scaler.scale(loss), params)   # = .backward(), one foreach add
             items = items.detach()
             if d is not None:
                 items = d.reduce_items(items, rule)

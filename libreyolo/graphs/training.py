@@ -103,6 +103,36 @@ def scaler_tensors(scaler: "torch.amp.GradScaler") -> list[torch.Tensor]:
             if isinstance(t, torch.Tensor)]
 
 
+def backward_into_grads(loss: torch.Tensor, params: list[torch.Tensor]) -> None:
+    """``loss.backward()`` for the leaf tensors ``params``, with their gradients added into
+    ``.grad`` by one foreach call per group of matching layouts instead of one add per parameter.
+
+    ``backward()`` accumulates each parameter's gradient with its own in-place add (autograd's
+    AccumulateGrad): 675 kernels a step for yolo9-t, 1 ms of its 25 ms captured batch-16 step.
+    Here autograd returns the gradients and ``torch._foreach_add_`` adds them: each element is
+    ``grad + g`` once, in the gradient's dtype, as before, so the sums are the same bits. A
+    parameter without a ``.grad`` gets a copy of ``g`` in its own layout (what backward stores for
+    a first gradient, never an alias of autograd's buffer: a graphed segment's backward hands out
+    static buffers). A parameter the loss does not reach keeps its ``.grad``, as with backward.
+    Only ``params``' gradients are computed."""
+    grads = torch.autograd.grad(loss, params, allow_unused=True)
+    fast_into: list[torch.Tensor] = []
+    fast_from: list[torch.Tensor] = []
+    with torch.no_grad():
+        for p, g in zip(params, grads):
+            if g is None:
+                continue
+            if p.grad is None:
+                p.grad = torch.empty_like(p).copy_(g)
+            elif p.grad.stride() == g.stride() and p.grad.dtype == g.dtype and p.grad.device == g.device:
+                fast_into.append(p.grad)
+                fast_from.append(g)
+            else:   # another layout (an expanded gradient): foreach would take its slow path for all
+                p.grad.add_(g)
+        if fast_into:
+            torch._foreach_add_(fast_into, fast_from)
+
+
 def ensure_grads(module: torch.nn.Module) -> None:
     """Give every trainable parameter of ``module`` a zero ``.grad`` where it has none.
 

@@ -18,7 +18,7 @@ from whole_step import Whole, step0_eager_and_whole, whole_step
 from libreyolo import SAMPLE_IMAGE, LibreYOLO
 from libreyolo.engine.verify import input_sensitive, verify_model
 from libreyolo.graphs.capture import CudaGraphCapturer
-from libreyolo.graphs.training import TrainStepRunner
+from libreyolo.graphs.training import TrainStepRunner, backward_into_grads
 from libreyolo.models.registry import get_family
 
 pytestmark = pytest.mark.cuda
@@ -149,11 +149,12 @@ def make(spec, nc, amp=False, seed=0, layout="nchw"):
     net = m.model.train().to(memory_format=LAYOUTS[layout])
     loss_fn = m.build_loss().cuda()
     prep = m.preprocess
+    params = [p for p in net.parameters() if p.requires_grad]
 
     def step(x, *t):
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp, cache_enabled=False):
             loss, items = loss_fn(m.train_forward(net, prep.normalize(x), *t), *t)
-        loss.backward()
+        backward_into_grads(loss, params)   # as the trainer
         return loss.detach(), items.detach()
 
     return m, net, step

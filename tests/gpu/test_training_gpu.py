@@ -14,7 +14,7 @@ from libreyolo.data.augment import DetectionDataset, collate_detections
 from libreyolo.data.synthetic import make_shapes_dataset
 from libreyolo.data.datasets import resolve_data
 from libreyolo.graphs.capture import CudaGraphCapturer
-from libreyolo.graphs.training import TrainStepRunner
+from libreyolo.graphs.training import TrainStepRunner, backward_into_grads
 from libreyolo.models.registry import get_family
 from rows import SEAM_MODELS, TRAIN_GRAPH_MODELS
 from whole_step import Whole, step0_eager_and_whole, whole_step
@@ -45,12 +45,13 @@ def make(amp=False, seed=0, spec=FAMILY, layout="nchw", scaler=None):
     m = get_family(spec[0]).new(spec[1], nc=5, device="cuda", seed=seed)
     net = m.model.train().to(memory_format=LAYOUTS[layout])
     loss_fn = m.build_loss().cuda()
+    params = [p for p in net.parameters() if p.requires_grad]
     dtype = torch.bfloat16 if scaler is None else torch.float16
 
     def step(x, t, k):
         with torch.autocast("cuda", dtype=dtype, enabled=amp or scaler is not None, cache_enabled=False):
             loss, items = loss_fn(m.train_forward(net, x, t, k), t, k)
-        (loss if scaler is None else scaler.scale(loss)).backward()
+        backward_into_grads(loss if scaler is None else scaler.scale(loss), params)   # as the trainer
         return loss.detach(), items.detach()
 
     return net, step
@@ -261,11 +262,12 @@ def make_seam(spec, graphed: bool, seed=0):
     if graphed:
         seg = GraphedSegment(m.train_seam(net), name="front", repeat=1)
         m.set_train_seam(net, seg)
+    params = [p for p in net.parameters() if p.requires_grad]
 
     def step(x, t, k):
         torch.manual_seed(1234)          # query denoising draws noise: same draws in every arm
         loss, items = loss_fn(m.train_forward(net, x, t, k), t, k)
-        loss.backward()
+        backward_into_grads(loss, params)   # as the trainer
         return loss.detach(), items.detach()
 
     return net, step, seg

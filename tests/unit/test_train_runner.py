@@ -1,4 +1,5 @@
 """Training-step capture policy on the CPU (stand-in capturer) and its fallbacks."""
+import copy
 import logging
 
 import pytest
@@ -355,3 +356,53 @@ def test_flat_copy_round_trips_every_tensor_in_its_own_layout_and_dtype():
     restore_buffers(snap)
     assert all(torch.equal(v, stats[k]) for k, v in bn.state_dict().items())
     assert all(v._version == versions[k] for k, v in bn.state_dict().items() if k.startswith("1."))
+
+
+def _backward_pair(channels_last: bool, with_grads: bool):
+    """Two copies of one small conv net, two accumulated micro-batches each: one through
+    ``loss.backward()``, one through ``backward_into_grads``."""
+    from libreyolo.graphs.training import backward_into_grads
+    g = torch.Generator().manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.SiLU(), nn.Conv2d(8, 4, 1),
+                        nn.Flatten(), nn.Linear(4 * 8 * 8, 5))
+    unused = nn.Linear(2, 2)   # a parameter the loss does not reach keeps its gradient
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    nets = []
+    for _ in range(2):
+        n = nn.ModuleList([copy.deepcopy(net), copy.deepcopy(unused)]).to(memory_format=fmt)
+        if with_grads:
+            for p in n.parameters():
+                p.grad = torch.full_like(p, 0.25)
+        nets.append(n)
+    xs = [torch.randn(4, 3, 8, 8, generator=g).contiguous(memory_format=fmt) for _ in range(2)]
+    for x in xs:
+        nets[0][0](x).square().mean().backward()
+        params = list(nets[1].parameters())
+        backward_into_grads(nets[1][0](x).square().mean(), params)
+    return nets
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("with_grads", [False, True])
+def test_backward_into_grads_is_backward_bit_for_bit(channels_last, with_grads):
+    ref, got = _backward_pair(channels_last, with_grads)
+    for (name, a), b in zip(ref.named_parameters(), got.parameters()):
+        if a.grad is None:
+            assert b.grad is None, name
+            continue
+        assert torch.equal(a.grad, b.grad), name
+        assert a.grad.stride() == b.grad.stride(), name   # the parameter's layout, as backward keeps it
+        assert b.grad.data_ptr() != 0 and b.grad._base is None, name   # its own memory, no alias
+    assert (ref[1].weight.grad is None) == (not with_grads)
+
+
+def test_backward_into_grads_adds_with_one_foreach_call(monkeypatch):
+    from libreyolo.graphs.training import backward_into_grads
+    net = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+    for p in net.parameters():
+        p.grad = torch.zeros_like(p)
+    calls = []
+    real = torch._foreach_add_
+    monkeypatch.setattr(torch, "_foreach_add_", lambda a, b: calls.append(len(a)) or real(a, b))
+    backward_into_grads(net(torch.ones(3, 4)).sum(), list(net.parameters()))
+    assert calls == [4]
