@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from .models.base import Model
-from .models.registry import FAMILIES, family_for_checkpoint, get_family, parse_spec
+from .models.registry import family_for_checkpoint, get_family, naming, parse_spec
 
 log = logging.getLogger("libreyolo")
 
@@ -79,15 +79,14 @@ def _is_libreyolo_file_name(name: str) -> bool:
     Covers names :func:`parse_spec` does not resolve to a size, such as task variants
     (``LibreYOLO9c-seg.pt``), which may still exist on the hub."""
     low = name.lower()
-    return any(low.startswith(cls.FILE_PREFIX.lower()) for cls in FAMILIES.values() if cls.FILE_PREFIX)
+    return any(low.startswith(prefix.lower()) for prefix, _ in naming().values() if prefix)
 
 
 def _families_and_file_names() -> str:
     """One line per family: its weight-file pattern, sizes and an example."""
     rows = []
-    for family, cls in FAMILIES.items():
-        sizes = ", ".join(cls.SIZES)
-        rows.append(f"  - {family}: {cls.FILE_PREFIX}<size>.pt, sizes {sizes} (e.g. {cls.FILE_PREFIX}{cls.SIZES[0]}.pt)")
+    for family, (prefix, sizes) in naming().items():
+        rows.append(f"  - {family}: {prefix}<size>.pt, sizes {', '.join(sizes)} (e.g. {prefix}{sizes[0]}.pt)")
     return "\n".join(rows)
 
 

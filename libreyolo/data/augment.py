@@ -52,10 +52,7 @@ from typing import Sequence
 import numpy as np
 import torch
 import torch.nn.functional as F
-import torchvision.transforms.v2.functional as TF
 from torch.utils.data import Dataset
-from torchvision import tv_tensors
-from torchvision.transforms import v2
 
 from ..ops.letterbox import MODES as LETTERBOX_MODES
 from ..ops.letterbox import PAD_VALUE, LetterboxParams, letterbox_params
@@ -72,6 +69,9 @@ POLICIES = ("yolo", "detr")
 def _detr_transforms(fliplr: float):
     """The DETR recipe's torchvision transforms, built once per dataset: (until close_mosaic, after
     it: the flip alone, or None when there is nothing to do)."""
+    # torchvision is imported by the DETR recipe alone: its import pulls in torch._dynamo, seconds
+    # of a training process's start (and of each loader worker's, were it imported there)
+    from torchvision.transforms import v2
     flip = [v2.RandomHorizontalFlip(p=fliplr)] if fliplr > 0 else []
     strong = v2.Compose([v2.RandomPhotometricDistort(p=0.5), v2.RandomZoomOut(fill=0, p=0.5),
                          v2.RandomApply([v2.RandomIoUCrop()], p=0.8), v2.SanitizeBoundingBoxes(min_size=1), *flip])
@@ -221,7 +221,7 @@ class DetectionDataset(Dataset):
             dense = False
         image, targets = self._transform(canvas, targets, ref_area, center, 0.5 if dense else 1.0)   # dense: 2S into S
         if self.fliplr > 0 and float(torch.rand(())) < self.fliplr:
-            image = TF.horizontal_flip(image)
+            image = image.flip(-1)   # what torchvision's horizontal_flip does to a plain tensor
             if len(targets):
                 x1 = s - targets[:, 3]
                 targets[:, 3] = s - targets[:, 1]
@@ -349,6 +349,7 @@ class DetectionDataset(Dataset):
         chw, boxes, cls = hwc.permute(2, 0, 1), labels[:, 1:] * torch.tensor([w, h, w, h], dtype=torch.float32), labels[:, 0]
         ops = self._detr_ops[0 if float(self._strong[0]) > 0 else 1]
         if ops is not None:
+            from torchvision import tv_tensors
             out = ops({"image": tv_tensors.Image(chw.contiguous()),
                        "boxes": tv_tensors.BoundingBoxes(boxes, format="XYXY", canvas_size=(h, w)), "labels": cls})
             chw, boxes, cls = (out[k].as_subclass(torch.Tensor) for k in ("image", "boxes", "labels"))

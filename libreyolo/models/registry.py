@@ -1,65 +1,81 @@
 """Family name -> class; sizes; file-name and state-dict sniffing.
 
-Adding a family is one import and one line in ``FAMILIES``.
+Adding a family is one line in ``_TABLE``. A family's module is imported the first time its class
+is needed (``get_family``, ``FAMILIES[name]``), not when the registry is: naming a model
+(``parse_spec``, weight-file names) reads the table alone. So building a YOLO imports neither the
+DETRs' modules nor BiRefNet's, which import torchvision - and torchvision's import pulls in
+torch._dynamo, seconds of every process's start. ``tests/unit/test_model.py`` checks the table
+against the classes.
 """
 from __future__ import annotations
 
+import importlib
 import re
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from .base import Model
-from .birefnet.model import BiRefNet
-from .convnext.model import ConvNeXt
-from .deim.model import Deim
-from .deimv2.model import Deimv2
-from .depth_anything.model import DepthAnything
-from .dfine.model import Dfine
-from .ec.model import EC
-from .efficientnetv2.model import EfficientNetV2
-from .mobilenetv4.model import MobileNetV4
-from .mobilesam.model import MobileSAM
-from .picodet.model import Picodet
-from .ppocr.model import PPOCR
-from .resnet.model import ResNet
-from .rtdetr.model import RTDETR
-from .rtdetrv2.model import RTDETRv2
-from .rtdetrv4.model import RTDETRv4
-from .rtmdet.model import Rtmdet
-from .segformer.model import Segformer
-from .yolo7.model import Yolo7
-from .yolo9.model import Yolo9
-from .yolox.model import Yolox
 
-FAMILIES: dict[str, type[Model]] = {
-    "yolo9": Yolo9,
-    "yolox": Yolox,
-    "yolo7": Yolo7,
-    "rtmdet": Rtmdet,
-    "picodet": Picodet,
-    "rtdetr": RTDETR,
-    "rtdetrv2": RTDETRv2,
-    "dfine": Dfine,
-    "deim": Deim,
-    "deimv2": Deimv2,
-    "ec": EC,
-    "rtdetrv4": RTDETRv4,
-    "resnet": ResNet,
-    "efficientnetv2": EfficientNetV2,
-    "mobilenetv4": MobileNetV4,
-    "convnext": ConvNeXt,
-    "segformer": Segformer,
-    "mobilesam": MobileSAM,
-    "depth_anything": DepthAnything,
-    "birefnet": BiRefNet,
-    "ppocr": PPOCR,
+#: family -> (``module:Class`` under libreyolo.models, the class's FILE_PREFIX, its SIZES)
+_TABLE: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "yolo9": (".yolo9.model:Yolo9", "LibreYOLO9", ("t", "s", "m", "c")),
+    "yolox": (".yolox.model:Yolox", "LibreYOLOX", ("n", "t", "s", "m", "l", "x")),
+    "yolo7": (".yolo7.model:Yolo7", "LibreYOLO7", ("b", "tiny")),
+    "rtmdet": (".rtmdet.model:Rtmdet", "LibreRTMDet", ("t", "s", "m", "l")),
+    "picodet": (".picodet.model:Picodet", "LibrePICODET", ("s", "m", "l")),
+    "rtdetr": (".rtdetr.model:RTDETR", "LibreRTDETR", ("r18", "r34", "r50", "r101")),
+    "rtdetrv2": (".rtdetrv2.model:RTDETRv2", "LibreRTDETRv2", ("r18", "r34", "r50", "r101")),
+    "dfine": (".dfine.model:Dfine", "LibreDFINE", ("n", "s", "m", "l", "x")),
+    "deim": (".deim.model:Deim", "LibreDEIM", ("n", "s", "m", "l", "x")),
+    "deimv2": (".deimv2.model:Deimv2", "LibreDEIMv2", ("atto", "femto", "pico", "n", "s", "m", "l", "x")),
+    "ec": (".ec.model:EC", "LibreEC", ("s", "m", "l", "x")),
+    "rtdetrv4": (".rtdetrv4.model:RTDETRv4", "LibreRTDETRv4", ("s", "m", "l", "x")),
+    "resnet": (".resnet.model:ResNet", "LibreResNet", ("18", "34", "50", "101", "152")),
+    "efficientnetv2": (".efficientnetv2.model:EfficientNetV2", "LibreEfficientNetV2",
+                       ("b0", "b1", "b2", "b3", "s", "m", "l")),
+    "mobilenetv4": (".mobilenetv4.model:MobileNetV4", "LibreMobileNetV4", ("s", "m", "l", "hm", "hl")),
+    "convnext": (".convnext.model:ConvNeXt", "LibreConvNeXt", ("t", "s", "b", "l")),
+    "segformer": (".segformer.model:Segformer", "LibreSegformer", ("b0", "b1", "b2", "b3", "b4", "b5")),
+    "mobilesam": (".mobilesam.model:MobileSAM", "LibreMobileSAM", ("tiny",)),
+    "depth_anything": (".depth_anything.model:DepthAnything", "LibreDepthAnythingV2", ("s", "b", "l")),
+    "birefnet": (".birefnet.model:BiRefNet", "LibreBiRefNet", ("t", "l")),
+    "ppocr": (".ppocr.model:PPOCR", "LibrePPOCR", ("t",)),
 }
+
+
+class _Families(Mapping):
+    """family name -> its class, imported at first use (iterating the values imports them all)."""
+
+    def __init__(self) -> None:
+        self._loaded: dict[str, type[Model]] = {}
+
+    def __getitem__(self, name: str) -> type[Model]:
+        cls = self._loaded.get(name)
+        if cls is None:
+            module, attr = _TABLE[name][0].split(":")   # KeyError for an unknown name, as a dict
+            cls = self._loaded[name] = getattr(importlib.import_module(module, __package__), attr)
+        return cls
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_TABLE)
+
+    def __len__(self) -> int:
+        return len(_TABLE)
+
+
+FAMILIES: Mapping[str, type[Model]] = _Families()
+
+
+def naming() -> dict[str, tuple[str, tuple[str, ...]]]:
+    """family -> (weight-file prefix, sizes), without importing any family."""
+    return {fam: (prefix, sizes) for fam, (_, prefix, sizes) in _TABLE.items()}
 
 
 def get_family(name: str) -> type[Model]:
     key = name.lower().replace("_", "").replace("-", "")
-    for fam, cls in FAMILIES.items():
+    for fam in _TABLE:
         if fam.replace("_", "") == key:
-            return cls
+            return FAMILIES[fam]
     raise ValueError(f"unknown model family {name!r}; known families: {', '.join(FAMILIES)}")
 
 
@@ -68,14 +84,15 @@ def parse_spec(text: str) -> tuple[type[Model], str] | None:
     stem = Path(str(text)).name
     stem = re.sub(r"\.(pt|pth|safetensors)$", "", stem, flags=re.IGNORECASE)
     low = stem.lower()
-    for cls in sorted(FAMILIES.values(), key=lambda c: -len(c.FAMILY)):
-        prefixes = {cls.FAMILY.lower(), cls.FILE_PREFIX.lower()}
+    for fam in sorted(_TABLE, key=lambda f: -len(f)):
+        _, file_prefix, sizes = _TABLE[fam]
+        prefixes = {fam.lower(), file_prefix.lower()}
         for prefix in sorted(prefixes, key=len, reverse=True):
             if prefix and low.startswith(prefix):
                 rest = low[len(prefix):].lstrip("-_")
-                for size in sorted(cls.SIZES, key=len, reverse=True):
+                for size in sorted(sizes, key=len, reverse=True):
                     if rest == size.lower():
-                        return cls, size
+                        return FAMILIES[fam], size
     return None
 
 

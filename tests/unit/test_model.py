@@ -29,6 +29,34 @@ def _make_detections_likely(m):
             torch.nn.init.constant_(mod.bias, 2.0)
 
 
+def test_registry_table_is_each_classs_own_naming():
+    """The registry names families without importing them (parse_spec, weight-file names); its
+    table must say what each class says."""
+    from libreyolo.models.registry import _TABLE, naming
+    for fam, (where, prefix, sizes) in _TABLE.items():
+        cls = FAMILIES[fam]
+        assert cls.FAMILY == fam and cls.FILE_PREFIX == prefix and tuple(cls.SIZES) == sizes, fam
+        assert f"{cls.__module__}:{cls.__name__}" == f"libreyolo.models{where}", fam
+        assert naming()[fam] == (prefix, sizes)
+    with pytest.raises(KeyError):
+        FAMILIES["yolo99"]
+
+
+def test_building_a_yolo_imports_neither_torchvision_nor_the_other_families():
+    """torchvision's import pulls in torch._dynamo (seconds of a process's start): naming and
+    building a detector, its task and its training dataset import neither (the DETRs', BiRefNet's
+    and the other tasks' modules, which do, load when they are used)."""
+    import subprocess
+    import sys
+    code = ("import sys; from libreyolo import LibreYOLO; m = LibreYOLO('yolo9t', device='cpu'); "
+            "import libreyolo.data.augment, libreyolo.engine.trainer, libreyolo.engine.predictor; "
+            "m.task; "
+            "bad = [k for k in ('torchvision', 'torch._dynamo', 'libreyolo.models.rtdetr.model', "
+            "'libreyolo.tasks.classify') if k in sys.modules]; print(bad); sys.exit(1 if bad else 0)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr[-2000:]
+
+
 def test_registry_rows_are_complete():
     assert set(FAMILIES) >= {"yolo9"}
     for row in list_models():
