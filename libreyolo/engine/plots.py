@@ -113,6 +113,11 @@ class PlotProcess:
         self.failed: str | None = None
         self._busy = threading.Lock()   # held from a send to its reply: one request at a time
 
+    def start(self) -> None:
+        """Start the child now (it imports matplotlib meanwhile) rather than at the first drawing."""
+        with self._busy:
+            self._child()
+
     def _child(self):
         if self._proc is None and self.failed is None:
             from ..childproc import start_child

@@ -1396,6 +1396,13 @@ class LoggingHook(Hook):
         self._warned: set[str] = set()
         self._plotter = BackgroundJob("plotter")   # waits on the drawing child (or draws, without one)
         self._child = PlotProcess() if self.plot_in_child else None
+        # a second child for the last validation's curves, started now so that it is warm at
+        # the end, where it draws them while the first draws the final results.png
+        second = self.curves_child if self.curves_child is not None else t.device.type == "cuda"
+        self._curves_child = None
+        if self._child is not None and second and t.cfg.run.plots and t.cfg.run.val:
+            self._curves_child = PlotProcess()
+            self._curves_child.start()
         # results.csv is rewritten whole (atomically) every epoch from these rows, so a full disk
         # or a kill never leaves half a line, and rows that could not be written are not lost.
         # A resumed run keeps the rows up to the epoch it resumes from: epochs it redoes (their
@@ -1453,6 +1460,9 @@ class LoggingHook(Hook):
     PLOT_EVERY_S = 30.0
     #: draw results.png in a child interpreter (engine.plots.PlotProcess); False: in a thread here
     plot_in_child = True
+    #: a second plot child for the last validation's curves (PR, confusion matrix), drawn beside
+    #: the final results.png instead of after it; None: on CUDA runs (a CPU run's cores train)
+    curves_child: bool | None = None
 
     def _plot(self, t: Trainer) -> None:
         """Draw results.png from results.csv (which is replaced whole, never read half-written)."""
@@ -1487,27 +1497,31 @@ class LoggingHook(Hook):
     def on_train_end(self, t: Trainer) -> None:
         plotter = getattr(self, "_plotter", None)
         if plotter is not None:   # on_train_start ran
+            curves_child = getattr(self, "_curves_child", None)
             try:
                 plotter.close()   # _plot never raises: a failed drawing is a warning
+                if t.cfg.run.plots and t.history and getattr(self, "_plotted_rows", 0) != len(self.rows) \
+                        and t.csv_path.is_file():
+                    self._plotted_rows = len(self.rows)
+                    plotter.submit(self._plot, t, what="results.png")   # the last rows, if drawn before them
                 evaluator = getattr(t, "last_evaluator", None)
                 if t.cfg.run.plots and evaluator is not None and t.history:
                     # the last epoch's validation: PR curves, confusion matrix, a validation batch;
-                    # the matplotlib figures in the child (warm) while this process draws the rest
-                    evaluator.plotter = self._child   # a failed child sends nothing: all drawn here
+                    # the matplotlib figures in a warm child - the second one, beside the first's
+                    # results.png, where there is one - while this process draws the rest
+                    evaluator.plotter = curves_child or self._child   # a failed child sends nothing: drawn here
                     try:
                         evaluator.plot(t.run_dir)
                     except Exception as exc:  # a plot is never worth a failed run
                         log.warning("libreyolo: could not draw the validation plots: %s", exc)
                     finally:
                         evaluator.plotter = None
-                if t.cfg.run.plots and t.history and getattr(self, "_plotted_rows", 0) != len(self.rows) \
-                        and t.csv_path.is_file():
-                    self._plotted_rows = len(self.rows)
-                    plotter.submit(self._plot, t, what="results.png")   # the last rows, if drawn before them
                 plotter.close()
             finally:
                 if self._child is not None:
                     self._child.close()
+                if curves_child is not None:
+                    curves_child.close()
         if self._handler is not None:
             lib = logging.getLogger("libreyolo")
             lib.removeHandler(self._handler)

@@ -60,6 +60,29 @@ def test_family_trains_two_tiny_epochs(tmp_path, shapes96, family, size, options
                if v.is_floating_point() and "running" not in k)
 
 
+def test_the_last_curves_go_to_a_second_plot_child_beside_the_final_results_png(tmp_path, shapes160, monkeypatch):
+    """With ``LoggingHook.curves_child`` (on by default on CUDA runs) the last validation's curves
+    are drawn by a second, pre-started child while the first draws the final results.png; both
+    children end with the run."""
+    from libreyolo.engine import plots as P
+    from libreyolo.engine import trainer as T
+    monkeypatch.setattr(T.LoggingHook, "curves_child", True)
+    sent, started, closed = [], [], []
+    real_send, real_start, real_close = P.PlotProcess.send, P.PlotProcess.start, P.PlotProcess.close
+    monkeypatch.setattr(P.PlotProcess, "send", lambda self, req: sent.append((id(self), "call" in req)) or real_send(self, req))
+    monkeypatch.setattr(P.PlotProcess, "start", lambda self: started.append(id(self)) or real_start(self))
+    monkeypatch.setattr(P.PlotProcess, "close", lambda self: closed.append(id(self)) or real_close(self))
+    small_run(tmp_path, shapes160, epochs=2, imgsz=64, batch=8, nbs=8, warmup_epochs=0, close_mosaic=0)
+    run = tmp_path / "run"
+    for f in ("results.png", "pr_curve.png", "confusion_matrix.png", "val_batch0_pred.jpg"):
+        assert (run / f).exists(), f
+    curves = {who for who, is_call in sent if is_call}
+    results = {who for who, is_call in sent if not is_call}
+    assert len(started) == 1 and curves == set(started), (started, sent)   # the pre-started child drew the curves
+    assert results and not results & curves                                 # the other one results.png
+    assert set(started) <= set(closed) and results <= set(closed)
+
+
 def test_two_epochs_falling_loss_checkpoints_csv_png(tmp_path, shapes160):
     model, res = small_run(tmp_path, shapes160, epochs=2, imgsz=160, batch=8, nbs=8, warmup_epochs=0.5,
                            close_mosaic=0)
