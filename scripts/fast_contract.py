@@ -190,8 +190,7 @@ def main(argv: list[str]) -> int:
     args = ap.parse_args(argv)
     fastpath.COMPILE_MODE = args.compile_mode
     if args.merge:
-        rows = [r for p in args.merge for r in json.loads(Path(p).read_text())["families"]]
-        return write(rows, args)
+        return write(merge_rows([json.loads(Path(p).read_text())["families"] for p in args.merge]), args)
     if args.device == "cuda" and not torch.cuda.is_available():
         print("fast_contract.py needs a CUDA GPU (--device cpu: a smoke run of the script itself, bf16 "
               "eager, no parity, figures not for the table)", file=sys.stderr)
@@ -215,6 +214,22 @@ def main(argv: list[str]) -> int:
                   f"{f.get('score_diff_p99')} mAP diff {f.get('map_diff')} -> {f['violations'] or 'in contract'}",
                   flush=True)
     return write(rows, args)
+
+
+def merge_rows(runs: list[list[dict]]) -> list[dict]:
+    """The family rows of several runs as one list, a family once: its arms from every run, a
+    later run's measurement of an arm replacing an earlier one's (a bf16 run merged onto the
+    fp16 table keeps the fp16 arms)."""
+    merged: dict[str, dict] = {}
+    for rows in runs:
+        for r in rows:
+            prev = merged.get(r["family"])
+            if prev is None:
+                merged[r["family"]] = {**r, "arms": dict(r.get("arms", {}))}
+            else:
+                arms = {**prev["arms"], **r.get("arms", {})}
+                merged[r["family"]] = {**prev, **r, "arms": arms}
+    return list(merged.values())
 
 
 def _json_value(v):

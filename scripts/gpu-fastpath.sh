@@ -8,9 +8,13 @@
 #     second-process warm-start times) for the models in $BENCH, on a GPU of its own when the
 #     machine has two or more (the last one);
 #   - the fast path's unit tests on this machine (tests/unit/test_fastpath.py).
-# Environment: FAMILIES (default all twelve), PRECISIONS (default fp16), EPOCHS (10), BENCH
+# Environment: FAMILIES (default all twelve), PRECISIONS (default fp16), EPOCHS (default: 30 for the
+# YOLO-style families, 20 for the DETRs, the training the shipped table was measured on), BENCH
 # (default yoloxn yolo9t dfinen rtdetrr18), BENCH_MODES (compile modes benched, default "default"),
-# T_FAM (seconds per family, default 300), RUNS (bench runs, default 100).
+# T_FAM (seconds per family, default 300), RUNS (bench runs, default 100), SIDE_BY_SIDE=1 (every
+# family its own process at once, dealt over the GPUs: twelve families fit one 600 s call on one
+# H200, where one after the other they do not), MERGE_WITH (earlier raw files the new figures are
+# merged onto, a family's arms kept unless measured again; default the shipped table's raw file).
 set -uo pipefail
 export PYTHONPATH="$PWD:${PYTHONPATH:-}" PYTHONUNBUFFERED=1 OMP_NUM_THREADS="${OMP_NUM_THREADS:-4}"
 # inductor's caches: the second bench process's warm start reads what the first wrote
@@ -31,22 +35,34 @@ bench() {
     done
   done
 }
-for ((g = 0; g < NFAM; g++)); do
-  (
-    export CUDA_VISIBLE_DEVICES=$g
-    for ((i = g; i < ${#FAMS[@]}; i += NFAM)); do
-      f=${FAMS[$i]}
-      timeout "${T_FAM:-300}" python3 scripts/fast_contract.py --families "$f" --precisions ${PRECISIONS:-fp16} \
-        --epochs "${EPOCHS:-10}" --out "$J/contract-$f.json" >> "$OUT/contract-gpu$g.log" 2>&1
-      echo "$f rc=$?" >> "$OUT/contract-gpu$g.log"
-    done
-    [ "$NGPU" -lt 2 ] && bench
-  ) &
-done
+epochs_of() {   # the training the shipped figures were measured on
+  case "$1" in rtdetr*|dfine|deim*|ec) echo "${EPOCHS:-20}";; *) echo "${EPOCHS:-30}";; esac
+}
+contract() {   # one family, its own process
+  timeout "${T_FAM:-300}" python3 scripts/fast_contract.py --families "$1" --precisions ${PRECISIONS:-fp16} \
+    --epochs "$(epochs_of "$1")" --out "$J/contract-$1.json" >> "$OUT/contract-$1.log" 2>&1
+  echo "$1 rc=$?" >> "$OUT/contract-$1.log"
+}
+if [ "${SIDE_BY_SIDE:-0}" = 1 ]; then
+  for ((i = 0; i < ${#FAMS[@]}; i++)); do
+    (export CUDA_VISIBLE_DEVICES=$((i % NFAM)) OMP_NUM_THREADS=2; contract "${FAMS[$i]}") &
+  done
+  [ "$NGPU" -lt 2 ] && BENCH_AFTER=1   # after the contracts (below): not beside them on the one GPU
+else
+  for ((g = 0; g < NFAM; g++)); do
+    (
+      export CUDA_VISIBLE_DEVICES=$g
+      for ((i = g; i < ${#FAMS[@]}; i += NFAM)); do contract "${FAMS[$i]}"; done
+      [ "$NGPU" -lt 2 ] && bench
+    ) &
+  done
+fi
 if [ "$NGPU" -ge 2 ]; then (export CUDA_VISIBLE_DEVICES=$((NGPU - 1)); bench) & fi
 OMP_NUM_THREADS=1 timeout 200 python3 -m pytest tests/unit/test_fastpath.py -q -p no:cacheprovider > "$OUT/unit-tests.log" 2>&1 &
 wait
-python3 scripts/fast_contract.py --merge "$J"/contract-*.json --out "$OUT/fast_contract.json" \
+[ "${BENCH_AFTER:-0}" = 1 ] && bench
+python3 scripts/fast_contract.py --merge ${MERGE_WITH:-benchmarks/results/session21/call2-fast-contract-merged.json} \
+  "$J"/contract-*.json --out "$OUT/fast_contract.json" \
   --table "$OUT/fast_contract.table.json" --markdown "$OUT/fast_contract.md" > "$OUT/merge.log" 2>&1
 cp "$J"/bench-*.json "$OUT/" 2>/dev/null
 ls -la "$OUT" > "$OUT/manifest.txt"

@@ -498,3 +498,22 @@ def test_inductor_cache_dir_set_by_the_user_is_kept(monkeypatch, tmp_path):
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())
     assert fastpath.use_inductor_cache() == ours and os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(ours)
+
+
+def test_contract_merge_keeps_a_familys_arms_unless_measured_again():
+    """scripts/fast_contract.py --merge: a bf16 run merged onto the fp16 figures keeps them; an arm
+    measured again takes the later figure."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("fast_contract_script",
+                                                  Path(__file__).resolve().parents[2] / "scripts" / "fast_contract.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    old = [{"family": "yolox", "size": "n", "arms": {"fp16": {"match_rate": 0.99}, "fp16-fast": {"match_rate": 1.0}}},
+           {"family": "yolo9", "size": "t", "arms": {"fp16": {"match_rate": 1.0}}}]
+    new = [{"family": "yolox", "size": "n", "arms": {"bf16": {"match_rate": 0.9}, "fp16": {"match_rate": 0.995}}}]
+    rows = {r["family"]: r for r in script.merge_rows([old, new])}
+    assert list(rows) == ["yolox", "yolo9"]
+    assert rows["yolox"]["arms"] == {"fp16": {"match_rate": 0.995}, "fp16-fast": {"match_rate": 1.0},
+                                     "bf16": {"match_rate": 0.9}}
+    assert rows["yolo9"]["arms"] == {"fp16": {"match_rate": 1.0}}
+    assert old[0]["arms"] == {"fp16": {"match_rate": 0.99}, "fp16-fast": {"match_rate": 1.0}}   # inputs untouched
