@@ -374,10 +374,12 @@ def _template(node: Any, tensors: list, flagged: list, paths: set, path: tuple |
     """``node`` with every dict / list / tuple rebuilt and every tensor replaced by a
     :class:`_Slot`, appending the tensors to ``tensors`` (and to ``flagged`` whether they lie under
     one of ``paths``, key tuples from the root; ``path`` is ``node``'s own while it can still lead
-    to one, else None). The containers a checkpoint holds, walked directly: torch's generic pytree
-    flatten costs ~15 ms for a 3,000-tensor checkpoint, at every epoch's end on the step loop's
-    thread. A dict or list subclass other than OrderedDict is refused rather than copied by
-    reference into a snapshot; anything else that is not a tuple is a value, kept as it is."""
+    to one, else None). One walk both flattens and marks the tensors under ``paths``, at every
+    epoch's end on the step loop's thread: with torch's pytree that took its flatten (about as
+    long as this walk, ~8 ms for yolo9-t's 3,351-tensor checkpoint on a CPU) and a second walk of
+    those subtrees; a key path from pytree's own ``tree_flatten_with_path`` costs 29 ms. A dict or
+    list subclass other than OrderedDict is refused rather than copied by reference into a
+    snapshot; anything else that is not a tuple is a value, kept as it is."""
     if isinstance(node, torch.Tensor):
         tensors.append(node)
         flagged.append(flag)

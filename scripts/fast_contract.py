@@ -73,6 +73,20 @@ def shapes_map(model, data, imgsz: int, **kw) -> float:
     return 100.0 * float(evaluate_detections(preds, gts, model.nc, model.names)["map50_95"])
 
 
+def train_briefly(m, data_yaml: str, epochs: int, imgsz: int = 320, batch: int = 16, lr0: float = 0.002) -> dict:
+    """``m`` trained with the demo's recipe (AdamW, the nominal batch equal to the batch, mosaic
+    closed for the last third; the DETR line at its own AdamW rate, the demo's suits the YOLOs),
+    captured where the family declares it; ``model.train``'s result."""
+    with tempfile.TemporaryDirectory() as tmp:
+        opts = {"epochs": epochs, "imgsz": imgsz, "batch": batch, "optimizer": "AdamW", "lr0": lr0,
+                "close_mosaic": None, "workers": 4, "project": tmp, "seed": 0}
+        kw = demo_train_args(opts)
+        if getattr(m, "TRAIN_DEFAULTS", {}).get("optimizer") == "AdamW":
+            kw.pop("lr0")
+        return m.train(data=data_yaml, verbose=False, cuda_graph=m.device.type == "cuda" and m.SUPPORTS_CUDA_GRAPH_TRAIN,
+                       **kw)
+
+
 def measure_family(fam: str, size: str, args, data) -> dict:
     t0 = time.perf_counter()
     cuda = args.device == "cuda"
@@ -80,13 +94,7 @@ def measure_family(fam: str, size: str, args, data) -> dict:
     out: dict = {"family": fam, "size": size, "weights": args.weights}
     twin = input_sensitive(LibreYOLO.new(fam, size, nc=data.nc, names=data.names, device=args.device, seed=0))
     if args.weights == "trained":
-        with tempfile.TemporaryDirectory() as tmp:
-            opts = {"epochs": args.epochs, "imgsz": args.imgsz, "batch": args.batch, "optimizer": "AdamW",
-                    "lr0": args.lr0, "close_mosaic": None, "workers": 4, "project": tmp, "seed": 0}
-            kw = demo_train_args(opts)
-            if getattr(m, "TRAIN_DEFAULTS", {}).get("optimizer") == "AdamW":
-                kw.pop("lr0")   # the DETR line keeps its own AdamW rate (the demo's suits the YOLOs)
-            tr = m.train(data=args.data_yaml, verbose=False, cuda_graph=cuda and m.SUPPORTS_CUDA_GRAPH_TRAIN, **kw)
+        tr = train_briefly(m, args.data_yaml, args.epochs, args.imgsz, args.batch, args.lr0)
         out["train_s"] = tr["time_s"]
         out["fp32_val_map50_95"] = tr.get("map50_95")
     else:

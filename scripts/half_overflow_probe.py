@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -28,10 +27,10 @@ import torch
 from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fast_contract import FAMILIES, real_images  # noqa: E402
+from fast_contract import FAMILIES, real_images, train_briefly  # noqa: E402
 
 from libreyolo import LibreYOLO  # noqa: E402
-from libreyolo.cli import DEMO_DATA, demo_train_args  # noqa: E402
+from libreyolo.cli import DEMO_DATA  # noqa: E402
 from libreyolo.data.datasets import resolve_data  # noqa: E402
 from libreyolo.data.synthetic import make_shapes_dataset  # noqa: E402
 from libreyolo.engine.fastpath import DTYPES, make_half  # noqa: E402
@@ -41,13 +40,7 @@ def trained(fam: str, size: str, epochs: int, data_yaml: str, data, device: str)
     m = LibreYOLO.new(fam, size, nc=data.nc, names=data.names, device=device, seed=0)
     if epochs == 0:   # untrained seed-0 weights (a smoke run of this script)
         return m
-    with tempfile.TemporaryDirectory() as tmp:
-        opts = {"epochs": epochs, "imgsz": 320, "batch": 16, "optimizer": "AdamW", "lr0": 0.002,
-                "close_mosaic": None, "workers": 4, "project": tmp, "seed": 0}
-        kw = demo_train_args(opts)
-        if getattr(m, "TRAIN_DEFAULTS", {}).get("optimizer") == "AdamW":
-            kw.pop("lr0")
-        m.train(data=data_yaml, verbose=False, cuda_graph=m.SUPPORTS_CUDA_GRAPH_TRAIN, **kw)
+    train_briefly(m, data_yaml, epochs)   # as the contract's weights are trained
     return m
 
 

@@ -144,17 +144,17 @@ def violations(figures: dict) -> list[str]:
     import math
     out = []
     c = CONTRACT
-    # a figure that is not a finite number (NaN scores in the half path's output) breaks its bound
-    bad = {k for k in ("match_rate", "score_diff_p99", "map_diff")
-           if isinstance(figures.get(k), float) and not math.isfinite(figures[k])}
+
+    def missing(key: str) -> bool:   # not measured, or not a finite number (NaN scores made it NaN)
+        return figures.get(key) is None or not math.isfinite(figures[key])
+
     if figures.get("error"):
         out.append(f"the measurement failed ({figures['error']})")
-    if "match_rate" in bad or figures.get("match_rate") is None or figures["match_rate"] < c["match_rate_min"]:
+    if missing("match_rate") or figures["match_rate"] < c["match_rate_min"]:
         out.append(f"matched-detection rate at IoU>=0.95 {figures.get('match_rate')} < {c['match_rate_min']}")
-    if "score_diff_p99" in bad or figures.get("score_diff_p99") is None \
-            or figures["score_diff_p99"] > c["score_diff_p99_max"]:
+    if missing("score_diff_p99") or figures["score_diff_p99"] > c["score_diff_p99_max"]:
         out.append(f"score difference p99 {figures.get('score_diff_p99')} > {c['score_diff_p99_max']}")
-    if "map_diff" in bad or figures.get("map_diff") is None or abs(figures["map_diff"]) > c["map_diff_max"]:
+    if missing("map_diff") or abs(figures["map_diff"]) > c["map_diff_max"]:
         out.append(f"mAP50-95 difference {figures.get('map_diff')} points > {c['map_diff_max']}")
     if figures.get("detections") is not None and figures["detections"] < MIN_DETECTIONS:
         out.append(f"only {figures['detections']} fp32 detections to match (< {MIN_DETECTIONS}): too few to conclude")

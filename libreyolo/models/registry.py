@@ -9,11 +9,11 @@ against the classes.
 """
 from __future__ import annotations
 
-import importlib
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
+from ..lazytable import LazyTable
 from .base import Model
 
 #: family -> (``module:Class`` under libreyolo.models, the class's FILE_PREFIX, its SIZES)
@@ -43,27 +43,8 @@ _TABLE: dict[str, tuple[str, str, tuple[str, ...]]] = {
 }
 
 
-class _Families(Mapping):
-    """family name -> its class, imported at first use (iterating the values imports them all)."""
-
-    def __init__(self) -> None:
-        self._loaded: dict[str, type[Model]] = {}
-
-    def __getitem__(self, name: str) -> type[Model]:
-        cls = self._loaded.get(name)
-        if cls is None:
-            module, attr = _TABLE[name][0].split(":")   # KeyError for an unknown name, as a dict
-            cls = self._loaded[name] = getattr(importlib.import_module(module, __package__), attr)
-        return cls
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(_TABLE)
-
-    def __len__(self) -> int:
-        return len(_TABLE)
-
-
-FAMILIES: Mapping[str, type[Model]] = _Families()
+#: family name -> its class, imported at first use (iterating the values imports them all)
+FAMILIES: Mapping[str, type[Model]] = LazyTable({fam: row[0] for fam, row in _TABLE.items()}, __package__)
 
 
 def naming() -> dict[str, tuple[str, tuple[str, ...]]]:

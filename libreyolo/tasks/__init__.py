@@ -6,9 +6,9 @@ in ``TASKS``.
 """
 from __future__ import annotations
 
-import importlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 
+from ..lazytable import LazyTable
 from .base import Evaluator, PredictPlan, Task, TaskOptions
 
 #: task name -> where its Task class lives; a task's module is imported the first time the task
@@ -24,28 +24,8 @@ _TASK_CLASSES = {
     "ocr": ".ocr:OcrTask",
 }
 
-
-class _Tasks(Mapping):
-    """name -> the task's one :class:`Task` object, made at first use."""
-
-    def __init__(self) -> None:
-        self._made: dict[str, Task] = {}
-
-    def __getitem__(self, name: str) -> Task:
-        task = self._made.get(name)
-        if task is None:
-            module, cls = _TASK_CLASSES[name].split(":")   # KeyError for an unknown name, as a dict
-            task = self._made[name] = getattr(importlib.import_module(module, __name__), cls)()
-        return task
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(_TASK_CLASSES)
-
-    def __len__(self) -> int:
-        return len(_TASK_CLASSES)
-
-
-TASKS: Mapping[str, Task] = _Tasks()
+#: name -> the task's one Task object, made at first use
+TASKS: Mapping[str, Task] = LazyTable(_TASK_CLASSES, __name__, make=lambda cls: cls())
 
 
 def get_task(name: str) -> Task:
