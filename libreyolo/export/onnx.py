@@ -235,6 +235,9 @@ def export_onnx(model, file: str | os.PathLike | None = None, *, imgsz: int | No
     """
     require_onnx()
     import onnx
+    # torchvision's first import calls its own operators (``_cuda_version``): imported inside the
+    # trace (the NMS's forward imports it where it runs) the tracer records that call and fails
+    import torchvision.ops  # noqa: F401
 
     from ..options import check_imgsz, check_int, parse_bool
     size = check_imgsz(model.imgsz if imgsz is None else imgsz, model.STRIDE)

@@ -230,3 +230,19 @@ def test_dynamic_export_refused_where_the_graph_bakes_its_size(tmp_path):
         _toy(Baked).export(file=tmp_path / "baked.onnx", dynamic=True)
     assert not (tmp_path / "baked.onnx").exists()
     assert _toy(Toy).export(file=tmp_path / "ok.onnx", dynamic=True).is_file()
+
+
+def test_cli_export_of_a_detector_in_a_fresh_process(tmp_path):
+    """``libreyolo export`` as a user runs it: a new interpreter that has not imported torchvision
+    yet (the library imports it where it is used). Its first import inside the trace - the NMS's
+    forward - recorded one of torchvision's own operators and failed the export."""
+    import subprocess
+    import sys
+    ckpt = LibreYOLO.new("yolox", "n", device="cpu", seed=0).save(tmp_path / "yoloxn.pt")
+    out = tmp_path / "yoloxn.onnx"
+    code = ("import sys, libreyolo.cli as cli; assert 'torchvision' not in sys.modules; "
+            f"sys.exit(cli.main(['export', 'model={ckpt}', 'imgsz=64', 'file={out}']))")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert out.is_file() and read_metadata(out)["family"] == "yolox"
