@@ -20,6 +20,11 @@ import torch
 HOST_NMS_LIMIT = 3000
 
 
+def nan_last(scores: torch.Tensor) -> torch.Tensor:
+    """``scores`` with NaN as -inf (infinities kept): what a descending sort should put last."""
+    return scores.nan_to_num(nan=float("-inf"), posinf=float("inf"), neginf=float("-inf"))
+
+
 def top_candidates(boxes: torch.Tensor, scores: torch.Tensor, cls: torch.Tensor, k: int):
     """(B, N, 4), (B, N), (B, N) -> the same for the ``k`` best-scoring anchors, sorted descending.
 
@@ -27,9 +32,16 @@ def top_candidates(boxes: torch.Tensor, scores: torch.Tensor, cls: torch.Tensor,
     runs a radix selection and then sorts its result (8,400 scores, k = 1,000 on an H200:
     measured in docs/benchmarks.md, "sort vs top-k"). Equal scores may come in either
     order; eager and graph run the same kernels, so they agree.
+
+    A NaN score (a network whose numbers broke, e.g. a half copy out of float16's range) is
+    ranked as -inf: torch's sort puts NaN above every number, and since no NaN passes a
+    ``> conf`` test, NaN candidates at the head of a row would push real ones out of the
+    conf-passing prefix that NMS reads (the device walk would stop at the first). ``-inf``
+    sorts them last and no threshold admits them. One elementwise kernel, the same in eager
+    and in the graph.
     """
     k = min(int(k), scores.shape[1])
-    s, idx = scores.sort(dim=1, descending=True)
+    s, idx = nan_last(scores).sort(dim=1, descending=True)
     s, idx = s[:, :k], idx[:, :k]
     b = boxes.gather(1, idx.unsqueeze(-1).expand(-1, -1, boxes.shape[-1]))
     return b, s, cls.gather(1, idx)

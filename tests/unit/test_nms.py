@@ -51,3 +51,23 @@ def test_result_is_cpu_float32_even_when_empty():
     for kw in ({}, {"conf": 0.99}):
         d = nms_per_image(*cand, **kw)
         assert d.device.type == "cpu" and d.dtype == torch.float32
+
+
+def test_nan_scores_rank_last_and_never_pass_conf():
+    """A NaN score sorts above every number in torch; it must not take a real candidate's place
+    in the conf-passing prefix that NMS reads (nor reach the results)."""
+    boxes, scores, cls = case()
+    broken = scores.clone()
+    broken[0, 3] = float("nan")     # the far box of image 0, below conf anyway
+    broken[1, 3] = float("nan")
+    b, s, c = top_candidates(boxes, broken, cls, k=3)
+    assert not torch.isnan(s).any()
+    assert torch.equal(s[1], torch.tensor([0.95, 0.6, 0.5]))      # every real candidate kept in the top 3
+    full = top_candidates(boxes, broken, cls, k=4)
+    assert torch.equal(full[1][:, -1], torch.tensor([float("-inf")] * 2))
+    got = nms_per_image(*full, conf=0.25, iou=0.5)
+    ref = nms_per_image(*top_candidates(*case(), k=4), conf=0.25, iou=0.5)
+    assert torch.equal(got, ref)
+    inf = scores.clone()
+    inf[0, 0] = float("inf")   # infinities are kept as they are
+    assert top_candidates(boxes, inf, cls, k=1)[1][0, 0] == float("inf")

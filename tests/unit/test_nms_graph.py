@@ -63,6 +63,20 @@ SCRIPT = textwrap.dedent('''
         dets, count = nms_graph.select_detections(*many, torch.tensor([0.0, 0.5]), max_det)
         ref = reference(many[0][0], many[1][0], many[2][0], 0.0, 0.5, max_det, False)
         assert int(count[0]) == ref.shape[0] == max_det and torch.equal(dets[0], ref), max_det
+    # NaN scores (a broken half network) rank last: the walk reads the conf-passing prefix, which
+    # NaN at the head of a row would have emptied; the result is that of the real candidates alone
+    xy = torch.rand((2, 400, 2), generator=g) * 600
+    wh = torch.rand((2, 400, 2), generator=g) * 120 + 4
+    raw_b, raw_s, raw_c = torch.cat((xy, xy + wh), -1), torch.rand((2, 400), generator=g), \
+        torch.randint(0, 4, (2, 400), generator=g)
+    broken = raw_s.clone()
+    broken[:, ::7] = float("nan")
+    keep = ~torch.isnan(broken[0])
+    cand_nan = top_candidates(raw_b, broken, raw_c, 400)
+    cand_ref = top_candidates(raw_b[:1, keep], raw_s[:1, keep], raw_c[:1, keep], 400)
+    dets, count = nms_graph.select_detections(*cand_nan, torch.tensor([0.3, 0.5]), 100)
+    ref = reference(cand_ref[0][0], cand_ref[1][0], cand_ref[2][0], 0.3, 0.5, 100, False)
+    assert int(count[0]) == ref.shape[0] > 0 and torch.equal(dets[0, :ref.shape[0]], ref)
     # set-prediction heads: no suppression, only conf and max_det
     dets, count = nms_graph.select_detections(*cand, torch.tensor([0.5, 0.5]), 20, nms=False)
     assert torch.equal(count, torch.minimum((cand[1] > 0.5).sum(1), torch.tensor(20)))
