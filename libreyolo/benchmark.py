@@ -96,9 +96,10 @@ def _whole_graph_arm(net, x: torch.Tensor, eager_out: list, dev: torch.device, r
 
 def bench_model(model, *, imgsz: int = 640, batch: int = 1, runs: int = 200, warmup: int = 30,
                 image: np.ndarray | None = None, conf: float = 0.25, precision: str = "fp16",
-                compile_arms: bool = True, chunks: int = 4) -> dict:
+                compile_arms: bool = True, chunks: int = 4, aot: bool = False) -> dict:
     """Measure every arm for ``model`` and return a JSON-ready dict (``conf``: detection only;
     ``precision``: the dtype of the half and fast arms; ``compile_arms``: run them, CUDA only;
+    ``aot``: with them the ahead-of-time fast arm (``fast="aot"``, its package build and warm start);
     ``chunks``: with ``batch`` > 1, the batch arms predict ``chunks * batch`` images per call:
     :func:`batch_arms`)."""
     from .assets import SAMPLE_IMAGE
@@ -187,7 +188,7 @@ def bench_model(model, *, imgsz: int = 640, batch: int = 1, runs: int = 200, war
         if why:
             notes.append(f"compile / half / fast arms skipped: {why}")
         else:
-            arms.update(compile_arms_for(model, x, images, imgsz, batch, opts, runs, warmup, precision))
+            arms.update(compile_arms_for(model, x, images, imgsz, batch, opts, runs, warmup, precision, aot))
     if batch > 1:
         batch_res, batch_notes = batch_arms(model, image, imgsz, batch, opts, runs, warmup, precision, chunks)
         arms.update(batch_res)
@@ -283,9 +284,10 @@ def _compile_arms_skipped(model, precision: str) -> str | None:
 
 
 def compile_arms_for(model, x: torch.Tensor, images: list, imgsz: int, batch: int, opts: dict, runs: int,
-                     warmup: int, precision: str) -> dict:
-    """The arms beside the fp32 graph (CUDA): reduce-overhead, half, fast; compile and warm-start
-    times. The fast path is measured here whatever the family's contract says (``measuring``)."""
+                     warmup: int, precision: str, aot: bool = False) -> dict:
+    """The arms beside the fp32 graph (CUDA): reduce-overhead, half, fast (torch.compile) and with
+    ``aot`` the ahead-of-time compiled fast path (AOTInductor); compile and warm-start times. The
+    fast path is measured here whatever the family's contract says (``measuring``)."""
     from .engine.fastpath import half_network, measuring
     dev = model.device
     net = model.model.eval()
@@ -302,17 +304,18 @@ def compile_arms_for(model, x: torch.Tensor, images: list, imgsz: int, batch: in
         arms["forward_compile_reduce_overhead"] = time_call(lambda: ro(x), dev, runs, warmup)
         ro = None   # its cudagraph trees go with it
         torch._dynamo.reset()
-        for fast in (False, True):
-            name = "fast" if fast else "half"
+        for fast in (False, True, "aot") if aot else (False, True):
+            name = {False: "half", True: "fast", "aot": "aot"}[fast]
             hn = half_network(model, precision, fast)
             xh = x.to(hn.dtype, memory_format=torch.channels_last)
             t0 = time.perf_counter()
             hn(xh)
             _sync(dev)
             if fast:
-                compile_s["fast_first_compile_s"] = time.perf_counter() - t0
-                # a warm cache (an earlier run) makes this a cache hit, not a compile
-                compile_s["fast_first_compile_cache"] = hn.first_call_cache
+                compile_s[f"{name}_first_compile_s"] = time.perf_counter() - t0
+                # a warm cache (an earlier run) makes this a cache hit (a package load), not a compile
+                compile_s[f"{name}_first_compile_cache"] = hn.first_call_cache
+                compile_s[f"{name}_cache_dir"] = str(hn.cache_dir)
             graph = CudaGraphCapturer().capture(lambda t: hn(t), (xh,), module=hn.net)
             arms[f"forward_{name}_graph"] = time_call(lambda: graph.replay((xh,), clone=False), dev, runs, warmup)
             eager = _clone(hn(xh))
@@ -324,9 +327,10 @@ def compile_arms_for(model, x: torch.Tensor, images: list, imgsz: int, batch: in
                 model.predict(images, **kw)
                 arms[f"predict_{name}_graph"] = time_call(lambda: model.predict(images, **kw), dev, runs, warmup)
             model.release_graphs()
-    compile_s["fast_cache_dir"] = str(hn.cache_dir)
     compile_s["fast_compile_mode"] = hn.compile_mode
     compile_s.update(warm_start(model, imgsz, precision))
+    if aot:
+        compile_s.update({f"aot_{k}": v for k, v in warm_start(model, imgsz, precision, "aot").items()})
     arms["compile"] = compile_s
     return arms
 
@@ -338,34 +342,45 @@ import json, sys
 from libreyolo import LibreYOLO, SAMPLE_IMAGE
 from libreyolo.engine import fastpath
 from libreyolo.engine.fastpath import measuring
-src, fam, size, nc, imgsz, precision, fastpath.COMPILE_MODE = sys.argv[1:8]
-m = LibreYOLO(src, device="cuda") if src != "-" else LibreYOLO.new(fam, size, nc=int(nc), device="cuda")
+src, fam, size, nc, imgsz, precision, fastpath.COMPILE_MODE, fast = sys.argv[1:9]
+fast = fastpath.parse_fast(fast)
+m = LibreYOLO(src, device="cuda")
 t1 = time.perf_counter()
 with measuring():
-    m.predict(SAMPLE_IMAGE, imgsz=int(imgsz), precision=precision, fast=True, cuda_graph=True)
+    m.predict(SAMPLE_IMAGE, imgsz=int(imgsz), precision=precision, fast=fast, cuda_graph=True)
 t2 = time.perf_counter()
-hn = m.__dict__["_half_networks"][(precision, True)]
+hn = m.__dict__["_half_networks"][(precision, fast)]
 print("WARM " + json.dumps({"first_result_s": t2 - t0, "first_predict_s": t2 - t1, "import_build_s": t1 - t0,
                             "compiled_first_call_s": hn.first_call_s, "cache": hn.first_call_cache,
                             "cache_dir": str(hn.cache_dir)}))
 """
 
 
-def warm_start(model, imgsz: int, precision: str) -> dict:
-    """A second process's time to its first fast-path result (inductor's caches are warm now):
-    from interpreter start and from the model being loaded."""
+def warm_start(model, imgsz: int, precision: str, fast: bool | str = True) -> dict:
+    """A second process's time to its first fast-path result (inductor's caches, or with
+    ``fast="aot"`` the package, are on disk now): from interpreter start and from the model being
+    loaded. The child loads this model's weights as they are now (a temporary checkpoint: the
+    bench re-draws an untrained head, and an "aot" package is keyed by the weights), after a
+    batch-1 predict here has put what it needs on disk."""
     import subprocess
     import sys
-    src = model.source if model.source and Path(str(model.source)).exists() else "-"
+    import tempfile
+
+    from .assets import SAMPLE_IMAGE
     from .engine import fastpath
-    cmd = [sys.executable, "-c", _WARM_START, src, model.FAMILY, model.size, str(model.nc), str(imgsz), precision,
-           fastpath.COMPILE_MODE]
-    t0 = time.perf_counter()
-    try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    except subprocess.TimeoutExpired:
-        return {"warm_start_error": "timed out after 600 s"}
-    wall = time.perf_counter() - t0
+    with fastpath.measuring():
+        model.predict(SAMPLE_IMAGE, imgsz=int(imgsz), precision=precision, fast=fast, cuda_graph=True)
+    model.release_graphs()
+    with tempfile.TemporaryDirectory() as tmp:
+        src = str(model.save(Path(tmp) / f"{model.FAMILY}-{model.size}.pt"))
+        cmd = [sys.executable, "-c", _WARM_START, src, model.FAMILY, model.size, str(model.nc), str(imgsz),
+               precision, fastpath.COMPILE_MODE, str(fast)]
+        t0 = time.perf_counter()
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        except subprocess.TimeoutExpired:
+            return {"warm_start_error": "timed out after 600 s"}
+        wall = time.perf_counter() - t0
     line = [ln for ln in p.stdout.splitlines() if ln.startswith("WARM ")]
     if p.returncode or not line:
         return {"warm_start_error": (p.stderr or p.stdout)[-500:]}

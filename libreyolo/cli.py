@@ -95,6 +95,12 @@ def _precision(v: str) -> str:
         raise OptionError(str(exc)) from None
 
 
+def _fast(v: str) -> bool | str:
+    """fast as predict takes it: true, false or aot."""
+    from .engine.fastpath import parse_fast
+    return parse_fast(v)
+
+
 def _int_list(name: str, minimum: int) -> Callable[[str], list[int]]:
     def conv(v: str) -> list[int]:
         parts = [x.strip() for x in str(v).split(",")]
@@ -198,7 +204,8 @@ PREDICT = {
     "cuda_graph": Opt(_graph_mode, "auto", "false, true or auto"),
     "amp": Opt(_amp, False, "false, true (the family's dtype), fp16 or bf16"),
     "precision": Opt(_precision, None, "fp32 (default, bitwise), fp16 or bf16: the half network (fp16 with fast=true)"),
-    "fast": Opt(_flag("fast"), False, "CUDA: compile the half network with inductor inside the CUDA graph"),
+    "fast": Opt(_fast, False, "CUDA: compile the half network with inductor inside the CUDA graph: true "
+                              "(torch.compile) or aot (ahead of time, a package per shape cached on disk)"),
     "decode": Opt(_choice("decode", ("cpu", "gpu", "auto")), "cpu", "image files: cpu (PIL), gpu (JPEGs with nvjpeg, "
                                                                     "batched) or auto (gpu where it can run)"),
     "save": Opt(_flag("save"), True, "write annotated images"),
@@ -361,7 +368,7 @@ VERIFY = {
     "batch": Opt(_int_list("batch", 1), [1, 8], "batch sizes, e.g. 1,8"),
     "amp": Opt(_flag("amp"), True, "also verify under the family's autocast dtype"),
     "precision": Opt(_precision, None, "also verify the half path (fp16 or bf16): its graphs against it eager"),
-    "fast": Opt(_flag("fast"), False, "with precision: the compiled (fast) half path"),
+    "fast": Opt(_fast, False, "with precision: the compiled (fast) half path: true (torch.compile) or aot"),
     "device": Opt(str, "cuda", "CUDA device"),
     "json": Opt(str, None, "write the report to this JSON file"),
 }
@@ -414,6 +421,8 @@ BENCH = {
                                           "compile and warm-start times"),
     "compile_mode": Opt(_choice("compile_mode", ("default", "max-autotune-no-cudagraphs")), None,
                         "torch.compile mode of the fast arms (default: the library's)"),
+    "aot": Opt(_flag("aot"), False, "CUDA, with compile: also the ahead-of-time fast arm (fast=aot: "
+                                    "AOTInductor package build, its graph and a second process's warm start)"),
     "tf32": Opt(_flag("tf32"), None, "allow TF32 in float32 convolutions and matmuls (default: PyTorch's settings, "
                              "convolutions on, matmuls off); false = strict fp32"),
     "source": Opt(str, None, "a video file: frames/s eager vs graph on its frames, decode timed apart "
@@ -438,7 +447,8 @@ def cmd_bench(opts: dict) -> int:
         from .engine import fastpath
         fastpath.COMPILE_MODE = opts["compile_mode"]
     res = bench_model(model, imgsz=opts["imgsz"], batch=opts["batch"], runs=opts["runs"], warmup=opts["warmup"],
-                      precision=opts["precision"], compile_arms=opts["compile"], chunks=opts["chunks"])
+                      precision=opts["precision"], compile_arms=opts["compile"], chunks=opts["chunks"],
+                      aot=opts["aot"])
     tf32 = (f", TF32 conv {res['tf32']['cudnn']} / matmul {res['tf32']['matmul']}"
             if model.device.type == "cuda" else "")   # TF32 exists on CUDA only
     t = Table(title=f"{res['model']} imgsz={res['imgsz']} batch={res['batch']} on {res['device']} "

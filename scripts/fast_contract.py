@@ -1,6 +1,8 @@
 """Measure the fast-path tolerance contract per detection family (GPU): the figures
 ``libreyolo/assets/fast_contract.json`` holds and the library checks before it runs
-``precision="fp16"``/``"bf16"`` or ``fast=True`` (libreyolo/engine/fastpath.py).
+``precision="fp16"``/``"bf16"`` or ``fast=True`` / ``"aot"`` (libreyolo/engine/fastpath.py).
+``--fast-modes false true aot`` adds the ahead-of-time arm (``<precision>-aot``) to the two measured
+by default.
 
 Per family, on weights trained briefly on the demo's built-in shapes (the ``easy`` style of
 ``libreyolo demo``, trained with the demo's recipe - AdamW, the nominal batch equal to the batch,
@@ -106,7 +108,7 @@ def measure_family(fam: str, size: str, args, data) -> dict:
     out["fp32_map50_95"] = map_fp32
     out["arms"] = {}
     for precision in args.precisions:
-        for fast in ((False, True) if cuda else (False,)):
+        for fast in (args.fast_modes if cuda else (False,)):
             arm = arm_name(precision, fast)
             t1 = time.perf_counter()
             fig: dict = {}
@@ -148,7 +150,8 @@ def measure_family(fam: str, size: str, args, data) -> dict:
 
 
 #: the table file's first entry: what it is, for a reader who opens it
-TABLE_ABOUT = ("Measured fast-path figures per detection family and arm (fp16, fp16-fast, bf16, bf16-fast), "
+TABLE_ABOUT = ("Measured fast-path figures per detection family and arm (fp16, fp16-fast, fp16-aot, bf16, bf16-fast, "
+               "bf16-aot), "
                "written by scripts/fast_contract.py --table on a GPU. A family/arm missing here is unmeasured "
                "and refused; one whose figures break the contract (libreyolo/engine/fastpath.py: CONTRACT) is "
                "refused naming the figure.")
@@ -191,12 +194,16 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--markdown", default=None)
     ap.add_argument("--compile-mode", default=fastpath.COMPILE_MODE,
                     help="torch.compile mode of the fast arms (default: the library's)")
+    ap.add_argument("--fast-modes", nargs="+", default=["false", "true"], choices=["false", "true", "aot"],
+                    help="the arms per precision: false (the half copy), true (torch.compile), aot "
+                         "(AOTInductor, arm '<precision>-aot'); the CPU smoke run takes false only")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
                     help="cpu: a smoke run of this script (bf16 eager only, no parity)")
     ap.add_argument("--merge", nargs="*", default=None,
                     help="merge these earlier --out files (one per GPU) instead of measuring")
     args = ap.parse_args(argv)
     fastpath.COMPILE_MODE = args.compile_mode
+    args.fast_modes = tuple(fastpath.parse_fast(v) for v in args.fast_modes)
     if args.merge:
         return write(merge_rows([json.loads(Path(p).read_text())["families"] for p in args.merge]), args)
     if args.device == "cuda" and not torch.cuda.is_available():

@@ -14,7 +14,9 @@
 # T_FAM (seconds per family, default 300), RUNS (bench runs, default 100), SIDE_BY_SIDE=1 (every
 # family its own process at once, dealt over the GPUs: twelve families fit one 600 s call on one
 # H200, where one after the other they do not), MERGE_WITH (earlier raw files the new figures are
-# merged onto, a family's arms kept unless measured again; default the shipped table's raw file).
+# merged onto, a family's arms kept unless measured again; default the shipped table's raw file),
+# FAST_MODES (the arms per precision, default "false true"; "aot" adds the ahead-of-time arm,
+# e.g. FAST_MODES=aot alone to measure only that arm, merged onto the shipped ones).
 set -uo pipefail
 export PYTHONPATH="$PWD:${PYTHONPATH:-}" PYTHONUNBUFFERED=1 OMP_NUM_THREADS="${OMP_NUM_THREADS:-4}"
 # inductor's caches: the second bench process's warm start reads what the first wrote
@@ -40,6 +42,7 @@ epochs_of() {   # the training the shipped figures were measured on
 }
 contract() {   # one family, its own process
   timeout "${T_FAM:-300}" python3 scripts/fast_contract.py --families "$1" --precisions ${PRECISIONS:-fp16} \
+    --fast-modes ${FAST_MODES:-false true} \
     --epochs "$(epochs_of "$1")" --out "$J/contract-$1.json" >> "$OUT/contract-$1.log" 2>&1
   echo "$1 rc=$?" >> "$OUT/contract-$1.log"
 }

@@ -16,11 +16,11 @@ inductor's caches are those of a new process: the first process of a cache direc
 The network is the fast path's own: ``fastpath.half_network(model, precision, fast=True)`` (fuse,
 half, channels_last, ``compile_infer``) called on a random half NHWC input; on the CPU that is
 inductor's C++ backend (``fast=True`` itself is refused there: this is a diagnosis, not a
-feature). ``--arm aoti`` instead loads (or, cold, builds) the AOTInductor package of the same
-network (:func:`aoti_network` below: torch.export + ``aoti_compile_and_package`` into
-``<cache>/aoti/``, ``aoti_load_package(run_single_threaded=True)``): no dynamo and no inductor in
-the warm process. The package embeds the weights, so its key here is this probe's (seed-0
-weights); the fast path proper would load the half copy's weights into it.
+feature). ``--arm aoti`` instead runs ``fast="aot"``: the AOTInductor package of the same network
+(``fastpath.AotInfer``: torch.export + ``aoti_compile_and_package`` into ``<cache>/aot/``, loaded
+with ``aoti_load_package(run_single_threaded=True)``), built by the cold process and loaded by
+the warm ones: no dynamo and no inductor in a warm process. The package holds the weights (seed 0
+here in every process, so the warm ones find it).
 
   PYTHONPATH=. OMP_NUM_THREADS=1 python scripts/warm_start_probe.py --model yoloxn --imgsz 640 \
       --precision bf16 --cold 1 --warm 2 [--device cuda] [--arm compile|aoti]
@@ -45,38 +45,6 @@ def _tensors(out) -> list:
     return [o for o in flat if hasattr(o, "data_ptr")]
 
 
-def aoti_network(model, precision: str, x, cache: str):
-    """The AOTInductor package of the fast path's half network for input ``x``: loaded when it is
-    on disk, else exported, compiled and packaged first (``(fn, built)``)."""
-    import torch
-    from libreyolo.engine import fastpath
-    dev = x.device
-    key = (f"{model.FAMILY}-{model.size}-{precision}-{'x'.join(map(str, x.shape))}-{dev.type}"
-           f"-torch{torch.__version__}")
-    if dev.type == "cuda":
-        key += "-sm%d%d" % torch.cuda.get_device_capability(dev)
-    path = Path(cache) / "aoti" / f"{key}.pt2"
-    fastpath.use_inductor_cache()   # AOTInductor compiles through the same caches
-    if not path.exists():
-        net = fastpath.make_half(model.model, fastpath.DTYPES[precision], model.fused)
-        infer = model.infer_with(net)
-
-        class Infer(torch.nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.net = net
-
-            def forward(self, t):
-                return infer(t)
-        ep = torch.export.export(Infer().eval(), (x,))
-        path.parent.mkdir(parents=True, exist_ok=True)
-        torch._inductor.aoti_compile_and_package(ep, package_path=str(path))
-    try:   # without the container's thread synchronisation, which a CUDA-graph capture trips on
-        return torch._inductor.aoti_load_package(str(path), run_single_threaded=True)
-    except TypeError:   # a torch without the option
-        return torch._inductor.aoti_load_package(str(path))
-
-
 def child(args) -> dict:
     t = {}
     import torch
@@ -96,7 +64,6 @@ def child(args) -> dict:
     dtype = fastpath.DTYPES[args.precision]
     x = torch.rand(1, 3, args.imgsz, args.imgsz, generator=g).to(dev, dtype).contiguous(
         memory_format=torch.channels_last)
-    from torch._dynamo.utils import compilation_time_metrics, counters
 
     def sync():
         if dev.type == "cuda":
@@ -104,16 +71,14 @@ def child(args) -> dict:
 
     with torch.no_grad():
         t1 = time.perf_counter()
-        if args.arm == "aoti":
-            fn = aoti_network(model, args.precision, x, args.cache)
-        else:
-            fn = fastpath.half_network(model, args.precision, fast=True)
+        fn = fastpath.half_network(model, args.precision, fast="aot" if args.arm == "aoti" else True)
         t["half_s"] = time.perf_counter() - t1
         t1 = time.perf_counter()
         out = fn(x)
         sync()
         t["first_call_s"] = time.perf_counter() - t1
         t["first_result_s"] = time.perf_counter() - T0
+        dynamo_before = "torch._dynamo" in sys.modules
         t1 = time.perf_counter()
         fn(x)
         sync()
@@ -133,11 +98,15 @@ def child(args) -> dict:
                     torch.equal(a, b) for a, b in zip(_tensors(got), _tensors(ref_out)))
             except Exception as exc:   # noqa: BLE001 - the figure is whether it captures
                 t["capture_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+    t["dynamo_imported_by_first_result"] = dynamo_before
+    # imported after the first result: the aot arm itself needs no dynamo, and its import is ~1 s
+    from torch._dynamo.utils import compilation_time_metrics, counters
     t["phases"] = {k: round(sum(v), 3) for k, v in compilation_time_metrics.items()}
     t["counters"] = {k: dict(v) for k, v in counters.items() if k in ("inductor", "aot_autograd")}
     import torch._inductor.config as icfg
     t["compile_threads"] = icfg.compile_threads
     t["cache_dir"] = str(getattr(fn, "cache_dir", None))
+    t["first_call_cache"] = getattr(fn, "first_call_cache", None)
     t["env"] = {k: os.environ.get(k) for k in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
     ref = Path(args.cache) / f"probe-out-{args.arm}-{fam}-{size}-{args.precision}-{args.imgsz}-{dev.type}.pt"
     now = [o.detach().cpu() for o in _tensors(out)]

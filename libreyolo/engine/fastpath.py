@@ -6,6 +6,9 @@ run a cached copy of the network with BatchNorm folded into the convolutions (th
 the preprocessing writes the half NHWC input directly (:meth:`Preprocess.to_input`). ``fast=True``
 additionally compiles that copy with inductor (no cudagraph trees: the predictor captures the
 compiled kernels in its own CUDA graph, together with the pre- and post-processing).
+``fast="aot"`` compiles it ahead of time instead (AOTInductor, :class:`AotInfer`): one package per
+input shape, cached on disk with the weights left out and loaded into it from the half copy, so a
+later process loads the kernels without dynamo's trace or inductor's start (the warm start).
 
 What stays float32: the fp32 network (the source of truth: the copy is rebuilt whenever its
 weights, device or module tree change), the family's ``infer`` decoding wherever it already casts
@@ -71,24 +74,43 @@ def parse_precision(value: Any) -> str:
     raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {value!r}")
 
 
-def resolve(precision: Any, fast: Any, device: torch.device) -> tuple[str, bool]:
-    """Validate ``precision`` / ``fast`` together: (precision, fast).
+#: ``fast`` values after :func:`parse_fast`: off, torch.compile (JIT, in the first call of each
+#: shape) or AOTInductor (ahead of time, a package per shape cached on disk)
+FAST_MODES = (False, True, "aot")
 
-    ``fast=True`` runs a half network, so it takes fp16 (the default) or bf16, never fp32; it
-    needs CUDA: on the CPU there is no CUDA graph to put the compiled kernels in and inductor's
-    C++ backend would compile for minutes for no latency gain, so it is refused (the half eager
-    path, ``precision="bf16"`` without ``fast``, runs on the CPU).
+
+def parse_fast(value: Any) -> bool | str:
+    """``fast`` as predict, capture_graph, bench, verify and the CLI take it -> False, True
+    (torch.compile: inductor compiles in the process, its caches on disk) or "aot" (AOTInductor:
+    a compiled package per input shape on disk, loaded by later processes without recompiling)."""
+    from ..options import OptionError, parse_bool
+    if isinstance(value, str) and value.strip().lower() in ("aot", "aoti"):
+        return "aot"
+    try:
+        return parse_bool("fast", value)
+    except OptionError:
+        raise OptionError(f"fast must be true, false or 'aot' (ahead-of-time compiled, cached on disk), "
+                          f"got {value!r}") from None
+
+
+def resolve(precision: Any, fast: Any, device: torch.device) -> tuple[str, bool | str]:
+    """Validate ``precision`` / ``fast`` together: (precision, fast) with fast in :data:`FAST_MODES`.
+
+    ``fast=True`` / ``"aot"`` run a half network, so they take fp16 (the default) or bf16, never
+    fp32; they need CUDA: on the CPU there is no CUDA graph to put the compiled kernels in and
+    inductor's C++ backend would compile for minutes for no latency gain, so they are refused (the
+    half eager path, ``precision="bf16"`` without ``fast``, runs on the CPU).
     """
-    from ..options import parse_bool
-    fast = parse_bool("fast", fast)
+    fast = parse_fast(fast)
     if fast and precision is None:
         precision = "fp16"
     precision = parse_precision(precision)
     if fast and precision == "fp32":
-        raise ValueError("fast=True runs the half-precision network: use precision='fp16' (the default "
-                         "with fast=True) or 'bf16'; precision='fp32' is the bitwise path and is never compiled")
+        raise ValueError(f"fast={fast!r} runs the half-precision network: use precision='fp16' (the default "
+                         f"with fast={fast!r}) or 'bf16'; precision='fp32' is the bitwise path and is never "
+                         "compiled")
     if fast and device.type != "cuda":
-        raise ValueError(f"fast=True needs a CUDA device (the model is on '{device}'): it compiles the half "
+        raise ValueError(f"fast={fast!r} needs a CUDA device (the model is on '{device}'): it compiles the half "
                          "network with inductor and replays it inside a CUDA graph. On the CPU use "
                          "precision='bf16' (half eager) or the default fp32 path")
     return precision, fast
@@ -135,7 +157,10 @@ def load_table(path: Path | None = None) -> dict:
     return table
 
 
-def arm_name(precision: str, fast: bool) -> str:
+def arm_name(precision: str, fast: bool | str) -> str:
+    """The contract table's arm: "fp16", "fp16-fast" (torch.compile), "fp16-aot" (AOTInductor)."""
+    if fast == "aot":
+        return f"{precision}-aot"
     return f"{precision}-fast" if fast else precision
 
 
@@ -167,7 +192,7 @@ class FastPathRefused(ValueError):
     """The half / fast path is refused for a family (unmeasured, or outside the contract)."""
 
 
-def check_contract(family: str, precision: str, fast: bool, table: dict | None = None) -> None:
+def check_contract(family: str, precision: str, fast: bool | str, table: dict | None = None) -> None:
     """Raise :class:`FastPathRefused` unless ``family``'s measured figures for this arm are inside
     :data:`CONTRACT` (or :func:`measuring` is on)."""
     if precision == "fp32" or getattr(_measuring, "on", False):
@@ -175,7 +200,7 @@ def check_contract(family: str, precision: str, fast: bool, table: dict | None =
     arm = arm_name(precision, fast)
     table = load_table() if table is None else table
     figures = (table.get(family) or {}).get(arm)
-    what = f"precision={precision!r}" + (", fast=True" if fast else "")
+    what = f"precision={precision!r}" + (f", fast={fast!r}" if fast else "")
     if not figures:
         raise FastPathRefused(
             f"{what} is refused for the '{family}' family: its tolerance against fp32 is unmeasured "
@@ -204,8 +229,11 @@ def inductor_cache_dir() -> Path:
     the graph (family, size, input shape and dtype - the precision - are all in it), the config
     and the system (torch, Triton and CUDA versions, the GPU). The version in the path only keeps
     an upgrade from reading an older torch's files."""
-    root = Path(os.environ.get("LIBREYOLO_CACHE_DIR") or Path.home() / ".cache" / "libreyolo").expanduser()
-    return root / "inductor" / f"torch-{torch.__version__}"
+    return _cache_root() / "inductor" / f"torch-{torch.__version__}"
+
+
+def _cache_root() -> Path:
+    return Path(os.environ.get("LIBREYOLO_CACHE_DIR") or Path.home() / ".cache" / "libreyolo").expanduser()
 
 
 def _inductor_default_dir() -> str:
@@ -261,14 +289,17 @@ class HalfNetwork:
     net: torch.nn.Module
     infer: Callable[[torch.Tensor], Any]
     precision: str
-    fast: bool
+    #: False (the half copy eager), True (torch.compile) or "aot" (AOTInductor: ``infer`` is an AotInfer)
+    fast: bool | str
     source: tuple
     build_s: float
     cache_dir: Path | None = None
     compile_mode: str | None = None
-    #: seconds of the first call (dynamo + inductor compile, or the on-disk cache hit)
+    #: seconds of the first call (dynamo + inductor compile, or the on-disk cache hit; with "aot"
+    #: the package's load, or its export and compile when it is not on disk yet)
     first_call_s: float | None = None
-    #: inductor's cache hits / misses during the first call (``_cache_counts``): a warm start hits
+    #: what the first call found on disk: inductor's cache hits / misses (``_cache_counts``), or
+    #: with "aot" the packages loaded / built (:meth:`AotInfer.counts`): a warm start hits / loads
     first_call_cache: dict | None = None
     calls: int = field(default=0)
 
@@ -276,18 +307,22 @@ class HalfNetwork:
     def dtype(self) -> torch.dtype:
         return DTYPES[self.precision]
 
+    def _counts(self) -> dict:
+        return self.infer.counts() if isinstance(self.infer, AotInfer) else _cache_counts()
+
     def __call__(self, x: torch.Tensor) -> Any:
         if not self.fast or self.first_call_s is not None:
             self.calls += 1
             return self.infer(x)
-        before, t0 = _cache_counts(), time.perf_counter()
+        before, t0 = self._counts(), time.perf_counter()
         out = self.infer(x)
         if x.device.type == "cuda":
             torch.cuda.synchronize(x.device)
         self.first_call_s = time.perf_counter() - t0
-        self.first_call_cache = {k: v - before[k] for k, v in _cache_counts().items()}
-        log.info("libreyolo: %s fast path ready in %.1f s (inductor cache %s: %s)", self.precision,
-                 self.first_call_s, self.cache_dir, self.first_call_cache)
+        self.first_call_cache = {k: v - before[k] for k, v in self._counts().items()}
+        log.info("libreyolo: %s fast path ready in %.1f s (%s cache %s: %s)", self.precision,
+                 self.first_call_s, "AOTInductor" if self.fast == "aot" else "inductor", self.cache_dir,
+                 self.first_call_cache)
         self.calls += 1
         return out
 
@@ -319,6 +354,224 @@ def compile_infer(infer: Callable, backend: str = "inductor", mode: str | None =
     return torch.compile(infer, backend=backend, fullgraph=fullgraph, dynamic=False, **kw)
 
 
+# ------------------------------------------------------------- ahead of time (AOTInductor)
+class FastPathError(RuntimeError):
+    """The fast path's network could not be compiled (export or AOTInductor failed)."""
+
+
+#: inductor options of each COMPILE_MODE, as AOTInductor takes them
+_AOT_MODE_CONFIGS = {"default": {}, "max-autotune-no-cudagraphs": {"max_autotune": True}}
+
+_SOURCE_DIGEST: list[str] = []
+
+
+def source_digest() -> str:
+    """A digest of every Python file of the installed libreyolo package: what a family's network
+    and ``infer`` compute is code, so an ahead-of-time package is only reused by the same code
+    (an upgrade or a local edit compiles anew). Read once per process (a few milliseconds)."""
+    if not _SOURCE_DIGEST:
+        import hashlib
+        root = Path(__file__).resolve().parent.parent
+        h = hashlib.sha256()
+        for f in sorted(root.rglob("*.py")):
+            h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes() + b"\0")
+        _SOURCE_DIGEST.append(h.hexdigest())
+    return _SOURCE_DIGEST[0]
+
+
+def _device_identity(device: torch.device) -> dict:
+    """What compiled kernels are built for: the GPU (name, compute capability, CUDA) or the CPU's
+    vector instruction set (inductor's C++ kernels use the build machine's)."""
+    if device.type == "cuda":
+        return {"gpu": torch.cuda.get_device_name(device), "capability": list(torch.cuda.get_device_capability(device)),
+                "cuda": torch.version.cuda}
+    import platform   # torch's reading of the CPU (no inductor import: that pulls in dynamo)
+    return {"cpu": platform.machine(), "capability": torch.backends.cpu.get_cpu_capability()}
+
+
+def _versions() -> dict:
+    import importlib.metadata as md
+    out = {"torch": torch.__version__}
+    for name in ("triton", "timm", "torchvision"):
+        try:
+            out[name] = md.version(name)
+        except md.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+class AotInfer:
+    """A half network's ``infer`` compiled ahead of time by AOTInductor, one package per input
+    signature (shape, dtype, strides, device), what ``torch.compile(dynamic=False)`` would
+    compile per shape.
+
+    Each package lives in ``<libreyolo cache>/aot/torch-<version>/`` under a key of everything it
+    was built from: the library's code (:func:`source_digest`), the family, size and precision, the
+    half copy's weights (every tensor's name, shape, dtype, strides and bytes: :meth:`weights_digest`),
+    the input signature, the device (:func:`_device_identity`), the versions of torch, Triton, timm
+    and torchvision, and the compile mode. The weights are inside the package: AOTInductor folds
+    some of them into what it compiles (on the CPU a convolution's or a linear layer's bias, while
+    ``load_constants`` updates the rest), so a package whose weights were swapped afterwards would
+    mix two networks. New weights - a training run, another checkpoint - therefore build a new
+    package; for weights that keep changing in a process ``fast=True`` (torch.compile, whose
+    compiled graph reads the weights as inputs) is the one to use. A missing package is exported
+    (``torch.export``), compiled and written atomically (temporary file, then rename: two
+    processes may build the same package; each writes a whole file); a later process only loads
+    it - no dynamo trace, no inductor start. A file that does not load (cut short, another torch
+    build) is built again once.
+    """
+
+    def __init__(self, model, net: torch.nn.Module, infer: Callable, precision: str):
+        self.net, self.infer, self.precision = net, infer, precision
+        self.label = f"{model.FAMILY}-{model.size}"
+        self.fused = bool(model.fused)
+        self.root = aot_cache_dir()
+        self._packages: dict[tuple, Any] = {}
+        self._lock = threading.Lock()
+        self._weights: str | None = None
+        self.paths: dict[tuple, Path] = {}
+        self.loaded = self.built = 0
+
+    def counts(self) -> dict:
+        return {"aot_packages_loaded": self.loaded, "aot_packages_built": self.built}
+
+    @staticmethod
+    def signature(x: torch.Tensor) -> tuple:
+        return (tuple(x.shape), str(x.dtype), tuple(x.stride()), str(x.device))
+
+    def __call__(self, x: torch.Tensor) -> Any:
+        sig = self.signature(x)
+        pk = self._packages.get(sig)
+        if pk is None:
+            with self._lock:
+                pk = self._packages.get(sig)
+                if pk is None:
+                    pk = self._packages[sig] = self._package(x, sig)
+        return pk(x)
+
+    def weights_digest(self) -> str:
+        """sha256 of the half copy's tensors: names, shapes, dtypes, strides and bytes (once)."""
+        if self._weights is None:
+            import hashlib
+            h = hashlib.sha256()
+            for k, v in self.net.state_dict().items():
+                h.update(json.dumps([k, list(v.shape), str(v.dtype), list(v.stride())]).encode())
+                h.update(v.detach().reshape(-1).view(torch.uint8).cpu().numpy().tobytes())
+            self._weights = h.hexdigest()
+        return self._weights
+
+    def package_path(self, x: torch.Tensor) -> Path:
+        """Where the package for input ``x`` is (or will be) on disk."""
+        import hashlib
+        ident = {"libreyolo_source": source_digest(), "model": self.label, "precision": self.precision,
+                 "fused": self.fused, "weights": self.weights_digest(),
+                 "input": [list(x.shape), str(x.dtype), list(x.stride())],
+                 "device": _device_identity(x.device), "versions": _versions(), "compile_mode": COMPILE_MODE}
+        digest = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:20]
+        shape = "x".join(str(int(v)) for v in x.shape)
+        return self.root / f"{self.label}-{self.precision}-{shape}-{x.device.type}-{digest}.pt2"
+
+    def _package(self, x: torch.Tensor, sig: tuple):
+        path = self.paths[sig] = self.package_path(x)
+        if path.is_file():
+            try:
+                pk = AotPackage(path, x.device)
+                self.loaded += 1
+                return pk
+            except Exception as exc:   # noqa: BLE001 - cut short or stale: built again below
+                log.warning("libreyolo: the ahead-of-time package %s did not load (%s: %s); building it again",
+                            path, type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+        self._build(x, path)
+        pk = AotPackage(path, x.device)
+        self.built += 1
+        return pk
+
+    def _module(self) -> torch.nn.Module:
+        """``infer`` as a module whose parameters and buffers are the half copy's: what
+        torch.export takes."""
+        net, infer = self.net, self.infer
+
+        class Infer(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.net = net
+
+            def forward(self, t):
+                return infer(t)
+        return Infer().eval()
+
+    def _build(self, x: torch.Tensor, path: Path) -> None:
+        import tempfile
+        use_inductor_cache()   # AOTInductor compiles through inductor's caches too
+        log.warning("libreyolo: compiling %s's %s network ahead of time (AOTInductor) for input %s: a one-time "
+                    "cost for these weights (a minute or more), cached in %s", self.label, self.precision,
+                    "x".join(str(int(v)) for v in x.shape), path.parent)
+        t0 = time.perf_counter()
+        try:
+            with torch.no_grad():
+                ep = torch.export.export(self._module(), (x,))
+        except Exception as exc:
+            raise FastPathError(f"fast='aot' could not export {self.label}'s {self.precision} network "
+                                f"(torch.export): {type(exc).__name__}: {exc}. Use fast=True (torch.compile) "
+                                "or the half path without fast") from exc
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.stem + ".", suffix=".tmp.pt2")
+        os.close(fd)
+        try:
+            torch._inductor.aoti_compile_and_package(ep, package_path=tmp,
+                                                     inductor_configs=dict(_AOT_MODE_CONFIGS.get(COMPILE_MODE, {})))
+            os.replace(tmp, path)
+        except Exception as exc:
+            raise FastPathError(f"fast='aot' could not compile {self.label}'s {self.precision} network "
+                                f"(AOTInductor): {type(exc).__name__}: {str(exc)[:2000]}. Use fast=True "
+                                "(torch.compile) or the half path without fast") from exc
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        log.info("libreyolo: %s's ahead-of-time package built in %.1f s: %s", self.label,
+                 time.perf_counter() - t0, path)
+
+
+
+class AotPackage:
+    """A loaded AOTInductor package, called like the function it was exported from.
+
+    torch's own loader (``torch._inductor.aoti_load_package``) is reached through
+    ``torch._inductor``, whose import pulls in dynamo: about a second of a warm process's start,
+    for nothing the package needs. This calls the same C++ loader it calls
+    (``torch._C._aoti.AOTIModelPackageLoader``) and does what its Python wrapper does around a
+    run (the inputs and outputs flattened and rebuilt by the package's own tree specs); where that
+    loader's signature is not this torch's, torch's wrapper is used. Loaded without the model
+    container's thread synchronisation (``run_single_threaded``), which a CUDA-graph capture
+    trips on; on the device the input is on.
+    """
+
+    def __init__(self, path: Path, device: torch.device):
+        from torch.utils import _pytree as pytree
+        self._pytree = pytree
+        index = device.index if device.type == "cuda" and device.index is not None else -1
+        try:
+            self._loader = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", True, 1, index)
+        except (AttributeError, TypeError):   # another torch's binding: its public loader
+            self._loader = None
+            self._wrapped = torch._inductor.aoti_load_package(str(path), run_single_threaded=True,
+                                                              device_index=index)
+            return
+        spec = self._loader.get_call_spec()
+        self._out_spec = pytree.treespec_loads(spec[1])
+
+    def __call__(self, *args):
+        if self._loader is None:
+            return self._wrapped(*args)
+        flat = [t for t in self._pytree.tree_flatten((args, {}))[0] if isinstance(t, torch.Tensor)]
+        return self._pytree.tree_unflatten(self._loader.boxed_run(flat), self._out_spec)
+
+
+def aot_cache_dir() -> Path:
+    """Where the ahead-of-time packages live: ``<libreyolo cache>/aot/torch-<version>``."""
+    return _cache_root() / "aot" / f"torch-{torch.__version__}"
+
+
 def _network_identity(model) -> tuple:
     """The cheap part of :func:`_source_fingerprint`: which network object, its device, fused."""
     return (id(model.model), str(model.device), bool(model.fused))
@@ -330,7 +583,7 @@ def is_current(model, hn: HalfNetwork) -> bool:
     return hn.source == _source_fingerprint(model)
 
 
-def half_network(model, precision: str, fast: bool = False, verify: bool = True) -> HalfNetwork:
+def half_network(model, precision: str, fast: bool | str = False, verify: bool = True) -> HalfNetwork:
     """The model's cached half network for ``precision`` (compiled with ``fast``), rebuilt when the
     fp32 network changed since it was made (weights loaded or trained, ``reset_classes``,
     ``.to()``, ``fuse()``). A rebuild releases the model's CUDA graphs: they read the old copy.
@@ -340,7 +593,8 @@ def half_network(model, precision: str, fast: bool = False, verify: bool = True)
     checks it with :func:`is_current` while the device works, running the call again on a
     rebuilt copy when the weights changed."""
     cache: dict = model.__dict__.setdefault("_half_networks", {})
-    key = (precision, bool(fast))
+    fast = parse_fast(fast)
+    key = (precision, fast)
     hn = cache.get(key)
     if not verify and hn is not None and hn.source[:3] == _network_identity(model):
         return hn
@@ -358,10 +612,13 @@ def half_network(model, precision: str, fast: bool = False, verify: bool = True)
     net = make_half(model.model, dtype, model.fused)
     infer = model.infer_with(net)
     cache_dir = mode = None
-    if fast:
+    if fast == "aot":
+        infer = AotInfer(model, net, infer, precision)
+        cache_dir, mode = infer.root, COMPILE_MODE
+    elif fast:
         cache_dir, mode = use_inductor_cache(), COMPILE_MODE
         infer = compile_infer(infer, mode=mode)
-    hn = cache[key] = HalfNetwork(net, infer, precision, bool(fast), src, time.perf_counter() - t0,
+    hn = cache[key] = HalfNetwork(net, infer, precision, fast, src, time.perf_counter() - t0,
                                   cache_dir=cache_dir, compile_mode=mode)
     return hn
 

@@ -105,7 +105,7 @@ class Predictor:
 
         return net, from_u8
 
-    def _half(self, precision: str, fast: bool, verify: bool = True) -> HalfNetwork | None:
+    def _half(self, precision: str, fast: bool | str, verify: bool = True) -> HalfNetwork | None:
         """The half network of a call (None for fp32), after the family's contract check;
         ``verify=False``: the cached copy unchecked against the weights (see :func:`half_network`:
         the caller checks it after its launch)."""
@@ -290,8 +290,10 @@ class Predictor:
         ``precision``: "fp32" (default: the bitwise path), "fp16" or "bf16" (a cached half copy of
         the network, BatchNorm folded, channels_last; post-processing in float32). ``fast=True``
         (CUDA only; precision fp16 unless bf16 is asked) also compiles that copy with inductor,
-        captured with the pre- and post-processing when ``cuda_graph`` is on. Both are refused
-        for a family outside the measured fast-path contract (:mod:`libreyolo.engine.fastpath`).
+        captured with the pre- and post-processing when ``cuda_graph`` is on; ``fast="aot"``
+        compiles it ahead of time instead (AOTInductor: a package per input shape and weights,
+        cached on disk, so a later process starts without compiling). Each is refused for a
+        family outside its measured fast-path contract (:mod:`libreyolo.engine.fastpath`).
         ``decode``: how image files are decoded - "cpu" (default: PIL, the pixels training and
         validation see), "gpu" (JPEG files batched on the GPU with nvjpeg, each chunk's files
         at a time, so only compressed bytes cross PCIe; other formats, CMYK JPEGs and files

@@ -119,7 +119,7 @@ def check_seam(name: str, whole: Callable[..., Any], front: Callable[..., Any], 
 def verify_model(model, *, imgsz: int | None = None, batches: tuple[int, ...] = (1, 8),
                  amp_dtypes: tuple[Any, ...] | None = None,
                  source_hw: tuple[int, int] = (480, 640), precisions: tuple[str, ...] = (),
-                 fast: bool = False) -> list[ParityResult]:
+                 fast: bool | str = False) -> list[ParityResult]:
     """Parity of the raw network forward and of the full predict stage (uint8 in). For a family
     with a predict seam (``PREDICT_SEAM``) both end at the seam - what predict captures is the
     front part (``infer_front``) - and one more case per setting checks the seam's claim
@@ -181,7 +181,7 @@ def verify_model(model, *, imgsz: int | None = None, batches: tuple[int, ...] = 
 
 
 def verify_half(model, size: int, batches: tuple[int, ...], source_hw: tuple[int, int],
-                precisions: tuple[str, ...], fast: bool) -> list[ParityResult]:
+                precisions: tuple[str, ...], fast: bool | str) -> list[ParityResult]:
     """The parity protocol on the half / fast path: its network stage (half NHWC input) and its
     whole predict stage (uint8 in, post-processing included), graph replay vs the same path eager."""
     from .fastpath import arm_name, half_network, parse_precision

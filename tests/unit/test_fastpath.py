@@ -55,12 +55,29 @@ def test_resolve_fast():
     assert resolve(None, True, cuda) == ("fp16", True)
     assert resolve("bf16", "true", cuda) == ("bf16", True)
     assert resolve(None, False, cpu) == ("fp32", False)
+    assert resolve(None, "aot", cuda) == ("fp16", "aot") and resolve("bf16", "AOTI", cuda) == ("bf16", "aot")
     with pytest.raises(ValueError, match="fast=True runs the half-precision network"):
         resolve("fp32", True, cuda)
+    with pytest.raises(ValueError, match="fast='aot' runs the half-precision network"):
+        resolve("fp32", "aot", cuda)
     with pytest.raises(ValueError, match="fast=True needs a CUDA device"):
         resolve("fp16", True, cpu)
-    with pytest.raises(ValueError, match="fast"):
+    with pytest.raises(ValueError, match="fast='aot' needs a CUDA device"):
+        resolve(None, "aot", cpu)
+    with pytest.raises(ValueError, match="fast must be true, false or 'aot'.*got 'maybe'"):
         resolve(None, "maybe", cuda)
+
+
+def test_arm_names_and_the_aot_arms_own_contract(tmp_path, monkeypatch):
+    """The ahead-of-time path is its own arm: measured figures of "fp16-fast" (torch.compile) do
+    not admit "fp16-aot", and the refusal names the arm."""
+    assert [fastpath.arm_name("fp16", f) for f in (False, True, "aot")] == ["fp16", "fp16-fast", "fp16-aot"]
+    p = tmp_path / "fast_contract.json"
+    p.write_text(json.dumps({"families": {"yolox": {"bf16-fast": GOOD}}}))
+    monkeypatch.setattr(fastpath, "TABLE_PATH", p)
+    check_contract("yolox", "bf16", True)
+    with pytest.raises(FastPathRefused, match="precision='bf16', fast='aot' is refused .*no 'bf16-aot' entry"):
+        check_contract("yolox", "bf16", "aot")
 
 
 def test_predict_option_errors(yolox, image):
@@ -373,6 +390,10 @@ def test_cli_precision_options(monkeypatch, capsys):
     monkeypatch.setattr(cli, "_load", lambda opts, seed=None: Model())
     assert cli.main(["predict", "model=x.pt", "save=false", "precision=bf16", "fast=true"]) == 0
     assert seen["precision"] == "bf16" and seen["fast"] is True
+    assert cli.main(["predict", "model=x.pt", "save=false", "fast=aot"]) == 0
+    assert seen["fast"] == "aot"
+    assert cli.main(["predict", "model=x.pt", "fast=quick"]) == 2
+    assert "fast must be true, false or 'aot'" in capsys.readouterr().err
     seen.clear()
     assert cli.main(["predict", "model=x.pt", "save=false"]) == 0
     assert "precision" not in seen and "fast" not in seen   # the default call is today's call
@@ -517,3 +538,116 @@ def test_contract_merge_keeps_a_familys_arms_unless_measured_again():
                                      "bf16": {"match_rate": 0.9}}
     assert rows["yolo9"]["arms"] == {"fp16": {"match_rate": 1.0}}
     assert old[0]["arms"] == {"fp16": {"match_rate": 0.99}, "fp16-fast": {"match_rate": 1.0}}   # inputs untouched
+
+
+# ------------------------------------------------------------- ahead of time (AOTInductor)
+def test_aot_package_built_once_loaded_after_and_keyed_by_the_weights(monkeypatch, tmp_path, image, caplog):
+    """fast="aot" on the CPU (inductor's C++ backend; predict itself refuses fast on the CPU):
+    the first call exports and compiles a package into <cache>/aot/torch-<version> and logs that
+    it does; another half network of the same weights loads that file and builds nothing, with
+    bitwise the same outputs through the predictor's stage; other weights map to another
+    package; a package that does not load (a cut-short file) is built again, with one warning."""
+    import logging
+    monkeypatch.setenv("LIBREYOLO_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "1")
+    m = input_sensitive(LibreYOLO.new("yolox", "n", nc=3, device="cpu", seed=0))
+    pred = m._get_predictor()
+    plan = pred.plan(32)
+    u8 = torch.from_numpy(image).unsqueeze(0)
+
+    def stage(hn):
+        with torch.no_grad():
+            return pred._stage_fns(32, plan, hn)[1](u8)
+
+    with caplog.at_level(logging.INFO, logger="libreyolo"):
+        hn = half_network(m, "bf16", fast="aot")
+        out = stage(hn)
+    assert hn.fast == "aot" and isinstance(hn.infer, fastpath.AotInfer)
+    assert hn.first_call_cache == {"aot_packages_loaded": 0, "aot_packages_built": 1}
+    (path,) = hn.infer.paths.values()
+    assert path.parent == tmp_path / "aot" / f"torch-{torch.__version__}" and path.is_file()
+    assert path.name.startswith("yolox-n-bf16-1x3x32x32-cpu-")
+    assert not list(path.parent.glob("*.tmp.pt2"))              # written whole, then renamed
+    assert any("compiling yolox-n's bf16 network ahead of time" in r.message for r in caplog.records)
+    ref = stage(half_network(m, "bf16"))                        # the half copy run eagerly
+    assert all(torch.allclose(a, b, atol=0.5, rtol=0.02) for a, b in zip(out, ref))
+    assert all(t.dtype != torch.bfloat16 for t in out)          # post-processing in float32
+
+    twin = LibreYOLO.new("yolox", "n", nc=3, device="cpu", seed=0)
+    twin.load_state_dict(m.model.state_dict())                  # the same weights, another model
+    hn2 = half_network(twin, "bf16", fast="aot")
+    monkeypatch.setattr(fastpath.AotInfer, "_build", lambda *a: pytest.fail("built again"))
+    pred2 = twin._get_predictor()
+    with torch.no_grad():
+        out2 = pred2._stage_fns(32, pred2.plan(32), hn2)[1](u8)
+    assert hn2.first_call_cache == {"aot_packages_loaded": 1, "aot_packages_built": 0}
+    assert all(torch.equal(a, b) for a, b in zip(out2, out))
+
+    other = LibreYOLO.new("yolox", "n", nc=3, device="cpu", seed=1)
+    x = torch.zeros((1, 3, 32, 32), dtype=torch.bfloat16).contiguous(memory_format=torch.channels_last)
+    assert half_network(other, "bf16", fast="aot").infer.package_path(x) != path
+    assert half_network(m, "bf16", fast="aot").infer.package_path(x) == path
+    assert half_network(m, "fp16", fast="aot").infer.package_path(x.half()) != path
+
+    monkeypatch.undo()   # builds allowed again; the cache dir as before
+    monkeypatch.setenv("LIBREYOLO_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "1")
+    path.write_bytes(path.read_bytes()[:1000])                  # cut short
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="libreyolo"):
+        twin.__dict__["_half_networks"].clear()   # a new half copy: its package loaded anew
+        hn3 = half_network(twin, "bf16", fast="aot")
+        with torch.no_grad():
+            out3 = pred2._stage_fns(32, pred2.plan(32), hn3)[1](u8)
+    assert any("did not load" in r.message for r in caplog.records)
+    assert hn3.first_call_cache == {"aot_packages_loaded": 0, "aot_packages_built": 1}
+    assert path.stat().st_size > 1000 and all(torch.equal(a, b) for a, b in zip(out3, out))
+
+
+def test_source_digest_covers_the_package_code():
+    d = fastpath.source_digest()
+    assert len(d) == 64 and fastpath.source_digest() == d   # read once per process
+
+
+_AOT_CHILD = r"""
+import json, os, sys
+import torch
+from libreyolo import LibreYOLO
+from libreyolo.engine import fastpath
+
+m = LibreYOLO.new("yolox", "n", nc=3, device="cpu", seed=0)
+x = torch.rand(1, 3, 32, 32, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+x = x.contiguous(memory_format=torch.channels_last)
+hn = fastpath.half_network(m, "bf16", fast="aot")
+with torch.no_grad():
+    out = hn(x)
+torch.save([o for o in out], sys.argv[1])
+print("AOT " + json.dumps({**hn.first_call_cache, "dynamo": "torch._dynamo" in sys.modules}), flush=True)
+os._exit(0)
+"""
+
+
+def test_aot_package_loaded_by_a_second_process(tmp_path):
+    """fast="aot" in two fresh processes over one LIBREYOLO_CACHE_DIR: the first builds the package,
+    the second loads it (builds none, imports no dynamo: the warm start's point) and computes
+    bitwise the same outputs. ~30 s on two CPU cores (one compile)."""
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k not in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
+    env.update(LIBREYOLO_CACHE_DIR=str(tmp_path / "cache"), TORCHINDUCTOR_COMPILE_THREADS="1")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    runs = []
+    for i in range(2):
+        p = subprocess.run([sys.executable, "-c", _AOT_CHILD, str(tmp_path / f"out{i}.pt")], env=env,
+                           capture_output=True, text=True, timeout=600)
+        line = [ln for ln in p.stdout.splitlines() if ln.startswith("AOT ")]
+        assert p.returncode == 0 and line, p.stderr[-3000:]
+        runs.append(json.loads(line[-1][4:]))
+    cold, warm = runs
+    assert cold["aot_packages_built"] == 1 and cold["aot_packages_loaded"] == 0, cold
+    assert warm["aot_packages_built"] == 0 and warm["aot_packages_loaded"] == 1, warm
+    assert warm["dynamo"] is False, warm
+    a, b = (torch.load(tmp_path / f"out{i}.pt", weights_only=True) for i in range(2))
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
