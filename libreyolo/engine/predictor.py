@@ -310,6 +310,7 @@ class Predictor:
         """
         m = self.model
         mode = normalize_mode(cuda_graph)
+        m._runner.check_mode(mode, m.device)   # before any source is read: an impossible request fails first
         unknown = sorted(set(task_opts) - set(m.task.predict_defaults))
         if unknown:
             raise TypeError(f"unknown predict option(s) {', '.join(unknown)} for a {m.TASK} model; "

@@ -214,19 +214,14 @@ class GraphRunner:
             return self._eager(fn, inputs, host)
         if not self.supported:
             if mode is True:
-                raise NotImplementedError(
-                    f"cuda_graph=True is not supported for the '{self.family}' family: "
-                    f"{self.unsupported_reason}. Use cuda_graph=False or 'auto' (which runs eager).")
+                raise self._unsupported_error()
             with self._lock:
                 self._note_fallback(f"family '{self.family}' is not graph-capturable: {self.unsupported_reason}")
             return self._eager(fn, inputs, host)
         dev = inputs[0].device if inputs else torch.device("cpu")
         if not self.capturer.can_capture(dev):
             if mode is True:
-                raise GraphUnavailableError(
-                    f"cuda_graph=True needs the model on a CUDA device, but it runs on '{dev}'"
-                    + ("" if torch.cuda.is_available() else " and this machine has no CUDA GPU")
-                    + ". Move it with model.to('cuda'), or use cuda_graph='auto' (eager where graphs cannot run).")
+                raise self._unavailable_error(dev)
             with self._lock:
                 self._note_fallback(f"inputs are on '{dev}', CUDA graphs need a CUDA device")
             return self._eager(fn, inputs, host)
@@ -265,6 +260,28 @@ class GraphRunner:
                 entry = self._insert(sig, graph)
             entry.last_used = time.time()
             return self._replay(entry, inputs, clone, host, constant)
+
+    def _unsupported_error(self) -> NotImplementedError:
+        return NotImplementedError(
+            f"cuda_graph=True is not supported for the '{self.family}' family: "
+            f"{self.unsupported_reason}. Use cuda_graph=False or 'auto' (which runs eager).")
+
+    def _unavailable_error(self, dev: torch.device) -> GraphUnavailableError:
+        return GraphUnavailableError(
+            f"cuda_graph=True needs the model on a CUDA device, but it runs on '{dev}'"
+            + ("" if torch.cuda.is_available() else " and this machine has no CUDA GPU")
+            + ". Move it with model.to('cuda'), or use cuda_graph='auto' (eager where graphs cannot run).")
+
+    def check_mode(self, mode: Any, device: torch.device) -> None:
+        """Raise now what a call in ``mode`` would raise for inputs on ``device`` (an unsupported
+        family, or no CUDA under ``cuda_graph=True``): for a caller with work to do before its
+        first stage (predict reads and decodes its sources), so such a request fails before it."""
+        if normalize_mode(mode) is not True:
+            return
+        if not self.supported:
+            raise self._unsupported_error()
+        if not self.capturer.can_capture(torch.device(device)):
+            raise self._unavailable_error(torch.device(device))
 
     def _insert(self, sig: tuple, graph) -> _Entry:
         held = tuple(t.untyped_storage() for t in self._tensors or ())

@@ -235,6 +235,20 @@ def test_graph_modes_on_cpu(model):
         model.capture_graph(imgsz=320)
 
 
+def test_impossible_graph_request_fails_before_any_source_is_read(model, tmp_path, monkeypatch):
+    """cuda_graph=True where no graph can run fails at the call, before its sources are read (a
+    missing file is not reported instead, a directory of images is not decoded first) and
+    before a save folder is made."""
+    class Capable(type(model)):
+        SUPPORTS_CUDA_GRAPH = True
+
+    m = Capable(model.model, size=model.size, nc=model.nc, device="cpu")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(GraphUnavailableError, match="CUDA"):
+        m(str(tmp_path / "missing.jpg"), cuda_graph=True, save=True)
+    assert not (tmp_path / "runs").exists()
+
+
 def test_unsupported_family_raises_not_implemented_naming_it():
     class Unsupported(get_family("yolo9")):
         FAMILY = "toyfamily"
@@ -245,6 +259,8 @@ def test_unsupported_family_raises_not_implemented_naming_it():
     arr = np.zeros((64, 64, 3), np.uint8)
     with pytest.raises(NotImplementedError, match="toyfamily"):
         m(arr, cuda_graph=True)
+    with pytest.raises(NotImplementedError, match="toyfamily"):   # before the source is read
+        m("/nonexistent/image.jpg", cuda_graph=True)
     m(arr, cuda_graph="auto")
     assert "toyfamily" in m.graph_info()["fallbacks"][0]["reason"]
 
