@@ -20,6 +20,7 @@ def plot_results(csv_path: str | Path, out: str | Path | None = None) -> Path | 
     if not rows:
         return None
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     keys = [k for k in rows[0] if k != "epoch"]
     times = [k for k in keys if k.startswith("time/")]
@@ -45,6 +46,10 @@ def plot_results(csv_path: str | Path, out: str | Path | None = None) -> Path | 
             ax.legend(fontsize=7, ncols=2, frameon=False)
         ax.set_title(title)
         ax.set_xlabel("epoch")
+        if len(epochs) <= 12:   # whole epochs on the axis (one epoch drew 0.96 ... 1.04)
+            ax.set_xticks(epochs)
+        else:
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")

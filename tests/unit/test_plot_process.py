@@ -88,3 +88,15 @@ def test_the_child_ends_while_a_forked_process_holds_its_pipe(tmp_path):
     finally:
         holder.kill()
         holder.join()
+
+
+@pytest.mark.parametrize("n,ticks", [(1, [1]), (3, [1, 2, 3])])
+def test_results_png_marks_whole_epochs(tmp_path, monkeypatch, n, ticks):
+    """A short run's panels mark its epochs (one epoch drew 0.96 ... 1.04 before)."""
+    from matplotlib.figure import Figure
+    seen = []
+    real = Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda self, *a, **k: (seen.append(self), real(self, *a, **k))[1])
+    plots.plot_results(_csv(tmp_path / "results.csv", n))
+    axes = [ax for ax in seen[0].axes if ax.axison]
+    assert axes and all(list(ax.get_xticks()) == ticks for ax in axes)
