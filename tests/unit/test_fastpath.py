@@ -651,3 +651,18 @@ def test_aot_package_loaded_by_a_second_process(tmp_path):
     assert warm["dynamo"] is False, warm
     a, b = (torch.load(tmp_path / f"out{i}.pt", weights_only=True) for i in range(2))
     assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("fam,size", DETECT_FAMILIES)
+def test_aot_exports_every_family(fam, size):
+    """fast="aot" starts with torch.export of the family's half network and ``infer`` (no graph
+    break allowed, no data-dependent shape): every detection family exports (1-3 s each on two
+    CPU cores); the AOTInductor compile after it is tested on one family above."""
+    m = LibreYOLO.new(fam, size, nc=3, device="cpu", seed=0)
+    hn = half_network(m, "bf16", fast="aot")
+    x = torch.rand(1, 3, 64, 64).to(torch.bfloat16).contiguous(memory_format=torch.channels_last)
+    with torch.no_grad():
+        ep = torch.export.export(hn.infer._module(), (x,))
+        want = hn.infer.infer(x)
+    got = ep.module()(x)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))   # the exported graph computes infer
