@@ -471,12 +471,17 @@ class AotInfer:
         shape = "x".join(str(int(v)) for v in x.shape)
         return self.root / f"{self.label}-{self.precision}-{shape}-{x.device.type}-{digest}.pt2"
 
+    #: packages kept per model, precision, input shape and device (the most recently used): each
+    #: new set of weights builds one, and a run that predicts after every epoch would fill the disk
+    KEEP = 4
+
     def _package(self, x: torch.Tensor, sig: tuple):
         path = self.paths[sig] = self.package_path(x)
         if path.is_file():
             try:
                 pk = AotPackage(path, x.device)
                 self.loaded += 1
+                os.utime(path)   # recently used: kept by _prune
                 return pk
             except Exception as exc:   # noqa: BLE001 - cut short or stale: built again below
                 log.warning("libreyolo: the ahead-of-time package %s did not load (%s: %s); building it again",
@@ -484,7 +489,23 @@ class AotInfer:
         self._build(x, path)
         pk = AotPackage(path, x.device)
         self.built += 1
+        self._prune(path)
         return pk
+
+    def _prune(self, path: Path) -> None:
+        """Remove all but the :attr:`KEEP` most recently used packages of this model, precision,
+        input shape and device (``path``'s name without its digest)."""
+        prefix = path.name.rsplit("-", 1)[0] + "-"
+        same = [p for p in path.parent.glob(prefix + "*.pt2") if not p.name.endswith(".tmp.pt2")
+                and p.name.rsplit("-", 1)[0] + "-" == prefix]
+        def used(p: Path) -> float:
+            try:
+                return p.stat().st_mtime
+            except OSError:   # removed by another process meanwhile
+                return 0.0
+        for old in sorted(same, key=used, reverse=True)[self.KEEP:]:
+            if old != path:
+                old.unlink(missing_ok=True)
 
     def _module(self) -> torch.nn.Module:
         """``infer`` as a module whose parameters and buffers are the half copy's: what

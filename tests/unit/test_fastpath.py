@@ -666,3 +666,24 @@ def test_aot_exports_every_family(fam, size):
         want = hn.infer.infer(x)
     got = ep.module()(x)
     assert all(torch.equal(a, b) for a, b in zip(got, want))   # the exported graph computes infer
+
+
+def test_aot_packages_of_one_model_and_shape_are_pruned_to_the_recent_ones(tmp_path, monkeypatch):
+    """Each new set of weights builds a package: per model, precision, input shape and device only
+    the AotInfer.KEEP most recently used stay (others' packages untouched)."""
+    monkeypatch.setenv("LIBREYOLO_CACHE_DIR", str(tmp_path))
+    m = LibreYOLO.new("yolox", "n", nc=3, device="cpu", seed=0)
+    aot = half_network(m, "bf16", fast="aot").infer
+    root = aot.root
+    root.mkdir(parents=True)
+    mine = [root / f"yolox-n-bf16-1x3x32x32-cpu-{i:020d}.pt2" for i in range(7)]
+    others = [root / "yolox-n-bf16-1x3x64x64-cpu-00000000000000000000.pt2",
+              root / "yolox-n-fp16-1x3x32x32-cpu-00000000000000000000.pt2",
+              root / "yolox-n-bf16-1x3x32x32-cpu-00000000000000000009.7.tmp.pt2"]
+    for i, p in enumerate(mine + others):
+        p.write_bytes(b"x")
+        os.utime(p, (1000 + i, 1000 + i))
+    aot._prune(mine[0])   # just built (the oldest mtime here): kept whatever its age
+    left = sorted(p.name for p in root.iterdir())
+    assert left == sorted([mine[0].name] + [p.name for p in mine[-fastpath.AotInfer.KEEP:]] +
+                          [p.name for p in others])
