@@ -474,6 +474,26 @@ os._exit(0)   # no interpreter teardown: seconds on a busy machine
 """
 
 
+def _two_processes(code: str, tag: str, tmp_path) -> list[dict]:
+    """``code`` run by two fresh interpreters one after the other over one LIBREYOLO_CACHE_DIR
+    (inductor's own cache variables unset, one compile thread), each writing its outputs to
+    ``out<i>.pt``: the JSON each printed after ``tag``."""
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k not in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
+    env.update(LIBREYOLO_CACHE_DIR=str(tmp_path / "cache"), TORCHINDUCTOR_COMPILE_THREADS="1")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    runs = []
+    for i in range(2):
+        p = subprocess.run([sys.executable, "-c", code, str(tmp_path / f"out{i}.pt")], env=env,
+                           capture_output=True, text=True, timeout=600)
+        line = [ln for ln in p.stdout.splitlines() if ln.startswith(tag)]
+        assert p.returncode == 0 and line, p.stderr[-3000:]
+        runs.append(json.loads(line[-1][len(tag):]))
+    return runs
+
+
 @pytest.mark.slow
 def test_compiled_network_hits_the_cache_in_a_second_process(tmp_path):
     """The fast path's compile helper in two fresh processes over one LIBREYOLO_CACHE_DIR: the
@@ -481,21 +501,8 @@ def test_compiled_network_hits_the_cache_in_a_second_process(tmp_path):
     graph and AOTAutograd cache hits, no miss) and computes bitwise the same output. A tiny
     network; still ~45 s on two busy CPU cores (two imports of torch and libreyolo, one C++
     compile), hence slow."""
-    import subprocess
-    import sys
-    env = {k: v for k, v in os.environ.items() if k not in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
-    env.update(LIBREYOLO_CACHE_DIR=str(tmp_path / "cache"), TORCHINDUCTOR_COMPILE_THREADS="1")
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
     want_dir = tmp_path / "cache" / "inductor" / f"torch-{torch.__version__}"
-    runs = []
-    for i in range(2):
-        p = subprocess.run([sys.executable, "-c", _CACHE_CHILD, str(tmp_path / f"out{i}.pt")], env=env,
-                           capture_output=True, text=True, timeout=300)
-        line = [ln for ln in p.stdout.splitlines() if ln.startswith("CACHE ")]
-        assert p.returncode == 0 and line, p.stderr[-3000:]
-        runs.append(json.loads(line[-1][6:]))
-    cold, warm = runs
+    cold, warm = _two_processes(_CACHE_CHILD, "CACHE ", tmp_path)
     assert cold["dir"] == warm["dir"] == str(want_dir)
     assert cold["fxgraph_cache_miss"] >= 1 and cold["fxgraph_cache_hit"] == 0, cold
     assert warm["fxgraph_cache_hit"] >= 1 and warm["fxgraph_cache_miss"] == 0, warm
@@ -632,20 +639,7 @@ def test_aot_package_loaded_by_a_second_process(tmp_path):
     """fast="aot" in two fresh processes over one LIBREYOLO_CACHE_DIR: the first builds the package,
     the second loads it (builds none, imports no dynamo: the warm start's point) and computes
     bitwise the same outputs. ~30 s on two CPU cores (one compile)."""
-    import subprocess
-    import sys
-    env = {k: v for k, v in os.environ.items() if k not in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
-    env.update(LIBREYOLO_CACHE_DIR=str(tmp_path / "cache"), TORCHINDUCTOR_COMPILE_THREADS="1")
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    runs = []
-    for i in range(2):
-        p = subprocess.run([sys.executable, "-c", _AOT_CHILD, str(tmp_path / f"out{i}.pt")], env=env,
-                           capture_output=True, text=True, timeout=600)
-        line = [ln for ln in p.stdout.splitlines() if ln.startswith("AOT ")]
-        assert p.returncode == 0 and line, p.stderr[-3000:]
-        runs.append(json.loads(line[-1][4:]))
-    cold, warm = runs
+    cold, warm = _two_processes(_AOT_CHILD, "AOT ", tmp_path)
     assert cold["aot_packages_built"] == 1 and cold["aot_packages_loaded"] == 0, cold
     assert warm["aot_packages_built"] == 0 and warm["aot_packages_loaded"] == 1, warm
     assert warm["dynamo"] is False, warm
