@@ -498,6 +498,7 @@ class AotInfer:
         prefix = path.name.rsplit("-", 1)[0] + "-"
         same = [p for p in path.parent.glob(prefix + "*.pt2") if not p.name.endswith(".tmp.pt2")
                 and p.name.rsplit("-", 1)[0] + "-" == prefix]
+
         def used(p: Path) -> float:
             try:
                 return p.stat().st_mtime
@@ -539,8 +540,9 @@ class AotInfer:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.stem + ".", suffix=".tmp.pt2")
         os.close(fd)
         try:
-            torch._inductor.aoti_compile_and_package(ep, package_path=tmp,
-                                                     inductor_configs=dict(_AOT_MODE_CONFIGS.get(COMPILE_MODE, {})))
+            from torch import _inductor as inductor
+            inductor.aoti_compile_and_package(ep, package_path=tmp,
+                                              inductor_configs=dict(_AOT_MODE_CONFIGS.get(COMPILE_MODE, {})))
             os.replace(tmp, path)
         except Exception as exc:
             raise FastPathError(f"fast='aot' could not compile {self.label}'s {self.precision} network "
@@ -551,7 +553,6 @@ class AotInfer:
                 os.unlink(tmp)
         log.info("libreyolo: %s's ahead-of-time package built in %.1f s: %s", self.label,
                  time.perf_counter() - t0, path)
-
 
 
 class AotPackage:
@@ -574,9 +575,10 @@ class AotPackage:
         try:
             self._loader = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", True, 1, index)
         except (AttributeError, TypeError):   # another torch's binding: its public loader
+            from torch import _inductor as inductor
             self._loader = None
-            self._wrapped = torch._inductor.aoti_load_package(str(path), run_single_threaded=True,
-                                                              device_index=index)
+            self._wrapped = inductor.aoti_load_package(str(path), run_single_threaded=True,
+                                                     device_index=index)
             return
         spec = self._loader.get_call_spec()
         self._out_spec = pytree.treespec_loads(spec[1])

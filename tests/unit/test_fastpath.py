@@ -681,3 +681,31 @@ def test_aot_packages_of_one_model_and_shape_are_pruned_to_the_recent_ones(tmp_p
     left = sorted(p.name for p in root.iterdir())
     assert left == sorted([mine[0].name] + [p.name for p in mine[-fastpath.AotInfer.KEEP:]] +
                           [p.name for p in others])
+
+
+def test_aot_failures_are_one_clear_error_and_leave_nothing(tmp_path, monkeypatch):
+    """An export or an AOTInductor compile that fails raises FastPathError naming the model, the
+    stage and the cause, pointing at fast=True; no package or temporary file is left."""
+    monkeypatch.setenv("LIBREYOLO_CACHE_DIR", str(tmp_path))
+    m = LibreYOLO.new("yolox", "n", nc=3, device="cpu", seed=0)
+    x = torch.rand(1, 3, 32, 32).to(torch.bfloat16).contiguous(memory_format=torch.channels_last)
+
+    def no_export(*a, **k):
+        raise RuntimeError("data-dependent shape")
+    monkeypatch.setattr(torch.export, "export", no_export)
+    with pytest.raises(fastpath.FastPathError, match=r"could not export yolox-n's bf16 network \(torch.export\): "
+                                                     r"RuntimeError: data-dependent shape. Use fast=True"):
+        half_network(m, "bf16", fast="aot")(x)
+    monkeypatch.undo()
+    monkeypatch.setenv("LIBREYOLO_CACHE_DIR", str(tmp_path))
+    from torch import _inductor
+
+    def no_compiler(ep, package_path, **k):
+        Path(package_path).write_bytes(b"half")   # what a compile cut short leaves
+        raise OSError("g++: not found")
+    monkeypatch.setattr(_inductor, "aoti_compile_and_package", no_compiler)
+    m.__dict__["_half_networks"].clear()
+    with pytest.raises(fastpath.FastPathError, match=r"could not compile yolox-n's bf16 network \(AOTInductor\): "
+                                                     r"OSError: g\+\+: not found"):
+        half_network(m, "bf16", fast="aot")(x)
+    assert not [p for p in tmp_path.rglob("*") if p.is_file() and p.suffix == ".pt2"]
