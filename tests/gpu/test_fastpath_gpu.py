@@ -39,3 +39,29 @@ def test_half_graph_equals_half_eager(family, size, fast, frames):
     stages = [g["stage"] for g in m.graph_info()["graphs"]]
     assert any("fp16" in s for s in stages) and any("'fp32'" in s for s in stages)
     assert not all(torch.equal(a.boxes.data, b.boxes.data) for a, b in zip(fp32, graph))
+
+
+@pytest.mark.parametrize("family,size", [("yolox", "n"), ("rtdetr", "r18")])
+def test_aot_graph_equals_aot_eager(family, size, frames, tmp_path, monkeypatch):
+    """fast="aot": the AOTInductor package's kernels captured in predict's CUDA graph replay
+    bitwise what the package computes called directly (network stage and whole predict stage),
+    the package built here into a fresh cache and loaded again by a new half copy."""
+    monkeypatch.setenv("LIBREYOLO_CACHE_DIR", str(tmp_path))
+    m = input_sensitive(LibreYOLO.new(family, size, device="cuda", seed=0))
+    with measuring():
+        for r in verify_half(m, 640, (1,), (480, 640), ("fp16",), "aot"):
+            assert r.passed, r.as_dict()
+        eager = m(frames, cuda_graph=False, precision="fp16", fast="aot", conf=0.05)
+        for _ in range(2):   # the net stage, then the uint8 stage (the size repeats)
+            graph = m(frames, cuda_graph=True, precision="fp16", fast="aot", conf=0.05)
+            for a, b in zip(eager, graph):
+                assert torch.equal(a.boxes.data, b.boxes.data)
+        hn = m._half_networks[("fp16", "aot")]
+        assert hn.infer.built == 1 and list((tmp_path / "aot").rglob("*.pt2"))
+        m._half_networks.clear()
+        m.release_graphs()
+        again = m(frames, cuda_graph=True, precision="fp16", fast="aot", conf=0.05)
+        assert m._half_networks[("fp16", "aot")].infer.counts() == {"aot_packages_loaded": 1,
+                                                                   "aot_packages_built": 0}
+        for a, b in zip(eager, again):
+            assert torch.equal(a.boxes.data, b.boxes.data)
