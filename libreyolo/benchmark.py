@@ -342,7 +342,7 @@ import json, sys
 from libreyolo import LibreYOLO, SAMPLE_IMAGE
 from libreyolo.engine import fastpath
 from libreyolo.engine.fastpath import measuring
-src, fam, size, nc, imgsz, precision, fastpath.COMPILE_MODE, fast = sys.argv[1:9]
+src, imgsz, precision, fastpath.COMPILE_MODE, fast = sys.argv[1:6]
 fast = fastpath.parse_fast(fast)
 m = LibreYOLO(src, device="cuda")
 t1 = time.perf_counter()
@@ -373,8 +373,7 @@ def warm_start(model, imgsz: int, precision: str, fast: bool | str = True) -> di
     model.release_graphs()
     with tempfile.TemporaryDirectory() as tmp:
         src = str(model.save(Path(tmp) / f"{model.FAMILY}-{model.size}.pt"))
-        cmd = [sys.executable, "-c", _WARM_START, src, model.FAMILY, model.size, str(model.nc), str(imgsz),
-               precision, fastpath.COMPILE_MODE, str(fast)]
+        cmd = [sys.executable, "-c", _WARM_START, src, str(imgsz), precision, fastpath.COMPILE_MODE, str(fast)]
         t0 = time.perf_counter()
         try:
             p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)

@@ -7,8 +7,8 @@ the preprocessing writes the half NHWC input directly (:meth:`Preprocess.to_inpu
 additionally compiles that copy with inductor (no cudagraph trees: the predictor captures the
 compiled kernels in its own CUDA graph, together with the pre- and post-processing).
 ``fast="aot"`` compiles it ahead of time instead (AOTInductor, :class:`AotInfer`): one package per
-input shape, cached on disk with the weights left out and loaded into it from the half copy, so a
-later process loads the kernels without dynamo's trace or inductor's start (the warm start).
+input shape and set of weights (the weights are inside it), cached on disk, so a later process
+loads the kernels without dynamo's trace or inductor's start (the warm start).
 
 What stays float32: the fp32 network (the source of truth: the copy is rebuilt whenever its
 weights, device or module tree change), the family's ``infer`` decoding wherever it already casts
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import json
 import logging
 import os
@@ -362,21 +363,17 @@ class FastPathError(RuntimeError):
 #: inductor options of each COMPILE_MODE, as AOTInductor takes them
 _AOT_MODE_CONFIGS = {"default": {}, "max-autotune-no-cudagraphs": {"max_autotune": True}}
 
-_SOURCE_DIGEST: list[str] = []
-
-
+@functools.cache
 def source_digest() -> str:
     """A digest of every Python file of the installed libreyolo package: what a family's network
     and ``infer`` compute is code, so an ahead-of-time package is only reused by the same code
     (an upgrade or a local edit compiles anew). Read once per process (a few milliseconds)."""
-    if not _SOURCE_DIGEST:
-        import hashlib
-        root = Path(__file__).resolve().parent.parent
-        h = hashlib.sha256()
-        for f in sorted(root.rglob("*.py")):
-            h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes() + b"\0")
-        _SOURCE_DIGEST.append(h.hexdigest())
-    return _SOURCE_DIGEST[0]
+    import hashlib
+    root = Path(__file__).resolve().parent.parent
+    h = hashlib.sha256()
+    for f in sorted(root.rglob("*.py")):
+        h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
 
 
 def _device_identity(device: torch.device) -> dict:
@@ -495,9 +492,8 @@ class AotInfer:
     def _prune(self, path: Path) -> None:
         """Remove all but the :attr:`KEEP` most recently used packages of this model, precision,
         input shape and device (``path``'s name without its digest)."""
-        prefix = path.name.rsplit("-", 1)[0] + "-"
-        same = [p for p in path.parent.glob(prefix + "*.pt2") if not p.name.endswith(".tmp.pt2")
-                and p.name.rsplit("-", 1)[0] + "-" == prefix]
+        prefix = path.name.rsplit("-", 1)[0] + "-"   # the digest (hex) is the only part after it
+        same = [p for p in path.parent.glob(prefix + "*.pt2") if not p.name.endswith(".tmp.pt2")]
 
         def used(p: Path) -> float:
             try:
