@@ -18,7 +18,7 @@ half, channels_last, ``compile_infer``) called on a random half NHWC input; on t
 inductor's C++ backend (``fast=True`` itself is refused there: this is a diagnosis, not a
 feature). ``--arm aoti`` instead runs ``fast="aot"``: the AOTInductor package of the same network
 (``fastpath.AotInfer``: torch.export + ``aoti_compile_and_package`` into ``<cache>/aot/``, loaded
-with ``aoti_load_package(run_single_threaded=True)``), built by the cold process and loaded by
+by ``fastpath.AotPackage``, torch's C++ package loader), built by the cold process and loaded by
 the warm ones: no dynamo and no inductor in a warm process. The package holds the weights (seed 0
 here in every process, so the warm ones find it).
 

@@ -48,6 +48,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..ops.nms import nan_last
+
 log = logging.getLogger("libreyolo")
 
 #: opset the exported graphs use unless ``opset=`` says otherwise (NonMaxSuppression needs >= 11)
@@ -99,9 +101,8 @@ def top_sorted(boxes: torch.Tensor, scores: torch.Tensor, cls: torch.Tensor, k: 
     """:func:`libreyolo.ops.nms.top_candidates` (one descending sort, its first ``k``) written so
     that a dynamic graph keeps it dynamic: the slice clips at the candidate count instead of a
     ``min(k, N)`` that tracing would freeze at the traced size's N. NaN scores rank last, as there
-    (``where``/``isnan``: ONNX has no NaN-replacing operator of its own)."""
-    scores = torch.where(torch.isnan(scores), torch.full_like(scores, float("-inf")), scores)  # as nan_last
-    s, idx = scores.sort(dim=1, descending=True)
+    (:func:`~libreyolo.ops.nms.nan_last`, exported as IsNaN / IsInf and Where)."""
+    s, idx = nan_last(scores).sort(dim=1, descending=True)
     s, idx = s[:, :k], idx[:, :k]
     b = boxes.gather(1, idx.unsqueeze(-1).expand(-1, -1, boxes.shape[-1]))
     return b, s, cls.gather(1, idx)

@@ -246,3 +246,24 @@ def test_cli_export_of_a_detector_in_a_fresh_process(tmp_path):
                        env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
     assert p.returncode == 0, p.stderr[-2000:]
     assert out.is_file() and read_metadata(out)["family"] == "yolox"
+
+
+def test_exported_candidates_rank_nan_scores_last(tmp_path):
+    """The ONNX graph's candidate sort (export.onnx.top_sorted) ranks a NaN score last, as predict's
+    does (ops.nms.nan_last), infinities kept."""
+    import onnxruntime as ort
+
+    from libreyolo.export.onnx import top_sorted
+
+    class Top(nn.Module):
+        def forward(self, boxes, scores, cls):
+            return top_sorted(boxes, scores, cls, 6)[1]
+    path = tmp_path / "top.onnx"
+    args = (torch.rand(1, 6, 4), torch.rand(1, 6), torch.zeros(1, 6, dtype=torch.int64))
+    torch.onnx.export(Top(), args, str(path), dynamo=False, opset_version=17,
+                      input_names=["boxes", "scores", "cls"])
+    s = np.array([[0.3, np.nan, 0.9, np.inf, -np.inf, 0.1]], np.float32)
+    sess = ort.InferenceSession(str(path))
+    feed = {"boxes": args[0].numpy(), "scores": s, "cls": args[2].numpy()}
+    got = sess.run(None, {i.name: feed[i.name] for i in sess.get_inputs()})[0]   # unused inputs are dropped
+    assert np.array_equal(got, np.array([[np.inf, 0.9, 0.3, 0.1, -np.inf, -np.inf]], np.float32))
