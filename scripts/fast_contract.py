@@ -107,43 +107,45 @@ def measure_family(fam: str, size: str, args, data) -> dict:
     map_fp32 = shapes_map(m, data, args.imgsz) if args.weights == "trained" else None
     out["fp32_map50_95"] = map_fp32
     out["arms"] = {}
-    for precision in args.precisions:
-        for fast in (args.fast_modes if cuda else (False,)):
-            arm = arm_name(precision, fast)
-            t1 = time.perf_counter()
-            fig: dict = {}
-            try:
-                with measuring():
-                    if cuda:   # the parity protocol needs CUDA graphs; the CPU smoke run skips it
-                        # batch 1 only: every call below is batch 1, so one compiled shape per arm
-                        par = verify_half(twin, args.imgsz, (1,), (480, 640), (precision,), fast)
-                        fig["graph_bitwise"] = all(r.passed for r in par)
-                        fig["parity"] = [r.as_dict() for r in par]
-                    got = m.predict(images, cuda_graph=cuda, precision=precision, fast=fast, **kw)
-                    ok = tot = 0
-                    diffs: list[float] = []
-                    for a, b in zip(ref, got):
-                        mm, tt, dd = match_detections(a.boxes.data.cpu(), b.boxes.data.cpu(), args.score)
-                        ok, tot, diffs = ok + mm, tot + tt, diffs + dd
-                    fig["detections"] = tot
-                    fig["match_rate"] = ok / tot if tot else None
-                    fig["score_diff_p99"] = float(np.percentile(diffs, 99)) if diffs else None
-                    if map_fp32 is not None:
-                        fig["map50_95"] = shapes_map(m, data, args.imgsz, cuda_graph=cuda, precision=precision,
-                                                     fast=fast)
-                        fig["map_diff"] = fig["map50_95"] - map_fp32
-                    hn = m._half_networks.get((precision, fast))
-                    fig["first_call_s"] = getattr(hn, "first_call_s", None)
-            except Exception as exc:   # recorded per arm: one family's failure does not stop the run
-                fig["error"] = f"{type(exc).__name__}: {exc}"
-                traceback.print_exc()
-            fig["violations"] = violations(fig) if "error" not in fig else [fig["error"]]
-            fig["seconds"] = time.perf_counter() - t1
-            fig.update(device=torch.cuda.get_device_name() if cuda else "cpu", torch=torch.__version__, date=_dt.date.today().isoformat(),
-                       compile_mode=fastpath.COMPILE_MODE if fast else None)
-            out["arms"][arm] = fig
-            m.release_graphs()
-            twin.release_graphs()
+    # the CPU smoke run measures each precision's plain half copy only
+    arms = args.arm_list if cuda else list(dict.fromkeys((p, False) for p, _ in args.arm_list))
+    for precision, fast in arms:
+        arm = arm_name(precision, fast)
+        t1 = time.perf_counter()
+        fig: dict = {}
+        try:
+            with measuring():
+                if cuda:   # the parity protocol needs CUDA graphs; the CPU smoke run skips it
+                    # batch 1 only: every call below is batch 1, so one compiled shape per arm
+                    par = verify_half(twin, args.imgsz, (1,), (480, 640), (precision,), fast)
+                    fig["graph_bitwise"] = all(r.passed for r in par)
+                    fig["parity"] = [r.as_dict() for r in par]
+                got = m.predict(images, cuda_graph=cuda, precision=precision, fast=fast, **kw)
+                ok = tot = 0
+                diffs: list[float] = []
+                for a, b in zip(ref, got):
+                    mm, tt, dd = match_detections(a.boxes.data.cpu(), b.boxes.data.cpu(), args.score)
+                    ok, tot, diffs = ok + mm, tot + tt, diffs + dd
+                fig["detections"] = tot
+                fig["match_rate"] = ok / tot if tot else None
+                fig["score_diff_p99"] = float(np.percentile(diffs, 99)) if diffs else None
+                if map_fp32 is not None:
+                    fig["map50_95"] = shapes_map(m, data, args.imgsz, cuda_graph=cuda, precision=precision,
+                                                 fast=fast)
+                    fig["map_diff"] = fig["map50_95"] - map_fp32
+                hn = m._half_networks.get((precision, fast))
+                fig["first_call_s"] = getattr(hn, "first_call_s", None)
+        except Exception as exc:   # recorded per arm: one family's failure does not stop the run
+            fig["error"] = f"{type(exc).__name__}: {exc}"
+            traceback.print_exc()
+        fig["violations"] = violations(fig) if "error" not in fig else [fig["error"]]
+        fig["seconds"] = time.perf_counter() - t1
+        fig.update(device=torch.cuda.get_device_name() if cuda else "cpu", torch=torch.__version__, date=_dt.date.today().isoformat(),
+                   compile_mode=fastpath.COMPILE_MODE if fast else None)
+        out["arms"][arm] = fig
+        save_partial(args, out)   # a run cut short by its time limit keeps the arms it finished
+        m.release_graphs()
+        twin.release_graphs()
     out["seconds"] = time.perf_counter() - t0
     torch._dynamo.reset()
     return out
@@ -197,6 +199,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--fast-modes", nargs="+", default=["false", "true"], choices=["false", "true", "aot"],
                     help="the arms per precision: false (the half copy), true (torch.compile), aot "
                          "(AOTInductor, arm '<precision>-aot'); the CPU smoke run takes false only")
+    ap.add_argument("--arms", nargs="+", default=None,
+                    help="the arms to measure by name (fp16, fp16-fast, fp16-aot, bf16, ...), instead of "
+                         "--precisions x --fast-modes: one training, only the arms not yet measured")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
                     help="cpu: a smoke run of this script (bf16 eager only, no parity)")
     ap.add_argument("--merge", nargs="*", default=None,
@@ -204,6 +209,11 @@ def main(argv: list[str]) -> int:
     args = ap.parse_args(argv)
     fastpath.COMPILE_MODE = args.compile_mode
     args.fast_modes = tuple(fastpath.parse_fast(v) for v in args.fast_modes)
+    try:
+        args.arm_list = parse_arms(args.arms) if args.arms else [
+            (p, f) for p in args.precisions for f in args.fast_modes]
+    except ValueError as exc:
+        ap.error(str(exc))
     if args.merge:
         return write(merge_rows([json.loads(Path(p).read_text())["families"] for p in args.merge]), args)
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -217,6 +227,7 @@ def main(argv: list[str]) -> int:
     data = resolve_data(args.data_yaml)
     sizes = dict(FAMILIES)
     rows = []
+    args.done_rows = rows
     for fam in args.families:
         print(f"== {fam}-{sizes[fam]}", flush=True)
         try:
@@ -229,6 +240,18 @@ def main(argv: list[str]) -> int:
                   f"{f.get('score_diff_p99')} mAP diff {f.get('map_diff')} -> {f['violations'] or 'in contract'}",
                   flush=True)
     return write(rows, args)
+
+
+def parse_arms(names: list[str]) -> list[tuple[str, bool | str]]:
+    """Arm names as (precision, fast) pairs, in the order given: ``bf16-aot`` -> ("bf16", "aot")."""
+    out = []
+    for name in names:
+        precision, sep, mode = name.partition("-")
+        fast = {"": False, "fast": True, "aot": "aot"}.get(mode) if mode or not sep else None
+        if precision not in ("fp16", "bf16") or fast is None:
+            raise ValueError(f"unknown arm {name!r}: fp16 or bf16, optionally with -fast or -aot")
+        out.append((precision, fast))
+    return out
 
 
 def merge_rows(runs: list[list[dict]]) -> list[dict]:
@@ -253,7 +276,21 @@ def _json_value(v):
     return None if isinstance(v, float) and not np.isfinite(v) else v
 
 
+def save_partial(args, row: dict) -> None:
+    """The raw file as it stands: the families finished so far and ``row``, the one being measured
+    (written whole to a temporary file, then renamed over --out)."""
+    if getattr(args, "done_rows", None) is None:
+        return
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(json.dumps({"contract": CONTRACT, "args": {k: v for k, v in vars(args).items() if k != "done_rows"},
+                               "families": [*args.done_rows, row], "partial": True}, indent=2, default=str))
+    tmp.replace(out)
+
+
 def write(rows: list[dict], args) -> int:
+    args.done_rows = None
     result = {"contract": CONTRACT, "args": vars(args), "families": rows}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))

@@ -528,14 +528,30 @@ def test_inductor_cache_dir_set_by_the_user_is_kept(monkeypatch, tmp_path):
     assert fastpath.use_inductor_cache() == ours and os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(ours)
 
 
-def test_contract_merge_keeps_a_familys_arms_unless_measured_again():
-    """scripts/fast_contract.py --merge: a bf16 run merged onto the fp16 figures keeps them; an arm
-    measured again takes the later figure."""
+def _contract_script():
     import importlib.util
     spec = importlib.util.spec_from_file_location("fast_contract_script",
                                                   Path(__file__).resolve().parents[2] / "scripts" / "fast_contract.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
+    return script
+
+
+def test_contract_arms_by_name():
+    """scripts/fast_contract.py --arms: the arms named, in order, as (precision, fast) pairs (one
+    training measures only the arms not yet measured); an unknown name is refused naming it."""
+    script = _contract_script()
+    assert script.parse_arms(["fp16-aot", "bf16", "bf16-fast"]) == [("fp16", "aot"), ("bf16", False), ("bf16", True)]
+    assert [fastpath.arm_name(*a) for a in script.parse_arms(["bf16-aot", "fp16"])] == ["bf16-aot", "fp16"]
+    for bad in ("fp32", "fp16-slow", "bf16-"):
+        with pytest.raises(ValueError, match=repr(bad)):
+            script.parse_arms([bad])
+
+
+def test_contract_merge_keeps_a_familys_arms_unless_measured_again():
+    """scripts/fast_contract.py --merge: a bf16 run merged onto the fp16 figures keeps them; an arm
+    measured again takes the later figure."""
+    script = _contract_script()
     old = [{"family": "yolox", "size": "n", "arms": {"fp16": {"match_rate": 0.99}, "fp16-fast": {"match_rate": 1.0}}},
            {"family": "yolo9", "size": "t", "arms": {"fp16": {"match_rate": 1.0}}}]
     new = [{"family": "yolox", "size": "n", "arms": {"bf16": {"match_rate": 0.9}, "fp16": {"match_rate": 0.995}}}]
