@@ -169,8 +169,9 @@ def markdown(rows: list[dict]) -> str:
         for arm, f in r.get("arms", {}).items():
             def fmt(v, spec):
                 return "-" if v is None else format(v, spec)
+            # the fp32 figure of the arm's own run (a merged row's family-level one may be a later run's)
             mp = ("-" if f.get("map50_95") is None else
-                  f"{r['fp32_map50_95']:.2f} -> {f['map50_95']:.2f} ({f['map_diff']:+.2f})")
+                  f"{f['map50_95'] - f['map_diff']:.2f} -> {f['map50_95']:.2f} ({f['map_diff']:+.2f})")
             verdict = "in contract" if not f["violations"] else "REFUSED: " + "; ".join(f["violations"])
             lines.append(f"| {r['family']}-{r['size']} | {arm} | {f.get('graph_bitwise', '-')} | "
                          f"{fmt(f.get('match_rate'), '.4f')} ({f.get('detections', 0)}) | "
