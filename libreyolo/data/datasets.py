@@ -16,7 +16,14 @@ Accepted ``data`` values:
   missing or empty label file means an image without objects;
 * a COCO-format YAML: ``format: coco``, ``path`` and ``train``/``val`` each
   ``{images: <folder>, annotations: <instances.json>}``. Category ids are mapped to 0..nc-1 in
-  sorted id order, names come from the categories, ``iscrowd`` boxes are skipped.
+  sorted id order, names come from the categories, ``iscrowd`` boxes are skipped. Boxes of zero
+  or negative size and boxes lying entirely outside their image are skipped with one warning per
+  annotation file that names them (index and id); a YOLO row with either is a problem (below).
+
+``data=None`` (or ``""``) is refused: give a dataset or a built-in set's name
+(:func:`check_data_given`). Every task reads its dataset YAML through :func:`read_yaml`, which
+refuses a file that is not UTF-8 text (an image or a checkpoint given as ``data=``), not valid
+YAML, or not a mapping, in one ``ValueError`` naming the file.
 
 Everything is checked before training starts. Structural mistakes (a missing key, folder or file)
 raise ``FileNotFoundError`` at once, naming the key and the resolved path. Problems in the content
@@ -50,7 +57,8 @@ from tqdm import tqdm
 
 from .sources import IMAGE_EXTENSIONS
 
-__all__ = ["Sample", "DatasetConfig", "resolve_data", "label_path_for", "MAX_LISTED_PROBLEMS"]
+__all__ = ["Sample", "DatasetConfig", "resolve_data", "label_path_for", "read_yaml", "check_data_given",
+           "MAX_LISTED_PROBLEMS"]
 
 LOGGER = logging.getLogger("libreyolo")
 
@@ -100,8 +108,72 @@ class DatasetConfig:
     category_ids: list[int] = field(default_factory=list)
 
 
+#: The built-in detection set(s) ``data=`` may name.
+BUILTIN_NAMES = ("shapes",)
+
+
+def check_data_given(data: Any, builtins: Iterable[str]) -> None:
+    """Refuse a missing ``data`` (None, or an empty / blank string, which would otherwise resolve
+    to the working directory): a run never falls back to a built-in set unasked. ``builtins``
+    are the names of the task's built-in sets, listed in the message."""
+    if data is None or (isinstance(data, str) and not data.strip()):
+        names = ", ".join(repr(n) for n in builtins)
+        raise ValueError(f"data is required: a dataset YAML/folder, or a built-in set by name ({names}); "
+                         f"got {data!r}")
+
+
+def read_yaml(yaml_path: Path, expected: str) -> dict:
+    """The mapping of a dataset YAML, the one reader of every task's ``data=`` YAML.
+
+    ``ValueError`` naming the file when it is not UTF-8 text (an image, a checkpoint or another
+    binary file: the message says which kind when its first bytes tell), not valid YAML, or not a
+    mapping (``expected`` says what the mapping holds, e.g. ``"path/train/val/names"``). A UTF-8
+    byte-order mark and UTF-16 with a BOM are read (see :func:`_read_text`).
+    """
+    try:
+        text = _read_text(yaml_path)
+        if "\x00" in text:   # valid UTF-8 can still be binary data
+            raw = text.encode("utf-8")
+            i = raw.index(b"\x00")
+            raise UnicodeDecodeError("utf-8", raw, i, i + 1, "a NUL byte, which text files do not hold")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{yaml_path}: not a dataset YAML: {_not_text(yaml_path, e)}; data= takes a dataset YAML "
+                         "file, a folder holding data.yaml, or a built-in set's name") from None
+    try:
+        spec = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ValueError(f"{yaml_path}: not valid YAML: {e}") from e
+    if not isinstance(spec, dict):
+        raise ValueError(f"{yaml_path}: expected a mapping with {expected}, got {type(spec).__name__}")
+    return spec
+
+
+#: First bytes of binary files mistaken for a YAML or text list (what :func:`_not_text` names).
+_MAGIC = ((b"\xff\xd8\xff", "a JPEG image"), (b"\x89PNG", "a PNG image"), (b"GIF8", "a GIF image"),
+          (b"BM", "a BMP image"), (b"II*\x00", "a TIFF image"), (b"MM\x00*", "a TIFF image"),
+          (b"PK\x03\x04", "a zip archive (a .pt checkpoint is one)"), (b"\x80", "a pickle (an old .pt checkpoint)"),
+          (b"\x1f\x8b", "a gzip archive"), (b"%PDF", "a PDF document"))
+
+
+def _not_text(path: Path, e: UnicodeDecodeError) -> str:
+    """Why ``path`` is not read as text: the kind of file its first bytes show, else the bad byte."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(16)
+    except OSError:
+        head = b""
+    kind = next((k for magic, k in _MAGIC if head.startswith(magic)), None)
+    if kind is None and head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        kind = "a WebP image"
+    bad = e.object[e.start:e.start + 1]
+    detail = (f"it looks like {kind}" if kind else
+              f"byte 0x{bad.hex()} at offset {e.start}: {e.reason}" if bad else e.reason)
+    return f"the file is not UTF-8 text ({detail})"
+
+
 def resolve_data(data: str | os.PathLike) -> DatasetConfig:
     """Resolve ``data`` (see the module docstring) into a validated :class:`DatasetConfig`."""
+    check_data_given(data, BUILTIN_NAMES)
     if isinstance(data, str) and data == "shapes":
         from .synthetic import make_shapes_dataset
 
@@ -174,13 +246,7 @@ def _is_under(p: Path, root: Path) -> bool:
 
 def _resolve_yaml(yaml_path: Path) -> DatasetConfig:
     yaml_path = yaml_path.absolute()
-    try:
-        spec = yaml.safe_load(_read_text(yaml_path))
-    except yaml.YAMLError as e:
-        raise ValueError(f"{yaml_path}: not valid YAML: {e}") from e
-    if not isinstance(spec, dict):
-        raise ValueError(f"{yaml_path}: expected a mapping with path/train/val/names, got "
-                         f"{type(spec).__name__}")
+    spec = read_yaml(yaml_path, "path/train/val/names")
     for key in ("path", "train", "val"):
         if spec.get(key) in (None, "", []):
             raise FileNotFoundError(f"{yaml_path}: required entry '{key}' is missing")
@@ -278,7 +344,11 @@ def _is_image(p: Path) -> bool:
 def _read_image_list(list_file: Path, root: Path, out: list[Path], problems: _Problems) -> list[str]:
     """Append the images named in a .txt list to ``out``; return a problem per missing entry."""
     found = []
-    for n, line in enumerate(_read_text(list_file).splitlines(), 1):
+    try:
+        text = _read_text(list_file)
+    except UnicodeDecodeError as e:
+        return [f"{problems.rel(list_file)}: cannot read the image list: {_not_text(list_file, e)}"]
+    for n, line in enumerate(text.splitlines(), 1):
         text = line.strip()
         if not text or text.startswith("#"):
             continue
@@ -472,7 +542,15 @@ def _check_row(fields: list[str], nc: int) -> str | None:
         if not -COORD_TOLERANCE <= values[k] <= 1 + COORD_TOLERANCE:
             return (f"{name}={fields[k]} outside [0, 1] (coordinates must be normalized by the "
                     "image size)")
+    if _outside_image(cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2):
+        return f"box cx={fields[1]} cy={fields[2]} w={fields[3]} h={fields[4]} lies entirely outside the image"
     return None
+
+
+def _outside_image(x1: float, y1: float, x2: float, y2: float) -> bool:
+    """Whether a box (corners normalized by the image size) has no area inside the image: the
+    rule for every format (:func:`_clean_boxes` would drop it silently)."""
+    return min(x2, 1.0) <= max(x1, 0.0) or min(y2, 1.0) <= max(y1, 0.0)
 
 
 _BOM = "\ufeff"
@@ -690,7 +768,8 @@ def _load_coco_split(split: str, sp: _CocoSplit, doc: dict, cat_map: dict[int, i
             entries[im["id"]] = (Path(os.path.normpath(sp.images_dir / im["file_name"])),
                                  im["width"], im["height"])
     boxes: dict[int, list[list[float]]] = {k: [] for k in entries}
-    skipped = 0
+    zero_size: list[str] = []   # skipped boxes, each as "annotations[i] (id N)"
+    outside: list[str] = []
     for i, a in enumerate(doc["annotations"]):
         tag = f"{where}: annotations[{i}]" + (f" (id {a['id']})" if isinstance(a, dict) and "id" in a else "")
         if not isinstance(a, dict) or "image_id" not in a or "category_id" not in a or "bbox" not in a:
@@ -710,12 +789,21 @@ def _load_coco_split(split: str, sp: _CocoSplit, doc: dict, cat_map: dict[int, i
             continue
         _, w, h = entries[a["image_id"]]
         x, y, bw, bh = (float(v) for v in bb)
+        ref = f"annotations[{i}]" + (f" (id {a['id']})" if "id" in a else "")
         if bw <= 0 or bh <= 0:  # real COCO files hold a few of these; skip, do not fail
-            skipped += 1
+            zero_size.append(ref)
             continue
-        boxes[a["image_id"]].append([cat_map[a["category_id"]], x / w, y / h, (x + bw) / w, (y + bh) / h])
-    if skipped:
-        LOGGER.warning("%s: skipped %d annotation(s) with zero or negative width/height", where, skipped)
+        box = [x / w, y / h, (x + bw) / w, (y + bh) / h]
+        if _outside_image(*box):   # skipped, but said (clipping would drop it without a word)
+            outside.append(f"{ref} bbox {bb} on image {a['image_id']} ({w}x{h})")
+            continue
+        boxes[a["image_id"]].append([cat_map[a["category_id"]], *box])
+    for what, refs in (("with zero or negative width/height", zero_size),
+                       ("lying entirely outside their image", outside)):
+        if refs:
+            shown = refs[:MAX_LISTED_PROBLEMS]
+            more = f", ... and {len(refs) - len(shown)} more" if len(refs) > len(shown) else ""
+            LOGGER.warning("%s: skipped %d annotation(s) %s: %s%s", where, len(refs), what, ", ".join(shown), more)
 
     ids = sorted(entries)
     images = [entries[k][0] for k in ids]

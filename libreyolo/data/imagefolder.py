@@ -31,10 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 from PIL import Image
 
 from ..models.common.names import normalize_names
+from .datasets import check_data_given, read_yaml
 from .sources import IMAGE_EXTENSIONS
 
 __all__ = ["ClassifyData", "MAX_LISTED_PROBLEMS", "resolve_classify_data", "scan_split"]
@@ -65,6 +65,7 @@ def resolve_classify_data(data: Any) -> ClassifyData:
     """``data`` (see the module docstring) -> a checked :class:`ClassifyData`."""
     if isinstance(data, ClassifyData):
         return data
+    check_data_given(data, BUILTIN_NAMES)
     if isinstance(data, str) and data in BUILTIN_NAMES:
         from .shapes_cls import make_shapes_cls_dataset
         out = _resolve_yaml(make_shapes_cls_dataset())
@@ -87,12 +88,7 @@ def resolve_classify_data(data: Any) -> ClassifyData:
 
 
 def _resolve_yaml(path: Path) -> ClassifyData:
-    try:
-        cfg = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise ValueError(f"cannot parse the dataset YAML '{path}': {e}") from e
-    if not isinstance(cfg, dict):
-        raise ValueError(f"dataset YAML '{path}' must be a mapping with train/val keys")
+    cfg = read_yaml(path, "train/val (and optionally path, names)")
     root = Path(cfg.get("path") or ".").expanduser()
     if not root.is_absolute():
         root = path.parent / root

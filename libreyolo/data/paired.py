@@ -14,9 +14,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
-import yaml
-
-from .datasets import _is_image
+from .datasets import _is_image, check_data_given, read_yaml
 
 __all__ = ["label_dirs", "mirror_images", "pair_images", "read_spec", "resolve_data_arg", "spec_root",
            "split_images", "under"]
@@ -29,7 +27,8 @@ def resolve_data_arg(data: Any, builtin: str, make_builtin: Callable[[], Path], 
     """``builtin`` (the name of the task's built-in set, which ``make_builtin()`` writes and
     returns the YAML of), a dataset YAML or a folder holding ``data.yaml`` -> ``resolve_yaml``'s
     result (its ``source`` is the built-in name for the built-in set). ``what`` names the kind of
-    YAML in the error ("depth dataset")."""
+    YAML in the error ("depth dataset"). ``data=None`` is refused (:func:`check_data_given`)."""
+    check_data_given(data, (builtin,))
     if isinstance(data, str) and data == builtin:
         out = resolve_yaml(make_builtin())
         out.source = builtin
@@ -44,15 +43,11 @@ def resolve_data_arg(data: Any, builtin: str, make_builtin: Callable[[], Path], 
 
 
 def read_spec(yaml_path: Path, expected: str) -> tuple[Path, dict]:
-    """(absolute YAML path, its mapping): refused when it is not valid YAML, not a mapping (the
-    message says it should hold ``expected``, e.g. ``path/train/val``) or lacks path/train/val."""
+    """(absolute YAML path, its mapping): refused when it is not text, not valid YAML, not a
+    mapping (the message says it should hold ``expected``, e.g. ``path/train/val``; see
+    :func:`~libreyolo.data.datasets.read_yaml`) or lacks path/train/val."""
     yaml_path = yaml_path.absolute()
-    try:
-        spec = yaml.safe_load(yaml_path.read_text())
-    except yaml.YAMLError as e:
-        raise ValueError(f"{yaml_path}: not valid YAML: {e}") from e
-    if not isinstance(spec, dict):
-        raise ValueError(f"{yaml_path}: expected a mapping with {expected}, got {type(spec).__name__}")
+    spec = read_yaml(yaml_path, expected)
     for key in ("path", "train", "val"):
         if spec.get(key) in (None, "", []):
             raise FileNotFoundError(f"{yaml_path}: required entry '{key}' is missing")

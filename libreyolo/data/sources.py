@@ -24,17 +24,27 @@ Accepted inputs:
 
 Grayscale is replicated to three channels; a fourth (alpha) channel is dropped.
 
+Unreadable files found in a directory or by a glob pattern: with ``strict=False`` (what predict
+passes unless ``strict=True`` is asked) such a file is skipped with one warning naming it, and the
+other images go on; a file named directly (a path, or a path in a list) always raises. A
+directory or glob of which no image decodes raises all the same. :func:`stream_sources` decodes
+lazily, a few files ahead in threads, for ``predict(stream=True)``.
+
 Errors are raised before any file is decoded where possible, each naming the offending input:
 ``FileNotFoundError`` for a missing path, an empty directory or a glob without matches,
 ``ValueError`` for an undecodable file, an array/tensor of the wrong shape or dtype, float values
-outside [0, 1] (and for an empty list), ``TypeError`` for anything else.
+outside [0, 1], a tensor without data (the ``meta`` device) (and for an empty list), ``TypeError``
+for anything else.
 """
 
 from __future__ import annotations
 
 import glob
+import logging
 import math
 import os
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Union
@@ -43,8 +53,14 @@ import numpy as np
 import torch
 from PIL import Image, ImageOps
 
-__all__ = ["IMAGE_EXTENSIONS", "SourceItem", "PendingItem", "Source", "load_sources", "iter_sources",
-           "pending_sources", "decode_image", "pil_to_rgb"]
+__all__ = ["IMAGE_EXTENSIONS", "SourceItem", "PendingItem", "Source", "SourceStream", "load_sources",
+           "iter_sources", "stream_sources", "pending_sources", "decode_image", "pil_to_rgb"]
+
+LOGGER = logging.getLogger("libreyolo")
+
+#: How many files :func:`stream_sources` decodes ahead of the consumer (each in its own thread):
+#: enough to keep the device fed, few enough that memory stays bounded whatever the folder's size.
+STREAM_AHEAD = 4
 
 #: File suffixes (lower case, with the dot) treated as images in directories and glob matches.
 IMAGE_EXTENSIONS: frozenset[str] = frozenset(
@@ -97,7 +113,8 @@ def _parallel_copy(a: np.ndarray) -> np.ndarray:
     return out
 
 
-def load_sources(source: Any, *, bgr: bool = False, borrow: bool = False, workers: int = 1) -> list[SourceItem]:
+def load_sources(source: Any, *, bgr: bool = False, borrow: bool = False, workers: int = 1,
+                 strict: bool = True) -> list[SourceItem]:
     """Load ``source`` (see the module docstring for the accepted kinds) into a list of items.
 
     ``bgr=True`` says numpy arrays are in OpenCV's BGR(A) order; it has no effect on other kinds.
@@ -105,27 +122,109 @@ def load_sources(source: Any, *, bgr: bool = False, borrow: bool = False, worker
     used in place instead of copied; such items say ``borrowed`` (see :meth:`SourceItem.own`).
     ``workers`` > 1 decodes several files at once in threads (Pillow releases the GIL while it
     decodes): the same items in the same order, and the same error - the first failing file's
-    in source order - as one at a time.
+    in source order - as one at a time. ``strict=False`` skips an unreadable file found in a
+    directory or by a glob with a warning naming it (see the module docstring).
     """
-    if workers <= 1:
-        return list(iter_sources(source, bgr=bgr, borrow=borrow))
     loaders = _resolve(source, bgr)
-    if sum(1 for _, load in loaders if hasattr(load, "path")) < 2:
-        return [_item(name, load, borrow) for name, load in loaders]
-    from concurrent.futures import ThreadPoolExecutor
-    with ThreadPoolExecutor(max_workers=min(int(workers), len(loaders)), thread_name_prefix="libreyolo-decode") as ex:
-        return list(ex.map(lambda entry: _item(entry[0], entry[1], borrow), loaders))
+    if workers <= 1 or sum(1 for _, load in loaders if hasattr(load, "path")) < 2:
+        loaded = [_load(name, load, borrow, strict) for name, load in loaders]
+    else:
+        with ThreadPoolExecutor(max_workers=min(int(workers), len(loaders)),
+                                thread_name_prefix="libreyolo-decode") as ex:
+            loaded = list(ex.map(lambda entry: _load(entry[0], entry[1], borrow, strict), loaders))
+    items = [it for it in loaded if it is not None]
+    _check_any_left(loaders, len(items))
+    return items
 
 
-def iter_sources(source: Any, *, bgr: bool = False, borrow: bool = False) -> Iterator[SourceItem]:
-    """Like :func:`load_sources`, but decode files one at a time as the iterator advances.
+def iter_sources(source: Any, *, bgr: bool = False, borrow: bool = False, strict: bool = True,
+                 workers: int = 1, ahead: int = 0) -> Iterator[SourceItem]:
+    """Like :func:`load_sources`, but decode files lazily as the iterator advances (one at a time,
+    or ``ahead`` files ahead in ``workers`` threads: see :func:`stream_sources`).
 
     Everything that can be checked without decoding (paths exist, directories hold images, globs
     match, arrays and tensors have a valid shape and dtype) is checked when this function is
     called, so a bad input fails before any work is done; only a corrupt file can fail later.
     """
-    loaders = _resolve(source, bgr)
-    return (_item(name, load, borrow) for name, load in loaders)
+    return iter(stream_sources(source, bgr=bgr, borrow=borrow, strict=strict, workers=workers, ahead=ahead))
+
+
+def stream_sources(source: Any, *, bgr: bool = False, borrow: bool = False, strict: bool = True,
+                   workers: int = 1, ahead: int = STREAM_AHEAD) -> "SourceStream":
+    """``source`` resolved and checked now (as :func:`load_sources` checks it), its items decoded
+    as they are iterated: at most ``ahead`` files are decoded ahead of the consumer, in up to
+    ``workers`` threads (``ahead=0``: each file when it is asked for). ``len()`` is the number of
+    items resolved (skipped files included). In-memory inputs are converted when they are reached,
+    on the consumer's thread. A failing file raises when it is reached, after the items before
+    it; ``strict=False`` skips one found in a directory or by a glob, with a warning."""
+    return SourceStream(_resolve(source, bgr), borrow=borrow, strict=strict, workers=workers, ahead=ahead)
+
+
+class SourceStream:
+    """The lazily decoded items of a source (:func:`stream_sources`): iterate once; ``len()`` the
+    items resolved; :meth:`close` (also at the end of the iteration) stops the decode threads."""
+
+    def __init__(self, loaders: list[tuple[str, "_Loader"]], *, borrow: bool, strict: bool, workers: int,
+                 ahead: int):
+        self.loaders = loaders
+        self.borrow, self.strict = borrow, strict
+        self.ahead = max(0, int(ahead))
+        self.workers = max(1, min(int(workers), self.ahead or 1))
+        self._pool: ThreadPoolExecutor | None = None
+
+    def __len__(self) -> int:
+        return len(self.loaders)
+
+    def __iter__(self) -> Iterator[SourceItem]:
+        return self._items()
+
+    def close(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    def _items(self) -> Iterator[SourceItem]:
+        borrow, strict = self.borrow, self.strict
+        files = sum(1 for _, load in self.loaders if hasattr(load, "path"))
+        if self.ahead and files > 1:
+            self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="libreyolo-decode")
+        pending: deque = deque()   # (name, loader, future or None) in source order
+        entries = iter(self.loaders)
+        in_flight = 0
+        yielded = 0
+
+        def refill() -> None:
+            nonlocal in_flight
+            while in_flight < max(1, self.ahead):
+                entry = next(entries, None)
+                if entry is None:
+                    return
+                name, load = entry
+                fut = None
+                if self._pool is not None and hasattr(load, "path"):
+                    fut = self._pool.submit(_load, name, load, borrow, strict)
+                    in_flight += 1
+                pending.append((name, load, fut))   # without a future: loaded when reached
+
+        try:
+            refill()
+            while pending:
+                name, load, fut = pending.popleft()
+                if fut is not None:
+                    item = fut.result()
+                    in_flight -= 1
+                else:
+                    item = _load(name, load, borrow, strict)
+                refill()
+                if item is not None:
+                    yielded += 1
+                    yield item
+            _check_any_left(self.loaders, yielded)
+        finally:
+            for _, _, fut in pending:
+                if fut is not None:
+                    fut.cancel()
+            self.close()
 
 
 @dataclass
@@ -138,14 +237,39 @@ class PendingItem:
     path: Path | None
     loader: "_Loader"
 
-    def load(self, borrow: bool = False) -> SourceItem:
-        return _item(self.name, self.loader, borrow)
+    def load(self, borrow: bool = False, strict: bool = True) -> SourceItem | None:
+        """The item; None when ``strict=False`` skipped the file (see :func:`load_sources`)."""
+        return _load(self.name, self.loader, borrow, strict)
 
 
 def pending_sources(source: Any, *, bgr: bool = False) -> list[PendingItem]:
     """Resolve ``source`` like :func:`load_sources` - with the same checks and errors before
     anything is decoded - without loading any item: predict's GPU decode reads the files itself."""
     return [PendingItem(name, getattr(load, "path", None), load) for name, load in _resolve(source, bgr)]
+
+
+def _load(name: str, load: "_Loader", borrow: bool, strict: bool) -> SourceItem | None:
+    """:func:`_item`, or None (with a warning naming the file) for an unreadable file that a
+    directory or glob pattern found, unless ``strict``: one broken file among many does not stop
+    the others. A file named directly always raises."""
+    try:
+        return _item(name, load, borrow)
+    except (ValueError, OSError) as e:
+        found_in = getattr(load, "found_in", None)
+        if strict or found_in is None:
+            raise
+        LOGGER.warning("libreyolo: skipping '%s' (found in '%s'): %s; strict=True stops at such a file instead",
+                       name, found_in, e)
+        return None
+
+
+def _check_any_left(loaders: list[tuple[str, "_Loader"]], loaded: int) -> None:
+    """Refuse a source of which every file was skipped: a folder of unreadable files is an error,
+    not an empty result."""
+    if loaded == 0 and loaders:
+        where = sorted({str(getattr(load, "found_in", "")) for _, load in loaders} - {""})
+        raise ValueError(f"none of the {len(loaders)} image file(s) in {', '.join(repr(w) for w in where)} "
+                         "could be decoded (each is named in a warning above)")
 
 
 def _item(name: str, load: "_Loader", borrow: bool) -> SourceItem:
@@ -182,7 +306,10 @@ def _resolve(source: Any, bgr: bool) -> list[tuple[str, _Loader]]:
 
 def _resolve_one(item: Any, bgr: bool, where: str) -> list[tuple[str | None, _Loader]]:
     if isinstance(item, (str, os.PathLike)):
-        return [(str(p), _file_loader(p)) for p in _expand_path(item)]
+        files = _expand_path(item)
+        # files a directory or glob found (not named directly) may be skipped when unreadable
+        found_in = None if len(files) == 1 and _names_file(item) else os.fspath(item)
+        return [(str(p), _file_loader(p, found_in)) for p in files]
     if isinstance(item, Image.Image):
         return [(None, _pil_loader(item))]
     if isinstance(item, np.ndarray):
@@ -193,6 +320,12 @@ def _resolve_one(item: Any, bgr: bool, where: str) -> list[tuple[str | None, _Lo
         f"unsupported {where} of type {type(item).__module__}.{type(item).__qualname__}: expected a "
         "path, directory, glob pattern, PIL image, numpy array, torch tensor, or a list of these"
     )
+
+
+def _names_file(item: str | os.PathLike) -> bool:
+    """Whether a path names one file itself (not a directory, not a glob pattern)."""
+    path = Path(os.fspath(item)).expanduser()
+    return path.is_file()
 
 
 def _is_image_file(p: Path) -> bool:
@@ -234,10 +367,12 @@ def _expand_path(item: str | os.PathLike) -> list[Path]:
 # Loaders.
 
 
-def _file_loader(path: Path) -> _Loader:
+def _file_loader(path: Path, found_in: str | None = None) -> _Loader:
     def load() -> np.ndarray:
         return decode_image(path)
     load.path = path  # type: ignore[attr-defined]  # for pending_sources
+    if found_in is not None:
+        load.found_in = found_in  # type: ignore[attr-defined]  # the directory or glob (see _load)
     return load
 
 
@@ -441,6 +576,10 @@ def _check_float_range(x: np.ndarray | torch.Tensor, where: str) -> None:
 
 
 def _tensor_loaders(t: torch.Tensor, where: str) -> list[_Loader]:
+    if t.is_meta:   # no data to read: torch itself fails later ("Cannot copy out of meta tensor")
+        raise ValueError(f"{where} (torch tensor with shape {tuple(t.shape)} and dtype {t.dtype}) is on the "
+                         f"'{t.device}' device: it has a shape but no values to predict on; pass a tensor holding "
+                         "the image, on the CPU or a GPU")
     expected = "expected CHW or BCHW with 1, 3 or 4 channels"
     if t.ndim not in (3, 4) or t.shape[-3] not in (1, 3, 4):
         hint = ""

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from ..data.jpeg import decode_files, gpu_decode_problem, is_jpeg_path, parse_decode, probe
-from ..data.sources import PendingItem, SourceItem, load_sources, pending_sources
+from ..data.sources import STREAM_AHEAD, PendingItem, SourceItem, load_sources, pending_sources, stream_sources
 from ..data.video import DEFAULT_TIMEOUT, VideoSources, VideoStream, VideoWriter, is_video_source, open_video_sources
 from ..graphs.capture import to_host
 from ..graphs.runner import normalize_mode
@@ -255,7 +255,7 @@ class Predictor:
                  exist_ok: bool = False, verbose: bool = False, profile: bool = False, stream: bool = False,
                  vid_stride: int = 1, show: bool = False, timeout: float = DEFAULT_TIMEOUT,
                  on_results: Callable[[Results, SourceItem], None] | None = None,
-                 precision: Any = None, fast: Any = False, decode: Any = None,
+                 precision: Any = None, fast: Any = False, decode: Any = None, strict: Any = False,
                  **task_opts) -> list[Results] | Iterator[Results]:
         """Predict on ``source`` and return one Results per image (per frame for a video).
 
@@ -264,9 +264,13 @@ class Predictor:
         video file, a camera index (``0``), an RTSP/RTMP/HTTP(S) URL, or a ``.streams``/``.txt``
         file listing several (one Results per source still running at each step).
         ``stream=True`` returns a generator that decodes, predicts and yields one step at a time
-        (constant memory for any length); otherwise a list. ``vid_stride``: predict every N-th
-        frame of a video. ``timeout``: seconds a camera or URL may take to open and to send each
-        next piece of data. Video Results carry ``frame_index``, ``timestamp`` (seconds since the
+        (constant memory for any length: image files are decoded lazily, a few ahead in threads,
+        so the first Results come before the later files are read); otherwise a list.
+        An unreadable file found in a directory or by a glob pattern is skipped with a warning
+        naming it, with or without ``stream`` (``strict=True``: raise instead); a file named
+        directly always raises (after the Results before it, with ``stream=True``).
+        ``vid_stride``: predict every N-th frame of a video. ``timeout``: seconds a camera or URL
+        may take to open and to send each next piece of data. Video Results carry ``frame_index``, ``timestamp`` (seconds since the
         source's first frame) and ``stream`` (position in a ``.streams`` list); ``path`` is the
         source's name.
 
@@ -315,11 +319,12 @@ class Predictor:
         if unknown:
             raise TypeError(f"unknown predict option(s) {', '.join(unknown)} for a {m.TASK} model; "
                             f"known: imgsz, batch, cuda_graph, amp, bgr, save, save_dir, exist_ok, verbose, profile, "
-                            "stream, vid_stride, show, timeout, precision, fast, decode, "
+                            "stream, vid_stride, show, timeout, precision, fast, decode, strict, "
                             + ", ".join(m.task.predict_defaults))
         batch = check_int("batch", batch, 1)
         save, bgr = parse_bool("save", save), parse_bool("bgr", bgr)
         stream, show = parse_bool("stream", stream), parse_bool("show", show)
+        strict = parse_bool("strict", strict)
         vid_stride = check_int("vid_stride", vid_stride, 1)
         timeout = check_float("timeout", timeout, 0.0, min_inclusive=False)
         size = check_imgsz(m.imgsz if imgsz is None else imgsz, m.STRIDE)
@@ -354,13 +359,17 @@ class Predictor:
                 gpu_decode = problem is None
             t_load = time.perf_counter()
             if gpu_decode:   # every check before any file is read; files are read and decoded per chunk
-                items: list[Any] = pending_sources(source, bgr=bgr)
+                items: Any = pending_sources(source, bgr=bgr)
+                t_load = None
+            elif stream:     # every check now; files decoded as the chunks are taken, a few ahead
+                items = stream_sources(source, bgr=bgr, borrow=True, strict=strict,
+                                       workers=min(DECODE_WORKERS, STREAM_AHEAD), ahead=STREAM_AHEAD)
                 t_load = None
             else:
                 items = load_sources(source, bgr=bgr, borrow=True,   # owned below, while the GPU works
-                                     workers=DECODE_WORKERS)
+                                     workers=DECODE_WORKERS, strict=strict)
                 t_load = (time.perf_counter() - t_load) * 1e3 / max(1, len(items))
-            chunks = (items[i:i + int(batch)] for i in range(0, len(items), int(batch)))
+            chunks = _chunked(items, int(batch))
             total = len(items)
         out_dir = None
         if save:
@@ -370,7 +379,7 @@ class Predictor:
         # stream (no cross-stream event on the batch-1 latency path), unless its files decode on the GPU.
         staged = videos is None and (gpu_decode or (self.overlap and total > int(batch)))
         run = self._run(chunks, videos, total, t_load, size, mode, amp_dtype, plan, out_dir, verbose, profile,
-                        show, vid_stride, on_results, staged)
+                        show, vid_stride, on_results, staged, strict)
         return run if stream else list(run)
 
     #: images (not video frames) of a call with more than one chunk go through the overlapped loop:
@@ -380,7 +389,7 @@ class Predictor:
     overlap: bool = True
 
     def _run(self, chunks, videos, total, t_load, size, mode, amp_dtype, plan, out_dir, verbose, profile, show,
-             vid_stride, on_results, staged: bool = False) -> Iterator[Results]:
+             vid_stride, on_results, staged: bool = False, strict: bool = True) -> Iterator[Results]:
         """The predict loop behind :meth:`__call__`: one chunk of items at a time, its Results
         yielded as soon as they are made; video writers and readers closed however it ends."""
         m = self.model
@@ -396,7 +405,7 @@ class Predictor:
         images_saved = 0
         lookahead = staged and self.overlap and not profile
         steps = self._steps(chunks, size, mode, amp_dtype, plan, t_load, staged=staged, lookahead=lookahead,
-                            profile=profile, repeating=videos is not None)
+                            profile=profile, repeating=videos is not None, strict=strict)
         try:
             for chunk, chunk_results in steps:
                 for r, it in zip(chunk_results, chunk):
@@ -442,7 +451,7 @@ class Predictor:
 
     # ------------------------------------------------------------ the loop
     def _steps(self, chunks, size, mode, amp_dtype, plan, t_load, *, staged: bool, lookahead: bool,
-               profile: bool, repeating: bool) -> Iterator[tuple[list[SourceItem], list[Results]]]:
+               profile: bool, repeating: bool, strict: bool = True) -> Iterator[tuple[list[SourceItem], list[Results]]]:
         """(items, Results) per chunk, in order, with ``Results.speed`` filled in.
 
         Per chunk: prepare (the images on the device: :meth:`_prepare_staged` - copy stream,
@@ -454,12 +463,15 @@ class Predictor:
         uint8 batch in either order, so its outputs are the same. An error while reading or
         preparing a chunk is raised after the chunks before it have been yielded.
         ``profile``: the device is synchronized between the steps, so the speeds are exact.
+        ``strict``: for files read in :meth:`_prepare_staged` (the GPU decode's pending items),
+        False skips an unreadable file found in a directory or glob as the CPU decode does; a
+        chunk left empty is passed over.
         """
         m = self.model
         sync = (lambda: torch.cuda.synchronize(m.device)) if profile and m.device.type == "cuda" else (lambda: None)
         half = getattr(plan, "half", None)
         checked = half is None   # the half copy is checked against the weights after the first launch
-        prepare = self._prepare_staged if staged else self._prepare_simple
+        prepare = (lambda raw: self._prepare_staged(raw, strict)) if staged else self._prepare_simple
         chunks = iter(chunks)
         error: list[BaseException] = []
 
@@ -468,11 +480,13 @@ class Predictor:
                 return None
             t0 = time.perf_counter()
             try:
-                raw = next(chunks, None)
-                if raw is None:
-                    return None
-                t1 = time.perf_counter()
-                ch = prepare(raw)
+                ch = None
+                while ch is None:   # None: every file of the chunk was skipped
+                    raw = next(chunks, None)
+                    if raw is None:
+                        return None
+                    t1 = time.perf_counter()
+                    ch = prepare(raw)
             except Exception as exc:   # noqa: BLE001 - raised once the chunks before it are out
                 error.append(exc)
                 return None
@@ -551,7 +565,7 @@ class Predictor:
         the stage stacks them. Video frames take this path."""
         return _Chunk(items, [self._upload(it.image) for it in items])
 
-    def _prepare_staged(self, raw: list[Any]) -> _Chunk:
+    def _prepare_staged(self, raw: list[Any], strict: bool = True) -> _Chunk | None:
         """A chunk's images on the device without holding up the compute stream.
 
         ``raw``: SourceItems, or PendingItems (the GPU decode): JPEG files among them are read
@@ -562,25 +576,35 @@ class Predictor:
         stacked (B, H, W, 3) batch when the sizes agree, and an event marks it complete: the
         compute stream waits for that event only (:meth:`_steps`). GPU-decoded images are
         copied back to pinned host memory on the copy stream for the Results. On the CPU: the
-        images as they are.
+        images as they are. ``strict=False``: an unreadable file found in a directory or glob is
+        skipped with a warning (None when the whole chunk was).
         """
         m = self.model
         dev = m.device
         t0 = time.perf_counter()
         decoded: dict[int, Any] = {}
-        items: list[SourceItem | None] = [None] * len(raw)
+        items: list[SourceItem | None] = []
         ring = self._ring()
         files: list[tuple[int, PendingItem, Any]] = []
-        for j, it in enumerate(raw):
+        kept: list[Any] = []
+        for it in raw:
             if isinstance(it, PendingItem):
                 gpu = ring is not None and it.path is not None and is_jpeg_path(it.path)
                 f = probe(it.path) if gpu else None
                 if f is None:
-                    items[j] = it.load(borrow=True)
+                    loaded = it.load(borrow=True, strict=strict)
+                    if loaded is None:   # skipped, with a warning naming it
+                        continue
+                    items.append(loaded)
                 else:
-                    files.append((j, it, f))
+                    files.append((len(items), it, f))
+                    items.append(None)
             else:
-                items[j] = it
+                items.append(it)
+            kept.append(it)
+        if not kept:
+            return None
+        raw = kept
         if files:
             # nvjpeg writes its outputs on its own stream into blocks the allocator gives out on the
             # current one (the copy stream): the copy stream's earlier work - the previous chunk's
@@ -858,6 +882,26 @@ class _UploadRing:
                 views.append(v)
                 off += t.numel()
         return views
+
+
+def _chunked(items: Any, batch: int) -> Iterator[list[Any]]:
+    """Consecutive lists of ``batch`` items (the last may be shorter), taking ``items`` - a list,
+    or a lazily decoding :class:`~libreyolo.data.sources.SourceStream` - only as far as the
+    chunks are asked for."""
+    chunk: list[Any] = []
+    source = iter(items)
+    try:
+        for it in source:
+            chunk.append(it)
+            if len(chunk) == batch:
+                yield chunk
+                chunk = []
+        if chunk:
+            yield chunk
+    finally:   # a call stopped early: the decode threads of a SourceStream stop now
+        close = getattr(source, "close", None)
+        if close is not None:
+            close()
 
 
 # ------------------------------------------------------------------------------------------ video
