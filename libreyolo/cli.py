@@ -19,8 +19,8 @@ from typing import Any, Callable
 from rich.console import Console
 from rich.table import Table
 
-from .options import (AMP_FAMILY_DEFAULT, OptionError, check_choice, check_float, check_fraction, check_imgsz,
-                      check_int, parse_amp, parse_bool, parse_classes, parse_freeze, parse_loggers)
+from .options import (AMP_FAMILY_DEFAULT, MAX_SEED, OptionError, check_choice, check_float, check_fraction,
+                      check_imgsz, check_int, parse_amp, parse_bool, parse_classes, parse_freeze, parse_loggers)
 
 console = Console()
 
@@ -571,7 +571,7 @@ TRAIN = {
     "name": Opt(str, "exp", "run name"),
     "exist_ok": Opt(_flag("exist_ok"), False, "reuse the run folder"),
     "resume": Opt(_resume, False, "true (this run's last.pt) or a path to last.pt"),
-    "seed": Opt(_int("seed", 0), 0, "random seed"),
+    "seed": Opt(_int("seed", 0, MAX_SEED), 0, "random seed"),
     "cuda_graph": Opt(_flag("cuda_graph"), False, "capture the training step in CUDA graphs (eager fallback, "
                                                   "one log line)"),
     "cache": Opt(str, "auto", "ram or disk: decode and resize every image once, before the first epoch; "
@@ -675,7 +675,7 @@ DEMO = {
     "cuda_graph": Opt(_graph_mode, "auto", "auto = on when a CUDA GPU is present"),
     "project": Opt(str, "runs/demo", "where the run and the picture go"),
     "conf": Opt(_frac("conf"), 0.25, "confidence threshold for the held-out prediction"),
-    "seed": Opt(_int("seed", 0), 0, "random seed (initial weights, data order, augmentation)"),
+    "seed": Opt(_int("seed", 0, MAX_SEED), 0, "random seed (initial weights, data order, augmentation)"),
 }
 
 
@@ -813,7 +813,8 @@ EXPORT = {
     "simplify": Opt(_flag("simplify"), False, "run onnxscript's optimizer over the graph"),
     "opset": Opt(_int("opset", 11), None, "ONNX opset (default 17)"),
     "max_det": Opt(_int("max_det", 1), 300, "detections per image (rows of the output)"),
-    "max_nms": Opt(_int("max_nms", 1), 1000, "candidates per image entering NMS"),
+    "max_nms": Opt(_int("max_nms", 1), None, "candidates per image entering NMS (default 1000, or max_det when "
+                                              "larger)"),
     "agnostic_nms": Opt(_flag("agnostic_nms"), False, "NMS across classes"),
     "topk": Opt(_int("topk", 1), 5, "classes a classifier's graph returns"),
     "device": Opt(str, "cpu", "where the model is loaded before export"),
@@ -920,7 +921,12 @@ def entry() -> None:
     and the device at once. Output is flushed first."""
     import atexit
     import threading
-    rc = main()
+    try:
+        rc = main()
+    except KeyboardInterrupt as exc:   # Ctrl-C: one line, no traceback, the shell's 128 + SIGINT
+        if type(exc).__name__ != "TrainingInterrupted":   # a training run logged its own line
+            print("libreyolo: interrupted", file=sys.stderr)
+        rc = 130
     for thread in threading.enumerate():   # what a normal exit waits for, too
         if thread is not threading.main_thread() and not thread.daemon:
             thread.join()

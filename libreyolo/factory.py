@@ -28,6 +28,8 @@ class LibreYOLO:
       contacting the hub (unless ``download=True`` or ``$LIBREYOLO_HF_REPO`` asks for it).
     * A ``.onnx`` file written by ``model.export(format="onnx")`` loads as an
       :class:`~libreyolo.export.onnx_model.OnnxModel` (onnxruntime; same predict API and Results).
+    * ``nc`` is checked against a checkpoint's (or an ONNX file's) own class count: a different
+      one raises, saying how to re-head (``model.reset_classes(nc)``); it never re-heads silently.
     * A bare family/size name without extension (``"yolo9t"``, ``"yolo9-s"``) builds an
       UNTRAINED model explicitly, as does ``LibreYOLO.new("yolo9", "t")``.
     """
@@ -36,9 +38,16 @@ class LibreYOLO:
                 nc: int | None = None, names: Any = None, imgsz: int | None = None) -> Model:
         text = str(model)
         path = Path(text)
+        if nc is not None:
+            from .options import check_int
+            nc = check_int("nc", nc, 1)
         if path.suffix.lower() == ".onnx":   # an export of ours: run by onnxruntime (libreyolo/export)
             from .export.onnx_model import OnnxModel
-            return OnnxModel(path, device=device)
+            onnx = OnnxModel(path, device=device)
+            if nc is not None and nc != onnx.nc:
+                raise ValueError(f"nc={nc}, but the ONNX model '{path}' has {onnx.nc} classes, fixed when it was "
+                                 f"exported: export again from a model with {nc} classes (or leave nc out)")
+            return onnx
         is_file_like = path.suffix.lower() in _CHECKPOINT_SUFFIXES or path.exists()
         if not is_file_like:
             spec = parse_spec(text)
@@ -60,6 +69,11 @@ class LibreYOLO:
         fam, size, how = family_for_checkpoint(ckpt, resolved.name)
         log.debug("libreyolo: %s is %s (decided by %s)", resolved, fam.FAMILY, how)
         m = fam.from_checkpoint(ckpt, size=size, device=device, source=str(resolved))
+        if nc is not None and nc != m.nc:   # never silently ignored, never a silent re-head
+            raise ValueError(
+                f"nc={nc}, but checkpoint '{resolved}' has {m.nc} classes (a loaded model keeps its checkpoint's "
+                f"classes): leave nc out, or re-head the loaded model with model.reset_classes({nc}) (weights that "
+                f"still fit are kept, the new class head is untrained) or by training it on a {nc}-class dataset")
         if imgsz:
             m.imgsz = int(imgsz)
         return m

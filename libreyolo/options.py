@@ -27,6 +27,9 @@ from typing import Any
 __all__ = [
     "OptionError",
     "MAX_IMGSZ",
+    "MAX_SEED",
+    "MAX_DET",
+    "DEFAULT_MAX_NMS",
     "AMP_FAMILY_DEFAULT",
     "BOOL_TRUE",
     "BOOL_FALSE",
@@ -35,6 +38,8 @@ __all__ = [
     "check_float",
     "check_int",
     "check_choice",
+    "check_seed",
+    "check_max_det",
     "parse_bool",
     "parse_amp",
     "parse_classes",
@@ -48,6 +53,19 @@ LOGGER = logging.getLogger("libreyolo")
 #: Largest accepted image size. Activation memory grows with its square: a YOLO at 8192 needs
 #: about 160x the memory of one at 640, which is already tens of GiB for training.
 MAX_IMGSZ = 8192
+
+#: Largest accepted ``seed``: numpy's seeding (``np.random.seed``, which training calls) takes
+#: 32-bit unsigned seeds.
+MAX_SEED = 2**32 - 1
+
+#: Largest accepted ``max_det``. Every image gets a fixed (max_det, 6) detection tensor (the
+#: captured graph's and the ONNX export's output shape), so the bound keeps that allocation sane
+#: (100,000 rows: 2.4 MB an image); no head proposes more useful boxes than that.
+MAX_DET = 100_000
+
+#: ``max_nms`` (candidates per image entering NMS) when it is not given: this, or ``max_det`` when
+#: that is larger (NMS cannot keep more boxes than it is given).
+DEFAULT_MAX_NMS = 1000
 
 #: Spellings :func:`parse_bool` accepts (compared case-insensitively, surrounding blanks ignored).
 BOOL_TRUE = ("true", "1", "yes", "on")
@@ -145,6 +163,29 @@ def check_int(name: str, value: Any, minimum: int | None = None, maximum: int | 
     if n is None or (minimum is not None and n < minimum) or (maximum is not None and n > maximum):
         raise OptionError(f"{name} must be {allowed}, got {_show(value)}")
     return n
+
+
+def check_seed(value: Any, name: str = "seed") -> int:
+    """A random seed: an int in ``[0, MAX_SEED]`` (the range numpy's seeding accepts)."""
+    return check_int(name, value, 0, MAX_SEED)
+
+
+def check_max_det(max_det: Any, max_nms: Any = None) -> tuple[int, int]:
+    """``(max_det, max_nms)`` of detection's predict and export, checked together.
+
+    ``max_det`` (detections kept per image) is an int in ``[1, MAX_DET]``. ``max_nms``
+    (candidates per image entering NMS) is an int >= ``max_det`` when given; None - not given -
+    means :data:`DEFAULT_MAX_NMS`, raised to ``max_det`` when that is larger, so a large
+    ``max_det`` never fails on a default the caller did not choose.
+    """
+    det = check_int("max_det", max_det, 1, MAX_DET)
+    if max_nms is None:
+        return det, max(DEFAULT_MAX_NMS, det)
+    nms = check_int("max_nms", max_nms, 1)
+    if nms < det:
+        raise OptionError(f"max_nms={nms} is smaller than max_det={det}: NMS keeps at most max_nms candidates "
+                          f"per image, so give max_nms >= max_det (or leave max_nms out: it follows max_det)")
+    return det, nms
 
 
 def check_float(name: str, value: Any, minimum: float | None = None, maximum: float | None = None,

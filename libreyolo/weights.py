@@ -72,13 +72,15 @@ _STATE_DICT_KEYS = ("model", "state_dict")  # accepted spellings; normalised to 
 # --------------------------------------------------------------------------------------------------
 
 
-def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
+def load_checkpoint(path: str | os.PathLike[str], *, check_finite: bool = True) -> dict[str, Any]:
     """Load a checkpoint file into a dict whose ``"model"`` entry is a state dict of tensors.
 
     ``.safetensors`` files are read with safetensors (metadata from the header); anything else goes
     through ``torch.load(weights_only=True)`` so a malicious pickle cannot run code. A bare state
     dict is wrapped as ``{"model": sd}``. Raises ``FileNotFoundError`` for a missing file and
-    ``ValueError`` (naming the file) for anything that is not a loadable checkpoint.
+    ``ValueError`` (naming the file) for anything that is not a loadable checkpoint: a corrupt or
+    truncated file (a ``.pt``'s zip CRCs are checked), and - unless ``check_finite=False``, for
+    inspecting a broken file - NaN or infinite weights (see :func:`_check_finite`).
     """
     path = Path(path).expanduser()
     if not path.exists():
@@ -90,11 +92,54 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
         raw = _load_safetensors(path)
     else:
         raw = _load_torch(path)
-    return _normalize_checkpoint(raw, path)
+    ckpt = _normalize_checkpoint(raw, path)
+    if check_finite:
+        _check_finite(ckpt, path)
+    return ckpt
+
+
+#: State-dict entries whose last name component is one of these may hold +-inf by design (never
+#: NaN): anchor logits, +inf where an anchor box is not inside the image (the DETR decoders'
+#: native-size ``decoder.anchors``, see ``libreyolo.models.detr_common.rtdetr_decoder.generate_anchors``).
+INF_MASK_NAMES = frozenset({"anchors"})
+
+
+def _check_finite(ckpt: Mapping[str, Any], path: Path) -> None:
+    """Refuse NaN or +-inf weights: the network's state dict (``ckpt["model"]``) and, in a training
+    checkpoint, the raw weights a resume loads (``train_state["model_raw"]``). One
+    ``torch.isfinite(t).all()`` per floating tensor; a model with such weights predicts nothing
+    (or garbage), so it is named here rather than discovered there."""
+    dicts = [("", ckpt.get("model"))]
+    state = ckpt.get("train_state")
+    if isinstance(state, Mapping) and isinstance(state.get("model_raw"), Mapping):
+        dicts.append(("train_state.model_raw.", state["model_raw"]))
+    bad: list[str] = []
+    first = ""
+    for prefix, sd in dicts:
+        for key, t in (sd or {}).items():
+            if not isinstance(t, torch.Tensor) or not (t.is_floating_point() or t.is_complex()) or not t.numel():
+                continue
+            if bool(torch.isfinite(t).all()):
+                continue
+            nan = int(torch.isnan(t).sum())
+            if not nan and str(key).rsplit(".", 1)[-1] in INF_MASK_NAMES:
+                continue   # +-inf as a mask value, by design
+            bad.append(prefix + str(key))
+            if not first:
+                inf = int(torch.isinf(t).sum())
+                first = (f"tensor '{prefix}{key}' {tuple(t.shape)} holds {nan + inf} non-finite value(s) of "
+                         f"{t.numel()} ({nan} NaN, {inf} inf)")
+    if bad:
+        more = f", and {len(bad) - 1} other tensor(s) too" if len(bad) > 1 else ""
+        raise ValueError(f"cannot load checkpoint '{path}': its weights are not all finite: {first}{more}; "
+                         "the weights are broken (a diverged training or a corrupt file): use an earlier "
+                         "checkpoint, or train again")
 
 
 def _load_torch(path: Path) -> Any:
-    """``torch.load`` restricted to tensors and plain containers; errors become ``ValueError``."""
+    """``torch.load`` restricted to tensors and plain containers; errors become ``ValueError``.
+    A zip-format file (what ``torch.save`` writes) has its members' CRCs checked first."""
+    _verify_zip(path)
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # corrupt zip, truncated file, refused pickle, ...
@@ -113,6 +158,35 @@ def _load_torch(path: Path) -> Any:
             "tuple, str, int, float, bool, None) are accepted: checkpoints are read with "
             f"torch.load(weights_only=True) so that a file cannot run code. {hint}"
         ) from exc
+
+
+_ZIP_MAGIC = b"PK\x03\x04"
+
+
+def _verify_zip(path: Path) -> None:
+    """Check the CRC-32 of every member of a zip-format torch file (``ZipFile.testzip``: the file
+    is read once) and raise ``ValueError`` naming the file and the first bad member. torch's own
+    reader does not check them, so one changed byte would otherwise load as a silently different
+    weight. Files that do not start as a zip archive (legacy ``torch.save`` pickles, non-torch
+    files) are left to ``torch.load``, which judges them."""
+    import zipfile
+    import zlib
+
+    try:
+        with open(path, "rb") as f:
+            if f.read(4) != _ZIP_MAGIC:
+                return
+    except OSError:
+        return   # unreadable: torch.load raises, and its error is reported
+    try:
+        with zipfile.ZipFile(path) as zf:
+            bad = zf.testzip()
+    except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError, ValueError, OSError) as exc:
+        raise ValueError(f"cannot load checkpoint '{path}': not a readable checkpoint, its zip archive is corrupt "
+                         f"or truncated ({_first_line(exc)}); download or save it again") from exc
+    if bad is not None:
+        raise ValueError(f"cannot load checkpoint '{path}': its zip entry '{bad}' fails its CRC check, so the file "
+                         "is corrupt or truncated (a byte changed on disk or in transfer); download or save it again")
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")

@@ -83,7 +83,10 @@ def serve() -> None:
     drawing function), one JSON reply per stdout line, ``{"ok": result}`` (a path or null, or the
     function's JSON result) or ``{"error": text}``; the line ``quit`` ends it."""
     import json
+    import signal
     import sys
+    # Ctrl-C reaches the whole process group: the trainer decides (it ends this child itself)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     modules: dict = {}
     for line in sys.stdin:
         if line.strip() == "quit":   # childproc.end_children's message

@@ -24,6 +24,7 @@ import collections
 import contextlib
 import copy
 import csv
+import functools
 import logging
 import math
 import os
@@ -75,6 +76,7 @@ class RunConfig:
     loggers: Any = None             # "tensorboard" (events in the run folder), or none
     sync_bn: Any = False            # distributed runs: BatchNorm statistics over the global batch (CUDA)
     ddp_timeout: Any = 1800         # distributed runs: seconds a collective may wait (a dead rank's limit)
+    nan_patience: int = 3           # stop after N epochs in a row with a non-finite loss (see Trainer._check_finite)
 
 
 @dataclass
@@ -160,6 +162,68 @@ def default_workers(device: torch.device) -> int:
     return max(1, min(8 if device.type == "cuda" else 2, cores - 1)) if cores > 1 else 0
 
 
+#: ``workers`` above this is refused (OptionError): no machine feeds a training step with more
+MAX_WORKERS = 1024
+#: what one DataLoader worker is assumed to cost in memory (a forked copy of the training
+#: process's touched pages, its prefetched batches): the workers are capped at MemAvailable / this
+WORKER_BYTES = 512 * 2**20
+
+
+def _mem_available() -> int | None:
+    """The memory the kernel can give without swapping (``/proc/meminfo`` MemAvailable, bytes);
+    None where it cannot be read (not Linux)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def cap_workers(requested: int, batches: int, ranks: int = 1) -> tuple[int, list[str]]:
+    """``requested`` DataLoader workers capped at what can be used: the CPU cores of this process
+    (shared by the ``ranks`` processes of a distributed run on this machine), the loader's batches
+    per epoch (a worker loads whole batches: more would wait idle) and the available memory
+    (:data:`WORKER_BYTES` each). Returns the count and the reasons of the caps that applied."""
+    n, why = requested, []
+    cores = max(1, available_cores() // max(1, ranks))
+    if n > cores:
+        n = cores
+        why.append(f"{cores} CPU core{'s' if cores > 1 else ''} available" + (" per rank" if ranks > 1 else ""))
+    if n > batches:
+        n = batches
+        why.append(f"{batches} batch{'es' if batches != 1 else ''} per epoch")
+    mem = _mem_available()
+    if mem is not None and n > mem // (WORKER_BYTES * max(1, ranks)):
+        n = int(mem // (WORKER_BYTES * max(1, ranks)))
+        why.append(f"{mem / 2**30:.1f} GiB of memory available, about {WORKER_BYTES / 2**30:.1f} GiB per worker")
+    return max(0, n), why
+
+
+def loader_worker_init(parent: int, worker_id: int) -> None:
+    """Every DataLoader worker's first call (``worker_init_fn``, bound to the training process's
+    pid): on Linux the worker asks to be killed when its parent dies (``PR_SET_PDEATHSIG``:
+    torch's workers notice a dead parent only between batches, every 5 s; one killed with
+    SIGKILL, or the out-of-memory killer's victim, would otherwise leave them running) and exits
+    at once if the parent is already gone (the kernel's "parent" is the thread that started the
+    worker: the trainer's, alive for the run). Ctrl-C, which reaches the whole process group, is
+    ignored: the training process stops the workers itself, after the write in flight."""
+    import signal
+    if hasattr(signal, "SIGINT"):
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if sys.platform.startswith("linux"):
+        import ctypes
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)   # 1: PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent:   # the parent died before the request took effect
+        os._exit(1)
+
+
 class EpochSeeded(torch.utils.data.Dataset):
     """The training set as the loader sees it: in a worker process, the augmentation RNGs (torch,
     numpy, random) are re-seeded from (seed, epoch, worker id) at the first sample of each epoch.
@@ -208,8 +272,9 @@ class LossFold:
     :meth:`fold`, called once the next step is launched, waits for that event - the device is
     then still busy with the next step, and the loader already fetching the one after - and folds
     the values in exactly as a synchronous loop does: ``mloss = (mloss * i + items) / (i + 1)``
-    in float32 on the host, so the epoch's mean is the same bit for bit. A non-finite loss raises
-    FloatingPointError naming its epoch and batch (one step later than it was computed).
+    in float32 on the host, so the epoch's mean is the same bit for bit. A non-finite loss is
+    counted (``nonfinite``) and the first one named (``first_nonfinite``: epoch, batch, items); it
+    makes the epoch's mean non-finite, which the trainer acts on (:meth:`Trainer._check_finite`).
 
     Timing, for the per-epoch accounting: ``sync_s`` is the host time blocked waiting for a step's
     results; ``device_s`` the steps' spans on the device (CUDA events from before the batch's
@@ -225,6 +290,8 @@ class LossFold:
         self.mloss = torch.zeros(n_items)
         self.pending: list[tuple] = []
         self.counts: dict[str, int] = {}   # the last folded batch's progress-bar fields
+        self.nonfinite = 0                  # batches whose loss was not finite
+        self.first_nonfinite: str | None = None   # the first of them, named (epoch, batch, items)
         self.sync_s = self.device_s = 0.0
 
     def start(self) -> Any:
@@ -264,7 +331,9 @@ class LossFold:
             self.sync_s += time.perf_counter() - t0
             self.device_s += start.elapsed_time(end) / 1e3
         if not torch.isfinite(items).all():
-            raise FloatingPointError(f"non-finite loss at epoch {self.epoch + 1} batch {i}: {items.tolist()}")
+            self.nonfinite += 1
+            if self.first_nonfinite is None:
+                self.first_nonfinite = f"non-finite loss at epoch {self.epoch + 1} batch {i}: {items.tolist()}"
         self.mloss = (self.mloss * i + items) / (i + 1)
         self.counts = {k: int(v) for k, v in fields.items()}
 
@@ -441,20 +510,21 @@ def timing_line(timing: dict) -> str:
 def check_config(cfg: TrainConfig, stride: int) -> None:
     """Validate every option once, before anything is loaded; canonical values in place. The
     image size is rounded up to the model's stride with one warning, as predict does."""
-    from ..options import (OptionError, check_choice, check_float, check_fraction, check_imgsz, check_int, parse_amp,
-                           parse_bool, parse_cache, parse_freeze, parse_loggers)
+    from ..options import (OptionError, check_choice, check_float, check_fraction, check_imgsz, check_int, check_seed,
+                           parse_amp, parse_bool, parse_cache, parse_freeze, parse_loggers)
     r, o, g = cfg.run, cfg.optim, cfg.graph
     r.epochs = check_int("epochs", r.epochs, 1)
     r.batch = check_int("batch", r.batch, 1)
     r.imgsz = check_imgsz(r.imgsz, stride)
     r.cache = parse_cache(r.cache)
     if r.workers is not None:
-        r.workers = check_int("workers", r.workers, 0)
-    r.seed = check_int("seed", r.seed)
+        r.workers = check_int("workers", r.workers, 0, MAX_WORKERS)
+    r.seed = check_seed(r.seed)
     for name in ("val", "exist_ok", "plots", "verbose"):
         setattr(r, name, parse_bool(name, getattr(r, name)))
     r.patience = check_int("patience", r.patience, 0)
     r.save_period = check_int("save_period", r.save_period, 0)
+    r.nan_patience = check_int("nan_patience", r.nan_patience, 1)
     r.freeze = parse_freeze(r.freeze)
     r.loggers = parse_loggers(r.loggers)
     r.sync_bn = parse_bool("sync_bn", r.sync_bn)
@@ -513,7 +583,28 @@ class Trainer:
     def _loaders(self, data):
         cfg = self.cfg
         self.train_set, self.val_set, collate = self.task.datasets(data, cfg.run.imgsz, self.model, cfg.task)
-        workers = default_workers(self.device) if cfg.run.workers is None else int(cfg.run.workers)
+        requested = default_workers(self.device) if cfg.run.workers is None else int(cfg.run.workers)
+        batch, d = cfg.run.batch, self.dist
+        self.epoch_seeded = EpochSeeded(self.train_set, cfg.run.seed, d.rank if d is not None else 0)
+        self.train_sampler = None
+        n_train = len(self.train_set)
+        if d is not None:   # each rank its batch/world share of every global batch, reshuffled per epoch
+            batch = d.local_batch(batch)
+            self.train_sampler = torch.utils.data.DistributedSampler(self.epoch_seeded, d.world, d.rank, shuffle=True,
+                                                                     seed=cfg.run.seed)
+            n_train = len(self.train_sampler)
+        drop_last = n_train > batch
+        train_batches = n_train // batch if drop_last else min(n_train, 1)
+        ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1) if d is not None else 1
+        # no more workers than the machine and the dataset can use (workers=1000 on 8 images
+        # once forked 1,000 processes and woke the out-of-memory killer); validation's loader
+        # is capped by its own batches
+        workers, why = cap_workers(requested, train_batches, ranks)
+        self.worker_cap_note = None   # logged by _setup (a val() call builds the loaders too)
+        if why:
+            asked = f"workers={requested}" if cfg.run.workers is not None else f"the default {requested} workers"
+            self.worker_cap_note = f"{asked} capped at {workers}: {', '.join(why)}"
+        val_workers, _ = cap_workers(workers, -(-len(self.val_set) // cfg.run.batch))
         mode = cfg.run.cache
         if mode == "auto" and workers > 0 and _start_method() != "fork":
             # workers not forked (spawn, forkserver) would each receive a copy of a RAM cache
@@ -533,28 +624,24 @@ class Trainer:
         # workers' augmentation seeds of epoch e are the same in a resumed run.
         self.loader_gen = torch.Generator().manual_seed(cfg.run.seed)
         pin = self.device.type == "cuda"
-        # persistent workers: no process start-up per epoch; EpochSeeded re-seeds them per epoch
-        common = dict(num_workers=workers, pin_memory=pin, collate_fn=collate, persistent_workers=workers > 0)
-        batch = cfg.run.batch
-        d = self.dist
-        self.epoch_seeded = EpochSeeded(self.train_set, cfg.run.seed, d.rank if d is not None else 0)
+        # persistent workers: no process start-up per epoch; EpochSeeded re-seeds them per epoch;
+        # each worker dies with this process and leaves Ctrl-C to it (loader_worker_init)
+        init = functools.partial(loader_worker_init, os.getpid())
+
+        def common(n: int) -> dict:
+            return dict(num_workers=n, pin_memory=pin, collate_fn=collate, persistent_workers=n > 0,
+                        worker_init_fn=init if n > 0 else None)
         self._loader_started = False   # a persistent loader draws its workers' base seed once, when it starts
         self._prepared = None   # (epoch, its loader iterator, the task's phase change): see _prepare_epoch
         self._worker_signal = _WorkerDeathSignal()
-        self.train_sampler = None
-        if d is not None:   # each rank its batch/world share of every global batch, reshuffled per epoch
-            batch = d.local_batch(batch)
-            self.train_sampler = torch.utils.data.DistributedSampler(self.epoch_seeded, d.world, d.rank, shuffle=True,
-                                                                     seed=cfg.run.seed)
-            per_rank = len(self.train_sampler)
+        if d is not None:
             train = torch.utils.data.DataLoader(self.epoch_seeded, batch_size=batch, sampler=self.train_sampler,
-                                                generator=self.loader_gen, drop_last=per_rank > batch, **common)
+                                                generator=self.loader_gen, drop_last=drop_last, **common(workers))
         else:
             train = torch.utils.data.DataLoader(self.epoch_seeded, batch_size=batch, shuffle=True,
-                                                generator=self.loader_gen,
-                                                drop_last=len(self.train_set) > batch, **common)
+                                                generator=self.loader_gen, drop_last=drop_last, **common(workers))
         # validation runs on rank 0 alone, at the global batch (as one GPU validates)
-        val = torch.utils.data.DataLoader(self.val_set, batch_size=cfg.run.batch, shuffle=False, **common)
+        val = torch.utils.data.DataLoader(self.val_set, batch_size=cfg.run.batch, shuffle=False, **common(val_workers))
         return train, val
 
     # ------------------------------------------------------------------ validate
@@ -698,6 +785,9 @@ class Trainer:
                 from ..options import OptionError
                 raise OptionError("sync_bn=True synchronizes BatchNorm across the GPUs of a distributed run "
                                   "(device=0,1 or torchrun); torch's SyncBatchNorm runs on CUDA only")
+        self.run_dir = None
+        if self.dist is None or self.dist.is_main:   # rank 0 alone writes the run folder
+            self._claim_run_dir()   # before any work: a folder in use fails at once
         torch.manual_seed(run.seed)
         np.random.seed(run.seed)
         if self.dist is not None:   # rank 0 first: a built-in set is generated once, not per rank
@@ -726,6 +816,8 @@ class Trainer:
         self.val_loss_fn = m.build_loss().to(self.device) if run.val else None
         self.item_names = tuple(self.loss_fn.item_names)  # the loss contract: see Model.build_loss
         self.train_loader, self.val_loader = self._loaders(data)
+        if self.worker_cap_note:
+            log.log(logging.INFO if run.workers is not None else logging.DEBUG, "libreyolo: %s", self.worker_cap_note)
         self.device_augment = self.task.device_augment(self.train_set, cfg.task)   # gpu_augment: per batch
         self.nb = len(self.train_loader)
         self.accumulate = max(round(opt_cfg.nbs / run.batch), 1)
@@ -758,10 +850,9 @@ class Trainer:
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp_dtype == torch.float16)
         self.ema = ModelEMA(net, frozen=self.frozen) if opt_cfg.ema else None
 
-        self.run_dir, self.start_epoch, self.best_fitness = None, 0, -1.0
+        self.start_epoch, self.best_fitness = 0, -1.0
         if run.resume:
-            last = Path(run.resume) if isinstance(run.resume, (str, Path)) and run.resume is not True \
-                else Path(run.project) / run.name / "weights" / "last.pt"
+            last = self._resume_path()
             ck = load_checkpoint(last)
             st = ck.get("train_state")
             if not st:
@@ -783,15 +874,57 @@ class Trainer:
             self.resumed_best_epoch = st.get("best_epoch")
             self.run_dir = last.parent.parent
             log.info("libreyolo: resuming %s from epoch %d", self.run_dir, self.start_epoch + 1)
-        main = self.dist is None or self.dist.is_main
-        if self.run_dir is None and main:
-            self.run_dir = next_run_dir(run.project, run.name, run.exist_ok)
-        if main:   # rank 0 alone writes the run folder; the others learn its name
-            (self.run_dir / "weights").mkdir(parents=True, exist_ok=True)
-        if self.dist is not None:
+        if self.dist is not None:   # the others learn the run folder's name
             self.run_dir = Path(self.dist.broadcast_object(str(self.run_dir)))
         self.csv_path = self.run_dir / "results.csv"
         self._setup_runner()
+
+    def _resume_path(self) -> Path:
+        run = self.cfg.run
+        return (Path(run.resume) if isinstance(run.resume, (str, Path)) and run.resume is not True
+                else Path(run.project) / run.name / "weights" / "last.pt")
+
+    def _claim_run_dir(self) -> None:
+        """The run folder (``resume``: the checkpoint's; ``exist_ok=False``: the first free
+        ``name``, ``name2``, ... claimed by creating it, so that runs started together get folders
+        of their own), locked for the run (:class:`RunLock`): a second run into a folder in use
+        stops here with a :class:`RunFolderBusy` naming it and the process that holds it."""
+        run = self.cfg.run
+        self._run_lock, self._made_run_dir, made = None, False, True
+        if run.resume:
+            run_dir = self._resume_path().parent.parent
+            if not run_dir.is_dir():
+                return   # the checkpoint's load says what is missing
+            made = False
+        elif run.exist_ok:
+            run_dir = next_run_dir(run.project, run.name, True)
+            made = not run_dir.exists()
+            run_dir.mkdir(parents=True, exist_ok=True)
+        else:
+            while True:
+                run_dir = next_run_dir(run.project, run.name, False)
+                try:
+                    run_dir.mkdir(parents=True)
+                    break
+                except FileExistsError:   # another run took it since: the next name
+                    continue
+        self._run_lock = RunLock.acquire(run_dir)   # RunFolderBusy: the folder is left as it is
+        self.run_dir, self._made_run_dir = run_dir, made
+        (run_dir / "weights").mkdir(exist_ok=True)
+
+    def _release_run_dir(self, failed_setup: bool = False) -> None:
+        """The run folder's lock released (its file removed); after a set-up that failed, a folder
+        this run created and left empty is removed as well."""
+        lock, self._run_lock = getattr(self, "_run_lock", None), None
+        if lock is not None:
+            lock.release()
+        run_dir = getattr(self, "run_dir", None)
+        if failed_setup and getattr(self, "_made_run_dir", False) and run_dir is not None:
+            for folder in (run_dir / "weights", run_dir):
+                try:
+                    folder.rmdir()   # only if empty
+                except OSError:
+                    break
 
     def _setup_runner(self) -> None:
         """The step (forward, loss, backward), the update, and how they run: graphed or eager."""
@@ -1045,6 +1178,8 @@ class Trainer:
             t_ready = time.perf_counter()
         fold.drain()
         self.loader_wait_s, self.sync_wait_s, self.step_device_s = wait, fold.sync_s, fold.device_s
+        self.nonfinite_note = (f"{fold.first_nonfinite} ({fold.nonfinite} of {nb} batches)"
+                               if fold.nonfinite else None)
         if progress is not None:
             postfix()
             progress.close()
@@ -1089,11 +1224,53 @@ class Trainer:
         self.frozen_params = []
 
     def train(self) -> dict:
+        """Set up, train the epochs, end the run (see the module docstring); the run folder is
+        locked meanwhile (:class:`RunLock`).
+
+        Ctrl-C (KeyboardInterrupt) stops the run cleanly: the checkpoint write in flight is
+        finished (saves are atomic), no more plots are drawn, the loader workers and helper
+        processes end, one line says what ``last.pt`` holds and how to continue, and a
+        :class:`TrainingInterrupted` (a KeyboardInterrupt: a library does not swallow it) is
+        raised with that line, without torch's frames."""
+        self.interrupted_in = None   # the epoch Ctrl-C stopped (None: set-up, or not interrupted)
+        self._epoch_now = None
+        try:
+            return self._train()
+        except KeyboardInterrupt as exc:
+            if isinstance(exc, TrainingInterrupted):
+                raise
+            message = self._interrupted_message()
+            log.warning("libreyolo: %s", message)
+        finally:
+            self._release_run_dir()
+        raise TrainingInterrupted(message)   # outside the handler: no "during handling" context
+
+    def _interrupted_message(self) -> str:
+        """What a run stopped by Ctrl-C has on disk: the epoch ``last.pt`` holds (its write in
+        flight was joined by the run's end) and the option that continues it."""
+        epoch, run_dir = self.interrupted_in, getattr(self, "run_dir", None)
+        if epoch is None:   # after the epochs, in the run's last steps
+            epoch = getattr(self, "_epoch_now", None)
+        if epoch is None or run_dir is None:
+            return "training interrupted during set-up; nothing was saved"
+        total = self.cfg.run.epochs
+        last = run_dir / "weights" / "last.pt"
+        saved = getattr(self, "saved_epoch", None)
+        if saved is None and self.start_epoch > 0:
+            saved = self.start_epoch   # resumed, nothing saved yet in this run: the file resumed from
+        where = f"training interrupted in epoch {epoch + 1}/{total}"
+        if saved is None:
+            return f"{where}; no epoch had been completed, nothing was saved"
+        return (f"{where}: {last} holds epoch {saved}/{total}; continue with the same options and "
+                f"resume={last}")
+
+    def _train(self) -> dict:
         t_setup = time.perf_counter()
         try:
             self._setup()
         except BaseException:
             self._unfreeze()
+            self._release_run_dir(failed_setup=True)
             if self.dist is not None:
                 self.dist.teardown()
             raise
@@ -1134,12 +1311,18 @@ class Trainer:
             if self.switch_interval is not None:
                 sys.setswitchinterval(self.switch_interval)
             for epoch in range(self.start_epoch, cfg.run.epochs):
-                died = lost = None
+                self._epoch_now = epoch
+                died = lost = diverged = None
                 try:
                     t_epoch = time.time()
                     self._phase(epoch)
                     mloss = self.train_epoch(epoch)
                     state = {"epoch": epoch, "mloss": mloss, "time_s": time.time() - t_epoch}
+                    # the epoch's mean loss, on the host already: non-finite if any step's was
+                    # (EvaluationHook adds the validation loss); such an epoch is never the best
+                    state["finite"] = bool(torch.isfinite(mloss).all())
+                    if not state["finite"]:
+                        state["nonfinite"] = self.nonfinite_note
                     t_end = time.perf_counter()
                     if self.prefetch_next_epoch and epoch + 1 < cfg.run.epochs:
                         self._prepare_epoch(epoch + 1)   # its first batches load while this one validates
@@ -1154,9 +1337,10 @@ class Trainer:
                     for k, v in state.get("val_parts", {}).items():
                         val_parts[k] += v
                     timing["between_s"] = sum(parts.values())
+                    diverged = self._check_finite(epoch, state) if main else None
                     if d is not None:   # the others wait here for rank 0's epoch end, and its decision
-                        self.stop_reason = d.broadcast_object(self.stop_reason)
-                    if self.stop_reason:
+                        self.stop_reason, diverged = d.broadcast_object((self.stop_reason, diverged))
+                    if self.stop_reason and diverged is None:
                         log.info("libreyolo: %s", self.stop_reason)
                         break
                 except RuntimeError as exc:
@@ -1168,6 +1352,8 @@ class Trainer:
                         died = str(exc).strip()
                 if lost is not None:
                     raise TrainingError(self._rank_failure_message(epoch, lost))
+                if diverged is not None:
+                    raise TrainingDiverged(diverged)
                 if died is not None:
                     # raised outside the handler, with the loaders dropped: torch's error, its
                     # traceback and the (persistent) iterators holding the dead worker's
@@ -1178,6 +1364,10 @@ class Trainer:
             if d is not None:   # every rank returns rank 0's account of the run
                 (self.history, self.best_metrics, self.best_epoch, self.best_fitness) = d.broadcast_object(
                     (self.history, self.best_metrics, self.best_epoch, self.best_fitness))
+        except KeyboardInterrupt:   # Ctrl-C, wherever in the epochs: the hooks' ends below see it
+            self.interrupted_in = getattr(self, "_epoch_now", self.start_epoch)
+            self._worker_signal.quiet = True   # the workers' exits as the run stops
+            raise
         finally:
             sys.setswitchinterval(interval)
             torch.set_grad_enabled(grad_enabled)
@@ -1268,6 +1458,40 @@ class Trainer:
         return (f"{last} holds epoch {saved} and is intact: continue with resume=True" if saved is not None
                 else "nothing had been saved yet in this run")
 
+    def _check_finite(self, epoch: int, state: dict) -> str | None:
+        """After epoch ``epoch``'s end: None, or the message of a diverged run. An epoch whose
+        mean training loss (read from the steps one step late: no added sync) or validation loss
+        is not finite is counted; the first one is a warning, ``nan_patience`` of them in a row -
+        or one as the run's last epoch, whose weights the run would hand back - stop the run."""
+        if state.get("finite", True):
+            self._nonfinite_run = 0
+            return None
+        self._nonfinite_run = n = getattr(self, "_nonfinite_run", 0) + 1
+        cfg, what = self.cfg, state.get("nonfinite") or f"non-finite loss at epoch {epoch + 1}"
+        if n == 1:
+            self._nonfinite_first = what   # the streak's first, named in the error
+        what = getattr(self, "_nonfinite_first", what)
+        patience = cfg.run.nan_patience
+        if n < patience and epoch + 1 < cfg.run.epochs and not self.stop_reason:
+            if not getattr(self, "_nan_warned", False):
+                self._nan_warned = True
+                log.warning("libreyolo: %s; training goes on, and stops if the loss is not finite for %d epochs "
+                            "in a row (nan_patience=%d); an epoch with a non-finite loss is never best.pt",
+                            what, patience, patience)
+            return None
+        o = cfg.optim
+        span = f"epoch {epoch + 1}" if n == 1 else f"epochs {epoch + 2 - n}-{epoch + 1}"
+        hints = [f"lower lr0 (this run: {o.lr0:g})", f"clip the gradients harder with a lower clip_grad (this run: "
+                 f"{o.clip_grad:g})", f"lengthen warmup_epochs (this run: {o.warmup_epochs:g})"]
+        if self.amp_dtype == torch.float16:
+            hints.append("use amp=bf16 or amp=false (float16 may overflow)")
+        best = (f"best.pt holds epoch {self.best_epoch}, the best with finite losses"
+                if getattr(self, "best_epoch", None) is not None
+                else "no epoch of this run had finite losses, so it wrote no best.pt")
+        return (f"training diverged: the loss was not finite in {span} of {cfg.run.epochs} ({what}; "
+                f"nan_patience={patience}). To fix it: {'; '.join(hints)}; or check the labels. {best}; last.pt "
+                f"holds the diverged weights of epoch {epoch + 1}")
+
     def _rank_failure_message(self, epoch: int, reason: str) -> str:
         """What to tell the user when a collective failed during ``epoch`` (another rank stopped,
         or the process group timed out)."""
@@ -1355,15 +1579,22 @@ class EvaluationHook(Hook):
         state["val_s"], state["ckpt_wait_s"] = time.perf_counter() - t1, t1 - t0
         state["eval_s"] = t.val_eval_s
         state["val_parts"] = dict(getattr(t, "val_parts", {})) if validated else {}
-        fitness = t.task.fitness(metrics)
-        state["metrics"], state["is_best"] = metrics, (fitness > t.best_fitness) or not validated
-        t.epoch_metrics = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
         epoch = state["epoch"] + 1
+        vloss = getattr(t, "val_loss", None)
+        if vloss is not None and not bool(torch.isfinite(vloss).all()):
+            state["finite"] = False   # the evaluated (EMA) weights give no finite loss
+            state.setdefault("nonfinite", f"non-finite validation loss at epoch {epoch}: {vloss.tolist()}")
+        finite = state.get("finite", True)
+        # a NaN fitness is the worst, and an epoch with a non-finite loss is never the best
+        fitness = t.task.fitness(metrics)
+        state["metrics"], state["is_best"] = metrics, finite and (_better(fitness, t.best_fitness) or not validated)
+        t.epoch_metrics = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
         if not validated:
-            t.best_epoch = epoch
+            if finite:
+                t.best_epoch = epoch
             return
-        t.best_fitness = max(t.best_fitness, fitness)
         if state["is_best"]:
+            t.best_fitness = fitness
             t.best_metrics, t.best_epoch = dict(t.epoch_metrics), epoch
         patience = t.cfg.run.patience
         if patience and t.best_epoch is not None and epoch - t.best_epoch >= patience and epoch < t.cfg.run.epochs:
@@ -1498,14 +1729,16 @@ class LoggingHook(Hook):
         plotter = getattr(self, "_plotter", None)
         if plotter is not None:   # on_train_start ran
             curves_child = getattr(self, "_curves_child", None)
+            # Ctrl-C: the run stops now, with no final drawings (results.png keeps its last one)
+            plots = t.cfg.run.plots and getattr(t, "interrupted_in", None) is None
             try:
                 plotter.close()   # _plot never raises: a failed drawing is a warning
-                if t.cfg.run.plots and t.history and getattr(self, "_plotted_rows", 0) != len(self.rows) \
+                if plots and t.history and getattr(self, "_plotted_rows", 0) != len(self.rows) \
                         and t.csv_path.is_file():
                     self._plotted_rows = len(self.rows)
                     plotter.submit(self._plot, t, what="results.png")   # the last rows, if drawn before them
                 evaluator = getattr(t, "last_evaluator", None)
-                if t.cfg.run.plots and evaluator is not None and t.history:
+                if plots and evaluator is not None and t.history:
                     # the last epoch's validation: PR curves, confusion matrix, a validation batch;
                     # the matplotlib figures in a warm child - the second one, beside the first's
                     # results.png, where there is one - while this process draws the rest
@@ -1661,6 +1894,12 @@ def _start_method() -> str:
     return multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_all_start_methods()[0]
 
 
+def _better(fitness: float, best: float) -> bool:
+    """Whether ``fitness`` beats ``best``: NaN is the worst of all (never better, beaten by any
+    number), where a plain ``>`` would leave a NaN best unbeatable."""
+    return fitness == fitness and (best != best or fitness > best)
+
+
 def _set_lr(group: dict, value: float) -> None:
     """Set a param group's lr; a tensor lr (captured whole steps read it) is updated in place."""
     if isinstance(group["lr"], torch.Tensor):
@@ -1672,6 +1911,87 @@ def _set_lr(group: dict, value: float) -> None:
 class TrainingError(RuntimeError):
     """Training stopped for a reason outside the model (a DataLoader worker died, ...); the message
     says why, and what of the run is on disk."""
+
+
+class TrainingDiverged(TrainingError, FloatingPointError):
+    """The loss was not finite for ``nan_patience`` epochs in a row (or in the run's last epoch):
+    the message says what to change, and what ``best.pt`` and ``last.pt`` hold."""
+
+
+class RunFolderBusy(TrainingError):
+    """Another training run holds the run folder (:class:`RunLock`)."""
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C (a KeyboardInterrupt) stopped a run; raised by :meth:`Trainer.train` after the run
+    stopped cleanly (the checkpoint write in flight finished, the workers and helper processes
+    ended), its message - already logged - saying what ``last.pt`` holds and how to continue."""
+
+
+class RunLock:
+    """An advisory lock on a run folder for the run's length: ``fcntl.flock`` on
+    ``<run>/.libreyolo.lock``, which holds the holder's pid, host and start time. Two runs into
+    one folder (``exist_ok=True``, or ``resume`` of a run still going) would write over each
+    other's results.csv and checkpoints: the second stops at once (:class:`RunFolderBusy`). The
+    lock goes with the process (also when it is killed); :meth:`release` removes the file. Where
+    ``flock`` does not exist (Windows) or is refused (some network file systems) nothing is locked."""
+
+    NAME = ".libreyolo.lock"
+
+    def __init__(self, fd: int, path: Path):
+        self.fd, self.path = fd, path
+
+    @classmethod
+    def acquire(cls, run_dir: Path) -> "RunLock | None":
+        try:
+            import fcntl
+        except ImportError:
+            return None
+        path = Path(run_dir) / cls.NAME
+        while True:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                try:
+                    holder = os.read(fd, 512).decode("utf-8", "replace").strip()
+                finally:
+                    os.close(fd)
+                holder = holder or "its process is starting"
+                raise RunFolderBusy(
+                    f"the run folder {run_dir} is in use by another training run ({holder}): this run would "
+                    "overwrite its results.csv and checkpoints. Wait for it to end, or train into another folder "
+                    "(another name=, or exist_ok=False for a new numbered one)") from None
+            except OSError as exc:   # no locks on this file system
+                os.close(fd)
+                log.debug("libreyolo: the run folder %s is not locked (%s)", run_dir, exc)
+                return None
+            try:   # the holder may have removed the file between our open and our lock: lock the new one
+                same = os.stat(path).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)
+        import socket
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        os.ftruncate(fd, 0)
+        os.write(fd, f"pid {os.getpid()} on host {socket.gethostname()}, started {stamp}\n".encode())
+        return cls(fd, path)
+
+    def release(self) -> None:
+        import fcntl
+        if self.fd < 0:
+            return
+        try:
+            self.path.unlink()
+        except OSError:
+            pass
+        try:   # LOCK_UN releases it even where a forked process still holds a copy of the descriptor
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+        finally:
+            os.close(self.fd)
+            self.fd = -1
 
 
 def _worker_died(exc: BaseException) -> bool:

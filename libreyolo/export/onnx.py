@@ -223,7 +223,7 @@ def default_path(model) -> Path:
 
 def export_onnx(model, file: str | os.PathLike | None = None, *, imgsz: int | None = None, batch: int = 1,
                 dynamic: bool = False, half: bool = False, simplify: bool = False, opset: int | None = None,
-                max_det: int = 300, max_nms: int = 1000, agnostic_nms: bool = False, topk: int = 5) -> Path:
+                max_det: int = 300, max_nms: int | None = None, agnostic_nms: bool = False, topk: int = 5) -> Path:
     """Write ``model`` as an ONNX graph ending in its task's outputs (see the module docstring).
 
     ``imgsz``: the square input size (default the model's; rounded up to the family's stride);
@@ -232,8 +232,9 @@ def export_onnx(model, file: str | os.PathLike | None = None, *, imgsz: int | No
     activations (inputs and outputs stay float32; see docs/export.md on onnxruntime's limited fp16
     CPU kernels); ``simplify``: onnxscript's optimizer (constant folding, dead-node removal) over
     the exported graph; ``opset``: ONNX opset (default 17, at least 11). Detection: ``max_det``
-    (rows of ``dets``), ``max_nms`` (candidates entering NMS, as predict's), ``agnostic_nms``
-    (NMS across classes; fixed in the graph). Classification: ``topk``.
+    (rows of ``dets``), ``max_nms`` (candidates entering NMS, as predict's: default 1000, or
+    ``max_det`` when that is larger), ``agnostic_nms`` (NMS across classes; fixed in the graph).
+    Classification: ``topk``.
     The file is written atomically (temp file in the target directory, then rename); returns its path.
     """
     require_onnx()
@@ -242,14 +243,13 @@ def export_onnx(model, file: str | os.PathLike | None = None, *, imgsz: int | No
     # trace (the NMS's forward imports it where it runs) the tracer records that call and fails
     import torchvision.ops  # noqa: F401
 
-    from ..options import check_imgsz, check_int, parse_bool
+    from ..options import check_imgsz, check_int, check_max_det, parse_bool
     size = check_imgsz(model.imgsz if imgsz is None else imgsz, model.STRIDE)
     batch = check_int("batch", batch, 1)
     dynamic, half = parse_bool("dynamic", dynamic), parse_bool("half", half)
     simplify, agnostic_nms = parse_bool("simplify", simplify), parse_bool("agnostic_nms", agnostic_nms)
     opset = check_int("opset", DEFAULT_OPSET if opset is None else opset, MIN_OPSET)
-    max_det = check_int("max_det", max_det, 1)
-    max_nms = check_int("max_nms", max_nms, max_det)
+    max_det, max_nms = check_max_det(max_det, max_nms)
     topk = min(check_int("topk", topk, 1), int(model.nc))
     path = Path(file if file is not None else default_path(model)).expanduser()
     if path.suffix.lower() != ".onnx":
@@ -453,11 +453,31 @@ def _set_metadata(proto, meta: dict) -> None:
     proto.producer_name, proto.doc_string = "libreyolo", f"libreyolo {meta['family']}-{meta['size']} ({meta['task']})"
 
 
+def unreadable_onnx(path: str | os.PathLike, cause: BaseException | str) -> ValueError:
+    """The one error for an ONNX file that onnx or onnxruntime cannot read (corrupt, truncated,
+    not ONNX at all): it names the file and the reader's complaint, in one line."""
+    if isinstance(cause, BaseException):
+        text = " ".join(str(cause).split())
+        # onnxruntime's "[ONNXRuntimeError] : 2 : INVALID_ARGUMENT : Load model from <path> failed:" prefix
+        text = re.sub(r"^\[ONNXRuntimeError\][^:]*:[^:]*:[^:]*: (Load model from .*? failed: ?)?", "", text)
+        cause = f"{type(cause).__name__}: {text[:300]}" if text else type(cause).__name__
+    return ValueError(f"cannot load ONNX model '{path}': not a readable ONNX model, the file is corrupt or truncated "
+                      f"({cause}); export it again")
+
+
 def read_metadata(path: str | os.PathLike) -> dict[str, str]:
-    """The metadata_props of an ONNX file (strings), without loading its weights."""
+    """The metadata_props of an ONNX file (strings), without loading its weights. A file that does
+    not parse as an ONNX model raises :func:`unreadable_onnx`'s ``ValueError``, naming it."""
     require_onnx()
     import onnx
-    proto = onnx.load(str(path), load_external_data=False)
+    try:
+        proto = onnx.load(str(path), load_external_data=False)
+    except OSError:   # a missing or unreadable file: the OS's own error names it
+        raise
+    except Exception as exc:   # protobuf's DecodeError ("Wire format was corrupt") and the like
+        raise unreadable_onnx(path, exc) from exc
+    if not proto.ir_version or not proto.HasField("graph"):   # an empty file parses as an empty message
+        raise unreadable_onnx(path, "no ir_version or graph in it")
     return {p.key: p.value for p in proto.metadata_props}
 
 

@@ -26,11 +26,14 @@ import numpy as np
 import torch
 
 from ..ops.preprocess import Preprocess
-from .onnx import META_FORMAT, read_metadata
+from .onnx import META_FORMAT, read_metadata, unreadable_onnx
 
 log = logging.getLogger("libreyolo")
 
 BACKEND = "onnxruntime"
+
+#: onnxruntime's exception types for a model file it cannot parse or load
+_UNREADABLE = ("InvalidProtobuf", "InvalidGraph", "NoModel")
 
 
 class _Ready:
@@ -118,7 +121,12 @@ class OnnxModel:
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = int(self.threads or torch.get_num_threads())
         opts.log_severity_level = 3   # onnxruntime's own warnings (e.g. unused initializers) are not ours
-        self.session = ort.InferenceSession(str(self.path), opts, providers=providers)
+        try:
+            self.session = ort.InferenceSession(str(self.path), opts, providers=providers)
+        except Exception as exc:   # a file onnx parses but onnxruntime cannot load (a corrupt graph)
+            if type(exc).__name__ in _UNREADABLE or "Load model from" in str(exc):
+                raise unreadable_onnx(self.path, exc) from exc
+            raise   # e.g. an execution provider that fails to start: not the file's fault
         self.providers = self.session.get_providers()
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_names = [o.name for o in self.session.get_outputs()]

@@ -260,10 +260,10 @@ class Model:
         1000 for the classifiers, ADE20K's 150 for SegFormer)."""
         if size not in cls.SIZES:
             raise ValueError(f"unknown size {size!r} for {cls.FAMILY}; sizes: {', '.join(cls.SIZES)}")
-        from ..options import check_int
+        from ..options import check_int, check_seed
         nc = check_int("nc", cls.DEFAULT_NC if nc is None else nc, 1)
         if seed is not None:
-            torch.manual_seed(seed)
+            torch.manual_seed(check_seed(seed))
         return cls(cls.build_network(size, nc), size=size, nc=nc, names=names, imgsz=imgsz,
                    device=device, trained=False, source=f"untrained {cls.FAMILY}-{size}")
 

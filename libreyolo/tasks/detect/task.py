@@ -50,14 +50,14 @@ class DetectOptions(TaskOptions):
     max_det: int = 300
 
     def check(self) -> None:
-        from ...options import check_choice, check_float, check_fraction, check_int, parse_bool
+        from ...options import check_choice, check_float, check_fraction, check_int, check_max_det, parse_bool
         for name in ("mosaic", "mixup", "fliplr", "hsv_h", "hsv_s", "hsv_v", "translate", "val_conf", "val_iou"):
             setattr(self, name, check_fraction(name, getattr(self, name)))
         self.scale = check_float("scale", self.scale, 0.0, 1.0, max_inclusive=False)
         self.degrees = check_float("degrees", self.degrees, 0.0, 180.0)
         self.close_mosaic = check_int("close_mosaic", self.close_mosaic, 0)
         self.bucket = check_int("bucket", self.bucket, 1)
-        self.max_det = check_int("max_det", self.max_det, 1)
+        self.max_det = check_max_det(self.max_det)[0]
         self.dense_mosaic = parse_bool("dense_mosaic", self.dense_mosaic)
         self.augment_policy = check_choice("augment_policy", self.augment_policy, ("yolo", "detr"))
         self.gpu_augment = parse_bool("gpu_augment", self.gpu_augment)
@@ -320,11 +320,11 @@ class DetectTask(Task):
     val_option_names = {"conf": "val_conf", "iou": "val_iou"}
 
     def plan(self, model, size, constants, **opts) -> DetectPlan:
-        from ...options import check_fraction, check_int, parse_bool, parse_classes
+        from ...options import check_fraction, check_max_det, parse_bool, parse_classes
         o = {**self.predict_defaults, **opts}
         conf, iou = check_fraction("conf", o["conf"]), check_fraction("iou", o["iou"])
-        max_det = check_int("max_det", o["max_det"], 1)
-        max_nms = check_int("max_nms", o["max_nms"], max_det)
+        # max_nms given or not: when not, it follows a max_det above the default's 1000
+        max_det, max_nms = check_max_det(o["max_det"], opts.get("max_nms"))
         classes = parse_classes(o["classes"], model.names)
         return DetectPlan(model, constants, conf=conf, iou=iou, max_det=max_det, max_nms=max_nms,
                           classes=classes, agnostic_nms=parse_bool("agnostic_nms", o["agnostic_nms"]))
