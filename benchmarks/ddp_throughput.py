@@ -34,7 +34,8 @@ def worker(a) -> None:
 
     from libreyolo import LibreYOLO
     from libreyolo.distributed import env_rank, env_world
-    from libreyolo.engine.trainer import TrainConfig, Trainer
+    from libreyolo.engine.config import TrainConfig
+    from libreyolo.engine.trainer import Trainer
 
     rank, world = env_rank(), env_world()
     a.per_gpu = a.per_gpu[0]   # a worker measures one cell

@@ -30,7 +30,6 @@ import math
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -43,115 +42,12 @@ from ..distributed import (Distributed, GradientReducer, convert_sync_batchnorm,
                            parse_devices, reduction_of, revert_sync_batchnorm)
 from ..graphs.training import (GraphedSegment, TrainStepRunner, backward_into_grads, prime_optimizer_state,
                                scaler_tensors, training_state)
-from ..tasks import Task, TaskOptions, get_task
+from ..tasks import Task
 from .background import frozen_heap
+from .config import TrainConfig
 from .paths import next_run_dir
 
 log = logging.getLogger("libreyolo")
-
-
-@dataclass
-class RunConfig:
-    """What to train on and where the run goes."""
-
-    data: str = "shapes"
-    epochs: int = 100
-    batch: int = 16
-    imgsz: int = 640
-    device: str = "auto"
-    workers: Any = None             # DataLoader workers; None: auto (see default_workers)
-    val: bool = True
-    project: str = "runs/train"
-    name: str = "exp"
-    exist_ok: bool = False
-    resume: Any = False             # True (the run's last.pt) or a path
-    cache: Any = "auto"             # "ram" / "disk": decode + letterbox every image once (False: each
-                                    # epoch; "auto": RAM when the images fit, see DetectionDataset.cache_images)
-    seed: int = 0
-    plots: bool = True
-    verbose: bool = True
-    patience: int = 0               # stop after N epochs without a better fitness (0: never)
-    freeze: Any = None              # the first N layers, or parameter-name prefixes (see freeze_prefixes)
-    save_period: int = 0            # also weights/epoch{N}.pt every N epochs (0: never)
-    loggers: Any = None             # "tensorboard" (events in the run folder), or none
-    sync_bn: Any = False            # distributed runs: BatchNorm statistics over the global batch (CUDA)
-    ddp_timeout: Any = 1800         # distributed runs: seconds a collective may wait (a dead rank's limit)
-    nan_patience: int = 3           # stop after N epochs in a row with a non-finite loss (see Trainer._check_finite)
-
-
-@dataclass
-class OptimConfig:
-    """Optimizer, schedule, accumulation, EMA."""
-
-    optimizer: str = "SGD"          # SGD or AdamW
-    lr0: float | None = None        # default 0.01 for SGD, 0.001 for AdamW
-    lrf: float = 0.01               # final lr = lr0 * lrf
-    momentum: float = 0.937
-    weight_decay: float = 5e-4
-    clip_grad: float = 10.0         # max gradient norm (YOLO recipes 10; DETR recipes 0.1)
-    warmup_epochs: float = 3.0
-    warmup_momentum: float = 0.8
-    warmup_bias_lr: float = 0.1
-    cos_lr: bool = False
-    nbs: int = 64                   # nominal batch: gradients accumulate up to it
-    ema: bool = True
-
-
-@dataclass
-class GraphConfig:
-    """How the step runs: CUDA graphs, mixed precision."""
-
-    cuda_graph: bool = False
-    amp: Any = True                 # True: float16 autocast + GradScaler; "bf16": bfloat16, no scaler (CUDA only)
-    channels_last: Any = None       # network and batches in NHWC; None: on CUDA if the family declares CHANNELS_LAST
-
-
-_GROUPS = {"run": RunConfig, "optim": OptimConfig, "graph": GraphConfig}
-
-
-class TrainConfig:
-    """Training options in groups: ``run`` (:class:`RunConfig`), ``optim`` (:class:`OptimConfig`),
-    ``graph`` (:class:`GraphConfig`) and ``task`` (the task's options dataclass, e.g.
-    :class:`~libreyolo.tasks.detect.DetectOptions`: augmentation, validation thresholds).
-
-    Built from flat keyword arguments (``TrainConfig(epochs=10, lr0=0.01, mosaic=0.5)``), each
-    routed to its group; an unknown name is a TypeError listing the known ones. Reading a flat
-    name (``cfg.lr0``) reads it from its group.
-    """
-
-    def __init__(self, task: str | Task = "detect", **kw: Any):
-        task = get_task(task) if isinstance(task, str) else task
-        known = {name: group for group, cls in _GROUPS.items() for name in (f.name for f in fields(cls))}
-        task_names = task.Options.names()
-        unknown = sorted(set(kw) - set(known) - task_names - {"extra"})
-        if unknown:
-            raise TypeError(f"unknown training option(s): {', '.join(unknown)}; known: "
-                            f"{', '.join(sorted(set(known) | task_names))}")
-        split: dict[str, dict[str, Any]] = {g: {} for g in _GROUPS}
-        for k, v in kw.items():
-            if k in known:
-                split[known[k]][k] = v
-        self.run = RunConfig(**split["run"])
-        self.optim = OptimConfig(**split["optim"])
-        self.graph = GraphConfig(**split["graph"])
-        self.task: TaskOptions = task.Options(**{k: v for k, v in kw.items() if k in task_names})
-        self.extra: dict = dict(kw.get("extra") or {})
-
-    @classmethod
-    def from_kwargs(cls, task: str | Task = "detect", **kw: Any) -> "TrainConfig":
-        return cls(task, **kw)
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("_") or name in ("run", "optim", "graph", "task", "extra"):
-            raise AttributeError(name)
-        for group in (self.run, self.optim, self.graph, self.task):
-            if name in group.__dataclass_fields__:
-                return getattr(group, name)
-        raise AttributeError(f"TrainConfig has no option {name!r}")
-
-    def as_dict(self) -> dict[str, Any]:
-        """Every option, flat."""
-        return {**asdict(self.run), **asdict(self.optim), **asdict(self.graph), **asdict(self.task)}
 
 
 def default_workers(device: torch.device) -> int:

@@ -419,7 +419,7 @@ class Model:
     def train(self, **kwargs) -> dict:
         """Train on ``data`` (a dataset YAML, or a built-in set such as "shapes").
 
-        Options are those of :class:`libreyolo.engine.trainer.TrainConfig` (epochs, batch, imgsz,
+        Options are those of :class:`libreyolo.engine.config.TrainConfig` (epochs, batch, imgsz,
         optimizer, lr0, amp, cuda_graph, resume, ...) and the task's (detection: mosaic, mixup,
         ...). Returns the final and best metrics, the per-epoch losses and metrics, and the paths
         of best.pt / last.pt.
@@ -429,7 +429,8 @@ class Model:
         weights when it ends (see :func:`libreyolo.distributed.train_from_python`).
         """
         from ..distributed import launched, parse_devices, train_from_python
-        from ..engine.trainer import TrainConfig, Trainer
+        from ..engine.config import TrainConfig
+        from ..engine.trainer import Trainer
         given = {k: v for k, v in kwargs.items() if v is not None}   # None: "not given", the family decides
         gpus = parse_devices(given.get("device"))
         if gpus is not None and not launched():
@@ -447,7 +448,8 @@ class Model:
         ``predictions.json`` in ``save_dir`` (default: a new ``runs/val``, ``runs/val2``, ...),
         for external evaluation; its path is returned as ``"predictions_json"``.
         """
-        from ..engine.trainer import TrainConfig, Trainer
+        from ..engine.config import TrainConfig
+        from ..engine.trainer import Trainer
         from ..options import parse_bool
         save_json = parse_bool("save_json", save_json)
         if save_json and not self.task.evaluator(self, self.task.Options()).writes_coco_json:

@@ -32,7 +32,8 @@ DEVICE = os.environ.get("LIBREYOLO_DDP_CHILD_DEVICE", "cuda")
 
 def _trainer(data: str, project: str, graph: bool, world: int, **extra):
     from libreyolo import LibreYOLO
-    from libreyolo.engine.trainer import TrainConfig, Trainer
+    from libreyolo.engine.config import TrainConfig
+    from libreyolo.engine.trainer import Trainer
     model = LibreYOLO.new("yolo9", "t", nc=5, device=DEVICE, seed=0)
     kw = dict(data=data, epochs=1, batch=PER_RANK * world, nbs=PER_RANK * world, imgsz=IMGSZ, workers=0,
               cuda_graph=graph, amp="bf16", warmup_epochs=0, val=False, plots=False, verbose=False, seed=0,

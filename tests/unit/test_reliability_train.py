@@ -121,7 +121,8 @@ def test_loader_workers_die_with_their_parent(tmp_path, data8):
         import os, signal, sys, time, torch
         sys.path.insert(0, {str(ROOT)!r})
         from libreyolo import LibreYOLO
-        from libreyolo.engine.trainer import Trainer, TrainConfig
+        from libreyolo.engine.config import TrainConfig
+        from libreyolo.engine.trainer import Trainer
         model = LibreYOLO.new("yolo9", "t", nc=5, device="cpu", seed=0)
         t = Trainer(model, TrainConfig(data={data8!r}, imgsz=64, batch=1, workers=2, verbose=False))
         train, _ = t._loaders(model.task.resolve_data({data8!r}))

@@ -148,7 +148,8 @@ def test_val_and_bad_options(tmp_path, shapes):
 
 def test_dense_mosaic_and_mixup_options_reach_the_training_set(shapes96):
     from libreyolo.data.datasets import resolve_data
-    from libreyolo.engine.trainer import TrainConfig, Trainer
+    from libreyolo.engine.config import TrainConfig
+    from libreyolo.engine.trainer import Trainer
     model = LibreYOLO.new("yolo9", "t", nc=5, device="cpu", seed=0)
     for on in (False, True):
         t = Trainer(model, TrainConfig(data=shapes96, imgsz=64, batch=8, workers=0, dense_mosaic=on,
@@ -246,7 +247,8 @@ def test_validation_loss_outputs_are_the_training_format_of_the_evaluated_weight
 def test_validation_loss_leaves_the_metrics_and_the_random_stream_alone(tmp_path, shapes):
     """validate(loss_fn=...) gives the same predictions and metrics as without it, the same loss
     on a second call, and draws nothing from torch's global generator."""
-    from libreyolo.engine.trainer import TrainConfig, Trainer
+    from libreyolo.engine.config import TrainConfig
+    from libreyolo.engine.trainer import Trainer
 
     model = LibreYOLO.new("yolox", "n", nc=5, device="cpu", seed=0)
     t = Trainer(model, TrainConfig(model.task, data=shapes, imgsz=64, batch=4, workers=0, verbose=False))

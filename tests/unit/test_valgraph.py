@@ -11,7 +11,8 @@ from standin import StandInCapturer
 from libreyolo import LibreYOLO
 from libreyolo.data.synthetic import make_shapes_dataset
 from libreyolo.engine import trainer as T
-from libreyolo.engine.trainer import TrainConfig, Trainer
+from libreyolo.engine.config import TrainConfig
+from libreyolo.engine.trainer import Trainer
 from libreyolo.engine.verify import input_sensitive
 from libreyolo.graphs.runner import GraphRunner
 

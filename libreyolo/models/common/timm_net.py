@@ -122,7 +122,7 @@ class TimmClassifier(Model):
         (AdamW is insensitive to that scale; with SGD it multiplies the effective lr).
         """
         if kwargs.get("nbs") is None:
-            from ...engine.trainer import RunConfig
+            from ...engine.config import RunConfig
             batch = kwargs.get("batch")
             kwargs["nbs"] = int(batch if batch is not None else self.train_defaults().get("batch", RunConfig.batch))
         return super().train(**kwargs)

@@ -87,7 +87,7 @@ class DepthAnything(Model):
     def train(self, **kwargs: Any) -> dict:
         """Train as :meth:`Model.train`; ``nbs`` defaults to ``batch`` (the loss is a per-image mean)."""
         if kwargs.get("nbs") is None:
-            from ...engine.trainer import RunConfig
+            from ...engine.config import RunConfig
             batch = kwargs.get("batch")
             kwargs["nbs"] = int(batch if batch is not None else RunConfig.batch)
         return super().train(**kwargs)
