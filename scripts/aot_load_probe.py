@@ -122,6 +122,7 @@ def main(argv: list[str]) -> int:
         print(json.dumps(child(*args.child, args.imgsz)), flush=True)
         return 0
     cache = Path(os.environ.setdefault("LIBREYOLO_CACHE_DIR", tempfile.mkdtemp(prefix="aotprobe-")))
+    cache.mkdir(parents=True, exist_ok=True)
     p = subprocess.run([sys.executable, "-c", "import json, sys; sys.path.insert(0, 'scripts'); "
                         f"import aot_load_probe as a; from pathlib import Path; "
                         f"print('PKGS', json.dumps(a.build(Path({str(cache)!r}), {args.imgsz})))"],

@@ -480,9 +480,12 @@ class AotInfer:
                 self.loaded += 1
                 os.utime(path)   # recently used: kept by _prune
                 return pk
+            except AotLoadError:   # this torch cannot load packages here: a rebuild would not either
+                raise
             except Exception as exc:   # noqa: BLE001 - cut short or stale: built again below
                 log.warning("libreyolo: the ahead-of-time package %s did not load (%s: %s); building it again",
                             path, type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+        _load_marker(path).unlink(missing_ok=True)
         self._build(x, path)
         pk = AotPackage(path, x.device)
         self.built += 1
@@ -503,6 +506,7 @@ class AotInfer:
         for old in sorted(same, key=used, reverse=True)[self.KEEP:]:
             if old != path:
                 old.unlink(missing_ok=True)
+                _load_marker(old).unlink(missing_ok=True)
 
     def _module(self) -> torch.nn.Module:
         """``infer`` as a module whose parameters and buffers are the half copy's: what
@@ -568,6 +572,7 @@ class AotPackage:
         from torch.utils import _pytree as pytree
         self._pytree = pytree
         index = device.index if device.type == "cuda" and device.index is not None else -1
+        check_package_loads(path, index)
         try:
             self._loader = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", True, 1, index)
         except (AttributeError, TypeError):   # another torch's binding: its public loader
@@ -584,6 +589,54 @@ class AotPackage:
             return self._wrapped(*args)
         flat = [t for t in self._pytree.tree_flatten((args, {}))[0] if isinstance(t, torch.Tensor)]
         return self._pytree.tree_unflatten(self._loader.boxed_run(flat), self._out_spec)
+
+
+class AotLoadError(RuntimeError):
+    """An AOTInductor package that this torch build cannot load: loading it ended a test process."""
+
+
+def _load_marker(path: Path) -> Path:
+    return path.with_name(path.name + ".loads")
+
+
+#: the test process: load the package with the loader :class:`AotPackage` uses, on that device
+_LOAD_CHECK = ("import sys, torch; "
+               "torch._C._aoti.AOTIModelPackageLoader(sys.argv[1], 'model', True, 1, int(sys.argv[2])); "
+               "print('loaded')")
+
+
+def check_package_loads(path: Path, index: int) -> None:
+    """Load ``path`` once in a child process before this process does, and raise
+    :class:`AotLoadError` if a signal ends that child.
+
+    Some torch builds end the process with a segmentation fault inside torch's package loader
+    (``AOTIModelPackageLoader``), even for a package torch itself has just compiled; a loader that
+    crashes cannot be caught in the process that calls it, and ``fast="aot"`` must not take the
+    user's process down. A child that loaded the package leaves a marker beside it (its name plus
+    ``.loads``), so later processes load at once; a rebuilt package removes the marker."""
+    import subprocess
+    import sys
+    marker = _load_marker(path)
+    if marker.is_file():
+        return
+    try:
+        proc = subprocess.run([sys.executable, "-c", _LOAD_CHECK, str(path), str(index)],
+                              capture_output=True, text=True, timeout=600)
+    except subprocess.TimeoutExpired as exc:
+        raise AotLoadError(f"fast='aot': loading the ahead-of-time package {path} in a test process did not "
+                           f"finish in {exc.timeout:.0f} s; use fast=True (torch.compile) or fast=False") from None
+    if proc.returncode < 0:
+        raise AotLoadError(
+            f"fast='aot': torch {torch.__version__} cannot load the ahead-of-time package {path} on this "
+            f"machine (a test process loading it was killed by signal {-proc.returncode}); loading it here "
+            "would end this process. Use fast=True (torch.compile, the same kernels compiled in the process) "
+            "or fast=False.")
+    if proc.returncode != 0 or "loaded" not in proc.stdout:
+        return   # an error the loader raises (a file cut short): raised again here, where it is handled
+    try:
+        marker.write_text(torch.__version__)
+    except OSError:   # a read-only cache: the check runs again next time, nothing else changes
+        pass
 
 
 def aot_cache_dir() -> Path:

@@ -9,6 +9,7 @@ import torch
 from PIL import Image
 
 from libreyolo import SAMPLE_IMAGE, LibreYOLO
+from libreyolo.engine import fastpath
 from libreyolo.engine.fastpath import measuring
 from libreyolo.engine.verify import input_sensitive, verify_half
 
@@ -49,7 +50,11 @@ def test_aot_graph_equals_aot_eager(family, size, frames, tmp_path, monkeypatch)
     monkeypatch.setenv("LIBREYOLO_CACHE_DIR", str(tmp_path))
     m = input_sensitive(LibreYOLO.new(family, size, device="cuda", seed=0))
     with measuring():
-        for r in verify_half(m, 640, (1,), (480, 640), ("fp16",), "aot"):
+        try:
+            rows = verify_half(m, 640, (1,), (480, 640), ("fp16",), "aot")
+        except fastpath.AotLoadError as exc:   # torch's loader ends a process on this build: refused, not run
+            pytest.skip(f"this torch build cannot load AOTInductor packages: {exc}")
+        for r in rows:
             assert r.passed, r.as_dict()
         eager = m(frames, cuda_graph=False, precision="fp16", fast="aot", conf=0.05)
         for _ in range(2):   # the net stage, then the uint8 stage (the size repeats)

@@ -6,6 +6,7 @@ runs by default; ``LIBREYOLO_SLOW=1`` runs all twelve (test_dynamo_fullgraph_eve
 """
 import json
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -725,3 +726,47 @@ def test_aot_failures_are_one_clear_error_and_leave_nothing(tmp_path, monkeypatc
                                                      r"OSError: g\+\+: not found"):
         half_network(m, "bf16", fast="aot")(x)
     assert not [p for p in tmp_path.rglob("*") if p.is_file() and p.suffix == ".pt2"]
+
+
+def test_aot_package_that_crashes_its_loader_is_one_error_not_a_dead_process(tmp_path, monkeypatch):
+    """Some torch builds end the process inside the package loader (a segmentation fault), which no
+    ``except`` can catch: the package is first loaded in a child process. A child killed by a
+    signal is AotLoadError naming the package and what to use instead, and the package is not
+    rebuilt (a rebuild would crash the same way); a child that loads it leaves a marker, and later
+    loads start no child; a child whose loader raises (a file cut short) leaves the error to the
+    in-process load, which rebuilds."""
+    import signal
+    monkeypatch.setenv("LIBREYOLO_CACHE_DIR", str(tmp_path))
+    m = LibreYOLO.new("yolox", "n", nc=3, device="cpu", seed=0)
+    aot = half_network(m, "bf16", fast="aot").infer
+    x = torch.rand(1, 3, 32, 32).to(torch.bfloat16).contiguous(memory_format=torch.channels_last)
+    path = aot.package_path(x)
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"package")
+    monkeypatch.setattr(fastpath, "_LOAD_CHECK", f"import os; os.kill(os.getpid(), {int(signal.SIGSEGV)})")
+
+    def no_build(*a, **k):
+        raise AssertionError("rebuilt a package that crashes its loader")
+    monkeypatch.setattr(aot, "_build", no_build)
+    with pytest.raises(fastpath.AotLoadError, match=rf"cannot load the ahead-of-time package {re.escape(str(path))} "
+                                                    rf"on this machine \(a test process loading it was killed by "
+                                                    rf"signal {int(signal.SIGSEGV)}\).*Use fast=True"):
+        aot(x)
+    assert not fastpath._load_marker(path).exists()
+
+    monkeypatch.setattr(fastpath, "_LOAD_CHECK", "print('loaded')")
+    fastpath.check_package_loads(path, -1)
+    assert fastpath._load_marker(path).read_text() == torch.__version__
+
+    import subprocess
+
+    def no_child(*a, **k):
+        raise AssertionError("a child process for a package already known to load")
+    monkeypatch.setattr(subprocess, "run", no_child)
+    fastpath.check_package_loads(path, -1)
+    monkeypatch.undo()
+
+    monkeypatch.setattr(fastpath, "_LOAD_CHECK", "raise SystemExit('not a zip archive')")
+    other = path.with_name("other.pt2")
+    fastpath.check_package_loads(other, -1)                    # returns: the in-process load raises
+    assert not fastpath._load_marker(other).exists()
