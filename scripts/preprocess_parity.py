@@ -234,35 +234,69 @@ def compare(a: np.ndarray, b: np.ndarray) -> dict:
 
 
 # --------------------------------------------------------------------------- fixtures
+#: the level that stands for an exact 0.0 off the lattice (a network's zero padding after its
+#: normalization: MobileSAM's)
+ZERO_LEVEL = 65535
+
+
 def encode(x: np.ndarray) -> dict[str, np.ndarray]:
     """A float32 (1, C, H, W) input as uint16 levels + per-channel offset and step: exact where each
-    channel's values lie on a lattice of at most 65536 steps, else quantized over its range."""
+    channel's values (zeros apart: :data:`ZERO_LEVEL`) lie on a lattice of at most 65535 steps,
+    else quantized over its range; uint8 levels (255 the zero) where every channel is exact in
+    fewer than 255 steps."""
     c = x.shape[1]
     levels = np.empty(x.shape, np.uint16)
     lo, step, exact = np.zeros(c, np.float64), np.zeros(c, np.float64), np.zeros(c, bool)
     for i in range(c):
         v = x[:, i].astype(np.float64)
         u = np.unique(v)
+        zeros = v == 0
+        if zeros.any() and len(u) > 2 and not zeros.all():
+            lat = _lattice(np.unique(v[~zeros]))
+            if lat is not None and abs(round(-lat[0] / lat[1]) * lat[1] + lat[0]) > 1e-6:
+                lo[i], step[i], exact[i] = lat[0], lat[1], True
+                q = np.round((v - lat[0]) / lat[1])
+                q[zeros] = ZERO_LEVEL
+                levels[:, i] = q.astype(np.uint16)
+                continue
         lo[i] = u[0]
         if len(u) == 1:
             step[i], exact[i] = 1.0, True
             levels[:, i] = 0
             continue
-        s = float(np.diff(u).min())
+        span = u[-1] - u[0]
+        s = span / max(1.0, np.round(span / float(np.diff(u).min())))   # the lattice step, from the span
         q = np.round((v - u[0]) / s)
-        if q.max() <= 65535 and np.abs(u[0] + q * s - v).max() <= 1e-6 * max(1.0, np.abs(u).max()):
+        if q.max() <= 65535 and np.abs(u[0] + q * s - v).max() <= 2e-6 * max(1.0, np.abs(u).max()):
             step[i], exact[i] = s, True
         else:
             s = (u[-1] - u[0]) / 65535
             q = np.round((v - u[0]) / s)
             step[i] = s
         levels[:, i] = q.astype(np.uint16)
+    real = levels[levels != ZERO_LEVEL]
+    if exact.all() and (real.size == 0 or int(real.max()) < 255):   # one byte per element
+        levels = np.where(levels == ZERO_LEVEL, 255, levels).astype(np.uint8)
     return {"levels": levels, "offset": lo, "step": step, "exact": exact}
+
+
+def _lattice(u: np.ndarray) -> tuple[float, float] | None:
+    """(offset, step) of sorted unique values on a lattice of at most 65535 steps, else None."""
+    if len(u) < 2:
+        return None
+    span = u[-1] - u[0]
+    s = span / max(1.0, np.round(span / float(np.diff(u).min())))
+    q = np.round((u - u[0]) / s)
+    if q.max() < ZERO_LEVEL and np.abs(u[0] + q * s - u).max() <= 2e-6 * max(1.0, np.abs(u).max()):
+        return float(u[0]), float(s)
+    return None
 
 
 def decode(d) -> np.ndarray:
     lv = d["levels"].astype(np.float64)
-    return (lv * d["step"].reshape(1, -1, 1, 1) + d["offset"].reshape(1, -1, 1, 1)).astype(np.float32)
+    x = lv * d["step"].reshape(1, -1, 1, 1) + d["offset"].reshape(1, -1, 1, 1)
+    zero = 255 if d["levels"].dtype == np.uint8 else ZERO_LEVEL
+    return np.where((d["levels"] == zero) & d["exact"].reshape(1, -1, 1, 1), 0.0, x).astype(np.float32)
 
 
 def write_fixtures(fixtures: Path, families, ref_python: str, cache: Path, photos: dict, ckpts: dict) -> None:
@@ -316,7 +350,8 @@ def main() -> None:
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
     fams = [f for f in a.families.split(",") if f]
     cache = Path(a.cache).resolve()
-    photos = {k: v for k, v in photographs(a.ref_python, cache / "photos").items() if k in a.photos.split(",")}
+    all_photos = photographs(a.ref_python, cache / "photos")
+    photos = {k: v for k, v in all_photos.items() if k in a.photos.split(",")}
     t0 = time.perf_counter()
     ckpts = ours(fams, cache, photos, {}, "full")
     ref = run_reference(a.ref_python, ckpts, photos, {}, cache / "ref-full")
@@ -341,7 +376,7 @@ def main() -> None:
     if a.json:
         Path(a.json).write_text(json.dumps(report, indent=1))
     if a.fixtures:
-        write_fixtures(Path(a.fixtures), fams, a.ref_python, cache, photos, ckpts)
+        write_fixtures(Path(a.fixtures), fams, a.ref_python, cache, all_photos, ckpts)
     print(f"{time.perf_counter() - t0:.0f} s")
 
 

@@ -119,6 +119,7 @@ class DetectionDataset(Dataset):
         resize: str = "topleft",
         policy: str = "yolo",
         gpu_augment: bool = False,
+        antialias: bool = False,
     ) -> None:
         if imgsz < 1:
             raise ValueError(f"imgsz must be positive, got {imgsz}")
@@ -152,6 +153,7 @@ class DetectionDataset(Dataset):
         self.hsv_v = float(hsv_v)
         self.dense_mosaic = bool(dense_mosaic)
         self.resize = resize
+        self.antialias = bool(antialias)   # predict's resampling (``Preprocess.antialias``)
         self.policy = policy
         self.gpu_augment = bool(gpu_augment)
         self._strong = torch.ones(1, dtype=torch.float64).share_memory_()  # the DETR recipe's zoom/crop/colour
@@ -268,7 +270,8 @@ class DetectionDataset(Dataset):
                                "available; reading the image files instead (cache=disk keeps them on disk)",
                                need / 1e9, n, s, avail / 1e9)
                 return False
-        folder = _disk_cache_folder(self.samples, s, self.resize) if mode == "disk" else None
+        folder = (_disk_cache_folder(self.samples, s, self.resize + ("|antialias" if self.antialias else ""))
+                  if mode == "disk" else None)
         bar = None
         if progress:
             from tqdm import tqdm
@@ -413,7 +416,8 @@ class DetectionDataset(Dataset):
         if (p.new_h, p.new_w) == (h, w):
             return chw, p
         x = chw.unsqueeze(0).to(torch.float32, memory_format=torch.contiguous_format)
-        x = F.interpolate(x, size=(p.new_h, p.new_w), mode="bilinear", align_corners=False)[0]
+        x = F.interpolate(x, size=(p.new_h, p.new_w), mode="bilinear", align_corners=False,
+                          antialias=self.antialias)[0]
         return x.div_(255.0).mul_(255.0).round_().clamp_(0, 255), p
 
     # ---- mosaic and affine ----------------------------------------------------------------------

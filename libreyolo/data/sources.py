@@ -15,8 +15,9 @@ Accepted inputs:
   not clipped; see :func:`pil_to_rgb` for every mode;
 * a numpy array HxW, HxWx1, HxWx3 or HxWx4 of ``uint8``, or of finite floats in [0, 1] (converted
   with ``round(x * 255)``; 0..255 floats, NaN and infinities are refused). Numpy arrays are
-  taken as RGB(A) unless ``bgr=True``: pass that for images from OpenCV (``cv2.imread`` returns
-  BGR);
+  taken as BGR(A), OpenCV's order (``cv2.imread`` and video frames), as LibreYOLO and Ultralytics
+  read them, unless ``bgr=False`` or ``color_format="rgb"`` says they are RGB(A)
+  (:func:`parse_color`);
 * a torch tensor CHW or BCHW, ``uint8`` or floating in [0, 1] (the same check as arrays, made on
   the tensor's device), with 1, 3 or 4 channels (a BCHW tensor gives B items). Tensors are always
   RGB(A);
@@ -113,11 +114,12 @@ def _parallel_copy(a: np.ndarray) -> np.ndarray:
     return out
 
 
-def load_sources(source: Any, *, bgr: bool = False, borrow: bool = False, workers: int = 1,
+def load_sources(source: Any, *, bgr: bool | None = None, borrow: bool = False, workers: int = 1,
                  strict: bool = True) -> list[SourceItem]:
     """Load ``source`` (see the module docstring for the accepted kinds) into a list of items.
 
-    ``bgr=True`` says numpy arrays are in OpenCV's BGR(A) order; it has no effect on other kinds.
+    ``bgr``: the channel order of numpy arrays, BGR(A) (True, or None: the default) or RGB(A)
+    (False); it has no effect on other kinds (PIL images and tensors are RGB).
     ``borrow=True`` lets a numpy input that needs no conversion (uint8, RGB, C-contiguous) be
     used in place instead of copied; such items say ``borrowed`` (see :meth:`SourceItem.own`).
     ``workers`` > 1 decodes several files at once in threads (Pillow releases the GIL while it
@@ -137,7 +139,7 @@ def load_sources(source: Any, *, bgr: bool = False, borrow: bool = False, worker
     return items
 
 
-def iter_sources(source: Any, *, bgr: bool = False, borrow: bool = False, strict: bool = True,
+def iter_sources(source: Any, *, bgr: bool | None = None, borrow: bool = False, strict: bool = True,
                  workers: int = 1, ahead: int = 0) -> Iterator[SourceItem]:
     """Like :func:`load_sources`, but decode files lazily as the iterator advances (one at a time,
     or ``ahead`` files ahead in ``workers`` threads: see :func:`stream_sources`).
@@ -149,7 +151,7 @@ def iter_sources(source: Any, *, bgr: bool = False, borrow: bool = False, strict
     return iter(stream_sources(source, bgr=bgr, borrow=borrow, strict=strict, workers=workers, ahead=ahead))
 
 
-def stream_sources(source: Any, *, bgr: bool = False, borrow: bool = False, strict: bool = True,
+def stream_sources(source: Any, *, bgr: bool | None = None, borrow: bool = False, strict: bool = True,
                    workers: int = 1, ahead: int = STREAM_AHEAD) -> "SourceStream":
     """``source`` resolved and checked now (as :func:`load_sources` checks it), its items decoded
     as they are iterated: at most ``ahead`` files are decoded ahead of the consumer, in up to
@@ -242,7 +244,7 @@ class PendingItem:
         return _load(self.name, self.loader, borrow, strict)
 
 
-def pending_sources(source: Any, *, bgr: bool = False) -> list[PendingItem]:
+def pending_sources(source: Any, *, bgr: bool | None = None) -> list[PendingItem]:
     """Resolve ``source`` like :func:`load_sources` - with the same checks and errors before
     anything is decoded - without loading any item: predict's GPU decode reads the files itself."""
     return [PendingItem(name, getattr(load, "path", None), load) for name, load in _resolve(source, bgr)]
@@ -287,7 +289,7 @@ def _item(name: str, load: "_Loader", borrow: bool) -> SourceItem:
 _Loader = Callable[[], "np.ndarray | torch.Tensor"]
 
 
-def _resolve(source: Any, bgr: bool) -> list[tuple[str, _Loader]]:
+def _resolve(source: Any, bgr: bool | None) -> list[tuple[str, _Loader]]:
     if isinstance(source, (list, tuple)):
         if len(source) == 0:
             raise ValueError("no images given: the source list is empty")
@@ -304,7 +306,7 @@ def _resolve(source: Any, bgr: bool) -> list[tuple[str, _Loader]]:
     return [(name if name is not None else f"image{i}", load) for i, (name, load) in enumerate(entries)]
 
 
-def _resolve_one(item: Any, bgr: bool, where: str) -> list[tuple[str | None, _Loader]]:
+def _resolve_one(item: Any, bgr: bool | None, where: str) -> list[tuple[str | None, _Loader]]:
     if isinstance(item, (str, os.PathLike)):
         files = _expand_path(item)
         # files a directory or glob found (not named directly) may be skipped when unreadable
@@ -506,7 +508,8 @@ def _describe(x: np.ndarray | torch.Tensor, where: str) -> str:
     return f"{where} ({kind} with shape {tuple(x.shape)} and dtype {x.dtype})"
 
 
-def _numpy_loader(arr: np.ndarray, bgr: bool, where: str) -> _Loader:
+def _numpy_loader(arr: np.ndarray, bgr: bool | None, where: str) -> _Loader:
+    bgr = NUMPY_BGR if bgr is None else bool(bgr)
     expected = "expected HxW, HxWx1, HxWx3 or HxWx4 (channels last)"
     if arr.ndim not in (2, 3) or (arr.ndim == 3 and arr.shape[2] not in (1, 3, 4)):
         hint = ""
@@ -531,6 +534,27 @@ def _numpy_loader(arr: np.ndarray, bgr: bool, where: str) -> _Loader:
         as_is.borrows = True  # type: ignore[attr-defined]
         return as_is
     return lambda: _numpy_to_rgb(arr, bgr)
+
+
+#: numpy arrays' channel order when the caller says nothing: BGR, OpenCV's (and the ecosystem's)
+NUMPY_BGR = True
+COLOR_FORMATS = ("auto", "bgr", "rgb")
+
+
+def parse_color(bgr: Any = None, color_format: Any = None) -> bool | None:
+    """predict's ``bgr`` / ``color_format`` options -> the ``bgr`` of :func:`load_sources` (None:
+    the default, BGR). ``color_format``: "auto" (the default), "bgr" or "rgb"; both given must
+    agree."""
+    if bgr is not None and not isinstance(bgr, (bool, np.bool_)):
+        raise ValueError(f"bgr must be True or False, got {bgr!r}")
+    if color_format is None or color_format == "auto":
+        return None if bgr is None else bool(bgr)
+    if not isinstance(color_format, str) or color_format.lower() not in COLOR_FORMATS:
+        raise ValueError(f"color_format must be one of {', '.join(COLOR_FORMATS)}, got {color_format!r}")
+    said = color_format.lower() == "bgr"
+    if bgr is not None and bool(bgr) != said:
+        raise ValueError(f"bgr={bgr!r} and color_format={color_format!r} contradict each other; pass one of them")
+    return said
 
 
 def _numpy_to_rgb(arr: np.ndarray, bgr: bool) -> np.ndarray:

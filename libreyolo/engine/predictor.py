@@ -28,7 +28,8 @@ import numpy as np
 import torch
 
 from ..data.jpeg import decode_files, gpu_decode_problem, is_jpeg_path, parse_decode, probe
-from ..data.sources import STREAM_AHEAD, PendingItem, SourceItem, load_sources, pending_sources, stream_sources
+from ..data.sources import (STREAM_AHEAD, PendingItem, SourceItem, load_sources, parse_color, pending_sources,
+                            stream_sources)
 from ..data.video import DEFAULT_TIMEOUT, VideoSources, VideoStream, VideoWriter, is_video_source, open_video_sources
 from ..graphs.capture import to_host
 from ..graphs.runner import normalize_mode
@@ -199,10 +200,10 @@ class Predictor:
                     return self.after_seam(runner(key, from_u8, (u8, *extra), mode, **opts), plan, extra)
                 x = prep(u8, size)
             else:
-                x = torch.cat([prep(im.unsqueeze(0), size) for im in images])
+                x = self.model.preprocess.batch([im.unsqueeze(0) for im in images], size, prep)
             return self.after_seam(runner(net_key, net, (x, *extra), mode, **opts), plan, extra)
 
-    def capture(self, imgsz=None, batch=1, dtype=None, source=None, source_shape=None, bgr: bool = False,
+    def capture(self, imgsz=None, batch=1, dtype=None, source=None, source_shape=None, bgr: bool | None = None,
                 precision: Any = None, fast: Any = False, **opts) -> dict:
         """Capture what predict will replay for a request now (``model.capture_graph``).
 
@@ -251,7 +252,8 @@ class Predictor:
 
     # ------------------------------------------------------------------ call
     def __call__(self, source: Any, *, imgsz: int | None = None, batch: int = 1, cuda_graph: Any = False,
-                 amp: Any = False, bgr: bool = False, save: bool = False, save_dir: str | Path | None = None,
+                 amp: Any = False, bgr: Any = None, color_format: Any = None, save: bool = False,
+                 save_dir: str | Path | None = None,
                  exist_ok: bool = False, verbose: bool = False, profile: bool = False, stream: bool = False,
                  vid_stride: int = 1, show: bool = False, timeout: float = DEFAULT_TIMEOUT,
                  on_results: Callable[[Results, SourceItem], None] | None = None,
@@ -259,8 +261,8 @@ class Predictor:
                  **task_opts) -> list[Results] | Iterator[Results]:
         """Predict on ``source`` and return one Results per image (per frame for a video).
 
-        ``source``: a path, directory, glob, PIL image, numpy RGB array - or BGR with ``bgr=True``
-        -, torch tensor, or a list of them; or a video source (:mod:`libreyolo.data.video`): a
+        ``source``: a path, directory, glob, PIL image, numpy array (BGR, OpenCV's order, unless
+        ``bgr=False`` or ``color_format="rgb"``), torch tensor (RGB), or a list of them; or a video source (:mod:`libreyolo.data.video`): a
         video file, a camera index (``0``), an RTSP/RTMP/HTTP(S) URL, or a ``.streams``/``.txt``
         file listing several (one Results per source still running at each step).
         ``stream=True`` returns a generator that decodes, predicts and yields one step at a time
@@ -318,11 +320,11 @@ class Predictor:
         unknown = sorted(set(task_opts) - set(m.task.predict_defaults))
         if unknown:
             raise TypeError(f"unknown predict option(s) {', '.join(unknown)} for a {m.TASK} model; "
-                            f"known: imgsz, batch, cuda_graph, amp, bgr, save, save_dir, exist_ok, verbose, profile, "
+                            f"known: imgsz, batch, cuda_graph, amp, bgr, color_format, save, save_dir, exist_ok, verbose, profile, "
                             "stream, vid_stride, show, timeout, precision, fast, decode, strict, "
                             + ", ".join(m.task.predict_defaults))
         batch = check_int("batch", batch, 1)
-        save, bgr = parse_bool("save", save), parse_bool("bgr", bgr)
+        save, bgr = parse_bool("save", save), parse_color(bgr, color_format)
         stream, show = parse_bool("stream", stream), parse_bool("show", show)
         strict = parse_bool("strict", strict)
         vid_stride = check_int("vid_stride", vid_stride, 1)

@@ -176,7 +176,7 @@ class OnnxModel:
 
     # --------------------------------------------------------------------- predict
     def predict(self, source: Any, *, imgsz: int | None = None, batch: int | None = None, cuda_graph: Any = False,
-                amp: Any = False, bgr: bool = False, save: bool = False, save_dir: str | Path | None = None,
+                amp: Any = False, bgr: Any = None, color_format: Any = None, save: bool = False, save_dir: str | Path | None = None,
                 exist_ok: bool = False, verbose: bool = False, **task_opts) -> list:
         """Predict as :meth:`libreyolo.models.base.Model.predict` does, through onnxruntime.
 
@@ -185,7 +185,7 @@ class OnnxModel:
         shorter chunk is padded). ``cuda_graph=True`` and ``amp`` raise: they are the PyTorch
         engine's (``"auto"`` runs as False). The task's options are predict's.
         """
-        from ..data.sources import load_sources
+        from ..data.sources import load_sources, parse_color
         from ..engine.paths import UniqueNames, next_run_dir
         from ..graphs.runner import normalize_mode
         from ..options import check_imgsz, check_int, parse_amp, parse_bool
@@ -198,7 +198,7 @@ class OnnxModel:
         unknown = sorted(set(task_opts) - set(self.task.predict_defaults))
         if unknown:
             raise TypeError(f"unknown predict option(s) {', '.join(unknown)} for a {self.TASK} model; known: imgsz, "
-                            "batch, cuda_graph, amp, bgr, save, save_dir, exist_ok, verbose, "
+                            "batch, cuda_graph, amp, bgr, color_format, save, save_dir, exist_ok, verbose, "
                             + ", ".join(self.task.predict_defaults))
         size = check_imgsz(self.imgsz if imgsz is None else imgsz, self.STRIDE)
         if size != self.imgsz and not self.dynamic:
@@ -210,7 +210,7 @@ class OnnxModel:
         if batch != self.batch and not self.dynamic:
             raise ValueError(f"batch={batch}, but {self.path.name} was exported with batch={self.batch} (static); "
                              f"predict with batch={self.batch}, or export again with batch={batch} or dynamic=True")
-        save, bgr = parse_bool("save", save), parse_bool("bgr", bgr)
+        save, bgr = parse_bool("save", save), parse_color(bgr, color_format)
         # what the graph was exported with is the default (predict's own defaults may exceed it)
         if self.TASK == "detect":
             task_opts.setdefault("max_det", self.max_det)

@@ -80,6 +80,8 @@ class Model:
     REDRAW_CALIBRATE: ClassVar[bool] = False
     STRIDE: ClassVar[int] = 32
     DEFAULT_IMGSZ: ClassVar[int] = 640
+    #: sizes whose default input size is not ``DEFAULT_IMGSZ`` (the size each was trained at)
+    DEFAULT_IMGSZ_BY_SIZE: ClassVar[dict[str, int]] = {}
     UNSUPPORTED_REASON: ClassVar[str | None] = None
     #: how images reach the network (resize mode, normalization), as the family was trained; a
     #: checkpoint's ``preprocess`` metadata overrides it (see :mod:`libreyolo.ops.preprocess`)
@@ -235,7 +237,7 @@ class Model:
         self.size = size
         self.nc = int(nc)
         self.names = self.default_names(self.nc) if names is None else normalize_names(names, self.nc)
-        self.imgsz = int(imgsz or self.DEFAULT_IMGSZ)
+        self.imgsz = int(imgsz or self.DEFAULT_IMGSZ_BY_SIZE.get(size) or self.DEFAULT_IMGSZ)
         self.trained = trained
         self.source = source
         self.meta = dict(meta or {})

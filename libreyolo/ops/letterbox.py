@@ -41,8 +41,9 @@ def letterbox_params(h: int, w: int, size: int, mode: str = "topleft") -> Letter
     if mode == "stretch":
         return LetterboxParams(size, size / max(h, w), size, size, 0, 0)
     scale = min(size / h, size / w)
-    new_h = max(1, min(size, int(round(h * scale))))
-    new_w = max(1, min(size, int(round(w * scale))))
+    # Truncated, as every letterboxing family of LibreYOLO computes it (``int(side * ratio)``).
+    new_h = max(1, min(size, int(h * scale)))
+    new_w = max(1, min(size, int(w * scale)))
     pad_x, pad_y = ((size - new_w) // 2, (size - new_h) // 2) if mode == "center" else (0, 0)
     return LetterboxParams(size, scale, new_h, new_w, pad_x, pad_y)
 
@@ -56,12 +57,15 @@ def image_region(t: torch.Tensor, h: int, w: int, size: int, mode: str = "toplef
     return t[..., p.pad_y:p.pad_y + p.new_h, p.pad_x:p.pad_x + p.new_w]
 
 
-def letterbox(images_u8: torch.Tensor, size: int, mode: str = "topleft") -> torch.Tensor:
+def letterbox(images_u8: torch.Tensor, size: int, mode: str = "topleft", *, antialias: bool = False,
+              quantize: bool = False) -> torch.Tensor:
     """(B, H, W, 3) uint8 RGB -> (B, 3, size, size) float32 in [0, 1], image at top-left.
 
-    To float, resize, pad with 114, divide by 255. The padding is divided with the image (on
-    CUDA a division by a scalar multiplies by its float32 reciprocal, so the padding's value
-    depends on the device: computing it on the host would not give the same numbers).
+    To float, resize (bilinear; ``antialias``: PIL's resampling, which widens the filter when it
+    shrinks; ``quantize``: rounded to whole levels, as a resize of uint8 pixels gives), pad with
+    114, divide by 255. The padding is divided with the image (on CUDA a division by a scalar
+    multiplies by its float32 reciprocal, so the padding's value depends on the device:
+    computing it on the host would not give the same numbers).
     """
     if images_u8.dim() != 4 or images_u8.shape[-1] != 3:
         raise ValueError(f"letterbox expects (B, H, W, 3) images, got shape {tuple(images_u8.shape)}")
@@ -73,7 +77,9 @@ def letterbox(images_u8: torch.Tensor, size: int, mode: str = "topleft") -> torc
     # memory format through interpolate/pad into every convolution of the network.
     x = images_u8.permute(0, 3, 1, 2).to(torch.float32, memory_format=torch.contiguous_format)
     if (p.new_h, p.new_w) != (h, w):
-        x = F.interpolate(x, size=(p.new_h, p.new_w), mode="bilinear", align_corners=False)
+        x = F.interpolate(x, size=(p.new_h, p.new_w), mode="bilinear", align_corners=False, antialias=antialias)
+        if quantize:
+            x = x.round_().clamp_(0, 255)
     if (p.new_h, p.new_w) != (size, size):
         x = F.pad(x, (p.pad_x, size - p.new_w - p.pad_x, p.pad_y, size - p.new_h - p.pad_y), value=PAD_VALUE)
     return x.div_(255.0)

@@ -178,7 +178,7 @@ def test_staged_gpu_decode_gives_upright_pixels_and_the_arrays_results(model, tm
     _same(got, sequential(tmp_path, imgsz=SIZE, batch=3, conf=0.01, decode="gpu"))
     # chunks [0-2] mix sizes (per-image tensors), [3-5] share one (the stacked batch), [6] is the
     # PNG (the staged upload): each gives the Results of the same pixels handed over as arrays
-    as_arrays = model.predict([r.orig_img for r in got], imgsz=SIZE, batch=3, conf=0.01)
+    as_arrays = model.predict([r.orig_img for r in got], imgsz=SIZE, batch=3, conf=0.01, color_format="rgb")
     for r, g in zip(as_arrays, got):
         r.path = g.path
     _same(got, as_arrays)

@@ -53,7 +53,7 @@ def _check_probs(r, nc=NC, k=5):
 
 def test_predict_path_and_numpy(model, sample, tmp_path):
     r_path = model(str(SAMPLE_IMAGE))[0]
-    r_np = model(sample)[0]
+    r_np = model(sample, color_format="rgb")[0]
     for r in (r_path, r_np):
         _check_probs(r)
     assert torch.equal(r_path.probs.data, r_np.probs.data)
@@ -65,7 +65,7 @@ def test_predict_path_and_numpy(model, sample, tmp_path):
     assert drawn.shape == sample.shape
     assert not np.array_equal(drawn[:40, :120], sample[:40, :120]), "no label box at the top-left"
     assert np.array_equal(drawn[-40:, -120:], sample[-40:, -120:]), "drawing outside the label box"
-    saved = model(sample, save=True, save_dir=tmp_path / "runs")
+    saved = model(sample, color_format="rgb", save=True, save_dir=tmp_path / "runs")
     assert saved and (tmp_path / "runs" / "image0.jpg").is_file()
 
 

@@ -9,7 +9,7 @@ from conftest import FIXTURES_DIR
 
 from libreyolo import LibreYOLO
 from libreyolo.models.deimv2.model import Deimv2
-from libreyolo.models.detr_common.model import IMAGENET, STRETCH
+from libreyolo.models.detr_common.model import IMAGENET, PIL_STRETCH
 from libreyolo.models.deimv2.nn import DEIMV2_CONFIGS, DINO_SIZES, DINOv3STABackbone, DinoSpec
 from libreyolo.models.detr_common.rtdetr_decoder import generate_anchors
 from libreyolo.models.ec.model import EC
@@ -82,7 +82,7 @@ def test_vit_size_round_trips_and_normalises_with_imagenet_statistics():
     assert m.preprocess == IMAGENET and m.imgsz == 640 and Deimv2.PREPROCESS.mean is None
     back = Deimv2.from_checkpoint(m.checkpoint(), device="cpu")
     assert back.size == "s" and back.preprocess == IMAGENET
-    assert Deimv2.new("atto", device="cpu").preprocess == STRETCH
+    assert Deimv2.new("atto", device="cpu").preprocess == PIL_STRETCH
     assert all(torch.equal(a, b) for a, b in zip(m.model.state_dict().values(), back.model.state_dict().values()))
 
 

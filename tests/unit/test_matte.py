@@ -32,7 +32,7 @@ def _image(h, w, seed):
 # ------------------------------------------------------------------------------------------ predict
 def test_predict_end_to_end_gives_the_alpha_at_the_original_size(model, tmp_path):
     img = _image(50, 70, 0)
-    r = model(img, imgsz=SIZE)[0]
+    r = model(img, imgsz=SIZE, color_format="rgb")[0]
     a = r.alpha
     assert isinstance(a, Alpha) and r.boxes is None and r.masks is None and len(r) == 0
     assert a.shape == (50, 70) and a.data.dtype == torch.float32

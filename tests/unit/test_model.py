@@ -114,10 +114,10 @@ def test_wrong_checkpoint_shapes_named(tmp_path, model):
 
 def test_predict_every_source_kind(model, tmp_path):
     pil = Image.open(SAMPLE_IMAGE).convert("RGB")
-    arr = np.asarray(pil)
+    arr = np.ascontiguousarray(np.asarray(pil)[:, :, ::-1])   # numpy arrays are BGR, as OpenCV gives them
     pil.save(tmp_path / "a.jpg")
     pil.resize((320, 240)).save(tmp_path / "b.png")
-    ten = torch.from_numpy(arr.copy()).permute(2, 0, 1).float() / 255
+    ten = torch.from_numpy(np.asarray(pil).copy()).permute(2, 0, 1).float() / 255
     sources = {
         "path": str(SAMPLE_IMAGE), "dir": str(tmp_path), "glob": str(tmp_path / "*.jpg"), "pil": pil,
         "numpy": arr, "tensor": ten, "batch_tensor": ten.unsqueeze(0).repeat(2, 1, 1, 1),

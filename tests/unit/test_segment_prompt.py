@@ -117,11 +117,11 @@ def test_predict_equals_the_network_run_by_hand(model, image):
     """Image stage + prompt stage == resize -> embed -> decode (points scaled into the frame) ->
     SAM's mask post-processing, bit for bit; masks at the original size, one score each."""
     pts, lab, box = [[80, 45], [20, 80]], [1, 0], [[30, 20, 100, 70]]
-    r = model(image, points=pts, labels=lab, boxes=box)[0]
+    r = model(image, points=pts, labels=lab, boxes=box, color_format="rgb")[0]
     rh, rw = long_side_size(90, 160, SIZE)
     net = model.model
     with torch.no_grad():
-        x = Preprocess("long")(torch.from_numpy(image)[None], SIZE)
+        x = model.preprocess(torch.from_numpy(image)[None], SIZE)
         assert tuple(x.shape) == (1, 3, rh, rw)
         emb = net.embed(x * 255.0, SIZE)
         sx, sy = rw / 160, rh / 90
@@ -131,7 +131,7 @@ def test_predict_equals_the_network_run_by_hand(model, image):
         masks = postprocess_masks(low, SIZE, (rh, rw), (90, 160))
     assert r.masks.data.shape == (3, 90, 160) and r.masks.data.dtype == torch.bool
     assert torch.equal(r.masks.data, masks[0]) and torch.equal(r.masks.scores, iou[0])
-    one = model(image, points=pts, labels=lab, boxes=box, multimask=False)[0].masks
+    one = model(image, points=pts, labels=lab, boxes=box, multimask=False, color_format="rgb")[0].masks
     assert one.data.shape == (1, 90, 160) and one.scores.shape == (1,)
 
 

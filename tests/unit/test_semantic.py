@@ -11,6 +11,7 @@ from PIL import Image
 
 from libreyolo import LibreYOLO
 from libreyolo.data.synthetic import render_shapes, render_shapes_labelled
+from libreyolo.ops.letterbox import image_region
 from libreyolo.ops.preprocess import Preprocess
 from libreyolo.tasks import get_task
 from libreyolo.tasks.semantic import SemanticLoss, SemanticMask, SemanticOptions, metrics_from_confusion
@@ -35,7 +36,7 @@ def _image(h, w, seed):
 
 def test_predict_end_to_end_maps_back_to_the_original_image(model, tmp_path):
     img = _image(50, 70, 0)
-    r = model(img, imgsz=64)[0]
+    r = model(img, imgsz=64, color_format="rgb")[0]
     m = r.masks
     assert isinstance(m, SemanticMask) and r.boxes is None
     assert m.data.shape == (50, 70) and m.data.dtype == torch.uint8
@@ -49,10 +50,12 @@ def test_predict_end_to_end_maps_back_to_the_original_image(model, tmp_path):
     assert picture.shape == img.shape and not np.array_equal(picture, img)
     out = r.save(tmp_path / "seg.png")
     assert Image.open(out).size == (70, 50)
-    # the class map is the network's argmax, stretched back by nearest neighbour
+    # the class map is the network's argmax, its image region (letterboxed at the top-left, as
+    # the reference does) resized back by nearest neighbour
     with torch.no_grad():
         logits = model.infer(model.preprocess(torch.from_numpy(img)[None], 64))
-    ref = resize_nearest(logits.argmax(1)[0].to(torch.uint8), 50, 70)
+    region = image_region(logits.argmax(1)[0].to(torch.uint8), 50, 70, 64, model.preprocess.resize)
+    ref = resize_nearest(region, 50, 70)
     assert torch.equal(m.data, ref)
     np_mask = r.numpy().masks
     assert isinstance(np_mask.data, np.ndarray) and np_mask.counts == m.counts
@@ -71,7 +74,7 @@ def test_letterbox_preprocess_cuts_the_padding_before_mapping_back():
     m = LibreYOLO.new("segformer", "b0", nc=3, device="cpu", seed=0)
     m.preprocess = Preprocess("center")
     img = _image(32, 64, 4)   # letterboxed into 64x64: rows 16..47 are the image
-    r = m(img, imgsz=64)[0]
+    r = m(img, imgsz=64, color_format="rgb")[0]
     with torch.no_grad():
         cls = m.infer(m.preprocess(torch.from_numpy(img)[None], 64)).argmax(1)[0].to(torch.uint8)
     assert torch.equal(r.masks.data, resize_nearest(cls[16:48], 32, 64))

@@ -112,7 +112,7 @@ def test_pil_image_any_mode(mode):
 
 def test_numpy_rgb_is_copied_not_aliased():
     arr = rgb_array()
-    (item,) = load_sources(arr)
+    (item,) = load_sources(arr, bgr=False)
     np.testing.assert_array_equal(item.image, arr)
     arr[:] = 0
     assert item.image.any()
@@ -127,31 +127,49 @@ def test_numpy_grayscale_replicated(shape):
         np.testing.assert_array_equal(item.image[:, :, c], gray.reshape(6, 8))
 
 
-def test_numpy_rgba_drops_alpha_and_bgr_flag():
+def test_numpy_is_bgr_by_default_rgb_when_said_and_rgba_drops_alpha():
     arr = np.zeros((2, 2, 3), np.uint8)
-    arr[0, 0] = (255, 0, 0)  # red in RGB order
-    (rgb,) = load_sources(arr)
-    (bgr,) = load_sources(arr, bgr=True)  # the same bytes read as OpenCV BGR: blue
+    arr[0, 0] = (255, 0, 0)  # red in RGB order, blue in OpenCV's BGR
+    (rgb,) = load_sources(arr, bgr=False)
+    (bgr,) = load_sources(arr)  # numpy arrays are BGR unless said otherwise (OpenCV, the ecosystem)
+    (said,) = load_sources(arr, bgr=True)
     assert tuple(rgb.image[0, 0]) == (255, 0, 0)
-    assert tuple(bgr.image[0, 0]) == (0, 0, 255)
+    assert tuple(bgr.image[0, 0]) == (0, 0, 255) == tuple(said.image[0, 0])
     assert bgr.image.flags.c_contiguous
     bgra = np.dstack([arr, np.full((2, 2), 7, np.uint8)])
-    (out,) = load_sources(bgra, bgr=True)
-    assert tuple(out.image[0, 0]) == (0, 0, 255) and out.image.shape == (2, 2, 3)
     (out,) = load_sources(bgra)
+    assert tuple(out.image[0, 0]) == (0, 0, 255) and out.image.shape == (2, 2, 3)
+    (out,) = load_sources(bgra, bgr=False)
     assert tuple(out.image[0, 0]) == (255, 0, 0)
+    # PIL images and tensors stay RGB
+    (pil,) = load_sources(Image.fromarray(arr))
+    (ten,) = load_sources(torch.from_numpy(arr).permute(2, 0, 1))
+    assert tuple(pil.image[0, 0]) == (255, 0, 0) and tuple(ten.image[0, 0].tolist()) == (255, 0, 0)
+
+
+def test_parse_color_reads_bgr_and_color_format():
+    from libreyolo.data.sources import parse_color
+    assert parse_color() is None and parse_color(None, "auto") is None
+    assert parse_color(None, "rgb") is False and parse_color(None, "BGR") is True
+    assert parse_color(False) is False and parse_color(True, "bgr") is True
+    with pytest.raises(ValueError, match="contradict"):
+        parse_color(True, "rgb")
+    with pytest.raises(ValueError, match="color_format must be one of auto, bgr, rgb"):
+        parse_color(None, "hsv")
+    with pytest.raises(ValueError, match="bgr must be True or False"):
+        parse_color("yes")
 
 
 def test_numpy_float_in_unit_range():
     arr = np.array([[[0.0, 0.5, 1.0]]], np.float32)
-    (item,) = load_sources(arr)
+    (item,) = load_sources(arr, bgr=False)
     assert item.image.dtype == np.uint8
     assert tuple(item.image[0, 0]) == (0, round(0.5 * 255), 255)
 
 
 def test_numpy_non_contiguous_view():
     arr = rgb_array(12, 16)[::2, ::2]
-    (item,) = load_sources(arr)
+    (item,) = load_sources(arr, bgr=False)
     assert item.image.flags.c_contiguous
     np.testing.assert_array_equal(item.image, arr)
 
@@ -381,9 +399,9 @@ def test_bundled_sample_image_loads():
 
 def test_borrow_uses_rgb_uint8_arrays_in_place_until_owned():
     arr = np.random.default_rng(0).integers(0, 256, (12, 16, 3), dtype=np.uint8)
-    (copied,) = load_sources(arr)
+    (copied,) = load_sources(arr, bgr=False)
     assert not copied.borrowed and not np.shares_memory(copied.image, arr)
-    (item,) = load_sources(arr, borrow=True)
+    (item,) = load_sources(arr, bgr=False, borrow=True)
     assert item.borrowed and item.image is arr
     item.own()
     assert not item.borrowed and not np.shares_memory(item.image, arr)
@@ -391,12 +409,12 @@ def test_borrow_uses_rgb_uint8_arrays_in_place_until_owned():
     big = np.random.default_rng(1).integers(0, 256, (480, 640, 3), dtype=np.uint8)  # torch's threaded copy
     for frozen in (False, True):  # a read-only array is copied by numpy (torch warns on those)
         big.flags.writeable = not frozen
-        (item,) = load_sources(big, borrow=True)
+        (item,) = load_sources(big, bgr=False, borrow=True)
         item.own()
         assert item.image.flags.writeable and not np.shares_memory(item.image, big)
         np.testing.assert_array_equal(item.image, big)
-    # arrays that need a conversion are never borrowed
-    (bgr,) = load_sources(arr, bgr=True, borrow=True)
+    # arrays that need a conversion (BGR, the default) are never borrowed
+    (bgr,) = load_sources(arr, borrow=True)
     assert not bgr.borrowed and not np.shares_memory(bgr.image, arr)
 
 
@@ -405,7 +423,7 @@ def test_predict_result_does_not_change_when_the_callers_array_does():
     model = LibreYOLO.new("yolo9", "t", nc=3, device="cpu", seed=0)
     arr = np.random.default_rng(1).integers(0, 256, (64, 80, 3), dtype=np.uint8)
     keep = arr.copy()
-    (res,) = model(arr, imgsz=64, conf=0.0)
+    (res,) = model(arr, imgsz=64, conf=0.0, color_format="rgb")
     arr[:] = 0
     np.testing.assert_array_equal(res.orig_img, keep)
 

@@ -34,7 +34,8 @@ class BiRefNet(Model):
     DEFAULT_IMGSZ = 1024
     DEFAULT_NC = 1                     # one output channel: the alpha
     STRIDE = 32                        # the input-patch tiles need sizes that divide by 32
-    PREPROCESS = Preprocess("stretch", mean=IMAGENET_MEAN, std=IMAGENET_STD)
+    #: stretched with PIL's bilinear (antialiased, whole levels), ImageNet mean/std, as LibreYOLO does
+    PREPROCESS = Preprocess("stretch", mean=IMAGENET_MEAN, std=IMAGENET_STD, antialias=True, quantize=True)
     PREDICT_SEAM = True
     # with the seam it vouches for the captured encoder stage (GPU: tests/gpu/test_birefnet_gpu.py,
     # MATTE_GRAPH_MODELS in test_tasks_gpu.py; docs/families.md)

@@ -75,7 +75,11 @@ class TimmClassifier(Model):
     WHOLE_STEP_OPTIMIZERS = ("sgd", "adamw")
     STRIDE = 32
     DEFAULT_IMGSZ = 224
-    PREPROCESS = Preprocess("crop", mean=IMAGENET_MEAN, std=IMAGENET_STD, crop_pct=0.875, interpolation="bicubic")
+    #: timm's evaluation transform as LibreYOLO runs it (torchvision on PIL images): shorter side to
+    #: ``floor(imgsz / crop_pct)`` with PIL's bicubic (antialiased, whole levels), the longer side
+    #: truncated, the centre crop, ImageNet mean/std
+    PREPROCESS = Preprocess("crop", mean=IMAGENET_MEAN, std=IMAGENET_STD, crop_pct=0.875, interpolation="bicubic",
+                            antialias=True, quantize=True)
     #: size -> timm model and evaluation preprocessing
     CONFIGS: ClassVar[dict[str, TimmSize]] = {}
     #: The classification recipe for modest batch sizes and short runs: AdamW (beta1 0.9), lr 1e-3
@@ -103,7 +107,8 @@ class TimmClassifier(Model):
         c = cls.CONFIGS.get(size)
         if c is None:
             return cls.PREPROCESS
-        return Preprocess("crop", mean=c.mean, std=c.std, crop_pct=c.crop_pct, interpolation=c.interpolation)
+        return Preprocess("crop", mean=c.mean, std=c.std, crop_pct=c.crop_pct, interpolation=c.interpolation,
+                          antialias=True, quantize=True)
 
     def infer(self, x: torch.Tensor) -> torch.Tensor:
         """(B, 3, S, S) normalized batch -> class logits (B, nc), float32."""

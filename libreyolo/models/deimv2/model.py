@@ -6,7 +6,7 @@ from typing import Any
 from torch import nn
 
 from ...ops.preprocess import Preprocess
-from ..detr_common.model import IMAGENET, STRETCH, DetrModel
+from ..detr_common.model import IMAGENET, PIL_STRETCH, DetrModel
 from .nn import DEIMV2_CONFIGS, DINO_SIZES, DEIMv2Net
 
 
@@ -15,8 +15,7 @@ class Deimv2(DetrModel):
     pico (three-stage HGNetv2 + lite encoder), n (HGNetv2-B0 + hybrid encoder) and s, m, l, x
     (a DINOv3-derived ViT + the Spatial Tuning Adapter + hybrid encoder, see :mod:`.nn`).
 
-    Input normalisation depends on the size: the HGNetv2 sizes take RGB in [0, 1] (``STRETCH``,
-    the class default); the ViT sizes s-x take ImageNet mean/std (``IMAGENET``, by
+    Input normalisation depends on the size: the HGNetv2 sizes take RGB in [0, 1] (``PIL_STRETCH``); the ViT sizes s-x take ImageNet mean/std (``IMAGENET``, by
     :meth:`preprocess_for`).
 
     No fixture pins the checkpoint layout of s-x (see :mod:`.nn`): their keys follow the
@@ -32,13 +31,14 @@ class Deimv2(DetrModel):
     SIGNATURE_KEYS = ("decoder.decoder.layers.0.swish_ffn.w12.weight", "decoder.decoder.layers.0.norm1.scale",
                       "decoder.pre_bbox_head.layers.0.weight")
     NC_KEY = "decoder.dec_score_head.0.weight"
+    PREPROCESS = PIL_STRETCH   # PIL's bilinear, as LibreYOLO resizes DEIMv2's input
 
     def __init__(self, net: nn.Module, *, size: str, imgsz: int | None = None, **kwargs: Any):
         super().__init__(net, size=size, imgsz=imgsz or DEIMV2_CONFIGS[size].input_size, **kwargs)
 
     @classmethod
     def preprocess_for(cls, size: str) -> Preprocess:
-        return IMAGENET if size in DINO_SIZES else STRETCH   # the ViT sizes were trained on ImageNet statistics
+        return IMAGENET if size in DINO_SIZES else PIL_STRETCH   # the ViT sizes were trained on ImageNet statistics
 
     @classmethod
     def build_network(cls, size: str, nc: int) -> nn.Module:

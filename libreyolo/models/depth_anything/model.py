@@ -32,7 +32,10 @@ class DepthAnything(Model):
     FILE_PREFIX = "LibreDepthAnythingV2"   # the LibreYOLO checkpoint names: LibreDepthAnythingV2s.pt, ...
     DEFAULT_IMGSZ = 518
     STRIDE = PATCH
-    PREPROCESS = Preprocess("stretch")   # mean/std None: DepthAnythingNet normalizes internally
+    #: Depth Anything's own resize (LibreYOLO's too): the aspect ratio kept, the shorter side to
+    #: imgsz, both sides to a multiple of 14, OpenCV's bicubic on float pixels (no antialiasing, no
+    #: rounding); mean/std None: DepthAnythingNet normalizes internally
+    PREPROCESS = Preprocess("cover", interpolation="bicubic", multiple=14)
 
     SIGNATURE_KEYS = ("pretrained.pos_embed", "pretrained.mask_token", "depth_head.scratch.output_conv2.2.weight")
 

@@ -26,9 +26,13 @@ from ...ops.preprocess import IMAGENET_MEAN, IMAGENET_STD, Preprocess
 from ..base import Model, train_format
 
 #: DETRs are trained on images resized to the square, ignoring the aspect ratio; most take RGB in
-#: [0, 1], those with ImageNet-pretrained ViT backbones take ImageNet mean/std (``IMAGENET``)
-STRETCH = Preprocess("stretch")
-IMAGENET = Preprocess("stretch", mean=IMAGENET_MEAN, std=IMAGENET_STD)
+#: [0, 1], those with ImageNet-pretrained ViT backbones take ImageNet mean/std (``IMAGENET``).
+#: RT-DETR and RT-DETRv2 resize as OpenCV's INTER_LINEAR does on uint8 pixels (``STRETCH``); D-FINE
+#: and its descendants (DEIM, DEIMv2, EC, RT-DETRv4) as PIL's bilinear does (``PIL_STRETCH``,
+#: ``IMAGENET``): antialiased when shrinking. Both round the resized pixels to whole levels.
+STRETCH = Preprocess("stretch", quantize=True)
+PIL_STRETCH = Preprocess("stretch", antialias=True, quantize=True)
+IMAGENET = Preprocess("stretch", mean=IMAGENET_MEAN, std=IMAGENET_STD, antialias=True, quantize=True)
 
 
 def detr_postprocess(logits: torch.Tensor, boxes: torch.Tensor, width: int, height: int,
@@ -58,7 +62,8 @@ class DetrModel(Model):
 
     Subclasses declare ``FAMILY``, ``SIZES``, ``FILE_PREFIX``, ``SIGNATURE_KEYS``, ``NC_KEY``
     and implement ``build_network(size, nc)``; they may change ``PREPROCESS`` (``STRETCH``: RGB in
-    [0, 1]; ``IMAGENET``: ImageNet mean/std) and ``NUM_TOP``.
+    [0, 1], OpenCV's resampling; ``PIL_STRETCH``: the same with PIL's; ``IMAGENET``: PIL's with
+    ImageNet mean/std) and ``NUM_TOP``.
     """
 
     TASK = "detect"

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from ..detr_common.model import DetrModel
+from ..detr_common.model import PIL_STRETCH, DetrModel
 from .nn import DFINE_CONFIGS, DFineNet
 
 #: keys every D-FINE-line checkpoint has and no other family does: HGNetv2 stem, RepNCSPELAN4 FPN,
@@ -30,6 +30,8 @@ class Dfine(DetrModel):
     SIGNATURE_KEYS = DFINE_LINE_KEYS
     NC_KEY = "decoder.dec_score_head.0.weight"
     CONFIGS = DFINE_CONFIGS
+    #: D-FINE and its descendants (DEIM, RT-DETRv4) resize with PIL's bilinear, as LibreYOLO does
+    PREPROCESS = PIL_STRETCH
 
     @classmethod
     def build_network(cls, size: str, nc: int) -> nn.Module:

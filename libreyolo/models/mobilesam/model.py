@@ -33,7 +33,8 @@ class MobileSAM(Model):
     FILE_PREFIX = "LibreMobileSAM"   # the LibreYOLO checkpoint name: LibreMobileSAMtiny.pt
     DEFAULT_IMGSZ = 1024
     STRIDE = 16                      # input pixels per image-embedding cell
-    PREPROCESS = Preprocess("long")  # longer side to imgsz, no padding: the network pads (SAM)
+    #: longer side to imgsz with PIL's bilinear (whole levels), no padding: the network pads (SAM)
+    PREPROCESS = Preprocess("long", antialias=True, quantize=True)
 
     SIGNATURE_KEYS = ("image_encoder.patch_embed.seq.0.c.weight", "prompt_encoder.not_a_point_embed.weight",
                       "mask_decoder.iou_token.weight")

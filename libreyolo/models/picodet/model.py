@@ -38,7 +38,8 @@ class Picodet(Model):
     # e.g. 416 -> 7x7), so the trained size 416 of size m is kept as is.
     STRIDE = 32
     DEFAULT_IMGSZ = 320
-    PREPROCESS = Preprocess("stretch")  # LibreYOLO and the original pipeline resize to the square, no letterbox
+    #: LibreYOLO and the original pipeline resize to the square (no letterbox) with OpenCV's INTER_LINEAR
+    PREPROCESS = Preprocess("stretch", quantize=True)
     # Declared after the GPU parity protocol passed (fp32 and AMP, batch 1 and 8): see docs/families.md.
     SUPPORTS_CUDA_GRAPH = True
     # Declared after the GPU training parity passed (step-0 loss and BatchNorm buffers bitwise, 20-step

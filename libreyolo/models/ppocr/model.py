@@ -40,7 +40,10 @@ class PPOCR(Model):
     FILE_PREFIX = "LibrePPOCR"   # the LibreYOLO checkpoint names: LibrePPOCRt-ocr.pt
     DEFAULT_IMGSZ = 960          # PP-OCR's detection side limit
     STRIDE = 32
-    PREPROCESS = Preprocess("topleft")   # mean/std None: infer() normalizes (BGR order)
+    #: PP-OCR's detection resize (LibreYOLO's too): the aspect ratio kept, only an image whose longer
+    #: side exceeds imgsz shrunk, each side rounded to a multiple of 32, OpenCV's INTER_LINEAR;
+    #: mean/std None: infer() normalizes (BGR order)
+    PREPROCESS = Preprocess("limit", multiple=32, quantize=True)
     #: recognition widths (at height 48) a text line is padded to, one captured stage each
     REC_BUCKETS: tuple[int, ...] = REC_BUCKETS
 

@@ -5,6 +5,7 @@ import torch
 from torch import nn
 
 from ...ops.boxes import clip_to_canvas, distance_to_xyxy
+from ...ops.preprocess import Preprocess
 from ..base import Model
 from ..common.assign import join_levels, level_priors
 from .nn import CONFIGS, STRIDES, RtmdetNet
@@ -29,6 +30,8 @@ class Rtmdet(Model):
     SIZES = tuple(CONFIGS)
     FILE_PREFIX = "LibreRTMDet"
     DEFAULT_IMGSZ = 640
+    #: letterboxed at the top-left with PIL's bilinear (antialiased when shrinking), as LibreYOLO does
+    PREPROCESS = Preprocess("topleft", antialias=True, quantize=True)
     # Declared after the GPU parity protocol passed (fp32 and AMP, batch 1 and 8): see docs/families.md.
     SUPPORTS_CUDA_GRAPH = True
     # Declared after the GPU training parity passed (step-0 loss and BatchNorm buffers bitwise, 20-step

@@ -34,7 +34,9 @@ class Segformer(Model):
     FILE_PREFIX = "LibreSegformer"   # the LibreYOLO checkpoint names: LibreSegformerb0.pt, ...
     DEFAULT_IMGSZ = 512
     STRIDE = 32
-    PREPROCESS = Preprocess("stretch")   # mean/std None: SegformerNet normalizes internally
+    #: letterboxed at the top-left (grey 114) with OpenCV's INTER_LINEAR, as LibreYOLO does; mean/std
+    #: None: SegformerNet normalizes internally
+    PREPROCESS = Preprocess("topleft", quantize=True)
 
     SIGNATURE_KEYS = ("encoder.stages.0.patch_embeddings.proj.weight", "decode_head.linear_fuse.weight",
                       "decode_head.classifier.weight")

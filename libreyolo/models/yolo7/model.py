@@ -6,6 +6,7 @@ import re
 import torch
 from torch import nn
 
+from ...ops.preprocess import Preprocess
 from ..base import Model
 from .nn import DESCRIPTIONS, Yolo7Net
 
@@ -41,6 +42,8 @@ class Yolo7(Model):
     # curves within eager noise; forward+backward and whole step): see docs/families.md.
     SUPPORTS_CUDA_GRAPH_TRAIN = True
     DEFAULT_IMGSZ = 640
+    #: letterboxed at the top-left with PIL's bilinear (antialiased when shrinking), as LibreYOLO does
+    PREPROCESS = Preprocess("topleft", antialias=True, quantize=True)
 
     @classmethod
     def build_network(cls, size: str, nc: int) -> nn.Module:

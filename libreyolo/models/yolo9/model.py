@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ...ops.preprocess import Preprocess
 from ..base import Model
 from .nn import CONFIGS, Yolo9Net
 
@@ -21,6 +22,9 @@ class Yolo9(Model):
     # Declared after the GPU training parity passed (step-0 loss and BatchNorm buffers bitwise, 20-step
     # curves within eager noise; forward+backward and whole step): see docs/families.md.
     SUPPORTS_CUDA_GRAPH_TRAIN = True
+    #: letterboxed (top-left unless a checkpoint's ``letterbox_pad`` says centre) with OpenCV's
+    #: INTER_LINEAR on uint8 pixels, as LibreYOLO does: no antialiasing, whole levels
+    PREPROCESS = Preprocess("topleft", quantize=True)
 
     @classmethod
     def build_network(cls, size: str, nc: int) -> nn.Module:

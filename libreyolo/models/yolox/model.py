@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ...ops.preprocess import Preprocess
 from ..base import Model, train_format
 from .nn import CONFIGS, YoloxNet, decode
 
@@ -26,6 +27,10 @@ class Yolox(Model):
     # curves within eager noise; forward+backward and whole step): see docs/families.md.
     SUPPORTS_CUDA_GRAPH_TRAIN = True
     DEFAULT_IMGSZ = 640
+    #: nano and tiny were trained (and are evaluated) at 416
+    DEFAULT_IMGSZ_BY_SIZE = {"n": 416, "t": 416}
+    #: letterboxed at the top-left with PIL's bilinear (antialiased when shrinking), as LibreYOLO does
+    PREPROCESS = Preprocess("topleft", antialias=True, quantize=True)
 
     @classmethod
     def build_network(cls, size: str, nc: int) -> nn.Module:

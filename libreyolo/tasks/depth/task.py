@@ -1,7 +1,8 @@
 """Monocular depth: a relative (inverse) depth value per pixel.
 
-Predict stage (on the device, captured): ``model.infer`` gives the depth map (B, 1, S, S) at the
-network's square input size (the preprocessing stretched each image to it); the stage drops the
+Predict stage (on the device, captured): ``model.infer`` gives the depth map (B, 1, H', W') at the
+network's input size (the preprocessing resized the whole image to it, keeping its aspect ratio -
+"cover" - or stretching it to the square); the stage drops the
 channel axis and - in the stage that starts from uint8 images, whose size is then fixed and part
 of the graph's key - resizes the map back to the images' (h, w) (bilinear, align_corners=True, as
 Depth Anything's own inference does), so one graph runs resize -> network -> resize back. The
@@ -58,11 +59,17 @@ def download(t: torch.Tensor) -> torch.Tensor:
     return torch.empty(pinned.shape, dtype=pinned.dtype).copy_(pinned)
 
 
+#: the resizes whose network input is the whole image, unpadded: the map is resized back as it is
+WHOLE_IMAGE_MODES = ("stretch", "cover")
+
+
 def check_resize(mode: str) -> None:
-    """The map is stretched back to the image, which only the "stretch" resize undoes exactly."""
-    if mode != "stretch":
-        raise ValueError(f"the depth task maps its output back by stretching, so it needs the 'stretch' "
-                         f"preprocess resize; this model's preprocess resize is {mode!r}")
+    """The map is resized back to the image whole, which undoes only a resize of the whole image
+    without padding or cropping ("stretch", "cover")."""
+    if mode not in WHOLE_IMAGE_MODES:
+        raise ValueError(f"the depth task resizes its whole output back to the image, so it needs a preprocess "
+                         f"resize of the whole image without padding ({', '.join(WHOLE_IMAGE_MODES)}); "
+                         f"this model's preprocess resize is {mode!r}")
 
 
 class DepthPlan(PredictPlan):

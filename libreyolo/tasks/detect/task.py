@@ -340,9 +340,11 @@ class DetectTask(Task):
         hyp = dict(mosaic=o.mosaic, degrees=o.degrees, translate=o.translate, scale=o.scale, fliplr=o.fliplr,
                    hsv_h=o.hsv_h, hsv_s=o.hsv_s, hsv_v=o.hsv_v, dense_mosaic=o.dense_mosaic, mixup=o.mixup,
                    policy=o.augment_policy)
-        resize = model.preprocess.resize   # as predict feeds the network: letterbox or stretch
-        train = DetectionDataset(data.train, imgsz, augment=True, resize=resize, gpu_augment=o.gpu_augment, **hyp)
-        val = DetectionDataset(data.val, imgsz, augment=False, resize=resize)
+        # as predict feeds the network: letterbox or stretch, with predict's resampling
+        resize, antialias = model.preprocess.resize, model.preprocess.antialias
+        train = DetectionDataset(data.train, imgsz, augment=True, resize=resize, gpu_augment=o.gpu_augment,
+                                 antialias=antialias, **hyp)
+        val = DetectionDataset(data.val, imgsz, augment=False, resize=resize, antialias=antialias)
         return train, val, functools.partial(collate_detections, bucket=o.bucket)  # picklable under spawn
 
     def device_augment(self, train_set, options: DetectOptions):

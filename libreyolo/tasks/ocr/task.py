@@ -1,7 +1,7 @@
 """OCR: text detection (DB) + recognition (CTC), two stages with a host seam between them.
 
 Stage 1 (on the device, captured per input shape by the predictor like every task's stage):
-letterbox, the detector (``model.infer``: the sigmoid shrink map) and the binarization
+the resize (PP-OCR's: the aspect ratio kept, sides to a multiple of 32), the detector (``model.infer``: the sigmoid shrink map) and the binarization
 ``map > det_thresh`` (the threshold is a cached graph input, so changing it needs no new
 capture). The map and the binary map reach the host in one copy.
 
@@ -132,6 +132,7 @@ class OcrPlan(PredictPlan):
 
     # ------------------------------------------------------------ results
     def results(self, out, chunk, size, speed):
+        from ...ops.letterbox import MODES as LETTERBOX_MODES
         from ...ops.letterbox import letterbox_params
         from ...results import Results
         from .postprocess import crop_line, db_boxes, reading_order, resize_line
@@ -141,8 +142,12 @@ class OcrPlan(PredictPlan):
         per_image, lines = [], []
         for i, it in enumerate(chunk):
             h, w = int(it.image.shape[0]), int(it.image.shape[1])
-            p = letterbox_params(h, w, size, m.preprocess.resize)
-            sl = (slice(p.pad_y, p.pad_y + p.new_h), slice(p.pad_x, p.pad_x + p.new_w))
+            mode = m.preprocess.resize
+            if mode in LETTERBOX_MODES:
+                p = letterbox_params(h, w, size, mode)
+                sl = (slice(p.pad_y, p.pad_y + p.new_h), slice(p.pad_x, p.pad_x + p.new_w))
+            else:   # "limit" / "cover" / "long": the whole map is the image's, scaled per axis
+                sl = (slice(None), slice(None))
             boxes = db_boxes(np.ascontiguousarray(bitmap[i].numpy()[sl]), prob[i].numpy()[sl], (h, w),
                              self.box_thresh, self.unclip_ratio, self.max_lines)
             order = reading_order(boxes.quads)
@@ -177,7 +182,7 @@ class OcrTask(Task):
         o = {**self.predict_defaults, **opts}
         if model.preprocess.resize == "crop":
             raise ValueError("OCR needs the whole image: preprocess resize 'crop' is not supported "
-                             "(use 'topleft', 'center' or 'stretch')")
+                             "(use 'limit', 'topleft', 'center' or 'stretch')")
         return OcrPlan(model, constants,
                        det_thresh=check_fraction("det_thresh", o["det_thresh"]),
                        box_thresh=check_fraction("box_thresh", o["box_thresh"]),

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ...data.sources import SourceItem, load_sources
+from ...data.sources import SourceItem, load_sources, parse_color
 from ...graphs.runner import normalize_mode
 from ...ops.preprocess import long_side_size
 from ...options import check_imgsz, check_int, parse_amp, parse_bool
@@ -134,9 +134,9 @@ class PromptPredictor:
         return states
 
     def set_image(self, source: Any, *, imgsz: int | None = None, cuda_graph: Any = False, amp: Any = False,
-                  bgr: bool = False) -> ImageState:
+                  bgr: Any = None, color_format: Any = None) -> ImageState:
         """Embed one image and make it the current one (prompt calls without an image use it)."""
-        items = load_sources(source, bgr=parse_bool("bgr", bgr))
+        items = load_sources(source, bgr=parse_color(bgr, color_format))
         if len(items) != 1:
             raise ValueError(f"set_image takes one image, got {len(items)}; call it once per image")
         m = self.model
@@ -163,7 +163,8 @@ class PromptPredictor:
 
     # ------------------------------------------------------------------ call
     def __call__(self, source: Any = None, *, imgsz: int | None = None, batch: int = 1, cuda_graph: Any = False,
-                 amp: Any = False, bgr: bool = False, verbose: bool = False, profile: bool = False,
+                 amp: Any = False, bgr: Any = None, color_format: Any = None, verbose: bool = False,
+                 profile: bool = False,
                  points: Any = None, labels: Any = None, boxes: Any = None, multimask: Any = True) -> list:
         """Masks for one prompt on each image of ``source`` (which also becomes the current image:
         the last one), or on the current image (``model.set_image``) when ``source`` is None.
@@ -195,7 +196,7 @@ class PromptPredictor:
             size = self._size(imgsz)
             amp_dtype = parse_amp(amp, m.AMP_DTYPE)
             t0 = time.perf_counter()
-            items = load_sources(source, bgr=parse_bool("bgr", bgr))
+            items = load_sources(source, bgr=parse_color(bgr, color_format))
             load = (time.perf_counter() - t0) * 1e3 / max(1, len(items))
             if not m.trained and not getattr(m, "_warned_untrained", False):
                 import logging
@@ -215,7 +216,7 @@ class PromptPredictor:
                 self.current = states[-1]
         return results
 
-    def capture(self, imgsz=None, batch=1, dtype=None, source=None, source_shape=None, bgr: bool = False,
+    def capture(self, imgsz=None, batch=1, dtype=None, source=None, source_shape=None, bgr: bool | None = None,
                 points: Any = None, labels: Any = None, boxes: Any = None, multimask: Any = True) -> dict:
         """Capture the image stage for images of ``source``'s (or ``source_shape``'s, default the
         square frame's) size now; with a prompt, also that prompt's stage on such an image."""
