@@ -47,8 +47,6 @@ from .letterbox import MODES as LETTERBOX_MODES
 from .letterbox import letterbox
 
 RESIZE_MODES = (*LETTERBOX_MODES, "crop", "long", "cover", "limit")
-#: the rules whose network input size follows each image's aspect ratio
-ASPECT_MODES = ("long", "cover", "limit")
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 

@@ -595,7 +595,11 @@ def test_aot_package_built_once_loaded_after_and_keyed_by_the_weights(monkeypatc
     assert not list(path.parent.glob("*.tmp.pt2"))              # written whole, then renamed
     assert any("compiling yolox-n's bf16 network ahead of time" in r.message for r in caplog.records)
     ref = stage(half_network(m, "bf16"))                        # the half copy run eagerly
-    assert all(torch.allclose(a, b, atol=0.5, rtol=0.02) for a, b in zip(out, ref))
+    # detections compared up to the first near tie of scores: bf16 may order two such either way
+    s = ref[1][0]
+    ties = (s[:-1] - s[1:]).abs() < 1e-3
+    k = int(ties.to(torch.int64).argmax()) if bool(ties.any()) else len(s)
+    assert k >= 1 and all(torch.allclose(a[:, :k], b[:, :k], atol=0.5, rtol=0.02) for a, b in zip(out, ref))
     assert all(t.dtype != torch.bfloat16 for t in out)          # post-processing in float32
 
     twin = LibreYOLO.new("yolox", "n", nc=3, device="cpu", seed=0)
