@@ -669,7 +669,7 @@ def _render(canvas: "_Canvas", a: torch.Tensor, b: torch.Tensor, size: int, colo
 def _band_rows(size: int) -> int:
     """Output rows per band of :func:`_render`: the whole image up to 2 MB of float32 (320 px is
     1.2 MB: there bands only add calls), else bands of about 512 KB, which stay in a core's L2
-    cache (68 rows at 640 px; docs/benchmarks.md has the figures)."""
+    cache (68 rows at 640 px)."""
     if 12 * size * size <= 2 ** 21:
         return size
     return max(8, 2 ** 19 // (12 * size))

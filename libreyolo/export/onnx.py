@@ -27,8 +27,8 @@ What it returns, per task
 Exporter: the TorchScript-based one (``torch.onnx.export(dynamo=False)``). Every family exports
 with it at 160 px and onnxruntime reproduces eager predict (tests/unit/test_export_onnx.py). The
 dynamo exporter, tried on the networks of yolo9-t, rtdetr-r18, dfine-n, resnet-18 and
-segformer-b0 on two shared CPU cores, exported them too, but took 17-160 s each (dfine-n: 160 s
-against 6 s), which the parity tests of every family could not afford; and the NMS step needs
+segformer-b0, exported them too, but many times more slowly, which the parity tests of every
+family could not afford; and the NMS step needs
 ONNX's ``NonMaxSuppression``, whose data-dependent output the TorchScript exporter takes from an
 ``autograd.Function.symbolic`` directly (:class:`_NonMaxSuppression`).
 """

@@ -230,8 +230,8 @@ class GraphRunner:
             entry = self._graphs.get(sig)
             if entry is not None and self._fingerprint is not None:
                 # The common case: launch first, then run the stale-graph check on the host while
-                # the device works (it reads every parameter's address and version: ~0.1 ms for a
-                # small model, on the critical path when it ran first). Held storages make a stale
+                # the device works (it reads every parameter's address and version, which is on the
+                # critical path when it runs first). Held storages make a stale
                 # replay harmless; its output is dropped and the stage runs again below.
                 entry.last_used = time.time()
                 out = self._replay(entry, inputs, clone, host, constant)

@@ -108,7 +108,7 @@ def backward_into_grads(loss: torch.Tensor, params: list[torch.Tensor]) -> None:
     ``.grad`` by one foreach call per group of matching layouts instead of one add per parameter.
 
     ``backward()`` accumulates each parameter's gradient with its own in-place add (autograd's
-    AccumulateGrad): 675 kernels a step for yolo9-t, 1 ms of its 25 ms captured batch-16 step.
+    AccumulateGrad): one small kernel per parameter, hundreds a step for a YOLO.
     Here autograd returns the gradients and ``torch._foreach_add_`` adds them: each element is
     ``grad + g`` once, in the gradient's dtype, as before, so the sums are the same bits. A
     parameter without a ``.grad`` gets a copy of ``g`` in its own layout (what backward stores for
