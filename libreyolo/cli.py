@@ -595,7 +595,8 @@ TRAIN = {
 
 
 def cmd_train(opts: dict, argv: list[str] | None = None) -> int:
-    from .distributed import check_gpus, cli_train_command, env_rank, launch, launched, local_device, parse_devices
+    from .distributed import env_rank, launched, local_device, parse_devices
+    from .launch import check_gpus, cli_train_command, launch
     try:
         gpus = parse_devices(opts["device"])
         if gpus is not None and not launched():

@@ -426,14 +426,15 @@ class Model:
 
         ``device=[0, 1]`` (or ``"0,1"``) trains on those GPUs: the run is started under torchrun,
         one process per GPU, from this model's current weights, and this model takes the trained
-        weights when it ends (see :func:`libreyolo.distributed.train_from_python`).
+        weights when it ends (see :func:`libreyolo.launch.train_from_python`).
         """
-        from ..distributed import launched, parse_devices, train_from_python
+        from ..distributed import launched, parse_devices
         from ..engine.config import TrainConfig
         from ..engine.trainer import Trainer
         given = {k: v for k, v in kwargs.items() if v is not None}   # None: "not given", the family decides
         gpus = parse_devices(given.get("device"))
         if gpus is not None and not launched():
+        from ..launch import train_from_python
             return train_from_python(self, {**given, "device": ",".join(map(str, gpus))}, len(gpus))
         cfg = TrainConfig.from_kwargs(self.task, **{**self.train_defaults(), **given})
         return Trainer(self, cfg).train()
