@@ -396,10 +396,6 @@ def decode_image(path: str | os.PathLike) -> np.ndarray:
         raise ValueError(f"cannot decode image '{path}': {e}") from e
 
 
-#: Kept for callers of the former private name.
-_decode_file = decode_image
-
-
 def _pil_loader(image: Image.Image) -> _Loader:
     return lambda: pil_to_rgb(image)
 

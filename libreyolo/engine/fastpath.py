@@ -220,7 +220,7 @@ def _source_fingerprint(model) -> tuple:
     """What the half copy was made from: the fp32 network object, its device and fused state, and
     every parameter's and buffer's address and version (training steps, loads and ``.to()`` all
     change it)."""
-    return (*_network_identity(model), model._runner.fingerprint())
+    return (*_network_identity(model), model.runner.fingerprint())
 
 
 def inductor_cache_dir() -> Path:
@@ -624,7 +624,7 @@ def half_network(model, precision: str, fast: bool | str = False, verify: bool =
         stale = [k for k, h in cache.items() if h.source != src]
         for k in stale:
             del cache[k]
-        model._runner.release()
+        model.runner.release()
         log.info("libreyolo: %s-%s changed: rebuilt its %s network", model.FAMILY, model.size, precision)
     t0 = time.perf_counter()
     dtype = DTYPES[precision]

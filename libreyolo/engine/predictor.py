@@ -33,7 +33,7 @@ from ..data.video import DEFAULT_TIMEOUT, VideoSources, VideoStream, VideoWriter
 from ..graphs.capture import to_host
 from ..graphs.runner import normalize_mode
 from ..options import check_float, check_imgsz, check_int, parse_amp, parse_bool
-from ..results import Results, _display_problem
+from ..results import Results, display_problem
 from ..tasks.base import PredictPlan
 from .fastpath import HalfNetwork, arm_name, check_contract, half_network, is_current, resolve, to_float32
 from .paths import UniqueNames, next_run_dir
@@ -169,7 +169,7 @@ class Predictor:
         ``half``: the half / fast path's network (None: fp32). ``stacked``: the same images
         already as one contiguous (B, H, W, 3) tensor (the staged upload lands them so), used
         instead of stacking them again: the same bytes, so the same stage outputs."""
-        runner = self.model._runner
+        runner = self.model.runner
         net, from_u8 = self._stage_fns(size, plan, half)
         prep = self.model.preprocess
         if half is not None:
@@ -242,12 +242,12 @@ class Predictor:
                 x = torch.rand((batch, 3, size, size), generator=g).to(m.device)
                 if half is not None:
                     x = x.to(half.dtype, memory_format=torch.channels_last)
-                info = m._runner.capture(net_key, net, (x, *extra))
+                info = m.runner.capture(net_key, net, (x, *extra))
                 self._pinned.add(net_key)
                 return info
             h, w = shapes[0]
             u8 = torch.randint(0, 256, (batch, h, w, 3), generator=g, dtype=torch.uint8).to(m.device)
-            return m._runner.capture(u8_key, from_u8, (u8, *extra))
+            return m.runner.capture(u8_key, from_u8, (u8, *extra))
 
     # ------------------------------------------------------------------ call
     def __call__(self, source: Any, *, imgsz: int | None = None, batch: int = 1, cuda_graph: Any = False,
@@ -314,7 +314,7 @@ class Predictor:
         """
         m = self.model
         mode = normalize_mode(cuda_graph)
-        m._runner.check_mode(mode, m.device)   # before any source is read: an impossible request fails first
+        m.runner.check_mode(mode, m.device)   # before any source is read: an impossible request fails first
         unknown = sorted(set(task_opts) - set(m.task.predict_defaults))
         if unknown:
             raise TypeError(f"unknown predict option(s) {', '.join(unknown)} for a {m.TASK} model; "
@@ -956,7 +956,7 @@ class _Viewer:
 
     def __init__(self, title: str):
         self.title, self.fig, self.im = title, None, None
-        problem = _display_problem()
+        problem = display_problem()
         if problem is None:
             import matplotlib
             backend = matplotlib.get_backend().lower()

@@ -32,7 +32,7 @@ import torch
 from PIL import Image
 from torchvision.transforms import v2
 
-from ...data.datasets import _parallel, _Problems
+from ...data.datasets import parallel_map, DataProblems
 from ...data import paired
 from ...data.sources import decode_image
 from ...ops.letterbox import letterbox
@@ -150,7 +150,7 @@ def read_target(path: Path, target: str = "depth", png_scale: float = DEFAULT_PN
     return np.where(valid, value, np.float32(0)).astype(np.float32), valid
 
 
-def _check_pair(s: DepthSample, data: DepthData, problems: _Problems) -> list[str]:
+def _check_pair(s: DepthSample, data: DepthData, problems: DataProblems) -> list[str]:
     rel = problems.rel
     if not s.target.is_file():
         return [f"{rel(s.image)}: depth map not found (expected {rel(s.target)}, or the same stem with "
@@ -175,10 +175,10 @@ def _check_pair(s: DepthSample, data: DepthData, problems: _Problems) -> list[st
 
 def check_samples(data: DepthData) -> None:
     """Check every image/map pair of both splits; raises ONE ``ValueError`` listing the problems."""
-    problems = _Problems(data.root, Path(data.source))
+    problems = DataProblems(data.root, Path(data.source))
     for split in ("train", "val"):
         samples = getattr(data, split)
-        for f in _parallel(lambda i: _check_pair(samples[i], data, problems), len(samples), f"check {split} maps"):
+        for f in parallel_map(lambda i: _check_pair(samples[i], data, problems), len(samples), f"check {split} maps"):
             problems.extend(f)
     problems.raise_if_any()
 

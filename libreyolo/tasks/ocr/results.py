@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw, ImageFont
 
-from ...results import _font, class_color
+from ...results import load_font, class_color
 
 __all__ = ["TextLines"]
 
@@ -37,7 +37,7 @@ def text_font(size: int) -> ImageFont.ImageFont | ImageFont.FreeTypeFont:
         except OSError:
             continue
     log.debug("libreyolo: no CJK-capable font found; OCR text is drawn with PIL's default font")
-    return _font(size)
+    return load_font(size)
 
 
 class TextLines:
