@@ -883,7 +883,8 @@ def _usage() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    from .logs import stream_handler
+    logging.basicConfig(level=logging.INFO, handlers=[stream_handler()])   # "libreyolo: <message>"
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(_usage())
         return 0

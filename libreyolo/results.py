@@ -23,7 +23,7 @@ from PIL import Image, ImageDraw, ImageFont, ImageShow
 
 __all__ = ["Boxes", "Results", "PALETTE", "class_color"]
 
-log = logging.getLogger("libreyolo")
+log = logging.getLogger(__name__)
 
 #: Whether :meth:`Results.show` has already said that it cannot show anything (said once a process).
 _warned_cannot_show = False
@@ -548,5 +548,5 @@ def _warn_cannot_show(problem: str) -> None:
     if _warned_cannot_show:
         return
     _warned_cannot_show = True
-    log.warning("libreyolo: Results.show() cannot open the image: %s; use r.save('out.jpg') to write the "
+    log.warning("Results.show() cannot open the image: %s; use r.save('out.jpg') to write the "
                 "annotated image to a file instead (this warning is shown once)", problem)

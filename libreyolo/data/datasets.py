@@ -60,7 +60,7 @@ from .sources import IMAGE_EXTENSIONS
 __all__ = ["Sample", "DatasetConfig", "resolve_data", "label_path_for", "read_yaml", "check_data_given",
            "MAX_LISTED_PROBLEMS"]
 
-LOGGER = logging.getLogger("libreyolo")
+LOGGER = logging.getLogger(__name__)
 
 #: How many problems the single validation error lists before summarizing the rest as a count.
 MAX_LISTED_PROBLEMS = 20

@@ -26,7 +26,7 @@ from .synthetic import SHAPE_NAMES, random_background, shape_mask
 
 __all__ = ["SHAPES_CLS_NAMES", "make_shapes_cls_dataset", "render_shape_image"]
 
-LOGGER = logging.getLogger("libreyolo")
+LOGGER = logging.getLogger(__name__)
 
 #: Class names, in class-id order: the detection set's five shapes and a hexagon.
 SHAPES_CLS_NAMES: tuple[str, ...] = (*SHAPE_NAMES, "hexagon")

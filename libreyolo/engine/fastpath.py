@@ -40,7 +40,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-log = logging.getLogger("libreyolo")
+log = logging.getLogger(__name__)
 
 PRECISIONS = ("fp32", "fp16", "bf16")
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -321,7 +321,7 @@ class HalfNetwork:
             torch.cuda.synchronize(x.device)
         self.first_call_s = time.perf_counter() - t0
         self.first_call_cache = {k: v - before[k] for k, v in self._counts().items()}
-        log.info("libreyolo: %s fast path ready in %.1f s (%s cache %s: %s)", self.precision,
+        log.info("%s fast path ready in %.1f s (%s cache %s: %s)", self.precision,
                  self.first_call_s, "AOTInductor" if self.fast == "aot" else "inductor", self.cache_dir,
                  self.first_call_cache)
         self.calls += 1
@@ -481,7 +481,7 @@ class AotInfer:
                 os.utime(path)   # recently used: kept by _prune
                 return pk
             except Exception as exc:   # noqa: BLE001 - cut short or stale: built again below
-                log.warning("libreyolo: the ahead-of-time package %s did not load (%s: %s); building it again",
+                log.warning("the ahead-of-time package %s did not load (%s: %s); building it again",
                             path, type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
         self._build(x, path)
         pk = AotPackage(path, x.device)
@@ -521,7 +521,7 @@ class AotInfer:
     def _build(self, x: torch.Tensor, path: Path) -> None:
         import tempfile
         use_inductor_cache()   # AOTInductor compiles through inductor's caches too
-        log.warning("libreyolo: compiling %s's %s network ahead of time (AOTInductor) for input %s: a one-time "
+        log.warning("compiling %s's %s network ahead of time (AOTInductor) for input %s: a one-time "
                     "cost for these weights (a minute or more), cached in %s", self.label, self.precision,
                     "x".join(str(int(v)) for v in x.shape), path.parent)
         t0 = time.perf_counter()
@@ -547,7 +547,7 @@ class AotInfer:
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
-        log.info("libreyolo: %s's ahead-of-time package built in %.1f s: %s", self.label,
+        log.info("%s's ahead-of-time package built in %.1f s: %s", self.label,
                  time.perf_counter() - t0, path)
 
 
@@ -625,7 +625,7 @@ def half_network(model, precision: str, fast: bool | str = False, verify: bool =
         for k in stale:
             del cache[k]
         model.runner.release()
-        log.info("libreyolo: %s-%s changed: rebuilt its %s network", model.FAMILY, model.size, precision)
+        log.info("%s-%s changed: rebuilt its %s network", model.FAMILY, model.size, precision)
     t0 = time.perf_counter()
     dtype = DTYPES[precision]
     net = make_half(model.model, dtype, model.fused)

@@ -38,7 +38,7 @@ from ..tasks.base import PredictPlan
 from .fastpath import HalfNetwork, arm_name, check_contract, half_network, is_current, resolve, to_float32
 from .paths import UniqueNames, next_run_dir
 
-log = logging.getLogger("libreyolo")
+log = logging.getLogger(__name__)
 #: ``model.track``'s default ``conf``: detections from here on reach the tracker
 TRACK_CONF = 0.1
 #: threads decoding image files on the CPU (PIL) before a predict call's first chunk
@@ -337,7 +337,7 @@ class Predictor:
                              "copy of the network without autocast; pass one of them")
         plan.half = self._half(precision, fast, verify=False)   # checked after the first launch (_steps)
         if not m.trained and not getattr(m, "_warned_untrained", False):
-            log.warning("libreyolo: %s-%s is UNTRAINED (random weights): its predictions are meaningless",
+            log.warning("%s-%s is UNTRAINED (random weights): its predictions are meaningless",
                         m.FAMILY, m.size)
             m._warned_untrained = True
         if getattr(self._local, "busy", None):  # left by a call that failed mid-way: maybe still
@@ -445,9 +445,9 @@ class Predictor:
             if videos is not None:
                 videos.close()
             if out_dir is not None and images_saved:
-                log.info("libreyolo: saved %d annotated image(s) to %s", images_saved, out_dir)
+                log.info("saved %d annotated image(s) to %s", images_saved, out_dir)
             for wr in writers.values():
-                log.info("libreyolo: saved the annotated video %s (%d frames)", wr.path, wr.count)
+                log.info("saved the annotated video %s (%d frames)", wr.path, wr.count)
 
     # ------------------------------------------------------------ the loop
     def _steps(self, chunks, size, mode, amp_dtype, plan, t_load, *, staged: bool, lookahead: bool,
@@ -967,7 +967,7 @@ class _Viewer:
             global _warned_no_window
             if not _warned_no_window:
                 _warned_no_window = True
-                log.warning("libreyolo: show=True cannot open a window: %s; use save=True to write the annotated "
+                log.warning("show=True cannot open a window: %s; use save=True to write the annotated "
                             "video instead (this warning is shown once)", problem)
 
     def show(self, r: Results) -> None:

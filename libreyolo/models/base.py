@@ -25,7 +25,7 @@ from ..ops.preprocess import Preprocess
 from ..tasks import Task, get_task
 from .common.names import default_names, normalize_names
 
-log = logging.getLogger("libreyolo")
+log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = "1.0"
 

@@ -41,7 +41,7 @@ from ..semantic.maps import resize_nearest
 __all__ = ["DepthData", "DepthDataset", "DepthSample", "check_samples", "collate_depth", "read_target",
            "resolve_depth_data"]
 
-log = logging.getLogger("libreyolo")
+log = logging.getLogger(__name__)
 
 TARGETS = ("depth", "disparity")
 DEFAULT_PNG_SCALE = 1000.0
@@ -118,7 +118,7 @@ def _resolve_yaml(yaml_path: Path) -> DepthData:
         pairs = paired.pair_images(yaml_path, img_dir, images, split, map_dir, "depth", "depth maps", "<folder>",
                                    _npy_or_png)
         splits[split] = [DepthSample(p, t) for p, t in pairs]
-    log.info("libreyolo: %s: %d train and %d val images, target %s", yaml_path, len(splits["train"]),
+    log.info("%s: %d train and %d val images, target %s", yaml_path, len(splits["train"]),
              len(splits["val"]), target)
     return DepthData(root=root, train=splits["train"], val=splits["val"], source=str(yaml_path), target=target,
                      png_scale=float(scale))

@@ -167,7 +167,7 @@ class EvalPool:
 
     def _fail(self, why: str) -> None:
         import logging
-        logging.getLogger("libreyolo").debug("libreyolo: evaluating in this process (evaluation pool %s)", why)
+        logging.getLogger(__name__).debug("evaluating in this process (evaluation pool %s)", why)
         self.failed = why
         self.close()
 

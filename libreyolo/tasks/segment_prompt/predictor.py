@@ -199,8 +199,8 @@ class PromptPredictor:
             load = (time.perf_counter() - t0) * 1e3 / max(1, len(items))
             if not m.trained and not getattr(m, "_warned_untrained", False):
                 import logging
-                logging.getLogger("libreyolo").warning(
-                    "libreyolo: %s-%s is UNTRAINED (random weights): its masks are meaningless", m.FAMILY, m.size)
+                logging.getLogger(__name__).warning(
+                    "%s-%s is UNTRAINED (random weights): its masks are meaningless", m.FAMILY, m.size)
                 m._warned_untrained = True
             results = []
             for start in range(0, len(items), batch):

@@ -54,7 +54,7 @@ from .maps import IGNORE, check_resize, letterbox_mask, resize_nearest
 __all__ = ["SegSample", "SemanticData", "SemanticDataset", "check_samples", "collate_semantic", "mask_path_for",
            "read_mask", "resolve_semantic_data"]
 
-log = logging.getLogger("libreyolo")
+log = logging.getLogger(__name__)
 
 DEFAULT_IGNORE_INDEX = 255
 _CACHE_VERSION = "libreyolo-semantic-v1"
@@ -142,7 +142,7 @@ def _resolve_yaml(yaml_path: Path) -> SemanticData:
         pairs = paired.pair_images(yaml_path, img_dir, images, split, mask_dir, "masks", "masks", "<mask folder>",
                                    _png)
         splits[split] = [SegSample(p, m) for p, m in pairs]
-    log.info("libreyolo: %s: %d train and %d val images, %d classes, ignore_index %d", yaml_path,
+    log.info("%s: %d train and %d val images, %d classes, ignore_index %d", yaml_path,
              len(splits["train"]), len(splits["val"]), nc, ignore)
     return SemanticData(root=root, nc=nc, names=names, train=splits["train"], val=splits["val"],
                         ignore_index=ignore, source=str(yaml_path))
@@ -255,7 +255,7 @@ def _write_atomic(path: Path, text: str) -> None:
             f.write(text)
         os.replace(tmp, path)
     except OSError as e:
-        log.debug("libreyolo: could not write %s: %s", path, e)
+        log.debug("could not write %s: %s", path, e)
 
 
 # --------------------------------------------------------------------------------------------------
