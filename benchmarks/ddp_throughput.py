@@ -95,7 +95,7 @@ def main() -> None:
     if a.worker:
         worker(a)
         return
-    from libreyolo.distributed import launch_env, torchrun_command
+    from libreyolo.launch import launch_env, torchrun_command
     from libreyolo.tasks import get_task
     if torch.cuda.device_count() < a.gpus:
         sys.exit(f"--gpus {a.gpus}: this machine has {torch.cuda.device_count()} GPU(s)")

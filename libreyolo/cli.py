@@ -595,7 +595,8 @@ TRAIN = {
 
 
 def cmd_train(opts: dict, argv: list[str] | None = None) -> int:
-    from .distributed import check_gpus, cli_train_command, env_rank, launch, launched, local_device, parse_devices
+    from .distributed import env_rank, launched, local_device, parse_devices
+    from .launch import check_gpus, cli_train_command, launch
     try:
         gpus = parse_devices(opts["device"])
         if gpus is not None and not launched():
@@ -882,7 +883,8 @@ def _usage() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    from .logs import stream_handler
+    logging.basicConfig(level=logging.INFO, handlers=[stream_handler()])   # "libreyolo: <message>"
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(_usage())
         return 0

@@ -47,7 +47,7 @@ __all__ = [
     "hub_timeout",
 ]
 
-logger = logging.getLogger("libreyolo")
+logger = logging.getLogger(__name__)
 
 #: Organisation on the Hugging Face hub that publishes LibreYOLO weights, one repo per weight file.
 HF_ORG = "LibreYOLO"
@@ -655,9 +655,9 @@ def _remove_stale_temps(path: Path) -> None:
             if not entry.is_file(follow_symlinks=False) or not _writer_gone(entry, now - entry.stat().st_mtime):
                 continue
             os.unlink(entry.path)
-            logger.info("libreyolo: removed %s, left by an interrupted save of %s", entry.path, path)
+            logger.info("removed %s, left by an interrupted save of %s", entry.path, path)
         except OSError as exc:  # gone already, or not ours to remove: leave it
-            logger.debug("libreyolo: could not remove stale temp file %s: %s", entry.path, exc)
+            logger.debug("could not remove stale temp file %s: %s", entry.path, exc)
 
 
 _WRITE_FAILURE_MARKERS = ("inline_container", "unexpected pos", "file write failed", "PytorchStreamWriter")

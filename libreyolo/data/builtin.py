@@ -47,7 +47,7 @@ __all__ = ["JPEG_QUALITY", "POOL_MIN_PIXELS", "WORKERS_ENV", "PairedSet", "build
            "dataset_workers", "default_datasets_dir", "file_sha256", "image_size", "sized_params", "write_images",
            "write_manifest"]
 
-LOGGER = logging.getLogger("libreyolo")
+LOGGER = logging.getLogger(__name__)
 
 #: JPEG quality of every built-in set's images.
 JPEG_QUALITY = 92

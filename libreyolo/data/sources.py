@@ -56,7 +56,7 @@ from PIL import Image, ImageOps
 __all__ = ["IMAGE_EXTENSIONS", "SourceItem", "PendingItem", "Source", "SourceStream", "load_sources",
            "iter_sources", "stream_sources", "pending_sources", "decode_image", "pil_to_rgb"]
 
-LOGGER = logging.getLogger("libreyolo")
+LOGGER = logging.getLogger(__name__)
 
 #: How many files :func:`stream_sources` decodes ahead of the consumer (each in its own thread):
 #: enough to keep the device fed, few enough that memory stays bounded whatever the folder's size.
@@ -258,7 +258,7 @@ def _load(name: str, load: "_Loader", borrow: bool, strict: bool) -> SourceItem 
         found_in = getattr(load, "found_in", None)
         if strict or found_in is None:
             raise
-        LOGGER.warning("libreyolo: skipping '%s' (found in '%s'): %s; strict=True stops at such a file instead",
+        LOGGER.warning("skipping '%s' (found in '%s'): %s; strict=True stops at such a file instead",
                        name, found_in, e)
         return None
 
@@ -394,10 +394,6 @@ def decode_image(path: str | os.PathLike) -> np.ndarray:
         raise
     except Exception as e:  # UnidentifiedImageError, truncated data, decompression bombs, ...
         raise ValueError(f"cannot decode image '{path}': {e}") from e
-
-
-#: Kept for callers of the former private name.
-_decode_file = decode_image
 
 
 def _pil_loader(image: Image.Image) -> _Loader:

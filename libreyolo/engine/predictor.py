@@ -33,12 +33,12 @@ from ..data.video import DEFAULT_TIMEOUT, VideoSources, VideoStream, VideoWriter
 from ..graphs.capture import to_host
 from ..graphs.runner import normalize_mode
 from ..options import check_float, check_imgsz, check_int, parse_amp, parse_bool
-from ..results import Results, _display_problem
+from ..results import Results, display_problem
 from ..tasks.base import PredictPlan
 from .fastpath import HalfNetwork, arm_name, check_contract, half_network, is_current, resolve, to_float32
 from .paths import UniqueNames, next_run_dir
 
-log = logging.getLogger("libreyolo")
+log = logging.getLogger(__name__)
 #: ``model.track``'s default ``conf``: detections from here on reach the tracker
 TRACK_CONF = 0.1
 #: threads decoding image files on the CPU (PIL) before a predict call's first chunk
@@ -169,7 +169,7 @@ class Predictor:
         ``half``: the half / fast path's network (None: fp32). ``stacked``: the same images
         already as one contiguous (B, H, W, 3) tensor (the staged upload lands them so), used
         instead of stacking them again: the same bytes, so the same stage outputs."""
-        runner = self.model._runner
+        runner = self.model.runner
         net, from_u8 = self._stage_fns(size, plan, half)
         prep = self.model.preprocess
         if half is not None:
@@ -242,12 +242,12 @@ class Predictor:
                 x = torch.rand((batch, 3, size, size), generator=g).to(m.device)
                 if half is not None:
                     x = x.to(half.dtype, memory_format=torch.channels_last)
-                info = m._runner.capture(net_key, net, (x, *extra))
+                info = m.runner.capture(net_key, net, (x, *extra))
                 self._pinned.add(net_key)
                 return info
             h, w = shapes[0]
             u8 = torch.randint(0, 256, (batch, h, w, 3), generator=g, dtype=torch.uint8).to(m.device)
-            return m._runner.capture(u8_key, from_u8, (u8, *extra))
+            return m.runner.capture(u8_key, from_u8, (u8, *extra))
 
     # ------------------------------------------------------------------ call
     def __call__(self, source: Any, *, imgsz: int | None = None, batch: int = 1, cuda_graph: Any = False,
@@ -314,7 +314,7 @@ class Predictor:
         """
         m = self.model
         mode = normalize_mode(cuda_graph)
-        m._runner.check_mode(mode, m.device)   # before any source is read: an impossible request fails first
+        m.runner.check_mode(mode, m.device)   # before any source is read: an impossible request fails first
         unknown = sorted(set(task_opts) - set(m.task.predict_defaults))
         if unknown:
             raise TypeError(f"unknown predict option(s) {', '.join(unknown)} for a {m.TASK} model; "
@@ -337,7 +337,7 @@ class Predictor:
                              "copy of the network without autocast; pass one of them")
         plan.half = self._half(precision, fast, verify=False)   # checked after the first launch (_steps)
         if not m.trained and not getattr(m, "_warned_untrained", False):
-            log.warning("libreyolo: %s-%s is UNTRAINED (random weights): its predictions are meaningless",
+            log.warning("%s-%s is UNTRAINED (random weights): its predictions are meaningless",
                         m.FAMILY, m.size)
             m._warned_untrained = True
         if getattr(self._local, "busy", None):  # left by a call that failed mid-way: maybe still
@@ -445,9 +445,9 @@ class Predictor:
             if videos is not None:
                 videos.close()
             if out_dir is not None and images_saved:
-                log.info("libreyolo: saved %d annotated image(s) to %s", images_saved, out_dir)
+                log.info("saved %d annotated image(s) to %s", images_saved, out_dir)
             for wr in writers.values():
-                log.info("libreyolo: saved the annotated video %s (%d frames)", wr.path, wr.count)
+                log.info("saved the annotated video %s (%d frames)", wr.path, wr.count)
 
     # ------------------------------------------------------------ the loop
     def _steps(self, chunks, size, mode, amp_dtype, plan, t_load, *, staged: bool, lookahead: bool,
@@ -956,7 +956,7 @@ class _Viewer:
 
     def __init__(self, title: str):
         self.title, self.fig, self.im = title, None, None
-        problem = _display_problem()
+        problem = display_problem()
         if problem is None:
             import matplotlib
             backend = matplotlib.get_backend().lower()
@@ -967,7 +967,7 @@ class _Viewer:
             global _warned_no_window
             if not _warned_no_window:
                 _warned_no_window = True
-                log.warning("libreyolo: show=True cannot open a window: %s; use save=True to write the annotated "
+                log.warning("show=True cannot open a window: %s; use save=True to write the annotated "
                             "video instead (this warning is shown once)", problem)
 
     def show(self, r: Results) -> None:

@@ -28,7 +28,7 @@ import torch
 from ..ops.preprocess import Preprocess
 from .onnx import META_FORMAT, read_metadata, unreadable_onnx
 
-log = logging.getLogger("libreyolo")
+log = logging.getLogger(__name__)
 
 BACKEND = "onnxruntime"
 

@@ -25,7 +25,7 @@ from ..ops.preprocess import Preprocess
 from ..tasks import Task, get_task
 from .common.names import default_names, normalize_names
 
-log = logging.getLogger("libreyolo")
+log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = "1.0"
 
@@ -193,8 +193,8 @@ class Model:
     def _attach(self, net: nn.Module) -> None:
         """Make ``net`` this model's network, with a fresh graph runner and predictor."""
         self.model = net
-        self._runner = GraphRunner(net, self.FAMILY, self.SUPPORTS_CUDA_GRAPH,
-                                   unsupported_reason=self.UNSUPPORTED_REASON)
+        self.runner = GraphRunner(net, self.FAMILY, self.SUPPORTS_CUDA_GRAPH,
+                                  unsupported_reason=self.UNSUPPORTED_REASON)
         self._predictor = None
         self._half_networks: dict = {}   # precision="fp16"/"bf16" copies (engine/fastpath.py)
 
@@ -315,7 +315,7 @@ class Model:
         """Move the model; graphs of the old placement are released (with the weights they hold)."""
         new = select_device(device)
         if new != self.device:
-            self._runner.release()
+            self.runner.release()
         self.device = new
         self.model.to(self.device)
         return self
@@ -389,21 +389,24 @@ class Model:
         """
         if precision is not None or fast:   # a task predictor of its own need not take them
             opts.update(precision=precision, fast=fast)
-        return self._get_predictor().capture(imgsz=imgsz, batch=batch, dtype=dtype, source=source,
+        return self.get_predictor().capture(imgsz=imgsz, batch=batch, dtype=dtype, source=source,
                                              source_shape=source_shape, **opts)
 
     def graph_info(self) -> dict:
         """Family, support, mode, each graph (signature, capture ms, replays), fallbacks, memory."""
-        info = self._runner.info()
+        info = self.runner.info()
         info["device"] = str(self.device)
         return info
 
     def release_graphs(self) -> int:
         """Free every captured graph; returns how many were released."""
-        return self._runner.release()
+        return self.runner.release()
 
     # ----------------------------------------------------------------- predict
-    def _get_predictor(self):
+    def get_predictor(self):
+        """This model's predictor, built at the first call and kept until the network changes: the
+        task's own (:meth:`Task.predictor`, a predict that is not one stage) or
+        :class:`~libreyolo.engine.predictor.Predictor`. Predict, track and capture go through it."""
         if self._predictor is None:
             custom = self.task.predictor(self)   # a task whose predict is not one stage
             if custom is None:
@@ -426,11 +429,12 @@ class Model:
 
         ``device=[0, 1]`` (or ``"0,1"``) trains on those GPUs: the run is started under torchrun,
         one process per GPU, from this model's current weights, and this model takes the trained
-        weights when it ends (see :func:`libreyolo.distributed.train_from_python`).
+        weights when it ends (see :func:`libreyolo.launch.train_from_python`).
         """
-        from ..distributed import launched, parse_devices, train_from_python
+        from ..distributed import launched, parse_devices
         from ..engine.config import TrainConfig
         from ..engine.trainer import Trainer
+        from ..launch import train_from_python
         given = {k: v for k, v in kwargs.items() if v is not None}   # None: "not given", the family decides
         gpus = parse_devices(given.get("device"))
         if gpus is not None and not launched():
@@ -488,7 +492,7 @@ class Model:
 
     def predict(self, source: Any, **kwargs) -> list:
         """Run inference; see :meth:`libreyolo.engine.predictor.Predictor.__call__` for options."""
-        return self._get_predictor()(source, **kwargs)
+        return self.get_predictor()(source, **kwargs)
 
     __call__ = predict
 
@@ -497,7 +501,7 @@ class Model:
         :meth:`libreyolo.engine.predictor.Predictor.track` for the options."""
         if self.TASK != "detect":
             raise ValueError(f"model.track needs a detection model; {self.FAMILY}-{self.size} is a {self.TASK} model")
-        return self._get_predictor().track(source, tracker=tracker, persist=persist, **kwargs)
+        return self.get_predictor().track(source, tracker=tracker, persist=persist, **kwargs)
     # ------------------------------------------------------------------ export
     def export(self, format: str = "onnx", **kwargs) -> Path:
         """Write the model for another runtime; returns the file written.

@@ -90,7 +90,7 @@ def test_a_child_imports_numpy_and_faster_coco_eval_not_torch(tmp_path):
     import subprocess
     import sys
     from libreyolo import childproc
-    code = childproc._SNIPPET.replace("m.serve()", "m._siblings()[0]._backend(); import json; "
+    code = childproc._SNIPPET.replace("m.serve()", "m._siblings()[0].coco_backend(); import json; "
                                       "print(json.dumps(sorted(sys.modules)))")
     out = subprocess.run([sys.executable, "-c", code, evalpool.__file__, "evalpool_child"], capture_output=True,
                          text=True, check=True, cwd=tmp_path).stdout

@@ -127,7 +127,7 @@ class PromptPredictor:
             group = items[start:end]
             u8 = torch.stack([self._upload(it.image) for it in group])
             with torch.no_grad(), self._autocast(amp_dtype):
-                emb = self.model._runner(key, fn, (u8,), mode)
+                emb = self.model.runner(key, fn, (u8,), mode)
             resized = long_side_size(hw[0], hw[1], size)
             states += [ImageState(it, emb[i:i + 1], size, hw, resized, amp_dtype) for i, it in enumerate(group)]
             start = end
@@ -156,7 +156,7 @@ class PromptPredictor:
         fn = self.prompt_stage(state.size, state.resized, state.hw, *counts, multimask)
         key = self._prompt_key(state.size, state.resized, state.hw, counts, multimask)
         with torch.no_grad(), self._autocast(state.amp_dtype):
-            masks, scores = self.model._runner(key, fn, (state.embedding, packed), mode, constant=(0,))
+            masks, scores = self.model.runner(key, fn, (state.embedding, packed), mode, constant=(0,))
         speed = {**speed, "prompt": (time.perf_counter() - t0) * 1e3}
         return Results(state.item.image, state.item.name, self.model.names, None, speed=speed,
                        masks=PromptMasks(masks[0], scores[0], p.points, p.labels, p.boxes))
@@ -199,8 +199,8 @@ class PromptPredictor:
             load = (time.perf_counter() - t0) * 1e3 / max(1, len(items))
             if not m.trained and not getattr(m, "_warned_untrained", False):
                 import logging
-                logging.getLogger("libreyolo").warning(
-                    "libreyolo: %s-%s is UNTRAINED (random weights): its masks are meaningless", m.FAMILY, m.size)
+                logging.getLogger(__name__).warning(
+                    "%s-%s is UNTRAINED (random weights): its masks are meaningless", m.FAMILY, m.size)
                 m._warned_untrained = True
             results = []
             for start in range(0, len(items), batch):
@@ -230,7 +230,7 @@ class PromptPredictor:
         g = torch.Generator().manual_seed(0)
         u8 = torch.randint(0, 256, (int(batch), *hw, 3), generator=g, dtype=torch.uint8).to(m.device)
         with torch.no_grad(), self._autocast(amp_dtype):
-            info = {"image": m._runner.capture(self._encoder_key(size), self.encoder_stage(size), (u8,))}
+            info = {"image": m.runner.capture(self._encoder_key(size), self.encoder_stage(size), (u8,))}
             if points is not None or boxes is not None:
                 emb = self.encoder_stage(size)(u8[:1])
                 resized = long_side_size(hw[0], hw[1], size)
@@ -238,6 +238,6 @@ class PromptPredictor:
                 counts = (len(p.points), len(p.boxes))
                 packed = torch.from_numpy(pack(p, *hw, *resized)).to(m.device)
                 mm = parse_bool("multimask", multimask)
-                info["prompt"] = m._runner.capture(self._prompt_key(size, resized, hw, counts, mm),
+                info["prompt"] = m.runner.capture(self._prompt_key(size, resized, hw, counts, mm),
                                                    self.prompt_stage(size, resized, hw, *counts, mm), (emb, packed))
         return info
