@@ -306,7 +306,7 @@ def cmd_predict(opts: Parsed, track: bool = False) -> int:
     kw = _predict_kwargs(opts, model, command, spec)
     if kw.get("classes") is not None:   # ids and names resolved now: a bad one is a usage error
         kw["classes"] = parse_classes(kw["classes"], model.names)
-    if model.TASK == "segment-prompt":        # the prompt (one per image)
+    if getattr(model, "TASK", None) == "segment-prompt":   # the prompt (one per image)
         from .tasks.segment_prompt.prompts import parse_cli
         try:
             prompt = parse_cli(kw.pop("points", None), kw.pop("labels", None), kw.pop("boxes", None))
@@ -660,15 +660,7 @@ def _generic_train_names() -> set[str]:
 
 
 def cmd_train(opts: dict, argv: list[str] | None = None) -> int:
-    from .distributed import (
-        check_gpus,
-        cli_train_command,
-        env_rank,
-        launch,
-        launched,
-        local_device,
-        parse_devices,
-    )
+    from .distributed import check_gpus, cli_train_command, env_rank, launch, launched, local_device, parse_devices
     try:
         gpus = parse_devices(opts["device"])
         if gpus is not None and not launched():
@@ -685,16 +677,14 @@ def cmd_train(opts: dict, argv: list[str] | None = None) -> int:
     task = _task_of(opts["model"])
     if task is not None:   # the options checked as the model's task takes them, before it is loaded
         _check_task_options(opts, task)
-        if not opts["resume"]:
-            _require_data(opts, task)
+        _require_data(opts, task)
     if launched():   # one rank of a torchrun run: the model on this rank's device
         model = _load({**opts, "device": local_device(opts["device"])}, seed=opts["seed"])
     else:
         model = _load(opts, seed=opts["seed"])
     if task is None:
         _check_task_options(opts, model.task)
-        if not opts["resume"]:
-            _require_data(opts, model.task)
+        _require_data(opts, model.task)
     # the options given, as model.train() takes them: what is not given is the API's default (the
     # family's recipe, else the dataclasses' defaults), the same as in Python
     kw = {k: opts[k] for k in opts.given if k != "model"}
