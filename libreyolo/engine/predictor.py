@@ -29,18 +29,16 @@ import torch
 
 from ..data.jpeg import decode_files, gpu_decode_problem, is_jpeg_path, parse_decode, probe
 from ..data.sources import STREAM_AHEAD, PendingItem, SourceItem, load_sources, pending_sources, stream_sources
-from ..data.video import DEFAULT_TIMEOUT, VideoSources, VideoStream, VideoWriter, is_video_source, open_video_sources
+from ..data.video import VideoSources, VideoStream, VideoWriter, is_video_source, open_video_sources
 from ..graphs.capture import to_host
-from ..graphs.runner import normalize_mode
-from ..options import check_float, check_imgsz, check_int, parse_amp, parse_bool
+from ..options import check_imgsz, check_int, parse_amp, parse_bool
 from ..results import Results, display_problem
 from ..tasks.base import PredictPlan
+from .call_options import TRACK_CONF, PredictOptions
 from .fastpath import HalfNetwork, arm_name, check_contract, half_network, is_current, resolve, to_float32
 from .paths import UniqueNames, next_run_dir
 
 log = logging.getLogger(__name__)
-#: ``model.track``'s default ``conf``: detections from here on reach the tracker
-TRACK_CONF = 0.1
 #: threads decoding image files on the CPU (PIL) before a predict call's first chunk
 DECODE_WORKERS = min(8, os.cpu_count() or 1)
 _NO_CONTEXT = contextlib.nullcontext()
@@ -250,14 +248,13 @@ class Predictor:
             return m.runner.capture(u8_key, from_u8, (u8, *extra))
 
     # ------------------------------------------------------------------ call
-    def __call__(self, source: Any, *, imgsz: int | None = None, batch: int = 1, cuda_graph: Any = False,
-                 amp: Any = False, bgr: bool = False, save: bool = False, save_dir: str | Path | None = None,
-                 exist_ok: bool = False, verbose: bool = False, profile: bool = False, stream: bool = False,
-                 vid_stride: int = 1, show: bool = False, timeout: float = DEFAULT_TIMEOUT,
-                 on_results: Callable[[Results, SourceItem], None] | None = None,
-                 precision: Any = None, fast: Any = False, decode: Any = None, strict: Any = False,
-                 **task_opts) -> list[Results] | Iterator[Results]:
+    def __call__(self, source: Any, *, on_results: Callable[[Results, SourceItem], None] | None = None,
+                 **options: Any) -> list[Results] | Iterator[Results]:
         """Predict on ``source`` and return one Results per image (per frame for a video).
+
+        ``options`` are the fields of :class:`~libreyolo.engine.call_options.PredictOptions` (each
+        declared there once, with its default, help and check; the CLI and docs/options.md are
+        made from them): the ones below, and the task's own (detection: ``conf``...).
 
         ``source``: a path, directory, glob, PIL image, numpy RGB array - or BGR with ``bgr=True``
         -, torch tensor, or a list of them; or a video source (:mod:`libreyolo.data.video`): a
@@ -313,25 +310,15 @@ class Predictor:
         candidates per image that enter NMS -, ``classes``, ``agnostic_nms``) follow.
         """
         m = self.model
-        mode = normalize_mode(cuda_graph)
+        o, task_opts = PredictOptions.build(m.task, options)
+        mode = o.cuda_graph
         m.runner.check_mode(mode, m.device)   # before any source is read: an impossible request fails first
-        unknown = sorted(set(task_opts) - set(m.task.predict_defaults))
-        if unknown:
-            raise TypeError(f"unknown predict option(s) {', '.join(unknown)} for a {m.TASK} model; "
-                            f"known: imgsz, batch, cuda_graph, amp, bgr, save, save_dir, exist_ok, verbose, profile, "
-                            "stream, vid_stride, show, timeout, precision, fast, decode, strict, "
-                            + ", ".join(m.task.predict_defaults))
-        batch = check_int("batch", batch, 1)
-        save, bgr = parse_bool("save", save), parse_bool("bgr", bgr)
-        stream, show = parse_bool("stream", stream), parse_bool("show", show)
-        strict = parse_bool("strict", strict)
-        vid_stride = check_int("vid_stride", vid_stride, 1)
-        timeout = check_float("timeout", timeout, 0.0, min_inclusive=False)
-        size = check_imgsz(m.imgsz if imgsz is None else imgsz, m.STRIDE)
+        batch, stream, strict, bgr = o.batch, o.stream, o.strict, o.bgr
+        size = check_imgsz(m.imgsz if o.imgsz is None else o.imgsz, m.STRIDE)
         plan = self.plan(size, **task_opts)
-        amp_dtype = _amp_dtype(amp, m.AMP_DTYPE)
+        amp_dtype = _amp_dtype(o.amp, m.AMP_DTYPE)
         plan.mode, plan.amp_dtype = mode, amp_dtype
-        precision, fast = resolve(precision, fast, m.device)
+        precision, fast = resolve(o.precision, o.fast, m.device)
         if precision != "fp32" and amp_dtype is not None:
             raise ValueError(f"amp and precision={precision!r} exclude each other: the half path runs a half "
                              "copy of the network without autocast; pass one of them")
@@ -342,10 +329,10 @@ class Predictor:
             m._warned_untrained = True
         if getattr(self._local, "busy", None):  # left by a call that failed mid-way: maybe still
             self._local.busy.clear()           # uploading, so to torch's allocator, not the free list
-        decode = parse_decode(decode)
+        decode = parse_decode(o.decode)
         gpu_decode = False
         if is_video_source(source):
-            videos = open_video_sources(source, vid_stride=vid_stride, timeout=timeout)  # fails here, not later
+            videos = open_video_sources(source, vid_stride=o.vid_stride, timeout=o.timeout)  # fails here, not later
             chunks: Iterator[list[Any]] = _video_chunks(videos, int(batch))
             total = _declared_frames(videos)
             t_load = None
@@ -372,14 +359,13 @@ class Predictor:
             chunks = _chunked(items, int(batch))
             total = len(items)
         out_dir = None
-        if save:
-            out_dir = Path(save_dir) if save_dir else next_run_dir("runs", "predict", exist_ok)
+        if o.save:
+            out_dir = Path(o.save_dir) if o.save_dir else next_run_dir("runs", "predict", o.exist_ok)
             out_dir.mkdir(parents=True, exist_ok=True)
         # Overlap needs a next chunk: a call of one chunk keeps the per-image uploads on the compute
         # stream (no cross-stream event on the batch-1 latency path), unless its files decode on the GPU.
         staged = videos is None and (gpu_decode or (self.overlap and total > int(batch)))
-        run = self._run(chunks, videos, total, t_load, size, mode, amp_dtype, plan, out_dir, verbose, profile,
-                        show, vid_stride, on_results, staged, strict)
+        run = self._run(chunks, videos, total, t_load, size, amp_dtype, plan, out_dir, o, on_results, staged)
         return run if stream else list(run)
 
     #: images (not video frames) of a call with more than one chunk go through the overlapped loop:
@@ -388,11 +374,14 @@ class Predictor:
     #: single-chunk calls take), for comparisons
     overlap: bool = True
 
-    def _run(self, chunks, videos, total, t_load, size, mode, amp_dtype, plan, out_dir, verbose, profile, show,
-             vid_stride, on_results, staged: bool = False, strict: bool = True) -> Iterator[Results]:
-        """The predict loop behind :meth:`__call__`: one chunk of items at a time, its Results
-        yielded as soon as they are made; video writers and readers closed however it ends."""
+    def _run(self, chunks, videos, total, t_load, size, amp_dtype, plan, out_dir, o: PredictOptions, on_results,
+             staged: bool = False) -> Iterator[Results]:
+        """The predict loop behind :meth:`__call__` (``o``: the call's checked options): one chunk
+        of items at a time, its Results yielded as soon as they are made; video writers and
+        readers closed however it ends."""
         m = self.model
+        mode, verbose, profile, show, vid_stride, strict = (o.cuda_graph, o.verbose, o.profile, o.show, o.vid_stride,
+                                                            o.strict)
         progress = None
         many = videos is None and total > 32   # a bar for many images by default; for videos on verbose
         if verbose or many:

@@ -177,13 +177,15 @@ class OnnxModel:
     # --------------------------------------------------------------------- predict
     def predict(self, source: Any, *, imgsz: int | None = None, batch: int | None = None, cuda_graph: Any = False,
                 amp: Any = False, bgr: bool = False, save: bool = False, save_dir: str | Path | None = None,
-                exist_ok: bool = False, verbose: bool = False, **task_opts) -> list:
+                exist_ok: bool = False, verbose: bool = False, strict: Any = False, **task_opts) -> list:
         """Predict as :meth:`libreyolo.models.base.Model.predict` does, through onnxruntime.
 
         ``imgsz`` must be the exported size unless the graph is dynamic; ``batch`` (default: the
         exported batch, 1 for a dynamic graph) must be the exported one for a static graph (a last,
         shorter chunk is padded). ``cuda_graph=True`` and ``amp`` raise: they are the PyTorch
-        engine's (``"auto"`` runs as False). The task's options are predict's.
+        engine's (``"auto"`` runs as False). The task's options are predict's. An unreadable file
+        found in a directory or by a glob pattern is skipped with a warning naming it
+        (``strict=True``: raise instead).
         """
         from ..data.sources import load_sources
         from ..engine.paths import UniqueNames, next_run_dir
@@ -198,7 +200,7 @@ class OnnxModel:
         unknown = sorted(set(task_opts) - set(self.task.predict_defaults))
         if unknown:
             raise TypeError(f"unknown predict option(s) {', '.join(unknown)} for a {self.TASK} model; known: imgsz, "
-                            "batch, cuda_graph, amp, bgr, save, save_dir, exist_ok, verbose, "
+                            "batch, cuda_graph, amp, bgr, save, save_dir, exist_ok, verbose, strict, "
                             + ", ".join(self.task.predict_defaults))
         size = check_imgsz(self.imgsz if imgsz is None else imgsz, self.STRIDE)
         if size != self.imgsz and not self.dynamic:
@@ -210,7 +212,7 @@ class OnnxModel:
         if batch != self.batch and not self.dynamic:
             raise ValueError(f"batch={batch}, but {self.path.name} was exported with batch={self.batch} (static); "
                              f"predict with batch={self.batch}, or export again with batch={batch} or dynamic=True")
-        save, bgr = parse_bool("save", save), parse_bool("bgr", bgr)
+        save, bgr, strict = parse_bool("save", save), parse_bool("bgr", bgr), parse_bool("strict", strict)
         # what the graph was exported with is the default (predict's own defaults may exceed it)
         if self.TASK == "detect":
             task_opts.setdefault("max_det", self.max_det)
@@ -218,7 +220,7 @@ class OnnxModel:
             task_opts.setdefault("topk", self.topk)
         plan = self.task.plan(self, size, None, **task_opts)
         feeds = self._task_feeds(plan, task_opts)
-        items = load_sources(source, bgr=bgr)
+        items = load_sources(source, bgr=bgr, strict=strict)
         out_dir = unique = None
         if save:
             out_dir = Path(save_dir) if save_dir else next_run_dir("runs", "predict", exist_ok)

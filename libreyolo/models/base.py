@@ -442,7 +442,7 @@ class Model:
         cfg = TrainConfig.from_kwargs(self.task, **{**self.train_defaults(), **given})
         return Trainer(self, cfg).train()
 
-    def val(self, data: str = "shapes", *, imgsz: int | None = None, batch: int = 16, workers: int = 2,
+    def val(self, data: str | None = None, *, imgsz: int | None = None, batch: int = 16, workers: int = 2,
             verbose: bool = False, save_json: bool = False, save_dir: str | Path | None = None,
             **task_opts) -> dict:
         """The task's metrics of the current weights on the dataset's validation split

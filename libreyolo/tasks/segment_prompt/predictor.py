@@ -164,7 +164,8 @@ class PromptPredictor:
     # ------------------------------------------------------------------ call
     def __call__(self, source: Any = None, *, imgsz: int | None = None, batch: int = 1, cuda_graph: Any = False,
                  amp: Any = False, bgr: bool = False, verbose: bool = False, profile: bool = False,
-                 points: Any = None, labels: Any = None, boxes: Any = None, multimask: Any = True) -> list:
+                 points: Any = None, labels: Any = None, boxes: Any = None, multimask: Any = True,
+                 strict: Any = False) -> list:
         """Masks for one prompt on each image of ``source`` (which also becomes the current image:
         the last one), or on the current image (``model.set_image``) when ``source`` is None.
 
@@ -172,13 +173,15 @@ class PromptPredictor:
         all 1) and/or ``boxes`` [[x1, y1, x2, y2], ...], in the image's pixels; ``points="center"``
         is one foreground point at each image's centre. ``multimask``: three candidate masks
         (SAM's default, for ambiguous prompts) or one. ``batch``: images of one size embedded
-        together. ``profile`` synchronizes the device between the stages so ``Results.speed``
+        together. An unreadable file found in a directory or by a glob pattern is skipped with a
+        warning naming it (``strict=True``: raise instead). ``profile`` synchronizes the device between the stages so ``Results.speed``
         (ms per image: load, encode, prompt) is exact. Saving annotated images is the model's
         (``model.predict(..., save=True)``).
         """
         m = self.model
         prompt = parse_prompt(points, labels, boxes)
         multimask = parse_bool("multimask", multimask)
+        strict = parse_bool("strict", strict)
         mode = normalize_mode(cuda_graph)
         batch = check_int("batch", batch, 1)
         sync = (torch.cuda.synchronize if profile and m.device.type == "cuda" else (lambda: None))
@@ -195,7 +198,7 @@ class PromptPredictor:
             size = self._size(imgsz)
             amp_dtype = parse_amp(amp, m.AMP_DTYPE)
             t0 = time.perf_counter()
-            items = load_sources(source, bgr=parse_bool("bgr", bgr))
+            items = load_sources(source, bgr=parse_bool("bgr", bgr), strict=strict)
             load = (time.perf_counter() - t0) * 1e3 / max(1, len(items))
             if not m.trained and not getattr(m, "_warned_untrained", False):
                 import logging
