@@ -616,9 +616,9 @@ def _bench_video(model, opts: dict) -> int:
 
 
 def _train_spec() -> dict[str, Opt]:
-    from .engine.config import _GROUPS
+    from .engine.config import GROUPS
     spec = {"model": Opt(str, "yolo9t", "checkpoint to fine-tune, or a family/size name for an untrained model")}
-    for group in _GROUPS.values():
+    for group in GROUPS.values():
         spec.update(_fields_spec(group))
     for name, infos in _task_options().items():
         if name not in spec:
@@ -655,8 +655,8 @@ def _check_task_options(opts: Parsed, task) -> None:
 
 
 def _generic_train_names() -> set[str]:
-    from .engine.config import _GROUPS
-    return {i.name for g in _GROUPS.values() for i in option_fields(g)}
+    from .engine.config import GROUPS
+    return {i.name for g in GROUPS.values() for i in option_fields(g)}
 
 
 def cmd_train(opts: dict, argv: list[str] | None = None) -> int:
@@ -966,7 +966,7 @@ def options_markdown() -> str:
         TrackOptions,
         ValOptions,
     )
-    from .engine.config import _GROUPS
+    from .engine.config import GROUPS
     from .tasks import TASKS
     out = ["# Options", "",
            "Every option of `model.train()`, `model.predict()` / `model.track()`, `model.val()` and",
@@ -979,7 +979,7 @@ def options_markdown() -> str:
            "", "## train", "",
            "`model.train(data=..., ...)`; `libreyolo train model=... data=...`. A model family's training recipe",
            "(`Model.TRAIN_DEFAULTS`) may replace a default (e.g. the DETRs: AdamW, lr0 1e-4, mosaic 0).", ""]
-    for group, cls in _GROUPS.items():
+    for group, cls in GROUPS.items():
         out += [f"### {group} ({cls.__name__})", "", (cls.__doc__ or "").strip().splitlines()[0], ""]
         out += _md_table(option_fields(cls)) + [""]
     for name in TASKS:

@@ -163,7 +163,8 @@ class GraphConfig:
         check_fields(self)
 
 
-_GROUPS = {"run": RunConfig, "optim": OptimConfig, "graph": GraphConfig}
+#: the training option groups, by the name TrainConfig gives each (cfg.run, cfg.optim, cfg.graph)
+GROUPS = {"run": RunConfig, "optim": OptimConfig, "graph": GraphConfig}
 
 
 class TrainConfig:
@@ -178,13 +179,13 @@ class TrainConfig:
 
     def __init__(self, task: str | Task = "detect", **kw: Any):
         task = get_task(task) if isinstance(task, str) else task
-        known = {name: group for group, cls in _GROUPS.items() for name in (f.name for f in fields(cls))}
+        known = {name: group for group, cls in GROUPS.items() for name in (f.name for f in fields(cls))}
         task_names = task.Options.names()
         unknown = sorted(set(kw) - set(known) - task_names - {"extra"})
         if unknown:
             raise TypeError(f"unknown training option(s): {', '.join(unknown)}; known: "
                             f"{', '.join(sorted(set(known) | task_names))}")
-        split: dict[str, dict[str, Any]] = {g: {} for g in _GROUPS}
+        split: dict[str, dict[str, Any]] = {g: {} for g in GROUPS}
         for k, v in kw.items():
             if k in known:
                 split[known[k]][k] = v

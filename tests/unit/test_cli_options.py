@@ -1,6 +1,6 @@
 """The CLI and the Python API accept and refuse the same values, with the same messages.
 
-The options are walked from their dataclasses (the training groups of ``engine.config._GROUPS``,
+The options are walked from their dataclasses (the training groups of ``engine.config.GROUPS``,
 each task's Options, ``engine.call_options``): for each option a valid value (derived from its
 check, or from :data:`SAMPLES`) is accepted by both and reaches the API as the same value, and an
 invalid one is refused by both with the same message. Booleans travel as true/false text, None as
@@ -88,7 +88,7 @@ def samples(info: OptionInfo, tmp_path) -> tuple[Any, Any]:
 def options_of(kind: str) -> list[tuple[str, OptionInfo]]:
     """(task, option) pairs of a command: task None for what every task takes."""
     if kind == "train":
-        out = [(None, i) for g in C._GROUPS.values() for i in option_fields(g)]
+        out = [(None, i) for g in C.GROUPS.values() for i in option_fields(g)]
         out += [(t, i) for t in TASKS for i in option_fields(TASKS[t].Options)]
         return out
     cls = {"predict": CO.PredictOptions, "val": CO.ValOptions, "export": CO.ExportOptions}[kind]
