@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from train_step import KERNEL_GROUPS  # noqa: E402
 
 from libreyolo import LibreYOLO  # noqa: E402
+from libreyolo.engine import hooks as H  # noqa: E402
 from libreyolo.engine import trainer as T  # noqa: E402
 
 
@@ -45,7 +46,7 @@ def main() -> None:
     host = cProfile.Profile()
     seen = {}
 
-    class Start(T.Hook):   # last of the hooks: after the previous epoch's validation and writes
+    class Start(H.Hook):   # last of the hooks: after the previous epoch's validation and writes
         def on_epoch_end(self, t, state):
             if state["epoch"] == a.epoch - 2:
                 sync()
@@ -54,7 +55,7 @@ def main() -> None:
                 sync()
                 prof.start()
 
-    class Stop(T.Hook):    # first of the hooks: before this epoch's validation
+    class Stop(H.Hook):    # first of the hooks: before this epoch's validation
         def on_epoch_end(self, t, state):
             if state["epoch"] == a.epoch - 1:
                 sync()

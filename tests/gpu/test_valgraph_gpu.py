@@ -11,6 +11,7 @@ import torch
 from libreyolo import LibreYOLO
 from libreyolo.data.synthetic import make_shapes_dataset
 from libreyolo.engine import trainer as T
+from libreyolo.engine import hooks as H
 from libreyolo.engine.config import TrainConfig
 from libreyolo.engine.trainer import Trainer
 from libreyolo.engine.verify import input_sensitive
@@ -73,13 +74,13 @@ def test_training_run_validates_through_one_graph(data, tmp_path, monkeypatch):
     validation captured once and replayed every epoch; the last epoch's metrics equal eager
     validation of the final (EMA) weights."""
     seen = {}
-    real_end = T.EvaluationHook.on_train_end
+    real_end = H.EvaluationHook.on_train_end
 
     def on_train_end(self, t):
         seen["info"] = t._val_stage.info()
         real_end(self, t)
 
-    monkeypatch.setattr(T.EvaluationHook, "on_train_end", on_train_end)
+    monkeypatch.setattr(H.EvaluationHook, "on_train_end", on_train_end)
     model = LibreYOLO.new("yolo9", "t", nc=5, device="cuda", seed=0)
     res = model.train(data=data, epochs=3, batch=3, imgsz=128, workers=0, project=str(tmp_path), name="run",
                       close_mosaic=0, warmup_epochs=0, verbose=False, plots=False, seed=0, nbs=3, cuda_graph=True,

@@ -12,6 +12,7 @@ from libreyolo import LibreYOLO
 from libreyolo.data.synthetic import make_shapes_dataset
 from libreyolo.engine import ckptwriter as C
 from libreyolo.engine import trainer as T
+from libreyolo.engine import loggers as LG
 from libreyolo.weights import PackedSnapshot, load_checkpoint
 
 
@@ -124,7 +125,7 @@ def test_the_child_ends_also_when_a_hook_before_the_checkpoints_fails_at_the_end
 
     def fail(self, t):
         raise RuntimeError("the logging hook's end failed")
-    monkeypatch.setattr(T.LoggingHook, "on_train_end", fail)
+    monkeypatch.setattr(LG.LoggingHook, "on_train_end", fail)
     with pytest.raises(RuntimeError, match="logging hook"):
         LibreYOLO.new("yolox", "n", nc=5, device="cpu", seed=0).train(
             data=str(data), epochs=1, batch=4, imgsz=64, workers=0, project=str(tmp_path), name="run",

@@ -21,6 +21,7 @@ import libreyolo.weights as weights
 from libreyolo import LibreYOLO
 from libreyolo.data.synthetic import make_shapes_dataset
 from libreyolo.engine import trainer as T
+from libreyolo.engine import hooks as H, loaders as LD, loggers as LG, runs as R
 from libreyolo.options import OptionError
 from libreyolo.weights import load_checkpoint
 
@@ -104,14 +105,14 @@ def test_absurd_workers_are_refused_naming_the_option(data8, tmp_path):
 
 
 def test_the_cap_follows_cores_batches_and_available_memory(monkeypatch):
-    monkeypatch.setattr(T, "available_cores", lambda: 64)
-    monkeypatch.setattr(T, "_mem_available", lambda: 3 * T.WORKER_BYTES + 1)
-    n, why = T.cap_workers(16, 100)
+    monkeypatch.setattr(LD, "available_cores", lambda: 64)
+    monkeypatch.setattr(LD, "_mem_available", lambda: 3 * LD.WORKER_BYTES + 1)
+    n, why = LD.cap_workers(16, 100)
     assert n == 3 and len(why) == 1 and "GiB of memory available" in why[0]
-    monkeypatch.setattr(T, "_mem_available", lambda: None)
-    assert T.cap_workers(16, 5) == (5, ["5 batches per epoch"])
-    assert T.cap_workers(100, 1000, ranks=4)[0] == 16   # the machine's cores shared by its ranks
-    assert T.cap_workers(2, 5) == (2, [])
+    monkeypatch.setattr(LD, "_mem_available", lambda: None)
+    assert LD.cap_workers(16, 5) == (5, ["5 batches per epoch"])
+    assert LD.cap_workers(100, 1000, ranks=4)[0] == 16   # the machine's cores shared by its ranks
+    assert LD.cap_workers(2, 5) == (2, [])
 
 
 def test_loader_workers_die_with_their_parent(tmp_path, data8):
@@ -182,7 +183,7 @@ def test_ctrl_c_finishes_the_write_in_flight_and_says_what_last_pt_holds(data, t
     with caplog.at_level(logging.WARNING, logger="libreyolo"), pytest.raises(KeyboardInterrupt) as info:
         run(tmp_path, data, epochs=5, workers=2)
     last = tmp_path / "run" / "weights" / "last.pt"
-    assert isinstance(info.value, T.TrainingInterrupted)
+    assert isinstance(info.value, R.TrainingInterrupted)
     assert info.value.__context__ is None and info.value.__cause__ is None   # no torch frames behind it
     msg = str(info.value)
     assert msg == f"training interrupted in epoch 3/5: {last} holds epoch 2/5; continue with the same options " \
@@ -198,7 +199,7 @@ def test_ctrl_c_ends_every_helper_process(data, tmp_path, monkeypatch):
     child, the evaluation pool - an interrupted run leaves none of them running."""
     monkeypatch.setattr(T.Trainer, "checkpoint_process", True)
     monkeypatch.setattr(T.Trainer, "eval_processes", 2)
-    monkeypatch.setattr(T.LoggingHook, "PLOT_EVERY_S", 0.0)
+    monkeypatch.setattr(LG.LoggingHook, "PLOT_EVERY_S", 0.0)
     interrupt_at(monkeypatch, 5)   # epoch 3's second step
     with pytest.raises(KeyboardInterrupt, match="holds epoch 2/4"):
         run(tmp_path, data, epochs=4, workers=2, plots=True)
@@ -237,13 +238,13 @@ def test_a_second_run_into_a_folder_in_use_fails_at_once_naming_it_and_its_holde
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "results.csv").write_text("the other run's rows\n")
-    held = T.RunLock.acquire(run_dir)   # as another training process would hold it
+    held = R.RunLock.acquire(run_dir)   # as another training process would hold it
     assert held is not None
     resolved = []
     monkeypatch.setattr(type(LibreYOLO.new("yolo9", "t", nc=5, device="cpu").task), "resolve_data",
                         lambda self, d: resolved.append(d))
     try:
-        with pytest.raises(T.RunFolderBusy) as info:
+        with pytest.raises(R.RunFolderBusy) as info:
             run(tmp_path, data, epochs=1, exist_ok=True)
     finally:
         held.release()
@@ -290,7 +291,7 @@ def test_runs_without_exist_ok_claim_folders_of_their_own(tmp_path):
 def test_a_diverging_run_stops_with_what_to_change(data, tmp_path):
     """lr0=1e6: the losses go non-finite; after nan_patience=3 such epochs in a row the run stops
     with an error naming lr0, clip_grad and warmup_epochs, and no such epoch is best.pt."""
-    with pytest.raises(T.TrainingDiverged) as info:
+    with pytest.raises(R.TrainingDiverged) as info:
         run(tmp_path, data, epochs=8, lr0=1e6, warmup_epochs=0)
     msg = str(info.value)
     assert "training diverged: the loss was not finite in epochs 1-3 of 8" in msg, msg
@@ -322,8 +323,8 @@ def test_a_non_finite_epoch_warns_once_and_is_never_best(data, tmp_path, monkeyp
 
 def test_nan_fitness_is_the_worst():
     nan = float("nan")
-    assert not T._better(nan, -1.0) and not T._better(nan, nan)
-    assert T._better(0.0, nan) and T._better(0.2, 0.1) and not T._better(0.1, 0.2)
+    assert not H.better_fitness(nan, -1.0) and not H.better_fitness(nan, nan)
+    assert H.better_fitness(0.0, nan) and H.better_fitness(0.2, 0.1) and not H.better_fitness(0.1, 0.2)
 
 
 def test_nan_patience_is_checked():

@@ -13,6 +13,7 @@ import torch
 from libreyolo import LibreYOLO
 from libreyolo.data.synthetic import make_shapes_dataset
 from libreyolo.engine import trainer as T
+from libreyolo.engine import loaders as LD, step as S
 from interrupt import interrupted_after_last_pt  # tests/interrupt.py
 
 
@@ -89,7 +90,7 @@ def test_loss_fold_on_the_host_is_the_synchronous_arithmetic():
     batch (the trainer decides what to do: Trainer._check_finite)."""
     g = torch.Generator().manual_seed(0)
     steps = [torch.rand(3, generator=g) * 10 for _ in range(7)]
-    fold = T.LossFold(3, torch.device("cpu"), epoch=4)
+    fold = S.LossFold(3, torch.device("cpu"), epoch=4)
     for i, items in enumerate(steps):
         fold.push(i, fold.start(), items, {"inst": torch.tensor(i + 2), "size": 64})
         if len(fold.pending) > 1:
@@ -119,7 +120,7 @@ def test_prefetched_epochs_see_the_same_batches_and_history(data, tmp_path, monk
                                       (self._prepared[0], bool(getattr(self.train_set, "mosaic_closed", False))))
         return real_validate(self, *a, **kw)
 
-    class Recording(T.EpochSeeded):   # the mosaic probability each sample was drawn with, in the workers
+    class Recording(LD.EpochSeeded):   # the mosaic probability each sample was drawn with, in the workers
         mosaic: dict = {}
 
         def __init__(self, *a, **kw):
@@ -131,7 +132,7 @@ def test_prefetched_epochs_see_the_same_batches_and_history(data, tmp_path, monk
             return super().__getitem__(index)
 
     monkeypatch.setattr(T.Trainer, "validate", validate)
-    monkeypatch.setattr(T, "EpochSeeded", Recording)
+    monkeypatch.setattr(LD, "EpochSeeded", Recording)
     arms = {}
     for prefetch in (True, False):
         monkeypatch.setattr(T.Trainer, "prefetch_next_epoch", prefetch)

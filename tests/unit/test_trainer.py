@@ -65,8 +65,8 @@ def test_the_last_curves_go_to_a_second_plot_child_beside_the_final_results_png(
     are drawn by a second, pre-started child while the first draws the final results.png; both
     children end with the run."""
     from libreyolo.engine import plots as P
-    from libreyolo.engine import trainer as T
-    monkeypatch.setattr(T.LoggingHook, "curves_child", True)
+    from libreyolo.engine import loggers as LG
+    monkeypatch.setattr(LG.LoggingHook, "curves_child", True)
     sent, started, closed = [], [], []
     real_send, real_start, real_close = P.PlotProcess.send, P.PlotProcess.start, P.PlotProcess.close
     monkeypatch.setattr(P.PlotProcess, "send", lambda self, req: sent.append((id(self), "call" in req)) or real_send(self, req))

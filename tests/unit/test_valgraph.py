@@ -11,6 +11,7 @@ from standin import StandInCapturer
 from libreyolo import LibreYOLO
 from libreyolo.data.synthetic import make_shapes_dataset
 from libreyolo.engine import trainer as T
+from libreyolo.engine import hooks as H
 from libreyolo.engine.config import TrainConfig
 from libreyolo.engine.trainer import Trainer
 from libreyolo.engine.verify import input_sensitive
@@ -135,13 +136,13 @@ def test_training_run_with_graph_validation_matches_eager(data, tmp_path, monkey
     eager = LibreYOLO.new("yolo9", "t", nc=5, device="cpu", seed=0).train(name="eager", **args)
     monkeypatch.setattr(T.Trainer, "val_capturer", StandInCapturer())
     captured = {}
-    real_end = T.EvaluationHook.on_train_end
+    real_end = H.EvaluationHook.on_train_end
 
     def on_train_end(self, t):
         real_end(self, t)
         captured.update(t.val_graph_info)
 
-    monkeypatch.setattr(T.EvaluationHook, "on_train_end", on_train_end)
+    monkeypatch.setattr(H.EvaluationHook, "on_train_end", on_train_end)
     graphed = LibreYOLO.new("yolo9", "t", nc=5, device="cpu", seed=0).train(name="graph", cuda_graph=True, **args)
     assert captured["captures"] == 1 and captured["replays"] == 6 and captured["invalidations"] == 0
     for a, b in zip(eager["history"], graphed["history"]):
