@@ -96,6 +96,7 @@ class TrainConfig:
         self.run = RunConfig(**split["run"])
         self.optim = OptimConfig(**split["optim"])
         self.graph = GraphConfig(**split["graph"])
+        self.tune = TuneConfig(**split["tune"])   # not in as_dict(): how the host works, not the run's recipe
         self.task: TaskOptions = task.Options(**{k: v for k, v in kw.items() if k in task_names})
         self.extra: dict = dict(kw.get("extra") or {})
 
@@ -114,3 +115,53 @@ class TrainConfig:
     def as_dict(self) -> dict[str, Any]:
         """Every option, flat."""
         return {**asdict(self.run), **asdict(self.optim), **asdict(self.graph), **asdict(self.task)}
+
+
+@dataclass
+class TuneConfig:
+    """How the loop uses the host (group ``tune``): switches that change when the host does
+    things, never the numbers; the benchmarks compare their arms."""
+
+    #: start the next epoch's loader (its workers on its first batches) before this epoch's
+    #: validation and checkpoints; False: when the next epoch begins
+    prefetch_next_epoch: bool = True
+    #: start the validation loader's workers on its first batches before the epoch's last step,
+    #: so validation does not begin by waiting for them (its batches do not depend on the epoch)
+    prefetch_validation: bool = True
+    #: steps the loop reads a step's loss behind: 1, the device runs step i while the host reads
+    #: step i-1's; 0, each step waited for at once (a synchronous loop: the same numbers)
+    loss_lag: int = 1
+    #: the interpreter's thread switch interval (sys.setswitchinterval, seconds) for the run, then
+    #: restored; None keeps Python's 5 ms. The checkpoint writer and the plotter hold the GIL while
+    #: they pickle and draw, and a main thread that released it (to wait on the device, to launch
+    #: a replay) gets it back only at the next switch: a shorter interval bounds that wait
+    switch_interval: float | None = None
+    #: the epoch's end joins the previous epoch's checkpoint write before validating (True), or
+    #: only before the next write, so that the write overlaps validation (False).
+    #: None: False when a child process writes (it takes no GIL from validation), else True
+    join_write_before_validation: bool | None = None
+    #: the objects alive when the epochs start are left out of the garbage collector's full
+    #: collections for the run (engine.background.frozen_heap); False: Python's default
+    freeze_heap: bool = True
+    #: checkpoints written by a child interpreter (engine.ckptwriter: the pickling off this
+    #: process's GIL, which the step loop needs); None: on CUDA runs, where a GIL-starved loop
+    #: leaves the device idle. False: the writer thread writes them itself
+    checkpoint_process: bool | None = None
+    #: helper processes the validations' evaluation may use (Task.evaluation_pool: detection
+    #: deals its classes out to them, the same figures); below 2: each evaluation in this process.
+    #: None: a quarter of the cores, at most 4 (none on a machine of fewer than 8: a pool needs two)
+    eval_processes: int | None = None
+    #: how validation graphs are captured (None: CUDA graphs; tests pass a CPU stand-in)
+    val_capturer: Any = None
+
+
+    def processes(self) -> int:
+        """``eval_processes``, None resolved against this machine's cores."""
+        if self.eval_processes is not None:
+            return self.eval_processes
+        import os
+        return min(4, (os.cpu_count() or 1) // 4)
+
+
+_GROUPS["tune"] = TuneConfig
+__all__.append("TuneConfig")

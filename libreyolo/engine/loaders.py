@@ -202,6 +202,26 @@ class Loaders:
     sampler: Any                  # the DistributedSampler of a distributed run, else None
     generator: torch.Generator    # the training loader's shuffle generator
     cap_note: str | None          # the workers capped, and why (None: as requested)
+    started: bool = False         # a persistent loader draws its workers' base seed once, when it starts
+
+    def epoch_batches(self, epoch: int, task, cfg) -> tuple:
+        """Epoch ``epoch``'s batch iterator and the task's data phase change (None: none). First
+        what its batches depend on: the task's data phase (``Task.on_epoch``: close_mosaic writes
+        the shared memory the workers read), the shuffle generator re-seeded (seed + epoch), the
+        workers' seed epoch (:class:`EpochSeeded`), the distributed sampler's epoch. With
+        persistent workers ``iter()`` sets them to work on the epoch's first batches at once."""
+        why = task.on_epoch(self.train_set, epoch, cfg.run.epochs, cfg.task)
+        self.generator.manual_seed(cfg.run.seed + epoch)
+        if self.train.persistent_workers and self.started:
+            # a loader draws its workers' base seed from the generator before the shuffle, and a
+            # persistent one only when it starts: the same draw here keeps every epoch's order the
+            # one a freshly started loader gives (so a resumed run shuffles as an uninterrupted one)
+            torch.empty((), dtype=torch.int64).random_(generator=self.generator)
+        self.started = True
+        self.epoch_seeded.set_epoch(epoch)
+        if self.sampler is not None:
+            self.sampler.set_epoch(epoch)
+        return iter(self.train), why
 
 
 def build_loaders(task, data, model, cfg, device: torch.device, dist=None) -> Loaders:

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .hooks import Hook
+from .hooks import HookBase
 
 if TYPE_CHECKING:
     from .trainer import Trainer
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-class LoggingHook(Hook):
+class LoggingHook(HookBase):
     """``results.csv``, the per-epoch log line, ``results.png``.
 
     With ``verbose`` the line reaches the user even where logging is not configured (the Python
@@ -27,7 +27,10 @@ class LoggingHook(Hook):
     root logger has none either.
     """
 
-    def on_train_start(self, t: Trainer) -> None:
+    main_only, own_errors = True, True   # rank 0 alone logs
+
+    def before_train(self) -> None:
+        t = self.trainer
         from .background import BackgroundJob
         from .plots import PlotProcess
         self._handler = None
@@ -57,9 +60,12 @@ class LoggingHook(Hook):
             if lib.getEffectiveLevel() > logging.INFO:
                 lib.setLevel(logging.INFO)
 
-    def on_epoch_end(self, t: Trainer, state: dict) -> None:
+    def after_epoch(self) -> None:
+        t = self.trainer
+        state = t.epoch_state
         epoch, mloss, metrics = state["epoch"], state["mloss"], state["metrics"]
-        vloss = t.val_loss.tolist() if t.val_loss is not None else [float("nan")] * len(t.item_names)
+        vloss = state.get("val_loss")
+        vloss = vloss.tolist() if vloss is not None else [float("nan")] * len(t.item_names)
         row = {"epoch": epoch + 1, **{f"train/{n}_loss": float(v) for n, v in zip(t.item_names, mloss.tolist())},
                **{f"val/{n}_loss": float(v) for n, v in zip(t.item_names, vloss)},
                **t.task.metric_columns(metrics), "lr/pg0": float(t.opt.param_groups[0]["lr"]),
@@ -132,7 +138,8 @@ class LoggingHook(Hook):
                             t.csv_path, exc)
             return False
 
-    def on_train_end(self, t: Trainer) -> None:
+    def after_train(self) -> None:
+        t = self.trainer
         plotter = getattr(self, "_plotter", None)
         if plotter is not None:   # on_train_start ran
             curves_child = getattr(self, "_curves_child", None)
@@ -144,7 +151,7 @@ class LoggingHook(Hook):
                         and t.csv_path.is_file():
                     self._plotted_rows = len(self.rows)
                     plotter.submit(self._plot, t, what="results.png")   # the last rows, if drawn before them
-                evaluator = getattr(t, "last_evaluator", None)
+                evaluator = t.last_evaluation.evaluator if t.last_evaluation is not None else None
                 if plots and evaluator is not None and t.history:
                     # the last epoch's validation: PR curves, confusion matrix, a validation batch;
                     # the matplotlib figures in a warm child - the second one, beside the first's
@@ -169,12 +176,13 @@ class LoggingHook(Hook):
             self._handler = None
 
 
-class TensorBoardHook(Hook):
+class TensorBoardHook(HookBase):
     """``loggers=tensorboard``: TensorBoard event files in the run folder - per epoch the training
     losses, the metrics, every parameter group's learning rate, the epoch time, and a few
     validation images with the predictions drawn (where the task draws them: detection).
     View with ``tensorboard --logdir runs/train``."""
 
+    main_only, own_errors = True, True
     #: validation images logged per epoch
     IMAGES = 4
 
@@ -186,11 +194,14 @@ class TensorBoardHook(Hook):
                               f"(or pip install 'libreyolo[tensorboard]'); {exc}") from None
         self._writer_cls, self.writer = SummaryWriter, None
 
-    def on_train_start(self, t: Trainer) -> None:
+    def before_train(self) -> None:
+        t = self.trainer
         # a resumed run drops the events of the epochs it redoes
         self.writer = self._writer_cls(log_dir=str(t.run_dir), purge_step=t.start_epoch + 1 if t.start_epoch else None)
 
-    def on_epoch_end(self, t: Trainer, state: dict) -> None:
+    def after_epoch(self) -> None:
+        t = self.trainer
+        state = t.epoch_state
         epoch, w = state["epoch"] + 1, self.writer
         row = t.history[-1] if t.history else {}
         for key, value in row.items():
@@ -198,13 +209,13 @@ class TensorBoardHook(Hook):
                 w.add_scalar(key, value, epoch)
         for j, g in enumerate(t.opt.param_groups):
             w.add_scalar(f"lr/pg{j}", float(g["lr"]), epoch)
-        evaluator = getattr(t, "last_evaluator", None)
+        evaluator = t.last_evaluation.evaluator if t.last_evaluation is not None else None
         if evaluator is not None and t.cfg.run.val:
             for i, image in enumerate(evaluator.images(self.IMAGES)):
                 w.add_image(f"val/image{i}", image, epoch, dataformats="CHW")
         w.flush()
 
-    def on_train_end(self, t: Trainer) -> None:
+    def after_train(self) -> None:
         if self.writer is not None:
             self.writer.close()
             self.writer = None

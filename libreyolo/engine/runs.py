@@ -93,3 +93,79 @@ class RunLock:
         finally:
             os.close(self.fd)
             self.fd = -1
+
+
+def resume_path(run) -> Path:
+    """The ``last.pt`` a run resumes from (``run``: a :class:`~libreyolo.engine.config.RunConfig`):
+    the path given, or the run folder's."""
+    return (Path(run.resume) if isinstance(run.resume, (str, Path)) and run.resume is not True
+            else Path(run.project) / run.name / "weights" / "last.pt")
+
+
+class RunFolder:
+    """A run's folder, held for the run: its path (None: a resumed run whose folder is missing,
+    which the checkpoint's load reports), its lock, and whether this run created it."""
+
+    def __init__(self, path: Path | None = None, lock: RunLock | None = None, made: bool = False):
+        self.path, self.lock, self.made = path, lock, made
+
+    @classmethod
+    def claim(cls, run) -> "RunFolder":
+        """The run folder (``resume``: the checkpoint's; ``exist_ok=False``: the first free
+        ``name``, ``name2``, ... claimed by creating it, so that runs started together get folders
+        of their own), locked for the run (:class:`RunLock`): a second run into a folder in use
+        stops here with a :class:`RunFolderBusy` naming it and the process that holds it."""
+        from .paths import next_run_dir
+        made = True
+        if run.resume:
+            run_dir = resume_path(run).parent.parent
+            if not run_dir.is_dir():
+                return cls()   # the checkpoint's load says what is missing
+            made = False
+        elif run.exist_ok:
+            run_dir = next_run_dir(run.project, run.name, True)
+            made = not run_dir.exists()
+            run_dir.mkdir(parents=True, exist_ok=True)
+        else:
+            while True:
+                run_dir = next_run_dir(run.project, run.name, False)
+                try:
+                    run_dir.mkdir(parents=True)
+                    break
+                except FileExistsError:   # another run took it since: the next name
+                    continue
+        lock = RunLock.acquire(run_dir)   # RunFolderBusy: the folder is left as it is
+        (run_dir / "weights").mkdir(exist_ok=True)
+        return cls(run_dir, lock, made)
+
+    def release(self, failed_setup: bool = False) -> None:
+        """The lock released (its file removed); after a set-up that failed, a folder this run
+        created and left empty is removed as well."""
+        lock, self.lock = self.lock, None
+        if lock is not None:
+            lock.release()
+        if failed_setup and self.made and self.path is not None:
+            for folder in (self.path / "weights", self.path):
+                try:
+                    folder.rmdir()   # only if empty
+                except OSError:
+                    break
+
+
+def interrupted_message(epoch: int | None, run_dir: Path | None, total: int, saved: int | None) -> str:
+    """What a run stopped by Ctrl-C in ``epoch`` (None: in its set-up) has on disk - ``saved``,
+    the epoch ``last.pt`` holds - and the option that continues it."""
+    if epoch is None or run_dir is None:
+        return "training interrupted during set-up; nothing was saved"
+    last = run_dir / "weights" / "last.pt"
+    where = f"training interrupted in epoch {epoch + 1}/{total}"
+    if saved is None:
+        return f"{where}; no epoch had been completed, nothing was saved"
+    return f"{where}: {last} holds epoch {saved}/{total}; continue with the same options and resume={last}"
+
+
+def last_pt_kept(run_dir: Path, saved: int | None) -> str:
+    """What ``last.pt`` holds (``saved``: its epoch), for a run stopping on an error."""
+    last = run_dir / "weights" / "last.pt"
+    return (f"{last} holds epoch {saved} and is intact: continue with resume=True" if saved is not None
+            else "nothing had been saved yet in this run")

@@ -19,7 +19,9 @@ import torch
 from libreyolo import LibreYOLO
 from libreyolo.data.synthetic import make_shapes_dataset
 from libreyolo.engine import trainer as T
-from libreyolo.engine import loaders as LD, loggers as LG, runs as R
+from libreyolo.engine import loaders as LD
+from libreyolo.engine import loggers as LG
+from libreyolo.engine import runs as R
 from libreyolo.weights import load_checkpoint
 
 HERE = Path(__file__).resolve().parent
@@ -202,13 +204,13 @@ def test_full_disk_while_writing_results_csv(data, tmp_path, monkeypatch, caplog
     checkpoints), the file keeps epoch 1's whole row meanwhile (never half a line), and epoch 3
     writes the missing row with its own."""
     monkeypatch.setattr(LG, "open", FullDisk("results.csv", fail={2}), raising=False)
-    real_end, seen = LG.LoggingHook.on_epoch_end, []
+    real_end, seen = LG.LoggingHook.after_epoch, []
 
-    def on_epoch_end(self, t, state):
-        real_end(self, t, state)
-        seen.append(csv_epochs(t.run_dir))
+    def after_epoch(self):
+        real_end(self)
+        seen.append(csv_epochs(self.trainer.run_dir))
 
-    monkeypatch.setattr(LG.LoggingHook, "on_epoch_end", on_epoch_end)
+    monkeypatch.setattr(LG.LoggingHook, "after_epoch", after_epoch)
     with caplog.at_level(logging.WARNING, logger="libreyolo"):
         res = resume(data, tmp_path, resume=False, epochs=3)
     assert seen == [[1], [1], [1, 2, 3]]

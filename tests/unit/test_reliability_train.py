@@ -21,9 +21,13 @@ import libreyolo.weights as weights
 from libreyolo import LibreYOLO
 from libreyolo.data.synthetic import make_shapes_dataset
 from libreyolo.engine import trainer as T
-from libreyolo.engine import hooks as H, loaders as LD, loggers as LG, runs as R
+from libreyolo.engine import hooks as H
+from libreyolo.engine import loaders as LD
+from libreyolo.engine import loggers as LG
+from libreyolo.engine import runs as R
 from libreyolo.options import OptionError
 from libreyolo.weights import load_checkpoint
+from tuning import tune_defaults  # tests/tuning.py
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -81,14 +85,14 @@ def wait_until(cond, timeout: float = 5.0) -> bool:
 def test_workers_beyond_the_machine_and_the_dataset_are_capped_with_one_line(data8, tmp_path, monkeypatch, caplog):
     """workers=1000 on 8 images (one batch per epoch): one worker, and one line saying why."""
     built = []
-    real = T.Trainer._loaders
+    real = T.Trainer.make_loaders
 
     def loaders(self, d):
         out = real(self, d)
         built.append((out[0].num_workers, out[1].num_workers))
         return out
 
-    monkeypatch.setattr(T.Trainer, "_loaders", loaders)
+    monkeypatch.setattr(T.Trainer, "make_loaders", loaders)
     before = set(multiprocessing.active_children())
     with caplog.at_level(logging.INFO, logger="libreyolo"):
         run(tmp_path, data8, epochs=1, workers=1000)
@@ -126,7 +130,7 @@ def test_loader_workers_die_with_their_parent(tmp_path, data8):
         from libreyolo.engine.trainer import Trainer
         model = LibreYOLO.new("yolo9", "t", nc=5, device="cpu", seed=0)
         t = Trainer(model, TrainConfig(data={data8!r}, imgsz=64, batch=1, workers=2, verbose=False))
-        train, _ = t._loaders(model.task.resolve_data({data8!r}))
+        train, _ = t.make_loaders(model.task.resolve_data({data8!r}))
         real = t.epoch_seeded.dataset.__getitem__
         class Slow(type(t.epoch_seeded.dataset)):
             def __getitem__(self, i):
@@ -178,7 +182,7 @@ def test_ctrl_c_finishes_the_write_in_flight_and_says_what_last_pt_holds(data, t
         return real_save(ck, path)
 
     monkeypatch.setattr(weights, "save_checkpoint", slow_save)
-    monkeypatch.setattr(T.Trainer, "checkpoint_process", False)
+    tune_defaults(monkeypatch, checkpoint_process=False)
     interrupt_at(monkeypatch, 4)   # 2 batches per epoch: epoch 3's first step
     with caplog.at_level(logging.WARNING, logger="libreyolo"), pytest.raises(KeyboardInterrupt) as info:
         run(tmp_path, data, epochs=5, workers=2)
@@ -197,8 +201,8 @@ def test_ctrl_c_finishes_the_write_in_flight_and_says_what_last_pt_holds(data, t
 def test_ctrl_c_ends_every_helper_process(data, tmp_path, monkeypatch):
     """With every helper process on - loader workers, the checkpoint writer process, the plot
     child, the evaluation pool - an interrupted run leaves none of them running."""
-    monkeypatch.setattr(T.Trainer, "checkpoint_process", True)
-    monkeypatch.setattr(T.Trainer, "eval_processes", 2)
+    tune_defaults(monkeypatch, checkpoint_process=True)
+    tune_defaults(monkeypatch, eval_processes=2)
     monkeypatch.setattr(LG.LoggingHook, "PLOT_EVERY_S", 0.0)
     interrupt_at(monkeypatch, 5)   # epoch 3's second step
     with pytest.raises(KeyboardInterrupt, match="holds epoch 2/4"):
@@ -274,15 +278,13 @@ def test_the_lock_is_released_at_the_end_also_after_an_error(data, tmp_path, mon
 
 def test_runs_without_exist_ok_claim_folders_of_their_own(tmp_path):
     """Two runs choosing a folder together (exist_ok=False) get run and run2, not one folder."""
-    m = LibreYOLO.new("yolo9", "t", nc=5, device="cpu")
-    a, b = (T.Trainer(m, T.TrainConfig(project=str(tmp_path), name="run")) for _ in range(2))
-    a._claim_run_dir()
-    b._claim_run_dir()
+    run = T.TrainConfig(project=str(tmp_path), name="run").run
+    a, b = R.RunFolder.claim(run), R.RunFolder.claim(run)
     try:
-        assert (a.run_dir, b.run_dir) == (tmp_path / "run", tmp_path / "run2")
+        assert (a.path, b.path) == (tmp_path / "run", tmp_path / "run2")
     finally:
-        a._release_run_dir()
-        b._release_run_dir()
+        a.release()
+        b.release()
 
 
 # ---- divergence -------------------------------------------------------------------------------------

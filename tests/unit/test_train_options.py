@@ -14,7 +14,7 @@ from PIL import Image
 from libreyolo import LibreYOLO
 from libreyolo.cli import main
 from libreyolo.data.synthetic import make_shapes_dataset
-from libreyolo.engine import trainer as T
+from libreyolo.engine import hooks as H
 from libreyolo.engine import optim as O
 from libreyolo.options import OptionError
 from libreyolo.tasks.detect.task import DetectionEvaluator
@@ -42,7 +42,7 @@ def test_patience_stops_at_the_right_epoch_with_one_line(data, tmp_path, monkeyp
         v = next(forced)
         return {"map50": v, "map50_95": v, "precision": 0.0, "recall": 0.0, "per_class": {}}
 
-    monkeypatch.setattr(T.Trainer, "validate", validate)
+    monkeypatch.setattr(H.EvaluationHook, "validate", validate)
     with caplog.at_level(logging.INFO, logger="libreyolo"):
         _, res = run(tmp_path, data, epochs=6, patience=2)
     assert res["epochs"] == 4 and res["best_epoch"] == 2 and math.isclose(res["best_fitness"], 0.3)
