@@ -981,7 +981,7 @@ def options_markdown() -> str:
            "(`Model.TRAIN_DEFAULTS`) may replace a default (e.g. the DETRs: AdamW, lr0 1e-4, mosaic 0).", ""]
     for group, cls in GROUPS.items():
         out += [f"### {group} ({cls.__name__})", "", (cls.__doc__ or "").strip().splitlines()[0], ""]
-        out += _md_table(option_fields(cls)) + [""]
+        out += _md_table([i for i in option_fields(cls) if i.meta.get("cli", True)]) + [""]
     for name in TASKS:
         infos = option_fields(TASKS[name].Options)
         if infos:

@@ -52,6 +52,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 import torch.distributed as dist
 
+from .logs import package_logger
 from .weights import is_dense
 
 log = logging.getLogger(__name__)
@@ -282,7 +283,7 @@ class Distributed:
             torch.cuda.set_device(dev)
         d = cls(dist.get_rank(), dist.get_world_size(), env_local_rank(), dev, owns)
         if d.rank != 0:   # rank 0 alone reports; the others say only what goes wrong
-            logging.getLogger("libreyolo").setLevel(logging.WARNING)
+            package_logger().setLevel(logging.WARNING)
         log.info("distributed training: %d ranks (%s), rank 0 on %s", d.world, d.backend, dev)
         return d
 

@@ -36,6 +36,13 @@ class PrefixFormatter(logging.Formatter):
         return text
 
 
+def package_logger() -> logging.Logger:
+    """The package's logger, ``libreyolo``: the parent of every module's. Its level and handlers
+    govern them all; the package sets them only where it shows its own output (the command line,
+    a verbose training run started from Python) or quiets a distributed run's other ranks."""
+    return logging.getLogger(PACKAGE)
+
+
 def stream_handler(stream: TextIO | None = None) -> logging.StreamHandler:
     """A handler writing to ``stream`` (standard error by default) through :class:`PrefixFormatter`."""
     handler = logging.StreamHandler(stream)

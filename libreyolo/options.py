@@ -65,7 +65,7 @@ __all__ = [
     "parse_loggers",
 ]
 
-LOGGER = logging.getLogger("libreyolo")
+LOGGER = logging.getLogger(__name__)
 
 #: Largest accepted image size. Activation memory grows with its square: a YOLO at 8192 needs
 #: about 160x the memory of one at 640, which is already tens of GiB for training.
@@ -277,7 +277,7 @@ def check_imgsz(value: Any, stride: int = 1, name: str = "imgsz", max_size: int 
         key = (name, size, stride)
         level = logging.DEBUG if key in _IMGSZ_WARNED else logging.WARNING
         _IMGSZ_WARNED.add(key)
-        LOGGER.log(level, "libreyolo: %s=%d is not a multiple of the stride %d; using %d",
+        LOGGER.log(level, "%s=%d is not a multiple of the stride %d; using %d",
                    name, size, stride, aligned)
     return aligned
 

@@ -35,6 +35,7 @@ __all__ = [
     "HostPack",
     "PackedSnapshot",
     "host_copies",
+    "state_dict_copies",
     "host_snapshot",
     "load_checkpoint",
     "save_checkpoint",
@@ -600,6 +601,14 @@ def host_copies(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     """New contiguous host tensors with the values of ``tensors`` (detached, each its own
     storage), copied in a few transfers (:class:`HostPack`)."""
     return HostPack(tensors).tensors()
+
+
+def state_dict_copies(net: torch.nn.Module, host: bool = True) -> dict[str, torch.Tensor]:
+    """``net``'s state dict: detached contiguous host copies (:func:`host_copies`), or with
+    ``host=False`` the network's own tensors (parameters as they are: no operator call per tensor,
+    see :class:`PackedSnapshot`), for a caller that copies them at once."""
+    sd = net.state_dict(keep_vars=True)
+    return dict(zip(sd, host_copies(list(sd.values())))) if host else sd
 
 
 def _lock(fd: int) -> bool:

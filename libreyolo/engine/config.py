@@ -38,7 +38,7 @@ from ..options import (
 )
 from ..tasks import Task, TaskOptions, get_task
 
-__all__ = ["GraphConfig", "OptimConfig", "RunConfig", "TrainConfig"]
+__all__ = ["GROUPS", "GraphConfig", "OptimConfig", "RunConfig", "TrainConfig", "TuneConfig"]
 
 
 def _amp(name: str, value: Any) -> Any:
@@ -163,8 +163,52 @@ class GraphConfig:
         check_fields(self)
 
 
+@dataclass
+class TuneConfig:
+    """How the loop uses the host (group ``tune``): when it does things, never the numbers.
+
+    The benchmarks compare their arms. Not part of :meth:`TrainConfig.as_dict` (a run's recipe):
+    the same run gives the same results.csv with any of them. ``switch_interval``: the checkpoint
+    writer and the plotter hold the GIL while they pickle and draw, and a main thread that released
+    it (to wait on the device, to launch a replay) gets it back only at the next switch; a shorter
+    interval bounds that wait.
+    """
+
+    prefetch_next_epoch: bool = option(
+        True, "start the next epoch's loader before this epoch's validation and checkpoints", Bool())
+    prefetch_validation: bool = option(
+        True, "start the validation loader's workers before the epoch's last step", Bool())
+    loss_lag: int = option(
+        1, "steps the loop reads a step's loss behind (0: each step waited for; the same numbers)", Int(0))
+    switch_interval: float | None = option(
+        None, "the interpreter's thread switch interval during the run, seconds (default: Python's 5 ms)",
+        Float(0.0, 1.0, min_inclusive=False, none=True))
+    join_write_before_validation: bool | None = option(
+        None, "wait for the previous checkpoint write before validating (default: only when this process "
+              "writes)", Bool(none=True))
+    freeze_heap: bool = option(
+        True, "leave the objects alive when the epochs start out of the garbage collector's full collections",
+        Bool())
+    checkpoint_process: bool | None = option(
+        None, "write checkpoints from a child interpreter (default: on CUDA runs)", Bool(none=True))
+    eval_processes: int | None = option(
+        None, "helper processes for the validations' evaluation, below 2: none (default: a quarter of the "
+              "cores, at most 4)", Int(0, MAX_WORKERS, none=True))
+    #: how validation graphs are captured (None: CUDA graphs; tests pass a CPU stand-in)
+    val_capturer: Any = option(None, "validation graph capturer (tests)", cli=False)
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+    def processes(self) -> int:
+        """``eval_processes``, None resolved against this machine's cores."""
+        if self.eval_processes is not None:
+            return self.eval_processes
+        return min(4, (os.cpu_count() or 1) // 4)
+
+
 #: the training option groups, by the name TrainConfig gives each (cfg.run, cfg.optim, cfg.graph)
-GROUPS = {"run": RunConfig, "optim": OptimConfig, "graph": GraphConfig}
+GROUPS = {"run": RunConfig, "optim": OptimConfig, "graph": GraphConfig, "tune": TuneConfig}
 
 
 class TrainConfig:
@@ -192,6 +236,7 @@ class TrainConfig:
         self.run = RunConfig(**split["run"])
         self.optim = OptimConfig(**split["optim"])
         self.graph = GraphConfig(**split["graph"])
+        self.tune = TuneConfig(**split["tune"])   # not in as_dict(): how the host works, not the run's recipe
         self.task: TaskOptions = task.Options(**{k: v for k, v in kw.items() if k in task_names})
         self.extra: dict = dict(kw.get("extra") or {})
 
@@ -200,9 +245,9 @@ class TrainConfig:
         return cls(task, **kw)
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("_") or name in ("run", "optim", "graph", "task", "extra"):
+        if name.startswith("_") or name in ("run", "optim", "graph", "tune", "task", "extra"):
             raise AttributeError(name)
-        for group in (self.run, self.optim, self.graph, self.task):
+        for group in (self.run, self.optim, self.graph, self.tune, self.task):
             if name in group.__dataclass_fields__:
                 return getattr(group, name)
         raise AttributeError(f"TrainConfig has no option {name!r}")

@@ -88,7 +88,7 @@ def samples(info: OptionInfo, tmp_path) -> tuple[Any, Any]:
 def options_of(kind: str) -> list[tuple[str, OptionInfo]]:
     """(task, option) pairs of a command: task None for what every task takes."""
     if kind == "train":
-        out = [(None, i) for g in C.GROUPS.values() for i in option_fields(g)]
+        out = [(None, i) for g in C.GROUPS.values() for i in option_fields(g) if i.meta.get("cli", True)]
         out += [(t, i) for t in TASKS for i in option_fields(TASKS[t].Options)]
         return out
     cls = {"predict": CO.PredictOptions, "val": CO.ValOptions, "export": CO.ExportOptions}[kind]
