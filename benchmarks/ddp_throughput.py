@@ -6,7 +6,7 @@ and with the whole step captured (the NCCL all-reduce of the gradients inside th
 
 Every cell (per-GPU batch x world size x arm) is its own torchrun run (``python -m
 torch.distributed.run --standalone``, the launcher ``device=0,1`` uses) of this script in
-``--worker`` mode: each rank builds the trainer exactly as ``model.train`` does (``Trainer._setup``:
+``--worker`` mode: each rank builds the trainer exactly as ``model.train`` does (``Trainer.setup``:
 process group, flat gradient buffer, loss share rule, fused SGD with a tensor lr, bf16 autocast,
 channels_last), then times ``Trainer.step`` on one fixed batch of the built-in set - the host to
 device copy, the step (forward, loss, backward, all-reduce, clipping, SGD, EMA: eager, or one
@@ -45,7 +45,7 @@ def worker(a) -> None:
               amp="bf16", warmup_epochs=0, val=False, plots=False, verbose=False, seed=0, mosaic=0.0,
               project=a.project, name="bench", exist_ok=True, device=a.device)
     t = Trainer(model, TrainConfig.from_kwargs(model.task, **{**model.train_defaults(), **kw}))
-    t._setup()
+    t.setup()
     t.nw, t.last_opt_step, t.accumulate = -1, -1, 1   # every step an update (the whole step when captured)
     t.opt.zero_grad(set_to_none=False)
     ds = t.val_set
@@ -95,7 +95,7 @@ def main() -> None:
     if a.worker:
         worker(a)
         return
-    from libreyolo.distributed import launch_env, torchrun_command
+    from libreyolo.launch import launch_env, torchrun_command
     from libreyolo.tasks import get_task
     if torch.cuda.device_count() < a.gpus:
         sys.exit(f"--gpus {a.gpus}: this machine has {torch.cuda.device_count()} GPU(s)")

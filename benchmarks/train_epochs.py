@@ -25,13 +25,13 @@ GPU per batch), reporting besides the loader wait the mean time of the augmentat
 picks a subset, e.g. ``--arms graph,graph+gpu_augment``.
 
 ``+sync_loop`` on an arm (``--arms graph,graph+sync_loop``) runs the loop as it was before it went
-asynchronous: each step's loss read at once (``Trainer.loss_lag = 0``, a device sync per step) and
+asynchronous: each step's loss read at once (``loss_lag=0``, a device sync per step) and
 each epoch's loader started at the epoch, not during the previous one's validation
-(``Trainer.prefetch_next_epoch = False``); the numbers are the same, the times are the comparison.
-``+switch`` runs with ``Trainer.switch_interval = 0.0005`` (the thread switch interval: how soon the
+(``prefetch_next_epoch=False``); the numbers are the same, the times are the comparison.
+``+switch`` runs with ``switch_interval=0.0005`` (the thread switch interval: how soon the
 loop gets the GIL back from the checkpoint writer and the plotter), ``+nofreeze`` with
-``Trainer.freeze_heap = False`` (the garbage collector's full collections walk the whole heap,
-as by Python's default), ``+overlap`` with ``Trainer.join_write_before_validation = False``
+``freeze_heap=False`` (the garbage collector's full collections walk the whole heap,
+as by Python's default), ``+overlap`` with ``join_write_before_validation=False``
 (the previous checkpoint write overlaps validation); each arm also reports train()'s ``timing`` (set-up, epochs, validation, checkpoint
 waits, the epochs' ends, the end).
 """
@@ -47,11 +47,11 @@ import time
 ARMS = ("eager", "graph")
 GPU_AUGMENT = "+gpu_augment"
 SYNC_LOOP = "+sync_loop"
-#: levers of the epoch's host side, measured before they become defaults (see Trainer's attributes):
+#: levers of the epoch's host side, measured before they become defaults (the ``tune`` options):
 #: a 0.5 ms thread switch interval, the checkpoint write overlapping validation
 SWITCH = "+switch"
 OVERLAP = "+overlap"
-#: the garbage collector's default behaviour: the heap not frozen for the run (Trainer.freeze_heap)
+#: the garbage collector's default behaviour: the heap not frozen for the run (freeze_heap=False)
 NOFREEZE = "+nofreeze"
 
 
@@ -64,15 +64,15 @@ def run_arm(arm: str, a) -> dict:
         raise SystemExit(f"unknown arm {arm!r}: {'/'.join(ARMS)} with any of +gpu_augment, +sync_loop, "
                          "+switch, +overlap")
     gpu_augment, sync_loop = GPU_AUGMENT[1:] in mods, SYNC_LOOP[1:] in mods
-    from libreyolo.engine.trainer import Trainer
+    tune: dict = {}   # the arm's tune options
     if sync_loop:
-        Trainer.loss_lag, Trainer.prefetch_next_epoch = 0, False
+        tune.update(loss_lag=0, prefetch_next_epoch=False)
     if SWITCH[1:] in mods:
-        Trainer.switch_interval = 0.0005
+        tune["switch_interval"] = 0.0005
     if OVERLAP[1:] in mods:
-        Trainer.join_write_before_validation = False
+        tune["join_write_before_validation"] = False
     if NOFREEZE[1:] in mods:
-        Trainer.freeze_heap = False
+        tune["freeze_heap"] = False
     timed: list[float] = []
     if gpu_augment:   # time each augmentation call (it ends with its one host read of the batch)
         from libreyolo.data.gpu_augment import DeviceAugment
@@ -97,7 +97,7 @@ def run_arm(arm: str, a) -> dict:
         t0 = time.perf_counter()
         res = model.train(data=data, epochs=a.epochs, batch=a.batch, imgsz=a.imgsz, workers=a.workers,
                           amp=a.amp, cuda_graph=base == "graph", project=tmp, plots=False, verbose=False, seed=0,
-                          cache=a.cache, gpu_augment=gpu_augment)
+                          cache=a.cache, gpu_augment=gpu_augment, **tune)
         wall = time.perf_counter() - t0
     hist = res["history"]
     nb = res["cuda_graph"].get("replays", 0) + res["cuda_graph"].get("eager_steps", 0)

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from .graphs.capture import CudaGraphCapturer
-from .graphs.parity import _clone, all_equal
+from .graphs.parity import clone_outputs, all_equal
 
 
 def _sync(device: torch.device) -> None:
@@ -89,7 +89,7 @@ def _whole_graph_arm(net, x: torch.Tensor, eager_out: list, dev: torch.device, r
     try:
         graph = CudaGraphCapturer().capture(lambda t: net(t), (x,), module=net)
         timing = time_call(lambda: graph.replay((x,), clone=False), dev, runs, warmup)
-        return {**timing, "bitwise_equal_eager": all_equal(_clone(graph.replay((x,), clone=False)), eager_out)}
+        return {**timing, "bitwise_equal_eager": all_equal(clone_outputs(graph.replay((x,), clone=False)), eager_out)}
     except Exception as exc:  # the experiment failing is a result, not an error
         return {"error": f"{type(exc).__name__}: {exc}"}
 
@@ -132,7 +132,7 @@ def bench_model(model, *, imgsz: int = 640, batch: int = 1, runs: int = 200, war
     seam = bool(model.PREDICT_SEAM)
     if dev.type == "cuda" and model.SUPPORTS_CUDA_GRAPH:
         with torch.no_grad():
-            eager_out = _clone(net(x))
+            eager_out = clone_outputs(net(x))
             if seam:   # what predict captures: the front part; the rest runs eager after its replay
                 t0 = time.perf_counter()
                 graph = CudaGraphCapturer().capture(lambda t: model.infer_front(t), (x,), module=net)
@@ -150,7 +150,7 @@ def bench_model(model, *, imgsz: int = 640, batch: int = 1, runs: int = 200, war
                 def forward_graph():
                     return graph.replay((x,), clone=False)
             arms["forward_graph"] = time_call(forward_graph, dev, runs, warmup)
-            same = all_equal(_clone(forward_graph()), eager_out)
+            same = all_equal(clone_outputs(forward_graph()), eager_out)
         del graph
         model.release_graphs()
         t0 = time.perf_counter()
@@ -318,8 +318,8 @@ def compile_arms_for(model, x: torch.Tensor, images: list, imgsz: int, batch: in
                 compile_s[f"{name}_cache_dir"] = str(hn.cache_dir)
             graph = CudaGraphCapturer().capture(lambda t: hn(t), (xh,), module=hn.net)
             arms[f"forward_{name}_graph"] = time_call(lambda: graph.replay((xh,), clone=False), dev, runs, warmup)
-            eager = _clone(hn(xh))
-            arms[f"forward_{name}_graph_bitwise_equal_eager"] = all_equal(_clone(graph.replay((xh,), clone=False)),
+            eager = clone_outputs(hn(xh))
+            arms[f"forward_{name}_graph_bitwise_equal_eager"] = all_equal(clone_outputs(graph.replay((xh,), clone=False)),
                                                                           eager)
             graph = None
             with measuring():

@@ -2,9 +2,16 @@
 
 Arguments follow the LibreYOLO convention ``key=value`` and also accept ``--key value``,
 ``--key=value`` and bare ``--flag`` (= true). click/typer cannot parse the ``key=value``
-form, hence this small parser; output uses rich. Every value is checked by the functions of
-:mod:`libreyolo.options` that the Python API uses, so a bad value stops the command before any
-model is loaded, with the same message (exit status 2).
+form, hence this small parser; output uses rich.
+
+The options of train, predict, track, val and export are not declared here: they are made from
+the fields of the options dataclasses the Python API checks its arguments with (the training
+groups of :mod:`libreyolo.engine.config`, each task's Options, and
+:mod:`libreyolo.engine.call_options`), each with its default, help and check. So every option of
+``model.train()``/``predict()``/``val()``/``export()`` is an option here, and a bad value stops
+the command before any model is loaded with the API's message (exit status 2). Only what belongs
+to the command line (``model=``, ``source=``, ``json=``, the commands verify, bench, info and demo)
+is declared in this module.
 """
 from __future__ import annotations
 
@@ -12,15 +19,27 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-from .options import (AMP_FAMILY_DEFAULT, MAX_SEED, OptionError, check_choice, check_float, check_fraction,
-                      check_imgsz, check_int, parse_amp, parse_bool, parse_classes, parse_freeze, parse_loggers)
+from .options import (
+    MAX_SEED,
+    OptionError,
+    OptionInfo,
+    check_choice,
+    check_float,
+    check_fraction,
+    check_imgsz,
+    check_int,
+    option_fields,
+    parse_bool,
+    parse_classes,
+)
 
 console = Console()
 
@@ -55,11 +74,6 @@ def _flag(name: str) -> Callable[[str], bool]:
     return lambda v: parse_bool(name, v)
 
 
-def _auto_flag(name: str) -> Callable[[str], bool | None]:
-    """true/false, or auto (None: the library decides)."""
-    return lambda v: None if str(v).strip().lower() in ("auto", "none") else parse_bool(name, v)
-
-
 def _choice(name: str, choices: tuple[str, ...]) -> Callable[[str], str]:
     return lambda v: check_choice(name, v, choices)
 
@@ -72,18 +86,6 @@ def _graph_mode(v: str):
         return parse_bool("cuda_graph", v)
     except OptionError:
         raise OptionError(f"cuda_graph must be auto, true or false, got {v!r}") from None
-
-
-def _amp(v: str):
-    """amp as predict and train take it: False, True (the family's dtype), "fp16" or "bf16"."""
-    import torch
-
-    dtype = parse_amp(v)
-    if dtype is None:
-        return False
-    if dtype is AMP_FAMILY_DEFAULT:
-        return True
-    return "bf16" if dtype is torch.bfloat16 else "fp16"
 
 
 def _precision(v: str) -> str:
@@ -110,34 +112,98 @@ def _int_list(name: str, minimum: int) -> Callable[[str], list[int]]:
     return conv
 
 
-def _classes(v: str) -> str:
-    """The text of classes=; ids and names are checked against the model once it is loaded."""
-    if not str(v).strip() or any(not t.strip() for t in str(v).split(",")):
-        raise OptionError(f"classes must be class ids or names separated by commas, e.g. classes=0,2 or "
-                          f"classes=person,car, got {v!r}")
-    return str(v)
-
-
-def _resume(v: str):
-    """true/false, or the path of a run's last.pt."""
-    try:
-        return parse_bool("resume", v)
-    except OptionError:
-        pass
-    if not Path(v).expanduser().is_file():
-        raise OptionError(f"resume must be true, false or the path of a last.pt file, got {v!r} "
-                          "(no such file)")
-    return v
-
-
 @dataclass
 class Opt:
+    """One command-line option: its converter (text -> value, raising OptionError), default and
+    help; ``info``: the API option it is made from (None: an option of the command line only)."""
+
     conv: Callable[[str], Any]
     default: Any
     help: str
+    info: OptionInfo | None = None
 
 
-def _parse(argv: list[str], spec: dict[str, Opt], command: str) -> dict[str, Any]:
+def _api_option(info: OptionInfo, default: Any = None, help: str | None = None) -> Opt:
+    """The command-line form of an API option (its check, default and help)."""
+    return Opt(info.parse, info.default if default is None else default, info.help if help is None else help, info)
+
+
+def _fields_spec(cls: Any, defaults: dict[str, Any] | None = None, skip: tuple[str, ...] = ()) -> dict[str, Opt]:
+    """The options of dataclass ``cls`` on the command line (``defaults``: where the command's
+    default is not the API's, e.g. predict saves its pictures; fields declared ``cli=False`` and
+    ``skip`` are left out)."""
+    defaults = defaults or {}
+    return {i.name: _api_option(i, defaults.get(i.name)) for i in option_fields(cls)
+            if i.meta.get("cli", True) and i.name not in skip}
+
+
+def _task_options() -> dict[str, dict[str, OptionInfo]]:
+    """Each training option of the tasks: {name: {task: its declaration}}, in task order."""
+    from .tasks import TASKS
+    out: dict[str, dict[str, OptionInfo]] = {}
+    for task_name in TASKS:
+        for info in option_fields(TASKS[task_name].Options):
+            out.setdefault(info.name, {})[task_name] = info
+    return out
+
+
+def _union(name: str, infos: dict[str, OptionInfo]) -> Opt:
+    """A training option several tasks declare, each its own way: the help of each; a value must
+    pass one of their checks here, and passes the model's task's once the model is known."""
+    first = next(iter(infos.values()))
+    by_help: dict[str, list[str]] = {}
+    for task, i in infos.items():
+        by_help.setdefault(i.help, []).append(task)
+    helps = "; ".join(f"{', '.join(tasks)}: {text}" for text, tasks in by_help.items())
+    if len(infos) == 1:
+        return _api_option(first, help=helps)
+
+    def conv(text: str) -> Any:
+        for info in infos.values():
+            try:
+                return info.parse(text)
+            except ValueError:
+                pass
+        return text   # refused by every task: the model's task's check says why (_check_task_options)
+
+    defaults = {repr(i.default) for i in infos.values()}
+    if len(defaults) > 1 and "default" not in helps.lower():
+        helps += " (default: " + ", ".join(f"{task} {_show_default(i.default)}" for task, i in infos.items()) + ")"
+    return Opt(conv, first.default, helps, first)
+
+
+class _Spec(Mapping):
+    """A command's options, made on first use: the options dataclasses import the library (and
+    torch), which ``libreyolo --help`` and the parsing of other commands need not wait for."""
+
+    def __init__(self, make: Callable[[], dict[str, Opt]]):
+        self._make = make
+        self._table: dict[str, Opt] | None = None
+
+    def _get(self) -> dict[str, Opt]:
+        if self._table is None:
+            self._table = self._make()
+        return self._table
+
+    def __getitem__(self, key: str) -> Opt:
+        return self._get()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._get())
+
+    def __len__(self) -> int:
+        return len(self._get())
+
+
+class Parsed(dict):
+    """A command's options, every one (given or default); ``given``: the names on the command line,
+    ``raw``: their text."""
+
+    given: set[str]
+    raw: dict[str, str]
+
+
+def _parse(argv: list[str], spec: Mapping[str, Opt], command: str) -> Parsed:
     raw: dict[str, str] = {}
     i = 0
     while i < len(argv):
@@ -160,7 +226,7 @@ def _parse(argv: list[str], spec: dict[str, Opt], command: str) -> dict[str, Any
             raise UsageError(f"unknown option {k!r} for '{command}'; options: {', '.join(spec)}")
         raw[k] = v
         i += 1
-    out = {}
+    out = Parsed()
     for k, o in spec.items():
         if k in raw:
             try:
@@ -169,6 +235,7 @@ def _parse(argv: list[str], spec: dict[str, Opt], command: str) -> dict[str, Any
                 raise UsageError(str(exc)) from None
         else:
             out[k] = o.default
+    out.given, out.raw = set(raw), raw
     return out
 
 
@@ -189,68 +256,73 @@ def _load(opts: dict, seed: int | None = None):
 
 
 # ---------------------------------------------------------------- commands
-PREDICT = {
-    "model": Opt(str, None, "checkpoint path or family/size name"),
-    "source": Opt(str, None, "image, directory, glob, video file, camera index (0), rtsp/rtmp/http(s) URL or "
-                             ".streams list (default: the bundled sample image)"),
-    "imgsz": Opt(_imgsz(), None, "inference size (default: the checkpoint's)"),
-    "conf": Opt(_frac("conf"), 0.25, "confidence threshold"),
-    "iou": Opt(_frac("iou"), 0.45, "NMS IoU threshold"),
-    "batch": Opt(_int("batch", 1), 1, "images per forward"),
-    "max_det": Opt(_int("max_det", 1), None, "detections kept per image (default 300; an ONNX model's: its exported "
-                                              "max_det)"),
-    "classes": Opt(_classes, None, "only these classes: ids or names, e.g. 0,2 or person,car"),
-    "device": Opt(str, "auto", "auto, cpu, cuda, cuda:1"),
-    "cuda_graph": Opt(_graph_mode, "auto", "false, true or auto"),
-    "amp": Opt(_amp, False, "false, true (the family's dtype), fp16 or bf16"),
-    "precision": Opt(_precision, None, "fp32 (default, bitwise), fp16 or bf16: the half network (fp16 with fast=true)"),
-    "fast": Opt(_fast, False, "CUDA: compile the half network with inductor inside the CUDA graph: true "
-                              "(torch.compile) or aot (ahead of time, a package per shape cached on disk)"),
-    "decode": Opt(_choice("decode", ("cpu", "gpu", "auto")), "cpu", "image files: cpu (PIL), gpu (JPEGs with nvjpeg, "
-                                                                    "batched) or auto (gpu where it can run)"),
-    "save": Opt(_flag("save"), True, "write annotated images"),
-    "save_dir": Opt(str, None, "where annotated images go (default: a new runs/predict, runs/predict2, ...)"),
-    "vid_stride": Opt(_int("vid_stride", 1), 1, "predict every N-th frame of a video"),
-    "show": Opt(_flag("show"), False, "show the annotated frames in a window (where a display exists)"),
-    "timeout": Opt(_positive_float("timeout"), 10.0, "seconds a camera or stream URL may take to answer"),
-    "json": Opt(str, None, "also write all detections to this JSON file"),
-    "points": Opt(str, None, "segment-prompt: points x,y;x,y in pixels, or 'center' (the default without boxes)"),
-    "labels": Opt(str, None, "segment-prompt: one label per point, 1 foreground / 0 background, e.g. 1,0"),
-    "boxes": Opt(str, None, "segment-prompt: boxes x1,y1,x2,y2;... in pixels"),
-}
+def _predict_spec(track: bool = False) -> dict[str, Opt]:
+    from .engine.call_options import PredictOptions, TrackOptions
+    return {
+        "model": Opt(str, None, "checkpoint path or family/size name"),
+        "source": Opt(str, None, "image, directory, glob, video file, camera index (0), rtsp/rtmp/http(s) URL or "
+                                 ".streams list (default: the bundled sample image)"),
+        # the command line shows what it predicts: it saves the annotated pictures, reports as it
+        # goes and captures CUDA graphs once a size repeats, unless told otherwise
+        **_fields_spec(TrackOptions if track else PredictOptions,
+                       defaults={"save": True, "verbose": True, "cuda_graph": "auto"}, skip=("persist",)),
+        "device": Opt(str, "auto", "auto, cpu, cuda, cuda:1"),
+        "json": Opt(str, None, "also write all detections to this JSON file"),
+    }
 
 
-def cmd_predict(opts: dict, track: bool = False) -> int:
+PREDICT = _Spec(_predict_spec)
+#: options of the command line itself, not of model.predict
+_CLI_ONLY = ("model", "source", "device", "json")
+
+
+def _predict_kwargs(opts: Parsed, model, command: str, spec: Mapping[str, Opt]) -> dict[str, Any]:
+    """The keywords of ``model.predict``/``track``: the options given, those whose default here is
+    not the API's, and the task's own options (for the model's task only)."""
+    own = set(model.task.predict_defaults)
+    kw: dict[str, Any] = {}
+    for k, o in spec.items():
+        if k in _CLI_ONLY or k == "tracker":
+            continue
+        tasks = o.info.meta.get("tasks") if o.info is not None else None
+        if tasks:
+            if k in opts.given and k not in own:
+                raise UsageError(f"{k} is an option of {', '.join(tasks)} models; {model.FAMILY}-{model.size} is a "
+                                 f"{model.TASK} model" + (f" (its options: {', '.join(sorted(own))})" if own else ""))
+            if k in opts.given or (k in own and o.default != o.info.default):
+                kw[k] = opts[k]
+        elif k in opts.given or o.default != o.info.default:
+            kw[k] = opts[k]
+    return kw
+
+
+def cmd_predict(opts: Parsed, track: bool = False) -> int:
     command = "track" if track else "predict"
     _need_model(opts, command)
     from . import SAMPLE_IMAGE
     from .data.video import is_video_source
     model = _load(opts)
-    task_opts = {}
-    if "conf" in model.task.predict_defaults:   # detection's options
-        task_opts = dict(conf=opts["conf"], iou=opts["iou"], classes=parse_classes(opts["classes"], model.names))
-        if opts["max_det"] is not None:   # else the model's own (an ONNX export fixed its max_det)
-            task_opts["max_det"] = opts["max_det"]
-    elif model.TASK == "segment-prompt":        # the prompt (one per image)
+    spec = TRACK if track else PREDICT
+    kw = _predict_kwargs(opts, model, command, spec)
+    if kw.get("classes") is not None:   # ids and names resolved now: a bad one is a usage error
+        kw["classes"] = parse_classes(kw["classes"], model.names)
+    if getattr(model, "TASK", None) == "segment-prompt":   # the prompt (one per image)
         from .tasks.segment_prompt.prompts import parse_cli
         try:
-            task_opts = parse_cli(opts["points"], opts["labels"], opts["boxes"])
+            prompt = parse_cli(kw.pop("points", None), kw.pop("labels", None), kw.pop("boxes", None))
         except ValueError as exc:
             raise UsageError(str(exc)) from None
+        kw.update(prompt)
     source = opts["source"] or SAMPLE_IMAGE
-    call = (lambda src, **kw: model.track(src, tracker=opts["tracker"], **kw)) if track else model.predict
-    common = dict(imgsz=opts["imgsz"], batch=opts["batch"], cuda_graph=opts["cuda_graph"], amp=opts["amp"],
-                  save=opts["save"], save_dir=opts["save_dir"], verbose=True)
-    if opts["show"]:
-        common["show"] = True
-    if opts["precision"] is not None or opts["fast"]:   # the default call stays today's call
-        common.update(precision=opts["precision"], fast=opts["fast"])
-    if opts["decode"] != "cpu":
-        common["decode"] = opts["decode"]
-    if is_video_source(source):  # frames are counted, not listed (a stream can run for hours)
-        run = call(source, stream=True, vid_stride=opts["vid_stride"], timeout=opts["timeout"], **common, **task_opts)
-        return _video_report(run, opts, model, track)
-    results = list(call(source, **common, **task_opts))
+    call = (lambda src, **k: model.track(src, tracker=opts["tracker"], **k)) if track else model.predict
+    try:
+        if is_video_source(source):  # frames are counted, not listed (a stream can run for hours)
+            return _video_report(call(source, **{**kw, "stream": True}), opts, model, track)
+        results = list(call(source, **kw))
+    except TypeError as exc:   # an option this kind of model does not take (e.g. decode= for an ONNX model)
+        if "unknown predict option" in str(exc) or "unexpected keyword argument" in str(exc):
+            raise UsageError(f"{exc} ({model.FAMILY}-{model.size}, {model.TASK})") from None
+        raise
     saved_to = str(Path(results[0].saved_to).parent) if results and results[0].saved_to else opts["save_dir"]
     for r in results:
         if r.boxes is not None:
@@ -310,10 +382,7 @@ def _video_report(run, opts: dict, model, track: bool) -> int:
     return 0
 
 
-TRACK = {**PREDICT,
-         "conf": Opt(_frac("conf"), 0.1, "confidence threshold (detections below the tracker's 0.25 only extend "
-                                         "tracks)"),
-         "tracker": Opt(_choice("tracker", ("bytetrack", "botsort")), "bytetrack", "bytetrack or botsort")}
+TRACK = _Spec(lambda: _predict_spec(track=True))
 
 
 def cmd_track(opts: dict) -> int:
@@ -546,56 +615,53 @@ def _bench_video(model, opts: dict) -> int:
     return 0
 
 
-TRAIN = {
-    "model": Opt(str, "yolo9t", "checkpoint to fine-tune, or a family/size name for an untrained model"),
-    "data": Opt(str, "shapes", "dataset YAML (YOLO or COCO format) or 'shapes' (built-in synthetic set)"),
-    "epochs": Opt(_int("epochs", 1), 100, "training epochs"),
-    "batch": Opt(_int("batch", 1), 16, "batch size"),
-    "imgsz": Opt(_imgsz(), None, "training size (default: the family's, e.g. 640 for detectors, 224 for classifiers)"),
-    "device": Opt(str, "auto", "auto, cpu, cuda, cuda:1; several GPUs (0,1) train one process per GPU under "
-                               "torchrun (batch is then the global batch)"),
-    "workers": Opt(_int("workers", 0), None, "DataLoader workers (default: up to 8 on CUDA, 2 on the CPU)"),
-    "optimizer": Opt(_choice("optimizer", ("SGD", "AdamW")), None,
-                     "SGD or AdamW (default: the family's recipe, SGD for the YOLO families)"),
-    "lr0": Opt(_positive_float("lr0"), None, "initial learning rate (default: the family's, else 0.01 SGD, "
-                                             "0.001 AdamW)"),
-    "cos_lr": Opt(_flag("cos_lr"), False, "cosine instead of linear decay"),
-    "amp": Opt(_amp, True, "autocast on CUDA: true (float16), fp16, bf16 or false"),
-    "close_mosaic": Opt(_int("close_mosaic", 0), None, "epochs at the end trained without mosaic and MixUp "
-                                                      "(default: the family's, else 10)"),
-    "mixup": Opt(_frac("mixup"), None, "probability of MixUp (default: the family's, else 0)"),
-    "mosaic": Opt(_frac("mosaic"), None, "probability of mosaic (default: the family's, else 1; DETRs 0)"),
-    "augment_policy": Opt(_choice("augment_policy", ("yolo", "detr")), None,
-                          "yolo (affine + HSV) or detr (photometric, zoom-out, IoU crop); default: the family's"),
-    "project": Opt(str, "runs/train", "where runs are written"),
-    "name": Opt(str, "exp", "run name"),
-    "exist_ok": Opt(_flag("exist_ok"), False, "reuse the run folder"),
-    "resume": Opt(_resume, False, "true (this run's last.pt) or a path to last.pt"),
-    "seed": Opt(_int("seed", 0, MAX_SEED), 0, "random seed"),
-    "cuda_graph": Opt(_flag("cuda_graph"), False, "capture the training step in CUDA graphs (eager fallback, "
-                                                  "one log line)"),
-    "cache": Opt(str, "auto", "ram or disk: decode and resize every image once, before the first epoch; "
-                               "auto (default): in RAM when the images need at most a quarter of the free "
-                               "memory and 4 GiB; false: read the files every epoch"),
-    "channels_last": Opt(_auto_flag("channels_last"), None, "NHWC network and batches: true, false or auto "
-                                                           "(on CUDA for the families that declare it)"),
-    "gpu_augment": Opt(_flag("gpu_augment"), None, "the YOLO recipe (mosaic, affine, HSV, flip) on the training "
-                                                   "device per batch, the workers only decode (default false; "
-                                                   "augment_policy=yolo only)"),
-    "val": Opt(_flag("val"), True, "validate after every epoch (false: no validation, best.pt = last.pt)"),
-    "patience": Opt(_int("patience", 0), 0, "stop after N epochs without a better validation fitness (0: never)"),
-    "freeze": Opt(parse_freeze, None, "freeze the first N layers, or parameter-name prefixes, e.g. "
-                                      "freeze=3 or freeze=backbone,neck.down1"),
-    "save_period": Opt(_int("save_period", 0), 0, "also save weights/epochN.pt every N epochs (0: never)"),
-    "loggers": Opt(parse_loggers, None, "experiment loggers: tensorboard (event files in the run folder)"),
-    "sync_bn": Opt(_flag("sync_bn"), False, "multi-GPU: BatchNorm statistics over the global batch (SyncBatchNorm)"),
-    "ddp_timeout": Opt(_positive_float("ddp_timeout"), 1800.0, "multi-GPU: seconds a rank waits for the others "
-                                                             "before the run stops with an error"),
-}
+def _train_spec() -> dict[str, Opt]:
+    from .engine.config import GROUPS
+    spec = {"model": Opt(str, "yolo9t", "checkpoint to fine-tune, or a family/size name for an untrained model")}
+    for group in GROUPS.values():
+        spec.update(_fields_spec(group))
+    for name, infos in _task_options().items():
+        if name not in spec:
+            spec[name] = _union(name, infos)
+    return spec
+
+
+TRAIN = _Spec(_train_spec)
+
+
+def _task_of(model: str):
+    """The task of the model ``model=`` names, when its name tells (a family/size name, or a
+    checkpoint file named as ours), without loading it; else None."""
+    from .models.registry import parse_spec
+    from .tasks import get_task
+    spec = parse_spec(str(model)) if not Path(str(model)).is_file() else None
+    return get_task(spec[0].TASK) if spec is not None else None
+
+
+def _check_task_options(opts: Parsed, task) -> None:
+    """The tasks' training options given, converted and checked as ``task`` declares them (the
+    parser accepted a value any task takes); one ``task`` does not take is a usage error."""
+    declared = _task_options()
+    own = {i.name: i for i in option_fields(task.Options)}
+    for k in sorted(opts.given):
+        if k in declared and TRAIN[k].info is not None and k not in _generic_train_names():
+            if k not in own:
+                raise UsageError(f"{k} is a training option of {', '.join(declared[k])} models, not of {task.name} "
+                                 f"models" + (f" (theirs: {', '.join(own)})" if own else ""))
+            try:
+                opts[k] = own[k].parse(opts.raw[k])
+            except ValueError as exc:
+                raise UsageError(str(exc)) from None
+
+
+def _generic_train_names() -> set[str]:
+    from .engine.config import GROUPS
+    return {i.name for g in GROUPS.values() for i in option_fields(g)}
 
 
 def cmd_train(opts: dict, argv: list[str] | None = None) -> int:
-    from .distributed import check_gpus, cli_train_command, env_rank, launch, launched, local_device, parse_devices
+    from .distributed import env_rank, launched, local_device, parse_devices
+    from .launch import check_gpus, cli_train_command, launch
     try:
         gpus = parse_devices(opts["device"])
         if gpus is not None and not launched():
@@ -609,14 +675,22 @@ def cmd_train(opts: dict, argv: list[str] | None = None) -> int:
                              "torchrun --nproc-per-node N -m libreyolo.cli train ...")
         return launch(cli_train_command(argv, len(gpus)))
     at_command = _process_age()   # the interpreter's start and the command line's imports
+    task = _task_of(opts["model"])
+    if task is not None:   # the options checked as the model's task takes them, before it is loaded
+        _check_task_options(opts, task)
+        _require_data(opts, task)
     if launched():   # one rank of a torchrun run: the model on this rank's device
         model = _load({**opts, "device": local_device(opts["device"])}, seed=opts["seed"])
     else:
         model = _load(opts, seed=opts["seed"])
-    resume = opts.pop("resume")
-    kw = {k: v for k, v in opts.items() if k not in ("model",)}
+    if task is None:
+        _check_task_options(opts, model.task)
+        _require_data(opts, model.task)
+    # the options given, as model.train() takes them: what is not given is the API's default (the
+    # family's recipe, else the dataclasses' defaults), the same as in Python
+    kw = {k: opts[k] for k in opts.given if k != "model"}
     before = _process_age()   # ... then the library's imports, the model and its device, up to here
-    res = model.train(resume=resume, **kw)
+    res = model.train(**kw)
     if env_rank() != 0:
         return 0   # rank 0 reports the run
     t = Table(title=f"trained {model.FAMILY}-{model.size} on {opts['data']} ({res['epochs']} epochs, "
@@ -762,24 +836,36 @@ def cmd_demo(opts: dict) -> int:
     return 0
 
 
-VAL = {
-    "model": Opt(str, None, "checkpoint path"),
-    "data": Opt(str, "shapes", "dataset YAML or 'shapes'"),
-    "imgsz": Opt(_imgsz(), None, "size (default: the checkpoint's)"),
-    "batch": Opt(_int("batch", 1), 16, "batch size"),
-    "device": Opt(str, "auto", "auto, cpu, cuda"),
-    "conf": Opt(_frac("conf"), 0.001, "confidence threshold"),
-    "iou": Opt(_frac("iou"), 0.7, "NMS IoU threshold"),
-    "save_json": Opt(_flag("save_json"), False, "also write the predictions as COCO results (predictions.json)"),
-    "save_dir": Opt(str, None, "where predictions.json goes (default: a new runs/val, runs/val2, ...)"),
-}
+def _val_spec() -> dict[str, Opt]:
+    from .engine.call_options import ValOptions
+    return {"model": Opt(str, None, "checkpoint path"), **_fields_spec(ValOptions),
+            "device": Opt(str, "auto", "auto, cpu, cuda")}
 
 
-def cmd_val(opts: dict) -> int:
+VAL = _Spec(_val_spec)
+
+
+def _require_data(opts: Parsed, task) -> None:
+    """``data=`` missing: the task's own refusal (which lists its built-in sets), as a usage error."""
+    if opts["data"] is None:
+        try:
+            task.resolve_data(None)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        raise UsageError("data is required")   # a task that resolved nothing: never silently a default set
+
+
+def cmd_val(opts: Parsed) -> int:
     _need_model(opts, "val")
     model = _load(opts)
+    _require_data(opts, model.task)
+    kw = {k: opts[k] for k in opts.given if k not in ("model", "device")}
+    for k in ("conf", "iou"):   # detection's thresholds
+        if k in kw and k not in model.task.val_option_names:
+            raise UsageError(f"{k} is an option of detection models; {model.FAMILY}-{model.size} is a {model.TASK} "
+                             "model")
+    res = model.val(**kw)
     if model.TASK != "detect":
-        res = model.val(data=opts["data"], imgsz=opts["imgsz"], batch=opts["batch"], save_json=opts["save_json"])
         t = Table(title=f"{model.FAMILY}-{model.size} on {opts['data']}")
         for col in ("metric", "value"):
             t.add_column(col)
@@ -788,8 +874,6 @@ def cmd_val(opts: dict) -> int:
                 t.add_row(k, f"{v:.4f}")
         console.print(t)
         return 0
-    res = model.val(data=opts["data"], imgsz=opts["imgsz"], batch=opts["batch"], conf=opts["conf"], iou=opts["iou"],
-                    save_json=opts["save_json"], save_dir=opts["save_dir"])
     t = Table(title=f"{model.FAMILY}-{model.size} on {opts['data']}")
     for col in ("class", "instances", "mAP50", "mAP50-95"):
         t.add_column(col)
@@ -802,29 +886,19 @@ def cmd_val(opts: dict) -> int:
     return 0
 
 
-EXPORT = {
-    "model": Opt(str, None, "checkpoint path or family/size name"),
-    "format": Opt(_choice("format", ("onnx",)), "onnx", "export format"),
-    "file": Opt(str, None, "where to write (default: beside the checkpoint, same name, .onnx)"),
-    "imgsz": Opt(_imgsz(), None, "input size (default: the checkpoint's)"),
-    "batch": Opt(_int("batch", 1), 1, "batch size of a static graph"),
-    "dynamic": Opt(_flag("dynamic"), False, "symbolic batch, height and width"),
-    "half": Opt(_flag("half"), False, "float16 weights (onnxruntime's CPU fp16 kernels are limited)"),
-    "simplify": Opt(_flag("simplify"), False, "run onnxscript's optimizer over the graph"),
-    "opset": Opt(_int("opset", 11), None, "ONNX opset (default 17)"),
-    "max_det": Opt(_int("max_det", 1), 300, "detections per image (rows of the output)"),
-    "max_nms": Opt(_int("max_nms", 1), None, "candidates per image entering NMS (default 1000, or max_det when "
-                                              "larger)"),
-    "agnostic_nms": Opt(_flag("agnostic_nms"), False, "NMS across classes"),
-    "topk": Opt(_int("topk", 1), 5, "classes a classifier's graph returns"),
-    "device": Opt(str, "cpu", "where the model is loaded before export"),
-}
+def _export_spec() -> dict[str, Opt]:
+    from .engine.call_options import ExportOptions
+    return {"model": Opt(str, None, "checkpoint path or family/size name"), **_fields_spec(ExportOptions),
+            "device": Opt(str, "cpu", "where the model is loaded before export")}
+
+
+EXPORT = _Spec(_export_spec)
 
 
 def cmd_export(opts: dict) -> int:
     _need_model(opts, "export")
     model = _load(opts)
-    kw = {k: v for k, v in opts.items() if k not in ("model", "format", "device")}
+    kw = {k: opts[k] for k in opts.given if k not in ("model", "format", "device")}
     path = model.export(format=opts["format"], **kw)
     console.print(f"exported {model.FAMILY}-{model.size} ({model.TASK}) to [bold]{path}[/]")
     return 0
@@ -832,7 +906,7 @@ def cmd_export(opts: dict) -> int:
 
 COMMANDS: dict[str, tuple[Callable[[dict], int], dict, str]] = {
     "demo": (cmd_demo, DEMO, "train briefly on built-in data, validate, predict a held-out image, save it"),
-    "train": (cmd_train, TRAIN, "train a model (data=shapes: the built-in synthetic set)"),
+    "train": (cmd_train, TRAIN, "train a model on a dataset (data=..., e.g. data=shapes: the built-in synthetic set)"),
     "val": (cmd_val, VAL, "mAP50 / mAP50-95 on a dataset's validation split"),
     "predict": (cmd_predict, PREDICT, "detect objects in images or videos and save annotated pictures/videos"),
     "track": (cmd_track, TRACK, "detect and track objects in a video, camera or stream (ids on the boxes)"),
@@ -871,6 +945,66 @@ def _options_help(spec: dict[str, Opt], width: int | None = None) -> str:
     return "\n".join(lines)
 
 
+def _md_default(info: OptionInfo) -> str:
+    return "" if info.default is None else f"`{_show_default(info.default)}`"
+
+
+def _md_table(infos: list[OptionInfo]) -> list[str]:
+    lines = ["| option | accepts | default | what it does |", "|---|---|---|---|"]
+    for i in infos:
+        accepts = i.check.text + ("; auto/none: the default" if i.check.none and not i.check.free else "")
+        lines.append(f"| `{i.name}` | {accepts} | {_md_default(i)} | {i.help.replace('|', '/')} |")
+    return lines
+
+
+def options_markdown() -> str:
+    """docs/options.md: every option of train, predict/track, val and export, made from the options
+    dataclasses as the CLI is (``python scripts/options_doc.py`` writes it; a test checks it)."""
+    from .engine.call_options import (
+        ExportOptions,
+        PredictOptions,
+        TrackOptions,
+        ValOptions,
+    )
+    from .engine.config import GROUPS
+    from .tasks import TASKS
+    out = ["# Options", "",
+           "Every option of `model.train()`, `model.predict()` / `model.track()`, `model.val()` and",
+           "`model.export()`, as the options dataclasses declare it (name, what it accepts, default, help);",
+           "the same options, with the same checks and messages, are those of `libreyolo train|predict|track|",
+           "val|export key=value` (`libreyolo COMMAND --help`). On the command line booleans are `true`/`false`",
+           "(also 1/0, yes/no, on/off), lists are comma-separated, and `auto` (or `none`) gives the options",
+           "whose default is decided elsewhere. Generated by `scripts/options_doc.py` from",
+           "`libreyolo/engine/config.py`, the tasks' Options and `libreyolo/engine/call_options.py`: do not edit.",
+           "", "## train", "",
+           "`model.train(data=..., ...)`; `libreyolo train model=... data=...`. A model family's training recipe",
+           "(`Model.TRAIN_DEFAULTS`) may replace a default (e.g. the DETRs: AdamW, lr0 1e-4, mosaic 0).", ""]
+    for group, cls in GROUPS.items():
+        out += [f"### {group} ({cls.__name__})", "", (cls.__doc__ or "").strip().splitlines()[0], ""]
+        out += _md_table([i for i in option_fields(cls) if i.meta.get("cli", True)]) + [""]
+    for name in TASKS:
+        infos = option_fields(TASKS[name].Options)
+        if infos:
+            out += [f"### {name} ({TASKS[name].Options.__name__})", ""] + _md_table(infos) + [""]
+    predict = option_fields(PredictOptions)
+    out += ["## predict and track", "",
+            "`model.predict(source, ...)`, `model.track(source, ...)`; `libreyolo predict|track model=... source=...`",
+            "(the command line saves the annotated pictures, shows progress and uses `cuda_graph=auto` unless told",
+            "otherwise).", ""]
+    out += _md_table([i for i in predict if not i.meta.get("tasks")]) + [""]
+    out += ["### the tasks' own predict options", "",
+            "A model of another task refuses them; only those given reach the task.", ""]
+    out += _md_table([i for i in predict if i.meta.get("tasks")]) + [""]
+    track_only = [i for i in option_fields(TrackOptions) if i.name in ("tracker", "persist", "conf")]
+    out += ["### track", "", "`model.track` also takes these (and a lower default `conf`).", ""]
+    out += _md_table(track_only) + [""]
+    out += ["## val", "", "`model.val(data=..., ...)`; `libreyolo val model=... data=...`.", ""]
+    out += _md_table(option_fields(ValOptions)) + [""]
+    out += ["## export", "", "`model.export(format=\"onnx\", ...)`; `libreyolo export model=...`.", ""]
+    out += _md_table(option_fields(ExportOptions))
+    return "\n".join(out) + "\n"
+
+
 def _usage() -> str:
     lines = ["usage: libreyolo COMMAND key=value ...", "", "commands:"]
     for name, (_, spec, text) in COMMANDS.items():
@@ -882,7 +1016,8 @@ def _usage() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    from .logs import stream_handler
+    logging.basicConfig(level=logging.INFO, handlers=[stream_handler()])   # "libreyolo: <message>"
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(_usage())
         return 0

@@ -4,7 +4,8 @@ How a run is distributed:
 
 - **Launch.** ``libreyolo train device=0,1`` (or ``model.train(device=[0, 1])``) re-launches the
   same training under ``python -m torch.distributed.run --standalone --nproc-per-node N`` (see
-  :func:`torchrun_command`); nothing here starts or watches processes itself. Multi-node runs use
+  :mod:`libreyolo.launch`, which builds those commands and the per-rank entry point); nothing
+  here starts or watches processes itself. Multi-node runs use
   torchrun directly (``torchrun --nnodes ... -m libreyolo.cli train ...``). A process started by
   torchrun (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` in its environment) trains as one rank:
   :meth:`Distributed.setup` joins the process group (NCCL on CUDA, gloo on the CPU) and picks the
@@ -44,21 +45,17 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import json
 import logging
 import os
-import subprocess
-import sys
-import tempfile
-from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
 import torch.distributed as dist
 
+from .logs import package_logger
 from .weights import is_dense
 
-log = logging.getLogger("libreyolo")
+log = logging.getLogger(__name__)
 
 #: seconds a collective (a barrier while rank 0 validates, say) may wait before the run fails;
 #: long enough for a large validation set on rank 0, short enough that a dead rank is noticed
@@ -71,7 +68,7 @@ class DistributedError(RuntimeError):
     """A distributed run could not start or could not go on (a rank stopped, a bad setting)."""
 
 
-# ---------------------------------------------------------------------------------------- launch
+# ----------------------------------------------------------------------------- this rank
 
 
 def launched() -> bool:
@@ -121,17 +118,6 @@ def parse_devices(device: Any) -> list[int] | None:
     return out
 
 
-def check_gpus(gpus: Sequence[int]) -> None:
-    """Refuse a GPU list naming GPUs this machine does not have, before any process starts."""
-    from .options import OptionError
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    missing = [g for g in gpus if g >= count]
-    if missing:
-        why = "" if count else " (torch.cuda.is_available() is False)"
-        raise OptionError(f"device={','.join(map(str, gpus))} asks for GPU(s) {', '.join(map(str, missing))}, but this "
-                          f"machine has {count} CUDA GPU(s){why}")
-
-
 def local_device(device: Any) -> str:
     """This rank's device in a launched run: ``cuda:<i>`` - the ``LOCAL_RANK``-th of the GPUs that
     ``device`` lists, else GPU ``LOCAL_RANK`` - or ``cpu`` when ``device`` says cpu (gloo runs)."""
@@ -152,86 +138,6 @@ def local_device(device: Any) -> str:
     if device in (None, "auto") and not torch.cuda.is_available():
         return "cpu"
     return f"cuda:{local}"
-
-
-def torchrun_command(nproc: int, target: Sequence[str], *, python: str | None = None) -> list[str]:
-    """The command line that starts ``nproc`` copies of ``target`` (``["-m", "libreyolo.cli",
-    "train", ...]``) on this machine under torchrun (``--standalone``: a rendezvous on a free
-    local port, no other configuration)."""
-    return [python or sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-            str(int(nproc)), *target]
-
-
-def cli_train_command(argv: Sequence[str], nproc: int, *, python: str | None = None) -> list[str]:
-    """``libreyolo train <argv>`` as a torchrun command of ``nproc`` ranks (the same arguments)."""
-    return torchrun_command(nproc, ["-m", "libreyolo.cli", "train", *argv], python=python)
-
-
-def launch_env(base: dict | None = None) -> dict:
-    """The environment of the launched ranks: NCCL's asynchronous error handling on (a rank whose
-    peer died fails its collective instead of waiting forever), one CPU thread per rank unless
-    set (torchrun's own default, said explicitly so it does not warn)."""
-    env = dict(os.environ if base is None else base)
-    env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
-    env.setdefault("OMP_NUM_THREADS", "1")
-    return env
-
-
-def launch(cmd: Sequence[str], env: dict | None = None) -> int:
-    """Run a torchrun command to its end; returns its exit status (torchrun's: non-zero when any
-    rank failed, after it stopped the others)."""
-    log.info("libreyolo: distributed run: %s", " ".join(cmd))
-    return subprocess.run(list(cmd), env=launch_env(env)).returncode
-
-
-def train_from_python(model, kwargs: dict, nproc: int) -> dict:
-    """``model.train(device=[0, 1], ...)``: the model's current weights go to a temporary
-    checkpoint, each rank of a torchrun run loads it and calls ``train`` with the same options
-    (``python -m libreyolo.distributed <spec.json>``); rank 0's result comes back, and ``model``
-    takes the trained weights (those of ``last.pt``, as after a one-process run)."""
-    from .weights import load_checkpoint, save_checkpoint
-    try:
-        json.dumps(kwargs)
-    except TypeError as exc:
-        raise DistributedError(f"multi-GPU training passes the training options to torchrun's processes as JSON; "
-                               f"one of them is not JSON-serializable: {exc}") from None
-    gpus = parse_devices(kwargs.get("device")) or []
-    check_gpus(gpus)
-    with tempfile.TemporaryDirectory(prefix="libreyolo-ddp-") as tmp:
-        ckpt, spec, result = Path(tmp) / "model.pt", Path(tmp) / "spec.json", Path(tmp) / "result.json"
-        save_checkpoint(model.checkpoint(), ckpt)
-        spec.write_text(json.dumps({"checkpoint": str(ckpt), "family": model.FAMILY, "trained": bool(model.trained),
-                                    "kwargs": kwargs, "result": str(result)}))
-        rc = launch(torchrun_command(nproc, ["-m", "libreyolo.distributed", str(spec)]))
-        if rc != 0 or not result.is_file():
-            raise DistributedError(f"the distributed training run failed (torchrun exit status {rc}); the ranks' "
-                                   "errors are above. A run that saved an epoch can go on with resume=True")
-        res = json.loads(result.read_text())
-    last = load_checkpoint(res["last"])
-    if int(last.get("nc") or model.nc) != model.nc:   # the ranks rebuilt the head for the data's classes
-        model.reset_classes(int(last["nc"]), last.get("names"))
-    model.load_state_dict(last["model"])
-    model.names = {int(k): v for k, v in (last.get("names") or model.names).items()}
-    model.imgsz = int(last.get("imgsz") or model.imgsz)
-    return res
-
-
-def _rank_main(spec_path: str) -> int:
-    """One rank of :func:`train_from_python`'s run."""
-    from .models.registry import get_family
-    from .weights import load_checkpoint
-    spec = json.loads(Path(spec_path).read_text())
-    kwargs = dict(spec["kwargs"])
-    device = local_device(kwargs.get("device"))
-    model = get_family(spec["family"]).from_checkpoint(load_checkpoint(spec["checkpoint"]), device=device,
-                                                       source=spec["checkpoint"])
-    model.trained = bool(spec["trained"])
-    res = model.train(**kwargs)
-    if env_rank() == 0:
-        tmp = Path(spec["result"]).with_suffix(".tmp")
-        tmp.write_text(json.dumps(res, default=str))   # numpy scalars and the like as text
-        os.replace(tmp, spec["result"])
-    return 0
 
 
 # ------------------------------------------------------------------------------- loss reduction
@@ -377,8 +283,8 @@ class Distributed:
             torch.cuda.set_device(dev)
         d = cls(dist.get_rank(), dist.get_world_size(), env_local_rank(), dev, owns)
         if d.rank != 0:   # rank 0 alone reports; the others say only what goes wrong
-            logging.getLogger("libreyolo").setLevel(logging.WARNING)
-        log.info("libreyolo: distributed training: %d ranks (%s), rank 0 on %s", d.world, d.backend, dev)
+            package_logger().setLevel(logging.WARNING)
+        log.info("distributed training: %d ranks (%s), rank 0 on %s", d.world, d.backend, dev)
         return d
 
     @property
@@ -500,9 +406,3 @@ def revert_sync_batchnorm(module: torch.nn.Module) -> torch.nn.Module:
     for name, child in module.named_children():
         out.add_module(name, revert_sync_batchnorm(child))
     return out
-
-
-if __name__ == "__main__":   # one rank of model.train(device=[...]) (see train_from_python)
-    if len(sys.argv) != 2:
-        sys.exit("usage: python -m libreyolo.distributed SPEC.json (started by torchrun; see train_from_python)")
-    sys.exit(_rank_main(sys.argv[1]))

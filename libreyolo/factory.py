@@ -9,7 +9,7 @@ from typing import Any
 from .models.base import Model
 from .models.registry import family_for_checkpoint, get_family, naming, parse_spec
 
-log = logging.getLogger("libreyolo")
+log = logging.getLogger(__name__)
 
 _CHECKPOINT_SUFFIXES = (".pt", ".pth", ".safetensors")
 
@@ -56,7 +56,7 @@ class LibreYOLO:
                                  "family/size name such as 'yolo9t'. Known families and their weight "
                                  f"files:\n{_families_and_file_names()}")
             fam, size = spec
-            log.warning("libreyolo: building an UNTRAINED %s-%s from its configuration (random weights): "
+            log.warning("building an UNTRAINED %s-%s from its configuration (random weights): "
                         "its detections are meaningless until it is trained", fam.FAMILY, size)
             m = fam.new(size, nc=nc, names=names, imgsz=imgsz, device=device)
             m._warned_untrained = True  # said here once; the predictor's first-call warning checks this
@@ -67,7 +67,7 @@ class LibreYOLO:
         resolved = resolve_weights(text, download=download)
         ckpt = load_checkpoint(resolved)
         fam, size, how = family_for_checkpoint(ckpt, resolved.name)
-        log.debug("libreyolo: %s is %s (decided by %s)", resolved, fam.FAMILY, how)
+        log.debug("%s is %s (decided by %s)", resolved, fam.FAMILY, how)
         m = fam.from_checkpoint(ckpt, size=size, device=device, source=str(resolved))
         if nc is not None and nc != m.nc:   # never silently ignored, never a silent re-head
             raise ValueError(

@@ -21,34 +21,51 @@ import logging
 import math
 import numbers
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 __all__ = [
-    "OptionError",
+    "AMP_FAMILY_DEFAULT",
+    "BOOL_FALSE",
+    "BOOL_TRUE",
+    "DEFAULT_MAX_NMS",
+    "LOGGERS",
+    "MAX_DET",
     "MAX_IMGSZ",
     "MAX_SEED",
-    "MAX_DET",
-    "DEFAULT_MAX_NMS",
-    "AMP_FAMILY_DEFAULT",
-    "BOOL_TRUE",
-    "BOOL_FALSE",
-    "check_imgsz",
-    "check_fraction",
-    "check_float",
-    "check_int",
+    "MAX_WORKERS",
+    "UNSET",
+    "Bool",
+    "Check",
+    "Choice",
+    "Custom",
+    "Float",
+    "Fraction",
+    "Int",
+    "OptionError",
+    "OptionInfo",
+    "Text",
     "check_choice",
-    "check_seed",
+    "check_classes_text",
+    "check_fields",
+    "check_float",
+    "check_fraction",
+    "check_imgsz",
+    "check_int",
     "check_max_det",
-    "parse_bool",
+    "check_seed",
+    "option",
+    "option_fields",
     "parse_amp",
+    "parse_bool",
+    "parse_cache",
     "parse_classes",
     "parse_freeze",
     "parse_loggers",
-    "LOGGERS",
 ]
 
-LOGGER = logging.getLogger("libreyolo")
+LOGGER = logging.getLogger(__name__)
 
 #: Largest accepted image size. Activation memory grows with its square: a YOLO at 8192 needs
 #: about 160x the memory of one at 640, which is already tens of GiB for training.
@@ -62,6 +79,10 @@ MAX_SEED = 2**32 - 1
 #: captured graph's and the ONNX export's output shape), so the bound keeps that allocation sane
 #: (100,000 rows: 2.4 MB an image); no head proposes more useful boxes than that.
 MAX_DET = 100_000
+
+#: Largest accepted ``workers`` (DataLoader workers of a training run): no machine feeds a
+#: training step with more, and each worker is a process of its own.
+MAX_WORKERS = 1024
 
 #: ``max_nms`` (candidates per image entering NMS) when it is not given: this, or ``max_det`` when
 #: that is larger (NMS cannot keep more boxes than it is given).
@@ -79,9 +100,9 @@ class OptionError(ValueError):
 class _FamilyDefault:
     """Type of :data:`AMP_FAMILY_DEFAULT`."""
 
-    _instance: "_FamilyDefault | None" = None
+    _instance: _FamilyDefault | None = None
 
-    def __new__(cls) -> "_FamilyDefault":  # a singleton, so that ``is`` comparisons survive copies
+    def __new__(cls) -> _FamilyDefault:  # a singleton, so that ``is`` comparisons survive copies
         if cls._instance is None:
             cls._instance = super().__new__(cls)
         return cls._instance
@@ -256,7 +277,7 @@ def check_imgsz(value: Any, stride: int = 1, name: str = "imgsz", max_size: int 
         key = (name, size, stride)
         level = logging.DEBUG if key in _IMGSZ_WARNED else logging.WARNING
         _IMGSZ_WARNED.add(key)
-        LOGGER.log(level, "libreyolo: %s=%d is not a multiple of the stride %d; using %d",
+        LOGGER.log(level, "%s=%d is not a multiple of the stride %d; using %d",
                    name, size, stride, aligned)
     return aligned
 
@@ -418,6 +439,16 @@ def parse_classes(value: Any, names: Mapping[int, str] | Sequence[str]) -> list[
     return ids
 
 
+def check_classes_text(name: str, value: Any) -> Any:
+    """``classes`` before the model is known: returned as given (ids and names are resolved
+    against the model's names by :func:`parse_classes` when it runs); text with an empty entry is
+    refused at once, with :func:`parse_classes`'s message."""
+    if isinstance(value, str) and any(not t.strip() for t in value.split(",")):
+        raise OptionError(f"{name}={_show(value)} has an empty entry: give ids or names separated by commas, "
+                          f"e.g. {name}=0,2")
+    return value
+
+
 # --------------------------------------------------------------------------------------------------
 # Training conveniences
 
@@ -481,3 +512,187 @@ def parse_loggers(value: Any) -> tuple[str, ...]:
         if name not in out:
             out.append(name)
     return tuple(out)
+
+
+# --------------------------------------------------------------------------------------------------
+# Options as data
+#
+# Every public option is a field of an options dataclass (engine.config's training groups, each
+# task's Options, engine.call_options' predict/val/export options) declared with :func:`option`:
+# its default, its help and a :class:`Check`. The CLI's parser and --help, the docs' options table
+# (docs/options.md) and the Python checks (:func:`check_fields`) are made from those fields, so an
+# option is declared once and takes the same values, with the same messages, everywhere.
+
+
+class _Unset:
+    """Type of :data:`UNSET`."""
+
+    _instance: _Unset | None = None
+
+    def __new__(cls) -> _Unset:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "UNSET"
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __reduce__(self) -> str:
+        return "UNSET"
+
+
+#: The default of an option whose default belongs to someone else (a task's predict option: the
+#: task's own default applies unless the option is given).
+UNSET = _Unset()
+
+
+class Check:
+    """How one option's value is checked: ``check(name, value)`` returns the value in canonical
+    form or raises :class:`OptionError` naming the option.
+
+    ``text`` says what is accepted (the docs' and the help's wording). ``none``: None is accepted
+    as it is ("not given: decided elsewhere", e.g. the family's learning rate); on the command line
+    ``auto`` or ``none`` give it. ``cli``: the conversion of a command-line argument's text when it
+    differs from the check (default: the check itself, which takes numbers and booleans as text).
+    """
+
+    def __init__(self, fn: Callable[[str, Any], Any], text: str, *, none: bool = False,
+                 cli: Callable[[str, str], Any] | None = None, bounds: tuple[Any, Any] | None = None,
+                 choices: tuple[str, ...] | None = None, free: bool = False):
+        self.fn, self.text, self.none, self._cli = fn, text, none, cli
+        #: free text (a path, a name): taken as given, checked where it is used
+        self.free = free
+        #: (minimum, maximum) of a number (either may be None), the accepted words of a choice
+        self.bounds, self.choices = bounds, choices
+
+    def __call__(self, name: str, value: Any) -> Any:
+        if value is None and self.none:
+            return None
+        return self.fn(name, value)
+
+    def parse(self, name: str, text: str) -> Any:
+        """The value of a command-line ``name=text``."""
+        if self.none and not self.free and str(text).strip().lower() in ("auto", "none"):
+            return None
+        return (self._cli or self.fn)(name, text)
+
+    def optional(self) -> Check:
+        """This check, accepting None too."""
+        return Check(self.fn, self.text, none=True, cli=self._cli, bounds=self.bounds, choices=self.choices,
+                     free=self.free)
+
+    def __repr__(self) -> str:
+        return f"Check({self.text!r}{', none' if self.none else ''})"
+
+
+def Int(minimum: int | None = None, maximum: int | None = None, *, none: bool = False) -> Check:
+    """An integer in ``[minimum, maximum]`` (:func:`check_int`)."""
+    if minimum is not None and maximum is not None:
+        text = f"integer in [{minimum}, {maximum}]"
+    elif minimum is not None:
+        text = f"integer >= {minimum}"
+    elif maximum is not None:
+        text = f"integer <= {maximum}"
+    else:
+        text = "integer"
+    return Check(lambda n, v: check_int(n, v, minimum, maximum), text, none=none, bounds=(minimum, maximum))
+
+
+def Float(minimum: float | None = None, maximum: float | None = None, *, min_inclusive: bool = True,
+          max_inclusive: bool = True, none: bool = False) -> Check:
+    """A finite number within the bounds (:func:`check_float`)."""
+    lo = "" if minimum is None else ("[" if min_inclusive else "(") + f"{minimum:g}"
+    hi = "" if maximum is None else f"{maximum:g}" + ("]" if max_inclusive else ")")
+    if lo and hi:
+        text = f"number in {lo}, {hi}"
+    elif lo:
+        text = f"number {'>=' if min_inclusive else '>'} {minimum:g}"
+    elif hi:
+        text = f"number {'<=' if max_inclusive else '<'} {maximum:g}"
+    else:
+        text = "number"
+    return Check(lambda n, v: check_float(n, v, minimum, maximum, min_inclusive=min_inclusive,
+                                          max_inclusive=max_inclusive), text, none=none,
+                 bounds=(minimum, maximum))
+
+
+def Fraction(*, none: bool = False) -> Check:
+    """A number in [0, 1] (:func:`check_fraction`)."""
+    return Check(check_fraction, "number in [0, 1]", none=none, bounds=(0.0, 1.0))
+
+
+def Bool(*, none: bool = False) -> Check:
+    """true or false (:func:`parse_bool`)."""
+    return Check(parse_bool, "true or false", none=none)
+
+
+def Choice(*choices: str, none: bool = False) -> Check:
+    """One of ``choices``, any case (:func:`check_choice`)."""
+    return Check(lambda n, v: check_choice(n, v, choices), "one of " + ", ".join(choices), none=none,
+                 choices=tuple(choices))
+
+
+def _text(name: str, value: Any) -> Any:
+    return value
+
+
+def Text(text: str = "text", *, none: bool = True) -> Check:
+    """Free text (a path, a name, a device): taken as given; its meaning is checked where used."""
+    return Check(_text, text, none=none, free=True)
+
+
+def Custom(fn: Callable[[str, Any], Any], text: str, *, none: bool = False,
+           cli: Callable[[str, str], Any] | None = None) -> Check:
+    """A check of its own: ``fn(name, value)``, e.g. a ``parse_*`` function of this module."""
+    return Check(fn, text, none=none, cli=cli)
+
+
+def option(default: Any, help: str, check: Check | None = None, **meta: Any) -> Any:
+    """A dataclass field declaring one public option: its ``default``, its ``help`` (one line, as
+    the CLI's --help and the docs show it; say "default" in it when the default needs words, e.g.
+    "the family's") and its :class:`Check`. ``meta``: more about it, e.g. ``tasks=("detect",)``
+    for an option some tasks take, ``cli=False`` for one the command line does not offer."""
+    return field(default=default, metadata={"help": help, "check": check, **meta})
+
+
+@dataclass(frozen=True)
+class OptionInfo:
+    """One option as :func:`option_fields` reads it from its dataclass."""
+
+    name: str
+    default: Any
+    help: str
+    check: Check | None
+    meta: Mapping[str, Any]
+
+    def parse(self, text: str) -> Any:
+        """The value of the command-line argument ``name=text``."""
+        return self.check.parse(self.name, text) if self.check is not None else text
+
+
+def option_fields(cls: Any) -> list[OptionInfo]:
+    """The options a dataclass (or an instance) declares, in field order."""
+    out = []
+    for f in fields(cls):
+        default = f.default if f.default is not MISSING else (
+            f.default_factory() if f.default_factory is not MISSING else None)  # type: ignore[misc]
+        out.append(OptionInfo(f.name, default, f.metadata.get("help", ""), f.metadata.get("check"),
+                              {k: v for k, v in f.metadata.items() if k not in ("help", "check")}))
+    return out
+
+
+def check_fields(obj: Any, names: Iterable[str] | None = None) -> None:
+    """Check the options of a dataclass instance ``obj`` in place (each field's :class:`Check`;
+    ``names``: only these). A field left at :data:`UNSET` is not checked."""
+    wanted = None if names is None else set(names)
+    for f in fields(obj):
+        check = f.metadata.get("check")
+        if check is None or (wanted is not None and f.name not in wanted):
+            continue
+        value = getattr(obj, f.name)
+        if value is UNSET:
+            continue
+        setattr(obj, f.name, check(f.name, value))

@@ -23,7 +23,7 @@ from PIL import Image, ImageDraw, ImageFont, ImageShow
 
 __all__ = ["Boxes", "Results", "PALETTE", "class_color"]
 
-log = logging.getLogger("libreyolo")
+log = logging.getLogger(__name__)
 
 #: Whether :meth:`Results.show` has already said that it cannot show anything (said once a process).
 _warned_cannot_show = False
@@ -262,7 +262,7 @@ def _to_numpy_image(img: torch.Tensor | np.ndarray) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=16)
-def _font(size: int) -> ImageFont.ImageFont | ImageFont.FreeTypeFont:
+def load_font(size: int) -> ImageFont.ImageFont | ImageFont.FreeTypeFont:
     """PIL's bundled font at ``size`` px; the fixed-size bitmap font on Pillow < 10.1."""
     try:
         return ImageFont.load_default(size=size)
@@ -440,7 +440,7 @@ class Results:
             base = field.plot_on(base, self.names)
         image = Image.fromarray(base)
         draw = ImageDraw.Draw(image)
-        font = _font(max(1, fs))
+        font = load_font(max(1, fs))
         pad = max(1, lw // 2 + 1)
         text_h = font.getbbox("Agy|")[3]
 
@@ -522,7 +522,7 @@ class Results:
         installed) it logs one warning per process pointing to :meth:`save` instead of doing
         nothing silently.
         """
-        problem = _display_problem()
+        problem = display_problem()
         if problem is None:
             if ImageShow.show(Image.fromarray(self.plot()), title=Path(self.path).name or None):
                 return True
@@ -531,7 +531,7 @@ class Results:
         return False
 
 
-def _display_problem() -> str | None:
+def display_problem() -> str | None:
     """Why no window can open here, or None when a display may exist.
 
     X11/Wayland systems (Linux, the BSDs) need ``DISPLAY`` or ``WAYLAND_DISPLAY``; macOS and
@@ -548,5 +548,5 @@ def _warn_cannot_show(problem: str) -> None:
     if _warned_cannot_show:
         return
     _warned_cannot_show = True
-    log.warning("libreyolo: Results.show() cannot open the image: %s; use r.save('out.jpg') to write the "
+    log.warning("Results.show() cannot open the image: %s; use r.save('out.jpg') to write the "
                 "annotated image to a file instead (this warning is shown once)", problem)

@@ -35,6 +35,7 @@ __all__ = [
     "HostPack",
     "PackedSnapshot",
     "host_copies",
+    "state_dict_copies",
     "host_snapshot",
     "load_checkpoint",
     "save_checkpoint",
@@ -47,7 +48,7 @@ __all__ = [
     "hub_timeout",
 ]
 
-logger = logging.getLogger("libreyolo")
+logger = logging.getLogger(__name__)
 
 #: Organisation on the Hugging Face hub that publishes LibreYOLO weights, one repo per weight file.
 HF_ORG = "LibreYOLO"
@@ -602,6 +603,14 @@ def host_copies(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     return HostPack(tensors).tensors()
 
 
+def state_dict_copies(net: torch.nn.Module, host: bool = True) -> dict[str, torch.Tensor]:
+    """``net``'s state dict: detached contiguous host copies (:func:`host_copies`), or with
+    ``host=False`` the network's own tensors (parameters as they are: no operator call per tensor,
+    see :class:`PackedSnapshot`), for a caller that copies them at once."""
+    sd = net.state_dict(keep_vars=True)
+    return dict(zip(sd, host_copies(list(sd.values())))) if host else sd
+
+
 def _lock(fd: int) -> bool:
     """Take an exclusive advisory lock on ``fd`` without waiting; False if another open file
     holds one, or where locks are not supported (no ``fcntl``, a file system without them)."""
@@ -655,9 +664,9 @@ def _remove_stale_temps(path: Path) -> None:
             if not entry.is_file(follow_symlinks=False) or not _writer_gone(entry, now - entry.stat().st_mtime):
                 continue
             os.unlink(entry.path)
-            logger.info("libreyolo: removed %s, left by an interrupted save of %s", entry.path, path)
+            logger.info("removed %s, left by an interrupted save of %s", entry.path, path)
         except OSError as exc:  # gone already, or not ours to remove: leave it
-            logger.debug("libreyolo: could not remove stale temp file %s: %s", entry.path, exc)
+            logger.debug("could not remove stale temp file %s: %s", entry.path, exc)
 
 
 _WRITE_FAILURE_MARKERS = ("inline_container", "unexpected pos", "file write failed", "PytorchStreamWriter")

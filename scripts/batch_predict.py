@@ -47,7 +47,7 @@ def forward_graph_ms(model, batch: int, imgsz: int, runs: int) -> float:
 
 
 def arm(model, source, n: int, batch: int, imgsz: int, runs: int, overlap: bool = True, **kw) -> dict:
-    p = model._get_predictor()
+    p = model.get_predictor()
     p.overlap = overlap
     try:
         model.release_graphs()

@@ -12,10 +12,10 @@
 #                $BIG_ARMS picks them, default "graph eager"; the eager arm needs T_BIG=400).
 #   PART=cli   : the first of PART=train alone: the 30-epoch CLI process for each arm of $CLI_ARMS
 #                (plain gpu_augment nofreeze nopool switch noswitch threadwrite; an arm named twice runs again, the machine then warm;
-#                nofreeze: Trainer.freeze_heap off, the garbage collector as by Python's default;
-#                nopool: Trainer.eval_processes = 0, every evaluation in the trainer's process;
-#                switch / noswitch: Trainer.switch_interval = $SWITCH (default 1e-4 s) / None, Python's 5 ms;
-#                threadwrite: Trainer.checkpoint_process = False, the writer thread pickles the checkpoints).
+#                nofreeze: freeze_heap=false, the garbage collector as by Python's default;
+#                nopool: eval_processes=0, every evaluation in the trainer's process;
+#                switch / noswitch: switch_interval=$SWITCH (default 1e-4 s) / unset, Python's 5 ms;
+#                threadwrite: checkpoint_process=false, the writer thread pickles the checkpoints).
 #   PART=quality : gpu_augment's accuracy against the CPU recipe's: the 30-epoch CLI run of PART=train for
 #                the arms of $ARMS (plain gpu_augment gpu_augment_local: the last with batch-local
 #                mosaic partners, DeviceAugment's POOL_IMAGES=0) under each seed of $SEEDS (0 1 2),
@@ -57,15 +57,13 @@ cli() {   # the 30-epoch CLI process timed for each arm of $CLI_ARMS, a fresh pr
   # a fresh process each, from interpreter start to its exit; entry() as the libreyolo program
   # (the console script, python -m libreyolo.cli): it ends without the interpreter's teardown
   for arm in ${CLI_ARMS:-plain gpu_augment}; do
-    extra=""; [ "$arm" = gpu_augment ] && extra="gpu_augment=true"
-    pre=""; [ "$arm" = nofreeze ] && pre="import libreyolo.engine.trainer as T; T.Trainer.freeze_heap = False"
-    [ "$arm" = nopool ] && pre="import libreyolo.engine.trainer as T; T.Trainer.eval_processes = 0"
-    [ "$arm" = switch ] && pre="import libreyolo.engine.trainer as T; T.Trainer.switch_interval = ${SWITCH:-1e-4}"
-    [ "$arm" = noswitch ] && pre="import libreyolo.engine.trainer as T; T.Trainer.switch_interval = None"
-    [ "$arm" = threadwrite ] && pre="import libreyolo.engine.trainer as T; T.Trainer.checkpoint_process = False"
+    extra=""; [ "$arm" = gpu_augment ] && extra="gpu_augment=true"   # the arms' tune options:
+    [ "$arm" = nofreeze ] && extra="freeze_heap=false"
+    [ "$arm" = nopool ] && extra="eval_processes=0"
+    [ "$arm" = switch ] && extra="switch_interval=${SWITCH:-1e-4}"
+    [ "$arm" = threadwrite ] && extra="checkpoint_process=false"
     i=$((i + 1)); [ -e "$OUT/train-cli-$arm.log" ] && arm="$arm-$i"   # an arm named twice: cold, then warm
-    { time timeout "${T_CLI:-100}" python3 -c "import sys; $pre
-from libreyolo.cli import entry; entry()" train model=yolo9t data=shapes epochs=30 batch=16 \
+    { time timeout "${T_CLI:-100}" python3 -c "from libreyolo.cli import entry; entry()" train model=yolo9t data=shapes epochs=30 batch=16 \
         imgsz=320 cuda_graph=true project=/tmp/runs name="cli-$arm" exist_ok=true $extra \
         > "$OUT/train-cli-$arm.log" 2>&1; echo "cli $arm rc=$?" >> "$OUT/train-cli-$arm.log"; } 2>> "$OUT/train-cli-$arm.log"
     cp "/tmp/runs/cli-$arm/results.csv" "$OUT/train-cli-$arm.csv" 2>/dev/null

@@ -77,7 +77,7 @@ def main() -> None:
     s = torch.cuda.current_stream(dev)
     r["event_record_us"] = after_idle(lambda: ev.record(s), n)
     m = input_sensitive(LibreYOLO.new(*a.spec.split(":"), device="cuda", seed=0))
-    p = m._get_predictor()
+    p = m.get_predictor()
     r["predictor_upload_us"] = after_idle(lambda: p._upload(img), n)
     # --- bookkeeping around the stage
     thr = p._thresholds(0.25, 0.45)
@@ -93,13 +93,13 @@ def main() -> None:
         with torch.no_grad(), p._autocast(None):
             pass
     r["no_grad_autocast_off_us"] = after_idle(autocast_off, n)
-    r["signature_us"] = after_idle(lambda: m._runner.signature(key, (u8, thr, geo)), n)
-    r["has_graph_us"] = after_idle(lambda: m._runner.has_graph(key, (u8, thr, geo)), n)
-    r["fingerprint_us"] = after_idle(m._runner.fingerprint, n)
+    r["signature_us"] = after_idle(lambda: m.runner.signature(key, (u8, thr, geo)), n)
+    r["has_graph_us"] = after_idle(lambda: m.runner.has_graph(key, (u8, thr, geo)), n)
+    r["fingerprint_us"] = after_idle(m.runner.fingerprint, n)
     fn = p._stage_fns(640, 1000, post)[1]
-    r["runner_call_us"] = after_idle(lambda: m._runner(key, fn, (u8, thr, geo), True), n)
+    r["runner_call_us"] = after_idle(lambda: m.runner(key, fn, (u8, thr, geo), True), n)
     r["run_batch_us"] = after_idle(lambda: p.run_batch([u8[0]], 640, True, None, 1000, post, thr), n)
-    g = next(e.graph for sig, e in m._runner._graphs.items() if sig[0] == key)
+    g = next(e.graph for sig, e in m.runner._graphs.items() if sig[0] == key)
     r["static_input_copy_u8_us"] = after_idle(lambda: g.static_inputs[0].copy_(u8, non_blocking=True), n)
     r["static_input_copy_thr_us"] = after_idle(lambda: g.static_inputs[1].copy_(thr, non_blocking=True), n)
     r["graph_launch_us"] = after_idle(g.graph.replay, n)

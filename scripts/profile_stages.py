@@ -80,7 +80,7 @@ def predict_ladder(m, img, rounds: int = 5, n: int = 60) -> dict:
     runner); replay_pinned: the same copy into pinned memory; replay_sync: replay + synchronize;
     device: the graph's replay timed by CUDA events.
     """
-    p = m._get_predictor()
+    p = m.get_predictor()
     thr = p._thresholds(0.25, 0.45)
     geo = p._geometry((tuple(img.shape[:2]),), 640)
     post = p._post(300, False, None)
@@ -88,7 +88,7 @@ def predict_ladder(m, img, rounds: int = 5, n: int = 60) -> dict:
         m(img, cuda_graph=True)
     dev_img = p._upload(img).clone()
     torch.cuda.synchronize()
-    entry = next(e for sig, e in m._runner._graphs.items() if sig[0][0] == "u8")
+    entry = next(e for sig, e in m.runner._graphs.items() if sig[0][0] == "u8")
     g = entry.graph
     u8 = dev_img.unsqueeze(0)
     chw = dev_img.permute(2, 0, 1)  # a CHW view of the uploaded image (predict takes CHW tensors)
@@ -115,7 +115,7 @@ def profile(spec: str, kernels: bool, out_prefix: str, ladder: bool = False) -> 
     fam, size = spec.split(":")
     m = LibreYOLO.new(fam, size, device="cuda", seed=0)
     img = load_sources(SAMPLE_IMAGE)[0].image
-    p = m._get_predictor()
+    p = m.get_predictor()
     thr = p._thresholds(0.25, 0.45)
     geo = p._geometry((tuple(img.shape[:2]),), 640)
     u8 = p._upload(img).unsqueeze(0)

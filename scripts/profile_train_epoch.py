@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from train_step import KERNEL_GROUPS  # noqa: E402
 
 from libreyolo import LibreYOLO  # noqa: E402
+from libreyolo.engine import hooks as H  # noqa: E402
 from libreyolo.engine import trainer as T  # noqa: E402
 
 
@@ -45,8 +46,9 @@ def main() -> None:
     host = cProfile.Profile()
     seen = {}
 
-    class Start(T.Hook):   # last of the hooks: after the previous epoch's validation and writes
-        def on_epoch_end(self, t, state):
+    class Start(H.HookBase):   # after the built-in hooks: after the previous epoch's validation and writes
+        def after_epoch(self):
+            state = self.trainer.epoch_state
             if state["epoch"] == a.epoch - 2:
                 sync()
                 host.enable()
@@ -54,8 +56,9 @@ def main() -> None:
                 sync()
                 prof.start()
 
-    class Stop(T.Hook):    # first of the hooks: before this epoch's validation
-        def on_epoch_end(self, t, state):
+    class Stop(H.HookBase):    # first of the hooks: before this epoch's validation
+        def after_epoch(self):
+            t, state = self.trainer, self.trainer.epoch_state
             if state["epoch"] == a.epoch - 1:
                 sync()
                 host.disable()
@@ -70,7 +73,10 @@ def main() -> None:
 
     def patched(self, *args, **kw):
         init(self, *args, **kw)
-        self.hooks = [Stop(), *self.hooks, Start()]
+        first = Stop()
+        first.trainer = self
+        self.hooks.insert(0, first)
+        self.register_hooks([Start()])
     T.Trainer.__init__ = patched
     model.train(**opts)
     steps = seen["steps"]

@@ -42,7 +42,7 @@ def main() -> None:
     model = LibreYOLO(f"mobilesam-{a.size}")
     image = load_sources(SAMPLE_IMAGE)[0].image
     model.set_image(image, imgsz=a.imgsz, cuda_graph=True)
-    pred = model._get_predictor()
+    pred = model.get_predictor()
     st = pred.current
     p = parse_prompt(**BENCH_PROMPT).for_image(*st.hw)
     n_p, n_b = len(p.points), len(p.boxes)

@@ -153,7 +153,7 @@ def warm(spec: str, img, calls: int = 30):
 
 
 def pieces(m, img) -> dict:
-    p = m._get_predictor()
+    p = m.get_predictor()
     u8 = p._upload(img).unsqueeze(0).clone()
     res = {}
     with torch.no_grad():
@@ -203,7 +203,7 @@ def main() -> None:
     for spec in a.specs:
         m = report["models"][spec]
         model = warm(spec, img)
-        chw = model._get_predictor()._upload(img).permute(2, 0, 1).clone()
+        chw = model.get_predictor()._upload(img).permute(2, 0, 1).clone()
         for _ in range(30):
             model(chw, cuda_graph=True)
         m["stamps_numpy_source"] = stamped_calls(lambda: model(img, cuda_graph=True), a.stamps)

@@ -6,7 +6,7 @@ import contextlib
 import pytest
 
 import libreyolo.weights as weights
-from libreyolo.engine import trainer
+from tuning import tune_defaults  # tests/tuning.py
 
 
 @contextlib.contextmanager
@@ -24,7 +24,7 @@ def interrupted_after_last_pt(monkeypatch):
         return out
 
     monkeypatch.setattr(weights, "save_checkpoint", save_then_die)
-    monkeypatch.setattr(trainer.Trainer, "checkpoint_process", False)
+    tune_defaults(monkeypatch, checkpoint_process=False)
     try:
         with pytest.raises(KeyboardInterrupt):
             yield

@@ -78,7 +78,7 @@ def _detr_transforms(fliplr: float):
     return strong, (v2.Compose(flip) if flip else None)
 
 
-LOGGER = logging.getLogger("libreyolo")
+LOGGER = logging.getLogger(__name__)
 
 #: Boxes narrower or shorter than this many pixels after augmentation are dropped.
 MIN_BOX_SIDE = 2.0
@@ -256,17 +256,17 @@ class DetectionDataset(Dataset):
             avail = _available_memory()
             limit = min(AUTO_CACHE_FRACTION * avail, AUTO_CACHE_MAX_BYTES) if avail is not None else 0
             if need > limit:
-                LOGGER.info("libreyolo: cache=auto: %d images at %d px need %.2f GB, over the automatic RAM "
+                LOGGER.info("cache=auto: %d images at %d px need %.2f GB, over the automatic RAM "
                             "cache's %.2f GB; reading the image files every epoch (cache=ram or cache=disk "
                             "caches them anyway)", n, s, need / 1e9, limit / 1e9)
                 return False
-            LOGGER.info("libreyolo: cache=auto: keeping %d images at %d px in RAM (%.2f GB; cache=false reads "
+            LOGGER.info("cache=auto: keeping %d images at %d px in RAM (%.2f GB; cache=false reads "
                         "the files every epoch)", n, s, need / 1e9)
             mode = "ram"
         elif mode == "ram":
             avail = _available_memory()
             if avail is not None and need > max_fraction * avail:
-                LOGGER.warning("libreyolo: cache=ram needs %.1f GB for %d images at %d px but %.1f GB are "
+                LOGGER.warning("cache=ram needs %.1f GB for %d images at %d px but %.1f GB are "
                                "available; reading the image files instead (cache=disk keeps them on disk)",
                                need / 1e9, n, s, avail / 1e9)
                 return False
@@ -385,7 +385,7 @@ class DetectionDataset(Dataset):
                 already = bool(self._undecodable[i])
                 self._undecodable[i] = 1
                 if not already:
-                    LOGGER.warning("libreyolo: skipping dataset sample %d for the rest of the run, the next "
+                    LOGGER.warning("skipping dataset sample %d for the rest of the run, the next "
                                    "decodable sample stands in for it: %s", i, e)
         raise RuntimeError(f"none of the {n} images of the dataset can be decoded any more (each was "
                            "warned about above); check the dataset's files")
@@ -673,7 +673,7 @@ def _render(canvas: "_Canvas", a: torch.Tensor, b: torch.Tensor, size: int, colo
 def _band_rows(size: int) -> int:
     """Output rows per band of :func:`_render`: the whole image up to 2 MB of float32 (320 px is
     1.2 MB: there bands only add calls), else bands of about 512 KB, which stay in a core's L2
-    cache (68 rows at 640 px; docs/benchmarks.md has the figures)."""
+    cache (68 rows at 640 px)."""
     if 12 * size * size <= 2 ** 21:
         return size
     return max(8, 2 ** 19 // (12 * size))

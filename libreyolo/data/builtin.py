@@ -47,7 +47,7 @@ __all__ = ["JPEG_QUALITY", "POOL_MIN_PIXELS", "WORKERS_ENV", "PairedSet", "build
            "dataset_workers", "default_datasets_dir", "file_sha256", "image_size", "sized_params", "write_images",
            "write_manifest"]
 
-LOGGER = logging.getLogger("libreyolo")
+LOGGER = logging.getLogger(__name__)
 
 #: JPEG quality of every built-in set's images.
 JPEG_QUALITY = 92
@@ -56,8 +56,8 @@ JPEG_QUALITY = 92
 WORKERS_ENV = "LIBREYOLO_DATASET_WORKERS"
 #: Below this many pixels in all (images x long side squared) a set is generated in the calling
 #: process: starting the pool and splitting the work would cost about what the other cores save.
-#: On 2 cores the break-even lies near 4 million pixels (20 images at 320 px); twice that leaves a
-#: margin (docs/benchmarks.md, "Built-in set generation").
+#: On 2 cores the break-even lies near 4 million pixels (about 40 images at 320 px); twice that
+#: leaves a margin (the measurements: benchmarks/results/history.md, "Built-in set generation").
 POOL_MIN_PIXELS = 8_000_000
 _MAX_WORKERS = 16
 
@@ -190,8 +190,7 @@ def write_images(kind: str, jobs: list[tuple[str, int]], write_one: Callable[[tu
     """
     workers = dataset_workers(len(jobs) * long_side * long_side)
     # ~4 chunks a worker balance uneven images; at most 16 images a chunk bound how long Ctrl-C
-    # waits (pending chunks are cancelled, those running or already queued to a worker finish):
-    # about 3 s at 640 px on 2 busy cores
+    # waits (pending chunks are cancelled, those running or already queued to a worker finish)
     chunk = max(1, min(16, math.ceil(len(jobs) / (4 * workers))))
     chunks = [jobs[k:k + chunk] for k in range(0, len(jobs), chunk)]
     workers = min(workers, len(chunks))

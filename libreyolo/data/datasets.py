@@ -60,7 +60,7 @@ from .sources import IMAGE_EXTENSIONS
 __all__ = ["Sample", "DatasetConfig", "resolve_data", "label_path_for", "read_yaml", "check_data_given",
            "MAX_LISTED_PROBLEMS"]
 
-LOGGER = logging.getLogger("libreyolo")
+LOGGER = logging.getLogger(__name__)
 
 #: How many problems the single validation error lists before summarizing the rest as a count.
 MAX_LISTED_PROBLEMS = 20
@@ -206,7 +206,7 @@ def label_path_for(image: Path) -> Path:
 # YAML -> config.
 
 
-class _Problems:
+class DataProblems:
     """Collects content problems so that they can be reported together, paths shown short."""
 
     def __init__(self, root: Path, source: Path):
@@ -264,7 +264,7 @@ def _resolve_yaml(yaml_path: Path) -> DatasetConfig:
     raise ValueError(f"{yaml_path}: unknown format '{spec['format']}' (expected 'yolo' or 'coco')")
 
 
-def _names_from_spec(yaml_path: Path, spec: dict) -> tuple[int | None, dict[int, str] | None]:
+def names_from_spec(yaml_path: Path, spec: dict) -> tuple[int | None, dict[int, str] | None]:
     """(nc, names) as given in the YAML, either possibly None; checked for consistency."""
     nc = spec.get("nc")
     if nc is not None and (not isinstance(nc, int) or isinstance(nc, bool) or nc < 1):
@@ -294,11 +294,11 @@ def _names_from_spec(yaml_path: Path, spec: dict) -> tuple[int | None, dict[int,
 
 
 def _resolve_yolo(yaml_path: Path, spec: dict, root: Path) -> DatasetConfig:
-    nc, names = _names_from_spec(yaml_path, spec)
+    nc, names = names_from_spec(yaml_path, spec)
     if nc is None:
         raise ValueError(f"{yaml_path}: give 'names' (a list or {{id: name}}) or 'nc'")
     names = names or {i: f"class{i}" for i in range(nc)}
-    problems = _Problems(root, yaml_path)
+    problems = DataProblems(root, yaml_path)
     splits: dict[str, list[Sample]] = {}
     for split in ("train", "val"):
         images, list_problems = _list_split_images(yaml_path, split, spec[split], root, problems)
@@ -313,7 +313,7 @@ def _resolve_yolo(yaml_path: Path, spec: dict, root: Path) -> DatasetConfig:
 
 
 def _list_split_images(yaml_path: Path, split: str, entry: Any, root: Path,
-                       problems: _Problems) -> tuple[list[Path], list[str]]:
+                       problems: DataProblems) -> tuple[list[Path], list[str]]:
     """Image paths of one split entry (folder, .txt list, image file, or a list of those)."""
     entries = entry if isinstance(entry, (list, tuple)) else [entry]
     images: list[Path] = []
@@ -325,7 +325,7 @@ def _list_split_images(yaml_path: Path, split: str, entry: Any, root: Path,
         p = Path(os.path.expanduser(os.fspath(item)))
         p = Path(os.path.normpath(p if p.is_absolute() else root / p))
         if p.is_dir():
-            images.extend(sorted(q for q in p.rglob("*") if _is_image(q)))
+            images.extend(sorted(q for q in p.rglob("*") if is_image_path(q)))
         elif p.is_file() and p.suffix.lower() == ".txt":
             found.extend(_read_image_list(p, root, images, problems))
         elif p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS:
@@ -337,11 +337,11 @@ def _list_split_images(yaml_path: Path, split: str, entry: Any, root: Path,
     return images, found
 
 
-def _is_image(p: Path) -> bool:
+def is_image_path(p: Path) -> bool:
     return p.suffix.lower() in IMAGE_EXTENSIONS and not p.name.startswith(".") and p.is_file()
 
 
-def _read_image_list(list_file: Path, root: Path, out: list[Path], problems: _Problems) -> list[str]:
+def _read_image_list(list_file: Path, root: Path, out: list[Path], problems: DataProblems) -> list[str]:
     """Append the images named in a .txt list to ``out``; return a problem per missing entry."""
     found = []
     try:
@@ -389,7 +389,7 @@ def _stat_key(p: Path) -> str:
 
 
 def _load_yolo_split(split: str, images: list[Path], nc: int, root: Path,
-                     problems: _Problems) -> list[Sample]:
+                     problems: DataProblems) -> list[Sample]:
     labels = [label_path_for(p) for p in images]
     h = hashlib.sha256(f"{_CACHE_VERSION}|yolo|nc={nc}\n".encode())
     for img, lab in zip(images, labels):
@@ -411,7 +411,7 @@ def _load_yolo_split(split: str, images: list[Path], nc: int, root: Path,
             return None, found
         return Sample(images[i], rows, size[0], size[1]), found
 
-    samples, split_problems = _gather(_parallel(work, len(images), f"{split} labels"))
+    samples, split_problems = _gather(parallel_map(work, len(images), f"{split} labels"))
     problems.extend(split_problems)
     if not split_problems:
         _write_cache([cache_file, root / f"{split}.libreyolo.cache"], key, samples)
@@ -429,7 +429,7 @@ def _gather(results) -> tuple[list[Sample], list[str]]:
     return samples, found
 
 
-def _parallel(fn: Callable[[int], Any], n: int, desc: str) -> list[Any]:
+def parallel_map(fn: Callable[[int], Any], n: int, desc: str) -> list[Any]:
     """``[fn(i) for i in range(n)]`` on a thread pool (file I/O and PIL release the GIL)."""
     workers = min(8, os.cpu_count() or 1, max(1, n // 64))
     bar = tqdm(total=n, desc=desc, unit="file", leave=False, disable=n < 1000)
@@ -450,7 +450,7 @@ def _parallel(fn: Callable[[int], Any], n: int, desc: str) -> list[Any]:
         bar.close()
 
 
-def _inspect_image(path: Path, problems: _Problems, found: list[str]) -> tuple[int, int] | None:
+def _inspect_image(path: Path, problems: DataProblems, found: list[str]) -> tuple[int, int] | None:
     """(width, height) of the upright image, after checking its structure (``verify()``: PNG
     chunk checksums, ...) and decoding it: ``verify()`` alone does not read JPEG data, so a
     truncated JPEG would pass and end the run at its first batch.
@@ -467,7 +467,7 @@ def _inspect_image(path: Path, problems: _Problems, found: list[str]) -> tuple[i
             if im.format == "JPEG":
                 im.draft("RGB", (max(1, w // 8), max(1, h // 8)))
             im.load()
-            orientation = _exif_orientation(im.info.get("exif"))
+            orientation = exif_orientation(im.info.get("exif"))
     except Exception as e:  # UnidentifiedImageError, truncated or corrupt data, bombs, ...
         found.append(f"{problems.rel(path)}: cannot decode image ({type(e).__name__}: {e})")
         return None
@@ -477,7 +477,7 @@ def _inspect_image(path: Path, problems: _Problems, found: list[str]) -> tuple[i
     return (h, w) if orientation in (5, 6, 7, 8) else (w, h)
 
 
-def _exif_orientation(raw: bytes | None) -> int:
+def exif_orientation(raw: bytes | None) -> int:
     """The EXIF orientation tag from the raw EXIF block of the header (1 when absent)."""
     if not raw:
         return 1
@@ -489,7 +489,7 @@ def _exif_orientation(raw: bytes | None) -> int:
         return 1
 
 
-def _parse_yolo_label_file(path: Path, nc: int, problems: _Problems,
+def _parse_yolo_label_file(path: Path, nc: int, problems: DataProblems,
                            found: list[str]) -> np.ndarray | None:
     """Rows of a YOLO label file as float32 (n, 5) xyxy-normalized; None if any row is bad."""
     try:
@@ -656,7 +656,7 @@ class _CocoSplit:
 
 
 def _resolve_coco(yaml_path: Path, spec: dict, root: Path) -> DatasetConfig:
-    nc_spec, names_spec = _names_from_spec(yaml_path, spec)
+    nc_spec, names_spec = names_from_spec(yaml_path, spec)
     splits: dict[str, _CocoSplit] = {}
     for split in ("train", "val"):
         entry = spec[split]
@@ -674,7 +674,7 @@ def _resolve_coco(yaml_path: Path, spec: dict, root: Path) -> DatasetConfig:
             raise FileNotFoundError(f"{yaml_path}: '{split}.annotations' file not found: {ann}")
         splits[split] = _CocoSplit(img_dir, ann)
 
-    problems = _Problems(root, yaml_path)
+    problems = DataProblems(root, yaml_path)
     docs = {s: _load_json(sp.annotations, problems) for s, sp in splits.items()}
     train_cats = _coco_categories(docs["train"], splits["train"].annotations, problems)
     val_cats = _coco_categories(docs["val"], splits["val"].annotations, problems)
@@ -707,7 +707,7 @@ def _resolve_coco(yaml_path: Path, spec: dict, root: Path) -> DatasetConfig:
                          source=str(yaml_path), format="coco", image_ids=val_ids, category_ids=list(cat_ids))
 
 
-def _load_json(path: Path, problems: _Problems) -> dict | None:
+def _load_json(path: Path, problems: DataProblems) -> dict | None:
     try:
         doc = json.loads(_read_text(path))
     except (OSError, UnicodeDecodeError, ValueError) as e:
@@ -724,7 +724,7 @@ def _load_json(path: Path, problems: _Problems) -> dict | None:
 
 
 def _coco_categories(doc: dict | None, path: Path,
-                     problems: _Problems) -> list[tuple[int, str]] | None:
+                     problems: DataProblems) -> list[tuple[int, str]] | None:
     """Sorted (id, name) pairs of the categories, or None if the json is unusable."""
     if doc is None:
         return None
@@ -752,7 +752,7 @@ def _is_num(v: Any) -> bool:
 
 
 def _load_coco_split(split: str, sp: _CocoSplit, doc: dict, cat_map: dict[int, int], root: Path,
-                     problems: _Problems) -> list[Sample]:
+                     problems: DataProblems) -> list[Sample]:
     where = problems.rel(sp.annotations)
     found: list[str] = []
     entries: dict[int, tuple[Path, int, int]] = {}
@@ -836,7 +836,7 @@ def _load_coco_split(split: str, sp: _CocoSplit, doc: dict, cat_map: dict[int, i
         arr = np.asarray(boxes[ids[i]], np.float32).reshape(-1, 5)
         return Sample(path, _clean_boxes(arr), w, h), errs
 
-    samples, errs = _gather(_parallel(work, len(ids), f"{split} images"))
+    samples, errs = _gather(parallel_map(work, len(ids), f"{split} images"))
     found.extend(errs)
     problems.extend(found)
     if not found:

@@ -39,7 +39,7 @@ from .sources import IMAGE_EXTENSIONS
 
 __all__ = ["ClassifyData", "MAX_LISTED_PROBLEMS", "resolve_classify_data", "scan_split"]
 
-LOGGER = logging.getLogger("libreyolo")
+LOGGER = logging.getLogger(__name__)
 
 #: How many problems the single validation error lists before summarizing the rest as a count.
 MAX_LISTED_PROBLEMS = 20

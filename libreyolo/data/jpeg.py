@@ -36,7 +36,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-log = logging.getLogger("libreyolo")
+log = logging.getLogger(__name__)
 
 #: the values of predict's ``decode`` option
 DECODES = ("cpu", "gpu", "auto")
@@ -146,7 +146,7 @@ def decode_files(files: list[JpegFile], device: torch.device) -> list[torch.Tens
 def _cpu_fallback(f: JpegFile, exc: Exception) -> np.ndarray:
     from .sources import decode_image
     image = decode_image(f.path)   # raises today's error naming the file when PIL fails as well
-    log.warning("libreyolo: the GPU JPEG decoder refused '%s' (%s); decoded on the CPU instead", f.path,
+    log.warning("the GPU JPEG decoder refused '%s' (%s); decoded on the CPU instead", f.path,
                 str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
     return image
 

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
-from .datasets import _is_image, check_data_given, read_yaml
+from .datasets import is_image_path, check_data_given, read_yaml
 
 __all__ = ["label_dirs", "mirror_images", "pair_images", "read_spec", "resolve_data_arg", "spec_root",
            "split_images", "under"]
@@ -78,7 +78,7 @@ def split_images(yaml_path: Path, root: Path, entry: Any, split: str) -> tuple[P
     img_dir = under(root, entry)
     if not img_dir.is_dir():
         raise FileNotFoundError(f"{yaml_path}: '{split}' image folder not found: {img_dir}")
-    images = sorted(p for p in img_dir.rglob("*") if _is_image(p))
+    images = sorted(p for p in img_dir.rglob("*") if is_image_path(p))
     if not images:
         raise FileNotFoundError(f"{yaml_path}: '{split}' has no images in {img_dir}")
     return img_dir, images

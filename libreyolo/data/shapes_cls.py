@@ -22,11 +22,11 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from .builtin import JPEG_QUALITY, build_once, cache_root, file_sha256, write_images, write_manifest
-from .synthetic import SHAPE_NAMES, _background, _shape_mask
+from .synthetic import SHAPE_NAMES, random_background, shape_mask
 
 __all__ = ["SHAPES_CLS_NAMES", "make_shapes_cls_dataset", "render_shape_image"]
 
-LOGGER = logging.getLogger("libreyolo")
+LOGGER = logging.getLogger(__name__)
 
 #: Class names, in class-id order: the detection set's five shapes and a hexagon.
 SHAPES_CLS_NAMES: tuple[str, ...] = (*SHAPE_NAMES, "hexagon")
@@ -87,7 +87,7 @@ def render_shape_image(rng: np.random.Generator, cls: int) -> np.ndarray:
     free colours, a few hundred images are memorised, not generalised).
     """
     w, h = (int(v) for v in rng.integers(_MIN_SIDE, _MAX_SIDE + 1, 2))
-    img = (_background(rng, w, h).astype(np.float32) * _BG_GAIN).astype(np.uint8)
+    img = (random_background(rng, w, h).astype(np.float32) * _BG_GAIN).astype(np.uint8)
     extent = rng.uniform(_MIN_REL, _MAX_REL) * min(w, h)
     mask = _mask(rng, cls, extent, w, h)
     color = rng.integers(60, 256, 3)
@@ -98,7 +98,7 @@ def render_shape_image(rng: np.random.Generator, cls: int) -> np.ndarray:
 
 def _mask(rng: np.random.Generator, cls: int, extent: float, w: int, h: int) -> np.ndarray:
     if cls < len(SHAPE_NAMES):
-        return _shape_mask(rng, cls, extent, w, h)
+        return shape_mask(rng, cls, extent, w, h)
     if cls != len(SHAPE_NAMES):
         raise ValueError(f"unknown shapes-cls class {cls}")
     r = extent / 2.0  # hexagon of circumradius r, slightly rotated

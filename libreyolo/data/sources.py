@@ -57,7 +57,7 @@ from PIL import Image, ImageOps
 __all__ = ["IMAGE_EXTENSIONS", "SourceItem", "PendingItem", "Source", "SourceStream", "load_sources",
            "iter_sources", "stream_sources", "pending_sources", "decode_image", "pil_to_rgb"]
 
-LOGGER = logging.getLogger("libreyolo")
+LOGGER = logging.getLogger(__name__)
 
 #: How many files :func:`stream_sources` decodes ahead of the consumer (each in its own thread):
 #: enough to keep the device fed, few enough that memory stays bounded whatever the folder's size.
@@ -103,9 +103,9 @@ class SourceItem:
 
 
 def _parallel_copy(a: np.ndarray) -> np.ndarray:
-    """A copy of a C-contiguous array made by torch's multi-threaded copy: a 1280x720 frame in
-    ~20 us on 16 threads where numpy's single thread takes ~250 us, and the calling core's caches
-    are left mostly alone (docs/benchmarks.md, session 5)."""
+    """A copy of a C-contiguous array made by torch's multi-threaded copy: on many cores a video
+    frame is copied several times faster than by numpy's single thread, and the calling core's
+    caches are left mostly alone."""
     out = np.empty_like(a)
     if a.flags.writeable and a.flags.c_contiguous and torch.get_num_threads() > 1:
         torch.from_numpy(out).copy_(torch.from_numpy(a))
@@ -260,7 +260,7 @@ def _load(name: str, load: "_Loader", borrow: bool, strict: bool) -> SourceItem 
         found_in = getattr(load, "found_in", None)
         if strict or found_in is None:
             raise
-        LOGGER.warning("libreyolo: skipping '%s' (found in '%s'): %s; strict=True stops at such a file instead",
+        LOGGER.warning("skipping '%s' (found in '%s'): %s; strict=True stops at such a file instead",
                        name, found_in, e)
         return None
 
@@ -396,10 +396,6 @@ def decode_image(path: str | os.PathLike) -> np.ndarray:
         raise
     except Exception as e:  # UnidentifiedImageError, truncated data, decompression bombs, ...
         raise ValueError(f"cannot decode image '{path}': {e}") from e
-
-
-#: Kept for callers of the former private name.
-_decode_file = decode_image
 
 
 def _pil_loader(image: Image.Image) -> _Loader:

@@ -201,7 +201,7 @@ def render_shapes_labelled(
     """:func:`render_shapes` (the same random draws, so the same image and shapes for the same
     generator state) plus the per-pixel labels: an HxW int16 map holding the class id of the
     shape each pixel shows, -1 where it shows the background (semantic segmentation sets)."""
-    img = _flat(rng, width, height) if plain else _background(rng, width, height, style)
+    img = _flat(rng, width, height) if plain else random_background(rng, width, height, style)
     owner = np.full((height, width), -1, dtype=np.int16)  # which shape each pixel shows
     areas: list[int] = []
     classes: list[int] = []
@@ -212,7 +212,7 @@ def render_shapes_labelled(
         for _attempt in range(25):
             cls = int(rng.integers(len(SHAPE_NAMES)))
             extent = rng.uniform(*style.extent) * short
-            mask = _shape_mask(rng, cls, extent, width, height, style.max_tilt)
+            mask = shape_mask(rng, cls, extent, width, height, style.max_tilt)
             area = int(mask.sum())
             if area < 16:
                 continue
@@ -270,7 +270,7 @@ def _pick_color(rng: np.random.Generator, img: np.ndarray, owner: np.ndarray, ma
     return None
 
 
-def _shape_mask(rng: np.random.Generator, cls: int, extent: float, w: int, h: int,
+def shape_mask(rng: np.random.Generator, cls: int, extent: float, w: int, h: int,
                 max_tilt: float = ShapesStyle.max_tilt) -> np.ndarray:
     """Boolean HxW mask of one shape of class ``cls`` whose size is about ``extent`` pixels,
     non-circles rotated by up to ``max_tilt`` degrees."""
@@ -316,7 +316,7 @@ def _flat(rng: np.random.Generator, w: int, h: int) -> np.ndarray:
     return img
 
 
-def _background(rng: np.random.Generator, w: int, h: int,
+def random_background(rng: np.random.Generator, w: int, h: int,
                 style: ShapesStyle = SHAPES_STYLES["default"]) -> np.ndarray:
     """A random background of one of ``style.backgrounds``: flat, gradient, smooth noise,
     stripes or clutter lines; grain on a ``style.grain`` fraction of them."""

@@ -47,7 +47,7 @@ __all__ = ["VIDEO_EXTENSIONS", "STREAM_LIST_EXTENSIONS", "DEFAULT_TIMEOUT", "Vid
            "VideoStream", "VideoSources", "VideoWriter", "is_video_source", "open_video_sources",
            "video_encoder"]
 
-log = logging.getLogger("libreyolo")
+log = logging.getLogger(__name__)
 
 #: File suffixes (lower case, with the dot) read as video files.
 VIDEO_EXTENSIONS: frozenset[str] = frozenset(
@@ -307,7 +307,7 @@ class VideoStream:
             try:
                 item = self._queue.get(timeout=wait)
             except queue.Empty:
-                log.warning("libreyolo: video source '%s' sent no frame for %.3g s: ending it (frames already "
+                log.warning("video source '%s' sent no frame for %.3g s: ending it (frames already "
                             "delivered are kept)", self.name, wait)
                 self._finished = True
                 return
@@ -330,7 +330,7 @@ class VideoStream:
             why = f"it sent nothing for {self.timeout:g} s (timeout=)"
         else:
             why = f"{type(exc).__name__}: {getattr(exc, 'strerror', None) or exc}"
-        log.warning("libreyolo: video source '%s' stopped after %d frame(s) (%s); ending it (frames already "
+        log.warning("video source '%s' stopped after %d frame(s) (%s); ending it (frames already "
                     "delivered are kept)", self.name, n, why)
 
     def _check_length(self) -> None:
@@ -347,7 +347,7 @@ class VideoStream:
         short_by_count = self.frames is not None and n + max(_TRUNCATION_SLACK_FRAMES, 1) < self.frames
         if short_by_time or short_by_count:
             declared = (f"{self.frames} frames" if self.frames else f"{self.duration:.2f} s")
-            log.warning("libreyolo: video '%s' ended after %d frame(s) (%.2f s) of its declared %s: the file looks "
+            log.warning("video '%s' ended after %d frame(s) (%.2f s) of its declared %s: the file looks "
                         "truncated; the frames decoded are kept", self.name, n, ended, declared)
 
     def close(self) -> None:
@@ -368,7 +368,7 @@ class VideoStream:
         if thread is None or not thread.is_alive():
             self.container.close()
         if self.dropped:
-            log.info("libreyolo: '%s': %d frame(s) dropped because processing was slower than the source",
+            log.info("'%s': %d frame(s) dropped because processing was slower than the source",
                      self.name, self.dropped)
 
 
@@ -430,7 +430,7 @@ class VideoSources:
                 except StopIteration:
                     del iters[k]
                     if len(self.streams) > 1:
-                        log.info("libreyolo: stream %d ('%s') ended; %d still running", k,
+                        log.info("stream %d ('%s') ended; %d still running", k,
                                  self.streams[k].name, len(iters))
             if step:
                 yield step
@@ -509,7 +509,7 @@ class VideoWriter:
             self._tmp.unlink(missing_ok=True)
             raise
         self.count = 0
-        log.info("libreyolo: writing %s with %s (%s), %dx%d at %.6g fps", self.path, self.codec, what,
+        log.info("writing %s with %s (%s), %dx%d at %.6g fps", self.path, self.codec, what,
                  self.width, self.height, self.fps)
 
     def write(self, rgb: np.ndarray) -> None:

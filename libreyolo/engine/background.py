@@ -15,7 +15,7 @@ import logging
 import threading
 from typing import Any, Callable, Iterator
 
-log = logging.getLogger("libreyolo")
+log = logging.getLogger(__name__)
 
 
 class BackgroundJob:

@@ -26,7 +26,7 @@ import threading
 from pathlib import Path
 from typing import Any, BinaryIO
 
-log = logging.getLogger("libreyolo")
+log = logging.getLogger(__name__)
 
 _HEAD = struct.Struct("<QQ")   # the pickle's length, the number of out-of-band buffers
 _LEN = struct.Struct("<Q")
@@ -132,7 +132,7 @@ class WriterProcess:
             self.proc = subprocess.Popen([sys.executable, "-c", _SNIPPET, root], stdin=subprocess.PIPE,
                                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
         except OSError as exc:
-            log.info("libreyolo: checkpoints are written in the training process (no writer process: %s)", exc)
+            log.info("checkpoints are written in the training process (no writer process: %s)", exc)
 
     def write(self, snapshot, paths: list, written: list | None = None) -> bool:
         """Write ``snapshot`` to ``paths`` in the child, waiting for it; the paths whose files are
@@ -146,7 +146,7 @@ class WriterProcess:
                 if reply is None:
                     raise EOFError("it exited")
             except (OSError, EOFError, ValueError, pickle.UnpicklingError) as exc:
-                log.warning("libreyolo: the checkpoint writer process is gone (%s); the training process "
+                log.warning("the checkpoint writer process is gone (%s); the training process "
                             "writes the checkpoints from now on", exc)
                 self._end(kill=True)
                 return False

@@ -40,7 +40,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-log = logging.getLogger("libreyolo")
+log = logging.getLogger(__name__)
 
 PRECISIONS = ("fp32", "fp16", "bf16")
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -220,7 +220,7 @@ def _source_fingerprint(model) -> tuple:
     """What the half copy was made from: the fp32 network object, its device and fused state, and
     every parameter's and buffer's address and version (training steps, loads and ``.to()`` all
     change it)."""
-    return (*_network_identity(model), model._runner.fingerprint())
+    return (*_network_identity(model), model.runner.fingerprint())
 
 
 def inductor_cache_dir() -> Path:
@@ -321,7 +321,7 @@ class HalfNetwork:
             torch.cuda.synchronize(x.device)
         self.first_call_s = time.perf_counter() - t0
         self.first_call_cache = {k: v - before[k] for k, v in self._counts().items()}
-        log.info("libreyolo: %s fast path ready in %.1f s (%s cache %s: %s)", self.precision,
+        log.info("%s fast path ready in %.1f s (%s cache %s: %s)", self.precision,
                  self.first_call_s, "AOTInductor" if self.fast == "aot" else "inductor", self.cache_dir,
                  self.first_call_cache)
         self.calls += 1
@@ -483,7 +483,7 @@ class AotInfer:
             except AotLoadError:   # this torch cannot load packages here: a rebuild would not either
                 raise
             except Exception as exc:   # noqa: BLE001 - cut short or stale: built again below
-                log.warning("libreyolo: the ahead-of-time package %s did not load (%s: %s); building it again",
+                log.warning("the ahead-of-time package %s did not load (%s: %s); building it again",
                             path, type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
         _load_marker(path).unlink(missing_ok=True)
         self._build(x, path)
@@ -525,7 +525,7 @@ class AotInfer:
     def _build(self, x: torch.Tensor, path: Path) -> None:
         import tempfile
         use_inductor_cache()   # AOTInductor compiles through inductor's caches too
-        log.warning("libreyolo: compiling %s's %s network ahead of time (AOTInductor) for input %s: a one-time "
+        log.warning("compiling %s's %s network ahead of time (AOTInductor) for input %s: a one-time "
                     "cost for these weights (a minute or more), cached in %s", self.label, self.precision,
                     "x".join(str(int(v)) for v in x.shape), path.parent)
         t0 = time.perf_counter()
@@ -551,7 +551,7 @@ class AotInfer:
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
-        log.info("libreyolo: %s's ahead-of-time package built in %.1f s: %s", self.label,
+        log.info("%s's ahead-of-time package built in %.1f s: %s", self.label,
                  time.perf_counter() - t0, path)
 
 
@@ -677,8 +677,8 @@ def half_network(model, precision: str, fast: bool | str = False, verify: bool =
         stale = [k for k, h in cache.items() if h.source != src]
         for k in stale:
             del cache[k]
-        model._runner.release()
-        log.info("libreyolo: %s-%s changed: rebuilt its %s network", model.FAMILY, model.size, precision)
+        model.runner.release()
+        log.info("%s-%s changed: rebuilt its %s network", model.FAMILY, model.size, precision)
     t0 = time.perf_counter()
     dtype = DTYPES[precision]
     net = make_half(model.model, dtype, model.fused)

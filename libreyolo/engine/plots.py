@@ -137,7 +137,7 @@ class PlotProcess:
 
     def _fail(self, why: str) -> None:
         import logging
-        logging.getLogger("libreyolo").debug("libreyolo: plots drawn in this process from now on (plot child %s)", why)
+        logging.getLogger(__name__).debug("plots drawn in this process from now on (plot child %s)", why)
         self.failed = why
         self.close()
 

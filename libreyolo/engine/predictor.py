@@ -30,18 +30,16 @@ import torch
 from ..data.jpeg import decode_files, gpu_decode_problem, is_jpeg_path, parse_decode, probe
 from ..data.sources import (STREAM_AHEAD, PendingItem, SourceItem, load_sources, parse_color, pending_sources,
                             stream_sources)
-from ..data.video import DEFAULT_TIMEOUT, VideoSources, VideoStream, VideoWriter, is_video_source, open_video_sources
+from ..data.video import VideoSources, VideoStream, VideoWriter, is_video_source, open_video_sources
 from ..graphs.capture import to_host
-from ..graphs.runner import normalize_mode
-from ..options import check_float, check_imgsz, check_int, parse_amp, parse_bool
-from ..results import Results, _display_problem
+from ..options import check_imgsz, check_int, parse_amp, parse_bool
+from ..results import Results, display_problem
 from ..tasks.base import PredictPlan
+from .call_options import TRACK_CONF, PredictOptions
 from .fastpath import HalfNetwork, arm_name, check_contract, half_network, is_current, resolve, to_float32
 from .paths import UniqueNames, next_run_dir
 
-log = logging.getLogger("libreyolo")
-#: ``model.track``'s default ``conf``: detections from here on reach the tracker
-TRACK_CONF = 0.1
+log = logging.getLogger(__name__)
 #: threads decoding image files on the CPU (PIL) before a predict call's first chunk
 DECODE_WORKERS = min(8, os.cpu_count() or 1)
 _NO_CONTEXT = contextlib.nullcontext()
@@ -170,7 +168,7 @@ class Predictor:
         ``half``: the half / fast path's network (None: fp32). ``stacked``: the same images
         already as one contiguous (B, H, W, 3) tensor (the staged upload lands them so), used
         instead of stacking them again: the same bytes, so the same stage outputs."""
-        runner = self.model._runner
+        runner = self.model.runner
         net, from_u8 = self._stage_fns(size, plan, half)
         prep = self.model.preprocess
         if half is not None:
@@ -243,26 +241,25 @@ class Predictor:
                 x = torch.rand((batch, 3, size, size), generator=g).to(m.device)
                 if half is not None:
                     x = x.to(half.dtype, memory_format=torch.channels_last)
-                info = m._runner.capture(net_key, net, (x, *extra))
+                info = m.runner.capture(net_key, net, (x, *extra))
                 self._pinned.add(net_key)
                 return info
             h, w = shapes[0]
             u8 = torch.randint(0, 256, (batch, h, w, 3), generator=g, dtype=torch.uint8).to(m.device)
-            return m._runner.capture(u8_key, from_u8, (u8, *extra))
+            return m.runner.capture(u8_key, from_u8, (u8, *extra))
 
     # ------------------------------------------------------------------ call
-    def __call__(self, source: Any, *, imgsz: int | None = None, batch: int = 1, cuda_graph: Any = False,
-                 amp: Any = False, bgr: Any = None, color_format: Any = None, save: bool = False,
-                 save_dir: str | Path | None = None,
-                 exist_ok: bool = False, verbose: bool = False, profile: bool = False, stream: bool = False,
-                 vid_stride: int = 1, show: bool = False, timeout: float = DEFAULT_TIMEOUT,
-                 on_results: Callable[[Results, SourceItem], None] | None = None,
-                 precision: Any = None, fast: Any = False, decode: Any = None, strict: Any = False,
-                 **task_opts) -> list[Results] | Iterator[Results]:
+    def __call__(self, source: Any, *, on_results: Callable[[Results, SourceItem], None] | None = None,
+                 **options: Any) -> list[Results] | Iterator[Results]:
         """Predict on ``source`` and return one Results per image (per frame for a video).
 
+        ``options`` are the fields of :class:`~libreyolo.engine.call_options.PredictOptions` (each
+        declared there once, with its default, help and check; the CLI and docs/options.md are
+        made from them): the ones below, and the task's own (detection: ``conf``...).
+
         ``source``: a path, directory, glob, PIL image, numpy array (BGR, OpenCV's order, unless
-        ``bgr=False`` or ``color_format="rgb"``), torch tensor (RGB), or a list of them; or a video source (:mod:`libreyolo.data.video`): a
+        ``bgr=False`` or ``color_format="rgb"``), torch tensor (RGB), or a list of them; or a video
+        source (:mod:`libreyolo.data.video`): a
         video file, a camera index (``0``), an RTSP/RTMP/HTTP(S) URL, or a ``.streams``/``.txt``
         file listing several (one Results per source still running at each step).
         ``stream=True`` returns a generator that decodes, predicts and yields one step at a time
@@ -272,8 +269,8 @@ class Predictor:
         naming it, with or without ``stream`` (``strict=True``: raise instead); a file named
         directly always raises (after the Results before it, with ``stream=True``).
         ``vid_stride``: predict every N-th frame of a video. ``timeout``: seconds a camera or URL
-        may take to open and to send each next piece of data. Video Results carry ``frame_index``, ``timestamp`` (seconds since the
-        source's first frame) and ``stream`` (position in a ``.streams`` list); ``path`` is the
+        may take to open and to send each next piece of data. Video Results carry ``frame_index``,
+        ``timestamp`` (seconds since the source's first frame) and ``stream`` (position in a ``.streams`` list); ``path`` is the
         source's name.
 
         ``cuda_graph``: False (eager), True (capture each new input signature; raises on an
@@ -315,39 +312,30 @@ class Predictor:
         candidates per image that enter NMS -, ``classes``, ``agnostic_nms``) follow.
         """
         m = self.model
-        mode = normalize_mode(cuda_graph)
-        m._runner.check_mode(mode, m.device)   # before any source is read: an impossible request fails first
-        unknown = sorted(set(task_opts) - set(m.task.predict_defaults))
-        if unknown:
-            raise TypeError(f"unknown predict option(s) {', '.join(unknown)} for a {m.TASK} model; "
-                            f"known: imgsz, batch, cuda_graph, amp, bgr, color_format, save, save_dir, exist_ok, verbose, profile, "
-                            "stream, vid_stride, show, timeout, precision, fast, decode, strict, "
-                            + ", ".join(m.task.predict_defaults))
-        batch = check_int("batch", batch, 1)
-        save, bgr = parse_bool("save", save), parse_color(bgr, color_format)
-        stream, show = parse_bool("stream", stream), parse_bool("show", show)
-        strict = parse_bool("strict", strict)
-        vid_stride = check_int("vid_stride", vid_stride, 1)
-        timeout = check_float("timeout", timeout, 0.0, min_inclusive=False)
-        size = check_imgsz(m.imgsz if imgsz is None else imgsz, m.STRIDE)
+        o, task_opts = PredictOptions.build(m.task, options)
+        mode = o.cuda_graph
+        m.runner.check_mode(mode, m.device)   # before any source is read: an impossible request fails first
+        batch, stream, strict = o.batch, o.stream, o.strict
+        bgr = parse_color(o.bgr, o.color_format)
+        size = check_imgsz(m.imgsz if o.imgsz is None else o.imgsz, m.STRIDE)
         plan = self.plan(size, **task_opts)
-        amp_dtype = _amp_dtype(amp, m.AMP_DTYPE)
+        amp_dtype = _amp_dtype(o.amp, m.AMP_DTYPE)
         plan.mode, plan.amp_dtype = mode, amp_dtype
-        precision, fast = resolve(precision, fast, m.device)
+        precision, fast = resolve(o.precision, o.fast, m.device)
         if precision != "fp32" and amp_dtype is not None:
             raise ValueError(f"amp and precision={precision!r} exclude each other: the half path runs a half "
                              "copy of the network without autocast; pass one of them")
         plan.half = self._half(precision, fast, verify=False)   # checked after the first launch (_steps)
         if not m.trained and not getattr(m, "_warned_untrained", False):
-            log.warning("libreyolo: %s-%s is UNTRAINED (random weights): its predictions are meaningless",
+            log.warning("%s-%s is UNTRAINED (random weights): its predictions are meaningless",
                         m.FAMILY, m.size)
             m._warned_untrained = True
         if getattr(self._local, "busy", None):  # left by a call that failed mid-way: maybe still
             self._local.busy.clear()           # uploading, so to torch's allocator, not the free list
-        decode = parse_decode(decode)
+        decode = parse_decode(o.decode)
         gpu_decode = False
         if is_video_source(source):
-            videos = open_video_sources(source, vid_stride=vid_stride, timeout=timeout)  # fails here, not later
+            videos = open_video_sources(source, vid_stride=o.vid_stride, timeout=o.timeout)  # fails here, not later
             chunks: Iterator[list[Any]] = _video_chunks(videos, int(batch))
             total = _declared_frames(videos)
             t_load = None
@@ -374,14 +362,13 @@ class Predictor:
             chunks = _chunked(items, int(batch))
             total = len(items)
         out_dir = None
-        if save:
-            out_dir = Path(save_dir) if save_dir else next_run_dir("runs", "predict", exist_ok)
+        if o.save:
+            out_dir = Path(o.save_dir) if o.save_dir else next_run_dir("runs", "predict", o.exist_ok)
             out_dir.mkdir(parents=True, exist_ok=True)
         # Overlap needs a next chunk: a call of one chunk keeps the per-image uploads on the compute
         # stream (no cross-stream event on the batch-1 latency path), unless its files decode on the GPU.
         staged = videos is None and (gpu_decode or (self.overlap and total > int(batch)))
-        run = self._run(chunks, videos, total, t_load, size, mode, amp_dtype, plan, out_dir, verbose, profile,
-                        show, vid_stride, on_results, staged, strict)
+        run = self._run(chunks, videos, total, t_load, size, amp_dtype, plan, out_dir, o, on_results, staged)
         return run if stream else list(run)
 
     #: images (not video frames) of a call with more than one chunk go through the overlapped loop:
@@ -390,11 +377,14 @@ class Predictor:
     #: single-chunk calls take), for comparisons
     overlap: bool = True
 
-    def _run(self, chunks, videos, total, t_load, size, mode, amp_dtype, plan, out_dir, verbose, profile, show,
-             vid_stride, on_results, staged: bool = False, strict: bool = True) -> Iterator[Results]:
-        """The predict loop behind :meth:`__call__`: one chunk of items at a time, its Results
-        yielded as soon as they are made; video writers and readers closed however it ends."""
+    def _run(self, chunks, videos, total, t_load, size, amp_dtype, plan, out_dir, o: PredictOptions, on_results,
+             staged: bool = False) -> Iterator[Results]:
+        """The predict loop behind :meth:`__call__` (``o``: the call's checked options): one chunk
+        of items at a time, its Results yielded as soon as they are made; video writers and
+        readers closed however it ends."""
         m = self.model
+        mode, verbose, profile, show, vid_stride, strict = (o.cuda_graph, o.verbose, o.profile, o.show, o.vid_stride,
+                                                            o.strict)
         progress = None
         many = videos is None and total > 32   # a bar for many images by default; for videos on verbose
         if verbose or many:
@@ -447,9 +437,9 @@ class Predictor:
             if videos is not None:
                 videos.close()
             if out_dir is not None and images_saved:
-                log.info("libreyolo: saved %d annotated image(s) to %s", images_saved, out_dir)
+                log.info("saved %d annotated image(s) to %s", images_saved, out_dir)
             for wr in writers.values():
-                log.info("libreyolo: saved the annotated video %s (%d frames)", wr.path, wr.count)
+                log.info("saved the annotated video %s (%d frames)", wr.path, wr.count)
 
     # ------------------------------------------------------------ the loop
     def _steps(self, chunks, size, mode, amp_dtype, plan, t_load, *, staged: bool, lookahead: bool,
@@ -958,7 +948,7 @@ class _Viewer:
 
     def __init__(self, title: str):
         self.title, self.fig, self.im = title, None, None
-        problem = _display_problem()
+        problem = display_problem()
         if problem is None:
             import matplotlib
             backend = matplotlib.get_backend().lower()
@@ -969,7 +959,7 @@ class _Viewer:
             global _warned_no_window
             if not _warned_no_window:
                 _warned_no_window = True
-                log.warning("libreyolo: show=True cannot open a window: %s; use save=True to write the annotated "
+                log.warning("show=True cannot open a window: %s; use save=True to write the annotated "
                             "video instead (this warning is shown once)", problem)
 
     def show(self, r: Results) -> None:

@@ -25,7 +25,7 @@ from ..results import Boxes, Results
 
 __all__ = ["TRACKERS", "TRAIL_LENGTH", "make_tracker", "TrackGlue"]
 
-log = logging.getLogger("libreyolo")
+log = logging.getLogger(__name__)
 
 #: Tracker names ``model.track`` takes (or pass a tracker object; see :func:`make_tracker`).
 TRACKERS: tuple[str, ...] = ("bytetrack", "botsort")

@@ -1,17 +1,19 @@
 """Task-generic training loop: the task supplies the data, the evaluator and the fitness; the
 family supplies the network and the loss; ``graphs/`` captures the step.
 
-:meth:`Trainer.train` is set-up (seeding, data, network, loss, optimizer, EMA, resume, the
-graph decision), then per epoch :meth:`Trainer.train_epoch` - each batch one :meth:`Trainer.step`,
-the schedule's warm-up before it - and the end-of-epoch hooks in order: evaluation (the task's
-evaluator on the EMA weights), logging (``results.csv``, the per-epoch line, ``results.png``) and
-checkpoints (``last.pt`` with the training state for ``resume``, ``best.pt`` without it, both
-written atomically). The loop keeps the device busy: a step's loss is read one step late
-(:class:`LossFold`, no host sync per step), and the next epoch's loader is started before the
-end-of-epoch hooks (:meth:`Trainer._prepare_epoch`), so its first batches load during validation.
-Features: SGD or AdamW with parameter groups (no decay on norms and biases), warm-up then linear
-or cosine decay, gradient accumulation to a nominal batch, an exponential moving average of the
-weights, AMP on CUDA.
+:meth:`Trainer.train` is the loop: set-up (seeding, data, network, loss, optimizer, EMA, resume,
+the graph decision), then per epoch :meth:`Trainer.train_epoch` - each batch one
+:meth:`Trainer.step` - and around it the hooks (:mod:`libreyolo.engine.hooks`), in order: the
+schedule (warm-up before each of its batches, the decay after each epoch), evaluation of the EMA
+weights with early stopping, the logs (``results.csv``, the per-epoch line, ``results.png``,
+TensorBoard: :mod:`libreyolo.engine.loggers`), checkpoints (``last.pt`` with the training state
+for ``resume``, ``best.pt`` without it, both written atomically), a user's hooks, the time
+accounting and the stop decision all ranks follow. The loop keeps the device busy: a step's loss
+is read one step late (:class:`~libreyolo.engine.step.LossFold`, no host sync per step), and the
+next epoch's loader is started before the end-of-epoch hooks (:meth:`Trainer._prepare_epoch`), so
+its first batches load during validation. Features: SGD or AdamW with parameter groups (no decay
+on norms and biases), warm-up then linear or cosine decay, gradient accumulation to a nominal
+batch, an exponential moving average of the weights (updated in the step), AMP on CUDA.
 
 With ``cuda_graph=True`` the step goes through :class:`libreyolo.graphs.training.TrainStepRunner`
 (forward + loss + backward, and the whole step with the update where graph-safe) or, for families
@@ -22,889 +24,107 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import copy
-import csv
-import functools
 import logging
-import math
-import os
 import sys
 import time
-from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
-from ..device import available_cores, select_device
-from ..distributed import (Distributed, GradientReducer, convert_sync_batchnorm, launched, local_device, loss_share,
-                           parse_devices, reduction_of, revert_sync_batchnorm)
-from ..graphs.training import (GraphedSegment, TrainStepRunner, backward_into_grads, prime_optimizer_state,
-                               scaler_tensors, training_state)
+from ..distributed import Distributed, revert_sync_batchnorm
 from ..tasks import Task
 from .background import frozen_heap
 from .config import TrainConfig
-from .paths import next_run_dir
+from .hooks import (CheckpointHook, EvaluationHook, HookBase, HookError, ScheduleHook, StopHook, TimingHook, as_hooks,
+                    timing_line)
+from .loaders import WorkerDeathSignal, build_loaders, worker_died
+from .loggers import LoggingHook, TensorBoardHook
+from .runs import (RunFolder, RunFolderBusy, TrainingDiverged, TrainingError, TrainingInterrupted, interrupted_message,
+                   last_pt_kept)
+from .setup import check_config, device_settings, set_up
+from .step import LossFold
 
-log = logging.getLogger("libreyolo")
+#: the errors that stop a run, importable from here (where users catch them)
+__all__ = ["Trainer", "TrainConfig", "TrainingError", "TrainingDiverged", "RunFolderBusy", "TrainingInterrupted",
+           "HookError", "timing_line"]
 
-
-def default_workers(device: torch.device) -> int:
-    """DataLoader workers when ``workers`` is not given: on CUDA as many as keep a graphed step fed
-    (up to 8, one core left for the main process); on the CPU at most 2, since workers there
-    compete with the training arithmetic for the same cores."""
-    cores = available_cores()
-    return max(1, min(8 if device.type == "cuda" else 2, cores - 1)) if cores > 1 else 0
-
-
-#: ``workers`` above this is refused (OptionError): no machine feeds a training step with more
-MAX_WORKERS = 1024
-#: what one DataLoader worker is assumed to cost in memory (a forked copy of the training
-#: process's touched pages, its prefetched batches): the workers are capped at MemAvailable / this
-WORKER_BYTES = 512 * 2**20
-
-
-def _mem_available() -> int | None:
-    """The memory the kernel can give without swapping (``/proc/meminfo`` MemAvailable, bytes);
-    None where it cannot be read (not Linux)."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
-def cap_workers(requested: int, batches: int, ranks: int = 1) -> tuple[int, list[str]]:
-    """``requested`` DataLoader workers capped at what can be used: the CPU cores of this process
-    (shared by the ``ranks`` processes of a distributed run on this machine), the loader's batches
-    per epoch (a worker loads whole batches: more would wait idle) and the available memory
-    (:data:`WORKER_BYTES` each). Returns the count and the reasons of the caps that applied."""
-    n, why = requested, []
-    cores = max(1, available_cores() // max(1, ranks))
-    if n > cores:
-        n = cores
-        why.append(f"{cores} CPU core{'s' if cores > 1 else ''} available" + (" per rank" if ranks > 1 else ""))
-    if n > batches:
-        n = batches
-        why.append(f"{batches} batch{'es' if batches != 1 else ''} per epoch")
-    mem = _mem_available()
-    if mem is not None and n > mem // (WORKER_BYTES * max(1, ranks)):
-        n = int(mem // (WORKER_BYTES * max(1, ranks)))
-        why.append(f"{mem / 2**30:.1f} GiB of memory available, about {WORKER_BYTES / 2**30:.1f} GiB per worker")
-    return max(0, n), why
-
-
-def loader_worker_init(parent: int, worker_id: int) -> None:
-    """Every DataLoader worker's first call (``worker_init_fn``, bound to the training process's
-    pid): on Linux the worker asks to be killed when its parent dies (``PR_SET_PDEATHSIG``:
-    torch's workers notice a dead parent only between batches, every 5 s; one killed with
-    SIGKILL, or the out-of-memory killer's victim, would otherwise leave them running) and exits
-    at once if the parent is already gone (the kernel's "parent" is the thread that started the
-    worker: the trainer's, alive for the run). Ctrl-C, which reaches the whole process group, is
-    ignored: the training process stops the workers itself, after the write in flight."""
-    import signal
-    if hasattr(signal, "SIGINT"):
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if sys.platform.startswith("linux"):
-        import ctypes
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)   # 1: PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
-            pass
-    if os.getppid() != parent:   # the parent died before the request took effect
-        os._exit(1)
-
-
-class EpochSeeded(torch.utils.data.Dataset):
-    """The training set as the loader sees it: in a worker process, the augmentation RNGs (torch,
-    numpy, random) are re-seeded from (seed, epoch, worker id) at the first sample of each epoch.
-
-    Persistent workers live across epochs, so without this their random streams would continue
-    from the previous epoch and a resumed run would augment differently from an uninterrupted
-    one; with it, epoch e draws the same in both (as non-persistent workers, seeded per epoch by
-    the loader's re-seeded generator, did). Without workers, the main process's RNGs are the
-    trainer's, re-seeded per epoch there. The epoch lives in shared memory, so running workers see
-    it."""
-
-    def __init__(self, dataset, seed: int, rank: int = 0):
-        self.dataset = dataset
-        self.seed = int(seed)
-        self.rank = int(rank)   # a distributed run's rank: its workers draw their own streams
-        self._epoch = torch.zeros(1, dtype=torch.int64).share_memory_()
-        self._seen = -1   # per process: the epoch this process's RNGs were seeded for
-
-    def set_epoch(self, epoch: int) -> None:
-        self._epoch.fill_(int(epoch))
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitem__(self, index):
-        info = torch.utils.data.get_worker_info()
-        if info is not None:
-            epoch = int(self._epoch[0])
-            if epoch != self._seen:
-                import random
-                key = [self.seed, epoch, info.id] + ([self.rank] if self.rank else [])
-                seed = int(np.random.SeedSequence(key).generate_state(1)[0])
-                torch.manual_seed(seed)
-                np.random.seed(seed)
-                random.seed(seed)
-                self._seen = epoch
-        return self.dataset[index]
-
-
-class LossFold:
-    """An epoch's mean loss items, folded on the host one step late, so that the loop never waits
-    for the step it has just launched.
-
-    :meth:`push` takes a step's items (and the progress bar's counts) as device tensors, queues
-    their copy into pinned host memory behind the step on its stream and records an event;
-    :meth:`fold`, called once the next step is launched, waits for that event - the device is
-    then still busy with the next step, and the loader already fetching the one after - and folds
-    the values in exactly as a synchronous loop does: ``mloss = (mloss * i + items) / (i + 1)``
-    in float32 on the host, so the epoch's mean is the same bit for bit. A non-finite loss is
-    counted (``nonfinite``) and the first one named (``first_nonfinite``: epoch, batch, items); it
-    makes the epoch's mean non-finite, which the trainer acts on (:meth:`Trainer._check_finite`).
-
-    Timing, for the per-epoch accounting: ``sync_s`` is the host time blocked waiting for a step's
-    results; ``device_s`` the steps' spans on the device (CUDA events from before the batch's
-    upload to after the step; elsewhere, where the step is synchronous, its host time).
-    """
-
-    def __init__(self, n_items: int, device: torch.device, epoch: int):
-        self.cuda = device.type == "cuda"
-        # the events go on the step's stream (its device's current one, which need not be the
-        # current device's: a run on cuda:1 in a process whose current device is cuda:0)
-        self.stream = torch.cuda.current_stream(device) if self.cuda else None
-        self.epoch = epoch
-        self.mloss = torch.zeros(n_items)
-        self.pending: list[tuple] = []
-        self.counts: dict[str, int] = {}   # the last folded batch's progress-bar fields
-        self.nonfinite = 0                  # batches whose loss was not finite
-        self.first_nonfinite: str | None = None   # the first of them, named (epoch, batch, items)
-        self.sync_s = self.device_s = 0.0
-
-    def start(self) -> Any:
-        """Before a step's batch is uploaded: the mark its device span starts from."""
-        if self.cuda:
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record(self.stream)
-            return ev
-        return time.perf_counter()
-
-    def push(self, i: int, start: Any, items: torch.Tensor, counts: dict[str, Any]) -> None:
-        """Batch ``i``'s items (float32, on the step's device) and progress fields (device
-        scalars or ints), not waited for."""
-        if self.cuda:
-            host = torch.empty(items.shape, dtype=items.dtype, pin_memory=True)
-            host.copy_(items, non_blocking=True)
-            fields = {}
-            for k, v in counts.items():
-                if isinstance(v, torch.Tensor):
-                    v = torch.empty(v.shape, dtype=v.dtype, pin_memory=True).copy_(v, non_blocking=True)
-                fields[k] = v
-            end = torch.cuda.Event(enable_timing=True)
-            end.record(self.stream)
-        else:   # the step ran synchronously (another accelerator's values are read now, as before)
-            host = items.cpu()
-            fields = {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in counts.items()}
-            end = time.perf_counter()
-            self.device_s += end - start
-        self.pending.append((i, start, end, host, fields))
-
-    def fold(self) -> None:
-        """Fold the oldest pushed batch in (waiting for its step to finish on the device)."""
-        i, start, end, items, fields = self.pending.pop(0)
-        if self.cuda:
-            t0 = time.perf_counter()
-            end.synchronize()
-            self.sync_s += time.perf_counter() - t0
-            self.device_s += start.elapsed_time(end) / 1e3
-        if not torch.isfinite(items).all():
-            self.nonfinite += 1
-            if self.first_nonfinite is None:
-                self.first_nonfinite = f"non-finite loss at epoch {self.epoch + 1} batch {i}: {items.tolist()}"
-        self.mloss = (self.mloss * i + items) / (i + 1)
-        self.counts = {k: int(v) for k, v in fields.items()}
-
-    def drain(self) -> None:
-        while self.pending:
-            self.fold()
-
-
-class ModelEMA:
-    """Exponential moving average of weights with a warm-up of the decay (tau iterations).
-
-    The update count lives in a device tensor and the decay is computed from it on the
-    device, so one update is a fixed sequence of kernels with no Python-side number in it:
-    the same code runs eager and inside a captured whole training step.
-    """
-
-    def __init__(self, net: nn.Module, decay: float = 0.9999, tau: float = 2000.0, updates: int = 0,
-                 frozen: Sequence[str] = ()):
-        self.frozen = tuple(frozen)   # name prefixes of frozen layers: copied, not blended (bitwise kept)
-        self.ema = copy.deepcopy(net).eval()
-        for p in self.ema.parameters():
-            p.requires_grad_(False)
-        self.decay, self.tau = decay, tau
-        dev = next(self.ema.parameters()).device
-        self.count = torch.full((), float(updates), device=dev)
-        self._pairs(net)
-
-    def _pairs(self, net: nn.Module) -> None:
-        src, dst = net.state_dict(), self.ema.state_dict()
-        blend = {k for k in dst if dst[k].dtype.is_floating_point and not _under(k, self.frozen)}
-        self._float = [(dst[k], src[k]) for k in dst if k in blend]
-        self._other = [(dst[k], src[k]) for k in dst if k not in blend]
-
-    @property
-    def updates(self) -> int:
-        return int(self.count.item())
-
-    @updates.setter
-    def updates(self, value: int) -> None:
-        self.count.fill_(float(value))
-
-    @torch.no_grad()
-    def update(self, net: nn.Module | None = None) -> None:
-        """Blend in the weights of the network given at construction (``net`` is accepted for
-        symmetry; the pairs are fixed so that a captured step reads stable addresses)."""
-        self.count.add_(1.0)
-        d = self.decay * (1 - torch.exp(-self.count / self.tau))
-        ema = [e for e, _ in self._float]
-        torch._foreach_mul_(ema, d)
-        torch._foreach_add_(ema, torch._foreach_mul([s.detach() for _, s in self._float], 1 - d))
-        for e, s in self._other:
-            e.copy_(s)
-
-    def tensors(self) -> list[torch.Tensor]:
-        return [e for e, _ in self._float] + [e for e, _ in self._other] + [self.count]
-
-
-def match_state_layouts(opt: torch.optim.Optimizer) -> int:
-    """Lay each optimizer state tensor shaped like its parameter out as the parameter is (its
-    strides); returns how many were converted. A checkpoint may hold a channels_last
-    parameter's momentum contiguous (written by another tool, or before this run's layout was
-    chosen), and the fused optimizers pair the elements of parameter, gradient and state by
-    memory position: a layout mismatch there is a silently wrong update, not an error."""
-    converted = 0
-    for group in opt.param_groups:
-        for p in group["params"]:
-            state = opt.state.get(p)
-            for key, v in (state or {}).items():
-                if isinstance(v, torch.Tensor) and v.shape == p.shape and v.stride() != p.stride():
-                    state[key] = torch.empty_like(p, dtype=v.dtype).copy_(v)   # p's strides (dense)
-                    converted += 1
-    return converted
-
-
-def _param_groups(net: nn.Module, weight_decay: float):
-    """Decayed weights, undecayed norm weights, biases; trainable only, each tensor once (a
-    parameter registered under two modules, like D-FINE's shared ``up``, is listed once)."""
-    decay, no_decay, bias = [], [], []
-    seen: set[int] = set()
-    for module in net.modules():
-        for name, p in module.named_parameters(recurse=False):
-            if not p.requires_grad or id(p) in seen:
-                continue
-            seen.add(id(p))
-            if name == "bias":
-                bias.append(p)
-            elif isinstance(module, (nn.BatchNorm2d, nn.SyncBatchNorm, nn.GroupNorm, nn.LayerNorm)):
-                no_decay.append(p)
-            else:
-                decay.append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0},
-            {"params": bias, "weight_decay": 0.0}]
-
-
-def _under(name: str, prefixes: Sequence[str]) -> bool:
-    """Whether ``name`` (a parameter, buffer or module name) is one of ``prefixes`` or inside one."""
-    return any(name == p or name.startswith(p + ".") for p in prefixes)
-
-
-def layers(net: nn.Module) -> list[str]:
-    """The network's layers in order, as ``freeze=N`` counts them: the children of each top-level
-    part (``backbone.conv0``, ``backbone.conv1``, ..., ``neck.*``, ``head.*``; a part without
-    children is one layer) that hold parameters."""
-    out = []
-    for name, part in net.named_children():
-        subs = [f"{name}.{sub}" for sub, _ in part.named_children()]
-        out += subs or [name]
-    return [n for n in out if any(True for _ in net.get_submodule(n).parameters())]
-
-
-def freeze_prefixes(net: nn.Module, spec: int | Sequence[str]) -> list[str]:
-    """``freeze`` (a layer count, or parameter-name prefixes) -> the frozen name prefixes; a count
-    beyond the network's layers or a prefix that names no parameter is an OptionError."""
-    from ..options import OptionError
-    names = [n for n, _ in net.named_parameters()]
-    if isinstance(spec, int):
-        all_layers = layers(net)
-        if spec > len(all_layers):
-            raise OptionError(f"freeze={spec} but this network has {len(all_layers)} layers "
-                              f"({', '.join(all_layers)})")
-        return all_layers[:spec]
-    missing = [p for p in spec if not any(_under(n, [p]) for n in names)]
-    if missing:
-        tops = sorted({n.split(".")[0] for n in names})
-        raise OptionError(f"freeze: {', '.join(map(repr, missing))} names no parameter of this network (prefixes "
-                          f"are parameter names cut at a dot, under {', '.join(tops)}; freeze=N counts layers "
-                          f"{', '.join(layers(net)[:4])}, ...)")
-    return list(spec)
-
-
-def freeze(net: nn.Module, prefixes: Sequence[str]) -> tuple[list[nn.Parameter], list[nn.Module]]:
-    """Stop gradients to the parameters under ``prefixes`` (so the optimizer never sees them).
-    Returns the parameters this turned off (to be turned on again after the run; parameters that
-    were fixed already stay so) and the normalization layers among them, which the trainer keeps
-    in eval mode: their running statistics stay as they are, so a frozen layer computes what it
-    did before training."""
-    if not prefixes:
-        return [], []
-    frozen, total, changed = 0, 0, []
-    for name, p in net.named_parameters():
-        total += p.numel()
-        if _under(name, prefixes):
-            if p.requires_grad:
-                changed.append(p)
-            p.requires_grad_(False)
-            p.grad = None   # a gradient left by an earlier run would still be clipped, never applied
-            frozen += p.numel()
-    norms = [m for name, m in net.named_modules()
-             if _under(name, prefixes) and isinstance(m, nn.modules.batchnorm._NormBase)]
-    log.info("libreyolo: freeze: %s frozen (%d of %d parameters, %d BatchNorm layers in eval mode)",
-             ", ".join(prefixes) if len(prefixes) <= 6 else f"{', '.join(prefixes[:6])}, ... ({len(prefixes)})",
-             frozen, total, len(norms))
-    return changed, norms
-
-
-def timing_line(timing: dict) -> str:
-    """One line of where a run's wall went (:attr:`Trainer.timing`, seconds)."""
-    total = sum(timing[k] for k in ("setup_s", "train_s", "val_s", "ckpt_wait_s", "between_s", "end_s"))
-
-    def parts(key: str) -> str:   # the parts of a figure, largest first, those of 0.05 s and more
-        named = sorted(((v, k[:-4].lower() if k.endswith("Hook") else k) for k, v in timing.get(key, {}).items()
-                        if v >= 0.05), reverse=True)
-        return f" ({', '.join(f'{k} {v:.1f}' for v, k in named)})" if named else ""
-
-    vp = timing.get("val_parts", {})
-    names = (("host", "host part"), ("stage", "device stage"), ("loss", "device loss"), ("loader", "loader"))
-    val = "".join(f", {name} {vp[k]:.1f}" for k, name in names if vp.get(k, 0.0) >= 0.05)
-    return (f"{total:.1f} s in train(): set-up {timing['setup_s']:.1f}, epochs {timing['train_s']:.1f}, "
-            f"validation {timing['val_s']:.1f} (evaluation {timing['eval_s']:.1f}{val}), waiting for checkpoint "
-            f"writes {timing['ckpt_wait_s']:.1f}, the rest of the epochs' ends {timing['between_s']:.1f}"
-            f"{parts('between_parts')}, end {timing['end_s']:.1f}{parts('end_parts')}")
-
-
-def check_config(cfg: TrainConfig, stride: int) -> None:
-    """Validate every option once, before anything is loaded; canonical values in place. The
-    image size is rounded up to the model's stride with one warning, as predict does."""
-    from ..options import (OptionError, check_choice, check_float, check_fraction, check_imgsz, check_int, check_seed,
-                           parse_amp, parse_bool, parse_cache, parse_freeze, parse_loggers)
-    r, o, g = cfg.run, cfg.optim, cfg.graph
-    r.epochs = check_int("epochs", r.epochs, 1)
-    r.batch = check_int("batch", r.batch, 1)
-    r.imgsz = check_imgsz(r.imgsz, stride)
-    r.cache = parse_cache(r.cache)
-    if r.workers is not None:
-        r.workers = check_int("workers", r.workers, 0, MAX_WORKERS)
-    r.seed = check_seed(r.seed)
-    for name in ("val", "exist_ok", "plots", "verbose"):
-        setattr(r, name, parse_bool(name, getattr(r, name)))
-    r.patience = check_int("patience", r.patience, 0)
-    r.save_period = check_int("save_period", r.save_period, 0)
-    r.nan_patience = check_int("nan_patience", r.nan_patience, 1)
-    r.freeze = parse_freeze(r.freeze)
-    r.loggers = parse_loggers(r.loggers)
-    r.sync_bn = parse_bool("sync_bn", r.sync_bn)
-    r.ddp_timeout = check_float("ddp_timeout", r.ddp_timeout, 0.0, min_inclusive=False)
-    if r.patience and not r.val:
-        raise OptionError(f"patience={r.patience} needs validation: early stopping follows the validation "
-                          "metric, and val=False turns validation off")
-    if not (isinstance(r.resume, (str, Path)) and str(r.resume).lower() not in ("true", "false", "1", "0")):
-        r.resume = parse_bool("resume", r.resume)
-    o.optimizer = check_choice("optimizer", o.optimizer, ("SGD", "AdamW"))
-    if o.lr0 is not None:
-        o.lr0 = check_float("lr0", o.lr0, 0.0, min_inclusive=False)
-    o.lrf = check_float("lrf", o.lrf, 0.0, 1.0)
-    o.momentum = check_float("momentum", o.momentum, 0.0, 1.0, max_inclusive=False)
-    o.weight_decay = check_float("weight_decay", o.weight_decay, 0.0)
-    o.clip_grad = check_float("clip_grad", o.clip_grad, 0.0, min_inclusive=False)
-    o.warmup_epochs = check_float("warmup_epochs", o.warmup_epochs, 0.0)
-    o.warmup_momentum = check_fraction("warmup_momentum", o.warmup_momentum)
-    o.warmup_bias_lr = check_float("warmup_bias_lr", o.warmup_bias_lr, 0.0)
-    o.nbs = check_int("nbs", o.nbs, 1)
-    o.cos_lr, o.ema = parse_bool("cos_lr", o.cos_lr), parse_bool("ema", o.ema)
-    g.cuda_graph = parse_bool("cuda_graph", g.cuda_graph)
-    parse_amp(g.amp)   # validated here; resolved against the device by the trainer
-    if g.channels_last is not None:
-        g.channels_last = parse_bool("channels_last", g.channels_last)
-    cfg.task.check()
+log = logging.getLogger(__name__)
 
 
 class Trainer:
-    """Trains ``model`` (a libreyolo Model) according to a :class:`TrainConfig`."""
+    """Trains ``model`` (a libreyolo Model) according to a :class:`TrainConfig`; ``hooks``: the
+    user's (:class:`~libreyolo.engine.hooks.HookBase` objects or ``{event: fn}`` dicts), run after
+    the built-in ones (see :meth:`register_hooks`)."""
 
-    def __init__(self, model, cfg: TrainConfig):
+    def __init__(self, model, cfg: TrainConfig, hooks=()):
         check_config(cfg, model.STRIDE)
         self.model = model
         self.task: Task = model.task
         self.cfg = cfg
-        self.dist: Distributed | None = None   # joined in _setup (train only): see libreyolo.distributed
-        if launched() or parse_devices(cfg.run.device) is not None:
-            self.device = select_device(local_device(cfg.run.device))   # this rank's device
-        else:
-            self.device = select_device(cfg.run.device) if cfg.run.device != "auto" else model.device
+        self.dist: Distributed | None = None   # joined in setup (train only): see libreyolo.distributed
+        self.device, self.amp_dtype, self.channels_last = device_settings(model, cfg)
         self.model.to(self.device)
-        from ..options import parse_amp
-        self.amp_dtype = parse_amp(cfg.graph.amp, model.AMP_DTYPE) if self.device.type == "cuda" else None
         self.amp = self.amp_dtype is not None
-        cl = cfg.graph.channels_last
-        self.channels_last = bool(model.CHANNELS_LAST and self.device.type == "cuda") if cl is None else cl
         self.memory_format = torch.channels_last if self.channels_last else torch.contiguous_format
         self.frozen_params: list[nn.Parameter] = []   # what freeze= turned off, on again after the run
         self.device_augment = None   # the task's per-batch augmentation on the device (gpu_augment), set up with the data
-        self.hooks = [EvaluationHook(), LoggingHook(), CheckpointHook()]
+        self.epoch: int | None = None   # the epoch running (0-based); None before the first
+        self.last_evaluation = None      # the latest validation's Evaluation (evaluation hook, rank 0)
+        self.iter = 0                    # the global batch index of the step running
+        self.run_folder = RunFolder()    # claimed in setup (rank 0)
+        self.hooks: list[HookBase] = []
+        # the run's accounting and the stop decision come last, after the user's hooks
+        self._tail = [TimingHook(), StopHook()]
+        builtin = [ScheduleHook(), EvaluationHook(), LoggingHook(), CheckpointHook()]
         if "tensorboard" in cfg.run.loggers:   # before the checkpoints, whose end may raise a write's error
-            self.hooks.insert(2, TensorBoardHook())
+            builtin.insert(3, TensorBoardHook())
+        self.register_hooks(builtin)
+        self.register_hooks(hooks)
+
+    def register_hooks(self, hooks) -> None:
+        """Add hooks (:class:`~libreyolo.engine.hooks.HookBase` objects, or ``{event: fn}`` dicts
+        of functions called with the trainer) after those registered before, ahead of the run's
+        time accounting and stop decision (always last, so that a hook's ``stop_reason`` is seen)."""
+        for hook in as_hooks(hooks):
+            hook.trainer = self
+            self.hooks.append(hook)
+        for hook in self._tail:
+            hook.trainer = self
+
+    def _all_hooks(self) -> list[HookBase]:
+        """The hooks this process runs, in order (a distributed run's other ranks skip rank 0's)."""
+        main = self.dist is None or self.dist.is_main
+        return [h for h in self.hooks + self._tail if main or not h.main_only]
+
+    def _call(self, hook: HookBase, event: str) -> None:
+        """``hook``'s ``event``; a user hook's exception becomes one :class:`HookError` naming it
+        (a dead DataLoader worker, which torch raises wherever the main thread is, stays itself)."""
+        try:
+            getattr(hook, event)()
+        except Exception as exc:
+            if hook.own_errors or worker_died(exc) or (self.dist is not None and self.dist.failure(exc)):
+                raise
+            raise HookError(f"training stopped: the hook {hook.name} raised in {event}: "
+                            f"{type(exc).__name__}: {exc}") from exc
 
     # ------------------------------------------------------------------ data
-    def _loaders(self, data):
-        cfg = self.cfg
-        self.train_set, self.val_set, collate = self.task.datasets(data, cfg.run.imgsz, self.model, cfg.task)
-        requested = default_workers(self.device) if cfg.run.workers is None else int(cfg.run.workers)
-        batch, d = cfg.run.batch, self.dist
-        self.epoch_seeded = EpochSeeded(self.train_set, cfg.run.seed, d.rank if d is not None else 0)
-        self.train_sampler = None
-        n_train = len(self.train_set)
-        if d is not None:   # each rank its batch/world share of every global batch, reshuffled per epoch
-            batch = d.local_batch(batch)
-            self.train_sampler = torch.utils.data.DistributedSampler(self.epoch_seeded, d.world, d.rank, shuffle=True,
-                                                                     seed=cfg.run.seed)
-            n_train = len(self.train_sampler)
-        drop_last = n_train > batch
-        train_batches = n_train // batch if drop_last else min(n_train, 1)
-        ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1) if d is not None else 1
-        # no more workers than the machine and the dataset can use (workers=1000 on 8 images
-        # once forked 1,000 processes and woke the out-of-memory killer); validation's loader
-        # is capped by its own batches
-        workers, why = cap_workers(requested, train_batches, ranks)
-        self.worker_cap_note = None   # logged by _setup (a val() call builds the loaders too)
-        if why:
-            asked = f"workers={requested}" if cfg.run.workers is not None else f"the default {requested} workers"
-            self.worker_cap_note = f"{asked} capped at {workers}: {', '.join(why)}"
-        val_workers, _ = cap_workers(workers, -(-len(self.val_set) // cfg.run.batch))
-        mode = cfg.run.cache
-        if mode == "auto" and workers > 0 and _start_method() != "fork":
-            # workers not forked (spawn, forkserver) would each receive a copy of a RAM cache
-            log.info("libreyolo: cache=auto: no RAM cache, the DataLoader workers start by %s and would "
-                     "each hold a copy (cache=ram caches anyway)", _start_method())
-            mode = False
-        if mode:   # before the workers start: forked workers share a RAM cache
-            for ds in (self.train_set, self.val_set):
-                fill = getattr(ds, "cache_images", None)
-                if fill is None:
-                    if mode != "auto":
-                        log.warning("libreyolo: cache=%s: the %s task's datasets have no image cache; they "
-                                    "read their files every epoch", mode, self.task.name)
-                    break
-                fill(mode, progress=cfg.run.verbose)
-        # One generator, re-seeded at every epoch (seed + epoch): the shuffle order and the
-        # workers' augmentation seeds of epoch e are the same in a resumed run.
-        self.loader_gen = torch.Generator().manual_seed(cfg.run.seed)
-        pin = self.device.type == "cuda"
-        # persistent workers: no process start-up per epoch; EpochSeeded re-seeds them per epoch;
-        # each worker dies with this process and leaves Ctrl-C to it (loader_worker_init)
-        init = functools.partial(loader_worker_init, os.getpid())
-
-        def common(n: int) -> dict:
-            return dict(num_workers=n, pin_memory=pin, collate_fn=collate, persistent_workers=n > 0,
-                        worker_init_fn=init if n > 0 else None)
-        self._loader_started = False   # a persistent loader draws its workers' base seed once, when it starts
+    def make_loaders(self, data):
+        """The run's loaders (:func:`~libreyolo.engine.loaders.build_loaders`), their datasets and
+        the per-epoch state the loop keeps for them."""
+        ld = self.data = build_loaders(self.task, data, self.model, self.cfg, self.device, self.dist)
+        self.train_set, self.val_set, self.epoch_seeded = ld.train_set, ld.val_set, ld.epoch_seeded
+        self.worker_cap_note = ld.cap_note
         self._prepared = None   # (epoch, its loader iterator, the task's phase change): see _prepare_epoch
-        self._worker_signal = _WorkerDeathSignal()
-        if d is not None:
-            train = torch.utils.data.DataLoader(self.epoch_seeded, batch_size=batch, sampler=self.train_sampler,
-                                                generator=self.loader_gen, drop_last=drop_last, **common(workers))
-        else:
-            train = torch.utils.data.DataLoader(self.epoch_seeded, batch_size=batch, shuffle=True,
-                                                generator=self.loader_gen, drop_last=drop_last, **common(workers))
-        # validation runs on rank 0 alone, at the global batch (as one GPU validates)
-        val = torch.utils.data.DataLoader(self.val_set, batch_size=cfg.run.batch, shuffle=False, **common(val_workers))
-        return train, val
-
-    # ------------------------------------------------------------------ validate
-    #: how validation graphs are captured (None: CUDA graphs); tests pass a CPU stand-in
-    val_capturer: Any = None
-
-    def _validation_stage(self, net: nn.Module, loader):
-        """The :class:`~libreyolo.engine.valgraph.ValidationStage` for ``net`` (kept across epochs,
-        so its graph is captured once per run): graphed when ``cuda_graph`` is on and the family
-        is capturable, eager otherwise; the batch fixed at the loader's (or the split's size)."""
-        from .valgraph import ValidationStage, graph_validation
-        batch = min(int(loader.batch_size or 1), max(1, len(loader.dataset)))
-        stage = getattr(self, "_val_stage", None)
-        if stage is None or stage.net is not net or stage.batch != batch:
-            graphs, why = graph_validation(self.model, self.cfg.graph.cuda_graph, self.device, self.val_capturer)
-            if graphs:
-                log.info("libreyolo: validating %s through a captured stage (batch %d)", self.model.FAMILY, batch)
-            elif self.cfg.graph.cuda_graph:
-                log.info("libreyolo: validating %s eager: %s", self.model.FAMILY, why)
-            stage = self._val_stage = ValidationStage(self.model, net, batch, graphs, self.val_capturer)
-        return stage
-
-    @torch.no_grad()
-    def validate(self, net: nn.Module, loader, progress: bool = False, loss_fn: nn.Module | None = None) -> dict:
-        """The task's metrics of ``net`` on ``loader`` (eval mode, the AMP of the run).
-
-        Each batch goes through validation's stage (:mod:`libreyolo.engine.valgraph`): the
-        network and the evaluator's device part on fixed-shape batches (a last partial batch
-        padded), replayed from a CUDA graph with ``cuda_graph=True`` on a capturable family -
-        the same numbers as eager, bit for bit - then the evaluator's host part.
-
-        With ``loss_fn`` (training's loss module) it also computes the validation loss: the same
-        loss as training on each batch's training-format outputs of the evaluated weights (see
-        ``Model.val_loss_outputs``; normalization and dropout in eval mode, no gradients),
-        averaged over the images, left in ``self.val_loss`` (a CPU tensor named like the
-        loss's ``item_names``). The metrics are the same with or without it.
-        """
-        was_training = net.training
-        net.eval()
-        m = self.model
-        prep = m.preprocess
-        stage = self._validation_stage(net, loader)
-        evaluator = self.last_evaluator = self.task.evaluator(m, self.cfg.task)
-        evaluator.pool = getattr(self, "eval_pool", None)
-        evaluator.reset()
-        bar = None
-        if progress:
-            from tqdm import tqdm
-            bar = tqdm(total=len(loader), desc="  validate", unit="batch", leave=False)
-        hook = net.register_forward_hook(stage.record) if loss_fn is not None else None
-        total, images = None, 0
-        # where validation's time goes (seconds): waiting for the loader, the evaluator's host part
-        # (detection: host NMS or the copy of the device's, waiting for the stage), the device time of the
-        # stage and of the validation loss (CUDA events, read once at the end: no added sync)
-        parts = {"loader": 0.0, "host": 0.0, "stage": 0.0, "loss": 0.0}
-        spans: list[tuple[Any, Any, Any]] = []
-        cuda = self.device.type == "cuda"
-        # the events go on the run's device's current stream (not the current device's: see LossFold)
-        stream = torch.cuda.current_stream(self.device) if cuda else None
-
-        def mark() -> Any:
-            if cuda:
-                ev = torch.cuda.Event(enable_timing=True)
-                ev.record(stream)
-                return ev
-            return time.perf_counter()
-        # the loss's own randomness (DETR denoising queries) from a fixed seed: the same batches
-        # give the same validation loss, and training's random stream is left as it was
-        rng = contextlib.nullcontext()
-        if loss_fn is not None:
-            rng = torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else [])
-        try:
-            with rng:
-                if loss_fn is not None:
-                    torch.manual_seed(self.cfg.run.seed)
-                t_wait = time.perf_counter()
-                # the iterator the epoch's last step started (_prefetch_validation), if it is this
-                # loader's: a second iter() of a persistent loader would reset its workers' work
-                prefetched, self._val_batches = getattr(self, "_val_batches", None), None
-                batches = prefetched[1] if prefetched is not None and prefetched[0] is loader else loader
-                for batch in batches:
-                    parts["loader"] += time.perf_counter() - t_wait
-                    x = batch[0].to(self.device, non_blocking=True).float().div_(255)
-                    x = prep.normalize(x.contiguous(memory_format=self.memory_format))
-                    m0 = mark()
-                    with torch.autocast(self.device.type, dtype=self.amp_dtype or torch.float16, enabled=self.amp):
-                        out, raw = stage(x, evaluator, with_raw=loss_fn is not None)
-                        m1 = mark()
-                        if loss_fn is not None:
-                            targets = [t.to(self.device, non_blocking=True) for t in batch[1:]]
-                            _, items = loss_fn(m.val_loss_outputs(net, raw, x, *targets), *targets)
-                    if loss_fn is not None:
-                        items = items.detach().float() * x.shape[0]
-                        total = items if total is None else total + items
-                        images += x.shape[0]
-                    spans.append((m0, m1, mark()))
-                    t_host = time.perf_counter()
-                    evaluator.process(out, batch)
-                    parts["host"] += time.perf_counter() - t_host
-                    if bar is not None:
-                        bar.update(1)
-                    t_wait = time.perf_counter()
-        finally:
-            if hook is not None:
-                hook.remove()
-            stage.recorded.clear()
-            if bar is not None:
-                bar.close()
-            net.train(was_training)
-        if loss_fn is not None:
-            self.val_loss = (total / max(images, 1)).cpu() if total is not None else None
-        if cuda and spans:
-            spans[-1][2].synchronize()
-        for a, b, c in spans:
-            if cuda:
-                parts["stage"] += a.elapsed_time(b) / 1e3
-                parts["loss"] += b.elapsed_time(c) / 1e3
-            else:
-                parts["stage"] += b - a
-                parts["loss"] += c - b
-        self.val_parts = parts
-        t0 = time.perf_counter()
-        metrics = evaluator.evaluate()
-        self.val_eval_s = time.perf_counter() - t0
-        return metrics
+        self._worker_signal = WorkerDeathSignal()
+        return ld.train, ld.val
 
     # ------------------------------------------------------------------ set-up
-    def _setup(self) -> None:
-        """Seeds, data, network, loss, optimizer, EMA, resume state, run folder, step runner."""
-        from ..weights import load_checkpoint
-        cfg, m = self.cfg, self.model
-        run, opt_cfg = cfg.run, cfg.optim
-        self.dist = Distributed.setup(run.device, run.ddp_timeout)
-        if self.dist is not None:
-            self.device = self.dist.device
-            self.dist.local_batch(run.batch)   # a batch that does not divide fails before any work
-            if not self.dist.is_main:
-                run.verbose = False   # rank 0 alone reports progress
-        if run.sync_bn:
-            if self.dist is None or self.device.type != "cuda":
-                from ..options import OptionError
-                raise OptionError("sync_bn=True synchronizes BatchNorm across the GPUs of a distributed run "
-                                  "(device=0,1 or torchrun); torch's SyncBatchNorm runs on CUDA only")
-        self.run_dir = None
-        if self.dist is None or self.dist.is_main:   # rank 0 alone writes the run folder
-            self._claim_run_dir()   # before any work: a folder in use fails at once
-        torch.manual_seed(run.seed)
-        np.random.seed(run.seed)
-        if self.dist is not None:   # rank 0 first: a built-in set is generated once, not per rank
-            data = self.dist.main_first(lambda: self.task.resolve_data(run.data), f"prepare data={run.data!r}")
-        else:
-            data = self.task.resolve_data(run.data)
-        if data.nc != m.nc:
-            log.info("libreyolo: dataset has %d classes, model %d: rebuilding the head for %d classes",
-                     data.nc, m.nc, data.nc)
-            m.reset_classes(data.nc, data.names)
-        else:
-            m.names = dict(data.names)
-        m.imgsz = run.imgsz
-        net = self.net = m.model
-        if not m.trained and not run.resume:
-            m.init_for_training(net)   # the original recipes' prior bias on class/objectness logits
-        net.to(self.device, memory_format=self.memory_format).train()
-        if self.dist is not None:
-            self.dist.broadcast_module(net)   # every rank starts from rank 0's weights
-            if run.sync_bn:   # in place: the same parameter and buffer tensors
-                convert_sync_batchnorm(net)
-        self.frozen = freeze_prefixes(net, run.freeze) if run.freeze is not None else []
-        self.frozen_params, self.frozen_norms = freeze(net, self.frozen)
-        self.loss_fn = m.build_loss().to(self.device)
-        # a separate instance for the validation loss: the training step's may be captured in a graph
-        self.val_loss_fn = m.build_loss().to(self.device) if run.val else None
-        self.item_names = tuple(self.loss_fn.item_names)  # the loss contract: see Model.build_loss
-        self.train_loader, self.val_loader = self._loaders(data)
-        if self.worker_cap_note:
-            log.log(logging.INFO if run.workers is not None else logging.DEBUG, "libreyolo: %s", self.worker_cap_note)
-        self.device_augment = self.task.device_augment(self.train_set, cfg.task)   # gpu_augment: per batch
-        self.nb = len(self.train_loader)
-        self.accumulate = max(round(opt_cfg.nbs / run.batch), 1)
-        if opt_cfg.lr0 is None:
-            opt_cfg.lr0 = 0.001 if opt_cfg.optimizer.lower() == "adamw" else 0.01
-        wd = opt_cfg.weight_decay * run.batch * self.accumulate / opt_cfg.nbs
-        # A whole training step (optimizer included) can be captured only with a fused SGD or
-        # AdamW whose lr is a device tensor (updated in place by the schedule). float16's
-        # GradScaler is graph-safe with a fused optimizer: unscale and the inf check are device
-        # kernels, the fused step skips itself on found_inf, and update() rescales in place.
-        name = opt_cfg.optimizer.lower()
-        if name not in ("sgd", "adamw"):
-            raise ValueError(f"optimizer must be SGD or AdamW, got {opt_cfg.optimizer!r}")
-        self.whole_step = (bool(cfg.graph.cuda_graph) and m.SUPPORTS_CUDA_GRAPH_TRAIN and name in m.WHOLE_STEP_OPTIMIZERS
-                           and self.device.type == "cuda")
-        groups = _param_groups(net, wd)
-        if self.whole_step:
-            for g in groups:
-                g["lr"] = torch.tensor(opt_cfg.lr0, device=self.device)
-        fused = True if self.whole_step else None
-        if name == "adamw":
-            # capturable: AdamW refuses to be captured without it (it keeps its step on the device)
-            opt = torch.optim.AdamW(groups, lr=opt_cfg.lr0, betas=(opt_cfg.momentum, 0.999), fused=fused,
-                                    capturable=bool(self.whole_step))
-        else:
-            opt = torch.optim.SGD(groups, lr=opt_cfg.lr0, momentum=opt_cfg.momentum, nesterov=True, fused=fused)
-        for g in opt.param_groups:
-            g["initial_lr"] = opt_cfg.lr0
-        self.opt = opt
-        self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp_dtype == torch.float16)
-        self.ema = ModelEMA(net, frozen=self.frozen) if opt_cfg.ema else None
-
-        self.start_epoch, self.best_fitness = 0, -1.0
-        if run.resume:
-            last = self._resume_path()
-            ck = load_checkpoint(last)
-            st = ck.get("train_state")
-            if not st:
-                raise ValueError(f"{last} has no training state to resume from")
-            if list(st.get("freeze") or []) != list(self.frozen):
-                raise ValueError(f"{last} was trained with freeze={st.get('freeze') or None}, this run has "
-                                 f"freeze={self.frozen or None}: resume with the run's own freeze")
-            net.load_state_dict(st["model_raw"])
-            opt.load_state_dict(st["optimizer"])
-            match_state_layouts(opt)
-            if self.whole_step:  # a loaded tensor lr comes back on the CPU
-                for g in opt.param_groups:
-                    g["lr"] = torch.tensor(float(g["lr"]), device=self.device)
-            self.scaler.load_state_dict(st["scaler"])
-            if self.ema is not None and st.get("ema_updates") is not None:
-                self.ema.ema.load_state_dict(ck["model"])
-                self.ema.updates = int(st["ema_updates"])
-            self.start_epoch, self.best_fitness = int(st["epoch"]) + 1, float(st["best_fitness"])
-            self.resumed_best_epoch = st.get("best_epoch")
-            self.run_dir = last.parent.parent
-            log.info("libreyolo: resuming %s from epoch %d", self.run_dir, self.start_epoch + 1)
-        if self.dist is not None:   # the others learn the run folder's name
-            self.run_dir = Path(self.dist.broadcast_object(str(self.run_dir)))
-        self.csv_path = self.run_dir / "results.csv"
-        self._setup_runner()
-
-    def _resume_path(self) -> Path:
-        run = self.cfg.run
-        return (Path(run.resume) if isinstance(run.resume, (str, Path)) and run.resume is not True
-                else Path(run.project) / run.name / "weights" / "last.pt")
-
-    def _claim_run_dir(self) -> None:
-        """The run folder (``resume``: the checkpoint's; ``exist_ok=False``: the first free
-        ``name``, ``name2``, ... claimed by creating it, so that runs started together get folders
-        of their own), locked for the run (:class:`RunLock`): a second run into a folder in use
-        stops here with a :class:`RunFolderBusy` naming it and the process that holds it."""
-        run = self.cfg.run
-        self._run_lock, self._made_run_dir, made = None, False, True
-        if run.resume:
-            run_dir = self._resume_path().parent.parent
-            if not run_dir.is_dir():
-                return   # the checkpoint's load says what is missing
-            made = False
-        elif run.exist_ok:
-            run_dir = next_run_dir(run.project, run.name, True)
-            made = not run_dir.exists()
-            run_dir.mkdir(parents=True, exist_ok=True)
-        else:
-            while True:
-                run_dir = next_run_dir(run.project, run.name, False)
-                try:
-                    run_dir.mkdir(parents=True)
-                    break
-                except FileExistsError:   # another run took it since: the next name
-                    continue
-        self._run_lock = RunLock.acquire(run_dir)   # RunFolderBusy: the folder is left as it is
-        self.run_dir, self._made_run_dir = run_dir, made
-        (run_dir / "weights").mkdir(exist_ok=True)
-
-    def _release_run_dir(self, failed_setup: bool = False) -> None:
-        """The run folder's lock released (its file removed); after a set-up that failed, a folder
-        this run created and left empty is removed as well."""
-        lock, self._run_lock = getattr(self, "_run_lock", None), None
-        if lock is not None:
-            lock.release()
-        run_dir = getattr(self, "run_dir", None)
-        if failed_setup and getattr(self, "_made_run_dir", False) and run_dir is not None:
-            for folder in (run_dir / "weights", run_dir):
-                try:
-                    folder.rmdir()   # only if empty
-                except OSError:
-                    break
-
-    def _setup_runner(self) -> None:
-        """The step (forward, loss, backward), the update, and how they run: graphed or eager."""
-        cfg, m, net = self.cfg, self.model, self.net
-        amp_dtype, loss_fn, prep = self.amp_dtype, self.loss_fn, m.preprocess
-        scaler, opt, ema = self.scaler, self.opt, self.ema
-        params = [p for p in net.parameters() if p.requires_grad]
-        # distributed: the loss computes its share (or local mean) by its DDP_REDUCTION rule, the
-        # logged items and - on the update - the flat gradient buffer are all-reduced by it
-        d = self.dist
-        rule = reduction_of(loss_fn) if d is not None else None
-        reduce_grads = GradientReducer(params, d.world, mean=rule == "mean") if d is not None else None
-        self.grad_reducer = reduce_grads
-
-        def step(x, *targets):
-            # no autocast weight cache: a captured graph must not record casts the cache frees later
-            with torch.autocast(self.device.type, dtype=amp_dtype or torch.float16, enabled=amp_dtype is not None,
-                                cache_enabled=False), loss_share(d is not None):
-                outputs = m.train_forward(net, prep.normalize(x), *targets)
-                loss, items = loss_fn(outputs, *targets)
-            backward_into_grads(scaler.scale(loss), params)   # = .backward(), one foreach add
-            items = items.detach()
-            if d is not None:
-                items = d.reduce_items(items, rule)
-            return loss.detach(), items
-
-        def optimizer_step() -> None:
-            if reduce_grads is not None:   # before unscaling and clipping: every rank clips the same gradient
-                reduce_grads()
-            if scaler.is_enabled():
-                scaler.unscale_(opt)
-            torch.nn.utils.clip_grad_norm_(params, max_norm=cfg.optim.clip_grad, foreach=True)
-            scaler.step(opt)
-            scaler.update()
-            opt.zero_grad(set_to_none=False)
-            if ema is not None:
-                ema.update(net)
-
-        def mutable_state() -> list[torch.Tensor]:
-            return training_state(params, opt, net.buffers(), ema.tensors() if ema is not None else (),
-                                  scaler_tensors(scaler))
-
-        if self.whole_step:
-            prime_optimizer_state(opt)  # buffers a captured update writes must exist before capture
-            if scaler.is_enabled():     # its scale and growth tracker are made at the first scale()
-                scaler.scale(torch.zeros((), device=self.device))
-        # Families whose step cannot be one graph may capture a fixed-shape front part instead
-        # (DETR: backbone + encoder forward and backward; decoder, matcher and loss eager).
-        self.seam = None
-        if (cfg.graph.cuda_graph and self.device.type == "cuda" and not m.SUPPORTS_CUDA_GRAPH_TRAIN
-                and m.SUPPORTS_CUDA_GRAPH_TRAIN_SEAM):
-            front = m.train_seam(net)
-            if front is not None:
-                self.seam = GraphedSegment(front, name=f"{m.FAMILY} backbone+encoder")
-                m.set_train_seam(net, self.seam)
-                log.info("libreyolo: training %s with its backbone+encoder in CUDA graphs (forward and "
-                         "backward); decoder, matching and loss eager", m.FAMILY)
-        self.optimizer_step = optimizer_step
-        self.step_runner = TrainStepRunner(net, step, enabled=bool(cfg.graph.cuda_graph) and self.seam is None,
-                                           family=m.FAMILY, supported=m.SUPPORTS_CUDA_GRAPH_TRAIN,
-                                           update=optimizer_step, state=mutable_state,
-                                           agree=d.agree if d is not None else None)
-
-    # ------------------------------------------------------------------ schedule
-    def lr_factor(self, epoch: float) -> float:
-        """The learning rate's factor at ``epoch`` (linear or cosine from 1 to ``lrf``)."""
-        o = self.cfg.optim
-        x = epoch / max(1, self.cfg.run.epochs)
-        if o.cos_lr:
-            return ((1 - math.cos(x * math.pi)) / 2) * (o.lrf - 1) + 1
-        return (1 - x) * (1.0 - o.lrf) + o.lrf
-
-    def warmup(self, ni: int, epoch: int) -> None:
-        """Before batch ``ni`` of the warm-up: accumulation, learning rates and momentum ramp up."""
-        o, nw = self.cfg.optim, self.nw
-        if not (nw > 0 and ni <= nw):
-            return
-        xi = [0, nw]
-        self.accumulate = max(1, round(float(np.interp(ni, xi, [1, o.nbs / self.cfg.run.batch]))))
-        for j, g in enumerate(self.opt.param_groups):
-            start = o.warmup_bias_lr if j == 2 else 0.0
-            _set_lr(g, float(np.interp(ni, xi, [start, g["initial_lr"] * self.lr_factor(epoch)])))
-            if "momentum" in g:
-                g["momentum"] = float(np.interp(ni, xi, [o.warmup_momentum, o.momentum]))
+    def setup(self) -> None:
+        """Seeds, data, network, loss, optimizer, EMA, resume state, run folder, step runner
+        (:func:`~libreyolo.engine.setup.set_up`)."""
+        set_up(self)
 
     # ------------------------------------------------------------------ loop
     def step(self, ni: int, batch) -> torch.Tensor:
@@ -948,35 +168,6 @@ class Trainer:
             batch = list(self.device_augment(*batch))
         return batch
 
-    #: start the next epoch's loader (its workers on its first batches) before this epoch's
-    #: validation and checkpoints; False: when the next epoch begins (tests and
-    #: benchmarks/train_epochs.py compare the two)
-    prefetch_next_epoch: bool = True
-    #: steps the loop reads a step's loss behind: 1, the device runs step i while the host reads
-    #: step i-1's; 0, each step waited for at once (a synchronous loop: the same numbers, for comparison)
-    loss_lag: int = 1
-    #: the interpreter's thread switch interval (sys.setswitchinterval, seconds) for the run, then
-    #: restored; None keeps Python's 5 ms. The checkpoint writer and the plotter hold the GIL while
-    #: they pickle and draw, and a main thread that released it (to wait on the device, to launch
-    #: a replay) gets it back only at the next switch: a shorter interval bounds that wait
-    #: (benchmarks/train_epochs.py's +switch arm measures it)
-    switch_interval: float | None = None
-    #: the epoch's end joins the previous epoch's checkpoint write before validating (True), or
-    #: only before the next write, so that the write overlaps validation (False; the +overlap arm).
-    #: None: False when a child process writes (it takes no GIL from validation), else True
-    join_write_before_validation: bool | None = None
-    #: the objects alive when the epochs start are left out of the garbage collector's full
-    #: collections for the run (engine.background.frozen_heap); False: Python's default
-    freeze_heap: bool = True
-    #: checkpoints written by a child interpreter (engine.ckptwriter: the pickling off this
-    #: process's GIL, which the step loop needs); None: on CUDA runs, where a GIL-starved loop
-    #: leaves the device idle. False: the writer thread writes them itself
-    checkpoint_process: bool | None = None
-    #: helper processes the validations' evaluation may use (Task.evaluation_pool: detection
-    #: deals its classes out to them, the same figures); below 2: each evaluation in this process.
-    #: A quarter of the cores, at most 4 (none on a machine of fewer than 8: a pool needs two)
-    eval_processes: int = min(4, (os.cpu_count() or 1) // 4)
-
     def _prepare_epoch(self, epoch: int) -> None:
         """What epoch ``epoch``'s batches depend on, then its loader iterator: the task's data phase
         (``Task.on_epoch``: close_mosaic writes the shared memory the workers read), the shuffle
@@ -985,35 +176,26 @@ class Trainer:
         batches at once (prefetch_factor per worker), so when this runs before the previous epoch's
         validation those batches load while it validates. The main process's RNGs are seeded in
         :meth:`train_epoch`, after validation, where the step (and a worker-less loader) draws them."""
-        cfg = self.cfg
-        why = self.task.on_epoch(self.train_set, epoch, cfg.run.epochs, cfg.task)
-        self.loader_gen.manual_seed(cfg.run.seed + epoch)
-        if self.train_loader.persistent_workers and self._loader_started:
-            # a loader draws its workers' base seed from the generator before the shuffle, and a
-            # persistent one only when it starts: the same draw here keeps every epoch's order the
-            # one a freshly started loader gives (so a resumed run shuffles as an uninterrupted one)
-            torch.empty((), dtype=torch.int64).random_(generator=self.loader_gen)
-        self._loader_started = True
-        self.epoch_seeded.set_epoch(epoch)
-        if self.train_sampler is not None:
-            self.train_sampler.set_epoch(epoch)
-        self._prepared = (epoch, iter(self.train_loader), why)
+        self._prepared = (epoch, *self.data.epoch_batches(epoch, self.task, self.cfg))
         self._worker_signal.install()   # torch's SIGCHLD handler is set by then (an iterator with workers)
 
-    #: start the validation loader's workers on its first batches before the epoch's last step,
-    #: so validation does not begin by waiting for them (its batches do not depend on the epoch)
-    prefetch_validation: bool = True
-
     def _prefetch_validation(self) -> None:
-        """``iter()`` of the validation loader now, for :meth:`validate` to consume: with persistent
+        """``iter()`` of the validation loader now, for validation to consume: with persistent
         workers that sets them to work at once (prefetch_factor batches each). Only where this
         epoch's validation runs (rank 0, ``val`` on, a non-empty split) and the loader has workers."""
         self._val_batches = None
         loader = getattr(self, "val_loader", None)
         main = self.dist is None or self.dist.is_main
-        if (self.prefetch_validation and main and loader is not None and loader.num_workers > 0
+        if (self.cfg.tune.prefetch_validation and main and loader is not None and loader.num_workers > 0
                 and self.cfg.run.val and len(self.val_set) > 0):
             self._val_batches = (loader, iter(loader))
+
+    def prefetched_validation(self, loader) -> Any:
+        """The iterator of ``loader`` started before the epoch's last step (:meth:`_prefetch_validation`),
+        handed out once (a second ``iter()`` of a persistent loader would reset its workers' work);
+        None where there is none for this loader."""
+        prefetched, self._val_batches = getattr(self, "_val_batches", None), None
+        return prefetched[1] if prefetched is not None and prefetched[0] is loader else None
 
     def _prepared_for(self, epoch: int) -> tuple:
         prepared = getattr(self, "_prepared", None)
@@ -1022,7 +204,9 @@ class Trainer:
         return self._prepared
 
     def train_epoch(self, epoch: int) -> torch.Tensor:
-        """One epoch over the training set; returns the mean loss items.
+        """One epoch over the training set - per batch the hooks' ``before_step``, :meth:`step`,
+        their ``after_step`` - then the gradients still accumulating applied; returns the mean
+        loss items.
 
         The loop does not wait for the device: each step's items are read one step late
         (:class:`LossFold`), and the progress bar shows those and refreshes at tqdm's own rate."""
@@ -1051,27 +235,37 @@ class Trainer:
             post.update(fold.counts)
             progress.set_postfix(post, refresh=False)
 
+        hooks = self._all_hooks()   # per step: only those that handle the event (nothing for the others)
+        before = [h for h in hooks if h.handles("before_step")]
+        after = [h for h in hooks if h.handles("after_step")]
         wait, t_ready = 0.0, time.perf_counter()
-        for i, batch in enumerate(batches):
-            wait += time.perf_counter() - t_ready   # the loop waited this long for the loader
-            if i == nb - 1:
-                self._prefetch_validation()
-            ni = i + nb * epoch
-            self.warmup(ni, epoch)
-            start = fold.start()
-            items = self.step(ni, batch)
-            counts = {}
-            if progress is not None:
-                x, targets = self.last_batch
-                counts = {**self.task_postfix(targets), "size": x.shape[-1]}
-            fold.push(i, start, items, counts)
-            if len(fold.pending) > self.loss_lag:   # the previous batch's: finished or finishing
-                fold.fold()
+        try:
+            for i, batch in enumerate(batches):
+                wait += time.perf_counter() - t_ready   # the loop waited this long for the loader
+                if i == nb - 1:
+                    self._prefetch_validation()
+                ni = self.iter = i + nb * epoch
+                for hook in before:   # the schedule's warm-up first
+                    self._call(hook, "before_step")
+                start = fold.start()
+                items = self.step_items = self.step(ni, batch)
+                counts = {}
                 if progress is not None:
-                    postfix()
-            if progress is not None:
-                progress.update(1)
-            t_ready = time.perf_counter()
+                    x, targets = self.last_batch
+                    counts = {**self.task_postfix(targets), "size": x.shape[-1]}
+                fold.push(i, start, items, counts)
+                if len(fold.pending) > self.cfg.tune.loss_lag:   # the previous batch's: finished or finishing
+                    fold.fold()
+                    if progress is not None:
+                        postfix()
+                for hook in after:
+                    self._call(hook, "after_step")
+                if progress is not None:
+                    progress.update(1)
+                t_ready = time.perf_counter()
+        except HookError:   # stopping: the error's frames must not keep the loader's workers alive
+            batches = None
+            raise
         fold.drain()
         self.loader_wait_s, self.sync_wait_s, self.step_device_s = wait, fold.sync_s, fold.device_s
         self.nonfinite_note = (f"{fold.first_nonfinite} ({fold.nonfinite} of {nb} batches)"
@@ -1084,8 +278,6 @@ class Trainer:
             # resumed run continues exactly where the interrupted one stopped
             self.optimizer_step()
             self.last_opt_step = nb * (epoch + 1) - 1
-        for g in self.opt.param_groups:
-            _set_lr(g, g["initial_lr"] * self.lr_factor(epoch + 1))
         return fold.mloss
 
     @staticmethod
@@ -1105,7 +297,7 @@ class Trainer:
         batches of another shape (fewer target rows without mosaic) get graphs of their own."""
         _, _, why = self._prepared_for(epoch)
         if why:
-            log.info("libreyolo: %s", why)
+            log.info("%s", why)
         on_epoch = getattr(self.loss_fn, "on_epoch", None)
         if on_epoch is not None and on_epoch(epoch, self.cfg.run.epochs):
             # the loss computes something else from now on: graphs of the old loss are stale
@@ -1120,53 +312,90 @@ class Trainer:
         self.frozen_params = []
 
     def train(self) -> dict:
-        """Set up, train the epochs, end the run (see the module docstring); the run folder is
-        locked meanwhile (:class:`RunLock`).
+        """Train: set up, then the epochs, then end the run; returns its account (final and best
+        metrics, history, losses, timing, the checkpoints' paths).
+
+        Each epoch is the hooks' ``before_epoch``, :meth:`train_epoch` (per batch ``before_step``,
+        the step, ``after_step``) and ``after_epoch`` (the schedule's decay, evaluation and early
+        stopping, the logs, the checkpoints, a user's hooks, the timing, the stop decision), until
+        the last epoch or a ``stop_reason``. Around the loop, :meth:`_running` holds the run: the
+        set-up and the hooks' ``before_train`` before it; after it - also when it stops on an error
+        or Ctrl-C - the hooks' ``after_train``, the loaders' workers, helper processes and the
+        process group ended, the run folder's lock released (:class:`RunLock`).
 
         Ctrl-C (KeyboardInterrupt) stops the run cleanly: the checkpoint write in flight is
         finished (saves are atomic), no more plots are drawn, the loader workers and helper
         processes end, one line says what ``last.pt`` holds and how to continue, and a
         :class:`TrainingInterrupted` (a KeyboardInterrupt: a library does not swallow it) is
-        raised with that line, without torch's frames."""
-        self.interrupted_in = None   # the epoch Ctrl-C stopped (None: set-up, or not interrupted)
-        self._epoch_now = None
+        raised with that line, without torch's frames. A dead DataLoader worker or rank stops
+        it with one :class:`TrainingError` saying what is on disk; a hook that raises, with one
+        :class:`~libreyolo.engine.hooks.HookError` naming it."""
+        with self._running() as run:
+            for epoch in run.epochs:
+                self._begin_epoch(epoch)
+                mloss = self.train_epoch(epoch)
+                self._end_epoch(epoch, mloss)
+                if self.stop_reason:
+                    log.info("%s", self.stop_reason)
+                    break
+        return run.outcome()
+
+    @contextlib.contextmanager
+    def _running(self):
+        """The run around the epochs (see :meth:`train`); yields a :class:`_Run` whose ``epochs``
+        are those to train (none where Ctrl-C stopped the set-up) and whose ``outcome()`` is the
+        run's account or raises its error - outside any handler, so without torch's frames."""
+        run, yielded = _Run(), False
         try:
-            return self._train()
+            self._setup_run()
+            interval, grad_enabled = sys.getswitchinterval(), torch.is_grad_enabled()
+            heap = contextlib.ExitStack()
+            try:
+                self._before_train(heap)
+                run.epochs, yielded = range(self.start_epoch, self.cfg.run.epochs), True
+                yield run
+                if self.dist is not None:   # every rank returns rank 0's account of the run
+                    (self.history, self.best_metrics, self.best_epoch, self.best_fitness) = self.dist.broadcast_object(
+                        (self.history, self.best_metrics, self.best_epoch, self.best_fitness))
+            except KeyboardInterrupt:   # Ctrl-C, wherever in the epochs: the hooks' ends below see it
+                self.interrupted_in = self.epoch   # None: before the first epoch, in the hooks' start
+                self._worker_signal.quiet = True   # the workers' exits as the run stops
+                raise
+            except RuntimeError as exc:
+                run.error = self._stopped_by(exc)
+                if run.error is None:
+                    raise
+            finally:
+                # a DataLoader worker's death arrives as an exception raised wherever the main thread is
+                # (torch's SIGCHLD handler), also between a grad-mode switch and its restore (an
+                # optimizer step, a no_grad block's exit): the run's end puts the caller's mode back
+                sys.setswitchinterval(interval)
+                torch.set_grad_enabled(grad_enabled)
+                self._end_run(heap, run.error)
+            if run.error is None:
+                run.result = self._result()
         except KeyboardInterrupt as exc:
             if isinstance(exc, TrainingInterrupted):
                 raise
             message = self._interrupted_message()
-            log.warning("libreyolo: %s", message)
+            log.warning("%s", message)
+            run.error = TrainingInterrupted(message)
         finally:
-            self._release_run_dir()
-        raise TrainingInterrupted(message)   # outside the handler: no "during handling" context
+            self.run_folder.release()
+        if not yielded:
+            yield run
 
-    def _interrupted_message(self) -> str:
-        """What a run stopped by Ctrl-C has on disk: the epoch ``last.pt`` holds (its write in
-        flight was joined by the run's end) and the option that continues it."""
-        epoch, run_dir = self.interrupted_in, getattr(self, "run_dir", None)
-        if epoch is None:   # after the epochs, in the run's last steps
-            epoch = getattr(self, "_epoch_now", None)
-        if epoch is None or run_dir is None:
-            return "training interrupted during set-up; nothing was saved"
-        total = self.cfg.run.epochs
-        last = run_dir / "weights" / "last.pt"
-        saved = getattr(self, "saved_epoch", None)
-        if saved is None and self.start_epoch > 0:
-            saved = self.start_epoch   # resumed, nothing saved yet in this run: the file resumed from
-        where = f"training interrupted in epoch {epoch + 1}/{total}"
-        if saved is None:
-            return f"{where}; no epoch had been completed, nothing was saved"
-        return (f"{where}: {last} holds epoch {saved}/{total}; continue with the same options and "
-                f"resume={last}")
-
-    def _train(self) -> dict:
+    def _setup_run(self) -> None:
+        """:meth:`setup` (what it made undone where it fails), then the run's state and timing."""
+        self.interrupted_in = None   # the epoch Ctrl-C stopped (None: set-up, or not interrupted)
+        self.stopping: BaseException | None = None   # the error the run stops with, at its end
+        self._outer = sys.exc_info()[1]   # train() may run inside a caller's except block
         t_setup = time.perf_counter()
         try:
-            self._setup()
+            self.setup()
         except BaseException:
             self._unfreeze()
-            self._release_run_dir(failed_setup=True)
+            self.run_folder.release(failed_setup=True)
             if self.dist is not None:
                 self.dist.teardown()
             raise
@@ -1175,120 +404,135 @@ class Trainer:
         self.last_opt_step = self.nb * self.start_epoch - 1
         self.history: list[dict] = []
         self.stop_reason: str | None = None
+        # the run's account of its epochs (the evaluation hook fills it on rank 0)
+        self.best_metrics, self.epoch_metrics = None, {}
+        self.best_epoch = getattr(self, "resumed_best_epoch", None)
+        self.metric_keys = list(self.task.empty_metrics())
         self.opt.zero_grad(set_to_none=False)
-        t_start = time.time()
+        self.t_start = time.time()
         # where the run's wall goes (see timing_line): set-up, the epochs' steps, validation,
-        # the rest of each epoch's end (checkpoint snapshot, CSV, the next epoch's loader), the end
-        timing = self.timing = {"setup_s": time.perf_counter() - t_setup, "train_s": 0.0, "val_s": 0.0,
-                                "eval_s": 0.0, "ckpt_wait_s": 0.0, "between_s": 0.0, "end_s": 0.0}
+        # the rest of each epoch's end (checkpoint snapshot, CSV, the next epoch's loader), the end;
         # between_s and end_s by part: the next epoch's loader ("prepare"), each hook (less the
-        # validation and the checkpoint waits counted apart), the loaders' shutdown ("loaders")
-        parts, ends = collections.defaultdict(float), collections.defaultdict(float)
-        timing["between_parts"], timing["end_parts"] = parts, ends
-        # validation's time by part (see validate): the loader, the host part, the device's stage and loss
-        val_parts = timing["val_parts"] = collections.defaultdict(float)
+        # validation and the checkpoint waits counted apart), the loaders' shutdown ("loaders");
+        # validation's time by part (see evaluate): the loader, the host part, the device's stage and loss
+        self.timing = {"setup_s": time.perf_counter() - t_setup, "train_s": 0.0, "val_s": 0.0, "eval_s": 0.0,
+                       "ckpt_wait_s": 0.0, "between_s": 0.0, "end_s": 0.0,
+                       "between_parts": collections.defaultdict(float), "end_parts": collections.defaultdict(float),
+                       "val_parts": collections.defaultdict(float)}
 
-        def waits(state: dict) -> float:   # an epoch end's time counted apart from between_s
+    def _before_train(self, heap: contextlib.ExitStack) -> None:
+        """The hooks' ``before_train`` (those that ran get ``after_train``), then the interpreter
+        set for the epochs: the heap frozen, the thread switch interval."""
+        self._started: list[HookBase] = []
+        for hook in self._all_hooks():
+            self._started.append(hook)
+            self._call(hook, "before_train")
+        heap.enter_context(frozen_heap(self.cfg.tune.freeze_heap))
+        if self.cfg.tune.switch_interval is not None:
+            sys.setswitchinterval(self.cfg.tune.switch_interval)
+
+    def _begin_epoch(self, epoch: int) -> None:
+        """The epoch's phase (:meth:`_phase`), then the hooks' ``before_epoch``."""
+        self.epoch = epoch
+        self._t_epoch = time.time()
+        self._phase(epoch)
+        for hook in self._all_hooks():
+            if hook.handles("before_epoch"):
+                self._call(hook, "before_epoch")
+
+    def _end_epoch(self, epoch: int, mloss: torch.Tensor) -> None:
+        """The epoch's state (``epoch_state``), the next epoch's loader started, then the hooks'
+        ``after_epoch``, each timed (less the validation and the waits it adds, counted apart)."""
+        state = self.epoch_state = {"epoch": epoch, "mloss": mloss, "time_s": time.time() - self._t_epoch}
+        # the epoch's mean loss, on the host already: non-finite if any step's was
+        # (EvaluationHook adds the validation loss); such an epoch is never the best
+        state["finite"] = bool(torch.isfinite(mloss).all())
+        if not state["finite"]:
+            state["nonfinite"] = self.nonfinite_note
+        parts = self.timing["between_parts"]
+        t_end = time.perf_counter()
+        if self.cfg.tune.prefetch_next_epoch and epoch + 1 < self.cfg.run.epochs:
+            self._prepare_epoch(epoch + 1)   # its first batches load while this one validates
+        parts["prepare"] += time.perf_counter() - t_end
+
+        def waits() -> float:   # an epoch end's time counted apart from between_s
             return state.get("val_s", 0.0) + state.get("ckpt_wait_s", 0.0)
+        for hook in self._all_hooks():
+            if hook.handles("after_epoch"):
+                t_hook, counted = time.perf_counter(), waits()
+                self._call(hook, "after_epoch")
+                parts[hook.name] += time.perf_counter() - t_hook - (waits() - counted)
+
+    def _stopped_by(self, exc: RuntimeError) -> TrainingError | None:
+        """The error that stops a run on ``exc``: a collective that failed (another rank gone) or a
+        DataLoader worker that died, each said with what is on disk; None: ``exc`` is raised as it is."""
+        if isinstance(exc, TrainingError):
+            return None
+        where = f"in epoch {(self.epoch if self.epoch is not None else self.start_epoch) + 1}/{self.cfg.run.epochs}"
         d = self.dist
-        main = d is None or d.is_main
-        # rank 0 alone validates, logs and writes; the others keep the evaluation fields only
-        hooks = self.hooks if main else []
-        for hook in self.hooks if main else [h for h in self.hooks if isinstance(h, EvaluationHook)]:
-            hook.on_train_start(self)
-        interval = sys.getswitchinterval()
-        # a DataLoader worker's death arrives as an exception raised wherever the main thread is
-        # (torch's SIGCHLD handler), also between a grad-mode switch and its restore (an
-        # optimizer step, a no_grad block's exit): the run's end puts the caller's mode back
-        grad_enabled = torch.is_grad_enabled()
-        heap = contextlib.ExitStack()
+        if d is not None and d.failure(exc):
+            return TrainingError(
+                f"distributed training stopped {where} on rank {d.rank} of {d.world}: a collective failed "
+                f"({type(exc).__name__}: {str(exc).strip()}). Another rank stopped (see its error and torchrun's "
+                f"summary) or did not answer within ddp_timeout={self.cfg.run.ddp_timeout:g} s. "
+                f"{self._last_pt_kept()}.")
+        if not worker_died(exc):
+            return None
+        # raised outside the handler, with the loaders dropped: torch's error, its traceback and
+        # the (persistent) iterators holding the dead worker's registration go, so torch's
+        # SIGCHLD check does not fire again later
+        self._worker_signal.quiet = True   # (if the loader's own check saw it first)
+        self._close_loaders(after_death=True)
+        return TrainingError(f"training stopped {where}: a DataLoader worker process died ({str(exc).strip()}). "
+                             "The usual cause is the out-of-memory killer: lower workers= or batch=, or see the "
+                             f"system log. {self._last_pt_kept()}.")
+
+    def _end_run(self, heap: contextlib.ExitStack, error: BaseException | None) -> None:
+        """The hooks' ``after_train`` (those whose ``before_train`` ran; a user hook's error is
+        raised after the others ran, or logged where the run already stops on an error), then -
+        also when a built-in hook's end raises (a checkpoint's background write failed) - the
+        heap, the frozen layers, the writer process, the loaders and the process group."""
+        t_close = time.perf_counter()
+        ends, timing = self.timing["end_parts"], self.timing
+        in_flight, failed = sys.exc_info()[1], None
+        if in_flight is self._outer:
+            in_flight = None
+        self.stopping = error or in_flight   # the hooks' ends see it: a write's error is then only logged
         try:
-            heap.enter_context(frozen_heap(self.freeze_heap))
-            if self.switch_interval is not None:
-                sys.setswitchinterval(self.switch_interval)
-            for epoch in range(self.start_epoch, cfg.run.epochs):
-                self._epoch_now = epoch
-                died = lost = diverged = None
+            for hook in getattr(self, "_started", []):
+                t_hook = time.perf_counter()
                 try:
-                    t_epoch = time.time()
-                    self._phase(epoch)
-                    mloss = self.train_epoch(epoch)
-                    state = {"epoch": epoch, "mloss": mloss, "time_s": time.time() - t_epoch}
-                    # the epoch's mean loss, on the host already: non-finite if any step's was
-                    # (EvaluationHook adds the validation loss); such an epoch is never the best
-                    state["finite"] = bool(torch.isfinite(mloss).all())
-                    if not state["finite"]:
-                        state["nonfinite"] = self.nonfinite_note
-                    t_end = time.perf_counter()
-                    if self.prefetch_next_epoch and epoch + 1 < cfg.run.epochs:
-                        self._prepare_epoch(epoch + 1)   # its first batches load while this one validates
-                    parts["prepare"] += time.perf_counter() - t_end
-                    for hook in hooks:   # each hook's time less the validation and waits it added
-                        t_hook, counted = time.perf_counter(), waits(state)
-                        hook.on_epoch_end(self, state)
-                        parts[type(hook).__name__] += time.perf_counter() - t_hook - (waits(state) - counted)
-                    timing["train_s"] += state["time_s"]
-                    for k in ("val_s", "eval_s", "ckpt_wait_s"):
-                        timing[k] += state.get(k, 0.0)
-                    for k, v in state.get("val_parts", {}).items():
-                        val_parts[k] += v
-                    timing["between_s"] = sum(parts.values())
-                    diverged = self._check_finite(epoch, state) if main else None
-                    if d is not None:   # the others wait here for rank 0's epoch end, and its decision
-                        self.stop_reason, diverged = d.broadcast_object((self.stop_reason, diverged))
-                    if self.stop_reason and diverged is None:
-                        log.info("libreyolo: %s", self.stop_reason)
-                        break
-                except RuntimeError as exc:
-                    if d is not None and d.failure(exc):
-                        lost = f"{type(exc).__name__}: {str(exc).strip()}"
-                    elif not _worker_died(exc):
-                        raise
+                    self._call(hook, "after_train")
+                except HookError as exc:
+                    if self.stopping is not None or failed is not None:
+                        log.error("%s", exc)
                     else:
-                        died = str(exc).strip()
-                if lost is not None:
-                    raise TrainingError(self._rank_failure_message(epoch, lost))
-                if diverged is not None:
-                    raise TrainingDiverged(diverged)
-                if died is not None:
-                    # raised outside the handler, with the loaders dropped: torch's error, its
-                    # traceback and the (persistent) iterators holding the dead worker's
-                    # registration go, so torch's SIGCHLD check does not fire again later
-                    self._worker_signal.quiet = True   # (if the loader's own check saw it first)
-                    self._drop_loaders()
-                    raise TrainingError(self._worker_death_message(epoch, died))
-            if d is not None:   # every rank returns rank 0's account of the run
-                (self.history, self.best_metrics, self.best_epoch, self.best_fitness) = d.broadcast_object(
-                    (self.history, self.best_metrics, self.best_epoch, self.best_fitness))
-        except KeyboardInterrupt:   # Ctrl-C, wherever in the epochs: the hooks' ends below see it
-            self.interrupted_in = getattr(self, "_epoch_now", self.start_epoch)
-            self._worker_signal.quiet = True   # the workers' exits as the run stops
-            raise
-        finally:
-            sys.setswitchinterval(interval)
-            torch.set_grad_enabled(grad_enabled)
-            t_close = time.perf_counter()
-            try:
-                for hook in hooks:
-                    t_hook = time.perf_counter()
-                    hook.on_train_end(self)
-                    ends[type(hook).__name__] += time.perf_counter() - t_hook
-            finally:   # also when a hook's end raises (a checkpoint's background write failed)
-                heap.close()   # the objects frozen at the start are collectable again
-                self._unfreeze()
-                child = getattr(self, "checkpoint_writer_process", None)
-                if child is not None:   # CheckpointHook's end closed it, unless a hook before it raised
-                    child.close()       # (after the write in flight: close waits for its lock)
-                t_loaders = time.perf_counter()
-                self._worker_signal.quiet = True   # the workers' exits as they are shut down
-                self._close_loaders()
-                self._worker_signal.uninstall()
-                ends["loaders"] += time.perf_counter() - t_loaders
-                if d is not None:
-                    if self.cfg.run.sync_bn:
-                        revert_sync_batchnorm(self.net)
-                    d.teardown()
-                timing["end_s"] = time.perf_counter() - t_close
+                        failed = exc
+                ends[hook.name] += time.perf_counter() - t_hook
+        finally:   # also when a hook's end raises (a checkpoint's background write failed)
+            heap.close()   # the objects frozen at the start are collectable again
+            self._unfreeze()
+            child = getattr(self, "checkpoint_writer_process", None)
+            if child is not None:   # CheckpointHook's end closed it, unless a hook before it raised
+                child.close()       # (after the write in flight: close waits for its lock)
+            t_loaders = time.perf_counter()
+            self._worker_signal.quiet = True   # the workers' exits as they are shut down
+            self._close_loaders()
+            self._worker_signal.uninstall()
+            ends["loaders"] += time.perf_counter() - t_loaders
+            if self.dist is not None:
+                if self.cfg.run.sync_bn:
+                    revert_sync_batchnorm(self.net)
+                self.dist.teardown()
+            # no reference to the error in flight is kept: its frames hold the loaders' iterators,
+            # whose workers end when they go
+            self.stopping = self._outer = None
+            timing["end_s"] = time.perf_counter() - t_close
+        if failed is not None:
+            raise failed
+
+    def _result(self) -> dict:
+        """The trained model handed back (the EMA's weights, predict's layout) and the run's account."""
         if self.seam is not None:
             self.model.set_train_seam(self.net, None)
         # the trained weights the Model keeps are the EMA's
@@ -1299,10 +543,10 @@ class Trainer:
         self.net.eval()
         self.model.trained = True
         final = self.history[-1] if self.history else {}
-        item_names = self.item_names
+        item_names, timing = self.item_names, self.timing
         runner, seam = self.step_runner, self.seam
         best = self.best_metrics or {}
-        return {"run_dir": str(self.run_dir), "epochs": len(self.history), "time_s": time.time() - t_start,
+        return {"run_dir": str(self.run_dir), "epochs": len(self.history), "time_s": time.time() - self.t_start,
                 "timing": {k: dict(v) if isinstance(v, dict) else v for k, v in timing.items()},
                 **{k: final.get(k) for k in self.metric_keys}, "best_metrics": best,
                 "best_epoch": self.best_epoch, "best_fitness": self.best_fitness, "history": self.history,
@@ -1312,30 +556,36 @@ class Trainer:
                 "cuda_graph": runner.info() if seam is None else {**runner.info(), "seam": seam.info()},
                 "best": str(self.run_dir / "weights" / "best.pt"), "last": str(self.run_dir / "weights" / "last.pt")}
 
-    def _close_loaders(self) -> None:
-        """Stop the loaders' persistent worker processes (and pin-memory threads) now, when the run
-        ends, instead of leaving them to the interpreter's exit."""
-        import gc
-        # a prefetched epoch's iterator, and validation's, too
-        self.train_loader = self.val_loader = self._prepared = self._val_batches = None
-        gc.collect()
+    def _saved(self) -> int | None:
+        """The epoch ``last.pt`` holds (None: nothing saved); a resumed run that saved nothing yet
+        holds the file it resumed from."""
+        saved = getattr(self, "saved_epoch", None)
+        return self.start_epoch if saved is None and self.start_epoch > 0 else saved
 
-    def _drop_loaders(self) -> None:
-        """Shut the loaders' worker processes down after one of them died. torch's SIGCHLD check
-        reports the dead worker again while the others are joined (inside the iterators'
-        ``__del__``, where Python can only print it as an "Exception ignored" traceback); the
-        run is already stopping with its own message, so those repeats are not printed."""
+    def _interrupted_message(self) -> str:
+        """What a run stopped by Ctrl-C has on disk (its write in flight was joined by the run's end)."""
+        epoch = self.interrupted_in if self.interrupted_in is not None else self.epoch   # None: in set-up
+        run_dir = getattr(self, "run_dir", None)
+        saved = self._saved() if epoch is not None and run_dir is not None else None
+        return interrupted_message(epoch, run_dir, self.cfg.run.epochs, saved)
+
+    def _close_loaders(self, after_death: bool = False) -> None:
+        """Stop the loaders' persistent worker processes (and pin-memory threads) now, when the run
+        ends, instead of leaving them to the interpreter's exit. ``after_death``: one of them died,
+        and torch's SIGCHLD check reports it again while the others are joined (inside the
+        iterators' ``__del__``, where Python can only print it as an "Exception ignored"
+        traceback); the run is already stopping with its own message, so those are not printed."""
         import gc
-        import sys
         previous = sys.unraisablehook
 
         def hook(unraisable):
-            if not _worker_died(unraisable.exc_value):
+            if not worker_died(unraisable.exc_value):
                 previous(unraisable)
 
-        sys.unraisablehook = hook
-        try:
-            self.train_loader = self.val_loader = self._prepared = self._val_batches = None
+        if after_death:
+            sys.unraisablehook = hook
+        try:   # a prefetched epoch's iterator, and validation's, too
+            self.train_loader = self.val_loader = self.data = self._prepared = self._val_batches = None
             gc.collect()
         finally:
             sys.unraisablehook = previous
@@ -1346,61 +596,8 @@ class Trainer:
         writer = getattr(self, "checkpoint_writer", None)
         error = writer.close(raising=False) if writer is not None else None
         if error is not None:
-            log.error("libreyolo: writing a checkpoint failed as well: %s", error)
-        last = self.run_dir / "weights" / "last.pt"
-        saved = getattr(self, "saved_epoch", None)
-        if saved is None and self.start_epoch > 0:
-            saved = self.start_epoch   # resumed, nothing saved yet in this run: the file resumed from
-        return (f"{last} holds epoch {saved} and is intact: continue with resume=True" if saved is not None
-                else "nothing had been saved yet in this run")
-
-    def _check_finite(self, epoch: int, state: dict) -> str | None:
-        """After epoch ``epoch``'s end: None, or the message of a diverged run. An epoch whose
-        mean training loss (read from the steps one step late: no added sync) or validation loss
-        is not finite is counted; the first one is a warning, ``nan_patience`` of them in a row -
-        or one as the run's last epoch, whose weights the run would hand back - stop the run."""
-        if state.get("finite", True):
-            self._nonfinite_run = 0
-            return None
-        self._nonfinite_run = n = getattr(self, "_nonfinite_run", 0) + 1
-        cfg, what = self.cfg, state.get("nonfinite") or f"non-finite loss at epoch {epoch + 1}"
-        if n == 1:
-            self._nonfinite_first = what   # the streak's first, named in the error
-        what = getattr(self, "_nonfinite_first", what)
-        patience = cfg.run.nan_patience
-        if n < patience and epoch + 1 < cfg.run.epochs and not self.stop_reason:
-            if not getattr(self, "_nan_warned", False):
-                self._nan_warned = True
-                log.warning("libreyolo: %s; training goes on, and stops if the loss is not finite for %d epochs "
-                            "in a row (nan_patience=%d); an epoch with a non-finite loss is never best.pt",
-                            what, patience, patience)
-            return None
-        o = cfg.optim
-        span = f"epoch {epoch + 1}" if n == 1 else f"epochs {epoch + 2 - n}-{epoch + 1}"
-        hints = [f"lower lr0 (this run: {o.lr0:g})", f"clip the gradients harder with a lower clip_grad (this run: "
-                 f"{o.clip_grad:g})", f"lengthen warmup_epochs (this run: {o.warmup_epochs:g})"]
-        if self.amp_dtype == torch.float16:
-            hints.append("use amp=bf16 or amp=false (float16 may overflow)")
-        best = (f"best.pt holds epoch {self.best_epoch}, the best with finite losses"
-                if getattr(self, "best_epoch", None) is not None
-                else "no epoch of this run had finite losses, so it wrote no best.pt")
-        return (f"training diverged: the loss was not finite in {span} of {cfg.run.epochs} ({what}; "
-                f"nan_patience={patience}). To fix it: {'; '.join(hints)}; or check the labels. {best}; last.pt "
-                f"holds the diverged weights of epoch {epoch + 1}")
-
-    def _rank_failure_message(self, epoch: int, reason: str) -> str:
-        """What to tell the user when a collective failed during ``epoch`` (another rank stopped,
-        or the process group timed out)."""
-        return (f"distributed training stopped in epoch {epoch + 1}/{self.cfg.run.epochs} on rank {self.dist.rank} "
-                f"of {self.dist.world}: a collective failed ({reason}). Another rank stopped (see its error "
-                f"and torchrun's summary) or did not answer within ddp_timeout={self.cfg.run.ddp_timeout:g} s. "
-                f"{self._last_pt_kept()}.")
-
-    def _worker_death_message(self, epoch: int, reason: str) -> str:
-        """What to tell the user when a DataLoader worker process died during ``epoch``."""
-        return (f"training stopped in epoch {epoch + 1}/{self.cfg.run.epochs}: a DataLoader worker process "
-                f"died ({reason}). The usual cause is the out-of-memory killer: lower workers= "
-                f"or batch=, or see the system log. {self._last_pt_kept()}.")
+            log.error("writing a checkpoint failed as well: %s", error)
+        return last_pt_kept(self.run_dir, self._saved())
 
     @property
     def eval_net(self) -> nn.Module:
@@ -1411,12 +608,12 @@ class Trainer:
         (raw weights, optimizer, scaler, EMA count, epoch): ``last.pt`` only. The weights are
         host copies; with ``host=False`` they, like the optimizer's state always, are the
         device's tensors, for :class:`~libreyolo.weights.PackedSnapshot` to copy all at once."""
-        from ..models.base import _weights
+        from ..weights import state_dict_copies
         ck = self.model.checkpoint_of(self.eval_net, host)
         ck["train_metrics"] = self.epoch_metrics
         if with_state:
             ck["train_state"] = {
-                "model_raw": _weights(self.net, host),
+                "model_raw": state_dict_copies(self.net, host),
                 "optimizer": self.opt.state_dict(), "scaler": self.scaler.state_dict(),
                 "ema_updates": self.ema.updates if self.ema is not None else None,
                 "epoch": epoch, "best_fitness": self.best_fitness, "best_epoch": self.best_epoch,
@@ -1426,554 +623,16 @@ class Trainer:
         return ck
 
 
-class Hook:
-    """Something done around the epochs (see :meth:`Trainer.train`); hooks run in list order."""
-
-    def on_train_start(self, t: Trainer) -> None:
-        pass
-
-    def on_epoch_end(self, t: Trainer, state: dict) -> None:
-        pass
-
-    def on_train_end(self, t: Trainer) -> None:
-        pass
-
-
-class EvaluationHook(Hook):
-    """The task's metrics of the EMA weights on the validation split; fitness and best epoch.
-
-    Without validation (``val=False``, or an empty validation split) there is no fitness to
-    compare: every epoch counts as the best, so ``best.pt`` follows ``last.pt`` (the latest
-    weights) and ``best_metrics`` stays None. With ``patience=N`` the run stops after N epochs
-    without a better fitness than the best epoch's, with one log line saying so.
-    """
-
-    def on_train_start(self, t: Trainer) -> None:
-        t.best_metrics, t.epoch_metrics = None, {}
-        t.best_epoch = getattr(t, "resumed_best_epoch", None)
-        t.metric_keys = list(t.task.empty_metrics())
-        t.eval_pool = None
-        main = t.dist is None or t.dist.is_main   # rank 0 alone validates
-        if main and t.cfg.run.val and len(t.val_set) > 0:
-            t.eval_pool = t.task.evaluation_pool(t.eval_processes)
-
-    def on_epoch_end(self, t: Trainer, state: dict) -> None:
-        writer = getattr(t, "checkpoint_writer", None)
-        t0 = time.perf_counter()
-        join = t.join_write_before_validation
-        if join is None:   # the child may have gone since: then the writer thread writes again
-            child = getattr(t, "checkpoint_writer_process", None)
-            join = child is None or child.proc is None
-        if writer is not None and join:
-            writer.wait()   # the previous epoch's checkpoints are on disk before validation
-        metrics = t.task.empty_metrics()
-        t.val_loss, t.val_eval_s = None, 0.0
-        t1 = time.perf_counter()
-        validated = t.cfg.run.val and len(t.val_set) > 0
-        if validated:
-            metrics = t.validate(t.eval_net, t.val_loader, progress=t.cfg.run.verbose, loss_fn=t.val_loss_fn)
-        state["val_s"], state["ckpt_wait_s"] = time.perf_counter() - t1, t1 - t0
-        state["eval_s"] = t.val_eval_s
-        state["val_parts"] = dict(getattr(t, "val_parts", {})) if validated else {}
-        epoch = state["epoch"] + 1
-        vloss = getattr(t, "val_loss", None)
-        if vloss is not None and not bool(torch.isfinite(vloss).all()):
-            state["finite"] = False   # the evaluated (EMA) weights give no finite loss
-            state.setdefault("nonfinite", f"non-finite validation loss at epoch {epoch}: {vloss.tolist()}")
-        finite = state.get("finite", True)
-        # a NaN fitness is the worst, and an epoch with a non-finite loss is never the best
-        fitness = t.task.fitness(metrics)
-        state["metrics"], state["is_best"] = metrics, finite and (_better(fitness, t.best_fitness) or not validated)
-        t.epoch_metrics = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
-        if not validated:
-            if finite:
-                t.best_epoch = epoch
-            return
-        if state["is_best"]:
-            t.best_fitness = fitness
-            t.best_metrics, t.best_epoch = dict(t.epoch_metrics), epoch
-        patience = t.cfg.run.patience
-        if patience and t.best_epoch is not None and epoch - t.best_epoch >= patience and epoch < t.cfg.run.epochs:
-            t.stop_reason = (f"early stopping after epoch {epoch}/{t.cfg.run.epochs}: the validation fitness has "
-                             f"not improved for {epoch - t.best_epoch} epochs (patience={patience}); the best, "
-                             f"epoch {t.best_epoch} (fitness {t.best_fitness:.4f}), is best.pt")
-
-    def on_train_end(self, t: Trainer) -> None:
-        pool, t.eval_pool = getattr(t, "eval_pool", None), None
-        if pool is not None:
-            pool.close()
-        stage = getattr(t, "_val_stage", None)
-        if stage is not None:   # its graphs (and their memory) end with the run
-            t.val_graph_info = stage.info()
-            t._val_stage = None
-
-
-class LoggingHook(Hook):
-    """``results.csv``, the per-epoch log line, ``results.png``.
-
-    With ``verbose`` the line reaches the user even where logging is not configured (the Python
-    API): a handler is attached to the ``libreyolo`` logger for the run when it has none and the
-    root logger has none either.
-    """
-
-    def on_train_start(self, t: Trainer) -> None:
-        from .background import BackgroundJob
-        from .plots import PlotProcess
-        self._handler = None
-        self._warned: set[str] = set()
-        self._plotter = BackgroundJob("plotter")   # waits on the drawing child (or draws, without one)
-        self._child = PlotProcess() if self.plot_in_child else None
-        # a second child for the last validation's curves, started now so that it is warm at
-        # the end, where it draws them while the first draws the final results.png
-        second = self.curves_child if self.curves_child is not None else t.device.type == "cuda"
-        self._curves_child = None
-        if self._child is not None and second and t.cfg.run.plots and t.cfg.run.val:
-            self._curves_child = PlotProcess()
-            self._curves_child.start()
-        # results.csv is rewritten whole (atomically) every epoch from these rows, so a full disk
-        # or a kill never leaves half a line, and rows that could not be written are not lost.
-        # A resumed run keeps the rows up to the epoch it resumes from: epochs it redoes (their
-        # row was written, then the run died before last.pt) are not listed twice.
-        self.rows = [r for r in _read_csv(t.csv_path) if _epoch_of(r) <= t.start_epoch] if t.start_epoch else []
-        if t.start_epoch:
-            self._write_csv(t)
-        root, lib = logging.getLogger(), logging.getLogger("libreyolo")
-        if t.cfg.run.verbose and not lib.handlers and not root.handlers:
-            self._handler = logging.StreamHandler()
-            self._handler.setFormatter(logging.Formatter("%(message)s"))
-            lib.addHandler(self._handler)
-            self._level = lib.level
-            if lib.getEffectiveLevel() > logging.INFO:
-                lib.setLevel(logging.INFO)
-
-    def on_epoch_end(self, t: Trainer, state: dict) -> None:
-        epoch, mloss, metrics = state["epoch"], state["mloss"], state["metrics"]
-        vloss = t.val_loss.tolist() if t.val_loss is not None else [float("nan")] * len(t.item_names)
-        row = {"epoch": epoch + 1, **{f"train/{n}_loss": float(v) for n, v in zip(t.item_names, mloss.tolist())},
-               **{f"val/{n}_loss": float(v) for n, v in zip(t.item_names, vloss)},
-               **t.task.metric_columns(metrics), "lr/pg0": float(t.opt.param_groups[0]["lr"]),
-               "time/epoch_s": round(state["time_s"], 3),
-               # where an epoch goes: waiting for batches, validating (the rest is the steps)
-               "time/loader_wait_s": round(getattr(t, "loader_wait_s", 0.0), 3),
-               # the steps' span on the device (CUDA events; elsewhere their host time), and the
-               # host's time blocked on the device (the loop reads each step's loss one step late)
-               "time/step_device_s": round(getattr(t, "step_device_s", 0.0), 3),
-               "time/sync_wait_s": round(getattr(t, "sync_wait_s", 0.0), 3),
-               "time/val_s": round(state.get("val_s", 0.0), 3),
-               # of validation, the evaluator's host part (matching, COCO mAP, curves)
-               "time/eval_s": round(state.get("eval_s", 0.0), 3),
-               # the epoch's end waiting for the previous epoch's checkpoint write
-               "time/ckpt_wait_s": round(state.get("ckpt_wait_s", 0.0), 3)}
-        row.update({k: metrics[k] for k in t.metric_keys if k in metrics})
-        t.history.append(row)
-        self.rows.append({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in row.items()
-                          if k not in t.metric_keys})
-        csv_ok = self._write_csv(t)
-        if t.cfg.run.verbose:
-            log.info("libreyolo: epoch %d/%d  %s  %s  (%.1f s)", epoch + 1, t.cfg.run.epochs,
-                     "  ".join(f"{n} {v:.4f}" for n, v in zip(t.item_names, mloss.tolist())),
-                     t.task.summary(metrics), state["time_s"])
-        # results.png costs a matplotlib figure (the first one also matplotlib's import): drawn
-        # by a child interpreter (PlotProcess; a drawing in this one, even in a thread, slowed
-        # the epoch beside it by a second) while the next epoch trains, at most every
-        # PLOT_EVERY_S (and never two at once), and at the end of the run. Not after the first
-        # epoch: one point is no curve
-        if t.cfg.run.plots and csv_ok and len(self.rows) >= 2 \
-                and time.time() - getattr(self, "_plotted_at", 0.0) >= self.PLOT_EVERY_S and not self._plotter.busy():
-            self._plotted_at, self._plotted_rows = time.time(), len(self.rows)
-            self._plotter.submit(self._plot, t, what="results.png")
-
-    #: seconds between two drawings of results.png during a run (it is drawn at the end too)
-    PLOT_EVERY_S = 30.0
-    #: draw results.png in a child interpreter (engine.plots.PlotProcess); False: in a thread here
-    plot_in_child = True
-    #: a second plot child for the last validation's curves (PR, confusion matrix), drawn beside
-    #: the final results.png instead of after it; None: on CUDA runs (a CPU run's cores train)
-    curves_child: bool | None = None
-
-    def _plot(self, t: Trainer) -> None:
-        """Draw results.png from results.csv (which is replaced whole, never read half-written)."""
-        try:
-            if self._child is not None:
-                self._child.draw(t.csv_path)
-            else:
-                from .plots import plot_results
-                plot_results(t.csv_path)
-        except Exception as exc:  # a plot is never worth a failed run
-            self._plotted_rows = -1   # drawn again at the next chance (the end at the latest)
-            self._warn_once("plot", "libreyolo: could not draw results.png (training goes on; further "
-                            "failures are not reported): %s", exc)
-
-    def _warn_once(self, what: str, msg: str, *args: Any) -> None:
-        """A warning the first time ``what`` fails in this run, a debug line after that."""
-        log.log(logging.DEBUG if what in self._warned else logging.WARNING, msg, *args)
-        self._warned.add(what)
-
-    def _write_csv(self, t: Trainer) -> bool:
-        """Rewrite ``results.csv`` from :attr:`rows`; a failed write (a full disk) is one warning,
-        the old file stays whole and the rows are written with the next epoch's."""
-        try:
-            _write_csv_atomic(t.csv_path, self.rows)
-            return True
-        except OSError as exc:
-            self._warn_once("csv", "libreyolo: could not write %s (training goes on; the file keeps its "
-                            "earlier rows and the missing ones are written once a write succeeds): %s",
-                            t.csv_path, exc)
-            return False
-
-    def on_train_end(self, t: Trainer) -> None:
-        plotter = getattr(self, "_plotter", None)
-        if plotter is not None:   # on_train_start ran
-            curves_child = getattr(self, "_curves_child", None)
-            # Ctrl-C: the run stops now, with no final drawings (results.png keeps its last one)
-            plots = t.cfg.run.plots and getattr(t, "interrupted_in", None) is None
-            try:
-                plotter.close()   # _plot never raises: a failed drawing is a warning
-                if plots and t.history and getattr(self, "_plotted_rows", 0) != len(self.rows) \
-                        and t.csv_path.is_file():
-                    self._plotted_rows = len(self.rows)
-                    plotter.submit(self._plot, t, what="results.png")   # the last rows, if drawn before them
-                evaluator = getattr(t, "last_evaluator", None)
-                if plots and evaluator is not None and t.history:
-                    # the last epoch's validation: PR curves, confusion matrix, a validation batch;
-                    # the matplotlib figures in a warm child - the second one, beside the first's
-                    # results.png, where there is one - while this process draws the rest
-                    evaluator.plotter = curves_child or self._child   # a failed child sends nothing: drawn here
-                    try:
-                        evaluator.plot(t.run_dir)
-                    except Exception as exc:  # a plot is never worth a failed run
-                        log.warning("libreyolo: could not draw the validation plots: %s", exc)
-                    finally:
-                        evaluator.plotter = None
-                plotter.close()
-            finally:
-                if self._child is not None:
-                    self._child.close()
-                if curves_child is not None:
-                    curves_child.close()
-        if self._handler is not None:
-            lib = logging.getLogger("libreyolo")
-            lib.removeHandler(self._handler)
-            lib.setLevel(self._level)
-            self._handler = None
-
-
-class CheckpointHook(Hook):
-    """``last.pt`` every epoch (with the training state, for ``resume``), ``best.pt`` when the
-    fitness improved (weights and metadata only: a third of the size), and with ``save_period=N``
-    ``epoch{N}.pt``, ``epoch{2N}.pt``, ... (with the training state, like ``last.pt``); all atomic.
-
-    Written in the background (:class:`~libreyolo.engine.background.BackgroundJob`): at the end
-    of an epoch the checkpoint is copied to host memory (:class:`~libreyolo.weights.PackedSnapshot`,
-    so the next steps cannot change what is written), then one thread writes them - each through
-    :func:`~libreyolo.weights.save_checkpoint`, temp file + rename - while the next epoch trains.
-    With ``Trainer.checkpoint_process`` (on CUDA by default) that thread hands the snapshot to a
-    child interpreter (:class:`~libreyolo.engine.ckptwriter.WriterProcess`), which splits and
-    pickles it there, away from the step loop's GIL; without the child the thread writes itself.
-    The write is joined before the next epoch's validation (unless
-    ``Trainer.join_write_before_validation`` says otherwise: by default not when a child process
-    writes), before the next write, at the end of
-    the run and when it stops on an error; an error of the write (a full disk) is raised there.
-    ``t.saved_epoch`` counts the epochs whose ``last.pt`` is on disk.
-    """
-
-    def on_train_start(self, t: Trainer) -> None:
-        import sys
-        from .background import BackgroundJob
-        t.checkpoint_writer = self.writer = BackgroundJob("checkpoint writer")
-        self._outer = sys.exc_info()[1]   # train() may run inside a caller's except block
-        child = t.checkpoint_process
-        if child is None:
-            child = t.device.type == "cuda"
-        self.process = None
-        if child:   # it starts (imports torch) while the first epoch trains
-            from .ckptwriter import WriterProcess
-            self.process = WriterProcess()
-            if self.process.proc is None:
-                self.process = None
-        t.checkpoint_writer_process = self.process
-
-    def on_epoch_end(self, t: Trainer, state: dict) -> None:
-        from ..weights import PackedSnapshot
-        epoch, weights = state["epoch"], t.run_dir / "weights"
-        t0 = time.perf_counter()
-        self.writer.wait()   # the previous epoch's files first (and its error, if it failed)
-        # counted in the run's timing; the epoch's results.csv row, written before, has the wait
-        # before validation only
-        state["ckpt_wait_s"] = state.get("ckpt_wait_s", 0.0) + time.perf_counter() - t0
-        # every tensor (weights, EMA weights, optimizer state) copied to the host in a few
-        # transfers; the writer thread splits them into the checkpoint's tensors
-        # (the weights contiguous, as every LibreYOLO checkpoint holds them; the optimizer state
-        # in its parameters' layout, which a fused optimizer requires when it is resumed)
-        snapshot = PackedSnapshot(t.checkpoint(epoch, with_state=True, host=False),
-                                  contiguous=("model", "train_state.model_raw"))
-        names = ["last.pt"]
-        if state["is_best"]:
-            names.append("best.pt")
-        period = t.cfg.run.save_period
-        if period and (epoch + 1) % period == 0:   # a snapshot one can also resume from
-            names.append(f"epoch{epoch + 1}.pt")
-        self.writer.submit(self._write, t, epoch, snapshot, [weights / n for n in names],
-                           what=f"epoch {epoch + 1}'s checkpoints in {weights}")
-
-    def _write(self, t: Trainer, epoch: int, snapshot, paths: list) -> None:
-        from .ckptwriter import write_snapshot
-        process, written = getattr(self, "process", None), []
-        try:
-            if process is None or not process.write(snapshot, paths, written):
-                write_snapshot(snapshot, paths, written)
-        finally:
-            if any(p.name == "last.pt" for p in written):
-                t.saved_epoch = epoch + 1
-
-    def on_train_end(self, t: Trainer) -> None:
-        import sys
-        writer = getattr(self, "writer", None)
-        if writer is None:
-            return
-        in_flight = sys.exc_info()[1]
-        stopping = in_flight is not None and in_flight is not self._outer   # ending on another error: keep it
-        try:
-            error = writer.close(raising=not stopping)
-        finally:
-            if getattr(self, "process", None) is not None:
-                self.process.close()
-        if error is not None:
-            log.error("libreyolo: writing a checkpoint failed as well: %s", error)
-
-
-class TensorBoardHook(Hook):
-    """``loggers=tensorboard``: TensorBoard event files in the run folder - per epoch the training
-    losses, the metrics, every parameter group's learning rate, the epoch time, and a few
-    validation images with the predictions drawn (where the task draws them: detection).
-    View with ``tensorboard --logdir runs/train``."""
-
-    #: validation images logged per epoch
-    IMAGES = 4
-
-    def __init__(self) -> None:   # built with the Trainer: a missing package fails before any work
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError as exc:   # torch's writer needs the tensorboard package
-            raise ImportError("loggers=tensorboard needs the tensorboard package: pip install tensorboard "
-                              f"(or pip install 'libreyolo[tensorboard]'); {exc}") from None
-        self._writer_cls, self.writer = SummaryWriter, None
-
-    def on_train_start(self, t: Trainer) -> None:
-        # a resumed run drops the events of the epochs it redoes
-        self.writer = self._writer_cls(log_dir=str(t.run_dir), purge_step=t.start_epoch + 1 if t.start_epoch else None)
-
-    def on_epoch_end(self, t: Trainer, state: dict) -> None:
-        epoch, w = state["epoch"] + 1, self.writer
-        row = t.history[-1] if t.history else {}
-        for key, value in row.items():
-            if "/" in key and not key.startswith("lr/") and isinstance(value, (int, float)) and math.isfinite(value):
-                w.add_scalar(key, value, epoch)
-        for j, g in enumerate(t.opt.param_groups):
-            w.add_scalar(f"lr/pg{j}", float(g["lr"]), epoch)
-        evaluator = getattr(t, "last_evaluator", None)
-        if evaluator is not None and t.cfg.run.val:
-            for i, image in enumerate(evaluator.images(self.IMAGES)):
-                w.add_image(f"val/image{i}", image, epoch, dataformats="CHW")
-        w.flush()
-
-    def on_train_end(self, t: Trainer) -> None:
-        if self.writer is not None:
-            self.writer.close()
-            self.writer = None
-
-
-def _start_method() -> str:
-    """How DataLoader workers start here: the start method set for this process, else the
-    platform's default (the first of ``get_all_start_methods``); reading it sets nothing."""
-    import multiprocessing
-    return multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_all_start_methods()[0]
-
-
-def _better(fitness: float, best: float) -> bool:
-    """Whether ``fitness`` beats ``best``: NaN is the worst of all (never better, beaten by any
-    number), where a plain ``>`` would leave a NaN best unbeatable."""
-    return fitness == fitness and (best != best or fitness > best)
-
-
-def _set_lr(group: dict, value: float) -> None:
-    """Set a param group's lr; a tensor lr (captured whole steps read it) is updated in place."""
-    if isinstance(group["lr"], torch.Tensor):
-        group["lr"].fill_(value)
-    else:
-        group["lr"] = value
-
-
-class TrainingError(RuntimeError):
-    """Training stopped for a reason outside the model (a DataLoader worker died, ...); the message
-    says why, and what of the run is on disk."""
-
-
-class TrainingDiverged(TrainingError, FloatingPointError):
-    """The loss was not finite for ``nan_patience`` epochs in a row (or in the run's last epoch):
-    the message says what to change, and what ``best.pt`` and ``last.pt`` hold."""
-
-
-class RunFolderBusy(TrainingError):
-    """Another training run holds the run folder (:class:`RunLock`)."""
-
-
-class TrainingInterrupted(KeyboardInterrupt):
-    """Ctrl-C (a KeyboardInterrupt) stopped a run; raised by :meth:`Trainer.train` after the run
-    stopped cleanly (the checkpoint write in flight finished, the workers and helper processes
-    ended), its message - already logged - saying what ``last.pt`` holds and how to continue."""
-
-
-class RunLock:
-    """An advisory lock on a run folder for the run's length: ``fcntl.flock`` on
-    ``<run>/.libreyolo.lock``, which holds the holder's pid, host and start time. Two runs into
-    one folder (``exist_ok=True``, or ``resume`` of a run still going) would write over each
-    other's results.csv and checkpoints: the second stops at once (:class:`RunFolderBusy`). The
-    lock goes with the process (also when it is killed); :meth:`release` removes the file. Where
-    ``flock`` does not exist (Windows) or is refused (some network file systems) nothing is locked."""
-
-    NAME = ".libreyolo.lock"
-
-    def __init__(self, fd: int, path: Path):
-        self.fd, self.path = fd, path
-
-    @classmethod
-    def acquire(cls, run_dir: Path) -> "RunLock | None":
-        try:
-            import fcntl
-        except ImportError:
-            return None
-        path = Path(run_dir) / cls.NAME
-        while True:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                try:
-                    holder = os.read(fd, 512).decode("utf-8", "replace").strip()
-                finally:
-                    os.close(fd)
-                holder = holder or "its process is starting"
-                raise RunFolderBusy(
-                    f"the run folder {run_dir} is in use by another training run ({holder}): this run would "
-                    "overwrite its results.csv and checkpoints. Wait for it to end, or train into another folder "
-                    "(another name=, or exist_ok=False for a new numbered one)") from None
-            except OSError as exc:   # no locks on this file system
-                os.close(fd)
-                log.debug("libreyolo: the run folder %s is not locked (%s)", run_dir, exc)
-                return None
-            try:   # the holder may have removed the file between our open and our lock: lock the new one
-                same = os.stat(path).st_ino == os.fstat(fd).st_ino
-            except FileNotFoundError:
-                same = False
-            if same:
-                break
-            os.close(fd)
-        import socket
-        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-        os.ftruncate(fd, 0)
-        os.write(fd, f"pid {os.getpid()} on host {socket.gethostname()}, started {stamp}\n".encode())
-        return cls(fd, path)
-
-    def release(self) -> None:
-        import fcntl
-        if self.fd < 0:
-            return
-        try:
-            self.path.unlink()
-        except OSError:
-            pass
-        try:   # LOCK_UN releases it even where a forked process still holds a copy of the descriptor
-            fcntl.flock(self.fd, fcntl.LOCK_UN)
-        finally:
-            os.close(self.fd)
-            self.fd = -1
-
-
-def _worker_died(exc: BaseException) -> bool:
-    """Whether ``exc`` is torch's report of a DataLoader worker process that died (killed by a
-    signal - often the out-of-memory killer - or exited), not an error raised by the dataset."""
-    return isinstance(exc, RuntimeError) and "DataLoader worker (pid" in str(exc)
-
-
-class _WorkerDeathSignal:
-    """torch's SIGCHLD handler (it raises a dead DataLoader worker's error at whatever bytecode the
-    main thread is at), reporting the first death only. After that the run is stopping; a second
-    report could land anywhere: in the except clause that handles the first, or inside an
-    iterator's ``__del__`` between its workers' join and the removal of their pids, where Python
-    only prints it and the pids stay registered (every later child exit of the process, a
-    subprocess's too, would raise the dead worker's error again). Installed over torch's handler
-    once a loader iterator with workers exists (torch sets its own then, once per process), and
-    put back when the run ends; only from the main thread, the one Python runs handlers in."""
+class _Run:
+    """What :meth:`Trainer._running` hands the loop: the epochs to train, then the outcome."""
 
     def __init__(self):
-        self.inner = None    # the handler this one wraps (torch's)
-        self.quiet = False   # set by the first report: the later ones are dropped
+        self.epochs: range | tuple = ()
+        self.result: dict | None = None
+        self.error: BaseException | None = None
 
-    @staticmethod
-    def _settable() -> bool:
-        import signal
-        import threading
-        return hasattr(signal, "SIGCHLD") and threading.current_thread() is threading.main_thread()
-
-    def install(self) -> None:
-        import signal
-        if self.inner is None and self._settable():
-            current = signal.getsignal(signal.SIGCHLD)
-            if callable(current) and current is not self:
-                self.inner = current
-                signal.signal(signal.SIGCHLD, self)
-
-    def __call__(self, signum, frame) -> None:
-        if self.quiet:
-            return
-        try:
-            self.inner(signum, frame)
-        except RuntimeError as exc:
-            if _worker_died(exc):
-                self.quiet = True
-            raise
-
-    def uninstall(self) -> None:
-        import signal
-        if self.inner is not None and self._settable() and signal.getsignal(signal.SIGCHLD) is self:
-            signal.signal(signal.SIGCHLD, self.inner)
-            self.inner = None
-        self.quiet = False   # where another handler wraps this one, it reports again as torch's
-
-
-def _read_csv(path: Path) -> list[dict]:
-    """The rows of an existing ``results.csv`` (none if it is missing or unreadable)."""
-    try:
-        with path.open(newline="") as f:
-            return [dict(r) for r in csv.DictReader(f)]
-    except (OSError, csv.Error, UnicodeDecodeError):
-        return []
-
-
-def _epoch_of(row: dict) -> int:
-    try:
-        return int(row.get("epoch") or 0)
-    except ValueError:
-        return 0
-
-
-def _write_csv_atomic(path: Path, rows: list[dict]) -> None:
-    """``rows`` as a CSV at ``path`` (columns: every key, in order of first appearance), written to
-    a temp file and renamed over the old one: readers never see a partial file."""
-    columns: dict[str, None] = {}
-    for r in rows:
-        columns.update(dict.fromkeys(r))
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        with open(tmp, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(columns), restval="")
-            w.writeheader()
-            w.writerows(rows)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    def outcome(self) -> dict:
+        """The run's account, or its error raised (here, outside any exception handler)."""
+        if self.error is not None:
+            raise self.error
+        return self.result

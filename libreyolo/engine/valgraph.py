@@ -32,7 +32,7 @@ from torch.utils._pytree import tree_map
 
 from ..graphs.runner import GraphRunner
 
-log = logging.getLogger("libreyolo")
+log = logging.getLogger(__name__)
 
 
 def graph_validation(model, cuda_graph: bool, device: torch.device, capturer: Any) -> tuple[bool, str]:

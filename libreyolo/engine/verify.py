@@ -8,7 +8,7 @@ from typing import Any, Callable
 import torch
 
 from ..graphs.capture import CudaGraphCapturer
-from ..graphs.parity import ParityResult, _clone, all_equal, check_parity, max_abs_diff
+from ..graphs.parity import ParityResult, clone_outputs, all_equal, check_parity, max_abs_diff
 
 
 def _probes_float(batch: int, size: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -100,11 +100,11 @@ def check_seam(name: str, whole: Callable[..., Any], front: Callable[..., Any], 
     each probe; the probes give different outputs and the replay of B is not A's result. Never
     raises for a failed check."""
     try:
-        eager_a = _clone(whole(*probe_a))
-        eager_b = _clone(whole(*probe_b))
+        eager_a = clone_outputs(whole(*probe_a))
+        eager_b = clone_outputs(whole(*probe_b))
         graph = CudaGraphCapturer().capture(front, probe_a, module=module)
-        got_a = _clone(back(*graph.replay(probe_a, clone=True)))
-        got_b = _clone(back(*graph.replay(probe_b, clone=True)))
+        got_a = clone_outputs(back(*graph.replay(probe_a, clone=True)))
+        got_b = clone_outputs(back(*graph.replay(probe_b, clone=True)))
         torch.cuda.synchronize()
     except Exception as exc:  # reported, not raised
         return ParityResult(name, 0, False, False, False, False, float("nan"), 0.0,
@@ -139,7 +139,7 @@ def verify_model(model, *, imgsz: int | None = None, batches: tuple[int, ...] = 
     front = model.infer_front if seam else net          # the captured network part
     infer = model.infer_front if seam else model.infer
     part = "encoder (seam)" if seam else "network"
-    pred = model._get_predictor()
+    pred = model.get_predictor()
     own = getattr(pred, "plan", None) is None   # a task predictor with its own stages: task.verify_cases
     if not own:
         plan = pred.plan(size)                   # the task's default predict options
@@ -185,7 +185,7 @@ def verify_half(model, size: int, batches: tuple[int, ...], source_hw: tuple[int
     """The parity protocol on the half / fast path: its network stage (half NHWC input) and its
     whole predict stage (uint8 in, post-processing included), graph replay vs the same path eager."""
     from .fastpath import arm_name, half_network, parse_precision
-    pred = model._get_predictor()
+    pred = model.get_predictor()
     plan = pred.plan(size)
     out: list[ParityResult] = []
     for p in precisions:

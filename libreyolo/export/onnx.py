@@ -27,8 +27,8 @@ What it returns, per task
 Exporter: the TorchScript-based one (``torch.onnx.export(dynamo=False)``). Every family exports
 with it at 160 px and onnxruntime reproduces eager predict (tests/unit/test_export_onnx.py). The
 dynamo exporter, tried on the networks of yolo9-t, rtdetr-r18, dfine-n, resnet-18 and
-segformer-b0 on two shared CPU cores, exported them too, but took 17-160 s each (dfine-n: 160 s
-against 6 s), which the parity tests of every family could not afford; and the NMS step needs
+segformer-b0, exported them too, but many times more slowly, which the parity tests of every
+family could not afford; and the NMS step needs
 ONNX's ``NonMaxSuppression``, whose data-dependent output the TorchScript exporter takes from an
 ``autograd.Function.symbolic`` directly (:class:`_NonMaxSuppression`).
 """
@@ -50,7 +50,7 @@ from torch import nn
 
 from ..ops.nms import nan_last
 
-log = logging.getLogger("libreyolo")
+log = logging.getLogger(__name__)
 
 #: opset the exported graphs use unless ``opset=`` says otherwise (NonMaxSuppression needs >= 11)
 DEFAULT_OPSET = 17
@@ -287,7 +287,7 @@ def export_onnx(model, file: str | os.PathLike | None = None, *, imgsz: int | No
     if dynamic:
         _check_dynamic(model, graph, data, size, in_names, inputs[1:])
     _write_atomic(data, path)
-    log.info("libreyolo: exported %s-%s to %s (%.1f s, %.1f MB)", model.FAMILY, model.size, path,
+    log.info("exported %s-%s to %s (%.1f s, %.1f MB)", model.FAMILY, model.size, path,
              time.perf_counter() - t0, path.stat().st_size / 1e6)
     return path
 
@@ -424,7 +424,7 @@ def _simplify(proto):
         raise ImportError("simplify=True needs the 'onnxscript' package: pip install 'libreyolo[export]'") from exc
     before = len(proto.graph.node)
     out = onnxscript.optimizer.optimize(proto)
-    log.info("libreyolo: simplified the graph from %d to %d nodes", before, len(out.graph.node))
+    log.info("simplified the graph from %d to %d nodes", before, len(out.graph.node))
     return out
 
 

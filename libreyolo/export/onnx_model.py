@@ -28,7 +28,7 @@ import torch
 from ..ops.preprocess import Preprocess
 from .onnx import META_FORMAT, read_metadata, unreadable_onnx
 
-log = logging.getLogger("libreyolo")
+log = logging.getLogger(__name__)
 
 BACKEND = "onnxruntime"
 
@@ -176,14 +176,17 @@ class OnnxModel:
 
     # --------------------------------------------------------------------- predict
     def predict(self, source: Any, *, imgsz: int | None = None, batch: int | None = None, cuda_graph: Any = False,
-                amp: Any = False, bgr: Any = None, color_format: Any = None, save: bool = False, save_dir: str | Path | None = None,
-                exist_ok: bool = False, verbose: bool = False, **task_opts) -> list:
+                amp: Any = False, bgr: Any = None, color_format: Any = None, save: bool = False,
+                save_dir: str | Path | None = None, exist_ok: bool = False, verbose: bool = False,
+                strict: Any = False, **task_opts) -> list:
         """Predict as :meth:`libreyolo.models.base.Model.predict` does, through onnxruntime.
 
         ``imgsz`` must be the exported size unless the graph is dynamic; ``batch`` (default: the
         exported batch, 1 for a dynamic graph) must be the exported one for a static graph (a last,
         shorter chunk is padded). ``cuda_graph=True`` and ``amp`` raise: they are the PyTorch
-        engine's (``"auto"`` runs as False). The task's options are predict's.
+        engine's (``"auto"`` runs as False). The task's options are predict's. An unreadable file
+        found in a directory or by a glob pattern is skipped with a warning naming it
+        (``strict=True``: raise instead).
         """
         from ..data.sources import load_sources, parse_color
         from ..engine.paths import UniqueNames, next_run_dir
@@ -198,7 +201,7 @@ class OnnxModel:
         unknown = sorted(set(task_opts) - set(self.task.predict_defaults))
         if unknown:
             raise TypeError(f"unknown predict option(s) {', '.join(unknown)} for a {self.TASK} model; known: imgsz, "
-                            "batch, cuda_graph, amp, bgr, color_format, save, save_dir, exist_ok, verbose, "
+                            "batch, cuda_graph, amp, bgr, color_format, save, save_dir, exist_ok, verbose, strict, "
                             + ", ".join(self.task.predict_defaults))
         size = check_imgsz(self.imgsz if imgsz is None else imgsz, self.STRIDE)
         if size != self.imgsz and not self.dynamic:
@@ -210,7 +213,7 @@ class OnnxModel:
         if batch != self.batch and not self.dynamic:
             raise ValueError(f"batch={batch}, but {self.path.name} was exported with batch={self.batch} (static); "
                              f"predict with batch={self.batch}, or export again with batch={batch} or dynamic=True")
-        save, bgr = parse_bool("save", save), parse_color(bgr, color_format)
+        save, bgr, strict = parse_bool("save", save), parse_color(bgr, color_format), parse_bool("strict", strict)
         # what the graph was exported with is the default (predict's own defaults may exceed it)
         if self.TASK == "detect":
             task_opts.setdefault("max_det", self.max_det)
@@ -218,7 +221,7 @@ class OnnxModel:
             task_opts.setdefault("topk", self.topk)
         plan = self.task.plan(self, size, None, **task_opts)
         feeds = self._task_feeds(plan, task_opts)
-        items = load_sources(source, bgr=bgr)
+        items = load_sources(source, bgr=bgr, strict=strict)
         out_dir = unique = None
         if save:
             out_dir = Path(save_dir) if save_dir else next_run_dir("runs", "predict", exist_ok)
@@ -316,5 +319,6 @@ class OnnxModel:
             h, w = int(it.image.shape[0]), int(it.image.shape[1])
             sx, sy, px, py = inverse_params(h, w, size, self.preprocess.resize)
             unletterbox_boxes(d, sx, sy, h, w, px, py)
-            results.append(Results(it.image, it.name, self.names, Boxes(torch.from_numpy(d), (h, w)), speed=dict(speed)))
+            results.append(Results(it.image, it.name, self.names, Boxes(torch.from_numpy(d), (h, w)),
+                                   speed=dict(speed)))
         return results

@@ -175,7 +175,7 @@ def to_host(outputs: Any) -> HostCopy:
     Queued right after a replay (under the runner's lock), the copy is ordered before any later
     replay of the same graph, so the static outputs can be read without cloning them on the
     device first; and the caller waits on one event instead of a synchronous copy to pageable
-    memory (measured in docs/benchmarks.md). Host tensors are passed through.
+    memory, which costs more host time. Host tensors are passed through.
     """
     leaves, _ = tree_flatten(outputs)
     dev = next((t.device for t in leaves if isinstance(t, torch.Tensor) and t.is_cuda), None)

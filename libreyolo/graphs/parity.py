@@ -21,7 +21,7 @@ def _leaves(out: Any) -> list[torch.Tensor]:
     return [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
 
 
-def _clone(out: Any) -> list[torch.Tensor]:
+def clone_outputs(out: Any) -> list[torch.Tensor]:
     return [t.detach().clone() for t in _leaves(out)]
 
 
@@ -59,12 +59,12 @@ def check_parity(name: str, fn: Callable[..., Any], probe_a: tuple[torch.Tensor,
                  probe_b: tuple[torch.Tensor, ...], module: torch.nn.Module | None = None) -> ParityResult:
     """Run the protocol for ``fn`` on two probes; never raises for a failed check."""
     try:
-        eager_a = _clone(fn(*probe_a))
-        eager_b = _clone(fn(*probe_b))
+        eager_a = clone_outputs(fn(*probe_a))
+        eager_b = clone_outputs(fn(*probe_b))
         graph = CudaGraphCapturer().capture(fn, probe_a, module=module)
-        replay_a = _clone(graph.replay(probe_a, clone=False))
-        replay_b = _clone(graph.replay(probe_b, clone=False))
-        again_a = _clone(graph.replay(probe_a, clone=False))
+        replay_a = clone_outputs(graph.replay(probe_a, clone=False))
+        replay_b = clone_outputs(graph.replay(probe_b, clone=False))
+        again_a = clone_outputs(graph.replay(probe_a, clone=False))
         torch.cuda.synchronize()
     except Exception as exc:  # reported, not raised: verify prints a verdict per case
         return ParityResult(name, 0, False, False, False, False, float("nan"), 0.0,

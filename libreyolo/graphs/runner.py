@@ -38,7 +38,7 @@ import torch
 from .cache import GraphCache, signature
 from .capture import CudaGraphCapturer, to_host
 
-log = logging.getLogger("libreyolo")
+log = logging.getLogger(__name__)
 
 MODES = (False, True, "auto")
 
@@ -149,7 +149,7 @@ class GraphRunner:
     def _evicted(self, evictions: int) -> None:
         if evictions >= self.max_graphs and not self._thrash_warned:
             self._thrash_warned = True
-            log.warning("libreyolo: the CUDA-graph cache of %s is thrashing (%d evictions, cap %d): "
+            log.warning("the CUDA-graph cache of %s is thrashing (%d evictions, cap %d): "
                         "inputs keep changing shape; fix imgsz/batch or raise max_graphs",
                         self.family, evictions, self.max_graphs)
 
@@ -178,13 +178,13 @@ class GraphRunner:
             n = len(self._graphs)
             self._release_locked()
             self.invalidations += 1
-            log.info("libreyolo: released %d CUDA graph(s) of %s: parameters moved, changed or were replaced",
+            log.info("released %d CUDA graph(s) of %s: parameters moved, changed or were replaced",
                      n, self.family)
         self._fingerprint = fp
 
     def _note_fallback(self, reason: str) -> None:
         if reason not in self._fallbacks:
-            log.info("libreyolo: cuda_graph='auto' runs %s eager: %s", self.family, reason)
+            log.info("cuda_graph='auto' runs %s eager: %s", self.family, reason)
         self._fallbacks[reason] += 1
 
     def _eager(self, fn, inputs, host: bool = False):
@@ -230,8 +230,8 @@ class GraphRunner:
             entry = self._graphs.get(sig)
             if entry is not None and self._fingerprint is not None:
                 # The common case: launch first, then run the stale-graph check on the host while
-                # the device works (it reads every parameter's address and version: ~0.1 ms for a
-                # small model, on the critical path when it ran first). Held storages make a stale
+                # the device works (it reads every parameter's address and version, which is on the
+                # critical path when it runs first). Held storages make a stale
                 # replay harmless; its output is dropped and the stage runs again below.
                 entry.last_used = time.time()
                 out = self._replay(entry, inputs, clone, host, constant)

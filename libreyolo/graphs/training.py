@@ -43,7 +43,7 @@ import torch
 from .cache import GraphCache, signature
 from .capture import CAPTURE_LOCK, CudaGraphCapturer, FlatCopy, no_gc
 
-log = logging.getLogger("libreyolo")
+log = logging.getLogger(__name__)
 
 
 def prime_optimizer_state(opt: torch.optim.Optimizer) -> None:
@@ -108,7 +108,7 @@ def backward_into_grads(loss: torch.Tensor, params: list[torch.Tensor]) -> None:
     ``.grad`` by one foreach call per group of matching layouts instead of one add per parameter.
 
     ``backward()`` accumulates each parameter's gradient with its own in-place add (autograd's
-    AccumulateGrad): 675 kernels a step for yolo9-t, 1 ms of its 25 ms captured batch-16 step.
+    AccumulateGrad): one small kernel per parameter, hundreds a step for a YOLO.
     Here autograd returns the gradients and ``torch._foreach_add_`` adds them: each element is
     ``grad + g`` once, in the gradient's dtype, as before, so the sums are the same bits. A
     parameter without a ``.grad`` gets a copy of ``g`` in its own layout (what backward stores for
@@ -193,7 +193,7 @@ class TrainStepRunner:
 
     def _disable(self, reason: str) -> None:
         if self.disabled_reason is None:
-            log.warning("libreyolo: training %s eager, CUDA-graph capture off: %s", self.family, reason)
+            log.warning("training %s eager, CUDA-graph capture off: %s", self.family, reason)
         self.disabled_reason = reason
         self.active = False
         self._graphs.clear()
@@ -211,14 +211,14 @@ class TrainStepRunner:
         if n >= self.max_graphs and self.captures_stopped is None:
             self.captures_stopped = (f"{n} graphs evicted (cap {self.max_graphs}): the batches keep changing "
                                      "shape")
-            log.warning("libreyolo: the training step's CUDA-graph cache of %s is thrashing (%s); batch shapes "
+            log.warning("the training step's CUDA-graph cache of %s is thrashing (%s); batch shapes "
                         "without a graph train eager from now on (fix the batch's shapes or raise max_graphs)",
                         self.family, self.captures_stopped)
 
     def release(self, why: str = "") -> None:
         """Drop the graphs (e.g. at a phase change that alters what the step computes)."""
         if self._graphs:
-            log.info("libreyolo: released %d training graph(s)%s", len(self._graphs), f": {why}" if why else "")
+            log.info("released %d training graph(s)%s", len(self._graphs), f": {why}" if why else "")
         self._graphs.clear()
         self._evictions_before, self.captures_stopped = self._graphs.evictions, None
         reset = getattr(self.capturer, "reset_pool", None)
@@ -261,7 +261,7 @@ class TrainStepRunner:
                 graph = self.capturer.capture(fn, inputs, module=self.net)
                 self.captures += 1
                 phases = getattr(graph, "meta", {}).get("phases_ms", {})
-                log.info("libreyolo: captured a %s training step for %s in %.0f ms%s",
+                log.info("captured a %s training step for %s in %.0f ms%s",
                          "whole" if whole else "forward+backward", self.family, (time.perf_counter() - t0) * 1e3,
                          " (" + ", ".join(f"{k} {v:.0f}" for k, v in phases.items()) + ")" if phases else "")
             except Exception as exc:  # optional optimization: never fatal
@@ -368,7 +368,7 @@ class GraphedSegment(torch.nn.Module):
                                                             **kwargs)
         except Exception as exc:  # optional optimization: never fatal
             self.disabled_reason = f"capture failed: {type(exc).__name__}: {exc}"
-            log.warning("libreyolo: %s runs eager, CUDA-graph capture off: %s", self.name, self.disabled_reason)
+            log.warning("%s runs eager, CUDA-graph capture off: %s", self.name, self.disabled_reason)
             return None
         finally:
             # warm-up ran forward/backward: undo its BatchNorm and .grad effects
@@ -378,7 +378,7 @@ class GraphedSegment(torch.nn.Module):
                 if p.grad is not g:   # warm-up created (or replaced) a gradient
                     p.grad = g
         self.captures += 1
-        log.info("libreyolo: captured %s forward+backward for input %s in %.0f ms", self.name,
+        log.info("captured %s forward+backward for input %s in %.0f ms", self.name,
                  tuple(x.shape), (time.perf_counter() - t0) * 1e3)
         return graphed
 

@@ -25,7 +25,7 @@ from ..ops.preprocess import Preprocess
 from ..tasks import Task, get_task
 from .common.names import default_names, normalize_names
 
-log = logging.getLogger("libreyolo")
+log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = "1.0"
 
@@ -195,8 +195,8 @@ class Model:
     def _attach(self, net: nn.Module) -> None:
         """Make ``net`` this model's network, with a fresh graph runner and predictor."""
         self.model = net
-        self._runner = GraphRunner(net, self.FAMILY, self.SUPPORTS_CUDA_GRAPH,
-                                   unsupported_reason=self.UNSUPPORTED_REASON)
+        self.runner = GraphRunner(net, self.FAMILY, self.SUPPORTS_CUDA_GRAPH,
+                                  unsupported_reason=self.UNSUPPORTED_REASON)
         self._predictor = None
         self._half_networks: dict = {}   # precision="fp16"/"bf16" copies (engine/fastpath.py)
 
@@ -317,7 +317,7 @@ class Model:
         """Move the model; graphs of the old placement are released (with the weights they hold)."""
         new = select_device(device)
         if new != self.device:
-            self._runner.release()
+            self.runner.release()
         self.device = new
         self.model.to(self.device)
         return self
@@ -354,7 +354,8 @@ class Model:
             raise ValueError("a fused model cannot be saved in the LibreYOLO layout (BatchNorm was folded "
                              "away); save before calling fuse()")
         from .. import __version__
-        sd = _weights(net, host)
+        from ..weights import state_dict_copies
+        sd = state_dict_copies(net, host)
         ckpt = {"model": sd, "schema_version": SCHEMA_VERSION, "libreyolo_version": __version__,
                 "model_family": self.FAMILY, "size": self.size, "task": self.TASK, "nc": self.nc,
                 "names": dict(self.names), "imgsz": self.imgsz, "preprocess": self.preprocess.as_dict()}
@@ -391,21 +392,24 @@ class Model:
         """
         if precision is not None or fast:   # a task predictor of its own need not take them
             opts.update(precision=precision, fast=fast)
-        return self._get_predictor().capture(imgsz=imgsz, batch=batch, dtype=dtype, source=source,
+        return self.get_predictor().capture(imgsz=imgsz, batch=batch, dtype=dtype, source=source,
                                              source_shape=source_shape, **opts)
 
     def graph_info(self) -> dict:
         """Family, support, mode, each graph (signature, capture ms, replays), fallbacks, memory."""
-        info = self._runner.info()
+        info = self.runner.info()
         info["device"] = str(self.device)
         return info
 
     def release_graphs(self) -> int:
         """Free every captured graph; returns how many were released."""
-        return self._runner.release()
+        return self.runner.release()
 
     # ----------------------------------------------------------------- predict
-    def _get_predictor(self):
+    def get_predictor(self):
+        """This model's predictor, built at the first call and kept until the network changes: the
+        task's own (:meth:`Task.predictor`, a predict that is not one stage) or
+        :class:`~libreyolo.engine.predictor.Predictor`. Predict, track and capture go through it."""
         if self._predictor is None:
             custom = self.task.predictor(self)   # a task whose predict is not one stage
             if custom is None:
@@ -428,19 +432,47 @@ class Model:
 
         ``device=[0, 1]`` (or ``"0,1"``) trains on those GPUs: the run is started under torchrun,
         one process per GPU, from this model's current weights, and this model takes the trained
-        weights when it ends (see :func:`libreyolo.distributed.train_from_python`).
+        weights when it ends (see :func:`libreyolo.launch.train_from_python`).
+
+        ``callbacks``: hooks for this run (:class:`~libreyolo.engine.hooks.HookBase` objects, or
+        ``{event: fn}`` dicts of functions called with the trainer), after the model's own
+        (:meth:`add_callback`); see :meth:`libreyolo.engine.trainer.Trainer.register_hooks`.
         """
-        from ..distributed import launched, parse_devices, train_from_python
+        from ..distributed import launched, parse_devices
         from ..engine.config import TrainConfig
+        from ..engine.hooks import as_hooks
         from ..engine.trainer import Trainer
+        from ..launch import train_from_python
+        hooks = as_hooks(kwargs.pop("callbacks", None))
+        own = getattr(self, "callbacks", None)
+        if own:
+            from ..engine.hooks import CallbackHook
+            hooks.insert(0, CallbackHook(own))
         given = {k: v for k, v in kwargs.items() if v is not None}   # None: "not given", the family decides
         gpus = parse_devices(given.get("device"))
         if gpus is not None and not launched():
+            if hooks:
+                from ..options import OptionError
+                raise OptionError("callbacks run in the training process, and a run on several GPUs started from "
+                                  "Python trains in new processes: start it with torchrun from a script that "
+                                  "passes them")
             return train_from_python(self, {**given, "device": ",".join(map(str, gpus))}, len(gpus))
         cfg = TrainConfig.from_kwargs(self.task, **{**self.train_defaults(), **given})
-        return Trainer(self, cfg).train()
+        return Trainer(self, cfg, hooks).train()
 
-    def val(self, data: str = "shapes", *, imgsz: int | None = None, batch: int = 16, workers: int = 2,
+    def add_callback(self, event: str, fn) -> None:
+        """Call ``fn(trainer)`` at ``event`` of every later :meth:`train` of this model: one of
+        ``before_train``, ``before_epoch``, ``before_step``, ``after_step``, ``after_epoch``,
+        ``after_train`` (see :class:`~libreyolo.engine.hooks.HookBase`); another name is a
+        ValueError listing them."""
+        from ..engine.hooks import check_event
+        if not callable(fn):
+            raise TypeError(f"the callback for {event!r} must be callable, got {fn!r}")
+        if getattr(self, "callbacks", None) is None:
+            self.callbacks: dict[str, list] = {}
+        self.callbacks.setdefault(check_event(event), []).append(fn)
+
+    def val(self, data: str | None = None, *, imgsz: int | None = None, batch: int = 16, workers: int = 2,
             verbose: bool = False, save_json: bool = False, save_dir: str | Path | None = None,
             **task_opts) -> dict:
         """The task's metrics of the current weights on the dataset's validation split
@@ -451,7 +483,9 @@ class Model:
         for external evaluation; its path is returned as ``"predictions_json"``.
         """
         from ..engine.config import TrainConfig
-        from ..engine.trainer import Trainer
+        from ..engine.evaluate import evaluate
+        from ..engine.loaders import build_loaders
+        from ..engine.setup import check_config, device_settings
         from ..options import parse_bool
         save_json = parse_bool("save_json", save_json)
         if save_json and not self.task.evaluator(self, self.task.Options()).writes_coco_json:
@@ -463,16 +497,21 @@ class Model:
         ds = self.task.resolve_data(data)
         if ds.nc != self.nc:
             raise ValueError(f"the dataset has {ds.nc} classes but the model predicts {self.nc}")
-        t = Trainer(self, cfg)
-        _, val_loader = t._loaders(ds)
+        check_config(cfg, self.STRIDE)
+        device, amp_dtype, channels_last = device_settings(self, cfg)
+        self.to(device)
+        loaders = build_loaders(self.task, ds, self, cfg, device)
         # the evaluation's helper processes (detection: the classes dealt out to them, the same
         # figures) start now and import while the split runs through the network
-        t.eval_pool = self.task.evaluation_pool(t.eval_processes)
+        pool = self.task.evaluation_pool(cfg.tune.processes())
         try:
-            metrics = t.validate(self.model, val_loader, progress=verbose)
+            result = evaluate(self, loaders.val, options=cfg.task, device=device, amp_dtype=amp_dtype,
+                              memory_format=torch.channels_last if channels_last else torch.contiguous_format,
+                              pool=pool, progress=verbose, seed=cfg.run.seed)
         finally:
-            if t.eval_pool is not None:
-                t.eval_pool.close()
+            if pool is not None:
+                pool.close()
+        metrics = result.metrics
         if save_json:
             import json
             import os
@@ -483,14 +522,14 @@ class Model:
             path = out_dir / "predictions.json"
             tmp = out_dir / ".predictions.json.tmp"
             with open(tmp, "w") as f:   # then renamed: never a truncated file for the evaluator to read
-                json.dump(t.last_evaluator.coco_predictions(t.val_set, ds), f)
+                json.dump(result.evaluator.coco_predictions(loaders.val_set, ds), f)
             os.replace(tmp, path)
             metrics["predictions_json"] = str(path)
         return metrics
 
     def predict(self, source: Any, **kwargs) -> list:
         """Run inference; see :meth:`libreyolo.engine.predictor.Predictor.__call__` for options."""
-        return self._get_predictor()(source, **kwargs)
+        return self.get_predictor()(source, **kwargs)
 
     __call__ = predict
 
@@ -499,7 +538,7 @@ class Model:
         :meth:`libreyolo.engine.predictor.Predictor.track` for the options."""
         if self.TASK != "detect":
             raise ValueError(f"model.track needs a detection model; {self.FAMILY}-{self.size} is a {self.TASK} model")
-        return self._get_predictor().track(source, tracker=tracker, persist=persist, **kwargs)
+        return self.get_predictor().track(source, tracker=tracker, persist=persist, **kwargs)
     # ------------------------------------------------------------------ export
     def export(self, format: str = "onnx", **kwargs) -> Path:
         """Write the model for another runtime; returns the file written.
@@ -532,11 +571,4 @@ def _load_strict(net: nn.Module, sd: dict, what: str, source: str | None) -> Non
     net.load_state_dict(sd, strict=True)
 
 
-def _weights(net: nn.Module, host: bool) -> dict[str, torch.Tensor]:
-    """``net``'s state dict: detached contiguous host copies, or with ``host=False`` the network's
-    own tensors (parameters as they are: no operator call per tensor, see
-    :class:`~libreyolo.weights.PackedSnapshot`), for a caller that copies them at once."""
-    from ..weights import host_copies
-    sd = net.state_dict(keep_vars=True)
-    return dict(zip(sd, host_copies(list(sd.values())))) if host else sd
 

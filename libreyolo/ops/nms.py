@@ -29,8 +29,8 @@ def top_candidates(boxes: torch.Tensor, scores: torch.Tensor, cls: torch.Tensor,
     """(B, N, 4), (B, N), (B, N) -> the same for the ``k`` best-scoring anchors, sorted descending.
 
     One full sort and its first ``k``: on the GPU that is one segmented sort where ``topk``
-    runs a radix selection and then sorts its result (8,400 scores, k = 1,000 on an H200:
-    measured in docs/benchmarks.md, "sort vs top-k"). Equal scores may come in either
+    runs a radix selection and then sorts its result, so the one sort is the cheaper of the
+    two. Equal scores may come in either
     order; eager and graph run the same kernels, so they agree.
 
     A NaN score (a network whose numbers broke, e.g. a half copy out of float16's range) is

@@ -2,7 +2,7 @@
 
     python -m torch.distributed.run --standalone --nproc-per-node N tests/gpu/ddp_gpu_child.py DATA OUT.json
 
-On each rank, in order, with the trainer's own set-up (``Trainer._setup``: process group, flat
+On each rank, in order, with the trainer's own set-up (``Trainer.setup``: process group, flat
 gradient buffer, loss share rule, fused SGD with a tensor lr, bf16 autocast):
 
 * ``steps``: 20 steps on two fixed global batches (each rank its slice), three eager runs and one
@@ -62,7 +62,7 @@ def steps(data: str, project: str, graph: bool, batches, rank: int, world: int) 
     # both arms are built with cuda_graph=True - the whole-step optimizer (fused SGD, tensor lr) -, so
     # they compute the same arithmetic; the eager arm runs the very same step without capture
     _, t = _trainer(data, project, True, world)
-    t._setup()
+    t.setup()
     if graph:
         t.step_runner._graphs.repeat = 1   # capture at the first step: step 0 is a replay
     else:

@@ -36,7 +36,7 @@ def model(request):
 
 
 def _predict(model, source, overlap=True, **kw):
-    p = model._get_predictor()
+    p = model.get_predictor()
     p.overlap = overlap
     try:
         return model.predict(source, imgsz=640, conf=0.1, **kw)

@@ -102,7 +102,7 @@ def test_deform_conv2d_capture_verdict_matches_the_declaration():
 def _seam_model(size="t", seed=0):
     m = input_sensitive(LibreYOLO.new("birefnet", size, device="cuda", seed=seed))
     m.PREDICT_SEAM = True            # the seam itself, whatever the family declares
-    m._runner.supported = True
+    m.runner.supported = True
     return m
 
 

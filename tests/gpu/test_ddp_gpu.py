@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from libreyolo import distributed as D
+from libreyolo import launch as L
 from libreyolo.data.synthetic import make_shapes_dataset
 
 pytestmark = pytest.mark.cuda
@@ -33,9 +33,9 @@ import ddp_gpu_child  # noqa: E402
 def run_ranks(tmp_path: Path, nproc: int) -> list[dict]:
     data = make_shapes_dataset(tmp_path / "s", n_train=64, n_val=8, imgsz=128, seed=0)
     out = tmp_path / "report.json"
-    env = D.launch_env()
+    env = L.launch_env()
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    cmd = D.torchrun_command(nproc, [str(HERE / "ddp_gpu_child.py"), str(data), str(out)])
+    cmd = L.torchrun_command(nproc, [str(HERE / "ddp_gpu_child.py"), str(data), str(out)])
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, f"torchrun exit {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
     return [json.loads((tmp_path / f"report.rank{r}.json").read_text()) for r in range(nproc)]

@@ -138,7 +138,7 @@ def test_eight_threads_get_their_own_boxes(images):
 def test_ten_thousand_replays_keep_memory_flat():
     model = filled_model("yolo9", "t")
     x = torch.rand(1, 3, 320, 320, device="cuda")
-    runner = model._runner
+    runner = model.runner
     # Earlier tests' cyclic garbage (models) is collected first and the collector is paused during
     # the replays: a collection inside the loop once freed 23 MB of it (session 4), which says
     # nothing about the replays; any growth (a leak, cyclic or not) still shows.
@@ -162,12 +162,12 @@ def test_ten_thousand_replays_keep_memory_flat():
 
 def test_cache_cap_and_eviction_on_gpu():
     model = filled_model("yolo9", "t")
-    model._runner.max_graphs = 2
+    model.runner.max_graphs = 2
     outs = {}
     with torch.no_grad():
         for b in (1, 2, 3, 1):
             x = torch.rand(b, 3, 256, 256, device="cuda", generator=None)
-            got = model._runner(("net", 256), model.infer, (x,), mode=True)
+            got = model.runner(("net", 256), model.infer, (x,), mode=True)
             ref = model.infer(x)
             assert all(torch.equal(g, r) for g, r in zip(got, ref))
             outs[b] = got
@@ -308,7 +308,7 @@ def test_pinned_uploads_arrive_intact_and_equal_direct(images):
     direct one."""
     from libreyolo.engine.predictor import Predictor
     model = filled_model("yolo9", "t")
-    p = model._get_predictor()
+    p = model.get_predictor()
     frames = [np.ascontiguousarray(np.roll(images[0], 101 * i, axis=0)) for i in range(6)]
     key = (tuple(frames[0].shape), torch.uint8)
     results, default = {}, Predictor.STAGE_MIN_THREADS

@@ -22,7 +22,7 @@ def build(spec):
     model = input_sensitive(LibreYOLO.new(*spec, device="cuda", seed=0))
     if spec[0] in rows.GRAPH_PENDING:   # built for capture, not declared (rows.GRAPH_PENDING)
         model.SUPPORTS_CUDA_GRAPH = True
-        model._runner.supported = True
+        model.runner.supported = True
     return model
 
 
@@ -46,7 +46,7 @@ def test_det_and_rec_graphs_equal_eager_on_a_page(spec, amp, page):
         got = model([page, page[::-1].copy()], batch=1, imgsz=960, amp=amp, cuda_graph=True, **OPTS)
         assert all(same(a, b) for a, b in zip(got, eager))
     stages = [g["stage"] for g in model.graph_info()["graphs"]]
-    assert any("ocr-rec" in s for s in stages) and len(stages) <= model._runner.max_graphs, stages
+    assert any("ocr-rec" in s for s in stages) and len(stages) <= model.runner.max_graphs, stages
     assert model.graph_info()["replays"] > 0
 
 

@@ -62,7 +62,7 @@ def test_a_padded_prompt_gives_other_masks_on_the_gpu(spec, image):
     model = input_sensitive(LibreYOLO.new(spec[0], spec[1], device="cuda", seed=0))
     net = model.model
     with torch.no_grad():
-        emb = model._get_predictor().set_image(image).embedding
+        emb = model.get_predictor().set_image(image).embedding
         pts = torch.tensor([[[400.0, 300.0], [100.0, 80.0]]], device="cuda")
         lab = torch.tensor([[1.0, 0.0]], device="cuda")
         m0, s0 = net.decode(emb, pts, lab, None, True, 1024)

@@ -47,7 +47,7 @@ def build(spec, nc=None, seed=0):
     model = LibreYOLO.new(spec[0], spec[1], device="cuda", seed=seed, **kw)
     if spec[0] in rows.GRAPH_PENDING:   # built for capture, not declared: exercise it here only
         model.SUPPORTS_CUDA_GRAPH = True
-        model._runner.supported = True
+        model.runner.supported = True
     return model
 
 
@@ -109,14 +109,14 @@ def test_depth_uint8_stage_is_one_graph_with_the_resize_back(spec, images):
         got = model(img, imgsz=size, cuda_graph=True)[0].depth.data
     assert got.shape == img.shape[:2] and torch.equal(got, eager)
     assert any("'u8'" in g["stage"] for g in model.graph_info()["graphs"]), model.graph_info()["graphs"]
-    pred = model._get_predictor()
+    pred = model.get_predictor()
     plan = pred.plan(size)
     from_u8 = pred._stage_fns(size, plan)[1]
     u8 = torch.from_numpy(np.ascontiguousarray(img)).cuda()[None]
     with torch.no_grad():
         ref = from_u8(u8)
         for _ in range(2):   # capture, replay
-            out = model._runner(("u8-probe", size, *plan.tag), from_u8, (u8,), True)
+            out = model.runner(("u8-probe", size, *plan.tag), from_u8, (u8,), True)
     torch.cuda.synchronize()
     assert out.shape == (1, *img.shape[:2]) and torch.equal(out, ref)
     from libreyolo.tasks.depth.task import download   # the maps' way to the host, through pinned memory

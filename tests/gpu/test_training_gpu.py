@@ -321,7 +321,7 @@ def test_trainer_whole_step_with_frozen_layers_replays_and_leaves_them_untouched
     """freeze=3 with cuda_graph=True: the whole step is captured over the trainable parameters only
     (the fused optimizer, clipping and the restored state never see the frozen ones), it replays,
     and the frozen weights and BatchNorm statistics are bitwise the initial ones afterwards."""
-    from libreyolo.engine.trainer import freeze_prefixes
+    from libreyolo.engine.optim import freeze_prefixes
     model = LibreYOLO.new("yolo9", "t", device="cuda", seed=0)
     model.SUPPORTS_CUDA_GRAPH_TRAIN = True
     prefixes = freeze_prefixes(model.model, 3)

@@ -10,9 +10,11 @@ import torch
 
 from libreyolo import LibreYOLO
 from libreyolo.data.synthetic import make_shapes_dataset
-from libreyolo.engine import trainer as T
+from libreyolo.engine import hooks as H
 from libreyolo.engine.config import TrainConfig
-from libreyolo.engine.trainer import Trainer
+from libreyolo.engine.evaluate import evaluate, validation_stage
+from libreyolo.engine.loaders import build_loaders
+from libreyolo.engine.setup import device_settings
 from libreyolo.engine.verify import input_sensitive
 
 pytestmark = pytest.mark.cuda
@@ -27,17 +29,33 @@ def data(tmp_path_factory):
                                    seed=0))
 
 
+class Validator:
+    """evaluate() of a model on the split with a run's settings (device, AMP, layout), keeping its
+    stage across calls as training's evaluation hook does."""
+
+    def __init__(self, model, data, graph: bool, amp):
+        cfg = TrainConfig(model.task, data=data, imgsz=128, batch=3, workers=0, verbose=False, cuda_graph=graph,
+                          amp=amp)
+        self.model, self.graph, self.stage = model, graph, None
+        self.device, self.amp_dtype, cl = device_settings(model, cfg)
+        self.memory_format = torch.channels_last if cl else torch.contiguous_format
+        self.loader = build_loaders(model.task, model.task.resolve_data(data), model, cfg, self.device).val
+
+    def validate(self, net, loader, loss_fn=None):
+        self.stage = validation_stage(self.model, net, loader, self.graph, self.device, None, self.stage)
+        self.last = evaluate(self.model, loader, net=net, device=self.device, amp_dtype=self.amp_dtype,
+                             memory_format=self.memory_format, stage=self.stage, loss_fn=loss_fn)
+        return self.last.metrics
+
+
 def validator(model, data, graph: bool, amp):
-    cfg = TrainConfig(model.task, data=data, imgsz=128, batch=3, workers=0, verbose=False, cuda_graph=graph,
-                      amp=amp)
-    t = Trainer(model, cfg)
-    _, loader = t._loaders(model.task.resolve_data(data))
-    return t, loader
+    v = Validator(model, data, graph, amp)
+    return v, v.loader
 
 
-def validate(t, loader):
-    metrics = t.validate(t.model.model, loader, loss_fn=t.model.build_loss().cuda())
-    return metrics, t.val_loss, [p.copy() for p in t.last_evaluator.preds]
+def validate(v, loader):
+    metrics = v.validate(v.model.model, loader, loss_fn=v.model.build_loss().cuda())
+    return metrics, v.last.loss, [p.copy() for p in v.last.evaluator.preds]
 
 
 def same(a, b) -> bool:
@@ -54,7 +72,7 @@ def test_graph_validation_bitwise_equals_eager_and_replays_new_weights(data, spe
     m_g, loss_g, p_g = validate(graphed, gloader)
     assert sum(len(p) for p in p_e) > 0
     assert same(p_e, p_g) and m_e == m_g and torch.equal(loss_e, loss_g)
-    info = graphed._val_stage.info()
+    info = graphed.stage.info()
     assert info["captures"] == 1 and info["replays"] == 3 and info["eager_calls"] == 0
     with torch.no_grad():   # in place, as the EMA update between epochs
         for p in model.model.parameters():
@@ -64,7 +82,7 @@ def test_graph_validation_bitwise_equals_eager_and_replays_new_weights(data, spe
     m_e2, loss_e2, p_e2 = validate(eager, loader)
     assert not same(p_g, p_g2), "the replay did not see the new weights"
     assert same(p_e2, p_g2) and m_e2 == m_g2 and torch.equal(loss_e2, loss_g2)
-    info = graphed._val_stage.info()
+    info = graphed.stage.info()
     assert info["captures"] == 1 and info["replays"] == 6 and info["invalidations"] == 0
 
 
@@ -73,13 +91,13 @@ def test_training_run_validates_through_one_graph(data, tmp_path, monkeypatch):
     validation captured once and replayed every epoch; the last epoch's metrics equal eager
     validation of the final (EMA) weights."""
     seen = {}
-    real_end = T.EvaluationHook.on_train_end
+    real_end = H.EvaluationHook.after_train
 
-    def on_train_end(self, t):
-        seen["info"] = t._val_stage.info()
-        real_end(self, t)
+    def after_train(self):
+        real_end(self)
+        seen["info"] = self.graph_info
 
-    monkeypatch.setattr(T.EvaluationHook, "on_train_end", on_train_end)
+    monkeypatch.setattr(H.EvaluationHook, "after_train", after_train)
     model = LibreYOLO.new("yolo9", "t", nc=5, device="cuda", seed=0)
     res = model.train(data=data, epochs=3, batch=3, imgsz=128, workers=0, project=str(tmp_path), name="run",
                       close_mosaic=0, warmup_epochs=0, verbose=False, plots=False, seed=0, nbs=3, cuda_graph=True,

@@ -155,11 +155,13 @@ def agree(rank: int, world: int) -> dict:
 def train(rank: int, world: int, data: str, project: str, *, epochs: int, resume: bool = False,
           name: str = "run", die_at: int | None = None) -> dict:
     from libreyolo import LibreYOLO
+    from libreyolo.engine import loaders as LD
+    from libreyolo.engine import runs as R
     from libreyolo.engine import trainer as T
 
     seen: list = []
 
-    class Recording(T.EpochSeeded):   # the indices the sampler hands this rank, per epoch
+    class Recording(LD.EpochSeeded):   # the indices the sampler hands this rank, per epoch
         def __getitem__(self, index):
             seen.append((int(self._epoch[0]), int(index)))
             return super().__getitem__(index)
@@ -182,7 +184,7 @@ def train(rank: int, world: int, data: str, project: str, *, epochs: int, resume
             same.append(_same_on_all_ranks(_flat_params(self.net), world))
             return items
 
-    T.EpochSeeded = Recording
+    LD.EpochSeeded = Recording
     try:
         model = LibreYOLO.new("yolo9", "t", nc=80, device="cpu", seed=0)
         kw = dict(data=data, epochs=epochs, batch=8, imgsz=64, workers=0, project=project, name=name, val=True,
@@ -194,12 +196,12 @@ def train(rank: int, world: int, data: str, project: str, *, epochs: int, resume
         t = Trainer(model, cfg)
         try:
             res = t.train()
-        except T.TrainingError as exc:
+        except R.TrainingError as exc:
             return {"error": str(exc), "error_type": type(exc).__name__}
         return {"run_dir": res["run_dir"], "epochs": res["epochs"], "start_epoch": t.start_epoch, "same": same,
                 "seen": seen, "losses": res["losses"], "local_batches": sizes, "rows": rows}
     finally:
-        T.EpochSeeded = Recording.__mro__[1]
+        LD.EpochSeeded = Recording.__mro__[1]
 
 
 def main(rank: int, world: int, ports: list, data: str, project: str, out: str) -> None:

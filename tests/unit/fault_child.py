@@ -29,7 +29,7 @@ def kill_self() -> None:
 
 def main(mode: str, data: str, project: str) -> None:
     from libreyolo import LibreYOLO
-    from libreyolo.engine import trainer as T
+    from libreyolo.engine import hooks as H
     from libreyolo.tasks.detect.task import DetectionEvaluator
 
     if mode == "ckpt":
@@ -49,7 +49,7 @@ def main(mode: str, data: str, project: str) -> None:
 
         torch.save = dying_save
     elif mode == "val":
-        real_validate, real_process, validations = T.Trainer.validate, DetectionEvaluator.process, [0]
+        real_validate, real_process, validations = H.EvaluationHook.validate, DetectionEvaluator.process, [0]
 
         def validate(self, *args, **kwargs):
             validations[0] += 1
@@ -60,7 +60,7 @@ def main(mode: str, data: str, project: str) -> None:
             if validations[0] == 2:    # epoch 2's validation, one batch in
                 kill_self()
 
-        T.Trainer.validate, DetectionEvaluator.process = validate, process
+        H.EvaluationHook.validate, DetectionEvaluator.process = validate, process
     else:
         raise SystemExit(f"unknown mode {mode!r}")
     model = LibreYOLO.new("yolox", "n", nc=5, device="cpu", seed=0)

@@ -14,6 +14,8 @@ from libreyolo import LibreYOLO
 from libreyolo import weights as W
 from libreyolo.data.synthetic import make_shapes_dataset
 from libreyolo.engine import trainer as T
+from libreyolo.engine import hooks as H
+from libreyolo.engine import optim as O
 from libreyolo.engine.background import BackgroundJob
 from libreyolo.weights import host_snapshot, load_checkpoint, save_checkpoint
 
@@ -209,17 +211,18 @@ def test_background_job_one_at_a_time_and_errors_surface_once():
 
 
 def test_training_checkpoints_equal_a_synchronous_save_and_the_writer_is_joined(data, tmp_path, monkeypatch):
-    real_end, threads = T.CheckpointHook.on_epoch_end, []
+    real_end, threads = H.CheckpointHook.after_epoch, []
 
-    def on_epoch_end(self, t, state):
-        real_end(self, t, state)
+    def after_epoch(self):
+        real_end(self)
+        t, state = self.trainer, self.trainer.epoch_state
         # the state the background write copied, saved synchronously (the main thread has not moved on)
         save_checkpoint(t.checkpoint(state["epoch"], with_state=True), t.run_dir / f"sync{state['epoch']}.pt")
         if state["is_best"]:
             save_checkpoint(t.checkpoint(state["epoch"], with_state=False), t.run_dir / "sync_best.pt")
         threads.append(self.writer._thread)
 
-    monkeypatch.setattr(T.CheckpointHook, "on_epoch_end", on_epoch_end)
+    monkeypatch.setattr(H.CheckpointHook, "after_epoch", after_epoch)
     res = run(data, tmp_path, save_period=1)
     weights = tmp_path / "run" / "weights"
     assert all(th is not None for th in threads) and not any(th.is_alive() for th in threads)   # joined
@@ -298,7 +301,7 @@ def test_a_resumed_optimizer_state_takes_its_parameters_layout():
     sd["state"][0]["momentum_buffer"] = sd["state"][0]["momentum_buffer"].contiguous()   # as written elsewhere
     resumed = torch.optim.SGD(ps, lr=0.1, momentum=0.9, fused=True)
     resumed.load_state_dict(sd)
-    assert T.match_state_layouts(resumed) == 1
+    assert O.match_state_layouts(resumed) == 1
     assert resumed.state[ps[0]]["momentum_buffer"].stride() == ps[0].stride()
     grads(ps, 0.5)
     resumed.step()

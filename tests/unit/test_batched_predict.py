@@ -44,7 +44,7 @@ def _same(a, b):
 @pytest.fixture
 def sequential(model):
     """Predict through the sequential loop (today's per-image uploads, no lookahead)."""
-    p = model._get_predictor()
+    p = model.get_predictor()
 
     def run(*args, **kw):
         p.overlap = False
@@ -73,7 +73,7 @@ def test_streamed_chunks_equal_the_list_and_one_by_one_equals_batch_1(model, ima
 
 
 def test_an_error_preparing_a_chunk_comes_after_the_chunks_before_it(model, images):
-    p = model._get_predictor()
+    p = model.get_predictor()
     plan = p.plan(SIZE, conf=0.01)
     plan.mode, plan.amp_dtype, plan.half = False, None, None
 

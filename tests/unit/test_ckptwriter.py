@@ -11,8 +11,9 @@ import torch
 from libreyolo import LibreYOLO
 from libreyolo.data.synthetic import make_shapes_dataset
 from libreyolo.engine import ckptwriter as C
-from libreyolo.engine import trainer as T
+from libreyolo.engine import loggers as LG
 from libreyolo.weights import PackedSnapshot, load_checkpoint
+from tuning import tune_defaults  # tests/tuning.py
 
 
 def checkpoint() -> dict:
@@ -93,7 +94,7 @@ def test_a_dead_child_leaves_the_writing_to_the_caller(writer, tmp_path, caplog)
 
 def test_a_training_run_writes_through_the_child_and_ends_it(tmp_path, monkeypatch):
     data = make_shapes_dataset(tmp_path / "ds", n_train=8, n_val=4, imgsz=64, seed=0)
-    monkeypatch.setattr(T.Trainer, "checkpoint_process", True)
+    tune_defaults(monkeypatch, checkpoint_process=True)
     real, calls, procs = C.WriterProcess.write, [], []
 
     def write(self, snapshot, paths, written=None):
@@ -113,7 +114,7 @@ def test_a_training_run_writes_through_the_child_and_ends_it(tmp_path, monkeypat
 
 def test_the_child_ends_also_when_a_hook_before_the_checkpoints_fails_at_the_end(tmp_path, monkeypatch):
     data = make_shapes_dataset(tmp_path / "ds", n_train=4, n_val=4, imgsz=64, seed=0)
-    monkeypatch.setattr(T.Trainer, "checkpoint_process", True)
+    tune_defaults(monkeypatch, checkpoint_process=True)
     started = []
     real_init = C.WriterProcess.__init__
 
@@ -122,9 +123,9 @@ def test_the_child_ends_also_when_a_hook_before_the_checkpoints_fails_at_the_end
         started.append(self.proc)
     monkeypatch.setattr(C.WriterProcess, "__init__", init)
 
-    def fail(self, t):
+    def fail(self):
         raise RuntimeError("the logging hook's end failed")
-    monkeypatch.setattr(T.LoggingHook, "on_train_end", fail)
+    monkeypatch.setattr(LG.LoggingHook, "after_train", fail)
     with pytest.raises(RuntimeError, match="logging hook"):
         LibreYOLO.new("yolox", "n", nc=5, device="cpu", seed=0).train(
             data=str(data), epochs=1, batch=4, imgsz=64, workers=0, project=str(tmp_path), name="run",

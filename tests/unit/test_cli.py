@@ -60,9 +60,9 @@ def test_help_lists_every_option_once_aligned_with_one_default_note(command, cap
 
 def test_help_default_notes():
     text = _options_help(TRAIN, width=200)
-    assert "  optimizer       SGD or AdamW (default: the family's recipe, SGD for the YOLO families)\n" in text
-    assert "  epochs          training epochs (default: 100)\n" in text
-    assert "  exist_ok        reuse the run folder (default: false)\n" in text
+    assert "  optimizer        SGD or AdamW (default: the family's recipe, SGD for the YOLO families)\n" in text
+    assert "  epochs           training epochs (default: 100)\n" in text
+    assert "  exist_ok         reuse the run folder (default: false)\n" in text
     assert re.search(r"^  lr0 +initial learning rate \(default: the family's, else 0.01 SGD, 0.001 AdamW\)$",
                      text, re.M)
     pred = _options_help(PREDICT, width=200)
@@ -71,7 +71,7 @@ def test_help_default_notes():
 
 def test_help_wraps_long_text_under_its_column():
     text = _options_help(TRAIN, width=60)
-    col = 2 + len("augment_policy") + 2
+    col = 2 + max(map(len, TRAIN)) + 2
     for line in text.splitlines():
         assert len(line) <= 60
         assert line.startswith("  ") and (line[2] != " " or line[:col].strip() == "")
@@ -89,7 +89,7 @@ def test_help_wraps_long_text_under_its_column():
     (["bench", "warmup=-1"], "warmup must be an integer >= 0, got '-1'"),
     (["train", "batch=0"], "batch must be an integer >= 1, got '0'"),
     (["train", "epochs=2.5"], "epochs must be an integer >= 1, got '2.5'"),
-    (["train", "workers=-1"], "workers must be an integer >= 0, got '-1'"),
+    (["train", "workers=-1"], "workers must be an integer in [0, 1024], got '-1'"),
     (["train", "imgsz=640,480"], "imgsz='640,480' is not square: only square sizes are supported"),
     (["train", "lr0=0"], "lr0 must be a number > 0, got '0'"),
     (["train", "mosaic=1.5"], "mosaic must be a number in [0, 1], got '1.5'"),
@@ -100,8 +100,9 @@ def test_help_wraps_long_text_under_its_column():
     (["predict", "model=x.pt", "imgsz=100000"], "imgsz=100000 is too large: at most 8192"),
     (["predict", "model=x.pt", "conf=abc"], "conf must be a number in [0, 1], got 'abc'"),
     (["val", "model=x.pt", "conf=5"], "conf must be a number in [0, 1], got '5'"),
-    (["predict", "model=x.pt", "classes=1,,2"], "classes must be class ids or names separated by commas"),
-    (["predict", "model=x.pt", "cuda_graph=maybe"], "cuda_graph must be auto, true or false, got 'maybe'"),
+    (["predict", "model=x.pt", "classes=1,,2"], ("classes='1,,2' has an empty entry: give ids or names separated "
+                                                 "by commas")),
+    (["predict", "model=x.pt", "cuda_graph=maybe"], "cuda_graph must be False, True or 'auto', got 'maybe'"),
     (["verify", "model=x.pt", "batch=1,0"], "batch must be an integer >= 1, got '0'"),
     (["verify", "model=x.pt", "batch=1,"], "batch must be integers separated by commas"),
 ])
@@ -132,6 +133,7 @@ class FakeModel:
 
     names = {0: "person", 1: "bicycle", 2: "car"}
     trained = True
+    TASK, FAMILY, size = "detect", "fake", "t"
 
     class task:   # a detection model's predict options
         predict_defaults = {"conf": 0.25, "iou": 0.45, "max_det": 300, "classes": None}
@@ -156,7 +158,11 @@ def test_predict_classes_by_name_are_resolved_with_the_models_names(monkeypatch,
     assert "classes: 34 is out of range: this model has 3 classes (ids 0..2)" in capsys.readouterr().err
     assert main(["predict", "model=x.pt", "classes=cra", "save=false"]) == 2
     assert "did you mean 'car'?" in capsys.readouterr().err
-    assert main(["predict", "model=x.pt", "save=false"]) == 0 and model.kwargs["classes"] is None
+    # what is not given is the API's default, except what the command line does differently
+    assert main(["predict", "model=x.pt", "save=false"]) == 0
+    assert model.kwargs == {"save": False, "verbose": True, "cuda_graph": "auto"}
+    assert main(["predict", "model=x.pt", "topk=3"]) == 2
+    assert "topk is an option of classify models; fake-t is a detect model" in capsys.readouterr().err
 
 
 def test_every_option_default_passes_its_own_check():

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from libreyolo import distributed as D
+from libreyolo import launch as L
 from libreyolo.data.synthetic import make_shapes_dataset
 from libreyolo.options import OptionError
 from libreyolo.weights import load_checkpoint
@@ -196,7 +197,7 @@ def test_cli_train_builds_the_torchrun_command(monkeypatch):
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(k, raising=False)
     launched = []
-    monkeypatch.setattr(D, "launch", lambda cmd, env=None: launched.append(list(cmd)) or 0)
+    monkeypatch.setattr(L, "launch", lambda cmd, env=None: launched.append(list(cmd)) or 0)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)   # as on a 2-GPU machine (nothing runs on them)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     argv = ["train", "model=yolo9t", "device=0,1", "batch=32", "epochs=3"]
@@ -219,14 +220,14 @@ def test_model_train_with_a_gpu_list_launches_torchrun(monkeypatch, tmp_path):
         spec = json.loads(Path(cmd[-1]).read_text())
         seen["spec"] = spec
         return 1   # as if a rank failed: the call must say so
-    monkeypatch.setattr(D, "launch", fake_launch)
+    monkeypatch.setattr(L, "launch", fake_launch)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     model = LibreYOLO.new("yolo9", "t", nc=5, device="cpu", seed=0)
     with pytest.raises(D.DistributedError, match="exit status 1"):
         model.train(data="shapes", device=[0, 1], epochs=2, batch=16)
     assert seen["cmd"][:6] == [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    assert seen["cmd"][6:8] == ["-m", "libreyolo.distributed"]
+    assert seen["cmd"][6:8] == ["-m", "libreyolo.launch"]
     assert seen["spec"]["kwargs"] == {"data": "shapes", "device": "0,1", "epochs": 2, "batch": 16}
     assert seen["spec"]["family"] == "yolo9" and seen["spec"]["trained"] is False
 
@@ -267,15 +268,15 @@ def test_model_train_gpu_list_round_trip_loads_the_trained_weights(monkeypatch, 
         monkeypatch.delenv(k, raising=False)
     data = make_shapes_dataset(tmp_path / "ds", n_train=8, n_val=4, imgsz=64, seed=0)
 
-    monkeypatch.setattr(D, "check_gpus", lambda gpus: None)   # no GPUs here: the rank below trains on the CPU
+    monkeypatch.setattr(L, "check_gpus", lambda gpus: None)   # no GPUs here: the rank below trains on the CPU
 
     def run_rank_here(cmd, env=None):
         spec_path = Path(cmd[-1])
         spec = json.loads(spec_path.read_text())
         spec["kwargs"]["device"] = "cpu"
         spec_path.write_text(json.dumps(spec))
-        return D._rank_main(str(spec_path))
-    monkeypatch.setattr(D, "launch", run_rank_here)
+        return L.rank_main(str(spec_path))
+    monkeypatch.setattr(L, "launch", run_rank_here)
     model = LibreYOLO.new("yolo9", "t", nc=80, device="cpu", seed=0)
     res = model.train(data=str(data), device="0,1", epochs=1, batch=8, imgsz=64, workers=0, val=False,
                       plots=False, verbose=False, project=str(tmp_path / "runs"), warmup_epochs=0)
@@ -312,7 +313,7 @@ def test_a_gpu_list_beyond_the_machine_is_refused_before_launching(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     with pytest.raises(OptionError, match=r"asks for GPU\(s\) 1, but this machine has 1 CUDA GPU"):
-        D.check_gpus([0, 1])
+        L.check_gpus([0, 1])
 
 
 class _Ranked(D.Distributed):

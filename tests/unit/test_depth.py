@@ -91,7 +91,7 @@ def test_uint8_stage_resizes_back_inside_and_equals_the_batch_stage(model):
     """The stage from uint8 images (the one predict captures for a repeated size) returns maps at
     the image size; the stage from a preprocessed batch returns the network size, which
     results() maps back with the same function: the same numbers."""
-    pred = model._get_predictor()
+    pred = model.get_predictor()
     plan = pred.plan(SIZE)
     net, from_u8 = pred._stage_fns(SIZE, plan)
     u8 = torch.from_numpy(np.stack([_image(30, 45, 1), _image(30, 45, 2)]))
@@ -106,7 +106,7 @@ def test_verify_probes_reach_the_stage_and_change_its_output(model):
     """What `libreyolo verify` runs on the GPU (the uint8 stage with verify's two probe
     distributions) works on the CPU, and the two probes give different maps, so the parity
     protocol can tell a stale graph from a fresh one."""
-    pred = model._get_predictor()
+    pred = model.get_predictor()
     plan = pred.plan(SIZE)
     from_u8 = pred._stage_fns(SIZE, plan)[1]
     ua, ub = _probes_u8(1, 24, 32, "cpu")

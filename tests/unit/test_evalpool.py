@@ -12,6 +12,7 @@ pytest.importorskip("faster_coco_eval")
 from libreyolo.tasks.detect import evalpool  # noqa: E402
 from libreyolo.tasks.detect.curves import box_iou, pr_summary  # noqa: E402
 from libreyolo.tasks.detect.metrics import evaluate_detections  # noqa: E402
+from tuning import tune_defaults  # tests/tuning.py
 
 
 def split(seed: int, nc: int = 5, images: int = 40, per_image: int = 120):
@@ -90,7 +91,7 @@ def test_a_child_imports_numpy_and_faster_coco_eval_not_torch(tmp_path):
     import subprocess
     import sys
     from libreyolo import childproc
-    code = childproc._SNIPPET.replace("m.serve()", "m._siblings()[0]._backend(); import json; "
+    code = childproc._SNIPPET.replace("m.serve()", "m._siblings()[0].coco_backend(); import json; "
                                       "print(json.dumps(sorted(sys.modules)))")
     out = subprocess.run([sys.executable, "-c", code, evalpool.__file__, "evalpool_child"], capture_output=True,
                          text=True, check=True, cwd=tmp_path).stdout
@@ -119,11 +120,10 @@ def test_deal_spreads_the_heavy_classes():
 
 
 def test_a_training_run_with_the_pool_has_the_in_process_runs_history(tmp_path, monkeypatch):
-    """Trainer.eval_processes lends the pool to every validation (the wiring; the figures' equality
+    """eval_processes lends the pool to every validation (the wiring; the figures' equality
     on real detections is the tests above): the same results.csv figures."""
     from libreyolo import LibreYOLO
     from libreyolo.data.synthetic import make_shapes_dataset
-    from libreyolo.engine import trainer as T
     data = str(make_shapes_dataset(tmp_path / "ds", n_train=16, n_val=8, imgsz=64, seed=0))
     monkeypatch.setattr(evalpool, "MIN_ROWS", 0)         # a tiny split still goes through the pipes
     used = []
@@ -144,7 +144,7 @@ def test_a_training_run_with_the_pool_has_the_in_process_runs_history(tmp_path, 
     monkeypatch.setattr(evalpool.EvalPool, "close", close)
     hist = {}
     for n in (0, 2):
-        monkeypatch.setattr(T.Trainer, "eval_processes", n)
+        tune_defaults(monkeypatch, eval_processes=n)
         model = LibreYOLO.new("yolo9", "t", nc=5, device="cpu", seed=0)
         # loader workers (forked after the pool started: they hold its pipes)
         res = model.train(data=data, epochs=2, batch=8, imgsz=64, workers=2, project=str(tmp_path), name=f"p{n}",

@@ -223,7 +223,7 @@ def test_predict_checks_the_half_copy_after_its_launch(image, monkeypatch, graph
 
     def new():
         m = input_sensitive(LibreYOLO.new("yolox", "n", nc=3, device="cpu", seed=0))
-        m._runner.capturer = StandInCapturer()
+        m.runner.capturer = StandInCapturer()
         return m
 
     m = new()
@@ -255,7 +255,7 @@ def test_predict_checks_the_half_copy_after_its_launch(image, monkeypatch, graph
 
 def test_graph_keys_distinct_per_precision(image):
     m = input_sensitive(LibreYOLO.new("yolox", "n", nc=3, device="cpu", seed=0))
-    m._runner.capturer = StandInCapturer()
+    m.runner.capturer = StandInCapturer()
     with measuring():
         a = m(image, imgsz=64, cuda_graph=True, conf=0.01)[0]
         b = m(image, imgsz=64, cuda_graph=True, conf=0.01, precision="bf16")[0]
@@ -280,7 +280,7 @@ def test_graph_keys_distinct_per_precision(image):
 def test_capture_graph_precision(image, tmp_path, monkeypatch):
     monkeypatch.setattr(fastpath, "TABLE_PATH", tmp_path / "none.json")   # outside measuring(): refused
     m = input_sensitive(LibreYOLO.new("yolox", "n", nc=3, device="cpu", seed=0))
-    m._runner.capturer = StandInCapturer()
+    m.runner.capturer = StandInCapturer()
     with measuring():
         info = m.capture_graph(imgsz=64, precision="bf16")
         assert "'net', 64, 'bf16'" in info["stage"] and "bfloat16" in info["inputs"][0]
@@ -431,7 +431,7 @@ def test_fast_half_network_plumbing_on_cpu(monkeypatch, tmp_path, image):
     assert hn.fast and hn.compile_mode == fastpath.COMPILE_MODE
     assert hn.cache_dir == tmp_path / "inductor" / f"torch-{torch.__version__}"
     assert hn.cache_dir.is_dir() and os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(hn.cache_dir)
-    pred = m._get_predictor()
+    pred = m.get_predictor()
     plan = pred.plan(64)
     u8 = torch.from_numpy(image).unsqueeze(0)
     with torch.no_grad():
@@ -576,7 +576,7 @@ def test_aot_package_built_once_loaded_after_and_keyed_by_the_weights(monkeypatc
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "1")
     m = input_sensitive(LibreYOLO.new("yolox", "n", nc=3, device="cpu", seed=0))
-    pred = m._get_predictor()
+    pred = m.get_predictor()
     plan = pred.plan(32)
     u8 = torch.from_numpy(image).unsqueeze(0)
 
@@ -606,7 +606,7 @@ def test_aot_package_built_once_loaded_after_and_keyed_by_the_weights(monkeypatc
     twin.load_state_dict(m.model.state_dict())                  # the same weights, another model
     hn2 = half_network(twin, "bf16", fast="aot")
     monkeypatch.setattr(fastpath.AotInfer, "_build", lambda *a: pytest.fail("built again"))
-    pred2 = twin._get_predictor()
+    pred2 = twin.get_predictor()
     with torch.no_grad():
         out2 = pred2._stage_fns(32, pred2.plan(32), hn2)[1](u8)
     assert hn2.first_call_cache == {"aot_packages_loaded": 1, "aot_packages_built": 0}

@@ -19,6 +19,9 @@ import torch
 from libreyolo import LibreYOLO
 from libreyolo.data.synthetic import make_shapes_dataset
 from libreyolo.engine import trainer as T
+from libreyolo.engine import loaders as LD
+from libreyolo.engine import loggers as LG
+from libreyolo.engine import runs as R
 from libreyolo.weights import load_checkpoint
 
 HERE = Path(__file__).resolve().parent
@@ -118,7 +121,7 @@ def test_dataloader_worker_killed_mid_epoch_stops_with_one_clear_message(data, t
         return real_step(self, ni, batch)
 
     monkeypatch.setattr(T.Trainer, "step", step)
-    with pytest.raises(T.TrainingError) as info:
+    with pytest.raises(R.TrainingError) as info:
         resume(data, tmp_path, resume=False, workers=1)
     msg = str(info.value)
     assert "epoch 2/2" in msg and "DataLoader worker" in msg and "resume=True" in msg, msg
@@ -128,7 +131,7 @@ def test_dataloader_worker_killed_mid_epoch_stops_with_one_clear_message(data, t
     # torch's SIGCHLD check no longer knows the dead worker: another child's exit raises nothing
     subprocess.run(["true"], check=True)
     time.sleep(0.05)
-    assert not isinstance(signal.getsignal(signal.SIGCHLD), T._WorkerDeathSignal)   # torch's handler back
+    assert not isinstance(signal.getsignal(signal.SIGCHLD), LD.WorkerDeathSignal)   # torch's handler back
     monkeypatch.setattr(T.Trainer, "step", real_step)
     res = resume(data, tmp_path, workers=1)   # workers again: no stale worker registration
     assert res["epochs"] == 1 and csv_epochs(tmp_path / "run") == [1, 2]
@@ -146,7 +149,7 @@ def test_worker_death_signal_reports_the_first_death_only_then_puts_the_handler_
 
     previous = signal.signal(signal.SIGCHLD, torch_like)
     try:
-        w = T._WorkerDeathSignal()
+        w = LD.WorkerDeathSignal()
         w.install()
         assert signal.getsignal(signal.SIGCHLD) is w and w.inner is torch_like
         w.install()   # a later epoch's iterator: not wrapped twice
@@ -163,7 +166,7 @@ def test_worker_death_signal_reports_the_first_death_only_then_puts_the_handler_
     def dataset_error(signum, frame):   # not a worker's death: every one raised
         raise RuntimeError("something else")
 
-    w = T._WorkerDeathSignal()
+    w = LD.WorkerDeathSignal()
     w.inner = dataset_error
     for _ in range(2):
         with pytest.raises(RuntimeError, match="something else"):
@@ -200,14 +203,14 @@ def test_full_disk_while_writing_results_csv(data, tmp_path, monkeypatch, caplog
     """Epoch 2's results.csv write hits a full disk: one warning, training goes on (epoch 3, its
     checkpoints), the file keeps epoch 1's whole row meanwhile (never half a line), and epoch 3
     writes the missing row with its own."""
-    monkeypatch.setattr(T, "open", FullDisk("results.csv", fail={2}), raising=False)
-    real_end, seen = T.LoggingHook.on_epoch_end, []
+    monkeypatch.setattr(LG, "open", FullDisk("results.csv", fail={2}), raising=False)
+    real_end, seen = LG.LoggingHook.after_epoch, []
 
-    def on_epoch_end(self, t, state):
-        real_end(self, t, state)
-        seen.append(csv_epochs(t.run_dir))
+    def after_epoch(self):
+        real_end(self)
+        seen.append(csv_epochs(self.trainer.run_dir))
 
-    monkeypatch.setattr(T.LoggingHook, "on_epoch_end", on_epoch_end)
+    monkeypatch.setattr(LG.LoggingHook, "after_epoch", after_epoch)
     with caplog.at_level(logging.WARNING, logger="libreyolo"):
         res = resume(data, tmp_path, resume=False, epochs=3)
     assert seen == [[1], [1], [1, 2, 3]]
@@ -231,7 +234,7 @@ def test_full_disk_while_drawing_results_png(data, tmp_path, monkeypatch, caplog
         return real_savefig(self, fname, *args, **kwargs)
 
     monkeypatch.setattr(Figure, "savefig", savefig)
-    monkeypatch.setattr(T.LoggingHook, "plot_in_child", False)   # drawn here, where savefig is patched
+    monkeypatch.setattr(LG.LoggingHook, "plot_in_child", False)   # drawn here, where savefig is patched
     with caplog.at_level(logging.WARNING, logger="libreyolo"):
         res = resume(data, tmp_path, resume=False, plots=True)
     warned = [m for m in caplog.messages if "results.png" in m]
@@ -257,7 +260,7 @@ def test_a_worker_death_inside_a_grad_mode_switch_leaves_the_callers_grad_mode(d
 
     monkeypatch.setattr(T.Trainer, "step", step)
     assert torch.is_grad_enabled()
-    with pytest.raises(T.TrainingError, match="DataLoader worker"):
+    with pytest.raises(R.TrainingError, match="DataLoader worker"):
         resume(data, tmp_path, resume=False, workers=0)
     assert torch.is_grad_enabled()
     monkeypatch.setattr(T.Trainer, "step", real_step)

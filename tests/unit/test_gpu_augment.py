@@ -450,7 +450,8 @@ def test_bad_combinations_are_refused(shapes):
     o.check()
     assert o.gpu_augment is True
     assert _parse(["--gpu-augment"], TRAIN, "train")["gpu_augment"] is True
-    assert _parse([], TRAIN, "train")["gpu_augment"] is None
+    default = _parse([], TRAIN, "train")
+    assert default["gpu_augment"] is False and "gpu_augment" not in default.given   # not passed: the API's
 
 
 # ---- in the trainer --------------------------------------------------------------------------------

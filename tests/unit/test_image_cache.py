@@ -92,7 +92,7 @@ def test_trainer_auto_cache_default_and_start_method(tmp_path, monkeypatch, capl
     """Training caches by default (cache="auto"); not when its workers would not be forked (each
     spawned worker would get a copy), and not with cache=false."""
     from libreyolo import LibreYOLO
-    from libreyolo.engine import trainer as trainer_mod
+    from libreyolo.engine import loaders as LD
     filled = []
     real = DetectionDataset.cache_images
     monkeypatch.setattr(DetectionDataset, "cache_images",
@@ -106,7 +106,7 @@ def test_trainer_auto_cache_default_and_start_method(tmp_path, monkeypatch, capl
     filled.clear()
     model.train(workers=0, cache=False, **kw)
     assert filled == []
-    monkeypatch.setattr(trainer_mod, "_start_method", lambda: "spawn")
+    monkeypatch.setattr(LD, "start_method", lambda: "spawn")
     with caplog.at_level(logging.INFO, logger="libreyolo"):
         model.train(workers=1, **kw)
     assert filled == [] and any("start by spawn" in m for m in caplog.messages)

@@ -3,7 +3,7 @@ not depend on the epochs a worker ran before, so a resumed run augments as an un
 import numpy as np
 import torch
 
-from libreyolo.engine.trainer import EpochSeeded, default_workers
+from libreyolo.engine.loaders import EpochSeeded, default_workers
 
 
 class Draws(torch.utils.data.Dataset):

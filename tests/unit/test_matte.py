@@ -139,8 +139,8 @@ def _traced_model(seam: bool):
     m = LibreYOLO.new("birefnet", "t", device="cpu", seed=0)
     m.PREDICT_SEAM = seam
     log: list[str] = []
-    m._runner.supported = True
-    m._runner.capturer = StandInCapturer(on_replay=log.append)
+    m.runner.supported = True
+    m.runner.capturer = StandInCapturer(on_replay=log.append)
     m.model.squeeze_module.register_forward_pre_hook(lambda *a: log.append("deform"))
     return m, log
 

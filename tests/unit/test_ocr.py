@@ -168,7 +168,7 @@ def test_a_line_does_not_depend_on_the_other_lines_of_its_batch(model):
     b = a.clone()
     b[1] = torch.randint(0, 256, (48, 64, 3), generator=g, dtype=torch.uint8)
     w = torch.tensor([64, 50])
-    plan = model._get_predictor().plan(SIZE)
+    plan = model.get_predictor().plan(SIZE)
     with torch.no_grad():
         ra, rb = plan.rec_stage(a, w), plan.rec_stage(b, w)
     assert all(torch.equal(x[0], y[0]) for x, y in zip(ra, rb))
@@ -221,7 +221,7 @@ def test_unknown_option_lists_the_ocr_options(model, page):
 
 
 def test_verify_covers_the_recognition_stage_at_every_bucket(model):
-    plan = model._get_predictor().plan(SIZE)
+    plan = model.get_predictor().plan(SIZE)
     stages = plan.parity_stages(2, model.device)
     assert [s[0] for s in stages] == ["rec-stage w64", "rec-stage w128"]
     name, fn, a, b = stages[0]

@@ -49,8 +49,8 @@ def test_imgsz_rounding_warns_once_per_size_and_stride(caplog):
         check_imgsz(600, 64)
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert [r.getMessage() for r in warnings] == [
-        "libreyolo: imgsz=600 is not a multiple of the stride 32; using 608",
-        "libreyolo: imgsz=600 is not a multiple of the stride 64; using 640"]
+        "imgsz=600 is not a multiple of the stride 32; using 608",
+        "imgsz=600 is not a multiple of the stride 64; using 640"]
 
 
 def test_imgsz_on_a_multiple_logs_nothing(caplog):

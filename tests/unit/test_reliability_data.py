@@ -276,7 +276,7 @@ def test_pending_items_of_the_gpu_decode_path_skip_alike(model, tmp_path, caplog
     _jpeg(tmp_path / "0.jpg")
     (tmp_path / "1.jpg").write_bytes(b"junk")
     pend = pending_sources(tmp_path)
-    p = model._get_predictor()
+    p = model.get_predictor()
     with caplog.at_level("WARNING", logger="libreyolo"):
         ch = p._prepare_staged(pend, strict=False)
         assert [Path(it.name).name for it in ch.items] == ["0.jpg"] and len(ch.images) == 1

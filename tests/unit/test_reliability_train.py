@@ -15,14 +15,18 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 import libreyolo.weights as weights
 from libreyolo import LibreYOLO
 from libreyolo.data.synthetic import make_shapes_dataset
 from libreyolo.engine import trainer as T
+from libreyolo.engine import hooks as H
+from libreyolo.engine import loaders as LD
+from libreyolo.engine import loggers as LG
+from libreyolo.engine import runs as R
 from libreyolo.options import OptionError
 from libreyolo.weights import load_checkpoint
+from tuning import tune_defaults  # tests/tuning.py
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -80,14 +84,14 @@ def wait_until(cond, timeout: float = 5.0) -> bool:
 def test_workers_beyond_the_machine_and_the_dataset_are_capped_with_one_line(data8, tmp_path, monkeypatch, caplog):
     """workers=1000 on 8 images (one batch per epoch): one worker, and one line saying why."""
     built = []
-    real = T.Trainer._loaders
+    real = T.Trainer.make_loaders
 
     def loaders(self, d):
         out = real(self, d)
         built.append((out[0].num_workers, out[1].num_workers))
         return out
 
-    monkeypatch.setattr(T.Trainer, "_loaders", loaders)
+    monkeypatch.setattr(T.Trainer, "make_loaders", loaders)
     before = set(multiprocessing.active_children())
     with caplog.at_level(logging.INFO, logger="libreyolo"):
         run(tmp_path, data8, epochs=1, workers=1000)
@@ -104,14 +108,14 @@ def test_absurd_workers_are_refused_naming_the_option(data8, tmp_path):
 
 
 def test_the_cap_follows_cores_batches_and_available_memory(monkeypatch):
-    monkeypatch.setattr(T, "available_cores", lambda: 64)
-    monkeypatch.setattr(T, "_mem_available", lambda: 3 * T.WORKER_BYTES + 1)
-    n, why = T.cap_workers(16, 100)
+    monkeypatch.setattr(LD, "available_cores", lambda: 64)
+    monkeypatch.setattr(LD, "_mem_available", lambda: 3 * LD.WORKER_BYTES + 1)
+    n, why = LD.cap_workers(16, 100)
     assert n == 3 and len(why) == 1 and "GiB of memory available" in why[0]
-    monkeypatch.setattr(T, "_mem_available", lambda: None)
-    assert T.cap_workers(16, 5) == (5, ["5 batches per epoch"])
-    assert T.cap_workers(100, 1000, ranks=4)[0] == 16   # the machine's cores shared by its ranks
-    assert T.cap_workers(2, 5) == (2, [])
+    monkeypatch.setattr(LD, "_mem_available", lambda: None)
+    assert LD.cap_workers(16, 5) == (5, ["5 batches per epoch"])
+    assert LD.cap_workers(100, 1000, ranks=4)[0] == 16   # the machine's cores shared by its ranks
+    assert LD.cap_workers(2, 5) == (2, [])
 
 
 def test_loader_workers_die_with_their_parent(tmp_path, data8):
@@ -125,7 +129,7 @@ def test_loader_workers_die_with_their_parent(tmp_path, data8):
         from libreyolo.engine.trainer import Trainer
         model = LibreYOLO.new("yolo9", "t", nc=5, device="cpu", seed=0)
         t = Trainer(model, TrainConfig(data={data8!r}, imgsz=64, batch=1, workers=2, verbose=False))
-        train, _ = t._loaders(model.task.resolve_data({data8!r}))
+        train, _ = t.make_loaders(model.task.resolve_data({data8!r}))
         real = t.epoch_seeded.dataset.__getitem__
         class Slow(type(t.epoch_seeded.dataset)):
             def __getitem__(self, i):
@@ -177,17 +181,17 @@ def test_ctrl_c_finishes_the_write_in_flight_and_says_what_last_pt_holds(data, t
         return real_save(ck, path)
 
     monkeypatch.setattr(weights, "save_checkpoint", slow_save)
-    monkeypatch.setattr(T.Trainer, "checkpoint_process", False)
+    tune_defaults(monkeypatch, checkpoint_process=False)
     interrupt_at(monkeypatch, 4)   # 2 batches per epoch: epoch 3's first step
     with caplog.at_level(logging.WARNING, logger="libreyolo"), pytest.raises(KeyboardInterrupt) as info:
         run(tmp_path, data, epochs=5, workers=2)
     last = tmp_path / "run" / "weights" / "last.pt"
-    assert isinstance(info.value, T.TrainingInterrupted)
+    assert isinstance(info.value, R.TrainingInterrupted)
     assert info.value.__context__ is None and info.value.__cause__ is None   # no torch frames behind it
     msg = str(info.value)
     assert msg == f"training interrupted in epoch 3/5: {last} holds epoch 2/5; continue with the same options " \
                   f"and resume={last}"
-    assert [r.getMessage() for r in caplog.records if "interrupted" in r.getMessage()] == [f"libreyolo: {msg}"]
+    assert [r.getMessage() for r in caplog.records if "interrupted" in r.getMessage()] == [msg]
     assert load_checkpoint(last)["train_state"]["epoch"] == 1
     assert not list(last.parent.glob("*.tmp")) and not (tmp_path / "run" / ".libreyolo.lock").exists()
     assert multiprocessing.active_children() == []
@@ -196,9 +200,9 @@ def test_ctrl_c_finishes_the_write_in_flight_and_says_what_last_pt_holds(data, t
 def test_ctrl_c_ends_every_helper_process(data, tmp_path, monkeypatch):
     """With every helper process on - loader workers, the checkpoint writer process, the plot
     child, the evaluation pool - an interrupted run leaves none of them running."""
-    monkeypatch.setattr(T.Trainer, "checkpoint_process", True)
-    monkeypatch.setattr(T.Trainer, "eval_processes", 2)
-    monkeypatch.setattr(T.LoggingHook, "PLOT_EVERY_S", 0.0)
+    tune_defaults(monkeypatch, checkpoint_process=True)
+    tune_defaults(monkeypatch, eval_processes=2)
+    monkeypatch.setattr(LG.LoggingHook, "PLOT_EVERY_S", 0.0)
     interrupt_at(monkeypatch, 5)   # epoch 3's second step
     with pytest.raises(KeyboardInterrupt, match="holds epoch 2/4"):
         run(tmp_path, data, epochs=4, workers=2, plots=True)
@@ -237,13 +241,13 @@ def test_a_second_run_into_a_folder_in_use_fails_at_once_naming_it_and_its_holde
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "results.csv").write_text("the other run's rows\n")
-    held = T.RunLock.acquire(run_dir)   # as another training process would hold it
+    held = R.RunLock.acquire(run_dir)   # as another training process would hold it
     assert held is not None
     resolved = []
     monkeypatch.setattr(type(LibreYOLO.new("yolo9", "t", nc=5, device="cpu").task), "resolve_data",
                         lambda self, d: resolved.append(d))
     try:
-        with pytest.raises(T.RunFolderBusy) as info:
+        with pytest.raises(R.RunFolderBusy) as info:
             run(tmp_path, data, epochs=1, exist_ok=True)
     finally:
         held.release()
@@ -273,15 +277,13 @@ def test_the_lock_is_released_at_the_end_also_after_an_error(data, tmp_path, mon
 
 def test_runs_without_exist_ok_claim_folders_of_their_own(tmp_path):
     """Two runs choosing a folder together (exist_ok=False) get run and run2, not one folder."""
-    m = LibreYOLO.new("yolo9", "t", nc=5, device="cpu")
-    a, b = (T.Trainer(m, T.TrainConfig(project=str(tmp_path), name="run")) for _ in range(2))
-    a._claim_run_dir()
-    b._claim_run_dir()
+    run = T.TrainConfig(project=str(tmp_path), name="run").run
+    a, b = R.RunFolder.claim(run), R.RunFolder.claim(run)
     try:
-        assert (a.run_dir, b.run_dir) == (tmp_path / "run", tmp_path / "run2")
+        assert (a.path, b.path) == (tmp_path / "run", tmp_path / "run2")
     finally:
-        a._release_run_dir()
-        b._release_run_dir()
+        a.release()
+        b.release()
 
 
 # ---- divergence -------------------------------------------------------------------------------------
@@ -290,7 +292,7 @@ def test_runs_without_exist_ok_claim_folders_of_their_own(tmp_path):
 def test_a_diverging_run_stops_with_what_to_change(data, tmp_path):
     """lr0=1e6: the losses go non-finite; after nan_patience=3 such epochs in a row the run stops
     with an error naming lr0, clip_grad and warmup_epochs, and no such epoch is best.pt."""
-    with pytest.raises(T.TrainingDiverged) as info:
+    with pytest.raises(R.TrainingDiverged) as info:
         run(tmp_path, data, epochs=8, lr0=1e6, warmup_epochs=0)
     msg = str(info.value)
     assert "training diverged: the loss was not finite in epochs 1-3 of 8" in msg, msg
@@ -322,8 +324,8 @@ def test_a_non_finite_epoch_warns_once_and_is_never_best(data, tmp_path, monkeyp
 
 def test_nan_fitness_is_the_worst():
     nan = float("nan")
-    assert not T._better(nan, -1.0) and not T._better(nan, nan)
-    assert T._better(0.0, nan) and T._better(0.2, 0.1) and not T._better(0.1, 0.2)
+    assert not H.better_fitness(nan, -1.0) and not H.better_fitness(nan, nan)
+    assert H.better_fitness(0.0, nan) and H.better_fitness(0.2, 0.1) and not H.better_fitness(0.1, 0.2)
 
 
 def test_nan_patience_is_checked():

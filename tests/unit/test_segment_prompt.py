@@ -137,11 +137,11 @@ def test_predict_equals_the_network_run_by_hand(model, image):
 
 def test_set_image_then_prompts_reuse_the_embedding(model, image):
     model.set_image(image)
-    calls = model._runner.eager_calls
+    calls = model.runner.eager_calls
     a = model(points=[[80, 45]])[0]
     b = model(points=[[80, 45]], labels=[0])[0]
     c = model(boxes=[[30, 20, 100, 70]])[0]
-    assert model._runner.eager_calls - calls == 3, "a prompt call on a set image runs the prompt stage only"
+    assert model.runner.eager_calls - calls == 3, "a prompt call on a set image runs the prompt stage only"
     again = model(image, points=[[80, 45]])[0]    # a one-shot call embeds the image again: same masks
     assert torch.equal(a.masks.data, again.masks.data) and torch.equal(a.masks.scores, again.masks.scores)
     assert not torch.equal(a.masks.scores, b.masks.scores) and not torch.equal(a.masks.scores, c.masks.scores)
@@ -176,7 +176,7 @@ def test_each_stage_is_captured_per_its_own_signature(image):
     m = LibreYOLO.new("mobilesam", "tiny", device="cpu", imgsz=SIZE, seed=0)
     m.SUPPORTS_CUDA_GRAPH = True
     m._attach(m.model)
-    cap = m._runner.capturer = StandInCapturer()
+    cap = m.runner.capturer = StandInCapturer()
     eager = [m(image, points=[[80, 45]])[0], m(points=[[80, 45], [10, 10]], labels=[1, 0])[0]]
     m.set_image(image, cuda_graph=True)
     got = [m(points=[[80, 45]], cuda_graph=True)[0], m(points=[[80, 45], [10, 10]], labels=[1, 0], cuda_graph=True)[0]]

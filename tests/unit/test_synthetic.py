@@ -175,14 +175,14 @@ def test_shapes_never_overlap_when_max_hidden_is_zero(monkeypatch):
     """With max_hidden=0 every shape keeps all its pixels: the masks drawn are disjoint and each
     label is the box of its whole mask."""
     drawn = []
-    real = synthetic._shape_mask
+    real = synthetic.shape_mask
 
     def recording(*a, **k):
         m = real(*a, **k)
         drawn.append(m)
         return m
 
-    monkeypatch.setattr(synthetic, "_shape_mask", recording)
+    monkeypatch.setattr(synthetic, "shape_mask", recording)
     style = synthetic.ShapesStyle(objects=(6, 6), extent=(0.2, 0.4), max_hidden=0.0)
     for seed in range(8):
         drawn.clear()

@@ -176,6 +176,6 @@ def test_track_a_stream_list_one_tracker_per_stream(tmp_path):
     m = LibreYOLO.new("yolo9", "t", device="cpu", seed=0)
     rs = m.track(tmp_path / "two.streams", imgsz=64, tracker="botsort", conf=0.0, max_det=5)
     assert [r.stream for r in rs] == [0, 1, 0, 1, 0, 1, 0] and all(r.boxes.is_track for r in rs)
-    glues = m._get_predictor()._track_state[1]
+    glues = m.get_predictor()._track_state[1]
     assert sorted(glues) == [0, 1] and glues[0].tracker is not glues[1].tracker
     assert glues[0].frames == 4 and glues[1].frames == 3

@@ -13,7 +13,11 @@ import torch
 from libreyolo import LibreYOLO
 from libreyolo.data.synthetic import make_shapes_dataset
 from libreyolo.engine import trainer as T
+from libreyolo.engine import hooks as H
+from libreyolo.engine import loaders as LD
+from libreyolo.engine import step as S
 from interrupt import interrupted_after_last_pt  # tests/interrupt.py
+from tuning import tune_defaults  # tests/tuning.py
 
 
 @pytest.fixture(scope="module")
@@ -86,10 +90,10 @@ def test_a_non_finite_loss_names_its_epoch_and_batch(data, tmp_path, monkeypatch
 def test_loss_fold_on_the_host_is_the_synchronous_arithmetic():
     """LossFold itself: pushed items folded one step late give the running mean bit for bit, the
     progress fields come back as ints, a non-finite loss is counted and named with its epoch and
-    batch (the trainer decides what to do: Trainer._check_finite)."""
+    batch (the trainer decides what to do: StopHook.check_finite)."""
     g = torch.Generator().manual_seed(0)
     steps = [torch.rand(3, generator=g) * 10 for _ in range(7)]
-    fold = T.LossFold(3, torch.device("cpu"), epoch=4)
+    fold = S.LossFold(3, torch.device("cpu"), epoch=4)
     for i, items in enumerate(steps):
         fold.push(i, fold.start(), items, {"inst": torch.tensor(i + 2), "size": 64})
         if len(fold.pending) > 1:
@@ -112,14 +116,15 @@ def test_prefetched_epochs_see_the_same_batches_and_history(data, tmp_path, monk
     started before validation (and close_mosaic before it), every batch and every number of the
     history equals a run that starts each epoch's loader at the epoch."""
     prepared_at_validation = []
-    real_validate = T.Trainer.validate
+    real_validate = H.EvaluationHook.validate
 
     def validate(self, *a, **kw):
-        prepared_at_validation.append(None if self._prepared is None else
-                                      (self._prepared[0], bool(getattr(self.train_set, "mosaic_closed", False))))
+        t = self.trainer
+        prepared_at_validation.append(None if t._prepared is None else
+                                      (t._prepared[0], bool(getattr(t.train_set, "mosaic_closed", False))))
         return real_validate(self, *a, **kw)
 
-    class Recording(T.EpochSeeded):   # the mosaic probability each sample was drawn with, in the workers
+    class Recording(LD.EpochSeeded):   # the mosaic probability each sample was drawn with, in the workers
         mosaic: dict = {}
 
         def __init__(self, *a, **kw):
@@ -130,11 +135,11 @@ def test_prefetched_epochs_see_the_same_batches_and_history(data, tmp_path, monk
             self.seen[int(self._epoch[0]), index] = self.dataset.mosaic
             return super().__getitem__(index)
 
-    monkeypatch.setattr(T.Trainer, "validate", validate)
-    monkeypatch.setattr(T, "EpochSeeded", Recording)
+    monkeypatch.setattr(H.EvaluationHook, "validate", validate)
+    monkeypatch.setattr(LD, "EpochSeeded", Recording)
     arms = {}
     for prefetch in (True, False):
-        monkeypatch.setattr(T.Trainer, "prefetch_next_epoch", prefetch)
+        tune_defaults(monkeypatch, prefetch_next_epoch=prefetch)
         seen = recording_steps(monkeypatch)
         Recording.mosaic.clear()
         res = run(tmp_path / str(prefetch), data, epochs=3, workers=2)
@@ -183,7 +188,7 @@ def test_an_early_stop_with_an_epoch_prefetched_leaves_no_worker_running(data, t
 
     prepared, real_prepare = [], T.Trainer._prepare_epoch
     monkeypatch.setattr(T.Trainer, "_prepare_epoch", lambda self, e: prepared.append(e) or real_prepare(self, e))
-    monkeypatch.setattr(T.Trainer, "validate", validate)
+    monkeypatch.setattr(H.EvaluationHook, "validate", validate)
     before = set(multiprocessing.active_children())
     res = run(tmp_path, data, epochs=4, workers=2, patience=1)
     assert res["epochs"] == 2 and "early stopping after epoch 2/4" in res["stop_reason"]
@@ -239,7 +244,7 @@ def test_the_runs_timing_accounts_for_its_wall_and_names_the_checkpoint_wait(dat
 
 
 def test_the_host_levers_leave_every_number_as_it_was(data, tmp_path, monkeypatch):
-    """Trainer.switch_interval (then restored) and join_write_before_validation=False (the write
+    """switch_interval (then restored) and join_write_before_validation=False (the write
     overlapping validation) change when the host does things, never what: the same history,
     best epoch and last.pt weights as the defaults."""
     import sys
@@ -250,8 +255,8 @@ def test_the_host_levers_leave_every_number_as_it_was(data, tmp_path, monkeypatc
     real_epoch = T.Trainer.train_epoch
     monkeypatch.setattr(T.Trainer, "train_epoch", lambda self, e: seen.append(sys.getswitchinterval())
                         or real_epoch(self, e))
-    monkeypatch.setattr(T.Trainer, "switch_interval", 0.0005)
-    monkeypatch.setattr(T.Trainer, "join_write_before_validation", False)
+    tune_defaults(monkeypatch, switch_interval=0.0005)
+    tune_defaults(monkeypatch, join_write_before_validation=False)
     lever = run(tmp_path / "b", data, epochs=2)
     assert seen == [0.0005, 0.0005] and sys.getswitchinterval() == interval
     assert numbers(lever["history"]) == numbers(base["history"]) and lever["best_epoch"] == base["best_epoch"]
@@ -297,7 +302,7 @@ def test_validation_prefetched_before_the_last_step_gives_the_same_numbers(data,
     base_history = None
     results = {}
     for prefetch in (False, True):
-        monkeypatch.setattr(T.Trainer, "prefetch_validation", prefetch)
+        tune_defaults(monkeypatch, prefetch_validation=prefetch)
         iters = []
         real_iter = torch.utils.data.DataLoader.__iter__
 
@@ -306,12 +311,12 @@ def test_validation_prefetched_before_the_last_step_gives_the_same_numbers(data,
             return real_iter(self)
         monkeypatch.setattr(torch.utils.data.DataLoader, "__iter__", counting_iter)
         ready = []
-        real_validate = T.Trainer.validate
+        real_validate = H.EvaluationHook.validate
 
         def validate(self, net, loader, *a, ready=ready, real_validate=real_validate, **kw):
-            ready.append(getattr(self, "_val_batches", None) is not None)   # started before the call
+            ready.append(getattr(self.trainer, "_val_batches", None) is not None)   # started before the call
             return real_validate(self, net, loader, *a, **kw)
-        monkeypatch.setattr(T.Trainer, "validate", validate)
+        monkeypatch.setattr(H.EvaluationHook, "validate", validate)
         res = run(tmp_path / str(prefetch), data, epochs=2, workers=2)
         assert ready == [prefetch, prefetch]
         monkeypatch.setattr(torch.utils.data.DataLoader, "__iter__", real_iter)

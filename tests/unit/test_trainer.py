@@ -65,8 +65,8 @@ def test_the_last_curves_go_to_a_second_plot_child_beside_the_final_results_png(
     are drawn by a second, pre-started child while the first draws the final results.png; both
     children end with the run."""
     from libreyolo.engine import plots as P
-    from libreyolo.engine import trainer as T
-    monkeypatch.setattr(T.LoggingHook, "curves_child", True)
+    from libreyolo.engine import loggers as LG
+    monkeypatch.setattr(LG.LoggingHook, "curves_child", True)
     sent, started, closed = [], [], []
     real_send, real_start, real_close = P.PlotProcess.send, P.PlotProcess.start, P.PlotProcess.close
     monkeypatch.setattr(P.PlotProcess, "send", lambda self, req: sent.append((id(self), "call" in req)) or real_send(self, req))
@@ -149,19 +149,19 @@ def test_val_and_bad_options(tmp_path, shapes):
 def test_dense_mosaic_and_mixup_options_reach_the_training_set(shapes96):
     from libreyolo.data.datasets import resolve_data
     from libreyolo.engine.config import TrainConfig
-    from libreyolo.engine.trainer import Trainer
+    from libreyolo.engine.loaders import build_loaders
+    cpu = torch.device("cpu")
     model = LibreYOLO.new("yolo9", "t", nc=5, device="cpu", seed=0)
     for on in (False, True):
-        t = Trainer(model, TrainConfig(data=shapes96, imgsz=64, batch=8, workers=0, dense_mosaic=on,
-                                       mixup=0.5 if on else 0.0))
-        t._loaders(resolve_data(shapes96))
+        t = build_loaders(model.task, resolve_data(shapes96), model, TrainConfig(
+            data=shapes96, imgsz=64, batch=8, workers=0, dense_mosaic=on, mixup=0.5 if on else 0.0), cpu)
         assert t.train_set.dense_mosaic is on and t.val_set.dense_mosaic is False
         assert t.train_set.mixup == (0.5 if on else 0.0) and t.val_set.mixup == 0.0
     # training and validation images are resized as the family's predict resizes them
     for fam, size in (("yolo9", "t"), ("picodet", "s")):
         m = LibreYOLO.new(fam, size, nc=5, device="cpu", seed=0)
-        t = Trainer(m, TrainConfig(data=shapes96, imgsz=64, batch=8, workers=0))
-        t._loaders(resolve_data(shapes96))
+        t = build_loaders(m.task, resolve_data(shapes96), m, TrainConfig(data=shapes96, imgsz=64, batch=8, workers=0),
+                          cpu)
         assert t.train_set.resize == t.val_set.resize == m.resize
     assert LibreYOLO.new("picodet", "s", device="cpu").resize == "stretch"
 
@@ -245,24 +245,25 @@ def test_validation_loss_outputs_are_the_training_format_of_the_evaluated_weight
 
 
 def test_validation_loss_leaves_the_metrics_and_the_random_stream_alone(tmp_path, shapes):
-    """validate(loss_fn=...) gives the same predictions and metrics as without it, the same loss
+    """evaluate(loss_fn=...) gives the same predictions and metrics as without it, the same loss
     on a second call, and draws nothing from torch's global generator."""
     from libreyolo.engine.config import TrainConfig
-    from libreyolo.engine.trainer import Trainer
+    from libreyolo.engine.evaluate import evaluate
+    from libreyolo.engine.loaders import build_loaders
 
     model = LibreYOLO.new("yolox", "n", nc=5, device="cpu", seed=0)
-    t = Trainer(model, TrainConfig(model.task, data=shapes, imgsz=64, batch=4, workers=0, verbose=False))
-    _, loader = t._loaders(model.task.resolve_data(shapes))
-    plain = t.validate(model.model, loader)
-    preds = [p.copy() for p in t.last_evaluator.preds]
+    cfg = TrainConfig(model.task, data=shapes, imgsz=64, batch=4, workers=0, verbose=False)
+    loader = build_loaders(model.task, model.task.resolve_data(shapes), model, cfg, torch.device("cpu")).val
+    plain = evaluate(model, loader)
+    preds = [p.copy() for p in plain.evaluator.preds]
     torch.manual_seed(123)
     expected = torch.rand(3)
     torch.manual_seed(123)
-    with_loss = t.validate(model.model, loader, loss_fn=model.build_loss())
+    with_loss = evaluate(model, loader, loss_fn=model.build_loss())
     assert torch.equal(torch.rand(3), expected)          # the global stream is where it was
-    assert repr(with_loss) == repr(plain)
-    assert len(preds) == 8 and all(np.array_equal(a, b) for a, b in zip(preds, t.last_evaluator.preds))
-    first = t.val_loss.clone()
-    t.validate(model.model, loader, loss_fn=model.build_loss())
-    assert torch.equal(first, t.val_loss) and first.shape == (len(model.build_loss().item_names),)
+    assert repr(with_loss.metrics) == repr(plain.metrics) and plain.loss is None
+    assert len(preds) == 8 and all(np.array_equal(a, b) for a, b in zip(preds, with_loss.evaluator.preds))
+    first = with_loss.loss.clone()
+    again = evaluate(model, loader, loss_fn=model.build_loss())
+    assert torch.equal(first, again.loss) and first.shape == (len(model.build_loss().item_names),)
     assert torch.isfinite(first).all() and first.sum() > 0   # (YOLOX's L1 term is off until its last epochs)

@@ -10,11 +10,13 @@ from standin import StandInCapturer
 
 from libreyolo import LibreYOLO
 from libreyolo.data.synthetic import make_shapes_dataset
-from libreyolo.engine import trainer as T
+from libreyolo.engine import hooks as H
 from libreyolo.engine.config import TrainConfig
-from libreyolo.engine.trainer import Trainer
+from libreyolo.engine.evaluate import evaluate, validation_stage
+from libreyolo.engine.loaders import build_loaders
 from libreyolo.engine.verify import input_sensitive
 from libreyolo.graphs.runner import GraphRunner
+from tuning import tune_defaults  # tests/tuning.py
 
 
 @pytest.fixture(scope="module")
@@ -30,18 +32,31 @@ def yolo9():
     return input_sensitive(LibreYOLO.new("yolo9", "t", nc=5, device="cpu", seed=0))
 
 
+class Validator:
+    """evaluate() of a model on the split, keeping its stage across calls (as training's evaluation
+    hook keeps it for the run); graphs captured by the CPU stand-in."""
+
+    def __init__(self, model, data, graph: bool, batch: int):
+        cfg = TrainConfig(model.task, data=data, imgsz=64, batch=batch, workers=0, verbose=False)
+        self.model, self.graph, self.stage, self.last = model, graph, None, None
+        self.capturer = StandInCapturer() if graph else None
+        self.loader = build_loaders(model.task, model.task.resolve_data(data), model, cfg, torch.device("cpu")).val
+
+    def stage_for(self, net):
+        self.stage = validation_stage(self.model, net, self.loader, self.graph, torch.device("cpu"), self.capturer,
+                                      self.stage)
+        return self.stage
+
+
 def validator(model, data, graph: bool, batch: int = 3):
-    cfg = TrainConfig(model.task, data=data, imgsz=64, batch=batch, workers=0, verbose=False, cuda_graph=graph)
-    t = Trainer(model, cfg)
-    if graph:
-        t.val_capturer = StandInCapturer()
-    _, loader = t._loaders(model.task.resolve_data(data))
-    return t, loader
+    v = Validator(model, data, graph, batch)
+    return v, v.loader
 
 
-def validate(t, loader, net=None):
-    metrics = t.validate(net if net is not None else t.model.model, loader, loss_fn=t.model.build_loss())
-    return metrics, t.val_loss, [p.copy() for p in t.last_evaluator.preds]
+def validate(v, loader, net=None):
+    net = net if net is not None else v.model.model
+    ev = v.last = evaluate(v.model, loader, net=net, stage=v.stage_for(net), loss_fn=v.model.build_loss())
+    return ev.metrics, ev.loss, [p.copy() for p in ev.evaluator.preds]
 
 
 def same(a, b) -> bool:
@@ -56,22 +71,22 @@ def test_graph_validation_equals_eager_with_a_padded_last_batch(data):
     m_g, loss_g, p_g = validate(graphed, gloader)
     assert len(loader) == 3 and len(p_e) == 7 and sum(len(p) for p in p_e) > 0   # predictions to compare
     assert same(p_e, p_g) and m_e == m_g and torch.equal(loss_e, loss_g)
-    info = graphed._val_stage.info()
+    info = graphed.stage.info()
     assert info["captures"] == 1 and info["replays"] == 3 and info["eager_calls"] == 0   # one shape for all
-    assert eager._val_stage.info() is None                                               # eager: no runner
+    assert eager.stage.info() is None                                                    # eager: no runner
     # the padding never reaches the evaluator: the last batch holds one image's predictions
-    assert len(graphed.last_evaluator.gts) == 7
+    assert len(graphed.last.evaluator.gts) == 7
 
 
 def test_a_failed_capture_validates_eager(data):
     model = yolo9()
     eager, loader = validator(model, data, graph=False)
     failing, floader = validator(model, data, graph=True)
-    failing.val_capturer = StandInCapturer(fail=True)
+    failing.capturer = StandInCapturer(fail=True)
     m_e, loss_e, p_e = validate(eager, loader)
     m_f, loss_f, p_f = validate(failing, floader)
     assert same(p_e, p_f) and m_e == m_f and torch.equal(loss_e, loss_f)
-    info = failing._val_stage.info()
+    info = failing.stage.info()
     assert info["captures"] == 0 and info["eager_calls"] == 3 and "not permitted" in info["failed_captures"][0]
 
 
@@ -80,7 +95,7 @@ def test_padding_drops_the_padded_images_outputs(data):
     images padded into a larger batch give the same predictions."""
     model = yolo9()
     whole, loader = validator(model, data, graph=True, batch=16)
-    assert whole._validation_stage(model.model, loader).batch == 7
+    assert whole.stage_for(model.model).batch == 7
     _, _, p_whole = validate(whole, loader)
     padded, ploader = validator(model, data, graph=True, batch=3)
     _, _, p_padded = validate(padded, ploader)
@@ -103,12 +118,12 @@ def test_replays_see_in_place_weight_updates_without_a_new_capture(data):
     m_g, loss_g, after = validate(graphed, gloader)
     m_e, loss_e, after_eager = validate(eager, loader)
     assert not same(before, after) and same(after, after_eager) and m_g == m_e and torch.equal(loss_g, loss_e)
-    info = graphed._val_stage.info()
+    info = graphed.stage.info()
     assert info["captures"] == 1 and info["invalidations"] == 0 and info["replays"] == 6
     first = next(model.model.parameters())
     first.data = first.data.clone()   # new storage: the graph would read the old one
     validate(graphed, gloader)
-    info = graphed._val_stage.info()
+    info = graphed.stage.info()
     assert info["invalidations"] == 1 and info["captures"] == 2
 
 
@@ -133,15 +148,15 @@ def test_training_run_with_graph_validation_matches_eager(data, tmp_path, monkey
     args = dict(data=data, epochs=2, batch=3, imgsz=64, workers=0, project=str(tmp_path), close_mosaic=0,
                 warmup_epochs=0, verbose=False, plots=False, seed=0, nbs=3)
     eager = LibreYOLO.new("yolo9", "t", nc=5, device="cpu", seed=0).train(name="eager", **args)
-    monkeypatch.setattr(T.Trainer, "val_capturer", StandInCapturer())
+    tune_defaults(monkeypatch, val_capturer=StandInCapturer())
     captured = {}
-    real_end = T.EvaluationHook.on_train_end
+    real_end = H.EvaluationHook.after_train
 
-    def on_train_end(self, t):
-        real_end(self, t)
-        captured.update(t.val_graph_info)
+    def after_train(self):
+        real_end(self)
+        captured.update(self.graph_info)
 
-    monkeypatch.setattr(T.EvaluationHook, "on_train_end", on_train_end)
+    monkeypatch.setattr(H.EvaluationHook, "after_train", after_train)
     graphed = LibreYOLO.new("yolo9", "t", nc=5, device="cpu", seed=0).train(name="graph", cuda_graph=True, **args)
     assert captured["captures"] == 1 and captured["replays"] == 6 and captured["invalidations"] == 0
     for a, b in zip(eager["history"], graphed["history"]):

@@ -9,8 +9,8 @@ from libreyolo.engine.verify import input_sensitive
 def test_input_sensitive_copy_of_untrained_model_is_independent():
     m = LibreYOLO.new("yolo9", "t", device="cpu", seed=0)
     twin = input_sensitive(m)
-    assert twin is not m and twin.model is not m.model and twin._runner is not m._runner
-    assert twin._get_predictor().model is twin
+    assert twin is not m and twin.model is not m.model and twin.runner is not m.runner
+    assert twin.get_predictor().model is twin
     x1, x2 = torch.randn(1, 3, 64, 64), 3 * torch.rand(1, 3, 64, 64) + 2
     with torch.no_grad():
         assert not torch.equal(twin.infer(x1)[1], twin.infer(x2)[1])

@@ -207,7 +207,7 @@ def test_video_frames_capture_the_uint8_stage_at_the_second_frame(clip):
     same numbers as eager. Driven on the CPU through a stand-in capturer (the policy; the real
     capture is proved on the GPU)."""
     m = LibreYOLO.new("yolo9", "t", device="cpu", seed=0)
-    cap = m._runner.capturer = StandInCapturer()
+    cap = m.runner.capturer = StandInCapturer()
     eager = m.predict(clip, imgsz=64, conf=0.0)
     gen = m.predict(clip, imgsz=64, conf=0.0, cuda_graph="auto", stream=True)
     got, captured_at = [], []

@@ -19,7 +19,8 @@ class Deim(Dfine):
     Training uses :class:`~..detr_common.loss.DeimLoss` (``LOSS_KIND = "deim"``): D-FINE's recipe
     with the matchability-aware loss in place of VFL (items ``mal, bbox, giou, fgl, ddf``).
     Dense O2O, DEIM's data-side half, is the trainer's mosaic (``mosaic=``, ``close_mosaic=``);
-    see the loss module and the issue note for what of DEIM's schedule is not reproduced.
+    see the loss module and docs/families.md ("DEIM's augmentation schedule") for what of DEIM's
+    schedule is not reproduced.
     """
 
     FAMILY = "deim"

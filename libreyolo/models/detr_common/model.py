@@ -79,7 +79,7 @@ class DetrModel(Model):
     DEFAULT_IMGSZ: ClassVar[int] = 640
     STRIDE: ClassVar[int] = 32
     # Training captures backbone + encoder forward and backward (the seam, :meth:`train_seam`); the
-    # decoder, matcher and loss run eager. Proven for every DETR family on an H200 (tests/gpu,
+    # decoder, matcher and loss run eager. The GPU tests check it for every DETR family (tests/gpu,
     # SEAM_MODELS: rtdetr-r18, rtdetrv2-r18, dfine-n, deim-n, rtdetrv4-s, deimv2-atto, ec-s): step-0 loss
     # and BatchNorm buffers bitwise equal to eager, two accumulated micro-batches' gradients within
     # eager's run-to-run noise, the trainer replays it. See docs/families.md.

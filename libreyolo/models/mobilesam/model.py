@@ -57,7 +57,7 @@ class MobileSAM(Model):
 
     def _attach(self, net: nn.Module) -> None:
         super()._attach(net)
-        self._runner.max_graphs = self.MAX_GRAPHS
+        self.runner.max_graphs = self.MAX_GRAPHS
         net.img_size = check_frame(self.imgsz)
 
     @property
@@ -88,7 +88,7 @@ class MobileSAM(Model):
         :class:`libreyolo.tasks.segment_prompt.predictor.PromptPredictor` for the options.
         ``save`` writes the annotated pictures to ``save_dir`` (default: a new ``runs/predict``).
         """
-        results = self._get_predictor()(source, **kwargs)
+        results = self.get_predictor()(source, **kwargs)
         if parse_bool("save", save):
             from ...engine.paths import UniqueNames, next_run_dir
             out_dir = Path(save_dir) if save_dir else next_run_dir("runs", "predict", exist_ok)
@@ -103,5 +103,5 @@ class MobileSAM(Model):
     def set_image(self, source: Any, **kwargs) -> "MobileSAM":
         """Embed one image now; later prompt calls without an image (``model(points=...)``) reuse
         its embedding. Options: ``imgsz``, ``cuda_graph``, ``amp``, ``bgr``. Returns the model."""
-        self._get_predictor().set_image(source, **kwargs)
+        self.get_predictor().set_image(source, **kwargs)
         return self

@@ -97,7 +97,7 @@ class PPOCR(Model):
         """As every family's, with room in the graph cache for one recognition graph per bucket
         on top of the usual cap the detection stage lives under."""
         super()._attach(net)
-        self._runner.max_graphs = self._runner.max_graphs + len(self.REC_BUCKETS)
+        self.runner.max_graphs = self.runner.max_graphs + len(self.REC_BUCKETS)
 
     # ------------------------------------------------------------------ stages
     @staticmethod

@@ -22,7 +22,7 @@ import torch
 from torch.utils.data import Dataset
 from torchvision.transforms import InterpolationMode, v2
 
-from ...data.sources import _decode_file
+from ...data.sources import decode_image
 from ...ops.preprocess import Preprocess
 
 AUTO_AUGMENT = ("trivialaugment", "randaugment", "none")
@@ -55,7 +55,7 @@ class ClassifyDataset(Dataset):
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int, bool]:
         path, cls = self.samples[index]
-        hwc = torch.from_numpy(_decode_file(path))
+        hwc = torch.from_numpy(decode_image(path))
         if self.augment:
             return self.train_transform(hwc.permute(2, 0, 1)).contiguous(), int(cls), True
         x = self.preprocess.resize_images(hwc.unsqueeze(0), self.imgsz)[0]   # float [0, 1], as predict

@@ -118,10 +118,10 @@ class Probs:
     def plot_on(self, image: np.ndarray, names: dict[int, str]) -> np.ndarray:
         """``image`` (HxWx3 uint8 RGB) with the top classes listed at its top-left corner:
         one ``name 0.87`` line each, white on a translucent dark box, sized to the image."""
-        from ...results import _font
+        from ...results import load_font
         h, w = image.shape[:2]
         fs = max(10, round(min(h, w) * 0.045))
-        font = _font(fs)
+        font = load_font(fs)
         lines = [f"{self._name(names, c)} {float(p):.2f}" for c, p in zip(self._top, self._topconf)]
         pad = max(2, fs // 3)
         probe = ImageDraw.Draw(Image.new("RGB", (1, 1)))

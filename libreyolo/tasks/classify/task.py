@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...options import Choice, Float, Fraction, check_fields, option
 from ..base import Evaluator, PredictPlan, Task, TaskOptions
 from .data import AUTO_AUGMENT
 
@@ -26,25 +27,18 @@ from .data import AUTO_AUGMENT
 class ClassifyOptions(TaskOptions):
     """Classification training options."""
 
-    label_smoothing: float = 0.1       # eps of the smoothed targets (cross-entropy with label smoothing)
-    auto_augment: str = "none"         # "trivialaugment", "randaugment" or "none" (long ImageNet-style runs: on)
-    mixup: float = 0.0                 # MixUp's Beta alpha, 0 = off (ImageNet recipes: 0.8)
-    cutmix: float = 0.0                # CutMix's Beta alpha, 0 = off (ImageNet recipes: 1.0)
-    fliplr: float = 0.5                # horizontal flip probability
-    scale: float = 0.35                # RandomResizedCrop's smallest area fraction (ImageNet from scratch: 0.08)
+    label_smoothing: float = option(0.1, "eps of the smoothed targets (cross-entropy with label smoothing)",
+                                    Float(0.0, 1.0, max_inclusive=False))
+    auto_augment: str = option("none", "trivialaugment, randaugment or none (long ImageNet-style runs: on)",
+                               Choice(*AUTO_AUGMENT))
+    mixup: float = option(0.0, "MixUp's Beta alpha, 0 = off (ImageNet recipes: 0.8)", Float(0.0))
+    cutmix: float = option(0.0, "CutMix's Beta alpha, 0 = off (ImageNet recipes: 1.0)", Float(0.0))
+    fliplr: float = option(0.5, "probability of a horizontal flip", Fraction())
+    scale: float = option(0.35, "RandomResizedCrop's smallest area fraction (ImageNet from scratch: 0.08)",
+                          Float(0.0, 1.0, min_inclusive=False))
 
     def __post_init__(self) -> None:
-        if self.auto_augment not in AUTO_AUGMENT:
-            raise ValueError(f"auto_augment must be one of {AUTO_AUGMENT}, got {self.auto_augment!r}")
-        if not 0.0 <= float(self.label_smoothing) < 1.0:
-            raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
-        if not 0.0 < float(self.scale) <= 1.0:
-            raise ValueError(f"scale must be in (0, 1], got {self.scale}")
-        if not 0.0 <= float(self.fliplr) <= 1.0:
-            raise ValueError(f"fliplr must be in [0, 1], got {self.fliplr}")
-        for name in ("mixup", "cutmix"):
-            if float(getattr(self, name)) < 0:
-                raise ValueError(f"{name} (a Beta alpha; 0 = off) must be >= 0, got {getattr(self, name)}")
+        check_fields(self)
 
 
 class ClassifyPlan(PredictPlan):

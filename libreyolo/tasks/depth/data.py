@@ -32,7 +32,7 @@ import torch
 from PIL import Image
 from torchvision.transforms import v2
 
-from ...data.datasets import _parallel, _Problems
+from ...data.datasets import parallel_map, DataProblems
 from ...data import paired
 from ...data.sources import decode_image
 from ...ops.letterbox import letterbox
@@ -41,7 +41,7 @@ from ..semantic.maps import resize_nearest
 __all__ = ["DepthData", "DepthDataset", "DepthSample", "check_samples", "collate_depth", "read_target",
            "resolve_depth_data"]
 
-log = logging.getLogger("libreyolo")
+log = logging.getLogger(__name__)
 
 TARGETS = ("depth", "disparity")
 DEFAULT_PNG_SCALE = 1000.0
@@ -118,7 +118,7 @@ def _resolve_yaml(yaml_path: Path) -> DepthData:
         pairs = paired.pair_images(yaml_path, img_dir, images, split, map_dir, "depth", "depth maps", "<folder>",
                                    _npy_or_png)
         splits[split] = [DepthSample(p, t) for p, t in pairs]
-    log.info("libreyolo: %s: %d train and %d val images, target %s", yaml_path, len(splits["train"]),
+    log.info("%s: %d train and %d val images, target %s", yaml_path, len(splits["train"]),
              len(splits["val"]), target)
     return DepthData(root=root, train=splits["train"], val=splits["val"], source=str(yaml_path), target=target,
                      png_scale=float(scale))
@@ -150,7 +150,7 @@ def read_target(path: Path, target: str = "depth", png_scale: float = DEFAULT_PN
     return np.where(valid, value, np.float32(0)).astype(np.float32), valid
 
 
-def _check_pair(s: DepthSample, data: DepthData, problems: _Problems) -> list[str]:
+def _check_pair(s: DepthSample, data: DepthData, problems: DataProblems) -> list[str]:
     rel = problems.rel
     if not s.target.is_file():
         return [f"{rel(s.image)}: depth map not found (expected {rel(s.target)}, or the same stem with "
@@ -175,10 +175,10 @@ def _check_pair(s: DepthSample, data: DepthData, problems: _Problems) -> list[st
 
 def check_samples(data: DepthData) -> None:
     """Check every image/map pair of both splits; raises ONE ``ValueError`` listing the problems."""
-    problems = _Problems(data.root, Path(data.source))
+    problems = DataProblems(data.root, Path(data.source))
     for split in ("train", "val"):
         samples = getattr(data, split)
-        for f in _parallel(lambda i: _check_pair(samples[i], data, problems), len(samples), f"check {split} maps"):
+        for f in parallel_map(lambda i: _check_pair(samples[i], data, problems), len(samples), f"check {split} maps"):
             problems.extend(f)
     problems.raise_if_any()
 

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw
 
-from ...results import PixelMap, _font
+from ...results import PixelMap, load_font
 
 __all__ = ["DepthMap", "DEFAULT_CMAP", "colormap_lut"]
 
@@ -130,7 +130,7 @@ def _with_colorbar(picture: np.ndarray, lut: np.ndarray, lo: float, hi: float) -
     at the top) and the values ``hi`` / mid / ``lo`` beside it."""
     h, w = picture.shape[:2]
     fs = max(9, round(min(h, max(w, h)) * 0.03))
-    font = _font(fs)
+    font = load_font(fs)
     labels = [f"{v:.3g}" for v in (hi, (hi + lo) / 2, lo)]
     probe = ImageDraw.Draw(Image.new("RGB", (1, 1)))
     text_w = max(int(probe.textlength(t, font=font)) for t in labels)

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...options import Float, Fraction, check_fields, option
 from ..base import Evaluator, PredictPlan, Task, TaskOptions, host_views
 from .results import DepthMap
 
@@ -169,14 +170,14 @@ class DepthEvaluator(Evaluator):
 class DepthOptions(TaskOptions):
     """Depth training options: augmentation (flip and colour jitter; see :class:`~.data.DepthDataset`)."""
 
-    fliplr: float = 0.5
-    color_jitter: float = 0.3
+    fliplr: float = option(0.5, "probability of a horizontal flip", Fraction())
+    color_jitter: float = option(0.3, "brightness / contrast / saturation jitter strength", Float(0.0))
+
+    def __post_init__(self) -> None:
+        self.check()
 
     def check(self) -> None:
-        if not 0.0 <= float(self.fliplr) <= 1.0:
-            raise ValueError(f"fliplr must be in [0, 1], got {self.fliplr}")
-        if float(self.color_jitter) < 0:
-            raise ValueError(f"color_jitter must be >= 0, got {self.color_jitter}")
+        check_fields(self)
 
 
 class DepthTask(Task):

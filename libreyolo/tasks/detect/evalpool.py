@@ -67,7 +67,7 @@ def _read(stream) -> dict | None:
 def _flat(arrays: list, cols: int) -> np.ndarray:
     """Per-image (n_i, cols) arrays -> one (sum n_i, cols + 1) float64 array, image index first."""
     metrics, _ = _siblings()
-    rows = [metrics._as_array(a, cols) for a in arrays]
+    rows = [metrics.as_array(a, cols) for a in arrays]
     if not rows:
         return np.zeros((0, cols + 1))
     idx = np.repeat(np.arange(len(rows), dtype=np.float64), [len(r) for r in rows])
@@ -133,7 +133,7 @@ def serve() -> None:
     src, dst = sys.stdin.buffer, sys.stdout.buffer
     metrics, _ = _siblings()   # imported before the first request
     try:
-        metrics._backend()
+        metrics.coco_backend()
     except ImportError:
         pass   # the first request reports it
     while True:
@@ -167,7 +167,7 @@ class EvalPool:
 
     def _fail(self, why: str) -> None:
         import logging
-        logging.getLogger("libreyolo").debug("libreyolo: evaluating in this process (evaluation pool %s)", why)
+        logging.getLogger(__name__).debug("evaluating in this process (evaluation pool %s)", why)
         self.failed = why
         self.close()
 

@@ -21,7 +21,7 @@ def _silent(*args: Any, **kwargs: Any) -> None:
     return None
 
 
-def _as_array(x: Any, cols: int) -> np.ndarray:
+def as_array(x: Any, cols: int) -> np.ndarray:
     """Tensor / array / list -> float64 (n, cols) array (an empty input gives (0, cols))."""
     # torch only if already imported (a tensor implies it): the evaluation's child processes
     # run this module without it
@@ -37,7 +37,7 @@ def _as_array(x: Any, cols: int) -> np.ndarray:
     return a[:, :cols]
 
 
-def _backend():
+def coco_backend():
     """(COCO, COCOeval class, quiet kwargs) from faster-coco-eval, else pycocotools."""
     try:
         from faster_coco_eval import COCO, COCOeval_faster
@@ -54,7 +54,7 @@ def _backend():
 
 def _coco_precision(gt: dict, dets: list[dict]) -> np.ndarray:
     """COCOeval precision array (T, R, K, A, M) for a GT dict and a detections list."""
-    COCO, COCOeval, quiet = _backend()
+    COCO, COCOeval, quiet = coco_backend()
     with contextlib.redirect_stdout(io.StringIO()):   # pycocotools prints progress
         if quiet:
             coco_gt = COCO(gt, **quiet)
@@ -95,14 +95,14 @@ def coco_inputs(predictions: list, ground_truths: list, nc: int) -> tuple[list, 
     instances = np.zeros(nc, dtype=np.int64)
     for i, (pred, gt) in enumerate(zip(predictions, ground_truths), start=1):
         images.append({"id": i, "width": 1, "height": 1})
-        _, c, x1, y1, w, h = _xywh_in_range(_as_array(gt, 5), 0, 1, nc)
+        _, c, x1, y1, w, h = _xywh_in_range(as_array(gt, 5), 0, 1, nc)
         instances += np.bincount(c, minlength=nc)
         first = len(anns) + 1
         anns.extend({"id": first + k, "image_id": i, "category_id": ck + 1, "bbox": [a, b, ww, hh],
                      "area": area, "iscrowd": 0}
                     for k, (ck, a, b, ww, hh, area) in enumerate(zip(
                         c.tolist(), x1.tolist(), y1.tolist(), w.tolist(), h.tolist(), (w * h).tolist())))
-        d, c, x1, y1, w, h = _xywh_in_range(_as_array(pred, 6), 5, 0, nc)
+        d, c, x1, y1, w, h = _xywh_in_range(as_array(pred, 6), 5, 0, nc)
         dets.extend({"image_id": i, "category_id": ck + 1, "score": sc, "bbox": [a, b, ww, hh]}
                     for ck, sc, a, b, ww, hh in zip(
                         c.tolist(), d[:, 4].tolist(), x1.tolist(), y1.tolist(), w.tolist(), h.tolist()))
@@ -116,8 +116,8 @@ def coco_ap(predictions: list, ground_truths: list, nc: int, classes=None) -> tu
     alone equal the same classes' APs of the whole split (what :mod:`.evalpool` relies on)."""
     cats = list(range(nc)) if classes is None else sorted(set(int(c) for c in classes))
     if classes is not None:
-        predictions = [a[np.isin(a[:, 5].astype(np.int64), cats)] for a in (_as_array(p, 6) for p in predictions)]
-        ground_truths = [a[np.isin(a[:, 0].astype(np.int64), cats)] for a in (_as_array(g, 5) for g in ground_truths)]
+        predictions = [a[np.isin(a[:, 5].astype(np.int64), cats)] for a in (as_array(p, 6) for p in predictions)]
+        ground_truths = [a[np.isin(a[:, 0].astype(np.int64), cats)] for a in (as_array(g, 5) for g in ground_truths)]
     images, anns, dets, instances = coco_inputs(predictions, ground_truths, nc)
     scored = [c for c in cats if instances[c] > 0]
     if not scored or not dets:   # nothing detected: every scored class has AP 0 (and loadRes([]) can fail)
@@ -156,5 +156,5 @@ def evaluate_detections(predictions: list, ground_truths: list, nc: int,
     """
     if len(predictions) != len(ground_truths):
         raise ValueError(f"{len(predictions)} prediction lists for {len(ground_truths)} images")
-    _backend()   # fail early and clearly when no backend is installed
+    coco_backend()   # fail early and clearly when no backend is installed
     return summarize_ap(*coco_ap(predictions, ground_truths, nc), nc, names)

@@ -24,6 +24,8 @@ from ...ops import nms_graph
 from ...ops.letterbox import geometry_rows, inverse_params, unletterbox_boxes, unletterbox_packed
 from ...ops.nms import nms_per_image, top_candidates
 from ...ops.nms_graph import select_packed
+from ...options import (MAX_DET, Bool, Choice, Custom, Float, Fraction, Int, OptionError, check_fields, check_max_det,
+                       option)
 from ..base import Evaluator, PredictPlan, Task, TaskOptions
 
 
@@ -31,38 +33,35 @@ from ..base import Evaluator, PredictPlan, Task, TaskOptions
 class DetectOptions(TaskOptions):
     """Detection training options: augmentation, target padding, validation thresholds."""
 
-    close_mosaic: int = 10          # mosaic and MixUp off for the last N epochs
-    mosaic: float = 1.0
-    dense_mosaic: bool = False      # DEIM's Dense O2O: mosaic tiles shrunk so each image holds all four
-    mixup: float = 0.0              # probability of blending two augmented samples (closed with mosaic)
-    augment_policy: str = "yolo"    # "yolo" (affine + HSV) or "detr" (photometric, zoom-out, IoU crop)
-    degrees: float = 0.0
-    translate: float = 0.1
-    scale: float = 0.5
-    fliplr: float = 0.5
-    hsv_h: float = 0.015
-    hsv_s: float = 0.7
-    hsv_v: float = 0.4
-    bucket: int = 16                # targets padded to this times a power of two (fixed loss shapes)
-    gpu_augment: bool = False       # the YOLO recipe on the training device, per batch (workers only decode)
-    val_conf: float = 0.001
-    val_iou: float = 0.7
-    max_det: int = 300
+    close_mosaic: int = option(10, "epochs at the end trained without mosaic and MixUp (default: the family's, "
+                                   "else 10)", Int(0))
+    mosaic: float = option(1.0, "probability of mosaic (default: the family's, else 1; DETRs 0)", Fraction())
+    dense_mosaic: bool = option(False, "DEIM's Dense O2O: mosaic tiles shrunk so each image holds all four", Bool())
+    mixup: float = option(0.0, "probability of MixUp, blending two augmented samples (default: the family's, "
+                               "else 0; closed with mosaic)", Fraction())
+    augment_policy: str = option("yolo", "yolo (affine + HSV) or detr (photometric, zoom-out, IoU crop); default: "
+                                         "the family's", Choice("yolo", "detr"))
+    degrees: float = option(0.0, "random rotation, +- degrees", Float(0.0, 180.0))
+    translate: float = option(0.1, "random translation, +- fraction of the size", Fraction())
+    scale: float = option(0.5, "random scale gain, +- fraction", Float(0.0, 1.0, max_inclusive=False))
+    fliplr: float = option(0.5, "probability of a horizontal flip", Fraction())
+    hsv_h: float = option(0.015, "hue augmentation, +- fraction", Fraction())
+    hsv_s: float = option(0.7, "saturation augmentation, +- fraction", Fraction())
+    hsv_v: float = option(0.4, "value (brightness) augmentation, +- fraction", Fraction())
+    bucket: int = option(16, "targets padded to this times a power of two (fixed loss shapes)", Int(1))
+    gpu_augment: bool = option(False, "the YOLO recipe (mosaic, affine, HSV, flip) on the training device per "
+                                      "batch, the workers only decode (augment_policy=yolo only)", Bool())
+    val_conf: float = option(0.001, "confidence threshold of validation", Fraction())
+    val_iou: float = option(0.7, "NMS IoU threshold of validation", Fraction())
+    max_det: int = option(300, "detections kept per image in validation", Custom(
+        lambda n, v: check_max_det(v)[0], f"integer in [1, {MAX_DET}]"))
+
+    def __post_init__(self) -> None:
+        self.check()
 
     def check(self) -> None:
-        from ...options import check_choice, check_float, check_fraction, check_int, check_max_det, parse_bool
-        for name in ("mosaic", "mixup", "fliplr", "hsv_h", "hsv_s", "hsv_v", "translate", "val_conf", "val_iou"):
-            setattr(self, name, check_fraction(name, getattr(self, name)))
-        self.scale = check_float("scale", self.scale, 0.0, 1.0, max_inclusive=False)
-        self.degrees = check_float("degrees", self.degrees, 0.0, 180.0)
-        self.close_mosaic = check_int("close_mosaic", self.close_mosaic, 0)
-        self.bucket = check_int("bucket", self.bucket, 1)
-        self.max_det = check_max_det(self.max_det)[0]
-        self.dense_mosaic = parse_bool("dense_mosaic", self.dense_mosaic)
-        self.augment_policy = check_choice("augment_policy", self.augment_policy, ("yolo", "detr"))
-        self.gpu_augment = parse_bool("gpu_augment", self.gpu_augment)
+        check_fields(self)
         if self.gpu_augment and self.augment_policy != "yolo":
-            from ...options import OptionError
             raise OptionError("gpu_augment=True runs the YOLO recipe (mosaic, affine, HSV, flip) on the device; "
                               f"this run has augment_policy={self.augment_policy!r}, whose transforms run in the "
                               "DataLoader workers: leave gpu_augment off or use augment_policy=yolo")

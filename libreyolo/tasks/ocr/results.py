@@ -9,11 +9,11 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw, ImageFont
 
-from ...results import _font, class_color
+from ...results import load_font, class_color
 
 __all__ = ["TextLines"]
 
-log = logging.getLogger("libreyolo")
+log = logging.getLogger(__name__)
 
 #: fonts tried, in order, for drawing recognised text (CJK-capable ones first); PIL's own font
 #: (Latin only: other scripts show as boxes) when none is installed
@@ -36,8 +36,8 @@ def text_font(size: int) -> ImageFont.ImageFont | ImageFont.FreeTypeFont:
             return ImageFont.truetype(path, size)
         except OSError:
             continue
-    log.debug("libreyolo: no CJK-capable font found; OCR text is drawn with PIL's default font")
-    return _font(size)
+    log.debug("no CJK-capable font found; OCR text is drawn with PIL's default font")
+    return load_font(size)
 
 
 class TextLines:

@@ -122,7 +122,7 @@ class OcrPlan(PredictPlan):
             u8_t = torch.from_numpy(u8).to(m.device)
             w_t = torch.from_numpy(widths).to(m.device)
             with torch.no_grad(), self._autocast():
-                out = m._runner(("ocr-rec", u8.shape[2]), self.rec_stage, (u8_t, w_t), getattr(self, "mode", False),
+                out = m.runner(("ocr-rec", u8.shape[2]), self.rec_stage, (u8_t, w_t), getattr(self, "mode", False),
                                 host=True)
             ids, keep, score = (t.numpy() for t in out.wait())
             for r, i in enumerate(idx):
@@ -218,7 +218,7 @@ class OcrTask(Task):
         width), eager and - on CUDA for a graph-declared family - replayed: what each batch of
         lines costs inside the end-to-end arms (the detector alone is the forward arms)."""
         from ...graphs.capture import CudaGraphCapturer
-        plan = self.plan(model, imgsz, model._get_predictor().constant)
+        plan = self.plan(model, imgsz, model.get_predictor().constant)
         dev, buckets = model.device, model.REC_BUCKETS
         width = buckets[min(1, len(buckets) - 1)]
         g = torch.Generator().manual_seed(0)

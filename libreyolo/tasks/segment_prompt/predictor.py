@@ -127,7 +127,7 @@ class PromptPredictor:
             group = items[start:end]
             u8 = torch.stack([self._upload(it.image) for it in group])
             with torch.no_grad(), self._autocast(amp_dtype):
-                emb = self.model._runner(key, fn, (u8,), mode)
+                emb = self.model.runner(key, fn, (u8,), mode)
             resized = long_side_size(hw[0], hw[1], size)
             states += [ImageState(it, emb[i:i + 1], size, hw, resized, amp_dtype) for i, it in enumerate(group)]
             start = end
@@ -156,7 +156,7 @@ class PromptPredictor:
         fn = self.prompt_stage(state.size, state.resized, state.hw, *counts, multimask)
         key = self._prompt_key(state.size, state.resized, state.hw, counts, multimask)
         with torch.no_grad(), self._autocast(state.amp_dtype):
-            masks, scores = self.model._runner(key, fn, (state.embedding, packed), mode, constant=(0,))
+            masks, scores = self.model.runner(key, fn, (state.embedding, packed), mode, constant=(0,))
         speed = {**speed, "prompt": (time.perf_counter() - t0) * 1e3}
         return Results(state.item.image, state.item.name, self.model.names, None, speed=speed,
                        masks=PromptMasks(masks[0], scores[0], p.points, p.labels, p.boxes))
@@ -164,8 +164,8 @@ class PromptPredictor:
     # ------------------------------------------------------------------ call
     def __call__(self, source: Any = None, *, imgsz: int | None = None, batch: int = 1, cuda_graph: Any = False,
                  amp: Any = False, bgr: Any = None, color_format: Any = None, verbose: bool = False,
-                 profile: bool = False,
-                 points: Any = None, labels: Any = None, boxes: Any = None, multimask: Any = True) -> list:
+                 profile: bool = False, points: Any = None, labels: Any = None, boxes: Any = None,
+                 multimask: Any = True, strict: Any = False) -> list:
         """Masks for one prompt on each image of ``source`` (which also becomes the current image:
         the last one), or on the current image (``model.set_image``) when ``source`` is None.
 
@@ -173,13 +173,15 @@ class PromptPredictor:
         all 1) and/or ``boxes`` [[x1, y1, x2, y2], ...], in the image's pixels; ``points="center"``
         is one foreground point at each image's centre. ``multimask``: three candidate masks
         (SAM's default, for ambiguous prompts) or one. ``batch``: images of one size embedded
-        together. ``profile`` synchronizes the device between the stages so ``Results.speed``
-        (ms per image: load, encode, prompt) is exact. Saving annotated images is the model's
+        together. An unreadable file found in a directory or by a glob pattern is skipped with a
+        warning naming it (``strict=True``: raise instead). ``profile`` synchronizes the device
+        between the stages so ``Results.speed`` (ms per image: load, encode, prompt) is exact. Saving annotated images is the model's
         (``model.predict(..., save=True)``).
         """
         m = self.model
         prompt = parse_prompt(points, labels, boxes)
         multimask = parse_bool("multimask", multimask)
+        strict = parse_bool("strict", strict)
         mode = normalize_mode(cuda_graph)
         batch = check_int("batch", batch, 1)
         sync = (torch.cuda.synchronize if profile and m.device.type == "cuda" else (lambda: None))
@@ -196,12 +198,12 @@ class PromptPredictor:
             size = self._size(imgsz)
             amp_dtype = parse_amp(amp, m.AMP_DTYPE)
             t0 = time.perf_counter()
-            items = load_sources(source, bgr=parse_color(bgr, color_format))
+            items = load_sources(source, bgr=parse_color(bgr, color_format), strict=strict)
             load = (time.perf_counter() - t0) * 1e3 / max(1, len(items))
             if not m.trained and not getattr(m, "_warned_untrained", False):
                 import logging
-                logging.getLogger("libreyolo").warning(
-                    "libreyolo: %s-%s is UNTRAINED (random weights): its masks are meaningless", m.FAMILY, m.size)
+                logging.getLogger(__name__).warning(
+                    "%s-%s is UNTRAINED (random weights): its masks are meaningless", m.FAMILY, m.size)
                 m._warned_untrained = True
             results = []
             for start in range(0, len(items), batch):
@@ -231,7 +233,7 @@ class PromptPredictor:
         g = torch.Generator().manual_seed(0)
         u8 = torch.randint(0, 256, (int(batch), *hw, 3), generator=g, dtype=torch.uint8).to(m.device)
         with torch.no_grad(), self._autocast(amp_dtype):
-            info = {"image": m._runner.capture(self._encoder_key(size), self.encoder_stage(size), (u8,))}
+            info = {"image": m.runner.capture(self._encoder_key(size), self.encoder_stage(size), (u8,))}
             if points is not None or boxes is not None:
                 emb = self.encoder_stage(size)(u8[:1])
                 resized = long_side_size(hw[0], hw[1], size)
@@ -239,6 +241,6 @@ class PromptPredictor:
                 counts = (len(p.points), len(p.boxes))
                 packed = torch.from_numpy(pack(p, *hw, *resized)).to(m.device)
                 mm = parse_bool("multimask", multimask)
-                info["prompt"] = m._runner.capture(self._prompt_key(size, resized, hw, counts, mm),
+                info["prompt"] = m.runner.capture(self._prompt_key(size, resized, hw, counts, mm),
                                                    self.prompt_stage(size, resized, hw, *counts, mm), (emb, packed))
         return info

@@ -7,7 +7,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw
 
-from ...results import _font
+from ...results import load_font
 
 __all__ = ["PromptMasks"]
 
@@ -133,7 +133,7 @@ class PromptMasks:
             draw.ellipse((x - r, y - r, x + r, y + r), fill=POINT_COLORS.get(int(lab), (200, 200, 200)),
                          outline=(255, 255, 255), width=max(1, r // 3))
         if len(self):
-            font = _font(max(10, round((h + w) / 2 * 0.03)))
+            font = load_font(max(10, round((h + w) / 2 * 0.03)))
             text = f"mask{i} {float(_np(self._scores)[i]):.2f}"
             tw, th = draw.textlength(text, font=font), font.getbbox("Agy|")[3]
             draw.rectangle((0, 0, tw + 6, th + 6), fill=(20, 20, 20))

@@ -102,7 +102,7 @@ class SegmentPromptTask(Task):
         end-to-end call's time goes."""
         from ...graphs.capture import CudaGraphCapturer
         from .prompts import pack, parse_prompt
-        dev, pred = model.device, model._get_predictor()
+        dev, pred = model.device, model.get_predictor()
         st = pred.current
         u8 = torch.from_numpy(image).to(dev)[None]
         p = parse_prompt(**BENCH_PROMPT).for_image(*st.hw)

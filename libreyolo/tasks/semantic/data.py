@@ -45,16 +45,16 @@ from torchvision import tv_tensors
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as TF
 
-from ...data.datasets import _exif_orientation, _names_from_spec, _parallel, _Problems
+from ...data.datasets import exif_orientation, names_from_spec, parallel_map, DataProblems
 from ...data import paired
-from ...data.sources import _decode_file
+from ...data.sources import decode_image
 from ...ops.letterbox import PAD_VALUE, letterbox, letterbox_params
 from .maps import IGNORE, check_resize, letterbox_mask, resize_nearest
 
 __all__ = ["SegSample", "SemanticData", "SemanticDataset", "check_samples", "collate_semantic", "mask_path_for",
            "read_mask", "resolve_semantic_data"]
 
-log = logging.getLogger("libreyolo")
+log = logging.getLogger(__name__)
 
 DEFAULT_IGNORE_INDEX = 255
 _CACHE_VERSION = "libreyolo-semantic-v1"
@@ -117,7 +117,7 @@ def _png(base: Path) -> Path:
 def _resolve_yaml(yaml_path: Path) -> SemanticData:
     yaml_path, spec = paired.read_spec(yaml_path, "path/train/val/names")
     root = paired.spec_root(yaml_path, spec)
-    nc, names = _names_from_spec(yaml_path, spec)
+    nc, names = names_from_spec(yaml_path, spec)
     if nc is None:
         raise ValueError(f"{yaml_path}: give 'names' (a list or {{id: name}}) or 'nc'")
     names = names or {i: f"class{i}" for i in range(nc)}
@@ -142,7 +142,7 @@ def _resolve_yaml(yaml_path: Path) -> SemanticData:
         pairs = paired.pair_images(yaml_path, img_dir, images, split, mask_dir, "masks", "masks", "<mask folder>",
                                    _png)
         splits[split] = [SegSample(p, m) for p, m in pairs]
-    log.info("libreyolo: %s: %d train and %d val images, %d classes, ignore_index %d", yaml_path,
+    log.info("%s: %d train and %d val images, %d classes, ignore_index %d", yaml_path,
              len(splits["train"]), len(splits["val"]), nc, ignore)
     return SemanticData(root=root, nc=nc, names=names, train=splits["train"], val=splits["val"],
                         ignore_index=ignore, source=str(yaml_path))
@@ -173,11 +173,11 @@ def _image_size(path: Path) -> tuple[int, int]:
     """(height, width) of the image as decoded (upright: EXIF orientation applied), from its header."""
     with Image.open(path) as im:
         w, h = im.size
-        orientation = _exif_orientation(im.info.get("exif"))
+        orientation = exif_orientation(im.info.get("exif"))
     return (w, h) if orientation in (5, 6, 7, 8) else (h, w)
 
 
-def _check_pair(s: SegSample, nc: int, ignore: int, problems: _Problems) -> list[str]:
+def _check_pair(s: SegSample, nc: int, ignore: int, problems: DataProblems) -> list[str]:
     rel = problems.rel
     if not s.mask.is_file():
         return [f"{rel(s.image)}: mask not found (expected {rel(s.mask)})"]
@@ -222,7 +222,7 @@ def check_samples(data: SemanticData, ignore_index: int | None = None) -> None:
     ignore = data.ignore_index if ignore_index is None else int(ignore_index)
     if ignore < data.nc:
         raise ValueError(f"ignore_index {ignore} is a class id of this {data.nc}-class dataset; use a value >= nc")
-    problems = _Problems(data.root, Path(data.source))
+    problems = DataProblems(data.root, Path(data.source))
     passed = {}
     for split in ("train", "val"):
         samples = getattr(data, split)
@@ -235,7 +235,7 @@ def check_samples(data: SemanticData, ignore_index: int | None = None) -> None:
                 continue
         except OSError:
             pass
-        found = _parallel(lambda i: _check_pair(samples[i], data.nc, ignore, problems), len(samples),
+        found = parallel_map(lambda i: _check_pair(samples[i], data.nc, ignore, problems), len(samples),
                           f"check {split} masks")
         before = len(problems.items)
         for f in found:
@@ -255,7 +255,7 @@ def _write_atomic(path: Path, text: str) -> None:
             f.write(text)
         os.replace(tmp, path)
     except OSError as e:
-        log.debug("libreyolo: could not write %s: %s", path, e)
+        log.debug("could not write %s: %s", path, e)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -318,7 +318,7 @@ class SemanticDataset(torch.utils.data.Dataset):
     def load(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Sample ``index`` as decoded: (H, W, 3) uint8 RGB upright, (H, W) int64 mask (IGNORE)."""
         s = self.samples[index]
-        image = torch.from_numpy(_decode_file(s.image))
+        image = torch.from_numpy(decode_image(s.image))
         mask = torch.from_numpy(read_mask(s.mask).astype(np.int64))
         mask[mask == self.ignore_index] = IGNORE
         return image, mask

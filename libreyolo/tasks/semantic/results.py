@@ -7,7 +7,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw
 
-from ...results import PixelMap, _font, class_color
+from ...results import PixelMap, load_font, class_color
 
 __all__ = ["SemanticMask"]
 
@@ -88,7 +88,7 @@ def _draw_legend(image: np.ndarray, rows: list[tuple[int, str, float]]) -> np.nd
     image's height are summarised as "+N more"."""
     h, w = image.shape[:2]
     fs = max(10, round((h + w) / 2 * 0.03))
-    font = _font(fs)
+    font = load_font(fs)
     pil = Image.fromarray(image)
     draw = ImageDraw.Draw(pil)
     line = font.getbbox("Agy|")[3] + 4

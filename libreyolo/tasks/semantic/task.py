@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...options import Float, Fraction, Int, OptionError, check_fields, option
 from ..base import PredictPlan, Task, TaskOptions, host_views
 from .maps import IGNORE, check_resize
 from .metrics import SemanticEvaluator
@@ -36,22 +37,27 @@ def class_map_dtype(nc: int) -> torch.dtype:
 class SemanticOptions(TaskOptions):
     """Semantic-segmentation training options: augmentation and the ignored mask value."""
 
-    scale_min: float = 0.5          # random scale of the image relative to the network's square
-    scale_max: float = 2.0          # (SegFormer's ratio range 0.5-2.0), then a random crop
-    fliplr: float = 0.5
-    color_jitter: float = 0.3       # brightness / contrast / saturation in [1 - s, 1 + s], hue +- s / 4
-    ignore_index: int | None = None  # mask value that is not a class; None: the dataset's (default 255)
+    scale_min: float = option(0.5, "smallest random scale of the image relative to the network's square "
+                                   "(SegFormer's ratio range 0.5-2.0), then a random crop",
+                              Float(0.0, min_inclusive=False))
+    scale_max: float = option(2.0, "largest random scale of the image", Float(0.0, min_inclusive=False))
+    fliplr: float = option(0.5, "probability of a horizontal flip", Fraction())
+    color_jitter: float = option(0.3, "brightness / contrast / saturation in [1 - s, 1 + s], hue +- s / 4",
+                                 Float(0.0))
+    ignore_index: int | None = option(None, "mask value that is not a class (default: the dataset's, else 255)",
+                                      Int(0, none=True))
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def check(self) -> None:
+        self.validate()
 
     def validate(self) -> None:
-        if not 0 < self.scale_min <= self.scale_max:
-            raise ValueError(f"scale_min / scale_max must satisfy 0 < scale_min <= scale_max, got "
-                             f"{self.scale_min} / {self.scale_max}")
-        if not 0.0 <= self.fliplr <= 1.0:
-            raise ValueError(f"fliplr must be in [0, 1], got {self.fliplr}")
-        if self.color_jitter < 0:
-            raise ValueError(f"color_jitter must be >= 0, got {self.color_jitter}")
-        if self.ignore_index is not None and int(self.ignore_index) < 0:
-            raise ValueError(f"ignore_index must be a non-negative mask value, got {self.ignore_index}")
+        check_fields(self)
+        if not self.scale_min <= self.scale_max:
+            raise OptionError(f"scale_min / scale_max must satisfy 0 < scale_min <= scale_max, got "
+                              f"{self.scale_min} / {self.scale_max}")
 
 
 class SemanticLoss(nn.Module):
