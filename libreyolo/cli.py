@@ -42,6 +42,7 @@ from .options import (
 )
 
 console = Console()
+err_console = Console(stderr=True)   # errors go to standard error, so a pipe of the output stays clean
 
 
 class UsageError(Exception):
@@ -449,7 +450,7 @@ def cmd_verify(opts: dict) -> int:
 
     from .engine.verify import verify_model
     if not torch.cuda.is_available():
-        console.print("[bold red]verify needs a CUDA GPU[/]: it runs the CUDA-graph parity protocol "
+        err_console.print("[bold red]verify needs a CUDA GPU[/]: it runs the CUDA-graph parity protocol "
                       "(eager vs captured, bit for bit); this machine has none")
         return 2
     model = _load(opts)
@@ -1043,7 +1044,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except (OSError, ImportError, ValueError, NotImplementedError, RuntimeError) as exc:
         # OSError: a missing file, a full disk (CheckpointSaveError); ImportError: an optional package
-        console.print(f"[bold red]error:[/] {exc}")
+        err_console.print(f"[bold red]error:[/] {exc}")
         return 1
 
 

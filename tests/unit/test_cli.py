@@ -330,3 +330,12 @@ def test_the_program_parses_its_command_line_before_importing_torch():
             "assert 'torch' in sys.modules and 'list_models' in dir(libreyolo); print('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.stdout.strip() == "ok", out.stderr
+
+
+def test_errors_go_to_standard_error(tmp_path, capsys):
+    """A failing command prints its error on standard error, so a pipe of its output stays clean."""
+    missing = tmp_path / "nope.png"
+    assert main(["predict", "model=yolo9t", f"source={missing}", "device=cpu"]) == 1
+    captured = capsys.readouterr()
+    assert "nope.png" in captured.err and "error" in captured.err
+    assert "nope.png" not in captured.out
