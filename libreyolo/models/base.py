@@ -482,18 +482,26 @@ class Model:
         ``predictions.json`` in ``save_dir`` (default: a new ``runs/val``, ``runs/val2``, ...),
         for external evaluation; its path is returned as ``"predictions_json"``.
         """
+        from ..engine.call_options import ValOptions
         from ..engine.config import TrainConfig
         from ..engine.evaluate import evaluate
         from ..engine.loaders import build_loaders
         from ..engine.setup import check_config, device_settings
-        from ..options import parse_bool
-        save_json = parse_bool("save_json", save_json)
-        if save_json and not self.task.evaluator(self, self.task.Options()).writes_coco_json:
+        from ..options import check_fields
+        # val's own options are checked as the CLI checks them (ValOptions: the same messages); the
+        # task's validation options under their val names (detection: conf, iou) go to the
+        # training options they set (val_conf, val_iou), other keywords to TrainConfig as given
+        names = self.task.val_option_names
+        own = {k: task_opts.pop(k) for k in list(task_opts) if k in names}
+        o = ValOptions(data=data, imgsz=imgsz, batch=batch, workers=workers, verbose=verbose, save_json=save_json,
+                       save_dir=save_dir, **own)
+        check_fields(o)
+        if o.save_json and not self.task.evaluator(self, self.task.Options()).writes_coco_json:
             raise ValueError(f"save_json=True writes COCO detection results; the {self.task.name} task has no "
                              "COCO results format")
-        task_opts = {self.task.val_option_names.get(k, k): v for k, v in task_opts.items()}
-        cfg = TrainConfig(self.task, data=data, imgsz=int(imgsz or self.imgsz), batch=batch, workers=workers,
-                          verbose=verbose, **task_opts)
+        task_opts.update({names[k]: getattr(o, k) for k in own})
+        cfg = TrainConfig(self.task, data=data, imgsz=o.imgsz or self.imgsz, batch=o.batch, workers=o.workers,
+                          verbose=o.verbose, **task_opts)
         ds = self.task.resolve_data(data)
         if ds.nc != self.nc:
             raise ValueError(f"the dataset has {ds.nc} classes but the model predicts {self.nc}")
@@ -512,7 +520,7 @@ class Model:
             if pool is not None:
                 pool.close()
         metrics = result.metrics
-        if save_json:
+        if o.save_json:
             import json
             import os
 
