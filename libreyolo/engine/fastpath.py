@@ -52,7 +52,7 @@ _SPELLINGS = {"fp32": "fp32", "float32": "fp32", "float": "fp32", "32": "fp32",
               "fp16": "fp16", "float16": "fp16", "half": "fp16", "16": "fp16",
               "bf16": "bf16", "bfloat16": "bf16"}
 
-#: the tolerance contract of the half / fast path against fp32 eager (issue 15): a family is
+#: the tolerance contract of the half / fast path against fp32 eager: a family is
 #: allowed when every figure it was measured with is inside these bounds
 CONTRACT = {"match_rate_min": 0.99,      # detections matched at IoU >= 0.95 (same class), fraction
             "score_diff_p99_max": 0.01,  # p99 of |score_half - score_fp32| over matched pairs

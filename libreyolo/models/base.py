@@ -62,8 +62,8 @@ class Model:
     #: the training step cannot be one graph, but a fixed-shape front part of the network can
     #: (forward and backward captured, the rest eager): see :meth:`train_seam`
     SUPPORTS_CUDA_GRAPH_TRAIN_SEAM: ClassVar[bool] = False
-    #: optimizers whose update the whole-step capture was proven with for this family (the step-0
-    #: update within eager's noise); with another the trainer captures forward+backward only
+    #: optimizers whose update the whole-step capture includes for this family (its step-0 update
+    #: equals eager's within eager's own noise); with another the trainer captures forward+backward only
     WHOLE_STEP_OPTIMIZERS: ClassVar[tuple[str, ...]] = ("sgd",)
     #: train in channels_last on CUDA by default (``channels_last=None``): convolution networks
     #: whose BatchNorm and convolutions run faster in NHWC and whose ops accept any layout
