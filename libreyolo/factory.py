@@ -32,6 +32,19 @@ class LibreYOLO:
       one raises, saying how to re-head (``model.reset_classes(nc)``); it never re-heads silently.
     * A bare family/size name without extension (``"yolo9t"``, ``"yolo9-s"``) builds an
       UNTRAINED model explicitly, as does ``LibreYOLO.new("yolo9", "t")``.
+
+    Args:
+        model: a checkpoint file (.pt, .pth, .safetensors), a weight file name to find in the cache or
+            on the hub, an exported .onnx file, or a family/size name (untrained)
+        device: auto (CUDA when present, else the CPU), cpu, cuda, cuda:1
+        download: True or False to allow or refuse a hub download (default: allowed unless
+            LIBREYOLO_OFFLINE or HF_HUB_OFFLINE is set)
+        nc: number of classes: an untrained model's, or the one a checkpoint must have
+        names: class names of an untrained model
+        imgsz: the model's default image size (default: the family's, or the checkpoint's)
+
+    Returns:
+        Model: the family's model (an OnnxModel for a .onnx file).
     """
 
     def __new__(cls, model: str | Path, device: Any = "auto", *, download: bool | None = None,

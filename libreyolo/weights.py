@@ -415,9 +415,10 @@ class PackedSnapshot:
     Taking it costs a few operator calls however many tensors the checkpoint holds, so the
     training thread can take it at an epoch's end even while other Python threads (the loader's
     pin-memory thread, a plot being drawn) are busy: each operator call gives up the GIL, and
-    getting it back behind a busy thread can take the interpreter's switch interval (5 ms), which
-    made a per-tensor copy of a 3,000-tensor checkpoint take seconds. The per-tensor work is
-    :meth:`unpack`'s, in the thread that writes the files. The copies are synchronous and into
+    getting it back behind a busy thread can take the interpreter's switch interval, which makes
+    a per-tensor copy of a checkpoint of thousands of tensors take seconds (docs/benchmarks.md,
+    "Training run levers"). The per-tensor work is :meth:`unpack`'s, in the thread that writes
+    the files. The copies are synchronous and into
     pageable memory: no pinned block is left for the writer thread to free (a pinned free records
     CUDA events, which a graph capture in the main thread must not meet)."""
 
@@ -450,11 +451,11 @@ def _template(node: Any, tensors: list, flagged: list, paths: set, path: tuple |
     :class:`_Slot`, appending the tensors to ``tensors`` (and to ``flagged`` whether they lie under
     one of ``paths``, key tuples from the root; ``path`` is ``node``'s own while it can still lead
     to one, else None). One walk both flattens and marks the tensors under ``paths``, at every
-    epoch's end on the step loop's thread: with torch's pytree that took its flatten (about as
-    long as this walk, ~8 ms for yolo9-t's 3,351-tensor checkpoint on a CPU) and a second walk of
-    those subtrees; a key path from pytree's own ``tree_flatten_with_path`` costs 29 ms. A dict or
-    list subclass other than OrderedDict is refused rather than copied by reference into a
-    snapshot; anything else that is not a tuple is a value, kept as it is."""
+    epoch's end on the step loop's thread: with torch's pytree that takes its flatten (about as
+    long as this walk) and a second walk of those subtrees, and a key path from pytree's own
+    ``tree_flatten_with_path`` costs several times more (docs/benchmarks.md, "Training run
+    levers"). A dict or list subclass other than OrderedDict is refused rather than copied by
+    reference into a snapshot; anything else that is not a tuple is a value, kept as it is."""
     if isinstance(node, torch.Tensor):
         tensors.append(node)
         flagged.append(flag)

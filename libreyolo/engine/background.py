@@ -80,9 +80,9 @@ def frozen_heap(enabled: bool = True) -> Iterator[None]:
     overlapping blocks ends).
 
     A training process holds a few hundred thousand long-lived objects (torch, the datasets'
-    lists, the model); every full collection walks all of them - about 0.25 s on a 2-core CPU
-    - and a run's allocations trigger such collections every few epochs, in the step loop's
-    critical path. Frozen, a full collection walks only what the run created. Objects are still
+    lists, the model); every full collection walks all of them (docs/benchmarks.md, "Training
+    run levers"), and a run's allocations trigger such collections every few epochs, in the step
+    loop's critical path. Frozen, a full collection walks only what the run created. Objects are still
     freed by their reference counts; only reference cycles among the frozen ones wait for the
     exit to be collected."""
     global _frozen

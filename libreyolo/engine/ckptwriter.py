@@ -4,8 +4,8 @@ Writing a checkpoint is Python-heavy: splitting the packed snapshot into its 3,0
 and pickling them (``torch.save`` calls a Python hook for every object it pickles) holds the GIL
 for a few hundred milliseconds. In a thread of the training process that overlaps the next
 epoch's steps, and every operator call of the step loop gives the GIL up and waits behind the
-writer to get it back: on the H200 the 30-epoch CLI's device sat idle for 39 % of an epoch
-(``scripts/profile_train_epoch.py``, docs/benchmarks.md "Session 19"). The child does that work in
+writer to get it back, so the device waits on the host for a large part of the epoch (the
+figures: docs/benchmarks.md, "Training run levers"). The child does that work in
 its own interpreter. The trainer's writer thread only hands it the snapshot - a few flat
 buffers, sent through a pipe without being pickled - and waits for its reply, the GIL released.
 

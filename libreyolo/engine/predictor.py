@@ -13,31 +13,28 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 import logging
 import os
 import threading
 import time
-import warnings
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-import numpy as np
 import torch
 
-from ..data.jpeg import decode_files, gpu_decode_problem, is_jpeg_path, parse_decode, probe
-from ..data.sources import (STREAM_AHEAD, PendingItem, SourceItem, load_sources, parse_color, pending_sources,
-                            stream_sources)
-from ..data.video import VideoSources, VideoStream, VideoWriter, is_video_source, open_video_sources
+from ..data.jpeg import gpu_decode_problem, parse_decode
+from ..data.sources import STREAM_AHEAD, SourceItem, load_sources, parse_color, pending_sources, stream_sources
+from ..data.video import VideoWriter, is_video_source, open_video_sources
 from ..graphs.capture import to_host
 from ..options import check_imgsz, check_int, parse_amp, parse_bool
-from ..results import Results, display_problem
+from ..results import Results
 from ..tasks.base import PredictPlan
 from .call_options import TRACK_CONF, PredictOptions
 from .fastpath import HalfNetwork, arm_name, check_contract, half_network, is_current, resolve, to_float32
 from .paths import UniqueNames, next_run_dir
+from .predict_video import Viewer, declared_frames, video_chunks, video_stem
+from .staging import Chunk, StagedUploads, chunked
 
 log = logging.getLogger(__name__)
 #: threads decoding image files on the CPU (PIL) before a predict call's first chunk
@@ -50,14 +47,10 @@ def _amp_dtype(amp: Any, default: torch.dtype = torch.float16) -> torch.dtype | 
     return parse_amp(amp, default)
 
 
-# The GPU upload reads a borrowed numpy image through a tensor view and never writes it; torch
-# warns about views of read-only arrays (PIL images) all the same.
-warnings.filterwarnings("ignore", message="The given NumPy array is not writable", category=UserWarning,
-                        module=r"libreyolo\.engine\.predictor")
-
-
-class Predictor:
-    """Runs ``model.predict``; one per model (it keeps per-model policy state)."""
+class Predictor(StagedUploads):
+    """Runs ``model.predict``; one per model (it keeps per-model policy state). How a chunk's
+    images reach the device (uploads, the upload ring, the GPU decode) is its base's,
+    :class:`~libreyolo.engine.staging.StagedUploads`."""
 
     def __init__(self, model):
         self.model = model
@@ -336,8 +329,8 @@ class Predictor:
         gpu_decode = False
         if is_video_source(source):
             videos = open_video_sources(source, vid_stride=o.vid_stride, timeout=o.timeout)  # fails here, not later
-            chunks: Iterator[list[Any]] = _video_chunks(videos, int(batch))
-            total = _declared_frames(videos)
+            chunks: Iterator[list[Any]] = video_chunks(videos, int(batch))
+            total = declared_frames(videos)
             t_load = None
         else:
             videos = None
@@ -359,7 +352,7 @@ class Predictor:
                 items = load_sources(source, bgr=bgr, borrow=True,   # owned below, while the GPU works
                                      workers=DECODE_WORKERS, strict=strict)
                 t_load = (time.perf_counter() - t_load) * 1e3 / max(1, len(items))
-            chunks = _chunked(items, int(batch))
+            chunks = chunked(items, int(batch))
             total = len(items)
         out_dir = None
         if o.save:
@@ -393,7 +386,7 @@ class Predictor:
                             unit="frame" if videos is not None else "img", disable=not (verbose or many))
         unique = UniqueNames()
         writers: dict[int, VideoWriter] = {}
-        viewers: dict[int, _Viewer] = {}
+        viewers: dict[int, Viewer] = {}
         images_saved = 0
         lookahead = staged and self.overlap and not profile
         steps = self._steps(chunks, size, mode, amp_dtype, plan, t_load, staged=staged, lookahead=lookahead,
@@ -410,12 +403,12 @@ class Predictor:
                                 src = videos.streams[k]
                                 h, w = r.orig_shape
                                 fps = src.fps / vid_stride if src.fps else None
-                                writers[k] = VideoWriter(out_dir / unique(_video_stem(src), ".mp4"), fps, w, h)
+                                writers[k] = VideoWriter(out_dir / unique(video_stem(src), ".mp4"), fps, w, h)
                             writers[k].write(r.plot())
                             r.saved_to = str(writers[k].path)
                         if show:
                             if k not in viewers:
-                                viewers[k] = _Viewer(videos.streams[k].name)
+                                viewers[k] = Viewer(videos.streams[k].name)
                             viewers[k].show(r)
                     else:
                         if out_dir is not None:
@@ -467,7 +460,7 @@ class Predictor:
         chunks = iter(chunks)
         error: list[BaseException] = []
 
-        def fetch() -> _Chunk | None:
+        def fetch() -> Chunk | None:
             if error:
                 return None
             t0 = time.perf_counter()
@@ -488,7 +481,7 @@ class Predictor:
             ch.prep_ms = ((time.perf_counter() - t1) * 1e3 - decode_ms) / n
             return ch
 
-        def launch(ch: _Chunk) -> tuple[_Chunk, Any, float]:
+        def launch(ch: Chunk) -> tuple[Chunk, Any, float]:
             t1 = time.perf_counter()
             if ch.ready is not None:   # the compute stream waits for this chunk's copies only
                 compute = torch.cuda.current_stream(m.device)
@@ -504,7 +497,7 @@ class Predictor:
             sync()
             return ch, out, (time.perf_counter() - t1) * 1e3 / len(ch.items)
 
-        def recheck(ch: _Chunk, out: Any) -> Any:
+        def recheck(ch: Chunk, out: Any) -> Any:
             """The half copy the first chunk launched with, checked against the fp32 weights while the
             device runs it (the pass over every tensor is off the launch's critical path); made before
             the weights last changed, the chunk runs again on a rebuilt copy (which releases the
@@ -519,7 +512,7 @@ class Predictor:
             return self.run_batch(ch.images, size, mode, amp_dtype, plan, repeating=repeating, half=half,
                                   stacked=ch.batch)
 
-        def finish(ch: _Chunk, out: Any, inference_ms: float) -> tuple[list[SourceItem], list[Results]]:
+        def finish(ch: Chunk, out: Any, inference_ms: float) -> tuple[list[SourceItem], list[Results]]:
             t2 = time.perf_counter()
             if ch.host_ready is not None:   # GPU-decoded images: their host copies for the Results
                 ch.host_ready.synchronize()
@@ -551,120 +544,6 @@ class Predictor:
             yield finish(*launched)
         if error:
             raise error[0]
-
-    def _prepare_simple(self, items: list[SourceItem]) -> _Chunk:
-        """A chunk's images on the device one by one (:meth:`_upload`, the current stream);
-        the stage stacks them. Video frames take this path."""
-        return _Chunk(items, [self._upload(it.image) for it in items])
-
-    def _prepare_staged(self, raw: list[Any], strict: bool = True) -> _Chunk | None:
-        """A chunk's images on the device without holding up the compute stream.
-
-        ``raw``: SourceItems, or PendingItems (the GPU decode): JPEG files among them are read
-        and decoded on the device in one batched call (:mod:`libreyolo.data.jpeg`), the rest
-        loaded as :func:`load_sources` would. On CUDA the host images are copied into one of two
-        pinned staging buffers and uploaded on this thread's copy stream (:class:`_UploadRing`);
-        the decode runs there too. All of a chunk lands in one device buffer, which is the
-        stacked (B, H, W, 3) batch when the sizes agree, and an event marks it complete: the
-        compute stream waits for that event only (:meth:`_steps`). GPU-decoded images are
-        copied back to pinned host memory on the copy stream for the Results. On the CPU: the
-        images as they are. ``strict=False``: an unreadable file found in a directory or glob is
-        skipped with a warning (None when the whole chunk was).
-        """
-        m = self.model
-        dev = m.device
-        t0 = time.perf_counter()
-        decoded: dict[int, Any] = {}
-        items: list[SourceItem | None] = []
-        ring = self._ring()
-        files: list[tuple[int, PendingItem, Any]] = []
-        kept: list[Any] = []
-        for it in raw:
-            if isinstance(it, PendingItem):
-                gpu = ring is not None and it.path is not None and is_jpeg_path(it.path)
-                f = probe(it.path) if gpu else None
-                if f is None:
-                    loaded = it.load(borrow=True, strict=strict)
-                    if loaded is None:   # skipped, with a warning naming it
-                        continue
-                    items.append(loaded)
-                else:
-                    files.append((len(items), it, f))
-                    items.append(None)
-            else:
-                items.append(it)
-            kept.append(it)
-        if not kept:
-            return None
-        raw = kept
-        if files:
-            # nvjpeg writes its outputs on its own stream into blocks the allocator gives out on the
-            # current one (the copy stream): the copy stream's earlier work - the previous chunk's
-            # stack and host copy, reading blocks freed since - must be over first. The decode
-            # blocks the host until it is done anyway, and that work was queued a chunk ago.
-            ring.stream.synchronize()
-            with torch.cuda.stream(ring.stream):
-                for (j, it, f), img in zip(files, decode_files([f for _, _, f in files], dev)):
-                    if isinstance(img, np.ndarray):   # refused by nvjpeg, decoded on the CPU
-                        items[j] = SourceItem(it.name, img)
-                    else:
-                        decoded[j] = img
-        load_ms = (time.perf_counter() - t0) * 1e3
-        if ring is None:
-            return _Chunk(items, [self._upload(it.image) for it in items], load_ms=load_ms)
-        images: list[Any] = [None] * len(raw)
-        host_j = [j for j in range(len(raw)) if j not in decoded and _on_host(items[j].image)]
-        owned: list[torch.Tensor] = []
-        if host_j:
-            views, base = ring.upload([_host_tensor(items[j].image) for j in host_j])
-            owned.append(base)
-            for j, v in zip(host_j, views):
-                images[j] = v
-        for j in range(len(raw)):
-            if images[j] is None and j not in decoded:   # a CUDA tensor input: as today
-                im = items[j].image
-                images[j] = im if im.device == dev else im.to(dev, non_blocking=True)
-        batch = None
-        shapes = {tuple(int(s) for s in (decoded[j] if j in decoded else images[j]).shape) for j in range(len(raw))}
-        if len(host_j) == len(raw) and len(shapes) == 1:
-            batch = base.view(len(raw), *shapes.pop())   # the uploads landed back to back
-        elif decoded:
-            with torch.cuda.stream(ring.stream):
-                if len(shapes) == 1 and len(decoded) + len(host_j) == len(raw):
-                    batch = torch.stack([decoded[j] if j in decoded else images[j] for j in range(len(raw))])
-                    owned.append(batch)
-                    for j in decoded:
-                        images[j] = batch[j]
-                else:
-                    for j, img in decoded.items():
-                        images[j] = img.contiguous()
-                        owned.append(images[j])
-                # the decoded pixels back to the host for the Results, into a pinned download
-                # buffer; finish() copies them into each item's own array once they arrived
-                order = sorted(decoded)
-                pinned = ring.download([images[j] for j in order])
-                downloads = []
-                for j, view in zip(order, pinned):
-                    items[j] = SourceItem(raw[j].name, np.empty(tuple(view.shape), np.uint8))
-                    downloads.append((view, items[j].image))
-                host_ready = torch.cuda.Event()
-                host_ready.record(ring.stream)
-        ready = torch.cuda.Event()
-        ready.record(ring.stream)
-        ch = _Chunk(items, images, batch, ready, tuple(owned), load_ms=load_ms)
-        if decoded:
-            ch.host_ready, ch.downloads = host_ready, downloads
-        return ch
-
-    def _ring(self) -> "_UploadRing | None":
-        """This thread's upload ring for the model's device (None off CUDA)."""
-        if self.model.device.type != "cuda":
-            return None
-        local = self._local
-        ring = getattr(local, "ring", None)
-        if ring is None or ring.device != self.model.device:
-            ring = local.ring = _UploadRing(self.model.device)
-        return ring
 
     # ----------------------------------------------------------------- track
     def track(self, source: Any, *, tracker: Any = "bytetrack", persist: bool = False,
@@ -701,284 +580,3 @@ class Predictor:
                 glue = glues[k] = TrackGlue(spec, it.fps or 30.0)
             glue.update(r, it.image, it.timestamp)
         return self(source, on_results=on_results, **kwargs)
-
-    #: numpy images are staged through pinned memory by torch's parallel copy when torch may use at
-    #: least this many threads; with fewer the driver's own staging is faster (see :meth:`_upload`)
-    STAGE_MIN_THREADS = 2
-
-    def _upload(self, image: Any) -> torch.Tensor:
-        """Host image -> device uint8 tensor.
-
-        On CUDA a host image is copied into a pinned buffer by torch's multi-threaded copy and
-        uploaded asynchronously: the host goes on queuing the stage while the bytes travel.
-        The buffer is this thread's: taken from its free list (or allocated) and kept busy
-        until :meth:`_release_staging`, which the predict loop calls once it has waited for
-        the chunk's outputs - queued after the upload on the same stream, so the upload has
-        arrived by then. A caller that never releases just gets fresh buffers from torch's
-        pinned allocator, which reuses a block only after its copies have finished. With a
-        single torch thread the copy into pinned memory is slower than the driver staging the
-        array itself, so the array is then uploaded straight from its own memory (the call
-        returns once the driver has staged the bytes). Measured per 1280x720 frame on an
-        H200: docs/benchmarks.md, sessions 4 and 5.
-        """
-        dev = self.model.device
-        if isinstance(image, torch.Tensor):
-            if image.device.type != "cpu" or dev.type != "cuda" or not image.is_contiguous():
-                return image.to(dev, non_blocking=True)
-            src = image
-        else:
-            arr = np.ascontiguousarray(image)
-            if dev.type != "cuda":  # read-only arrays (np.asarray of a PIL image) are copied: torch needs writable
-                return torch.from_numpy(arr if arr.flags.writeable else arr.copy())
-            src = torch.from_numpy(arr)  # only read: a read-only array is fine
-        if torch.get_num_threads() < self.STAGE_MIN_THREADS:
-            return src.to(dev, non_blocking=True)
-        local = self._local
-        if not hasattr(local, "free"):
-            local.free, local.busy = {}, []
-        if len(local.busy) >= 64:  # uploads never released (not from predict): torch's allocator keeps them safe
-            del local.busy[:32]
-        key = (tuple(src.shape), src.dtype)
-        free = local.free.get(key)
-        buf = free.pop() if free else torch.empty(src.shape, dtype=src.dtype, pin_memory=True)
-        local.busy.append((key, buf))
-        buf.copy_(src)
-        return buf.to(dev, non_blocking=True)
-
-    def _release_staging(self) -> None:
-        """Return this thread's busy staging buffers to its free list: call only once the work
-        queued after their uploads (on the same stream) has been waited for."""
-        local = self._local
-        busy = getattr(local, "busy", None)
-        if not busy:
-            return
-        if len(local.free) > 16:  # many image sizes: let torch's allocator have the idle buffers
-            local.free.clear()
-        for key, buf in busy:
-            local.free.setdefault(key, []).append(buf)
-        busy.clear()
-
-
-# ---------------------------------------------------------------------------------------- staging
-
-
-@dataclass
-class _Chunk:
-    """One chunk of a predict call on its way through :meth:`Predictor._steps`."""
-
-    items: list[SourceItem]
-    images: list[torch.Tensor]            # uint8 HWC on the model's device, one per item
-    batch: torch.Tensor | None = None     # the same images as one contiguous (B, H, W, 3) tensor
-    ready: Any = None                     # CUDA event on the copy stream: the images are complete
-    owned: tuple = ()                     # device tensors made on the copy stream
-    host_ready: Any = None                # CUDA event: GPU-decoded images are in `downloads`
-    downloads: list = dataclasses.field(default_factory=list)   # (pinned view, the item's array)
-    load_ms: float = 0.0
-    prep_ms: float = 0.0
-
-
-def _on_host(image: Any) -> bool:
-    return isinstance(image, np.ndarray) or image.device.type == "cpu"
-
-
-def _host_tensor(image: Any) -> torch.Tensor:
-    """A host image as a CPU tensor sharing its memory (only read: read-only arrays are fine)."""
-    return torch.from_numpy(np.ascontiguousarray(image)) if isinstance(image, np.ndarray) else image
-
-
-class _UploadRing:
-    """Host images -> the device, off the compute stream: two pinned staging buffers used in
-    turn, a copy stream, and an event per buffer (and three pinned download buffers for the
-    GPU-decoded images on their way back: :meth:`download`).
-
-    :meth:`upload` waits (on the host) only until the buffer it is about to fill has finished
-    its previous upload - two chunks back, long done when the device keeps up - copies the
-    images into it (torch's multi-threaded copy), and queues one host-to-device copy per image
-    on the copy stream, into one device buffer allocated there: image j's copy travels while
-    the host fills image j+1. The caller makes the compute stream wait for :meth:`upload`'s
-    event and records the device buffer on the compute stream (``record_stream``), so the
-    allocator reuses it only after the stage has read it.
-    """
-
-    SLOTS = 2
-    #: host buffers in page-locked memory (what makes the copies asynchronous; a CPU test's
-    #: stand-in ring turns it off)
-    PINNED = True
-
-    def __init__(self, device: torch.device):
-        self.device = torch.device(device)
-        self.stream = torch.cuda.Stream(self.device)
-        self._host: list[torch.Tensor | None] = [None] * self.SLOTS
-        self._copied: list[Any] = [None] * self.SLOTS
-        self._next = 0
-
-    #: images of different sizes start at multiples of this many bytes in the device buffer, as
-    #: separate allocations would (the caching allocator's granularity); images of one size lie
-    #: back to back, as ``torch.stack`` would lay them: the stage reads the layout it always read
-    ALIGN = 512
-
-    def upload(self, images: list[torch.Tensor]) -> tuple[list[torch.Tensor], torch.Tensor]:
-        """CPU uint8 tensors -> (device views of the same shapes, the device buffer holding them),
-        queued on the copy stream."""
-        k = self._next
-        self._next = (k + 1) % self.SLOTS
-        if self._copied[k] is not None:
-            self._copied[k].synchronize()   # never overwrite a staging buffer still being copied
-        sizes = [t.numel() for t in images]
-        step = 1 if len({tuple(t.shape) for t in images}) == 1 else self.ALIGN
-        offsets, total = [], 0
-        for n in sizes:
-            offsets.append(total)
-            total += -(-n // step) * step
-        host = self._host[k]
-        if host is None or host.numel() < total:
-            self._host[k] = None
-            host = self._host[k] = torch.empty(total, dtype=torch.uint8, pin_memory=self.PINNED)
-        views = []
-        with torch.cuda.stream(self.stream):
-            dev = torch.empty(total, dtype=torch.uint8, device=self.device)
-            for t, n, off in zip(images, sizes, offsets):
-                staged = host[off:off + n].view(t.shape)
-                staged.copy_(t)
-                d = dev[off:off + n].view(t.shape)
-                d.copy_(staged, non_blocking=True)
-                views.append(d)
-        done = torch.cuda.Event()
-        done.record(self.stream)
-        self._copied[k] = done
-        return views, dev
-
-    #: download buffers: one being filled, one waiting for its chunk's Results, one spare - the
-    #: loop prepares chunk i+1 before it finishes chunk i-1
-    DOWNLOAD_SLOTS = 3
-
-    def download(self, images: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Contiguous device tensors -> pinned host views of the same shapes, the copies queued
-        on the copy stream (the caller records an event after them and waits for it before it
-        reads the views, which stay valid until this slot comes round again)."""
-        if not hasattr(self, "_down"):
-            self._down: list[torch.Tensor | None] = [None] * self.DOWNLOAD_SLOTS
-            self._down_next = 0
-        k = self._down_next
-        self._down_next = (k + 1) % self.DOWNLOAD_SLOTS
-        total = sum(t.numel() for t in images)
-        buf = self._down[k]
-        if buf is None or buf.numel() < total:
-            self._down[k] = None
-            buf = self._down[k] = torch.empty(total, dtype=torch.uint8, pin_memory=self.PINNED)
-        views, off = [], 0
-        with torch.cuda.stream(self.stream):
-            for t in images:
-                v = buf[off:off + t.numel()].view(t.shape)
-                v.copy_(t, non_blocking=True)
-                views.append(v)
-                off += t.numel()
-        return views
-
-
-def _chunked(items: Any, batch: int) -> Iterator[list[Any]]:
-    """Consecutive lists of ``batch`` items (the last may be shorter), taking ``items`` - a list,
-    or a lazily decoding :class:`~libreyolo.data.sources.SourceStream` - only as far as the
-    chunks are asked for."""
-    chunk: list[Any] = []
-    source = iter(items)
-    try:
-        for it in source:
-            chunk.append(it)
-            if len(chunk) == batch:
-                yield chunk
-                chunk = []
-        if chunk:
-            yield chunk
-    finally:   # a call stopped early: the decode threads of a SourceStream stop now
-        close = getattr(source, "close", None)
-        if close is not None:
-            close()
-
-
-# ------------------------------------------------------------------------------------------ video
-
-
-def _video_chunks(videos: VideoSources, batch: int) -> Iterator[list[SourceItem]]:
-    """Video frames as predict chunks: ``batch`` consecutive frames of a single source, or one
-    frame of each running source of a ``.streams`` list per step."""
-    def item(f) -> SourceItem:
-        src = videos.streams[f.stream]
-        return SourceItem(src.name, f.image, frame_index=f.index, timestamp=f.timestamp, stream=f.stream,
-                          fps=src.fps)
-    if len(videos) > 1:
-        for step in videos.steps():
-            yield [item(f) for f in step]
-        return
-    chunk: list[SourceItem] = []
-    for step in videos.steps():
-        chunk.append(item(step[0]))
-        if len(chunk) == batch:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk
-
-
-def _declared_frames(videos: VideoSources) -> int | None:
-    """The frames predict will yield when every source declares its length, else None."""
-    counts = [s.frames for s in videos.streams]
-    if any(c is None for c in counts):
-        return None
-    return sum(-(-c // s.vid_stride) for c, s in zip(counts, videos.streams))
-
-
-def _video_stem(src: VideoStream) -> str:
-    """The annotated video's file stem: the file's stem, ``camera0``, or a URL's last path part."""
-    if src.kind == "file":
-        return Path(src.name).stem or "video"
-    if src.kind == "camera":
-        return "camera" + "".join(ch for ch in src.name if ch.isdigit())
-    tail = src.name.split("://", 1)[-1].split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
-    stem = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in Path(tail).stem)
-    return stem or f"stream{src.stream}"
-
-
-_warned_no_window = False
-
-
-class _Viewer:
-    """A window showing one video's annotated frames as they come (matplotlib), where a display
-    and an interactive backend exist; elsewhere one warning per process and nothing else."""
-
-    def __init__(self, title: str):
-        self.title, self.fig, self.im = title, None, None
-        problem = display_problem()
-        if problem is None:
-            import matplotlib
-            backend = matplotlib.get_backend().lower()
-            if backend in ("agg", "pdf", "ps", "svg", "cairo", "template") or backend.startswith("module://"):
-                problem = f"matplotlib's backend '{matplotlib.get_backend()}' cannot open windows"
-        self.problem = problem
-        if problem is not None:
-            global _warned_no_window
-            if not _warned_no_window:
-                _warned_no_window = True
-                log.warning("show=True cannot open a window: %s; use save=True to write the annotated "
-                            "video instead (this warning is shown once)", problem)
-
-    def show(self, r: Results) -> None:
-        if self.problem is not None:
-            return
-        import matplotlib.pyplot as plt
-        frame = r.plot()
-        if self.fig is None or not plt.fignum_exists(self.fig.number):
-            self.fig = plt.figure(self.title)
-            ax = self.fig.add_axes((0, 0, 1, 1))
-            ax.set_axis_off()
-            self.im = ax.imshow(frame)
-            plt.show(block=False)
-        else:
-            self.im.set_data(frame)
-        plt.pause(0.001)  # lets the GUI draw; the window keeps up as fast as frames come
-
-    def close(self) -> None:
-        if self.fig is not None:
-            import matplotlib.pyplot as plt
-            plt.close(self.fig)
-            self.fig = None

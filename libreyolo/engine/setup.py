@@ -11,7 +11,6 @@ import torch
 
 from ..distributed import Distributed, convert_sync_batchnorm
 from .config import TrainConfig
-from .loaders import MAX_WORKERS
 from .optim import ModelEMA, freeze, freeze_prefixes, match_state_layouts, param_groups
 from .runs import RunFolder, resume_path
 from .step import build_step
@@ -20,59 +19,22 @@ log = logging.getLogger(__name__)
 
 
 def check_config(cfg: TrainConfig, stride: int) -> None:
-    """Validate every option once, before anything is loaded; canonical values in place. The
-    image size is rounded up to the model's stride with one warning, as predict does."""
-    from ..options import (OptionError, check_choice, check_float, check_fraction, check_imgsz, check_int, check_seed,
-                           parse_amp, parse_bool, parse_cache, parse_freeze, parse_loggers)
-    r, o, g = cfg.run, cfg.optim, cfg.graph
-    r.epochs = check_int("epochs", r.epochs, 1)
-    r.batch = check_int("batch", r.batch, 1)
+    """Validate the options once more before anything is loaded; canonical values in place.
+
+    Each group checked its fields when it was made (``__post_init__``: the CLI's checks and
+    messages); they are checked again here (:func:`~libreyolo.options.check_fields`) for values
+    set after that. What a field cannot check alone is checked here: the image size rounded up to
+    the model's stride (with one warning, as predict does), the rules between options, and the
+    task's own check."""
+    from ..options import OptionError, check_fields, check_imgsz, parse_loggers
+    for group in (cfg.run, cfg.optim, cfg.graph, cfg.tune):
+        check_fields(group)
+    r = cfg.run
     r.imgsz = check_imgsz(r.imgsz, stride)
-    r.cache = parse_cache(r.cache)
-    if r.workers is not None:
-        r.workers = check_int("workers", r.workers, 0, MAX_WORKERS)
-    r.seed = check_seed(r.seed)
-    for name in ("val", "exist_ok", "plots", "verbose"):
-        setattr(r, name, parse_bool(name, getattr(r, name)))
-    r.patience = check_int("patience", r.patience, 0)
-    r.save_period = check_int("save_period", r.save_period, 0)
-    r.nan_patience = check_int("nan_patience", r.nan_patience, 1)
-    r.freeze = parse_freeze(r.freeze)
-    r.loggers = parse_loggers(r.loggers)
-    r.sync_bn = parse_bool("sync_bn", r.sync_bn)
-    r.ddp_timeout = check_float("ddp_timeout", r.ddp_timeout, 0.0, min_inclusive=False)
+    r.loggers = parse_loggers(r.loggers)   # none given: no loggers, ()
     if r.patience and not r.val:
         raise OptionError(f"patience={r.patience} needs validation: early stopping follows the validation "
                           "metric, and val=False turns validation off")
-    if not (isinstance(r.resume, (str, Path)) and str(r.resume).lower() not in ("true", "false", "1", "0")):
-        r.resume = parse_bool("resume", r.resume)
-    o.optimizer = check_choice("optimizer", o.optimizer, ("SGD", "AdamW"))
-    if o.lr0 is not None:
-        o.lr0 = check_float("lr0", o.lr0, 0.0, min_inclusive=False)
-    o.lrf = check_float("lrf", o.lrf, 0.0, 1.0)
-    o.momentum = check_float("momentum", o.momentum, 0.0, 1.0, max_inclusive=False)
-    o.weight_decay = check_float("weight_decay", o.weight_decay, 0.0)
-    o.clip_grad = check_float("clip_grad", o.clip_grad, 0.0, min_inclusive=False)
-    o.warmup_epochs = check_float("warmup_epochs", o.warmup_epochs, 0.0)
-    o.warmup_momentum = check_fraction("warmup_momentum", o.warmup_momentum)
-    o.warmup_bias_lr = check_float("warmup_bias_lr", o.warmup_bias_lr, 0.0)
-    o.nbs = check_int("nbs", o.nbs, 1)
-    o.cos_lr, o.ema = parse_bool("cos_lr", o.cos_lr), parse_bool("ema", o.ema)
-    g.cuda_graph = parse_bool("cuda_graph", g.cuda_graph)
-    parse_amp(g.amp)   # validated here; resolved against the device by the trainer
-    if g.channels_last is not None:
-        g.channels_last = parse_bool("channels_last", g.channels_last)
-    tn = cfg.tune
-    for name in ("prefetch_next_epoch", "prefetch_validation", "freeze_heap"):
-        setattr(tn, name, parse_bool(name, getattr(tn, name)))
-    for name in ("join_write_before_validation", "checkpoint_process"):
-        if getattr(tn, name) is not None:
-            setattr(tn, name, parse_bool(name, getattr(tn, name)))
-    tn.loss_lag = check_int("loss_lag", tn.loss_lag, 0)
-    if tn.switch_interval is not None:
-        tn.switch_interval = check_float("switch_interval", tn.switch_interval, 0.0, min_inclusive=False)
-    if tn.eval_processes is not None:
-        tn.eval_processes = check_int("eval_processes", tn.eval_processes, 0)
     cfg.task.check()
 
 

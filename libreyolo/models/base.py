@@ -62,8 +62,8 @@ class Model:
     #: the training step cannot be one graph, but a fixed-shape front part of the network can
     #: (forward and backward captured, the rest eager): see :meth:`train_seam`
     SUPPORTS_CUDA_GRAPH_TRAIN_SEAM: ClassVar[bool] = False
-    #: optimizers whose update the whole-step capture was proven with for this family (the step-0
-    #: update within eager's noise); with another the trainer captures forward+backward only
+    #: optimizers whose update the whole-step capture includes for this family (its step-0 update
+    #: equals eager's within eager's own noise); with another the trainer captures forward+backward only
     WHOLE_STEP_OPTIMIZERS: ClassVar[tuple[str, ...]] = ("sgd",)
     #: train in channels_last on CUDA by default (``channels_last=None``): convolution networks
     #: whose BatchNorm and convolutions run faster in NHWC and whose ops accept any layout
@@ -437,6 +437,102 @@ class Model:
         ``callbacks``: hooks for this run (:class:`~libreyolo.engine.hooks.HookBase` objects, or
         ``{event: fn}`` dicts of functions called with the trainer), after the model's own
         (:meth:`add_callback`); see :meth:`libreyolo.engine.trainer.Trainer.register_hooks`.
+
+        An option left out (or None) takes the family's recipe value (:meth:`train_defaults`), else
+        its default. The task's options apply to that task's models only.
+
+        Args:
+            data: dataset YAML (YOLO or COCO format), a dataset folder, or a built-in set by name (e.g. shapes);
+                required (default: none)
+            epochs: training epochs
+            batch: batch size (several GPUs: the global batch)
+            imgsz: training size (default: the family's, e.g. 640 for detectors, 224 for classifiers)
+            device: auto, cpu, cuda, cuda:1; several GPUs (0,1) train one process per GPU under torchrun
+            workers: DataLoader workers (default: auto, up to 8 on CUDA and 2 on the CPU, capped by the cores, the
+                batches and the memory)
+            val: validate after every epoch (false: no validation, best.pt = last.pt)
+            project: where runs are written
+            name: run name (the run folder is project/name, numbered when it exists)
+            exist_ok: reuse the run folder
+            resume: true (this run's last.pt) or the path of a last.pt
+            cache: ram or disk: decode and resize every image once, before the first epoch; auto (default): in RAM
+                when the images need at most a quarter of the free memory and 4 GiB; false: read the files every
+                epoch
+            seed: random seed (initial weights, data order, augmentation)
+            plots: write the run's pictures (curves, labels, validation batches)
+            verbose: progress bars and per-epoch lines
+            patience: stop after N epochs without a better validation fitness (0: never)
+            freeze: freeze the first N layers, or parameter-name prefixes, e.g. freeze=3 or
+                freeze=backbone,neck.down1
+            save_period: also save weights/epochN.pt every N epochs (0: never)
+            loggers: experiment loggers: tensorboard (event files in the run folder)
+            sync_bn: several GPUs: BatchNorm statistics over the global batch (SyncBatchNorm)
+            ddp_timeout: several GPUs: seconds a rank waits for the others before the run stops with an error
+            nan_patience: stop after N epochs in a row with a non-finite loss
+            optimizer: SGD or AdamW (default: the family's recipe, SGD for the YOLO families)
+            lr0: initial learning rate (default: the family's, else 0.01 SGD, 0.001 AdamW)
+            lrf: final learning rate as a fraction of lr0
+            momentum: SGD momentum / Adam beta1
+            weight_decay: weight decay (of the weights, not of BatchNorm or biases)
+            clip_grad: largest gradient norm (YOLO recipes 10, DETR recipes 0.1)
+            warmup_epochs: epochs of linear warm-up (fractions allowed)
+            warmup_momentum: momentum at the start of the warm-up
+            warmup_bias_lr: learning rate of the biases at the start of the warm-up
+            cos_lr: cosine instead of linear decay
+            nbs: nominal batch: gradients accumulate up to it
+            ema: keep an exponential moving average of the weights (what is validated and saved)
+            cuda_graph: capture the training step in CUDA graphs (eager fallback, one log line)
+            amp: autocast on CUDA: true (float16 with a GradScaler), fp16, bf16 (no scaler) or false
+            channels_last: NHWC network and batches: true, false or auto (on CUDA for the families that declare it)
+            prefetch_next_epoch: start the next epoch's loader before this epoch's validation and checkpoints
+            prefetch_validation: start the validation loader's workers before the epoch's last step
+            loss_lag: steps the loop reads a step's loss behind (0: each step waited for; the same numbers)
+            switch_interval: the interpreter's thread switch interval during the run, seconds (default: Python's 5
+                ms)
+            join_write_before_validation: wait for the previous checkpoint write before validating (default: only
+                when this process writes)
+            freeze_heap: leave the objects alive when the epochs start out of the garbage collector's full
+                collections
+            checkpoint_process: write checkpoints from a child interpreter (default: on CUDA runs)
+            eval_processes: helper processes for the validations' evaluation, below 2: none (default: a quarter of
+                the cores, at most 4)
+            val_capturer: validation graph capturer (tests)
+            close_mosaic: detection: epochs at the end trained without mosaic and MixUp (default: the family's, else
+                10)
+            mosaic: detection: probability of mosaic (default: the family's, else 1; DETRs 0)
+            dense_mosaic: detection: DEIM's Dense O2O: mosaic tiles shrunk so each image holds all four
+            mixup: detection: probability of MixUp, blending two augmented samples (default: the family's, else 0;
+                closed with mosaic); classification: MixUp's Beta alpha, 0 = off (ImageNet recipes: 0.8)
+            augment_policy: detection: yolo (affine + HSV) or detr (photometric, zoom-out, IoU crop); default: the
+                family's
+            degrees: detection: random rotation, +- degrees
+            translate: detection: random translation, +- fraction of the size
+            scale: detection: random scale gain, +- fraction; classification: RandomResizedCrop's smallest area
+                fraction (ImageNet from scratch: 0.08)
+            fliplr: detection, classification, semantic segmentation, depth: probability of a horizontal flip
+            hsv_h: detection: hue augmentation, +- fraction
+            hsv_s: detection: saturation augmentation, +- fraction
+            hsv_v: detection: value (brightness) augmentation, +- fraction
+            bucket: detection: targets padded to this times a power of two (fixed loss shapes)
+            gpu_augment: detection: the YOLO recipe (mosaic, affine, HSV, flip) on the training device per batch,
+                the workers only decode (augment_policy=yolo only)
+            val_conf: detection: confidence threshold of validation
+            val_iou: detection: NMS IoU threshold of validation
+            max_det: detection: detections kept per image in validation
+            label_smoothing: classification: eps of the smoothed targets (cross-entropy with label smoothing)
+            auto_augment: classification: trivialaugment, randaugment or none (long ImageNet-style runs: on)
+            cutmix: classification: CutMix's Beta alpha, 0 = off (ImageNet recipes: 1.0)
+            scale_min: semantic segmentation: smallest random scale of the image relative to the network's square
+                (SegFormer's ratio range 0.5-2.0), then a random crop
+            scale_max: semantic segmentation: largest random scale of the image
+            color_jitter: semantic segmentation: brightness / contrast / saturation in [1 - s, 1 + s], hue +- s / 4;
+                depth: brightness / contrast / saturation jitter strength
+            ignore_index: semantic segmentation: mask value that is not a class (default: the dataset's, else 255)
+            callbacks: hooks for this run, HookBase objects or {event: fn} dicts
+
+        Returns:
+            dict: the final and best metrics, the per-epoch losses and metrics, the paths of best.pt
+            and last.pt.
         """
         from ..distributed import launched, parse_devices
         from ..engine.config import TrainConfig
@@ -481,19 +577,43 @@ class Model:
         ``save_json=True`` (detection) also writes the predictions as COCO results,
         ``predictions.json`` in ``save_dir`` (default: a new ``runs/val``, ``runs/val2``, ...),
         for external evaluation; its path is returned as ``"predictions_json"``.
+
+        Args:
+            data: dataset YAML, a dataset folder, or a built-in set by name (e.g. shapes); required (default: none)
+            imgsz: size (default: the model's)
+            batch: batch size
+            workers: DataLoader workers
+            verbose: a progress bar
+            save_json: detection: also write the predictions as COCO results (predictions.json)
+            save_dir: where predictions.json goes (default: a new runs/val, runs/val2, ...)
+            conf: detection: confidence threshold
+            iou: detection: NMS IoU threshold
+            **task_opts: other training options (TrainConfig's) the evaluation reads, e.g. device, amp,
+                cache, seed, max_det
+
+        Returns:
+            dict: the task's metrics (detection: mAP50, mAP50-95, per class, ...).
         """
+        from ..engine.call_options import ValOptions
         from ..engine.config import TrainConfig
         from ..engine.evaluate import evaluate
         from ..engine.loaders import build_loaders
         from ..engine.setup import check_config, device_settings
-        from ..options import parse_bool
-        save_json = parse_bool("save_json", save_json)
-        if save_json and not self.task.evaluator(self, self.task.Options()).writes_coco_json:
+        from ..options import check_fields
+        # val's own options are checked as the CLI checks them (ValOptions: the same messages); the
+        # task's validation options under their val names (detection: conf, iou) go to the
+        # training options they set (val_conf, val_iou), other keywords to TrainConfig as given
+        names = self.task.val_option_names
+        own = {k: task_opts.pop(k) for k in list(task_opts) if k in names}
+        o = ValOptions(data=data, imgsz=imgsz, batch=batch, workers=workers, verbose=verbose, save_json=save_json,
+                       save_dir=save_dir, **own)
+        check_fields(o)
+        if o.save_json and not self.task.evaluator(self, self.task.Options()).writes_coco_json:
             raise ValueError(f"save_json=True writes COCO detection results; the {self.task.name} task has no "
                              "COCO results format")
-        task_opts = {self.task.val_option_names.get(k, k): v for k, v in task_opts.items()}
-        cfg = TrainConfig(self.task, data=data, imgsz=int(imgsz or self.imgsz), batch=batch, workers=workers,
-                          verbose=verbose, **task_opts)
+        task_opts.update({names[k]: getattr(o, k) for k in own})
+        cfg = TrainConfig(self.task, data=data, imgsz=o.imgsz or self.imgsz, batch=o.batch, workers=o.workers,
+                          verbose=o.verbose, **task_opts)
         ds = self.task.resolve_data(data)
         if ds.nc != self.nc:
             raise ValueError(f"the dataset has {ds.nc} classes but the model predicts {self.nc}")
@@ -512,7 +632,7 @@ class Model:
             if pool is not None:
                 pool.close()
         metrics = result.metrics
-        if save_json:
+        if o.save_json:
             import json
             import os
 
@@ -528,14 +648,74 @@ class Model:
         return metrics
 
     def predict(self, source: Any, **kwargs) -> list:
-        """Run inference; see :meth:`libreyolo.engine.predictor.Predictor.__call__` for options."""
+        """Run inference on ``source``; :meth:`libreyolo.engine.predictor.Predictor.__call__` tells
+        each option in full. The task's options apply to that task's models only.
+
+        Args:
+            source: a path, directory, glob, PIL image, numpy array (BGR unless bgr=False), torch tensor
+                (RGB), or a list of them; or a video file, camera index, stream URL or .streams list
+            imgsz: inference size (default: the model's)
+            batch: images per forward
+            cuda_graph: false, true (capture each new input signature) or auto (capture once a signature repeats)
+            amp: autocast on CUDA: false, true (the family's dtype), fp16 or bf16
+            precision: fp32 (default, bitwise), fp16 or bf16: the half network (fp16 with fast=true)
+            fast: CUDA: compile the half network with inductor inside the CUDA graph: true (torch.compile) or aot
+                (ahead of time, a package per shape cached on disk)
+            decode: image files: cpu (default: PIL), gpu (JPEGs with nvjpeg, batched) or auto (gpu where it can run)
+            bgr: numpy images are BGR (default, OpenCV's order); false: RGB
+            color_format: numpy images' channel order: bgr (default, OpenCV's) or rgb
+            save: write annotated images (a video: an annotated .mp4)
+            save_dir: where annotated images go (default: a new runs/predict, runs/predict2, ...)
+            exist_ok: save into runs/predict itself instead of a new numbered folder
+            verbose: a progress bar
+            profile: synchronize between the stages so that Results.speed is exact
+            stream: yield the results one step at a time (constant memory; files decoded lazily)
+            vid_stride: predict every N-th frame of a video
+            show: show the annotated frames in a window (where a display exists)
+            timeout: seconds a camera or stream URL may take to answer
+            strict: an unreadable file of a directory or glob stops the call (default: a warning naming it, and the
+                rest go on)
+            conf: detection: confidence threshold
+            iou: detection: NMS IoU threshold
+            max_det: detection: detections kept per image (an ONNX model: its exported max_det)
+            max_nms: detection: candidates per image entering NMS (default 1000, or max_det when larger)
+            classes: detection: only these classes, ids or names, e.g. 0,2 or person,car
+            agnostic_nms: detection: NMS across classes
+            topk: classification: classes returned per image
+            det_thresh: ocr: text-pixel threshold of the detector's map
+            box_thresh: ocr: mean score a text box needs
+            unclip_ratio: ocr: how far a text box is grown
+            rec_conf: ocr: confidence a recognised line needs
+            max_lines: ocr: text lines per image at most
+            rec_batch: ocr: lines recognised per forward
+            points: segment-prompt: points x,y;x,y in pixels, or 'center' (the default without boxes)
+            labels: segment-prompt: one label per point, 1 foreground / 0 background, e.g. 1,0
+            boxes: segment-prompt: boxes x1,y1,x2,y2;... in pixels
+            multimask: segment-prompt: three candidate masks, as SAM gives, or one
+            on_results: called as on_results(result, item) for each Results before it is saved, shown or
+                returned
+
+        Returns:
+            One Results per image (per frame of a video): a list, or a generator with stream=True.
+        """
         return self.get_predictor()(source, **kwargs)
 
     __call__ = predict
 
     def track(self, source: Any, *, tracker: Any = "bytetrack", persist: bool = False, **kwargs) -> list:
         """Predict with multi-object tracking (``Results.boxes.id``); see
-        :meth:`libreyolo.engine.predictor.Predictor.track` for the options."""
+        :meth:`libreyolo.engine.predictor.Predictor.track` for the options.
+
+        Args:
+            source: what :meth:`predict` takes (a video, a camera, a stream, a frame at a time with persist=True)
+            conf: confidence threshold (detections below the tracker's 0.25 only extend tracks)
+            tracker: bytetrack or botsort (or, from Python, a tracker object)
+            persist: keep the trackers (and their ids) from the previous track call
+            **kwargs: every other option of :meth:`predict`
+
+        Returns:
+            One Results per frame, with ``boxes.id``: a list, or a generator with stream=True.
+        """
         if self.TASK != "detect":
             raise ValueError(f"model.track needs a detection model; {self.FAMILY}-{self.size} is a {self.TASK} model")
         return self.get_predictor().track(source, tracker=tracker, persist=persist, **kwargs)
@@ -548,6 +728,23 @@ class Model:
         ``simplify``, ``opset``, detection ``max_det``/``max_nms``/``agnostic_nms``, classification
         ``topk``; see :func:`libreyolo.export.onnx.export_onnx` and docs/export.md).
         ``LibreYOLO(path)`` loads the file back, run by onnxruntime.
+
+        Args:
+            format: export format
+            file: where to write (default: beside the checkpoint, same name, .onnx)
+            imgsz: input size (default: the model's)
+            batch: batch size of a static graph
+            dynamic: symbolic batch, height and width
+            half: float16 weights (onnxruntime's CPU fp16 kernels are limited)
+            simplify: run onnxscript's optimizer over the graph
+            opset: ONNX opset (default 17)
+            max_det: detection: detections per image (rows of the output)
+            max_nms: detection: candidates per image entering NMS (default 1000, or max_det when larger)
+            agnostic_nms: detection: NMS across classes
+            topk: classification: classes the graph returns
+
+        Returns:
+            Path: the file written.
         """
         from ..export import export_model
         return export_model(self, format, **kwargs)

@@ -65,8 +65,8 @@ def test_overlapped_batched_predict_equals_the_sequential_loop(model, frames, cu
 def test_staging_buffers_are_never_overwritten_while_copied(frames):
     """Many chunks uploaded back to back, each read on the compute stream behind a slow kernel:
     every device copy must equal its source."""
-    from libreyolo.engine.predictor import _UploadRing
-    ring = _UploadRing(torch.device("cuda"))
+    from libreyolo.engine.staging import UploadRing
+    ring = UploadRing(torch.device("cuda"))
     compute = torch.cuda.current_stream()
     slow = torch.randn(2048, 2048, device="cuda")
     got, want = [], []

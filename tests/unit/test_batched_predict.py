@@ -124,8 +124,9 @@ def standin_cuda(monkeypatch):
     nvjpeg. It runs every line of the staged path's bookkeeping (offsets, views, the stacked
     batch, downloads) that the GPU tests run for real."""
     from libreyolo.engine import predictor as pred
+    from libreyolo.engine.staging import UploadRing
 
-    class Ring(pred._UploadRing):
+    class Ring(UploadRing):
         PINNED = False
 
         def __init__(self):

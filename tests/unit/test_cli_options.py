@@ -276,7 +276,8 @@ def test_docs_options_table_is_up_to_date():
         "docs/options.md is out of date: python scripts/options_doc.py"
 
 
-@pytest.mark.parametrize("name, bad", [("batch", 0), ("workers", -1), ("save_json", "maybe"), ("verbose", "maybe")])
+@pytest.mark.parametrize("name, bad", [("batch", 0), ("workers", -1), ("save_json", "maybe"), ("verbose", "maybe"),
+                                       ("imgsz", 0), ("conf", 5), ("iou", -0.1)])
 def test_model_val_refuses_as_the_cli_does(name, bad):
     from libreyolo import LibreYOLO
     from libreyolo.options import check_fields
@@ -286,11 +287,3 @@ def test_model_val_refuses_as_the_cli_does(name, bad):
     with pytest.raises(ValueError) as api_side:
         m.val(data="no-such-dataset.yaml", **{name: bad})
     assert str(api_side.value) == str(cli_side.value)
-
-
-@pytest.mark.xfail(strict=True, reason="Model.val checks imgsz with int(imgsz or model.imgsz) (0 means the model's) "
-                                       "and conf/iou under their training names (val_conf/val_iou); its body should "
-                                       "check its options through ValOptions")
-@pytest.mark.parametrize("name, bad", [("imgsz", 0), ("conf", 5)])
-def test_model_val_gaps(name, bad):
-    test_model_val_refuses_as_the_cli_does(name, bad)

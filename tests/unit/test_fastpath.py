@@ -469,7 +469,7 @@ fn = fastpath.compile_infer(net)   # inductor, fullgraph, dynamic=False, COMPILE
 with torch.no_grad():
     out = fn(x)
 torch.save(out, sys.argv[1])
-print("CACHE " + json.dumps({**fastpath._cache_counts(), "dir": os.environ.get("TORCHINDUCTOR_CACHE_DIR")}),
+print("CACHE " + json.dumps({**fastpath.cache_counts(), "dir": os.environ.get("TORCHINDUCTOR_CACHE_DIR")}),
       flush=True)
 os._exit(0)   # no interpreter teardown: seconds on a busy machine
 """
@@ -740,6 +740,8 @@ def test_aot_package_that_crashes_its_loader_is_one_error_not_a_dead_process(tmp
     loads start no child; a child whose loader raises (a file cut short) leaves the error to the
     in-process load, which rebuilds."""
     import signal
+
+    from libreyolo.engine import aot as aot_module
     monkeypatch.setenv("LIBREYOLO_CACHE_DIR", str(tmp_path))
     m = LibreYOLO.new("yolox", "n", nc=3, device="cpu", seed=0)
     aot = half_network(m, "bf16", fast="aot").infer
@@ -747,7 +749,7 @@ def test_aot_package_that_crashes_its_loader_is_one_error_not_a_dead_process(tmp
     path = aot.package_path(x)
     path.parent.mkdir(parents=True)
     path.write_bytes(b"package")
-    monkeypatch.setattr(fastpath, "_LOAD_CHECK", f"import os; os.kill(os.getpid(), {int(signal.SIGSEGV)})")
+    monkeypatch.setattr(aot_module, "_LOAD_CHECK", f"import os; os.kill(os.getpid(), {int(signal.SIGSEGV)})")
 
     def no_build(*a, **k):
         raise AssertionError("rebuilt a package that crashes its loader")
@@ -756,11 +758,11 @@ def test_aot_package_that_crashes_its_loader_is_one_error_not_a_dead_process(tmp
                                                     rf"on this machine \(a test process loading it was killed by "
                                                     rf"signal {int(signal.SIGSEGV)}\).*Use fast=True"):
         aot(x)
-    assert not fastpath._load_marker(path).exists()
+    assert not aot_module._load_marker(path).exists()
 
-    monkeypatch.setattr(fastpath, "_LOAD_CHECK", "print('loaded')")
+    monkeypatch.setattr(aot_module, "_LOAD_CHECK", "print('loaded')")
     fastpath.check_package_loads(path, -1)
-    assert fastpath._load_marker(path).read_text() == torch.__version__
+    assert aot_module._load_marker(path).read_text() == torch.__version__
 
     import subprocess
 
@@ -770,7 +772,7 @@ def test_aot_package_that_crashes_its_loader_is_one_error_not_a_dead_process(tmp
     fastpath.check_package_loads(path, -1)
     monkeypatch.undo()
 
-    monkeypatch.setattr(fastpath, "_LOAD_CHECK", "raise SystemExit('not a zip archive')")
+    monkeypatch.setattr(aot_module, "_LOAD_CHECK", "raise SystemExit('not a zip archive')")
     other = path.with_name("other.pt2")
     fastpath.check_package_loads(other, -1)                    # returns: the in-process load raises
-    assert not fastpath._load_marker(other).exists()
+    assert not aot_module._load_marker(other).exists()

@@ -191,8 +191,8 @@ def test_stream_list_errors_name_the_line(tmp_path):
 
 
 def test_show_without_display_warns_once(model, clip, monkeypatch, caplog):
-    import libreyolo.engine.predictor as pred
-    monkeypatch.setattr(pred, "_warned_no_window", False)
+    import libreyolo.engine.predict_video as predict_video
+    monkeypatch.setattr(predict_video, "_warned_no_window", False)
     monkeypatch.delenv("DISPLAY", raising=False)
     monkeypatch.delenv("WAYLAND_DISPLAY", raising=False)
     monkeypatch.setattr("sys.platform", "linux")
