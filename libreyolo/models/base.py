@@ -19,13 +19,15 @@ from typing import Any, ClassVar, Iterator
 import torch
 from torch import nn
 
-from ..device import select_device
+from ..device import require_torch_pair, select_device
 from ..graphs.runner import GraphRunner
 from ..ops.preprocess import Preprocess
 from ..tasks import Task, get_task
+from ..threads import apply_threads
 from .common.names import default_names, normalize_names
 
 log = logging.getLogger(__name__)
+# libreyolo.threads is imported with the models: it notes torch's thread count before any run
 
 SCHEMA_VERSION = "1.0"
 
@@ -240,6 +242,8 @@ class Model:
         self.imgsz = int(imgsz or self.DEFAULT_IMGSZ_BY_SIZE.get(size) or self.DEFAULT_IMGSZ)
         self.trained = trained
         self.source = source
+        #: the checkpoint file whose weights the model holds (after ``train``: the run's best.pt)
+        self.ckpt_path: str | None = source if source is not None and Path(source).is_file() else None
         self.meta = dict(meta or {})
         default = self.preprocess_for(size)
         self.preprocess = (Preprocess.from_meta(self.meta["preprocess"], default)
@@ -474,13 +478,14 @@ class Model:
 
     def val(self, data: str | None = None, *, imgsz: int | None = None, batch: int = 16, workers: int = 2,
             verbose: bool = False, save_json: bool = False, save_dir: str | Path | None = None,
-            **task_opts) -> dict:
+            threads: int | None = None, **task_opts) -> dict:
         """The task's metrics of the current weights on the dataset's validation split
         (detection: mAP50 / mAP50-95; ``conf`` and ``iou`` set the NMS thresholds).
 
         ``save_json=True`` (detection) also writes the predictions as COCO results,
-        ``predictions.json`` in ``save_dir`` (default: a new ``runs/val``, ``runs/val2``, ...),
-        for external evaluation; its path is returned as ``"predictions_json"``.
+        ``predictions.json`` in ``save_dir`` (default: a new ``runs/<task>/val``, ``val2``, ...),
+        for external evaluation; its path is returned as ``"predictions_json"``. ``threads``:
+        torch's intra-op threads on the CPU (default: chosen by :mod:`libreyolo.threads`).
         """
         from ..engine.config import TrainConfig
         from ..engine.evaluate import evaluate
@@ -493,12 +498,14 @@ class Model:
                              "COCO results format")
         task_opts = {self.task.val_option_names.get(k, k): v for k, v in task_opts.items()}
         cfg = TrainConfig(self.task, data=data, imgsz=int(imgsz or self.imgsz), batch=batch, workers=workers,
-                          verbose=verbose, **task_opts)
+                          verbose=verbose, threads=threads, **task_opts)
+        require_torch_pair()   # a broken torch/torchvision pair fails before the split is loaded
         ds = self.task.resolve_data(data)
         if ds.nc != self.nc:
             raise ValueError(f"the dataset has {ds.nc} classes but the model predicts {self.nc}")
         check_config(cfg, self.STRIDE)
         device, amp_dtype, channels_last = device_settings(self, cfg)
+        apply_threads(cfg.tune.threads, device)
         self.to(device)
         loaders = build_loaders(self.task, ds, self, cfg, device)
         # the evaluation's helper processes (detection: the classes dealt out to them, the same
@@ -516,8 +523,8 @@ class Model:
             import json
             import os
 
-            from ..engine.paths import next_run_dir
-            out_dir = Path(save_dir) if save_dir else next_run_dir("runs", "val")
+            from ..engine.paths import next_run_dir, task_project
+            out_dir = Path(save_dir) if save_dir else next_run_dir(task_project(self.task.name), "val")
             out_dir.mkdir(parents=True, exist_ok=True)
             path = out_dir / "predictions.json"
             tmp = out_dir / ".predictions.json.tmp"
