@@ -507,7 +507,7 @@ class Model:
         device, amp_dtype, channels_last = device_settings(self, cfg)
         apply_threads(cfg.tune.threads, device)
         self.to(device)
-        loaders = build_loaders(self.task, ds, self, cfg, device)
+        loaders = build_loaders(self.task, ds, self, cfg, device, val_only=True)   # the train split unused
         # the evaluation's helper processes (detection: the classes dealt out to them, the same
         # figures) start now and import while the split runs through the network
         pool = self.task.evaluation_pool(cfg.tune.processes())

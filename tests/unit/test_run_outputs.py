@@ -114,3 +114,20 @@ def test_cli_lines_never_break_a_path(monkeypatch):
     path = "runs/detect/" + "a-rather-long-run-name-" * 5 + "/weights/best.pt"
     cli.console.print(f"weights: [bold]{path}[/] (best), {path} (last)")
     assert out.getvalue().count("\n") == 1 and path in out.getvalue()
+
+
+def test_val_neither_caches_nor_loads_the_train_split(tiny_data, monkeypatch):
+    """model.val reads the validation split alone: the training images are not cached (cache=auto
+    would decode them all) and get no loader."""
+    from libreyolo.data.augment import DetectionDataset
+    from libreyolo.engine import loaders as L
+    cached, built = [], []
+    real_cache, real_build = DetectionDataset.cache_images, L.build_loaders
+    monkeypatch.setattr(DetectionDataset, "cache_images",
+                        lambda self, *a, **k: (cached.append(self.augment), real_cache(self, *a, **k))[1])
+    monkeypatch.setattr(L, "build_loaders", lambda *a, **k: built.append(real_build(*a, **k)) or built[-1])
+    model = LibreYOLO.new("yolox", "n", nc=5, device="cpu", seed=0)
+    metrics = model.val(data=tiny_data, imgsz=64, batch=4, workers=0)
+    assert "map50" in metrics
+    assert cached == [False]   # the validation split's images only
+    assert built and built[0].train is None
