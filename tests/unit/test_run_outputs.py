@@ -107,10 +107,12 @@ def test_cli_lines_never_break_a_path(monkeypatch):
     """Piped or at 80 columns, a long path stays on one line (the terminal may fold it, nothing cuts it)."""
     import io
 
+    from rich.console import Console
+
     from libreyolo import cli
+    assert cli.console.soft_wrap   # the command line's console: printed lines are never broken
     out = io.StringIO()
-    monkeypatch.setattr(cli.console, "file", out)
-    monkeypatch.setattr(cli.console, "width", 80)
+    monkeypatch.setattr(cli, "console", Console(file=out, width=80, soft_wrap=cli.console.soft_wrap))
     path = "runs/detect/" + "a-rather-long-run-name-" * 5 + "/weights/best.pt"
     cli.console.print(f"weights: [bold]{path}[/] (best), {path} (last)")
     assert out.getvalue().count("\n") == 1 and path in out.getvalue()
