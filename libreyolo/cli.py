@@ -36,13 +36,14 @@ from .options import (
     check_fraction,
     check_imgsz,
     check_int,
+    did_you_mean,
     option_fields,
     parse_bool,
     parse_classes,
 )
 
-console = Console()
-err_console = Console(stderr=True)   # errors go to standard error, so a pipe of the output stays clean
+console = Console(soft_wrap=True)   # long lines (paths) are never broken mid-path; tables fit the width
+err_console = Console(stderr=True, soft_wrap=True)   # errors go to standard error: a pipe of the output stays clean
 
 
 class UsageError(Exception):
@@ -224,7 +225,8 @@ def _parse(argv: list[str], spec: Mapping[str, Opt], command: str) -> Parsed:
             raise UsageError(f"unexpected argument {a!r}: use key=value or --key value")
         k = k.replace("-", "_")
         if k not in spec:
-            raise UsageError(f"unknown option {k!r} for '{command}'; options: {', '.join(spec)}")
+            raise UsageError(f"unknown option {k!r} for '{command}'{did_you_mean([k], spec)}; options: "
+                             f"{', '.join(spec)}")
         raw[k] = v
         i += 1
     out = Parsed()
@@ -394,29 +396,63 @@ INFO = {"json": Opt(_flag("json"), False, "print JSON instead of tables")}
 
 
 def cmd_info(opts: dict) -> int:
+    import textwrap
+
     import torch
 
-    from . import __version__, list_models
+    from . import __version__
+    from .device import torch_pair_problem
+    problem = torch_pair_problem()   # a broken pair is reported, not raised: info is how one checks
     env = {"libreyolo": __version__, "torch": torch.__version__, "torchvision": _version("torchvision"),
            "cuda_available": torch.cuda.is_available(), "cuda": torch.version.cuda,
            "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]}
+    if problem is not None:   # the families import torchvision: none can be listed
+        env["problem"] = problem
+        if opts["json"]:
+            print(json.dumps({"environment": env}, indent=2))
+        else:
+            e = Table(title="environment", show_header=False)
+            for k, v in env.items():
+                e.add_row(k, str(v if v not in (None, []) else "-"))
+            console.print(e)
+            console.print(f"[bold red]error:[/] {problem}")
+        return 1
+    from . import list_models
     from .tasks import TASKS
     models = list_models()
     tasks = {name: sorted(m["family"] for m in models if m["task"] == name) for name in TASKS}
     if opts["json"]:
         print(json.dumps({"environment": env, "tasks": tasks, "models": models}, indent=2))
         return 0
-    t = Table(title="libreyolo model families")
-    for col in ("family", "sizes", "task", "checkpoint names", "predict graph", "train graph"):
-        t.add_column(col)
+    rows = []
     for m in models:
         train = ("whole step" if m["cuda_graph_train"] else
                  "backbone+encoder" if m["cuda_graph_train_seam"] else "no (eager)")
-        t.add_row(m["family"], ", ".join(m["sizes"]), m["task"], f"{m['file_prefix']}<size>.pt",
-                  ("front part (seam)" if m["cuda_graph_predict_seam"] else "yes") if m["cuda_graph"] else "no (eager)",
-                  train)
-    console.print(t)
-    console.print("tasks: " + "; ".join(f"{k} ({', '.join(v) or '-'})" for k, v in tasks.items()))
+        rows.append((m["family"], ", ".join(m["sizes"]), m["task"], f"{m['file_prefix']}<size>.pt",
+                     ("front part (seam)" if m["cuda_graph_predict_seam"] else "yes") if m["cuda_graph"]
+                     else "no (eager)", train))
+    cols = ("family", "sizes", "task", "checkpoint names", "predict graph", "train graph")
+    # the table's width: each column's widest cell, plus rich's borders and padding (3 a column)
+    if sum(max(len(r[i]) for r in rows + [cols]) for i in range(len(cols))) + 3 * len(cols) + 1 <= console.width:
+        t = Table(title="libreyolo model families")
+        for col in cols:
+            t.add_column(col)
+        for row in rows:
+            t.add_row(*row)
+        console.print(t)
+    else:   # a narrow terminal or a pipe: one family a paragraph, nothing cut
+        console.print("[bold]libreyolo model families[/]")
+        width = max(40, console.width)
+        for family, sizes, task, files, predict, train in rows:
+            text = (f"{family} ({task}): sizes {sizes}; checkpoints {files}; CUDA graph: predict {predict}, "
+                    f"train {train}")
+            console.print("\n".join(textwrap.wrap(text, width, subsequent_indent="    ", break_on_hyphens=False,
+                                                   break_long_words=False)), highlight=False, markup=False)
+    console.print("tasks:")
+    for k, v in tasks.items():   # one a paragraph, wrapped between names
+        console.print("\n".join(textwrap.wrap(f"{k}: {', '.join(v) or '-'}", max(40, console.width),
+                                               initial_indent="  ", subsequent_indent="    ",
+                                               break_long_words=False, break_on_hyphens=False)), highlight=False)
     e = Table(title="environment", show_header=False)
     for k, v in env.items():
         e.add_row(k, str(v if v not in (None, []) else "-"))
@@ -1028,7 +1064,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
-        print(f"libreyolo: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
+        print(f"libreyolo: unknown command {name!r}{did_you_mean([name], COMMANDS)}\n\n{_usage()}", file=sys.stderr)
         return 2
     fn, spec, text = COMMANDS[name]
     if any(a in ("-h", "--help") for a in rest):

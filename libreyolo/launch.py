@@ -74,7 +74,7 @@ def train_from_python(model, kwargs: dict, nproc: int) -> dict:
     """``model.train(device=[0, 1], ...)``: the model's current weights go to a temporary
     checkpoint, each rank of a torchrun run loads it and calls ``train`` with the same options
     (``python -m libreyolo.launch <spec.json>``); rank 0's result comes back, and ``model``
-    takes the trained weights (those of ``last.pt``, as after a one-process run)."""
+    takes the trained weights (those of ``best.pt``, else ``last.pt``, as after a one-process run)."""
     try:
         json.dumps(kwargs)
     except TypeError as exc:
@@ -92,12 +92,14 @@ def train_from_python(model, kwargs: dict, nproc: int) -> dict:
             raise DistributedError(f"the distributed training run failed (torchrun exit status {rc}); the ranks' "
                                    "errors are above. A run that saved an epoch can go on with resume=True")
         res = json.loads(result.read_text())
-    last = load_checkpoint(res["last"])
+    path = res["best"] if Path(res["best"]).is_file() else res["last"]
+    last = load_checkpoint(path)
     if int(last.get("nc") or model.nc) != model.nc:   # the ranks rebuilt the head for the data's classes
         model.reset_classes(int(last["nc"]), last.get("names"))
     model.load_state_dict(last["model"])
     model.names = {int(k): v for k, v in (last.get("names") or model.names).items()}
     model.imgsz = int(last.get("imgsz") or model.imgsz)
+    model.ckpt_path = str(path)
     return res
 
 

@@ -48,3 +48,14 @@ def stream_handler(stream: TextIO | None = None) -> logging.StreamHandler:
     handler = logging.StreamHandler(stream)
     handler.setFormatter(PrefixFormatter())
     return handler
+
+
+def info_shown(logger: logging.Logger, message: str, *args: object) -> None:
+    """Log ``message % args`` at INFO through ``logger``; where nothing shows the package's
+    records (no handler on the way to the root, the package logger's level not set) - a Python
+    session that configured no logging - also write it to standard error as the command line
+    shows it (``libreyolo: <message>``): where the output went, which weights the model holds."""
+    logger.info(message, *args)
+    if not logger.hasHandlers() and package_logger().level == logging.NOTSET:
+        import sys
+        print(PREFIX + (message % args if args else message), file=sys.stderr)

@@ -55,6 +55,7 @@ __all__ = [
     "check_int",
     "check_max_det",
     "check_seed",
+    "did_you_mean",
     "option",
     "option_fields",
     "parse_amp",
@@ -160,6 +161,18 @@ def _as_float(value: Any) -> float | None:
     except (ValueError, OverflowError):  # not a number; an int too large for a float
         return None
     return None
+
+
+def did_you_mean(unknown: Iterable[str], known: Iterable[str]) -> str:
+    """``" (did you mean 'epochs'?)"`` for the ``unknown`` names close to a ``known`` one (each
+    named, ``'epochs' for 'epoch'``, where several are unknown); ``""`` where none is close."""
+    unknown, known = list(unknown), list(known)
+    hits = [(u, close[0]) for u in unknown if (close := difflib.get_close_matches(u, known, n=1))]
+    if not hits:
+        return ""
+    if len(unknown) == 1:
+        return f" (did you mean {hits[0][1]!r}?)"
+    return " (did you mean " + ", ".join(f"{k!r} for {u!r}" for u, k in hits) + "?)"
 
 
 # --------------------------------------------------------------------------------------------------

@@ -316,6 +316,7 @@ class Results:
         self.alpha = alpha
         self.texts = texts
         self.saved_to: str | None = None   # set by predict(save=True)
+        self.save_dir: str | None = None   # the folder predict(save=True) wrote into
         # video frames (set by predict): position in the source, seconds since its first frame,
         # position of the source in a .streams list; None for images
         self.frame_index: int | None = None

@@ -30,6 +30,7 @@ from ..options import (
     check_imgsz,
     check_int,
     check_max_det,
+    did_you_mean,
     option,
     parse_amp,
 )
@@ -120,9 +121,10 @@ class PredictOptions:
     color_format: Any = option("auto", "numpy images' channel order: bgr (default, OpenCV's) or rgb",
                                Choice("auto", "bgr", "rgb"), cli=False)
     save: bool = option(False, "write annotated images (a video: an annotated .mp4)", Bool())
-    save_dir: Any = option(None, "where annotated images go (default: a new runs/predict, runs/predict2, ...)",
+    save_dir: Any = option(None, "where annotated images go (default: a new runs/<task>/predict, predict2, ...; "
+                                 "track: runs/detect/track, ...)",
                            Text("path"))
-    exist_ok: bool = option(False, "save into runs/predict itself instead of a new numbered folder", Bool())
+    exist_ok: bool = option(False, "save into runs/<task>/predict itself instead of a new numbered folder", Bool())
     verbose: bool = option(False, "a progress bar", Bool())
     profile: bool = option(False, "synchronize between the stages so that Results.speed is exact", Bool())
     stream: bool = option(False, "yield the results one step at a time (constant memory; files decoded lazily)",
@@ -133,6 +135,8 @@ class PredictOptions:
                             Float(0.0, min_inclusive=False))
     strict: bool = option(False, "an unreadable file of a directory or glob stops the call (default: a warning "
                                  "naming it, and the rest go on)", Bool())
+    threads: Any = option(None, "torch's intra-op threads on the CPU (default: from the cores this process can "
+                                "get: affinity, cgroup quota, load; also LIBREYOLO_THREADS)", Int(1, none=True))
     # ---- the tasks' own options
     conf: float = option(0.25, "detection: confidence threshold", Fraction(), tasks=("detect",))
     iou: float = option(0.45, "detection: NMS IoU threshold", Fraction(), tasks=("detect",))
@@ -174,8 +178,9 @@ class PredictOptions:
         own = set(task.predict_defaults)
         unknown = sorted(set(kwargs) - set(generic) - own)
         if unknown:
-            raise TypeError(f"unknown predict option(s) {', '.join(unknown)} for a {task.name} model; "
-                            f"known: {', '.join(generic)}, " + ", ".join(task.predict_defaults))
+            raise TypeError(f"unknown predict option(s) {', '.join(unknown)} for a {task.name} model"
+                            f"{did_you_mean(unknown, [*generic, *own])}; known: {', '.join(generic)}, "
+                            + ", ".join(task.predict_defaults))
         declared = cls.task_names()
         opts = cls(**{k: v for k, v in kwargs.items() if k in generic or k in declared})
         check_fields(opts, [k for k in kwargs if k in generic or k in declared])
@@ -206,8 +211,10 @@ class ValOptions:
     verbose: bool = option(False, "a progress bar", Bool())
     save_json: bool = option(False, "detection: also write the predictions as COCO results (predictions.json)",
                              Bool())
-    save_dir: Any = option(None, "where predictions.json goes (default: a new runs/val, runs/val2, ...)",
+    save_dir: Any = option(None, "where predictions.json goes (default: a new runs/<task>/val, val2, ...)",
                            Text("path"))
+    threads: Any = option(None, "torch's intra-op threads on the CPU (default: from the cores this process can "
+                                "get: affinity, cgroup quota, load; also LIBREYOLO_THREADS)", Int(1, none=True))
     conf: float = option(0.001, "detection: confidence threshold", Fraction(), tasks=("detect",))
     iou: float = option(0.7, "detection: NMS IoU threshold", Fraction(), tasks=("detect",))
 

@@ -29,6 +29,7 @@ from ..options import (
     Text,
     check_fields,
     check_imgsz,
+    did_you_mean,
     option,
     parse_amp,
     parse_bool,
@@ -93,9 +94,10 @@ class RunConfig:
     workers: Any = option(None, "DataLoader workers (default: auto, up to 8 on CUDA and 2 on the CPU, capped by "
                                 "the cores, the batches and the memory)", Int(0, MAX_WORKERS, none=True))
     val: bool = option(True, "validate after every epoch (false: no validation, best.pt = last.pt)", Bool())
-    project: str = option("runs/train", "where runs are written", Text("path", none=False))
-    name: str = option("exp", "run name (the run folder is project/name, numbered when it exists)",
-                       Text("name", none=False))
+    project: str | None = option(None, "where runs are written (default: runs/<task>, e.g. runs/detect)",
+                                 Text("path"))
+    name: str | None = option(None, "run name (default: train; the run folder is project/name, numbered when it "
+                                    "exists: train2, ...)", Text("name"))
     exist_ok: bool = option(False, "reuse the run folder", Bool())
     resume: Any = option(False, "true (this run's last.pt) or the path of a last.pt", Custom(
         _resume, "true, false or the path of a last.pt"))
@@ -171,7 +173,8 @@ class TuneConfig:
     the same run gives the same results.csv with any of them. ``switch_interval``: the checkpoint
     writer and the plotter hold the GIL while they pickle and draw, and a main thread that released
     it (to wait on the device, to launch a replay) gets it back only at the next switch; a shorter
-    interval bounds that wait.
+    interval bounds that wait. ``threads``: torch's intra-op threads on the CPU (see
+    :mod:`libreyolo.threads`); there a different count may split a float reduction differently.
     """
 
     prefetch_next_epoch: bool = option(
@@ -194,6 +197,9 @@ class TuneConfig:
     eval_processes: int | None = option(
         None, "helper processes for the validations' evaluation, below 2: none (default: a quarter of the "
               "cores, at most 4)", Int(0, MAX_WORKERS, none=True))
+    threads: int | None = option(
+        None, "torch's intra-op threads on the CPU (default: from the cores this process can get: affinity, "
+              "cgroup quota, load; also LIBREYOLO_THREADS)", Int(1, none=True))
     #: how validation graphs are captured (None: CUDA graphs; tests pass a CPU stand-in)
     val_capturer: Any = option(None, "validation graph capturer (tests)", cli=False)
 
@@ -227,13 +233,18 @@ class TrainConfig:
         task_names = task.Options.names()
         unknown = sorted(set(kw) - set(known) - task_names - {"extra"})
         if unknown:
-            raise TypeError(f"unknown training option(s): {', '.join(unknown)}; known: "
+            raise TypeError(f"unknown training option(s): {', '.join(unknown)}"
+                            f"{did_you_mean(unknown, set(known) | task_names)}; known: "
                             f"{', '.join(sorted(set(known) | task_names))}")
         split: dict[str, dict[str, Any]] = {g: {} for g in GROUPS}
         for k, v in kw.items():
             if k in known:
                 split[known[k]][k] = v
         self.run = RunConfig(**split["run"])
+        if self.run.project is None:   # runs/<task>/train, train2, ... (the layout Ultralytics users know)
+            self.run.project = str(Path("runs") / task.name)
+        if self.run.name is None:
+            self.run.name = "train"
         self.optim = OptimConfig(**split["optim"])
         self.graph = GraphConfig(**split["graph"])
         self.tune = TuneConfig(**split["tune"])   # not in as_dict(): how the host works, not the run's recipe

@@ -194,7 +194,7 @@ class Loaders:
     :class:`EpochSeeded`, shuffled by ``generator``, re-seeded per epoch; a distributed run's
     ``sampler`` deals the ranks their shares) and the validation loader (in order, the global batch)."""
 
-    train: torch.utils.data.DataLoader
+    train: torch.utils.data.DataLoader | None   # None: built for validation alone (model.val)
     val: torch.utils.data.DataLoader
     train_set: Any
     val_set: Any
@@ -224,11 +224,13 @@ class Loaders:
         return iter(self.train), why
 
 
-def build_loaders(task, data, model, cfg, device: torch.device, dist=None) -> Loaders:
+def build_loaders(task, data, model, cfg, device: torch.device, dist=None, val_only: bool = False) -> Loaders:
     """The training and validation loaders of ``data`` (a resolved dataset) for ``model`` under
     ``cfg`` (a :class:`~libreyolo.engine.config.TrainConfig`): the task's datasets, the worker
     count (:func:`cap_workers`), the image cache filled before the workers start (forked workers
-    share it), persistent workers that die with this process (:func:`loader_worker_init`)."""
+    share it), persistent workers that die with this process (:func:`loader_worker_init`).
+    ``val_only`` (``model.val``): the training split is neither cached nor given a loader
+    (``Loaders.train`` is None)."""
     train_set, val_set, collate = task.datasets(data, cfg.run.imgsz, model, cfg.task)
     requested = default_workers(device) if cfg.run.workers is None else int(cfg.run.workers)
     batch, d = cfg.run.batch, dist
@@ -258,7 +260,7 @@ def build_loaders(task, data, model, cfg, device: torch.device, dist=None) -> Lo
                  "each hold a copy (cache=ram caches anyway)", start_method())
         mode = False
     if mode:   # before the workers start: forked workers share a RAM cache
-        for ds in (train_set, val_set):
+        for ds in (val_set,) if val_only else (train_set, val_set):
             fill = getattr(ds, "cache_images", None)
             if fill is None:
                 if mode != "auto":
@@ -277,7 +279,9 @@ def build_loaders(task, data, model, cfg, device: torch.device, dist=None) -> Lo
     def common(n: int) -> dict:
         return dict(num_workers=n, pin_memory=pin, collate_fn=collate, persistent_workers=n > 0,
                     worker_init_fn=init if n > 0 else None)
-    if d is not None:
+    if val_only:
+        train = None
+    elif d is not None:
         train = torch.utils.data.DataLoader(epoch_seeded, batch_size=batch, sampler=sampler, generator=generator,
                                             drop_last=drop_last, **common(workers))
     else:

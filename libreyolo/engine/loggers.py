@@ -182,7 +182,7 @@ class TensorBoardHook(HookBase):
     """``loggers=tensorboard``: TensorBoard event files in the run folder - per epoch the training
     losses, the metrics, every parameter group's learning rate, the epoch time, and a few
     validation images with the predictions drawn (where the task draws them: detection).
-    View with ``tensorboard --logdir runs/train``."""
+    View with ``tensorboard --logdir runs/detect`` (the task's runs)."""
 
     main_only, own_errors = True, True
     #: validation images logged per epoch

@@ -4,6 +4,12 @@ from __future__ import annotations
 from pathlib import Path
 
 
+def task_project(task: str) -> Path:
+    """Where a task's runs go unless told: ``runs/<task>`` (``runs/detect``), whose folders are
+    named after the mode - ``train``, ``val``, ``predict``, ``track`` - and numbered (``train2``)."""
+    return Path("runs") / task
+
+
 def next_run_dir(project: str | Path, name: str, exist_ok: bool = False) -> Path:
     """``project/name``, or with ``exist_ok=False`` and that folder present the first free
     ``project/name2``, ``name3``, ... (as training runs are numbered)."""

@@ -28,11 +28,13 @@ from ..data.sources import STREAM_AHEAD, SourceItem, load_sources, parse_color, 
 from ..data.video import VideoWriter, is_video_source, open_video_sources
 from ..graphs.capture import to_host
 from ..options import check_imgsz, check_int, parse_amp, parse_bool
+from ..logs import info_shown
 from ..results import Results
 from ..tasks.base import PredictPlan
+from ..threads import apply_threads
 from .call_options import TRACK_CONF, PredictOptions
 from .fastpath import HalfNetwork, arm_name, check_contract, half_network, is_current, resolve, to_float32
-from .paths import UniqueNames, next_run_dir
+from .paths import UniqueNames, next_run_dir, task_project
 from .predict_video import Viewer, declared_frames, video_chunks, video_stem
 from .staging import Chunk, StagedUploads, chunked
 
@@ -272,8 +274,9 @@ class Predictor(StagedUploads):
         frame and replayed from the third). ``amp``: True for the family's autocast dtype
         (``AMP_DTYPE``: float16 unless the family says otherwise), "fp16" or "bf16" to choose
         (CUDA only).
-        ``save`` writes annotated pictures to ``save_dir`` (default: a new ``runs/predict``,
-        ``runs/predict2``, ... per call, or ``runs/predict`` itself with ``exist_ok=True``); inputs
+        ``save`` writes annotated pictures to ``save_dir`` (default: a new ``runs/<task>/predict``,
+        ``predict2``, ... per call, or ``predict`` itself with ``exist_ok=True``; ``Results.save_dir``
+        names it, and one log line says it); inputs
         with the same file stem get distinct names (``a.jpg``, ``a_2.jpg``); a video source is
         written as one annotated ``<stem>.mp4`` (same size and frame rate divided by
         ``vid_stride``; :class:`~libreyolo.data.video.VideoWriter`). ``show`` opens a window per
@@ -306,6 +309,7 @@ class Predictor(StagedUploads):
         """
         m = self.model
         o, task_opts = PredictOptions.build(m.task, options)
+        apply_threads(o.threads, m.device)   # the CPU's intra-op threads (libreyolo.threads)
         mode = o.cuda_graph
         m.runner.check_mode(mode, m.device)   # before any source is read: an impossible request fails first
         batch, stream, strict = o.batch, o.stream, o.strict
@@ -356,7 +360,8 @@ class Predictor(StagedUploads):
             total = len(items)
         out_dir = None
         if o.save:
-            out_dir = Path(o.save_dir) if o.save_dir else next_run_dir("runs", "predict", o.exist_ok)
+            out_dir = Path(o.save_dir) if o.save_dir else next_run_dir(task_project(m.task.name), "predict",
+                                                                        o.exist_ok)
             out_dir.mkdir(parents=True, exist_ok=True)
         # Overlap needs a next chunk: a call of one chunk keeps the per-image uploads on the compute
         # stream (no cross-stream event on the batch-1 latency path), unless its files decode on the GPU.
@@ -405,7 +410,7 @@ class Predictor(StagedUploads):
                                 fps = src.fps / vid_stride if src.fps else None
                                 writers[k] = VideoWriter(out_dir / unique(video_stem(src), ".mp4"), fps, w, h)
                             writers[k].write(r.plot())
-                            r.saved_to = str(writers[k].path)
+                            r.saved_to, r.save_dir = str(writers[k].path), str(out_dir)
                         if show:
                             if k not in viewers:
                                 viewers[k] = Viewer(videos.streams[k].name)
@@ -413,6 +418,7 @@ class Predictor(StagedUploads):
                     else:
                         if out_dir is not None:
                             r.saved_to = r.save(out_dir / unique(Path(r.path).stem, r.save_suffix))
+                            r.save_dir = str(out_dir)
                             images_saved += 1
                         if show:
                             r.show()
@@ -430,9 +436,9 @@ class Predictor(StagedUploads):
             if videos is not None:
                 videos.close()
             if out_dir is not None and images_saved:
-                log.info("saved %d annotated image(s) to %s", images_saved, out_dir)
+                info_shown(log, "saved %d annotated image(s) to %s", images_saved, out_dir)
             for wr in writers.values():
-                log.info("saved the annotated video %s (%d frames)", wr.path, wr.count)
+                info_shown(log, "saved the annotated video %s (%d frames)", wr.path, wr.count)
 
     # ------------------------------------------------------------ the loop
     def _steps(self, chunks, size, mode, amp_dtype, plan, t_load, *, staged: bool, lookahead: bool,
@@ -567,6 +573,9 @@ class Predictor(StagedUploads):
                              "object of the trackers package)")
         persist = parse_bool("persist", persist)
         kwargs.setdefault("conf", TRACK_CONF)
+        if parse_bool("save", kwargs.get("save", False)) and not kwargs.get("save_dir"):   # runs/detect/track, ...
+            kwargs["save_dir"] = next_run_dir(task_project(m.task.name), "track",
+                                              parse_bool("exist_ok", kwargs.get("exist_ok", False)))
         state = self._track_state
         if not persist or state is None or state[0] is not tracker and state[0] != tracker:
             state = self._track_state = (tracker, {})

@@ -9,7 +9,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..device import require_torch_pair
 from ..distributed import Distributed, convert_sync_batchnorm
+from ..threads import apply_threads
 from .config import TrainConfig
 from .optim import ModelEMA, freeze, freeze_prefixes, match_state_layouts, param_groups
 from .runs import RunFolder, resume_path
@@ -67,6 +69,8 @@ def set_up(t) -> None:
         t.dist.local_batch(run.batch)   # a batch that does not divide fails before any work
         if not t.dist.is_main:
             run.verbose = False   # rank 0 alone reports progress
+    apply_threads(cfg.tune.threads, t.device)   # the CPU's intra-op threads (libreyolo.threads)
+    require_torch_pair()   # a broken torch/torchvision pair fails now, not at the first validation's NMS
     if run.sync_bn:
         if t.dist is None or t.device.type != "cuda":
             from ..options import OptionError

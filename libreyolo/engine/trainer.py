@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from ..distributed import Distributed, revert_sync_batchnorm
+from ..logs import info_shown
 from ..tasks import Task
 from .background import frozen_heap
 from .config import TrainConfig
@@ -538,6 +539,8 @@ class Trainer:
         # the trained weights the Model keeps are the EMA's
         if self.ema is not None:
             self.net.load_state_dict(self.ema.ema.state_dict())
+        if self.dist is None or self.dist.is_main:
+            self._load_best()
         if self.channels_last:   # predict's layout is the contiguous one (its graphs and numbers)
             self.net.to(memory_format=torch.contiguous_format)
         self.net.eval()
@@ -555,6 +558,23 @@ class Trainer:
                 "losses": [[h[f"train/{n}_loss"] for n in item_names] for h in self.history],
                 "cuda_graph": runner.info() if seam is None else {**runner.info(), "seam": seam.info()},
                 "best": str(self.run_dir / "weights" / "best.pt"), "last": str(self.run_dir / "weights" / "last.pt")}
+
+    def _load_best(self) -> None:
+        """The model takes best.pt's weights (the epoch of best validation fitness), as
+        ``LibreYOLO("best.pt")`` would have them; ``model.ckpt_path`` names the file. Without a
+        best.pt (no epoch with finite losses) it keeps the last epoch's, and says so."""
+        from ..weights import load_checkpoint
+        say = (lambda *a: info_shown(log, *a)) if self.cfg.run.verbose else log.info
+        weights = self.run_dir / "weights"
+        best, last = weights / "best.pt", weights / "last.pt"
+        if not best.is_file():
+            self.model.ckpt_path = str(last) if last.is_file() else None
+            say("no best.pt was written: the model keeps the last epoch's weights")
+            return
+        self.net.load_state_dict(load_checkpoint(best)["model"])
+        self.model.ckpt_path = str(best)
+        say("the model holds the weights of %s (epoch %s, the best validation fitness)", best,
+                 self.best_epoch if self.best_epoch is not None else len(self.history))
 
     def _saved(self) -> int | None:
         """The epoch ``last.pt`` holds (None: nothing saved); a resumed run that saved nothing yet

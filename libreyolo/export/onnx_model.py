@@ -189,7 +189,7 @@ class OnnxModel:
         (``strict=True``: raise instead).
         """
         from ..data.sources import load_sources, parse_color
-        from ..engine.paths import UniqueNames, next_run_dir
+        from ..engine.paths import UniqueNames, next_run_dir, task_project
         from ..graphs.runner import normalize_mode
         from ..options import check_imgsz, check_int, parse_amp, parse_bool
         if normalize_mode(cuda_graph) is True:
@@ -224,7 +224,7 @@ class OnnxModel:
         items = load_sources(source, bgr=bgr, strict=strict)
         out_dir = unique = None
         if save:
-            out_dir = Path(save_dir) if save_dir else next_run_dir("runs", "predict", exist_ok)
+            out_dir = Path(save_dir) if save_dir else next_run_dir(task_project(self.TASK), "predict", exist_ok)
             out_dir.mkdir(parents=True, exist_ok=True)
             unique = UniqueNames()
         progress = None
@@ -247,12 +247,15 @@ class OnnxModel:
             for r in chunk_results:
                 r.speed["postprocess"] = post
                 if out_dir is not None:
-                    r.saved_to = r.save(out_dir / unique(Path(r.path).stem))
+                    r.saved_to, r.save_dir = r.save(out_dir / unique(Path(r.path).stem)), str(out_dir)
             results.extend(chunk_results)
             if progress is not None:
                 progress.update(len(chunk))
         if progress is not None:
             progress.close()
+        if out_dir is not None and results:
+            from ..logs import info_shown
+            info_shown(log, "saved %d annotated image(s) to %s", len(results), out_dir)
         return results
 
     __call__ = predict

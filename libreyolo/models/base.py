@@ -19,13 +19,15 @@ from typing import Any, ClassVar, Iterator
 import torch
 from torch import nn
 
-from ..device import select_device
+from ..device import require_torch_pair, select_device
 from ..graphs.runner import GraphRunner
 from ..ops.preprocess import Preprocess
 from ..tasks import Task, get_task
+from ..threads import apply_threads
 from .common.names import default_names, normalize_names
 
 log = logging.getLogger(__name__)
+# libreyolo.threads is imported with the models: it notes torch's thread count before any run
 
 SCHEMA_VERSION = "1.0"
 
@@ -240,6 +242,8 @@ class Model:
         self.imgsz = int(imgsz or self.DEFAULT_IMGSZ_BY_SIZE.get(size) or self.DEFAULT_IMGSZ)
         self.trained = trained
         self.source = source
+        #: the checkpoint file whose weights the model holds (after ``train``: the run's best.pt)
+        self.ckpt_path: str | None = source if source is not None and Path(source).is_file() else None
         self.meta = dict(meta or {})
         default = self.preprocess_for(size)
         self.preprocess = (Preprocess.from_meta(self.meta["preprocess"], default)
@@ -497,6 +501,7 @@ class Model:
             eval_processes: helper processes for the validations' evaluation, below 2: none (default: a quarter of
                 the cores, at most 4)
             val_capturer: validation graph capturer (tests)
+            threads: torch's intra-op threads on the CPU (default: from the cores this process can get)
             close_mosaic: detection: epochs at the end trained without mosaic and MixUp (default: the family's, else
                 10)
             mosaic: detection: probability of mosaic (default: the family's, else 1; DETRs 0)
@@ -570,12 +575,12 @@ class Model:
 
     def val(self, data: str | None = None, *, imgsz: int | None = None, batch: int = 16, workers: int = 2,
             verbose: bool = False, save_json: bool = False, save_dir: str | Path | None = None,
-            **task_opts) -> dict:
+            threads: int | None = None, **task_opts) -> dict:
         """The task's metrics of the current weights on the dataset's validation split
         (detection: mAP50 / mAP50-95; ``conf`` and ``iou`` set the NMS thresholds).
 
         ``save_json=True`` (detection) also writes the predictions as COCO results,
-        ``predictions.json`` in ``save_dir`` (default: a new ``runs/val``, ``runs/val2``, ...),
+        ``predictions.json`` in ``save_dir`` (default: a new ``runs/<task>/val``, ``val2``, ...),
         for external evaluation; its path is returned as ``"predictions_json"``.
 
         Args:
@@ -585,7 +590,8 @@ class Model:
             workers: DataLoader workers
             verbose: a progress bar
             save_json: detection: also write the predictions as COCO results (predictions.json)
-            save_dir: where predictions.json goes (default: a new runs/val, runs/val2, ...)
+            save_dir: where predictions.json goes (default: a new runs/<task>/val, val2, ...)
+            threads: torch's intra-op threads on the CPU (default: chosen by libreyolo.threads)
             conf: detection: confidence threshold
             iou: detection: NMS IoU threshold
             **task_opts: other training options (TrainConfig's) the evaluation reads, e.g. device, amp,
@@ -606,21 +612,23 @@ class Model:
         names = self.task.val_option_names
         own = {k: task_opts.pop(k) for k in list(task_opts) if k in names}
         o = ValOptions(data=data, imgsz=imgsz, batch=batch, workers=workers, verbose=verbose, save_json=save_json,
-                       save_dir=save_dir, **own)
+                       save_dir=save_dir, threads=threads, **own)
         check_fields(o)
         if o.save_json and not self.task.evaluator(self, self.task.Options()).writes_coco_json:
             raise ValueError(f"save_json=True writes COCO detection results; the {self.task.name} task has no "
                              "COCO results format")
         task_opts.update({names[k]: getattr(o, k) for k in own})
         cfg = TrainConfig(self.task, data=data, imgsz=o.imgsz or self.imgsz, batch=o.batch, workers=o.workers,
-                          verbose=o.verbose, **task_opts)
+                          verbose=o.verbose, threads=o.threads, **task_opts)
+        require_torch_pair()   # a broken torch/torchvision pair fails before the split is loaded
         ds = self.task.resolve_data(data)
         if ds.nc != self.nc:
             raise ValueError(f"the dataset has {ds.nc} classes but the model predicts {self.nc}")
         check_config(cfg, self.STRIDE)
         device, amp_dtype, channels_last = device_settings(self, cfg)
+        apply_threads(cfg.tune.threads, device)
         self.to(device)
-        loaders = build_loaders(self.task, ds, self, cfg, device)
+        loaders = build_loaders(self.task, ds, self, cfg, device, val_only=True)   # the train split unused
         # the evaluation's helper processes (detection: the classes dealt out to them, the same
         # figures) start now and import while the split runs through the network
         pool = self.task.evaluation_pool(cfg.tune.processes())
@@ -636,8 +644,8 @@ class Model:
             import json
             import os
 
-            from ..engine.paths import next_run_dir
-            out_dir = Path(save_dir) if save_dir else next_run_dir("runs", "val")
+            from ..engine.paths import next_run_dir, task_project
+            out_dir = Path(save_dir) if save_dir else next_run_dir(task_project(self.task.name), "val")
             out_dir.mkdir(parents=True, exist_ok=True)
             path = out_dir / "predictions.json"
             tmp = out_dir / ".predictions.json.tmp"
@@ -665,8 +673,8 @@ class Model:
             bgr: numpy images are BGR (default, OpenCV's order); false: RGB
             color_format: numpy images' channel order: bgr (default, OpenCV's) or rgb
             save: write annotated images (a video: an annotated .mp4)
-            save_dir: where annotated images go (default: a new runs/predict, runs/predict2, ...)
-            exist_ok: save into runs/predict itself instead of a new numbered folder
+            save_dir: where annotated images go (default: a new runs/<task>/predict, predict2, ...)
+            exist_ok: save into runs/<task>/predict itself instead of a new numbered folder
             verbose: a progress bar
             profile: synchronize between the stages so that Results.speed is exact
             stream: yield the results one step at a time (constant memory; files decoded lazily)
@@ -675,6 +683,7 @@ class Model:
             timeout: seconds a camera or stream URL may take to answer
             strict: an unreadable file of a directory or glob stops the call (default: a warning naming it, and the
                 rest go on)
+            threads: torch's intra-op threads on the CPU (default: from the cores this process can get)
             conf: detection: confidence threshold
             iou: detection: NMS IoU threshold
             max_det: detection: detections kept per image (an ONNX model: its exported max_det)

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import torch
 
+from ..device import require_torch_pair
+
 #: above this many survivors (whole batch) NMS runs on the device instead of the host
 HOST_NMS_LIMIT = 3000
 
@@ -73,6 +75,7 @@ def nms_per_image(boxes: torch.Tensor, scores: torch.Tensor, cls: torch.Tensor, 
 def _select(boxes, scores, cls, conf, iou, max_det, classes, agnostic, nms_free, counts=None) -> torch.Tensor:
     # imported at the first call: torchvision's import pulls in torch._dynamo (seconds of a
     # process's start), and a detection training run never calls this
+    require_torch_pair()   # one message naming both versions, not torchvision's own
     from torchvision.ops import nms
     if counts is None:
         counts = (scores > conf).sum(1)

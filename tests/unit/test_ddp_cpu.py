@@ -261,8 +261,8 @@ def test_gradient_views_keep_channels_last_strides():
 
 def test_model_train_gpu_list_round_trip_loads_the_trained_weights(monkeypatch, tmp_path):
     """train_from_python's plumbing without GPUs: the 'launch' runs the rank entry point in this
-    process on the CPU (as a one-process run); the model must come back with last.pt's weights,
-    its head rebuilt for the data's 5 classes."""
+    process on the CPU (as a one-process run); the model must come back with best.pt's weights
+    (last.pt's: val=False), its head rebuilt for the data's 5 classes."""
     from libreyolo import LibreYOLO
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(k, raising=False)
@@ -285,6 +285,7 @@ def test_model_train_gpu_list_round_trip_loads_the_trained_weights(monkeypatch, 
     assert model.nc == 5 and model.trained
     sd = model.model.state_dict()
     assert all(torch.equal(sd[k].cpu(), v) for k, v in last["model"].items())
+    assert model.ckpt_path == res["best"]
 
 
 def test_sync_batchnorm_round_trip_shares_the_tensors():

@@ -178,6 +178,19 @@ def test_colorize_spans_the_colour_map_and_the_bar_reads_near_at_the_top():
     assert np.array_equal(d.plot_on(img, cmap="inferno", colorbar=False), pic)
 
 
+def test_an_all_zero_map_is_explained_in_the_log(monkeypatch, caplog):
+    """An untrained model's all-zero map draws one colour and a 0-0-0 bar: one warning says why."""
+    from libreyolo.tasks.depth import results as depth_results
+    monkeypatch.setattr(depth_results, "_said_constant", set())
+    img = np.zeros((40, 60, 3), np.uint8)
+    with caplog.at_level("WARNING", logger="libreyolo"):
+        DepthMap(torch.zeros(40, 60)).plot_on(img)
+        DepthMap(torch.zeros(40, 60)).plot_on(img)   # said once (a video would repeat it every frame)
+        _ramp().plot_on(img)
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1 and "the same value (0) everywhere" in said[0] and "untrained depth model" in said[0]
+
+
 def test_results_plot_and_save_write_the_colour_mapped_picture(tmp_path):
     img = _image(40, 60, 0)
     r = Results(img, "x.jpg", {0: "depth"}, depth=_ramp())

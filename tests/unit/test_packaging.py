@@ -1,4 +1,4 @@
-"""Packaging habits: one version string, typing marker shipped."""
+"""Packaging habits: one version string, typing marker shipped, one OpenCV distribution in the extras."""
 from __future__ import annotations
 
 import importlib.metadata
@@ -28,3 +28,19 @@ def test_typed_marker_is_package_data():
     assert (ROOT / "libreyolo" / "py.typed").is_file()
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert "py.typed" in project["tool"]["setuptools"]["package-data"]["libreyolo"]
+
+
+def test_extras_name_one_opencv_package():
+    """``pip install ".[all]"`` installs one OpenCV distribution: two (opencv-python and
+    opencv-python-headless) would write into one ``cv2`` package, each over the other."""
+    import re
+    from importlib.metadata import PackageNotFoundError, requires
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    ours = {re.match(r"[A-Za-z0-9_.-]+", r).group(0).lower() for reqs in extras.values() for r in reqs
+            if r.lower().startswith("opencv")}
+    try:   # what the extras' own dependencies bring (where they are installed)
+        theirs = {re.match(r"[A-Za-z0-9_.-]+", r).group(0).lower() for r in requires("trackers") or []
+                  if r.lower().startswith("opencv")}
+    except PackageNotFoundError:
+        theirs = set()
+    assert len(ours | theirs) == 1, sorted(ours | theirs)

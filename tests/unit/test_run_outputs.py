@@ -29,13 +29,16 @@ def test_predict_save_numbers_runs_and_keeps_same_stems_apart(tmp_path, monkeypa
         Image.fromarray(np.full((48, 64, 3), shade, np.uint8)).save(tmp_path / sub / "a.png")
     model = LibreYOLO.new("yolox", "n", nc=3, device="cpu", seed=0)
     sources = [str(tmp_path / "x" / "a.png"), str(tmp_path / "y" / "a.png")]
-    model(sources, imgsz=64, save=True)
-    first = sorted(os.listdir(tmp_path / "runs" / "predict"))
+    results = model(sources, imgsz=64, save=True)
+    first = sorted(os.listdir(tmp_path / "runs" / "detect" / "predict"))   # runs/<task>/predict
     assert first == ["a.jpg", "a_2.jpg"]
-    model(sources[:1], imgsz=64, save=True)
-    assert os.listdir(tmp_path / "runs" / "predict2") == ["a.jpg"]
+    assert [r.save_dir for r in results] == [os.path.join("runs", "detect", "predict")] * 2
+    results = model(sources[:1], imgsz=64, save=True)
+    assert os.listdir(tmp_path / "runs" / "detect" / "predict2") == ["a.jpg"]
+    assert results[0].save_dir == os.path.join("runs", "detect", "predict2")
     model(sources[:1], imgsz=64, save=True, exist_ok=True)
-    assert not (tmp_path / "runs" / "predict3").exists()
+    assert not (tmp_path / "runs" / "detect" / "predict3").exists()
+    assert model(sources[:1], imgsz=64)[0].save_dir is None
     with pytest.raises(TypeError, match="unknown predict option"):
         model(sources[:1], imgsz=64, sav=True)
 
@@ -67,3 +70,66 @@ def test_python_training_prints_the_per_epoch_line_and_writes_lean_best(tmp_path
     assert LibreYOLO(res["best"], device="cpu").trained and LibreYOLO(res["last"], device="cpu").trained
     assert res["best_metrics"] and set(res["best_metrics"]) >= {"map50", "map50_95"}
     assert res["best_epoch"] in (1, 2)
+
+
+def test_run_folders_are_runs_task_mode(tmp_path, monkeypatch):
+    """runs/<task>/<mode>, numbered: train, train2; val's predictions.json in runs/<task>/val."""
+    from libreyolo.engine.config import TrainConfig
+    from libreyolo.engine.runs import RunFolder
+    cfg = TrainConfig("detect")
+    assert (cfg.run.project, cfg.run.name) == (os.path.join("runs", "detect"), "train")
+    assert TrainConfig("classify").run.project == os.path.join("runs", "classify")
+    cfg = TrainConfig("detect", project="p", name="n")
+    assert (cfg.run.project, cfg.run.name) == ("p", "n")
+    monkeypatch.chdir(tmp_path)
+    first = RunFolder.claim(TrainConfig("detect").run)
+    second = RunFolder.claim(TrainConfig("detect").run)
+    try:
+        assert first.path.resolve() == (tmp_path / "runs" / "detect" / "train").resolve()
+        assert second.path.resolve() == (tmp_path / "runs" / "detect" / "train2").resolve()
+    finally:
+        first.release()
+        second.release()
+
+
+def test_predict_save_says_where_from_python(tmp_path, monkeypatch, capsys):
+    """A plain script (no logging set up) is told where predict(save=True) wrote."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(logging.getLogger(), "handlers", [])
+    monkeypatch.setattr(logging.getLogger("libreyolo"), "propagate", False)
+    model = LibreYOLO.new("yolox", "n", nc=3, device="cpu", seed=0)
+    model(np.zeros((48, 64, 3), np.uint8), imgsz=64, save=True)
+    err = capsys.readouterr().err
+    assert f"libreyolo: saved 1 annotated image(s) to {os.path.join('runs', 'detect', 'predict')}\n" in err
+
+
+def test_cli_lines_never_break_a_path(monkeypatch):
+    """Piped or at 80 columns, a long path stays on one line (the terminal may fold it, nothing cuts it)."""
+    import io
+
+    from rich.console import Console
+
+    from libreyolo import cli
+    assert cli.console.soft_wrap   # the command line's console: printed lines are never broken
+    out = io.StringIO()
+    monkeypatch.setattr(cli, "console", Console(file=out, width=80, soft_wrap=cli.console.soft_wrap))
+    path = "runs/detect/" + "a-rather-long-run-name-" * 5 + "/weights/best.pt"
+    cli.console.print(f"weights: [bold]{path}[/] (best), {path} (last)")
+    assert out.getvalue().count("\n") == 1 and path in out.getvalue()
+
+
+def test_val_neither_caches_nor_loads_the_train_split(tiny_data, monkeypatch):
+    """model.val reads the validation split alone: the training images are not cached (cache=auto
+    would decode them all) and get no loader."""
+    from libreyolo.data.augment import DetectionDataset
+    from libreyolo.engine import loaders as L
+    cached, built = [], []
+    real_cache, real_build = DetectionDataset.cache_images, L.build_loaders
+    monkeypatch.setattr(DetectionDataset, "cache_images",
+                        lambda self, *a, **k: (cached.append(self.augment), real_cache(self, *a, **k))[1])
+    monkeypatch.setattr(L, "build_loaders", lambda *a, **k: built.append(real_build(*a, **k)) or built[-1])
+    model = LibreYOLO.new("yolox", "n", nc=5, device="cpu", seed=0)
+    metrics = model.val(data=tiny_data, imgsz=64, batch=4, workers=0)
+    assert "map50" in metrics
+    assert cached == [False]   # the validation split's images only
+    assert built and built[0].train is None

@@ -12,7 +12,7 @@ from PIL import Image
 
 from libreyolo import LibreYOLO
 from libreyolo.models.mobilesam.nn import MobileSAMNet
-from libreyolo.ops.preprocess import Preprocess, long_side_size
+from libreyolo.ops.preprocess import long_side_size
 from libreyolo.tasks.segment_prompt.predictor import postprocess_masks
 from libreyolo.tasks.segment_prompt.prompts import pack, parse_cli, parse_prompt
 
@@ -251,3 +251,15 @@ def test_attention_weighted_sum_in_runs_of_keys_is_the_product(lq, lk, split):
         assert torch.equal(out, w @ v)
     att.SPLIT_KEYS = None
     assert torch.equal(att._weighted_sum(w, v), w @ v)
+
+
+def test_an_untrained_mobilesam_warns_once_as_the_other_families(caplog):
+    """The UNTRAINED warning on the first use, also where that is set_image (then prompts)."""
+    m = LibreYOLO.new("mobilesam", "tiny", device="cpu", imgsz=SIZE, seed=0)
+    with caplog.at_level("WARNING", logger="libreyolo"):
+        m.set_image(np.zeros((40, 60, 3), np.uint8))
+        m(points=[[10, 10]])
+        assert any("UNTRAINED" in r.getMessage() for r in caplog.records)   # said by set_image's path
+        m(np.zeros((40, 60, 3), np.uint8), points=[[10, 10]])
+    said = [r.getMessage() for r in caplog.records if "UNTRAINED" in r.getMessage()]
+    assert said == ["mobilesam-tiny is UNTRAINED (random weights): its masks are meaningless"]

@@ -1,6 +1,7 @@
 """MobileSAM declarations (promptable segmentation) and its two capturable stages."""
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,8 @@ from ...ops.preprocess import Preprocess
 from ...options import parse_bool
 from ..base import Model
 from .nn import CONFIGS, MobileSAMNet, check_frame
+
+log = logging.getLogger(__name__)
 
 
 class MobileSAM(Model):
@@ -86,16 +89,19 @@ class MobileSAM(Model):
         """Masks for a prompt: ``model(image, points=[[x, y]], labels=[1], boxes=[[x1, y1, x2, y2]],
         multimask=True)``, or ``model(points=...)`` on the image of :meth:`set_image`. See
         :class:`libreyolo.tasks.segment_prompt.predictor.PromptPredictor` for the options.
-        ``save`` writes the annotated pictures to ``save_dir`` (default: a new ``runs/predict``).
+        ``save`` writes the annotated pictures to ``save_dir`` (default: a new
+        ``runs/segment-prompt/predict``; ``Results.save_dir`` names it).
         """
         results = self.get_predictor()(source, **kwargs)
         if parse_bool("save", save):
-            from ...engine.paths import UniqueNames, next_run_dir
-            out_dir = Path(save_dir) if save_dir else next_run_dir("runs", "predict", exist_ok)
+            from ...engine.paths import UniqueNames, next_run_dir, task_project
+            from ...logs import info_shown
+            out_dir = Path(save_dir) if save_dir else next_run_dir(task_project(self.TASK), "predict", exist_ok)
             out_dir.mkdir(parents=True, exist_ok=True)
             unique = UniqueNames()
             for r in results:
-                r.saved_to = r.save(out_dir / unique(Path(r.path).stem))
+                r.saved_to, r.save_dir = r.save(out_dir / unique(Path(r.path).stem)), str(out_dir)
+            info_shown(log, "saved %d annotated image(s) to %s", len(results), out_dir)
         return results
 
     __call__ = predict

@@ -1,6 +1,7 @@
 """The depth result of one image: :class:`DepthMap` (``Results.depth``)."""
 from __future__ import annotations
 
+import logging
 import os
 import uuid
 from pathlib import Path
@@ -18,6 +19,9 @@ __all__ = ["DepthMap", "DEFAULT_CMAP", "colormap_lut"]
 DEFAULT_CMAP = "Spectral_r"
 #: raw-map formats :meth:`DepthMap.save` writes, by suffix
 RAW_SUFFIXES = (".npy", ".png", ".tif", ".tiff")
+
+log = logging.getLogger(__name__)
+_said_constant: set[str] = set()   # a constant map is explained once per process (not per video frame)
 
 
 def colormap_lut(cmap: str) -> np.ndarray:
@@ -93,10 +97,17 @@ class DepthMap(PixelMap):
         (bottom), labelled with the map's max / mid / min values."""
         if tuple(image.shape[:2]) != self.shape:
             raise ValueError(f"image of shape {tuple(image.shape)} does not match the depth map {self.shape}")
+        lo, hi = self.min, self.max
+        if lo == hi and "constant" not in _said_constant:
+            _said_constant.add("constant")
+            log.warning("the depth map is the same value (%.3g) everywhere, so the picture is one colour and its "
+                        "colour bar reads %.3g throughout%s", lo, lo,
+                        ": an untrained depth model's head (it ends in a ReLU) often outputs 0 everywhere; train "
+                        "it or load trained weights" if lo == 0 else "")
         picture = self.colorize(cmap)
         if not colorbar:
             return picture
-        return _with_colorbar(picture, colormap_lut(cmap), self.min, self.max)
+        return _with_colorbar(picture, colormap_lut(cmap), lo, hi)
 
     def save(self, path: str | os.PathLike) -> str:
         """Write the raw map: ``.npy`` (float32 numpy array), ``.tif`` / ``.tiff`` (float32 TIFF) or

@@ -133,6 +133,15 @@ class PromptPredictor:
             start = end
         return states
 
+    def _warn_untrained(self) -> None:
+        """One warning per model, as the other families give: an untrained MobileSAM's masks mean nothing."""
+        m = self.model
+        if not m.trained and not getattr(m, "_warned_untrained", False):
+            import logging
+            logging.getLogger(__name__).warning(
+                "%s-%s is UNTRAINED (random weights): its masks are meaningless", m.FAMILY, m.size)
+            m._warned_untrained = True
+
     def set_image(self, source: Any, *, imgsz: int | None = None, cuda_graph: Any = False, amp: Any = False,
                   bgr: Any = None, color_format: Any = None) -> ImageState:
         """Embed one image and make it the current one (prompt calls without an image use it)."""
@@ -140,6 +149,7 @@ class PromptPredictor:
         if len(items) != 1:
             raise ValueError(f"set_image takes one image, got {len(items)}; call it once per image")
         m = self.model
+        self._warn_untrained()
         self.current = self.encode(items, self._size(imgsz), normalize_mode(cuda_graph), parse_amp(amp, m.AMP_DTYPE))[0]
         return self.current
 
@@ -200,11 +210,7 @@ class PromptPredictor:
             t0 = time.perf_counter()
             items = load_sources(source, bgr=parse_color(bgr, color_format), strict=strict)
             load = (time.perf_counter() - t0) * 1e3 / max(1, len(items))
-            if not m.trained and not getattr(m, "_warned_untrained", False):
-                import logging
-                logging.getLogger(__name__).warning(
-                    "%s-%s is UNTRAINED (random weights): its masks are meaningless", m.FAMILY, m.size)
-                m._warned_untrained = True
+            self._warn_untrained()
             results = []
             for start in range(0, len(items), batch):
                 chunk = items[start:start + batch]
