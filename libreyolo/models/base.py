@@ -537,6 +537,7 @@ class Model:
         ds = self.task.resolve_data(data)
         if ds.nc != self.nc:
             raise ValueError(f"the dataset has {ds.nc} classes but the model predicts {self.nc}")
+        self.task.prepare_model(self, ds)
         check_config(cfg, self.STRIDE)
         device, amp_dtype, channels_last = device_settings(self, cfg)
         self.to(device)

@@ -93,3 +93,53 @@ def test_task_variant_is_chosen_by_task_and_by_checkpoint(tmp_path, pose_model):
     with torch.no_grad():
         a, b = pose_model.model(x), loaded.model(x)
     assert torch.equal(a["pred_keypoints"], b["pred_keypoints"])
+
+
+def _pose_batch(bucket):
+    from libreyolo.tasks.pose.data import PoseSample, PoseDataset, collate_pose
+    samples = []
+    for n in (1, 3):
+        kp = np.zeros((n, 17, 3), np.float32)
+        kp[..., 0] = np.linspace(0.2, 0.8, 17)
+        kp[..., 1] = np.linspace(0.3, 0.6, n)[:, None]
+        kp[..., 2] = 2.0
+        kp[:, 5, 2] = 0.0
+        boxes = np.tile(np.array([[0.5, 0.45, 0.6, 0.3]], np.float32), (n, 1))
+        samples.append(PoseSample(None, (64, 64), np.zeros(n, np.int64), boxes, kp))
+    ds = PoseDataset(samples, 64, tuple(range(17)))
+    items = [(torch.zeros(3, 64, 64, dtype=torch.uint8), torch.from_numpy(s.cls), torch.from_numpy(s.boxes),
+              torch.from_numpy(s.kpts)) for s in ds.samples]
+    return collate_pose(items, bucket=bucket)
+
+
+def test_pose_loss_ignores_padding_and_trains_every_output(pose_model):
+    net = pose_model.model
+    loss_fn = pose_model.build_loss()
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 64, 64)
+    net.train()
+    try:
+        out = pose_model.train_forward(net, x)
+        small, large = _pose_batch(4), _pose_batch(16)
+        assert small[1].shape[1] == 4 and large[1].shape[1] == 16
+        loss_a, items_a = loss_fn(out, *small[1:])
+        loss_b, items_b = loss_fn(out, *large[1:])
+        assert torch.equal(items_a, items_b) and torch.isfinite(loss_a)
+        assert len(out["aux_outputs"]) == 2 and "pre_outputs" in out and "enc_outputs" in out
+        loss_a.backward()
+        for name in ("decoder.class_embed.2.weight", "decoder.pose_embed.0.layers.2.weight",
+                     "decoder.enc_pose_embed.layers.3.weight", "backbone.backbone.blocks.0.attn.qkv.weight"):
+            g = net.get_parameter(name).grad
+            assert g is not None and g.abs().sum() > 0, name
+    finally:
+        net.zero_grad(set_to_none=True)
+        net.eval()
+
+
+def test_val_on_shapes_pose_reports_oks_map(tmp_path):
+    from libreyolo.tasks.pose.synthetic import make_shapes_pose_dataset
+    data = make_shapes_pose_dataset(tmp_path / "sp", n_train=2, n_val=2, imgsz=64, seed=0)
+    model = LibreYOLO.new("ec", "s", task="pose", device="cpu", seed=0)
+    metrics = model.val(data=str(data), imgsz=64, batch=2, workers=0)
+    assert set(metrics) >= {"oks_map50", "oks_map50_95"} and model.num_keypoints == 4
+    assert model.meta["flip_idx"] == [1, 0, 3, 2] and model.meta["kpt_shape"] == [4, 3]

@@ -52,6 +52,9 @@ class ECPose(EC):
     SUPPORTS_CUDA_GRAPH = False
     SUPPORTS_CUDA_GRAPH_TRAIN_SEAM = False
     TASK_VARIANTS: ClassVar[dict[str, str]] = {"detect": ".ec.model:EC"}
+    #: the DETR recipe's optimizer settings (the pose task has no mosaic or DETR augmentation policy)
+    TRAIN_DEFAULTS: ClassVar[dict[str, Any]] = {"optimizer": "AdamW", "lr0": 1e-4, "weight_decay": 1e-4,
+                                                "clip_grad": 0.1}
     SIGNATURE_KEYS = ("backbone.backbone.register_token", "backbone.backbone.rope_embed.periods",
                       "decoder.decoder.half_pose_ref_point_head.layers.0.weight",
                       "decoder.enc_pose_embed.layers.0.weight")
@@ -59,6 +62,37 @@ class ECPose(EC):
     NC_EXTRA_CHANNELS = 1
     #: keypoints per instance of the released checkpoints (COCO's person skeleton)
     NUM_KEYPOINTS = COCO_KEYPOINTS
+
+    def __init__(self, net: nn.Module, **kwargs: Any):
+        super().__init__(net, **kwargs)
+        self.num_keypoints = int(net.decoder.num_keypoints)
+
+    @classmethod
+    def from_checkpoint(cls, ckpt: dict, **kwargs: Any) -> "ECPose":
+        """A checkpoint of any keypoint count (its ``keypoint_embedding`` rows)."""
+        emb = ckpt["model"].get("decoder.keypoint_embedding.weight")
+        k = int(emb.shape[0]) if emb is not None else cls.NUM_KEYPOINTS
+        if k != cls.NUM_KEYPOINTS:
+            variant = type(cls.__name__, (cls,), {"NUM_KEYPOINTS": k, "__module__": cls.__module__,
+                                                  "__doc__": cls.__doc__})
+            return variant.from_checkpoint(ckpt, **kwargs)
+        return super().from_checkpoint(ckpt, **kwargs)
+
+    def reset_keypoints(self, num_keypoints: int) -> None:
+        """Rebuild the network for ``num_keypoints`` keypoints per instance, keeping every weight
+        whose shape still fits (the keypoint-count-dependent layers start untrained)."""
+        new = ECPoseNet(EC_CONFIGS[self.size], self.nc, int(num_keypoints))
+        old, fresh = self.model.state_dict(), new.state_dict()
+        new.load_state_dict({k: v for k, v in old.items() if k in fresh and fresh[k].shape == v.shape}, strict=False)
+        self._attach(new.to(self.device))
+        self.num_keypoints = int(num_keypoints)
+
+    def reset_classes(self, nc: int, names: Any = None) -> None:
+        """As :meth:`Model.reset_classes`, keeping this model's keypoint count."""
+        k = self.num_keypoints
+        super().reset_classes(nc, names)
+        if k != self.NUM_KEYPOINTS:
+            self.reset_keypoints(k)
 
     @classmethod
     def default_names(cls, nc: int) -> dict[int, str]:
@@ -79,5 +113,24 @@ class ECPose(EC):
         logits, kpts = self.split_outputs(self.model(x))
         return pose_postprocess(logits.float(), kpts.float(), x.shape[-1], x.shape[-2], self.NUM_TOP)
 
+    def sigmas(self) -> tuple[float, ...]:
+        """The OKS sigmas of this model's keypoints: the training dataset's (metadata ``kpt_sigmas``),
+        else COCO's for 17 keypoints, else 0.05 each."""
+        from ...tasks.pose.results import COCO_SIGMAS
+        given = self.meta.get("kpt_sigmas")
+        if given is not None and len(given) == self.num_keypoints:
+            return tuple(float(v) for v in given)
+        return COCO_SIGMAS if self.num_keypoints == 17 else (0.05,) * self.num_keypoints
+
     def build_loss(self) -> nn.Module:
-        raise NotImplementedError("training is not implemented for the EC pose variant yet")
+        """The DETRPose-style set criterion (:class:`.pose_loss.PoseSetLoss`)."""
+        from .pose_loss import PoseSetLoss
+        return PoseSetLoss(self.nc, self.sigmas())
+
+    def train_seam(self, net: nn.Module) -> nn.Module | None:
+        return None
+
+    def train_forward(self, net: nn.Module, x: torch.Tensor, *targets: torch.Tensor) -> Any:
+        """Training-mode forward (no query denoising): every layer's, the initial keypoints' and
+        the encoder proposals' outputs (see :mod:`.pose_nn`)."""
+        return net(x)

@@ -35,7 +35,10 @@ original's query-denoising embeddings, kept so its checkpoints load.
 
 Eval output: ``{"pred_logits": (B, Q, 2) pre-sigmoid (the last logit is the person score),
 "pred_keypoints": (B, Q, 2K) x1, y1, ..., xK, yK normalised to the input}``. Every shape is fixed
-and nothing syncs with the host.
+and nothing syncs with the host. Training mode adds, in the same format, every earlier layer's
+outputs (``aux_outputs``), the first layer's initial keypoints (``pre_outputs``) and the selected
+encoder proposals (``enc_outputs``), each supervised by the set criterion (:mod:`.pose_loss`).
+Query denoising (the original's ``label_enc`` / ``pose_enc`` groups) is not used in training here.
 """
 from __future__ import annotations
 
@@ -299,6 +302,9 @@ class ECPoseDecoder(nn.Module):
         initial = None
         logits = kpts = None
         feat_lqe = feats[0]
+        per_layer = []              # training: every layer's (logits, keypoints)
+        pre = None
+        last = len(layers.layers) - 1
         for i, layer in enumerate(layers.layers):
             pos = layers.half_pose_ref_point_head(layers.sine_embedding(ref[:, :, 1:]))
             if prev_pose is not None:
@@ -306,16 +312,30 @@ class ECPoseDecoder(nn.Module):
             x = layer(x, pos, ref, value, shapes)
             out_pose, out_inst = x[:, :, 1:], x[:, :, 0]
             if i == 0:
-                initial = torch.sigmoid(self.pre_pose_embed(out_pose) + inverse_sigmoid(ref[:, :, 1:])).detach()
+                pre_kpts = torch.sigmoid(self.pre_pose_embed(out_pose) + inverse_sigmoid(ref[:, :, 1:]))
+                initial = pre_kpts.detach()
+                if self.training:
+                    pre = (self.class_embed[0](out_inst), pre_kpts.flatten(-2))
             step = self.pose_embed[i](out_pose if prev_pose is None else out_pose + prev_pose)
             corners = step if corners is None else step + corners
             prob = F.softmax(corners.reshape(b, nq, k, 2, self.reg_max + 1), -1)
             kpts = initial + F.linear(prob, project) / self.reg_scale.abs()
             ref = torch.cat([kpts.mean(2, keepdim=True), kpts], 2)
-            if i == len(layers.layers) - 1:
+            if self.training or i == last:
                 logits = self.lqe_embed[i](self.class_embed[i](out_inst), kpts, feat_lqe)
-            prev_pose = out_pose
-        return {"pred_logits": logits, "pred_keypoints": kpts.flatten(-2)}
+                per_layer.append((logits, kpts.flatten(-2)))
+            if self.training:       # each layer refines from the previous one's detached state
+                ref = ref.detach()
+                prev_pose = out_pose.detach()
+            else:
+                prev_pose = out_pose
+        out = {"pred_logits": logits, "pred_keypoints": kpts.flatten(-2)}
+        if self.training:
+            out["aux_outputs"] = [{"pred_logits": lg, "pred_keypoints": kp} for lg, kp in per_layer[:-1]]
+            out["pre_outputs"] = {"pred_logits": pre[0], "pred_keypoints": pre[1]}
+            enc_top = enc_logits.gather(1, idx.unsqueeze(-1).expand(-1, -1, enc_logits.shape[-1]))
+            out["enc_outputs"] = {"pred_logits": enc_top, "pred_keypoints": enc_kpts.flatten(-2)}
+        return out
 
 
 class ECPoseNet(nn.Module):

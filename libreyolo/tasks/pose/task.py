@@ -11,14 +11,64 @@ from the checkpoint's metadata (a pose dataset's YAML), else COCO's 17-keypoint 
 """
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 import torch
 
 from ...ops.letterbox import inverse_params, unletterbox_boxes
-from ..base import PredictPlan, Task
+from ...options import Fraction, Int, check_fields, option
+from ..base import Evaluator, PredictPlan, Task, TaskOptions
 from .results import Keypoints
+
+
+@dataclass
+class PoseOptions(TaskOptions):
+    """Pose training options: flip augmentation, target padding, validation threshold."""
+
+    fliplr: float = option(0.5, "probability of a horizontal flip (keypoints swapped by flip_idx)", Fraction())
+    bucket: int = option(16, "instances padded to this times a power of two (fixed loss shapes)", Int(1))
+    val_conf: float = option(0.001, "confidence threshold of validation", Fraction())
+
+    def __post_init__(self) -> None:
+        self.check()
+
+    def check(self) -> None:
+        check_fields(self)
+
+
+class PoseEvaluator(Evaluator):
+    """OKS mAP50 / mAP50-95 of a validation split (:func:`~.metrics.oks_map`), measured on the
+    network's square input (the images as the stage sees them) with the dataset's sigmas."""
+
+    def __init__(self, model, options: PoseOptions, sigmas: tuple[float, ...]):
+        self.model, self.options, self.sigmas = model, options, tuple(sigmas)
+        self.reset()
+
+    def reset(self) -> None:
+        self.preds: list[dict] = []
+        self.gts: list[dict] = []
+
+    def process(self, outputs, batch) -> None:
+        boxes, scores, cls, kpts = (t.detach().float().cpu().numpy() for t in outputs)
+        images, gcls, gboxes, gkpts, mask = batch
+        size = np.array([images.shape[-1], images.shape[-2]], np.float64)
+        for i in range(len(images)):
+            keep = scores[i] >= self.options.val_conf
+            self.preds.append({"boxes": boxes[i][keep], "scores": scores[i][keep], "cls": cls[i][keep],
+                               "kpts": kpts[i][keep]})
+            m = mask[i].numpy()
+            b = gboxes[i].numpy()[m].astype(np.float64)
+            xyxy = np.concatenate([(b[:, :2] - b[:, 2:] / 2) * size, (b[:, :2] + b[:, 2:] / 2) * size], 1)
+            k = gkpts[i].numpy()[m].astype(np.float64)
+            k[..., :2] *= size
+            self.gts.append({"boxes": xyxy, "kpts": k, "cls": gcls[i].numpy()[m]})
+
+    def evaluate(self) -> dict[str, float]:
+        from .metrics import oks_map
+        return oks_map(self.preds, self.gts, self.sigmas)
 
 
 def skeleton_of(model) -> tuple | None:
@@ -76,6 +126,8 @@ class PosePlan(PredictPlan):
 class PoseTask(Task):
     name = "pose"
     primary_metric = "oks_map50_95"
+    Options = PoseOptions
+    val_option_names = {"conf": "val_conf"}
     predict_defaults = {"conf": 0.25, "max_det": 300, "classes": None}
 
     def plan(self, model, size, constants, **opts) -> PosePlan:
@@ -88,3 +140,63 @@ class PoseTask(Task):
         max_det, _ = check_max_det(o["max_det"], None)
         return PosePlan(model, constants, conf=check_fraction("conf", o["conf"]), max_det=max_det,
                         classes=parse_classes(o["classes"], model.names))
+
+    # ------------------------------------------------------------------- data
+    def prepare_model(self, model, data) -> None:
+        """An untrained model takes the dataset's keypoint count (its keypoint layers rebuilt); a
+        trained one must already have it."""
+        n = getattr(model, "num_keypoints", None)
+        if n is not None and data.kpt_shape[0] != n:
+            if model.trained:
+                raise ValueError(f"the dataset has {data.kpt_shape[0]} keypoints per instance (kpt_shape), the "
+                                 f"trained {model.FAMILY}-{model.size} pose model {n}")
+            model.reset_keypoints(data.kpt_shape[0])
+
+    def resolve_data(self, data):
+        from .data import resolve_pose_data
+        return resolve_pose_data(data)
+
+    def datasets(self, data, imgsz, model, options: PoseOptions):
+        from .data import PoseDataset, collate_pose
+        n = getattr(model, "num_keypoints", None)
+        if n is not None and data.kpt_shape[0] != n:
+            raise ValueError(f"the dataset has {data.kpt_shape[0]} keypoints per instance (kpt_shape), the "
+                             f"{model.FAMILY}-{model.size} pose model {n}")
+        # the dataset's keypoint layout travels with the model (its checkpoint, plots, OKS sigmas)
+        model.meta.update(kpt_shape=list(data.kpt_shape), flip_idx=list(data.flip_idx),
+                          skeleton=[list(p) for p in data.skeleton], kpt_sigmas=list(data.sigmas))
+        train = PoseDataset(data.train, imgsz, data.flip_idx, augment=True, fliplr=options.fliplr)
+        val = PoseDataset(data.val, imgsz, data.flip_idx)
+        return train, val, functools.partial(collate_pose, bucket=options.bucket)
+
+    def target_rows(self, targets) -> int:
+        return int(targets[0].shape[1])     # cls (B, M): the bucketed M
+
+    def pad_target_rows(self, targets, rows: int) -> list:
+        import torch.nn.functional as F
+        cls, boxes, kpts, mask = targets
+        more = rows - cls.shape[1]
+        if more < 0:
+            raise ValueError(f"cannot pad {cls.shape[1]} target rows to {rows}")
+        return [F.pad(cls, (0, more)), F.pad(boxes, (0, 0, 0, more)), F.pad(kpts, (0, 0, 0, 0, 0, more)),
+                F.pad(mask, (0, more), value=False)]
+
+    # ------------------------------------------------------------ evaluation
+    def evaluator(self, model, options: PoseOptions) -> PoseEvaluator:
+        from .results import COCO_SIGMAS
+        sigmas = (getattr(model, "meta", None) or {}).get("kpt_sigmas")
+        if sigmas is None:
+            n = getattr(model, "num_keypoints", 17)
+            sigmas = COCO_SIGMAS if n == 17 else (0.05,) * n
+        return PoseEvaluator(model, options, tuple(float(v) for v in sigmas))
+
+    def fitness(self, metrics) -> float:
+        def nz(v):
+            return 0.0 if v is None or v != v else float(v)
+        return 0.1 * nz(metrics.get("oks_map50")) + 0.9 * nz(metrics.get("oks_map50_95"))
+
+    def empty_metrics(self) -> dict[str, float]:
+        return {"oks_map50": float("nan"), "oks_map50_95": float("nan")}
+
+    def summary(self, metrics) -> str:
+        return f"OKS mAP50 {metrics['oks_map50']:.4f}  OKS mAP50-95 {metrics['oks_map50_95']:.4f}"
