@@ -77,7 +77,7 @@ _SET = PairedSet(
     data_yaml="# libreyolo built-in synthetic pose dataset (libreyolo.tasks.pose.synthetic)\n"
               "path: .\ntrain: images/train\nval: images/val\nnc: 1\nnames:\n  0: quad\n"
               "kpt_shape: [4, 3]\nflip_idx: [1, 0, 3, 2]\nskeleton: [[0, 1], [1, 2], [2, 3], [3, 0]]\n"
-              "kpt_sigmas: [0.05, 0.05, 0.05, 0.05]\n",
+              "kpt_sigmas: [0.1, 0.1, 0.1, 0.1]\n",
 )
 
 
