@@ -96,3 +96,8 @@ def test_oks_map_rewards_accurate_keypoints():
     assert exact == {"oks_map50": 1.0, "oks_map50_95": 1.0}
     assert close["oks_map50"] == 1.0 and 0.0 < close["oks_map50_95"] < 1.0
     assert far == {"oks_map50": 0.0, "oks_map50_95": 0.0}
+
+
+def test_missing_data_lists_the_built_in_pose_set():
+    with pytest.raises(ValueError, match="'shapes-pose'"):
+        resolve_pose_data(None)

@@ -25,7 +25,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from ...data.datasets import DataProblems, _list_split_images, label_path_for, names_from_spec, read_yaml
+from ...data.datasets import (DataProblems, _list_split_images, check_data_given, label_path_for, names_from_spec,
+                              read_yaml)
 from .results import COCO_FLIP_IDX, COCO_SIGMAS, default_skeleton
 
 BUILTIN_POSE = ("shapes-pose",)
@@ -135,6 +136,7 @@ def _layout(yaml_path: Path, spec: dict) -> tuple[tuple[int, int], tuple[int, ..
 
 def resolve_pose_data(data: Any) -> PoseDataConfig:
     """``"shapes-pose"`` (generated on first use) or a YOLO-pose dataset YAML -> the config."""
+    check_data_given(data, BUILTIN_POSE)
     if isinstance(data, str) and data == "shapes-pose":
         from .synthetic import make_shapes_pose_dataset
         cfg = resolve_pose_data(make_shapes_pose_dataset())
