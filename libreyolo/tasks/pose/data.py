@@ -194,10 +194,9 @@ class PoseDataset(torch.utils.data.Dataset):
     when ``augment``)."""
 
     def __init__(self, samples: list[PoseSample], imgsz: int, flip_idx: tuple[int, ...], augment: bool = False,
-                 fliplr: float = 0.5, seed: int = 0):
+                 fliplr: float = 0.5):
         self.samples, self.imgsz, self.flip_idx = samples, int(imgsz), tuple(flip_idx)
         self.augment, self.fliplr = augment, float(fliplr)
-        self.rng = np.random.default_rng(seed)
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -207,7 +206,8 @@ class PoseDataset(torch.utils.data.Dataset):
         with Image.open(s.path) as im:
             img = np.asarray(im.convert("RGB").resize((self.imgsz, self.imgsz), Image.BILINEAR))
         boxes, kpts = s.boxes.copy(), s.kpts.copy()
-        if self.augment and self.rng.random() < self.fliplr:
+        # torch's generator: the DataLoader seeds it per worker and per epoch from the run's seed
+        if self.augment and float(torch.rand(())) < self.fliplr:
             img = img[:, ::-1]
             boxes[:, 0] = 1.0 - boxes[:, 0]
             kpts = flip_keypoints(kpts, self.flip_idx)
