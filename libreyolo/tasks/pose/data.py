@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from ...data.datasets import (DataProblems, _list_split_images, check_data_given, label_path_for, names_from_spec,
+from ...data.datasets import (DataProblems, check_data_given, label_path_for, list_split_images, names_from_spec,
                               read_yaml)
 from .results import COCO_FLIP_IDX, COCO_SIGMAS, default_skeleton
 
@@ -161,7 +161,7 @@ def resolve_pose_data(data: Any) -> PoseDataConfig:
     for split in ("train", "val"):
         if split not in spec:
             raise ValueError(f"{yaml_path}: '{split}' is missing")
-        images, found = _list_split_images(yaml_path, split, spec[split], root, problems)
+        images, found = list_split_images(yaml_path, split, spec[split], root, problems)
         problems.extend(found)
         if not images:
             problems.extend([f"{split}: no images found in {spec[split]!r}"])
