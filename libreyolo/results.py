@@ -279,14 +279,14 @@ class Results:
 
     Tasks other than detection fill their own field instead of ``boxes`` (``probs`` for
     classification, ``masks`` for semantic segmentation, ``depth`` for depth estimation, ``alpha`` for
-    matting, ``texts`` for OCR). Such a field is an object of the task's
+    matting, ``texts`` for OCR, ``keypoints`` for pose, next to ``boxes``). Such a field is an object of the task's
     result type (``libreyolo/tasks/<task>/``) with ``plot_on(image, names) -> image``,
     ``summary(names, decimals)``, and ``cpu()`` / ``numpy()`` / ``to(...)``; :meth:`plot`,
     :meth:`summary` and the conversions use it.
     """
 
     #: the task fields besides ``boxes``, in drawing order (masks under labels)
-    FIELDS = ("alpha", "masks", "depth", "probs", "texts")
+    FIELDS = ("alpha", "masks", "depth", "probs", "texts", "keypoints")
     #: image formats :meth:`save` can write a cut-out (RGBA) to
     RGBA_FORMATS = ("PNG", "WEBP", "TIFF")
 
@@ -303,6 +303,7 @@ class Results:
         depth: Any = None,
         alpha: Any = None,
         texts: Any = None,
+        keypoints: Any = None,
     ):
         self.orig_img: np.ndarray = _to_numpy_image(orig_img)
         self.orig_shape: tuple[int, int] = (int(self.orig_img.shape[0]), int(self.orig_img.shape[1]))
@@ -315,6 +316,7 @@ class Results:
         self.depth = depth
         self.alpha = alpha
         self.texts = texts
+        self.keypoints = keypoints
         self.saved_to: str | None = None   # set by predict(save=True)
         self.save_dir: str | None = None   # the folder predict(save=True) wrote into
         # video frames (set by predict): position in the source, seconds since its first frame,
@@ -410,6 +412,8 @@ class Results:
             }
             if tid is not None:
                 row["track_id"] = tid
+            if self.keypoints is not None:   # pose: the instance's keypoints
+                row["keypoints"] = self.keypoints.instance_summary(len(out), normalize, decimals)
             out.append(row)
         return out
 

@@ -17,6 +17,7 @@ FIXTURES = [
     ("rtdetrv4", "s", "rtdetrv4-s"),
     ("deimv2", "atto", "deimv2-atto"),
     ("ec", "s", "ec-s"),
+    ("ec", "s", "ec-s-pose"),
     ("resnet", "18", "resnet-18"),
     ("efficientnetv2", "b0", "efficientnetv2-b0"),
     ("mobilenetv4", "s", "mobilenetv4-s"),
@@ -33,6 +34,11 @@ FIXTURES = [
 FIXTURE_FORWARD = {
     "ppocr-t-det": "det",
     "ppocr-t-rec": "rec",
+}
+
+# The task variant a fixture's network serves, where it is not its family's own task.
+FIXTURE_TASK = {
+    "ec-s-pose": "pose",
 }
 
 # Families whose checkpoints share another family's layout key for key: a bare state dict (no

@@ -91,6 +91,7 @@ def set_up(t) -> None:
         m.reset_classes(data.nc, data.names)
     else:
         m.names = dict(data.names)
+    t.task.prepare_model(m, data)
     m.imgsz = run.imgsz
     net = t.net = m.model
     if not m.trained and not run.resume:

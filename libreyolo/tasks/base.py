@@ -194,6 +194,10 @@ class Task:
         ``train`` and ``val`` (what :meth:`datasets` takes)."""
         raise NotImplementedError
 
+    def prepare_model(self, model, data: Any) -> None:
+        """Adapt ``model`` to the resolved dataset before its network is used for training or
+        validation (pose: an untrained model takes the dataset's keypoint count). Default: nothing."""
+
     def datasets(self, data: Any, imgsz: int, model, options: TaskOptions) -> tuple[Any, Any, Callable]:
         """(train dataset, val dataset, collate) for ``data`` at ``imgsz``; the collate gives
         ``(images uint8 (B, 3, S, S), *targets)``."""

@@ -1,6 +1,8 @@
 """ECDet declarations (the inference stage is DetrModel's)."""
 from __future__ import annotations
 
+from typing import ClassVar
+
 from torch import nn
 
 from ..detr_common.model import IMAGENET, DetrModel
@@ -26,6 +28,8 @@ class EC(DetrModel):
                       "backbone.projector.0.conv.weight", "decoder.decoder.layers.0.norm2.weight",
                       "decoder.pre_bbox_head.layers.0.weight")
     NC_KEY = "decoder.dec_score_head.0.weight"
+    #: the pose variant (``task="pose"``): :class:`.pose.ECPose`
+    TASK_VARIANTS: ClassVar[dict[str, str]] = {"pose": ".ec.pose:ECPose"}
 
     @classmethod
     def build_network(cls, size: str, nc: int) -> nn.Module:

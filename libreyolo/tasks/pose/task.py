@@ -1,0 +1,202 @@
+"""Pose estimation (keypoints): per-instance boxes and keypoints in original-image pixels.
+
+Predict stage (on the device, captured with the network where the family declares graphs): the
+family's ``infer`` returns fixed-shape candidates sorted by score - boxes (B, K, 4) xyxy, scores
+(B, K), classes (B, K) and keypoints (B, K, N, 2) in canvas pixels (a DETR-style family: a top-k
+over the queries, no NMS). On the host the candidates above ``conf`` (at most ``max_det``) are
+mapped back to each image's pixels and become ``Results.boxes`` and ``Results.keypoints``.
+
+The keypoint layout (``kpt_shape``), left/right flip order (``flip_idx``) and ``skeleton`` come
+from the checkpoint's metadata (a pose dataset's YAML), else COCO's 17-keypoint person layout.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import torch
+
+from ...ops.letterbox import inverse_params, unletterbox_boxes
+from ...options import Fraction, Int, check_fields, option
+from ..base import Evaluator, PredictPlan, Task, TaskOptions
+from .results import Keypoints
+
+
+@dataclass
+class PoseOptions(TaskOptions):
+    """Pose training options: flip augmentation, target padding, validation threshold."""
+
+    fliplr: float = option(0.5, "probability of a horizontal flip (keypoints swapped by flip_idx)", Fraction())
+    bucket: int = option(16, "instances padded to this times a power of two (fixed loss shapes)", Int(1))
+    val_conf: float = option(0.001, "confidence threshold of validation", Fraction())
+
+    def __post_init__(self) -> None:
+        self.check()
+
+    def check(self) -> None:
+        check_fields(self)
+
+
+class PoseEvaluator(Evaluator):
+    """OKS mAP50 / mAP50-95 of a validation split (:func:`~.metrics.oks_map`), measured on the
+    network's square input (the images as the stage sees them) with the dataset's sigmas."""
+
+    def __init__(self, model, options: PoseOptions, sigmas: tuple[float, ...]):
+        self.model, self.options, self.sigmas = model, options, tuple(sigmas)
+        self.reset()
+
+    def reset(self) -> None:
+        self.preds: list[dict] = []
+        self.gts: list[dict] = []
+
+    def process(self, outputs, batch) -> None:
+        boxes, scores, cls, kpts = (t.detach().float().cpu().numpy() for t in outputs)
+        images, gcls, gboxes, gkpts, mask = batch
+        size = np.array([images.shape[-1], images.shape[-2]], np.float64)
+        for i in range(len(images)):
+            keep = scores[i] >= self.options.val_conf
+            self.preds.append({"boxes": boxes[i][keep], "scores": scores[i][keep], "cls": cls[i][keep],
+                               "kpts": kpts[i][keep]})
+            m = mask[i].numpy()
+            b = gboxes[i].numpy()[m].astype(np.float64)
+            xyxy = np.concatenate([(b[:, :2] - b[:, 2:] / 2) * size, (b[:, :2] + b[:, 2:] / 2) * size], 1)
+            k = gkpts[i].numpy()[m].astype(np.float64)
+            k[..., :2] *= size
+            self.gts.append({"boxes": xyxy, "kpts": k, "cls": gcls[i].numpy()[m]})
+
+    def evaluate(self) -> dict[str, float]:
+        from .metrics import oks_map
+        return oks_map(self.preds, self.gts, self.sigmas)
+
+
+def skeleton_of(model) -> tuple | None:
+    """The checkpoint's ``skeleton`` metadata (pairs of keypoint indices), else None (the default)."""
+    meta = getattr(model, "meta", None) or {}
+    sk = meta.get("skeleton")
+    return None if sk is None else tuple(tuple(int(i) for i in pair) for pair in sk)
+
+
+def unletterbox_keypoints(kpts: np.ndarray, sx: float, sy: float, pad_x: int = 0, pad_y: int = 0) -> np.ndarray:
+    """(n, K, 2+) canvas keypoints -> an image's pixels, in place (not clipped: a keypoint may lie
+    outside the image)."""
+    kpts[..., 0] = (kpts[..., 0] - pad_x) / sx
+    kpts[..., 1] = (kpts[..., 1] - pad_y) / sy
+    return kpts
+
+
+class PosePlan(PredictPlan):
+    """One pose predict call (see the module docstring)."""
+
+    def __init__(self, model, constants: Callable[..., torch.Tensor], *, conf: float, max_det: int,
+                 classes: list[int] | None):
+        self.model = model
+        self.conf, self.max_det, self.classes = float(conf), int(max_det), classes
+
+    def finish(self, outputs, *extra):
+        return outputs    # the family's infer is already the fixed-shape top-k
+
+    def results(self, out, chunk, size, speed):
+        from ...results import Boxes, Results
+        m = self.model
+        boxes, scores, cls, kpts = (t.detach().float().cpu().numpy() for t in out)
+        skeleton = skeleton_of(m)
+        results = []
+        for i, it in enumerate(chunk):
+            keep = scores[i] >= self.conf
+            if self.classes is not None:
+                keep &= np.isin(cls[i], self.classes)
+            idx = np.flatnonzero(keep)[: self.max_det]     # sorted by score already
+            det = np.concatenate([boxes[i][idx], scores[i][idx, None], cls[i][idx, None]], 1).astype(np.float32)
+            pts = kpts[i][idx].astype(np.float32)
+            h, w = int(it.image.shape[0]), int(it.image.shape[1])
+            sx, sy, px, py = inverse_params(h, w, size, m.preprocess.resize)
+            unletterbox_boxes(det, sx, sy, h, w, px, py)
+            unletterbox_keypoints(pts, sx, sy, px, py)
+            # no visibility output: each keypoint carries its instance's score
+            pts = np.concatenate([pts, np.repeat(det[:, None, 4:5], pts.shape[1], 1)], 2)
+            results.append(Results(it.image, it.name, m.names, Boxes(torch.from_numpy(det), (h, w)),
+                                   speed=dict(speed),
+                                   keypoints=Keypoints(torch.from_numpy(np.ascontiguousarray(pts)), (h, w),
+                                                       skeleton)))
+        return results
+
+
+class PoseTask(Task):
+    name = "pose"
+    primary_metric = "oks_map50_95"
+    Options = PoseOptions
+    val_option_names = {"conf": "val_conf"}
+    predict_defaults = {"conf": 0.25, "max_det": 300, "classes": None}
+
+    def plan(self, model, size, constants, **opts) -> PosePlan:
+        from ...options import check_fraction, check_max_det, parse_classes
+        unknown = set(opts) - set(self.predict_defaults)
+        if unknown:
+            raise ValueError(f"unknown pose predict option(s) {', '.join(sorted(unknown))}; "
+                             f"options: {', '.join(self.predict_defaults)}")
+        o = {**self.predict_defaults, **opts}
+        max_det, _ = check_max_det(o["max_det"], None)
+        return PosePlan(model, constants, conf=check_fraction("conf", o["conf"]), max_det=max_det,
+                        classes=parse_classes(o["classes"], model.names))
+
+    # ------------------------------------------------------------------- data
+    def prepare_model(self, model, data) -> None:
+        """An untrained model takes the dataset's keypoint count (its keypoint layers rebuilt); a
+        trained one must already have it."""
+        n = getattr(model, "num_keypoints", None)
+        if n is not None and data.kpt_shape[0] != n:
+            if model.trained:
+                raise ValueError(f"the dataset has {data.kpt_shape[0]} keypoints per instance (kpt_shape), the "
+                                 f"trained {model.FAMILY}-{model.size} pose model {n}")
+            model.reset_keypoints(data.kpt_shape[0])
+
+    def resolve_data(self, data):
+        from .data import resolve_pose_data
+        return resolve_pose_data(data)
+
+    def datasets(self, data, imgsz, model, options: PoseOptions):
+        from .data import PoseDataset, collate_pose
+        n = getattr(model, "num_keypoints", None)
+        if n is not None and data.kpt_shape[0] != n:
+            raise ValueError(f"the dataset has {data.kpt_shape[0]} keypoints per instance (kpt_shape), the "
+                             f"{model.FAMILY}-{model.size} pose model {n}")
+        # the dataset's keypoint layout travels with the model (its checkpoint, plots, OKS sigmas)
+        model.meta.update(kpt_shape=list(data.kpt_shape), flip_idx=list(data.flip_idx),
+                          skeleton=[list(p) for p in data.skeleton], kpt_sigmas=list(data.sigmas))
+        train = PoseDataset(data.train, imgsz, data.flip_idx, augment=True, fliplr=options.fliplr)
+        val = PoseDataset(data.val, imgsz, data.flip_idx)
+        return train, val, functools.partial(collate_pose, bucket=options.bucket)
+
+    def target_rows(self, targets) -> int:
+        return int(targets[0].shape[1])     # cls (B, M): the bucketed M
+
+    def pad_target_rows(self, targets, rows: int) -> list:
+        import torch.nn.functional as F
+        cls, boxes, kpts, mask = targets
+        more = rows - cls.shape[1]
+        if more < 0:
+            raise ValueError(f"cannot pad {cls.shape[1]} target rows to {rows}")
+        return [F.pad(cls, (0, more)), F.pad(boxes, (0, 0, 0, more)), F.pad(kpts, (0, 0, 0, 0, 0, more)),
+                F.pad(mask, (0, more), value=False)]
+
+    # ------------------------------------------------------------ evaluation
+    def evaluator(self, model, options: PoseOptions) -> PoseEvaluator:
+        from .results import COCO_SIGMAS
+        sigmas = (getattr(model, "meta", None) or {}).get("kpt_sigmas")
+        if sigmas is None:
+            n = getattr(model, "num_keypoints", 17)
+            sigmas = COCO_SIGMAS if n == 17 else (0.05,) * n
+        return PoseEvaluator(model, options, tuple(float(v) for v in sigmas))
+
+    def fitness(self, metrics) -> float:
+        def nz(v):
+            return 0.0 if v is None or v != v else float(v)
+        return 0.1 * nz(metrics.get("oks_map50")) + 0.9 * nz(metrics.get("oks_map50_95"))
+
+    def empty_metrics(self) -> dict[str, float]:
+        return {"oks_map50": float("nan"), "oks_map50_95": float("nan")}
+
+    def summary(self, metrics) -> str:
+        return f"OKS mAP50 {metrics['oks_map50']:.4f}  OKS mAP50-95 {metrics['oks_map50_95']:.4f}"
