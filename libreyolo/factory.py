@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from .models.base import Model
-from .models.registry import family_for_checkpoint, get_family, naming, parse_spec
+from .models.registry import TASK_SUFFIXES, family_for_checkpoint, get_family, naming, parse_spec
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +69,10 @@ class LibreYOLO:
                                  "family/size name such as 'yolo9t'. Known families and their weight "
                                  f"files:\n{_families_and_file_names()}")
             fam, size = spec
-            log.warning("building an UNTRAINED %s-%s from its configuration (random weights): "
-                        "its detections are meaningless until it is trained", fam.FAMILY, size)
+            variant = next((f"-{k}" for k, t in TASK_SUFFIXES.items()
+                            if t == fam.TASK and fam is not get_family(fam.FAMILY)), "")
+            log.warning("building an UNTRAINED %s-%s%s from its configuration (random weights): "
+                        "its outputs are meaningless until it is trained", fam.FAMILY, size, variant)
             m = fam.new(size, nc=nc, names=names, imgsz=imgsz, device=device)
             m._warned_untrained = True  # said here once; the predictor's first-call warning checks this
             return m

@@ -60,11 +60,25 @@ def get_family(name: str) -> type[Model]:
     raise ValueError(f"unknown model family {name!r}; known families: {', '.join(FAMILIES)}")
 
 
+#: a name's suffix naming a family's task variant ('ec-s-pose'), as the fixtures and the original
+#: works name them, and the task it stands for
+TASK_SUFFIXES = {"pose": "pose", "seg": "segment", "obb": "obb"}
+
+
 def parse_spec(text: str) -> tuple[type[Model], str] | None:
-    """'yolo9t', 'yolo9-t', 'LibreYOLO9t', 'LibreYOLO9t.pt' -> (Yolo9, 't'); else None."""
+    """'yolo9t', 'yolo9-t', 'LibreYOLO9t', 'LibreYOLO9t.pt' -> (Yolo9, 't'); a task suffix picks the
+    family's variant for that task ('ec-s-pose' -> (ECPose, 's')); else None (also for a task the
+    family does not serve here)."""
     stem = Path(str(text)).name
     stem = re.sub(r"\.(pt|pth|safetensors)$", "", stem, flags=re.IGNORECASE)
     low = stem.lower()
+    suffix = re.search(r"[-_](" + "|".join(TASK_SUFFIXES) + r")$", low)
+    if suffix:
+        hit = parse_spec(stem[:suffix.start()])
+        task = TASK_SUFFIXES[suffix.group(1)]
+        if hit is not None and task in (hit[0].TASK, *(v.TASK for v in hit[0].task_variants())):
+            return hit[0].for_task(task), hit[1]
+        return None   # e.g. the reference's LibreYOLO9c-seg.pt: a hub file, not a variant we build
     for fam in sorted(_TABLE, key=lambda f: -len(f)):
         _, file_prefix, sizes = _TABLE[fam]
         prefixes = {fam.lower(), file_prefix.lower()}

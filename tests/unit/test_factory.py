@@ -124,3 +124,15 @@ def test_untrained_from_new_warns_once_at_predict(caplog: pytest.LogCaptureFixtu
         m(image, imgsz=64)
         m(image, imgsz=64)
     assert len(_untrained_records(caplog)) == 1
+
+
+def test_a_task_suffix_names_the_family_variant(caplog):
+    """'ec-s-pose' builds EC's pose variant (as the original works name it); a task the family does
+    not serve here is no name of ours."""
+    from libreyolo.models.registry import parse_spec
+    with caplog.at_level(logging.WARNING, logger="libreyolo"):
+        m = LibreYOLO("ec-s-pose", device="cpu")
+    assert m.TASK == "pose" and m.FAMILY == "ec" and m.size == "s"
+    assert any("UNTRAINED ec-s-pose" in r.getMessage() for r in caplog.records)
+    assert parse_spec("LibreECs-pose.pt")[0] is type(m)
+    assert parse_spec("yolo9t-pose") is None
