@@ -230,7 +230,18 @@ def cover_size(h: int, w: int, size: int, multiple: int) -> tuple[int, int]:
         y = round(x / multiple) * multiple
         return int(math.ceil(x / multiple) * multiple) if y < size else int(y)
 
-    return side(scale * h), side(scale * w)
+    rh, rw = side(scale * h), side(scale * w)
+    if max(rh, rw) > COVER_MAX_ASPECT * size:
+        # the shorter side reaches size, so the longer one grows with the aspect ratio: a strip
+        # image would need a network input (and attention over its tokens) beyond any memory
+        raise ValueError(f"a {w}x{h} image (width x height) keeps its aspect ratio under this model's resize: "
+                         f"its network input would be {rw}x{rh}, more than {COVER_MAX_ASPECT}:1; crop or pad "
+                         "it nearer to square first")
+    return rh, rw
+
+
+#: the longest side the "cover" rule gives, in multiples of ``size`` (an aspect ratio of 8:1)
+COVER_MAX_ASPECT = 8
 
 
 #: PP-OCR's cap on either side after the "limit" rule's shrink

@@ -119,3 +119,13 @@ def test_network_input_matches_reference(family):
         else:
             worst = float((diff - level).max())
             assert worst <= bound, f"{family} {name}: the input differs by {worst:.3g} (bound {bound})"
+
+
+def test_a_strip_image_is_one_clear_error_not_an_enormous_input():
+    """The aspect-keeping rule would turn a 1x4000 strip into a 518 x 2 million input; refused."""
+    from libreyolo.ops.preprocess import COVER_MAX_ASPECT, cover_size
+    assert cover_size(480, 640, 518, 14) == (518, 686)
+    h, w = cover_size(518, 518 * COVER_MAX_ASPECT, 518, 14)
+    assert (h, w) == (518, 518 * COVER_MAX_ASPECT)
+    with pytest.raises(ValueError, match=r"a 4000x1 image .* more than 8:1; crop or pad"):
+        cover_size(1, 4000, 518, 14)
