@@ -136,3 +136,10 @@ def test_a_task_suffix_names_the_family_variant(caplog):
     assert any("UNTRAINED ec-s-pose" in r.getMessage() for r in caplog.records)
     assert parse_spec("LibreECs-pose.pt")[0] is type(m)
     assert parse_spec("yolo9t-pose") is None
+
+
+@pytest.mark.parametrize("family,size", [("ppocr", "t"), ("mobilesam", "tiny")])
+def test_families_with_their_own_new_take_the_factory_keywords(family, size):
+    """LibreYOLO.new passes task= to every family's new, also those that override it."""
+    m = LibreYOLO.new(family, size, device="cpu")
+    assert m.FAMILY == family

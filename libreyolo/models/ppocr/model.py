@@ -68,10 +68,10 @@ class PPOCR(Model):
 
     @classmethod
     def new(cls, size: str, nc: int | None = None, names: Any = None, *, imgsz: int | None = None,
-            device: Any = "auto", seed: int | None = None) -> "PPOCR":
+            device: Any = "auto", seed: int | None = None, task: str | None = None) -> "PPOCR":
         """An untrained PP-OCR model (``nc`` is always 1: the detector has one class, text)."""
         cls._check_size(size)
-        return super().new(size, 1, names, imgsz=imgsz, device=device, seed=seed)
+        return super().new(size, 1, names, imgsz=imgsz, device=device, seed=seed, task=task)
 
     @classmethod
     def from_checkpoint(cls, ckpt: dict, *, size: str | None = None, device: Any = "auto",
