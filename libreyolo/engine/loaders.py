@@ -229,14 +229,18 @@ def build_loaders(task, data, model, cfg, device: torch.device, dist=None, val_o
     ``cfg`` (a :class:`~libreyolo.engine.config.TrainConfig`): the task's datasets, the worker
     count (:func:`cap_workers`), the image cache filled before the workers start (forked workers
     share it), persistent workers that die with this process (:func:`loader_worker_init`).
-    ``val_only`` (``model.val``): the training split is neither cached nor given a loader
-    (``Loaders.train`` is None)."""
-    train_set, val_set, collate = task.datasets(data, cfg.run.imgsz, model, cfg.task)
+    ``val_only`` (``model.val``): the training split is not opened (``Task.val_dataset``), cached
+    or given a loader (``Loaders.train`` and ``Loaders.train_set`` are None)."""
+    if val_only:   # the training split is not even opened (its labels not parsed)
+        train_set = None
+        val_set, collate = task.val_dataset(data, cfg.run.imgsz, model, cfg.task)
+    else:
+        train_set, val_set, collate = task.datasets(data, cfg.run.imgsz, model, cfg.task)
     requested = default_workers(device) if cfg.run.workers is None else int(cfg.run.workers)
     batch, d = cfg.run.batch, dist
     epoch_seeded = EpochSeeded(train_set, cfg.run.seed, d.rank if d is not None else 0)
     sampler = None
-    n_train = len(train_set)
+    n_train = len(train_set) if train_set is not None else 0
     if d is not None:   # each rank its batch/world share of every global batch, reshuffled per epoch
         batch = d.local_batch(batch)
         sampler = torch.utils.data.DistributedSampler(epoch_seeded, d.world, d.rank, shuffle=True, seed=cfg.run.seed)
@@ -247,7 +251,8 @@ def build_loaders(task, data, model, cfg, device: torch.device, dist=None, val_o
     # no more workers than the machine and the dataset can use (workers=1000 on 8 images
     # once forked 1,000 processes and woke the out-of-memory killer); validation's loader
     # is capped by its own batches
-    workers, why = cap_workers(requested, train_batches, ranks)
+    # (validation alone: only the validation loader's own cap below applies)
+    workers, why = cap_workers(requested, requested if val_only else train_batches, ranks)
     cap_note = None   # logged by the trainer's set-up (a val() call builds the loaders too)
     if why:
         asked = f"workers={requested}" if cfg.run.workers is not None else f"the default {requested} workers"

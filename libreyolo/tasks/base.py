@@ -194,6 +194,13 @@ class Task:
         ``train`` and ``val`` (what :meth:`datasets` takes)."""
         raise NotImplementedError
 
+    def val_dataset(self, data: Any, imgsz: int, model, options: TaskOptions) -> tuple[Any, Callable]:
+        """(val dataset, collate) alone, for ``model.val``; a task whose training split is costly to
+        open (labels parsed, images listed) overrides this so that validation never reads it.
+        Default: :meth:`datasets`' val dataset and collate."""
+        _, val, collate = self.datasets(data, imgsz, model, options)
+        return val, collate
+
     def prepare_model(self, model, data: Any) -> None:
         """Adapt ``model`` to the resolved dataset before its network is used for training or
         validation (pose: an untrained model takes the dataset's keypoint count). Default: nothing."""

@@ -119,12 +119,18 @@ def test_cli_lines_never_break_a_path(monkeypatch):
 
 
 def test_val_neither_caches_nor_loads_the_train_split(tiny_data, monkeypatch):
-    """model.val reads the validation split alone: the training images are not cached (cache=auto
-    would decode them all) and get no loader."""
+    """model.val reads the validation split alone: the training split's labels are not parsed
+    (its dataset is never built), its images not cached (cache=auto would decode them all), and
+    it gets no loader."""
     from libreyolo.data.augment import DetectionDataset
     from libreyolo.engine import loaders as L
-    cached, built = [], []
-    real_cache, real_build = DetectionDataset.cache_images, L.build_loaders
+    cached, built, opened = [], [], []
+    real_cache, real_build, real_init = DetectionDataset.cache_images, L.build_loaders, DetectionDataset.__init__
+
+    def init(self, *a, **k):
+        opened.append(bool(k.get("augment", False)))
+        real_init(self, *a, **k)
+    monkeypatch.setattr(DetectionDataset, "__init__", init)
     monkeypatch.setattr(DetectionDataset, "cache_images",
                         lambda self, *a, **k: (cached.append(self.augment), real_cache(self, *a, **k))[1])
     monkeypatch.setattr(L, "build_loaders", lambda *a, **k: built.append(real_build(*a, **k)) or built[-1])
@@ -132,4 +138,5 @@ def test_val_neither_caches_nor_loads_the_train_split(tiny_data, monkeypatch):
     metrics = model.val(data=tiny_data, imgsz=64, batch=4, workers=0)
     assert "map50" in metrics
     assert cached == [False]   # the validation split's images only
-    assert built and built[0].train is None
+    assert opened == [False]   # one dataset built: the validation split's
+    assert built and built[0].train is None and built[0].train_set is None

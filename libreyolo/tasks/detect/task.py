@@ -334,7 +334,7 @@ class DetectTask(Task):
         return resolve_data(data)
 
     def datasets(self, data, imgsz, model, options: DetectOptions):
-        from ...data.augment import DetectionDataset, collate_detections
+        from ...data.augment import DetectionDataset
         o = options
         hyp = dict(mosaic=o.mosaic, degrees=o.degrees, translate=o.translate, scale=o.scale, fliplr=o.fliplr,
                    hsv_h=o.hsv_h, hsv_s=o.hsv_s, hsv_v=o.hsv_v, dense_mosaic=o.dense_mosaic, mixup=o.mixup,
@@ -343,8 +343,14 @@ class DetectTask(Task):
         resize, antialias = model.preprocess.resize, model.preprocess.antialias
         train = DetectionDataset(data.train, imgsz, augment=True, resize=resize, gpu_augment=o.gpu_augment,
                                  antialias=antialias, **hyp)
-        val = DetectionDataset(data.val, imgsz, augment=False, resize=resize, antialias=antialias)
-        return train, val, functools.partial(collate_detections, bucket=o.bucket)  # picklable under spawn
+        val, collate = self.val_dataset(data, imgsz, model, options)
+        return train, val, collate
+
+    def val_dataset(self, data, imgsz, model, options: DetectOptions):
+        from ...data.augment import DetectionDataset, collate_detections
+        val = DetectionDataset(data.val, imgsz, augment=False, resize=model.preprocess.resize,
+                               antialias=model.preprocess.antialias)
+        return val, functools.partial(collate_detections, bucket=options.bucket)  # picklable under spawn
 
     def device_augment(self, train_set, options: DetectOptions):
         """``gpu_augment=True``: the YOLO recipe on the device (:class:`~libreyolo.data.gpu_augment.

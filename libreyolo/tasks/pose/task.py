@@ -157,6 +157,12 @@ class PoseTask(Task):
         return resolve_pose_data(data)
 
     def datasets(self, data, imgsz, model, options: PoseOptions):
+        from .data import PoseDataset
+        val, collate = self.val_dataset(data, imgsz, model, options)
+        train = PoseDataset(data.train, imgsz, data.flip_idx, augment=True, fliplr=options.fliplr)
+        return train, val, collate
+
+    def val_dataset(self, data, imgsz, model, options: PoseOptions):
         from .data import PoseDataset, collate_pose
         n = getattr(model, "num_keypoints", None)
         if n is not None and data.kpt_shape[0] != n:
@@ -165,9 +171,8 @@ class PoseTask(Task):
         # the dataset's keypoint layout travels with the model (its checkpoint, plots, OKS sigmas)
         model.meta.update(kpt_shape=list(data.kpt_shape), flip_idx=list(data.flip_idx),
                           skeleton=[list(p) for p in data.skeleton], kpt_sigmas=list(data.sigmas))
-        train = PoseDataset(data.train, imgsz, data.flip_idx, augment=True, fliplr=options.fliplr)
         val = PoseDataset(data.val, imgsz, data.flip_idx)
-        return train, val, functools.partial(collate_pose, bucket=options.bucket)
+        return val, functools.partial(collate_pose, bucket=options.bucket)
 
     def target_rows(self, targets) -> int:
         return int(targets[0].shape[1])     # cls (B, M): the bucketed M
