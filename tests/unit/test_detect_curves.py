@@ -34,6 +34,17 @@ def test_false_positive_missed_box_and_wrong_class():
     assert low[3, 1] == 1 and low[0, 3] == 0
 
 
+def test_an_epoch_that_found_nothing_reports_p_and_r_zero():
+    """Objects present and nothing detected (an untrained model's first epoch): P 0, not the
+    curves' 1.0 of classes without detections; the same with detections that are all wrong."""
+    pr = pr_summary([np.zeros((0, 6)), np.zeros((0, 6))], GT, nc=3)
+    assert pr.p == 0.0 and pr.r == 0.0
+    assert pr.precision[pr.present].min() == 1.0       # the curves keep their convention
+    wrong = [np.array([[100, 100, 120, 120, 0.8, 0]]), np.array([[0, 0, 20, 20, 0.7, 2]])]
+    pr = pr_summary(wrong, GT, nc=3)
+    assert pr.p == 0.0 and pr.r == 0.0
+
+
 def test_no_ground_truth_and_no_predictions():
     pr = pr_summary([np.zeros((0, 6))], [np.zeros((0, 5))], nc=2)
     assert pr.p == pr.r == 0.0

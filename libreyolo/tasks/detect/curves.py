@@ -108,6 +108,10 @@ def summarize_pr(precision: np.ndarray, recall: np.ndarray, n_gt: np.ndarray, gr
     p_mean, r_mean = precision[present].mean(0), recall[present].mean(0)
     f1 = 2 * p_mean * r_mean / np.maximum(p_mean + r_mean, 1e-12)
     best = int(np.argmax(f1))
+    if f1[best] <= 0:
+        # no correct detection at any confidence: a class without detections has precision 1 on
+        # the curves (nothing claimed, nothing wrong), but an epoch that found nothing reports P 0
+        return PRSummary(g, precision, recall, present, 0.0, 0.0, 0.0)
     return PRSummary(g, precision, recall, present, float(g[best]), float(p_mean[best]), float(r_mean[best]))
 
 
