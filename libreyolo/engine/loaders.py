@@ -9,6 +9,7 @@ import functools
 import logging
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -295,3 +296,27 @@ def build_loaders(task, data, model, cfg, device: torch.device, dist=None, val_o
     # validation runs on rank 0 alone, at the global batch (as one GPU validates)
     val = torch.utils.data.DataLoader(val_set, batch_size=cfg.run.batch, shuffle=False, **common(val_workers))
     return Loaders(train, val, train_set, val_set, epoch_seeded, sampler, generator, cap_note)
+
+
+def close_loaders(drop: Callable[[], None], after_death: bool = False) -> None:
+    """Stop a run's loaders' persistent worker processes (and pin-memory threads) now, when the
+    run ends, instead of leaving them to the interpreter's exit: ``drop`` lets go of every
+    reference to the loaders and their iterators (a prefetched epoch's, validation's), then they
+    are collected. ``after_death``: one of the workers died, and torch's SIGCHLD check reports it
+    again while the others are joined (inside the iterators' ``__del__``, where Python can only
+    print it as an "Exception ignored" traceback); the run is already stopping with its own
+    message, so those are not printed."""
+    import gc
+    previous = sys.unraisablehook
+
+    def hook(unraisable):
+        if not worker_died(unraisable.exc_value):
+            previous(unraisable)
+
+    if after_death:
+        sys.unraisablehook = hook
+    try:
+        drop()
+        gc.collect()
+    finally:
+        sys.unraisablehook = previous

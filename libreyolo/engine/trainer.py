@@ -34,14 +34,14 @@ import torch
 from torch import nn
 
 from ..distributed import Distributed, revert_sync_batchnorm
-from ..logs import info_shown
 from ..tasks import Task
 from .background import frozen_heap
 from .config import TrainConfig
 from .hooks import (CheckpointHook, EvaluationHook, HookBase, HookError, ScheduleHook, StopHook, TimingHook, as_hooks,
                     timing_line)
-from .loaders import WorkerDeathSignal, build_loaders, worker_died
+from .loaders import WorkerDeathSignal, build_loaders, close_loaders, worker_died
 from .loggers import LoggingHook, TensorBoardHook
+from .outcome import run_outcome
 from .runs import (RunFolder, RunFolderBusy, TrainingDiverged, TrainingError, TrainingInterrupted, interrupted_message,
                    last_pt_kept)
 from .setup import check_config, device_settings, set_up
@@ -374,7 +374,7 @@ class Trainer:
                 torch.set_grad_enabled(grad_enabled)
                 self._end_run(heap, run.error)
             if run.error is None:
-                run.result = self._result()
+                run.result = run_outcome(self)
         except KeyboardInterrupt as exc:
             if isinstance(exc, TrainingInterrupted):
                 raise
@@ -483,7 +483,7 @@ class Trainer:
         # the (persistent) iterators holding the dead worker's registration go, so torch's
         # SIGCHLD check does not fire again later
         self._worker_signal.quiet = True   # (if the loader's own check saw it first)
-        self._close_loaders(after_death=True)
+        close_loaders(self._drop_loaders, after_death=True)
         return TrainingError(f"training stopped {where}: a DataLoader worker process died ({str(exc).strip()}). "
                              "The usual cause is the out-of-memory killer: lower workers= or batch=, or see the "
                              f"system log. {self._last_pt_kept()}.")
@@ -518,7 +518,7 @@ class Trainer:
                 child.close()       # (after the write in flight: close waits for its lock)
             t_loaders = time.perf_counter()
             self._worker_signal.quiet = True   # the workers' exits as they are shut down
-            self._close_loaders()
+            close_loaders(self._drop_loaders)
             self._worker_signal.uninstall()
             ends["loaders"] += time.perf_counter() - t_loaders
             if self.dist is not None:
@@ -531,50 +531,6 @@ class Trainer:
             timing["end_s"] = time.perf_counter() - t_close
         if failed is not None:
             raise failed
-
-    def _result(self) -> dict:
-        """The trained model handed back (the EMA's weights, predict's layout) and the run's account."""
-        if self.seam is not None:
-            self.model.set_train_seam(self.net, None)
-        # the trained weights the Model keeps are the EMA's
-        if self.ema is not None:
-            self.net.load_state_dict(self.ema.ema.state_dict())
-        if self.dist is None or self.dist.is_main:
-            self._load_best()
-        if self.channels_last:   # predict's layout is the contiguous one (its graphs and numbers)
-            self.net.to(memory_format=torch.contiguous_format)
-        self.net.eval()
-        self.model.trained = True
-        final = self.history[-1] if self.history else {}
-        item_names, timing = self.item_names, self.timing
-        runner, seam = self.step_runner, self.seam
-        best = self.best_metrics or {}
-        return {"run_dir": str(self.run_dir), "epochs": len(self.history), "time_s": time.time() - self.t_start,
-                "timing": {k: dict(v) if isinstance(v, dict) else v for k, v in timing.items()},
-                **{k: final.get(k) for k in self.metric_keys}, "best_metrics": best,
-                "best_epoch": self.best_epoch, "best_fitness": self.best_fitness, "history": self.history,
-                "stop_reason": self.stop_reason,
-                "loss_names": list(item_names),
-                "losses": [[h[f"train/{n}_loss"] for n in item_names] for h in self.history],
-                "cuda_graph": runner.info() if seam is None else {**runner.info(), "seam": seam.info()},
-                "best": str(self.run_dir / "weights" / "best.pt"), "last": str(self.run_dir / "weights" / "last.pt")}
-
-    def _load_best(self) -> None:
-        """The model takes best.pt's weights (the epoch of best validation fitness), as
-        ``LibreYOLO("best.pt")`` would have them; ``model.ckpt_path`` names the file. Without a
-        best.pt (no epoch with finite losses) it keeps the last epoch's, and says so."""
-        from ..weights import load_checkpoint
-        say = (lambda *a: info_shown(log, *a)) if self.cfg.run.verbose else log.info
-        weights = self.run_dir / "weights"
-        best, last = weights / "best.pt", weights / "last.pt"
-        if not best.is_file():
-            self.model.ckpt_path = str(last) if last.is_file() else None
-            say("no best.pt was written: the model keeps the last epoch's weights")
-            return
-        self.net.load_state_dict(load_checkpoint(best)["model"])
-        self.model.ckpt_path = str(best)
-        say("the model holds the weights of %s (epoch %s, the best validation fitness)", best,
-                 self.best_epoch if self.best_epoch is not None else len(self.history))
 
     def _saved(self) -> int | None:
         """The epoch ``last.pt`` holds (None: nothing saved); a resumed run that saved nothing yet
@@ -589,26 +545,9 @@ class Trainer:
         saved = self._saved() if epoch is not None and run_dir is not None else None
         return interrupted_message(epoch, run_dir, self.cfg.run.epochs, saved)
 
-    def _close_loaders(self, after_death: bool = False) -> None:
-        """Stop the loaders' persistent worker processes (and pin-memory threads) now, when the run
-        ends, instead of leaving them to the interpreter's exit. ``after_death``: one of them died,
-        and torch's SIGCHLD check reports it again while the others are joined (inside the
-        iterators' ``__del__``, where Python can only print it as an "Exception ignored"
-        traceback); the run is already stopping with its own message, so those are not printed."""
-        import gc
-        previous = sys.unraisablehook
-
-        def hook(unraisable):
-            if not worker_died(unraisable.exc_value):
-                previous(unraisable)
-
-        if after_death:
-            sys.unraisablehook = hook
-        try:   # a prefetched epoch's iterator, and validation's, too
-            self.train_loader = self.val_loader = self.data = self._prepared = self._val_batches = None
-            gc.collect()
-        finally:
-            sys.unraisablehook = previous
+    def _drop_loaders(self) -> None:
+        """Every reference to the loaders and their iterators: a prefetched epoch's, validation's."""
+        self.train_loader = self.val_loader = self.data = self._prepared = self._val_batches = None
 
     def _last_pt_kept(self) -> str:
         """What ``last.pt`` holds, for a run stopping on an error: the background write in flight
