@@ -49,11 +49,19 @@ class LibreYOLO:
 
     def __new__(cls, model: str | Path, device: Any = "auto", *, download: bool | None = None,
                 nc: int | None = None, names: Any = None, imgsz: int | None = None) -> Model:
+        if not isinstance(model, (str, os.PathLike)):
+            raise TypeError(f"model must be a checkpoint path or a family/size name such as 'yolo9t', got "
+                            f"{type(model).__name__} {model!r}")
         text = str(model)
+        if not text.strip():   # Path("") is the current folder: never load that
+            raise ValueError("model is empty: give a checkpoint path or a family/size name such as 'yolo9t'")
         path = Path(text)
         if nc is not None:
             from .options import check_int
             nc = check_int("nc", nc, 1)
+        if imgsz is not None:   # checked before anything is loaded (0 is not 'the default')
+            from .options import check_imgsz
+            imgsz = check_imgsz(imgsz)
         if path.suffix.lower() == ".onnx":   # an export of ours: run by onnxruntime (libreyolo/export)
             from .export.onnx_model import OnnxModel
             onnx = OnnxModel(path, device=device)

@@ -13,13 +13,14 @@ import json
 import logging
 import os
 import sys
-import uuid
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from PIL import Image, ImageDraw, ImageFont, ImageShow
+
+from .atomic import atomic_write
 
 __all__ = ["Boxes", "Results", "PALETTE", "class_color"]
 
@@ -506,17 +507,10 @@ class Results:
         if cutout is not None and fmt not in self.RGBA_FORMATS:
             raise ValueError(f"cannot save '{path}': a matte is saved as an RGBA cut-out, which {fmt} cannot "
                              f"hold; use .png, .webp or .tiff")
-        path.parent.mkdir(parents=True, exist_ok=True)
         image = Image.fromarray(cutout.rgba(self.orig_img)) if cutout is not None else Image.fromarray(self.plot())
         options = {"quality": 95} if fmt == "JPEG" else {}
-        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
-        try:
-            with open(tmp, "xb") as f:  # "x": never clobber; mode follows the umask like a normal file
-                image.save(f, format=fmt, **options)
-            os.replace(tmp, path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+        with atomic_write(path, what="save") as f:   # mode follows the umask like a normal file
+            image.save(f, format=fmt, **options)
         return str(path)
 
     def show(self) -> bool:

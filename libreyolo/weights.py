@@ -369,7 +369,10 @@ def save_checkpoint(ckpt: Mapping[str, Any], path: str | os.PathLike[str]) -> Pa
 
     _remove_stale_temps(path)
 
-    tmp = tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp", delete=False)
+    try:   # a read-only or full folder fails here already: the error names ``path``, not the temp file
+        tmp = tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp", delete=False)
+    except OSError as exc:
+        raise _save_error(path, exc, _tensor_bytes(ckpt) if payload is None else len(payload)) from exc
     try:
         _lock(tmp.fileno())   # released by the kernel when this process dies, however it dies
         with tmp:
@@ -715,7 +718,9 @@ def _tensor_bytes(obj: Any) -> int:
 def _save_error(path: Path, exc: BaseException, needed: int) -> CheckpointSaveError:
     """The one error a failed save raises: file, cause, space needed and free, what is left."""
     os_err = _os_error_in_chain(exc)
-    cause = _short(os_err if os_err is not None else exc)
+    # the OS's words without the temp file's name (the caller asked for ``path``)
+    cause = (f"OSError: [Errno {os_err.errno}] {os_err.strerror}" if os_err is not None and os_err.strerror
+             else _short(os_err if os_err is not None else exc))
     if os_err is not None and exc is not os_err:
         cause += f" (torch: {_short(exc, 160)})"
     try:
@@ -723,7 +728,12 @@ def _save_error(path: Path, exc: BaseException, needed: int) -> CheckpointSaveEr
     except OSError:
         free = None
     code = os_err.errno if os_err is not None else None
-    full = code == errno.ENOSPC or (free is not None and free < needed)
+    if code == errno.EROFS:
+        cause += f" ('{path.parent}' is on a read-only filesystem)"
+    elif code in (errno.EACCES, errno.EPERM):
+        cause += f" (no permission to write in '{path.parent}')"
+    # another known cause (read-only, no permission) is not a full disk, however little space is free
+    full = code == errno.ENOSPC or (code in (None, errno.EIO) and free is not None and free < needed)
     space = f"it needs about {_size(needed)}; " + (
         f"{_size(free)} free on the filesystem of '{path.parent}'" if free is not None
         else "free space unknown")

@@ -43,6 +43,8 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from ..atomic import write_error
+
 __all__ = ["VIDEO_EXTENSIONS", "STREAM_LIST_EXTENSIONS", "DEFAULT_TIMEOUT", "VideoSourceError", "Frame",
            "VideoStream", "VideoSources", "VideoWriter", "is_video_source", "open_video_sources",
            "video_encoder"]
@@ -495,7 +497,10 @@ class VideoWriter:
         self._frame_time = 1 / rate
         self.width, self.height = int(width), int(height)
         self._tmp = self.path.with_name(f".{self.path.name}.{uuid.uuid4().hex[:12]}.tmp")
-        self.container = av.open(str(self._tmp), "w", format="mp4")
+        try:
+            self.container = av.open(str(self._tmp), "w", format="mp4")
+        except OSError as exc:   # a read-only folder, a full disk: name the video, not the temp file
+            raise write_error(self.path, exc, what="save the video") from exc
         try:
             self.video = self.container.add_stream(self.codec, rate=rate)
             self.video.width, self.video.height = self.width, self.height
@@ -520,19 +525,30 @@ class VideoWriter:
         frame.pts = self.count
         frame.time_base = self._frame_time
         self.count += 1
-        for packet in self.video.encode(frame):
-            self.container.mux(packet)
+        try:
+            for packet in self.video.encode(frame):
+                self.container.mux(packet)
+        except OSError as exc:   # the disk filled: the caller aborts, which removes the temp file
+            raise write_error(self.path, exc, what="save the video") from exc
 
     def close(self) -> str:
-        """Flush the encoder, finish the file and return its path (idempotent)."""
+        """Flush the encoder, finish the file and return its path (idempotent). A failed write
+        (a full disk) removes the unfinished file and names the video."""
         if self.container is not None:
             try:
-                for packet in self.video.encode():
-                    self.container.mux(packet)
-            finally:
-                self.container.close()
-                self.container = None
-            os.replace(self._tmp, self.path)
+                try:
+                    for packet in self.video.encode():
+                        self.container.mux(packet)
+                finally:
+                    self.container.close()
+                    self.container = None
+                os.replace(self._tmp, self.path)
+            except OSError as exc:
+                try:
+                    self._tmp.unlink(missing_ok=True)
+                except OSError:   # never created (a read-only folder)
+                    pass
+                raise write_error(self.path, exc, what="save the video") from exc
         return str(self.path)
 
     def abort(self) -> None:
@@ -540,6 +556,11 @@ class VideoWriter:
         if self.container is not None:
             try:
                 self.container.close()
+            except OSError:   # the file is discarded: a full disk failing its last write changes nothing
+                pass
             finally:
                 self.container = None
-                self._tmp.unlink(missing_ok=True)
+                try:
+                    self._tmp.unlink(missing_ok=True)
+                except OSError:   # never created (a read-only folder)
+                    pass

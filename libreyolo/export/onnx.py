@@ -24,8 +24,8 @@ What it returns, per task
     * semantic: ``class_map`` (B, S, S), the argmax, in the dtype eager predict uses (uint8 up to
       256 classes).
 
-Exporter: the TorchScript-based one (``torch.onnx.export(dynamo=False)``). Every family exports
-with it at 160 px and onnxruntime reproduces eager predict (tests/unit/test_export_onnx.py). The
+Exporter: the TorchScript-based one (``torch.onnx.export(dynamo=False)``). Every detection, classification
+and semantic family exports with it at 160 px and onnxruntime reproduces eager predict (tests/unit/test_export_onnx.py). The
 dynamo exporter, tried on the networks of yolo9-t, rtdetr-r18, dfine-n, resnet-18 and
 segformer-b0, exported them too, but many times more slowly, which the parity tests of every
 family could not afford; and the NMS step needs
@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import errno
 import json
 import logging
 import os
@@ -48,6 +49,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..atomic import FileWriteError, atomic_write, write_error
 from ..ops.nms import nan_last
 
 log = logging.getLogger(__name__)
@@ -482,19 +484,12 @@ def read_metadata(path: str | os.PathLike) -> dict[str, str]:
 
 
 def _write_atomic(data: bytes, path: Path) -> None:
-    """``data`` to ``path`` via a temp file in the same directory, fsync and ``os.replace``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    """``data`` to ``path`` via a temp file in the same directory, fsync and ``os.replace``; a
+    failed write names ``path`` (:class:`libreyolo.atomic.FileWriteError`)."""
     try:
-        with os.fdopen(fd, "wb") as f:
+        with atomic_write(path, fsync=True, mode=0o644, what="export") as f:
             f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
+    except FileWriteError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):   # the size is known here: say it
+            raise write_error(path, exc.__cause__, needed=len(data), what="export") from exc.__cause__
         raise

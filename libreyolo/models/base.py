@@ -298,8 +298,10 @@ class Model:
             return cls.for_task(task).new(size, nc=nc, names=names, imgsz=imgsz, device=device, seed=seed)
         if size not in cls.SIZES:
             raise ValueError(f"unknown size {size!r} for {cls.FAMILY}; sizes: {', '.join(cls.SIZES)}")
-        from ..options import check_int, check_seed
+        from ..options import check_imgsz, check_int, check_seed
         nc = check_int("nc", cls.DEFAULT_NC if nc is None else nc, 1)
+        if imgsz is not None:   # a size predict would refuse is refused here (and 0 is not 'the default')
+            imgsz = check_imgsz(imgsz)
         if seed is not None:
             torch.manual_seed(check_seed(seed))
         return cls(cls.build_network(size, nc), size=size, nc=nc, names=names, imgsz=imgsz,
@@ -806,7 +808,13 @@ def _load_strict(net: nn.Module, sd: dict, what: str, source: str | None) -> Non
     unexpected = [k for k in sd if k not in ref]
     bad = [f"{k}: checkpoint {tuple(sd[k].shape)} vs model {tuple(ref[k].shape)}"
            for k in ref if k in sd and tuple(sd[k].shape) != tuple(ref[k].shape)]
-    if missing or unexpected or bad:
+    # load_state_dict casts silently: integer or boolean values into a floating-point weight, or a
+    # complex tensor's real part, would load as other numbers (a float16 file into float32 is fine)
+    wrong_type = [f"{k}: checkpoint {sd[k].dtype} vs model {ref[k].dtype}" for k in ref
+                  if k in sd and isinstance(sd[k], torch.Tensor)
+                  and ((ref[k].is_floating_point() and not sd[k].is_floating_point())
+                       or (sd[k].is_complex() and not ref[k].is_complex()))]
+    if missing or unexpected or bad or wrong_type:
         parts = []
         if missing:
             parts.append(f"{len(missing)} missing (e.g. {', '.join(missing[:3])})")
@@ -814,6 +822,8 @@ def _load_strict(net: nn.Module, sd: dict, what: str, source: str | None) -> Non
             parts.append(f"{len(unexpected)} unexpected (e.g. {', '.join(unexpected[:3])})")
         if bad:
             parts.append(f"{len(bad)} with the wrong shape (e.g. {'; '.join(bad[:3])})")
+        if wrong_type:
+            parts.append(f"{len(wrong_type)} of the wrong kind of number (e.g. {'; '.join(wrong_type[:3])})")
         raise ValueError(f"{source or 'state dict'} does not match {what}: " + ", ".join(parts))
     net.load_state_dict(sd, strict=True)
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from libreyolo import LibreYOLO
 from libreyolo import weights as W
@@ -143,3 +144,37 @@ def test_families_with_their_own_new_take_the_factory_keywords(family, size):
     """LibreYOLO.new passes task= to every family's new, also those that override it."""
     m = LibreYOLO.new(family, size, device="cpu")
     assert m.FAMILY == family
+
+
+@pytest.mark.parametrize("imgsz", [0, -1, "abc", 10**6])
+def test_a_bad_imgsz_is_refused_when_the_model_is_built(imgsz) -> None:
+    """imgsz=0 silently became the family's default, 'abc' failed inside int() without the
+    option's name, and -1 or 10**6 were kept until the first predict refused them."""
+    with pytest.raises(ValueError, match="imgsz"):
+        LibreYOLO.new("yolo9", "t", nc=2, imgsz=imgsz)
+    with pytest.raises(ValueError, match="imgsz"):
+        LibreYOLO("yolo9t", imgsz=imgsz)
+
+
+@pytest.mark.parametrize("model", ["", "  ", None])
+def test_an_empty_model_name_is_refused_naming_it(model) -> None:
+    """'' was read as the current folder ('cannot load checkpoint '.''), None as the name 'None'."""
+    with pytest.raises((ValueError, TypeError), match="model"):
+        LibreYOLO(model)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.complex64])
+def test_weights_of_another_kind_of_number_are_refused(tmp_path: Path, dtype: torch.dtype) -> None:
+    """load_state_dict casts integer or complex tensors into float weights silently (a model of
+    truncated or real-part numbers); a float16 file into the float32 model still loads."""
+    m = LibreYOLO.new("yolo9", "t", nc=2, imgsz=64, device="cpu")
+    m.save(tmp_path / "good.pt")
+    ckpt = torch.load(tmp_path / "good.pt", weights_only=True)
+    half = {**ckpt, "model": {k: v.half() if v.is_floating_point() else v for k, v in ckpt["model"].items()}}
+    torch.save(half, tmp_path / "half.pt")
+    assert LibreYOLO(str(tmp_path / "half.pt")).nc == 2
+    bad = {**ckpt, "model": {k: v.to(dtype) if v.is_floating_point() else v for k, v in ckpt["model"].items()}}
+    torch.save(bad, tmp_path / "bad.pt")
+    with pytest.raises(ValueError, match=rf"bad\.pt does not match yolo9-t: \d+ of the wrong kind of number "
+                                         rf"\(e\.g\. [\w.]+: checkpoint {dtype} vs model torch\.float32"):
+        LibreYOLO(str(tmp_path / "bad.pt"))

@@ -158,6 +158,26 @@ def test_odd_frame_size_is_kept(tmp_path):
     assert probe(tmp_path / "odd.mp4") == (Fraction(10), (33, 21), 3)
 
 
+def test_a_failed_video_write_names_the_video_and_leaves_no_temp_file(tmp_path, monkeypatch):
+    """A read-only folder or a full disk fails the writer's last steps: the error names the video
+    asked for, not the hidden temp file, and the temp file is gone."""
+    import errno
+
+    from libreyolo.data import video as V
+
+    def read_only(src, dst):
+        raise OSError(errno.EROFS, "Read-only file system", str(src))
+
+    w = VideoWriter(tmp_path / "out.mp4", 10, 32, 24)
+    w.write(np.zeros((24, 32, 3), np.uint8))
+    monkeypatch.setattr(V.os, "replace", read_only)
+    with pytest.raises(OSError) as info:
+        w.close()
+    text = str(info.value)
+    assert text.startswith(f"cannot save the video '{tmp_path / 'out.mp4'}'") and ".tmp" not in text
+    assert info.value.errno == errno.EROFS and list(tmp_path.iterdir()) == []
+
+
 def test_stopping_early_keeps_what_was_written(model, clip, tmp_path):
     gen = model.predict(clip, imgsz=64, stream=True, save=True, save_dir=tmp_path)
     for _ in range(3):

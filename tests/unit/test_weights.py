@@ -875,3 +875,21 @@ def test_hub_endpoint(monkeypatch: pytest.MonkeyPatch) -> None:
     assert W.hub_endpoint() == "https://hub.example.invalid"
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:8080/")
     assert W.hub_endpoint() == "http://127.0.0.1:8080"
+
+
+def test_read_only_folder_names_the_target_not_the_temp_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A save into a read-only folder fails creating its temp file: the error is the one save
+    error, naming the target the caller gave, and does not call a read-only folder a full disk."""
+    target = tmp_path / "best.pt"
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system", str(tmp_path / ".best.pt.abcd1234.tmp"))
+
+    monkeypatch.setattr(W.tempfile, "NamedTemporaryFile", read_only)
+    monkeypatch.setattr(W.shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10**9, 10**9 - 1000, 1000))
+    with pytest.raises(W.CheckpointSaveError) as info:
+        W.save_checkpoint({"model": {"w": torch.zeros(1000)}}, target)
+    text = str(info.value)
+    assert f"cannot save checkpoint '{target}'" in text and "read-only filesystem" in text
+    assert ".tmp" not in text and "disk is full" not in text
+    assert info.value.errno == errno.EROFS and info.value.filename == str(target)

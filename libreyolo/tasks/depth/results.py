@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import logging
 import os
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +10,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw
 
+from ...atomic import atomic_write
 from ...results import PixelMap, load_font
 
 __all__ = ["DepthMap", "DEFAULT_CMAP", "colormap_lut"]
@@ -118,21 +118,14 @@ class DepthMap(PixelMap):
         if suffix not in RAW_SUFFIXES:
             raise ValueError(f"cannot save the depth map as '{path}': use one of {', '.join(RAW_SUFFIXES)} "
                              f"(Results.save writes the colour-mapped picture)")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
-        try:
-            with open(tmp, "xb") as f:
-                if suffix == ".npy":
-                    np.save(f, self._host())
-                elif suffix == ".png":
-                    u16 = np.rint(self.normalized() * 65535).astype(np.uint16)
-                    Image.fromarray(u16).save(f, format="PNG")
-                else:
-                    Image.fromarray(self._host(), mode="F").save(f, format="TIFF")
-            os.replace(tmp, path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+        with atomic_write(path, what="save the depth map") as f:
+            if suffix == ".npy":
+                np.save(f, self._host())
+            elif suffix == ".png":
+                u16 = np.rint(self.normalized() * 65535).astype(np.uint16)
+                Image.fromarray(u16).save(f, format="PNG")
+            else:
+                Image.fromarray(self._host(), mode="F").save(f, format="TIFF")
         return str(path)
 
 
