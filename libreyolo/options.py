@@ -81,9 +81,10 @@ MAX_SEED = 2**32 - 1
 #: (100,000 rows: 2.4 MB an image); no head proposes more useful boxes than that.
 MAX_DET = 100_000
 
-#: Largest accepted ``workers`` (DataLoader workers of a training run): no machine feeds a
-#: training step with more, and each worker is a process of its own.
-MAX_WORKERS = 1024
+#: Largest accepted ``workers`` (DataLoader workers): a value up to this is capped to what the
+#: machine and the dataset can use, with one log line (``engine.loaders.cap_workers``); beyond
+#: it the number is no plausible request and is refused.
+MAX_WORKERS = 1_000_000
 
 #: ``max_nms`` (candidates per image entering NMS) when it is not given: this, or ``max_det`` when
 #: that is larger (NMS cannot keep more boxes than it is given).

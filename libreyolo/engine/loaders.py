@@ -29,8 +29,6 @@ def default_workers(device: torch.device) -> int:
     return max(1, min(8 if device.type == "cuda" else 2, cores - 1)) if cores > 1 else 0
 
 
-#: ``workers`` above this is refused (OptionError): no machine feeds a training step with more
-MAX_WORKERS = 1024
 #: what one DataLoader worker is assumed to cost in memory (a forked copy of the training
 #: process's touched pages, its prefetched batches): the workers are capped at MemAvailable / this
 WORKER_BYTES = 512 * 2**20

@@ -91,7 +91,7 @@ def test_help_wraps_long_text_under_its_column():
     (["bench", "warmup=-1"], "warmup must be an integer >= 0, got '-1'"),
     (["train", "batch=0"], "batch must be an integer >= 1, got '0'"),
     (["train", "epochs=2.5"], "epochs must be an integer >= 1, got '2.5'"),
-    (["train", "workers=-1"], "workers must be an integer in [0, 1024], got '-1'"),
+    (["train", "workers=-1"], "workers must be an integer in [0, 1000000], got '-1'"),
     (["train", "imgsz=640,480"], "imgsz='640,480' is not square: only square sizes are supported"),
     (["train", "lr0=0"], "lr0 must be a number > 0, got '0'"),
     (["train", "mosaic=1.5"], "mosaic must be a number in [0, 1], got '1.5'"),
