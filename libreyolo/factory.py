@@ -32,12 +32,20 @@ class LibreYOLO:
       one raises, saying how to re-head (``model.reset_classes(nc)``); it never re-heads silently.
     * A bare family/size name without extension (``"yolo9t"``, ``"yolo9-s"``) builds an
       UNTRAINED model explicitly, as does ``LibreYOLO.new("yolo9", "t")``.
+    * LibreYOLO 1.6.0's keywords are accepted: ``nb_classes`` (``nc``), ``size`` (checked against
+      the size the checkpoint holds; it picks the size of a file that does not say) and ``task``
+      (checked against the model's task; its ``"segment"`` names MobileSAM's ``segment-prompt``).
     """
 
     def __new__(cls, model: str | Path, device: Any = "auto", *, download: bool | None = None,
-                nc: int | None = None, names: Any = None, imgsz: int | None = None) -> Model:
+                nc: int | None = None, names: Any = None, imgsz: int | None = None,
+                nb_classes: int | None = None, size: str | None = None, task: str | None = None) -> Model:
         text = str(model)
         path = Path(text)
+        if nb_classes is not None:   # LibreYOLO 1.6.0's name for nc
+            if nc is not None and nc != nb_classes:
+                raise ValueError(f"nc={nc} and nb_classes={nb_classes} name the same class count differently: pass one")
+            nc = nb_classes
         if nc is not None:
             from .options import check_int
             nc = check_int("nc", nc, 1)
@@ -47,6 +55,8 @@ class LibreYOLO:
             if nc is not None and nc != onnx.nc:
                 raise ValueError(f"nc={nc}, but the ONNX model '{path}' has {onnx.nc} classes, fixed when it was "
                                  f"exported: export again from a model with {nc} classes (or leave nc out)")
+            _check_size(size, onnx.size, onnx, str(path))
+            _check_task(task, onnx)
             return onnx
         is_file_like = path.suffix.lower() in _CHECKPOINT_SUFFIXES or path.exists()
         if not is_file_like:
@@ -55,20 +65,27 @@ class LibreYOLO:
                 raise ValueError(f"{text!r} is neither a checkpoint file (.pt, .pth, .safetensors) nor a "
                                  "family/size name such as 'yolo9t'. Known families and their weight "
                                  f"files:\n{_families_and_file_names()}")
-            fam, size = spec
+            fam, spec_size = spec
+            _check_size(size, spec_size, fam, text)
+            size = spec_size
             log.warning("building an UNTRAINED %s-%s from its configuration (random weights): "
                         "its detections are meaningless until it is trained", fam.FAMILY, size)
             m = fam.new(size, nc=nc, names=names, imgsz=imgsz, device=device)
             m._warned_untrained = True  # said here once; the predictor's first-call warning checks this
+            _check_task(task, m)
             return m
         from .weights import load_checkpoint, resolve_weights
         if not path.exists():
             _refuse_unknown_name(text, download)
         resolved = resolve_weights(text, download=download)
         ckpt = load_checkpoint(resolved)
-        fam, size, how = family_for_checkpoint(ckpt, resolved.name)
+        fam, found_size, how = family_for_checkpoint(ckpt, resolved.name)
         log.debug("%s is %s (decided by %s)", resolved, fam.FAMILY, how)
-        m = fam.from_checkpoint(ckpt, size=size, device=device, source=str(resolved))
+        if size is not None and size not in fam.SIZES:
+            raise ValueError(f"size={size!r}, but {fam.FAMILY} has sizes {', '.join(fam.SIZES)}")
+        m = fam.from_checkpoint(ckpt, size=found_size or size, device=device, source=str(resolved))
+        _check_size(size, m.size, fam, str(resolved))
+        _check_task(task, m)
         if nc is not None and nc != m.nc:   # never silently ignored, never a silent re-head
             raise ValueError(
                 f"nc={nc}, but checkpoint '{resolved}' has {m.nc} classes (a loaded model keeps its checkpoint's "
@@ -85,6 +102,19 @@ class LibreYOLO:
         ``nc`` defaults to the family's usual label set (80 COCO classes for detectors, ImageNet's 1000
         for classifiers, ADE20K's 150 for SegFormer)."""
         return get_family(family).new(size, nc=nc, names=names, imgsz=imgsz, device=device, seed=seed)
+
+
+def _check_size(asked: str | None, found: str, fam: Any, what: str) -> None:
+    """``size=`` (LibreYOLO 1.6.0's argument) must agree with the size the file or name holds."""
+    if asked is not None and str(asked) != found:
+        raise ValueError(f"size={asked!r}, but {what} is {fam.FAMILY}-{found}: leave size out (it is read from "
+                         "the checkpoint) or pass the file of that size")
+
+
+def _check_task(task: str | None, model: Any) -> None:
+    """``task=`` (LibreYOLO 1.6.0's argument) must name the model's task; each family has one."""
+    from .compat import check_task
+    check_task(task, model.TASK, f"{model.FAMILY}-{model.size}")
 
 
 def _is_libreyolo_file_name(name: str) -> bool:

@@ -37,7 +37,7 @@ from ..results import Results, display_problem
 from ..tasks.base import PredictPlan
 from .call_options import TRACK_CONF, PredictOptions
 from .fastpath import HalfNetwork, arm_name, check_contract, half_network, is_current, resolve, to_float32
-from .paths import UniqueNames, next_run_dir
+from .paths import UniqueNames, next_run_dir, save_folder, save_name
 
 log = logging.getLogger(__name__)
 #: threads decoding image files on the CPU (PIL) before a predict call's first chunk
@@ -156,7 +156,7 @@ class Predictor:
 
     def plan(self, size: int, **opts) -> PredictPlan:
         """The task's plan for one call with its predict options ``opts``."""
-        return self.model.task.plan(self.model, size, self.constant, **opts)
+        return self.model.task_def.plan(self.model, size, self.constant, **opts)
 
     def run_batch(self, images: list[torch.Tensor], size: int, mode: Any, amp_dtype, plan: PredictPlan,
                   repeating: bool = False, half: HalfNetwork | None = None,
@@ -312,7 +312,11 @@ class Predictor:
         candidates per image that enter NMS -, ``classes``, ``agnostic_nms``) follow.
         """
         m = self.model
-        o, task_opts = PredictOptions.build(m.task, options)
+        o, task_opts = PredictOptions.build(m.task_def, options)
+        if o.device is not None:   # LibreYOLO 1.6.0's predict(device=...): the model moves there first
+            m.to(o.device)
+        if o.half:
+            log.warning("half=True is ignored, as in LibreYOLO 1.6.0; precision='fp16' runs the half network")
         mode = o.cuda_graph
         m.runner.check_mode(mode, m.device)   # before any source is read: an impossible request fails first
         batch, stream, strict = o.batch, o.stream, o.strict
@@ -363,7 +367,10 @@ class Predictor:
             total = len(items)
         out_dir = None
         if o.save:
-            out_dir = Path(o.save_dir) if o.save_dir else next_run_dir("runs", "predict", o.exist_ok)
+            if o.save_dir is not None and o.output_path is not None:
+                raise ValueError("save_dir and output_path both say where the pictures go: pass one")
+            where = o.save_dir if o.output_path is None else save_folder(o.output_path)
+            out_dir = Path(where) if where else next_run_dir("runs", "predict", o.exist_ok)
             out_dir.mkdir(parents=True, exist_ok=True)
         # Overlap needs a next chunk: a call of one chunk keeps the per-image uploads on the compute
         # stream (no cross-stream event on the batch-1 latency path), unless its files decode on the GPU.
@@ -419,7 +426,7 @@ class Predictor:
                             viewers[k].show(r)
                     else:
                         if out_dir is not None:
-                            r.saved_to = r.save(out_dir / unique(Path(r.path).stem, r.save_suffix))
+                            r.saved_to = r.save(out_dir / unique(*save_name(o.output_path, o.output_file_format, r)))
                             images_saved += 1
                         if show:
                             r.show()

@@ -112,9 +112,20 @@ class Model:
         raise NotImplementedError(f"{type(self).__name__} declares no predict seam")
 
     @property
-    def task(self) -> Task:
-        """The task object (``libreyolo.tasks``) this family's ``TASK`` names."""
+    def task(self) -> str:
+        """The task's name as text (``"detect"``, ``"classify"``, ...): ``TASK``."""
+        return self.TASK
+
+    @property
+    def task_def(self) -> Task:
+        """The task object (``libreyolo.tasks``) this family's ``TASK`` names: what the engine's
+        loops call for everything task-specific (loss, datasets, predict plan, evaluator)."""
         return get_task(self.TASK)
+
+    @property
+    def nb_classes(self) -> int:
+        """The class count (``nc``), under the name the library this one replaces uses."""
+        return self.nc
 
     def build_loss(self) -> nn.Module:
         """The family's training loss module (default: the task's).
@@ -127,7 +138,7 @@ class Model:
         epochs) -> bool`` returns True when what it computes changes from that epoch on (the
         trainer then releases its captured training graphs).
         """
-        return self.task.build_loss(self)
+        return self.task_def.build_loss(self)
 
     def train_forward(self, net: nn.Module, x: torch.Tensor, *targets: torch.Tensor) -> Any:
         """Training-mode forward: ``x`` is the (B, 3, S, S) normalized network input, ``targets``
@@ -354,10 +365,11 @@ class Model:
             raise ValueError("a fused model cannot be saved in the LibreYOLO layout (BatchNorm was folded "
                              "away); save before calling fuse()")
         from .. import __version__
+        from ..compat import checkpoint_task
         from ..weights import state_dict_copies
         sd = state_dict_copies(net, host)
         ckpt = {"model": sd, "schema_version": SCHEMA_VERSION, "libreyolo_version": __version__,
-                "model_family": self.FAMILY, "size": self.size, "task": self.TASK, "nc": self.nc,
+                "model_family": self.FAMILY, "size": self.size, "task": checkpoint_task(self.TASK), "nc": self.nc,
                 "names": dict(self.names), "imgsz": self.imgsz, "preprocess": self.preprocess.as_dict()}
         if self.preprocess.resize in ("topleft", "center"):
             ckpt["letterbox_pad"] = self.preprocess.resize   # LibreYOLO's detection checkpoint field
@@ -411,7 +423,7 @@ class Model:
         task's own (:meth:`Task.predictor`, a predict that is not one stage) or
         :class:`~libreyolo.engine.predictor.Predictor`. Predict, track and capture go through it."""
         if self._predictor is None:
-            custom = self.task.predictor(self)   # a task whose predict is not one stage
+            custom = self.task_def.predictor(self)   # a task whose predict is not one stage
             if custom is None:
                 from ..engine.predictor import Predictor
                 custom = Predictor(self)
@@ -457,7 +469,7 @@ class Model:
                                   "Python trains in new processes: start it with torchrun from a script that "
                                   "passes them")
             return train_from_python(self, {**given, "device": ",".join(map(str, gpus))}, len(gpus))
-        cfg = TrainConfig.from_kwargs(self.task, **{**self.train_defaults(), **given})
+        cfg = TrainConfig.from_kwargs(self.task_def, **{**self.train_defaults(), **given})
         return Trainer(self, cfg, hooks).train()
 
     def add_callback(self, event: str, fn) -> None:
@@ -488,22 +500,22 @@ class Model:
         from ..engine.setup import check_config, device_settings
         from ..options import parse_bool
         save_json = parse_bool("save_json", save_json)
-        if save_json and not self.task.evaluator(self, self.task.Options()).writes_coco_json:
-            raise ValueError(f"save_json=True writes COCO detection results; the {self.task.name} task has no "
+        if save_json and not self.task_def.evaluator(self, self.task_def.Options()).writes_coco_json:
+            raise ValueError(f"save_json=True writes COCO detection results; the {self.task_def.name} task has no "
                              "COCO results format")
-        task_opts = {self.task.val_option_names.get(k, k): v for k, v in task_opts.items()}
-        cfg = TrainConfig(self.task, data=data, imgsz=int(imgsz or self.imgsz), batch=batch, workers=workers,
+        task_opts = {self.task_def.val_option_names.get(k, k): v for k, v in task_opts.items()}
+        cfg = TrainConfig(self.task_def, data=data, imgsz=int(imgsz or self.imgsz), batch=batch, workers=workers,
                           verbose=verbose, **task_opts)
-        ds = self.task.resolve_data(data)
+        ds = self.task_def.resolve_data(data)
         if ds.nc != self.nc:
             raise ValueError(f"the dataset has {ds.nc} classes but the model predicts {self.nc}")
         check_config(cfg, self.STRIDE)
         device, amp_dtype, channels_last = device_settings(self, cfg)
         self.to(device)
-        loaders = build_loaders(self.task, ds, self, cfg, device)
+        loaders = build_loaders(self.task_def, ds, self, cfg, device)
         # the evaluation's helper processes (detection: the classes dealt out to them, the same
         # figures) start now and import while the split runs through the network
-        pool = self.task.evaluation_pool(cfg.tune.processes())
+        pool = self.task_def.evaluation_pool(cfg.tune.processes())
         try:
             result = evaluate(self, loaders.val, options=cfg.task, device=device, amp_dtype=amp_dtype,
                               memory_format=torch.channels_last if channels_last else torch.contiguous_format,
@@ -527,9 +539,15 @@ class Model:
             metrics["predictions_json"] = str(path)
         return metrics
 
-    def predict(self, source: Any, **kwargs) -> list:
-        """Run inference; see :meth:`libreyolo.engine.predictor.Predictor.__call__` for options."""
-        return self.get_predictor()(source, **kwargs)
+    def predict(self, source: Any, **kwargs) -> Any:
+        """Run inference; see :meth:`libreyolo.engine.predictor.Predictor.__call__` for options.
+
+        One image (a file, a PIL image, an (H, W, 3) array or (3, H, W) tensor) gives one
+        :class:`~libreyolo.results.Results`; a list, directory, glob, video or 4-D batch gives a
+        list of them, one per image or frame; ``stream=True`` a generator
+        (:func:`~libreyolo.data.sources.one_or_all`)."""
+        from ..data.sources import one_or_all
+        return one_or_all(source, self.get_predictor()(source, **kwargs))
 
     __call__ = predict
 
