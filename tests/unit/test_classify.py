@@ -66,7 +66,7 @@ def test_predict_path_and_numpy(model, sample, tmp_path):
     assert not np.array_equal(drawn[:40, :120], sample[:40, :120]), "no label box at the top-left"
     assert np.array_equal(drawn[-40:, -120:], sample[-40:, -120:]), "drawing outside the label box"
     saved = model(sample, color_format="rgb", save=True, save_dir=tmp_path / "runs")
-    assert saved and (tmp_path / "runs" / "image0.jpg").is_file()
+    assert saved.saved_to and (tmp_path / "runs" / "image0.jpg").is_file()
 
 
 def test_batch_of_mixed_sizes_equals_one_by_one(model, sample):

@@ -292,7 +292,7 @@ def test_imgsz_is_stride_aligned(model, caplog):
     a debug line after that (a predict loop is not flooded)."""
     arr = np.zeros((100, 100, 3), np.uint8)
     with caplog.at_level(logging.DEBUG, logger="libreyolo"):
-        (r,) = model(arr, imgsz=100)
+        r = model(arr, imgsz=100)
     assert any("multiple of the stride" in m for m in caplog.messages)
     assert r.orig_shape == (100, 100)
 
