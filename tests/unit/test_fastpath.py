@@ -378,7 +378,7 @@ def test_cli_precision_options(monkeypatch, capsys):
     class Model:
         names, trained = {0: "a"}, True
 
-        class task:
+        class task_def:
             predict_defaults = {"conf": 0.25, "iou": 0.45, "max_det": 300, "classes": None}
 
         def predict(self, source, **kw):
