@@ -110,7 +110,7 @@ class FakeModel:
     FAMILY, size, names, nc, trained = "fake", "t", {0: "a", 1: "b", 2: "c"}, 3, True
 
     def __init__(self, task: str):
-        self.task, self.TASK = get_task(task), task
+        self.task_def, self.task, self.TASK = get_task(task), task, task
 
     def train(self, **kw):
         raise Accepted(kw)
