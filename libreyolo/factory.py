@@ -80,11 +80,13 @@ class LibreYOLO:
 
     @staticmethod
     def new(family: str, size: str, nc: int | None = None, names: Any = None, *, imgsz: int | None = None,
-            device: Any = "auto", seed: int | None = None) -> Model:
+            device: Any = "auto", seed: int | None = None, task: str | None = None) -> Model:
         """Build an untrained model of ``family`` and ``size`` (e.g. ``LibreYOLO.new("yolo9", "t")``);
         ``nc`` defaults to the family's usual label set (80 COCO classes for detectors, ImageNet's 1000
-        for classifiers, ADE20K's 150 for SegFormer)."""
-        return get_family(family).new(size, nc=nc, names=names, imgsz=imgsz, device=device, seed=seed)
+        for classifiers, ADE20K's 150 for SegFormer). ``task`` picks one of the tasks a family serves
+        (``LibreYOLO.new("rtmdet", "t", task="segment")``; default the family's main task)."""
+        return get_family(family).new(size, nc=nc, names=names, imgsz=imgsz, device=device, seed=seed,
+                                      task=task)
 
 
 def _is_libreyolo_file_name(name: str) -> bool:

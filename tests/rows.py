@@ -9,6 +9,7 @@ FIXTURES = [
     ("yolox", "s", "yolox-s"),
     ("yolo7", "b", "yolo7-b"),
     ("rtmdet", "t", "rtmdet-t"),
+    ("rtmdet", "t", "rtmdet-t-seg"),
     ("picodet", "s", "picodet-s"),
     ("rtdetr", "r18", "rtdetr-r18"),
     ("rtdetrv2", "r18", "rtdetrv2-r18"),

@@ -77,7 +77,9 @@ def assert_reproduces(out, ref_outputs, fx):
 @pytest.mark.parametrize("family,size,name", FIXTURES)
 def test_network_reproduces_fixture(family, size, name):
     fx, pt, sd = load_fixture(name)
-    net = get_family(family).build_network(size, fx["checkpoint_metadata"]["nc"])
+    # a family serving several tasks: the class of the fixture's task (its checkpoint's choice)
+    cls = get_family(family).variant_for_checkpoint({"task": fx["checkpoint_metadata"]["task"]})
+    net = cls.build_network(size, fx["checkpoint_metadata"]["nc"])
     assert [list(v.shape) for v in net.state_dict().values()] == [s for _, s, _ in fx["layout"]]
     assert list(net.state_dict()) == [n for n, _, _ in fx["layout"]], "checkpoint key order differs"
     assert sum(p.numel() for p in net.parameters()) == fx["num_parameters"]
@@ -96,6 +98,7 @@ def test_checkpoint_in_fixture_layout_loads_through_factory(tmp_path, family, si
     path = save_checkpoint({"model": sd, **meta}, tmp_path / "weights.pt")
     model = LibreYOLO(str(path), device="cpu")
     assert (model.FAMILY, model.size, model.nc) == (family, size, meta["nc"])
+    assert model.TASK == get_family(family).variant_for_checkpoint(meta).TASK
     out = run_fixture(forward_of(model.model, name), pt)
     assert_reproduces(out, pt["outputs"], fx)
 

@@ -8,7 +8,7 @@ from ...ops.boxes import clip_to_canvas, distance_to_xyxy
 from ...ops.preprocess import Preprocess
 from ..base import Model
 from ..common.assign import join_levels, level_priors
-from .nn import CONFIGS, STRIDES, RtmdetNet
+from .nn import CONFIGS, STRIDES, RtmdetInsNet, RtmdetNet
 
 #: decode's prior points per input size (all levels joined: a few kernels per call, not ~36)
 _PRIORS: dict = {}
@@ -73,3 +73,52 @@ class Rtmdet(Model):
         box = clip_to_canvas(distance_to_xyxy(pts, d), x.shape[-2], x.shape[-1])
         scores, cls = join_levels(cls_maps).float().sigmoid().max(-1)
         return box, scores, cls
+
+
+class RtmdetSeg(Rtmdet):
+    """RTMDet-Ins: the detector with a dynamic-convolution mask head (task ``segment``).
+
+    ``infer`` gives the detector's per-anchor boxes, scores and classes plus each anchor's mask
+    coefficients (its 169 dynamic-conv parameters, then its prior point x, y and stride) and the
+    stride-8 prototypes; :meth:`mask_logits` turns chosen anchors' coefficients into mask logits.
+    """
+
+    TASK = "segment"
+    # Not yet through the GPU parity protocol: the commands that will prove them are in docs/families.md.
+    SUPPORTS_CUDA_GRAPH = False
+    SUPPORTS_CUDA_GRAPH_TRAIN = False
+    SIGNATURE_KEYS = Rtmdet.SIGNATURE_KEYS + ("head.rtm_kernel.0.weight", "head.mask_head.projection.weight")
+    #: the prototypes' stride (mask logits are upsampled by it to the network input)
+    MASK_STRIDE = STRIDES[0]
+
+    @classmethod
+    def build_network(cls, size: str, nc: int) -> nn.Module:
+        return RtmdetInsNet(size, nc)
+
+    def build_loss(self) -> nn.Module:
+        """RTMDet's detection loss plus the Ins mask loss (dice on the positives' masks)."""
+        from .loss import RtmdetInsLoss
+        return RtmdetInsLoss(self.nc, self)
+
+    def infer(self, x: torch.Tensor):
+        """(B, 3, H, W) RGB in [0, 1] -> boxes (B, N, 4) xyxy canvas pixels, score (B, N), class
+        (B, N), mask coefficients (B, N, 172) and prototypes (B, 8, H/8, W/8)."""
+        cls_maps, box_maps, kernel_maps, protos = self.model(self.normalize(x))
+        d = join_levels(box_maps).float()
+        pts, strides = level_priors(_PRIORS, [m.shape[-2:] for m in box_maps], STRIDES, 0.0, True, d.dtype, d.device)
+        box = clip_to_canvas(distance_to_xyxy(pts, d), x.shape[-2], x.shape[-1])
+        scores, cls = join_levels(cls_maps).float().sigmoid().max(-1)
+        prior = torch.cat((pts, strides.to(pts.dtype)), -1).expand(d.shape[0], -1, -1)
+        coeffs = torch.cat((join_levels(kernel_maps).float(), prior), -1)
+        return box, scores, cls, coeffs, protos.float()
+
+    @staticmethod
+    def mask_logits(protos: torch.Tensor, coeffs: torch.Tensor) -> torch.Tensor:
+        """Prototypes (P, h, w) of one image and (n, 172) coefficients -> (n, h, w) mask logits
+        at the prototypes' stride: :func:`~.nn.dynamic_masks` with each anchor's relative
+        coordinates."""
+        from .nn import dynamic_masks
+        return dynamic_masks(protos, coeffs[:, :-3], coeffs[:, -3:-1], coeffs[:, -1], RtmdetSeg.MASK_STRIDE)
+
+
+Rtmdet.VARIANTS = {"detect": Rtmdet, "segment": RtmdetSeg}
