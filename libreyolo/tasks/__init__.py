@@ -22,6 +22,7 @@ _TASK_CLASSES = {
     "depth": ".depth:DepthTask",
     "matte": ".matte:MatteTask",
     "ocr": ".ocr:OcrTask",
+    "segment": ".segment:SegmentTask",
 }
 
 #: name -> the task's one Task object, made at first use
