@@ -121,3 +121,104 @@ def test_instance_masks_fields_and_plot():
         InstanceMasks(np.zeros((1, 2, 2), np.uint8))
     with pytest.raises(ValueError, match="one class per mask"):
         InstanceMasks(data, np.array([0]))
+
+
+# ------------------------------------------------------------------------------- data
+def test_polygon_labels_bad_rows_named_by_file_and_line(tmp_path):
+    from libreyolo.tasks.segment.data import resolve_segment_data
+    for split in ("train", "val"):
+        (tmp_path / "images" / split).mkdir(parents=True)
+        (tmp_path / "labels" / split).mkdir(parents=True)
+        from PIL import Image
+        Image.new("RGB", (32, 24)).save(tmp_path / "images" / split / "a.jpg")
+    (tmp_path / "labels" / "train" / "a.txt").write_text("0 0.1 0.1 0.5 0.1 0.3 0.6\n1 0.1 0.1 0.5 0.5\n")
+    (tmp_path / "labels" / "val" / "a.txt").write_text("0 0.1 0.1 0.5 0.1 0.3\n")
+    yaml = tmp_path / "data.yaml"
+    yaml.write_text("path: .\ntrain: images/train\nval: images/val\nnames:\n  0: a\n  1: b\n")
+    with pytest.raises(ValueError) as e:
+        resolve_segment_data(str(yaml))
+    msg = str(e.value)
+    assert "2 problems" in msg
+    assert "labels/train/a.txt line 2: a polygon needs at least 3 points, got 2" in msg
+    assert "labels/val/a.txt line 1: 5 coordinates (a polygon is x y pairs)" in msg
+
+
+def test_polygon_label_in_a_detection_dataset_is_refused(tmp_path):
+    from libreyolo.data.datasets import resolve_data
+    for split in ("train", "val"):
+        (tmp_path / "images" / split).mkdir(parents=True)
+        (tmp_path / "labels" / split).mkdir(parents=True)
+        from PIL import Image
+        Image.new("RGB", (32, 24)).save(tmp_path / "images" / split / "a.jpg")
+        (tmp_path / "labels" / split / "a.txt").write_text("0 0.1 0.1 0.5 0.1 0.3 0.6\n")
+    yaml = tmp_path / "data.yaml"
+    yaml.write_text("path: .\ntrain: images/train\nval: images/val\nnames:\n  0: a\n")
+    with pytest.raises(ValueError, match=r"labels/train/a.txt line 1: .*instance-segmentation polygon"):
+        resolve_data(str(yaml))
+
+
+def test_shapes_inst_polygons_are_exact_and_samples_align(tmp_path):
+    from libreyolo.tasks.segment.data import (MASK_STRIDE, SHAPES_INST_NAMES, SegmentDataset, collate_instances,
+                                              make_shapes_inst_dataset, rasterize, resolve_segment_data)
+    d = resolve_segment_data(str(make_shapes_inst_dataset(tmp_path / "si", n_train=4, n_val=2, imgsz=64)))
+    assert d.nc == len(SHAPES_INST_NAMES) and (len(d.train), len(d.val)) == (4, 2)
+    s = d.train[0]
+    assert len(s.polygons) == len(s.cls) >= 1
+    # the polygons cover what is drawn: inside them the shapes' colours (far from the
+    # background's, which is drawn in the opposite colour), outside them the background
+    from PIL import Image
+    img = np.asarray(Image.open(s.image).convert("RGB")).astype(float)
+    m = rasterize([p * [s.width, s.height] - 0.5 for p in s.polygons], s.height, s.width).any(0)
+    background = np.median(img[~m], 0)
+    assert np.abs(img[m].mean(0) - background).max() > 60
+    assert np.abs(np.median(img[~m], 0) - img[~m].mean(0)).max() < 30
+    ds = SegmentDataset(d.train, 64)
+    img_t, labels, masks = ds[0]
+    assert img_t.shape == (3, 64, 64) and masks.shape == (len(labels), 64 // MASK_STRIDE, 64 // MASK_STRIDE)
+    for (_, x1, y1, x2, y2), bm in zip(labels.tolist(), masks):   # each bitmap spans its box (PIL's fill: +-1.5 px)
+        ys, xs = bm.nonzero(as_tuple=True)
+        s4 = MASK_STRIDE
+        assert abs(xs.min() * s4 - x1) <= 1.5 * s4 and abs((xs.max() + 1) * s4 - x2) <= 1.5 * s4
+        assert abs(ys.min() * s4 - y1) <= 1.5 * s4 and abs((ys.max() + 1) * s4 - y2) <= 1.5 * s4
+    imgs, targets, mask, bitmaps = collate_instances([ds[0], ds[1]], bucket=4)
+    assert targets.shape[1] % 4 == 0 and bitmaps.shape[:2] == targets.shape[:2]
+    assert int(mask.sum()) == len(ds[0][1]) + len(ds[1][1])
+
+
+# ------------------------------------------------------------------------------- loss / metrics
+def test_ins_loss_padding_does_not_change_the_loss():
+    from libreyolo.tasks import get_task
+    from libreyolo.tasks.segment.data import collate_instances
+    m = LibreYOLO.new("rtmdet", "t", task="segment", nc=3, device="cpu", seed=0)
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(2, 3, 64, 64, generator=g)
+    labels = torch.tensor([[0, 4.0, 6.0, 30.0, 40.0], [2, 30.0, 20.0, 60.0, 50.0]])
+    bm = torch.zeros(2, 16, 16, dtype=torch.bool)
+    bm[0, 2:10, 1:7] = True
+    bm[1, 5:12, 8:15] = True
+    batch = collate_instances([(x[0], labels, bm), (x[1], labels[:1], bm[:1])], bucket=2)
+    loss_fn = m.build_loss()
+    m.model.train()
+    out = m.train_forward(m.model, x, *batch[1:])
+    a = loss_fn(out, *batch[1:])
+    padded = get_task("segment").pad_target_rows(list(batch[1:]), 8)
+    b = loss_fn(out, *padded)
+    assert loss_fn.item_names == ("qfl", "giou", "mask")
+    assert torch.equal(a[1], b[1]) and a[1][2] > 0
+    a[0].backward()
+    assert m.model.head.rtm_kernel[0].weight.grad.abs().sum() > 0
+    assert m.model.head.mask_head.projection.weight.grad.abs().sum() > 0
+
+
+def test_mask_map_of_exact_and_half_overlapping_masks():
+    from libreyolo.tasks.segment.metrics import encode_masks, evaluate_masks
+    m = np.zeros((2, 20, 20), bool)
+    m[0, 2:8, 2:8] = True
+    m[1, 10:18, 5:15] = True
+    gts = [(np.array([0, 1]), encode_masks(m))]
+    scores = np.array([[0.9, 0], [0.8, 1]])
+    assert evaluate_masks([(scores, encode_masks(m))], gts, 2, (20, 20)) == {"mask_map50": 1.0, "mask_map50_95": 1.0}
+    half = m.copy()
+    half[0, 2:8, 2:5] = False   # IoU 0.5 for class 0: counted at the 0.5 threshold only
+    out = evaluate_masks([(scores, encode_masks(half))], gts, 2, (20, 20))
+    assert out["mask_map50"] == 1.0 and out["mask_map50_95"] == pytest.approx(0.55)

@@ -98,7 +98,11 @@ class RtmdetSeg(Rtmdet):
     def build_loss(self) -> nn.Module:
         """RTMDet's detection loss plus the Ins mask loss (dice on the positives' masks)."""
         from .loss import RtmdetInsLoss
-        return RtmdetInsLoss(self.nc, self)
+        return RtmdetInsLoss(self.nc)
+
+    def train_forward(self, net: nn.Module, x: torch.Tensor, *targets: torch.Tensor):
+        """As the detector's: the training targets here are boxes, their mask and the bitmaps."""
+        return net(self.normalize(x))
 
     def infer(self, x: torch.Tensor):
         """(B, 3, H, W) RGB in [0, 1] -> boxes (B, N, 4) xyxy canvas pixels, score (B, N), class
