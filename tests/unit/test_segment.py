@@ -222,3 +222,22 @@ def test_mask_map_of_exact_and_half_overlapping_masks():
     half[0, 2:8, 2:5] = False   # IoU 0.5 for class 0: counted at the 0.5 threshold only
     out = evaluate_masks([(scores, encode_masks(half))], gts, 2, (20, 20))
     assert out["mask_map50"] == 1.0 and out["mask_map50_95"] == pytest.approx(0.55)
+
+
+# ------------------------------------------------------------------------------- training
+def test_two_epoch_train_then_checkpoints_load_as_segment_models(tmp_path):
+    from libreyolo.tasks.segment.data import SHAPES_INST_NAMES, make_shapes_inst_dataset
+    yaml = make_shapes_inst_dataset(tmp_path / "si", n_train=8, n_val=4, imgsz=64)
+    m = LibreYOLO.new("rtmdet", "t", task="segment", device="cpu", seed=0)
+    res = m.train(data=str(yaml), epochs=2, batch=4, imgsz=64, workers=0, project=str(tmp_path), name="run",
+                  verbose=False)
+    assert {"map50", "map50_95", "mask_map50", "mask_map50_95"} <= set(res)
+    assert all(0.0 <= res[k] <= 1.0 for k in ("map50", "mask_map50", "mask_map50_95"))
+    assert m.nc == len(SHAPES_INST_NAMES) and m.names[0] == "triangle"
+    header = (tmp_path / "run" / "results.csv").read_text().splitlines()[0].split(",")
+    assert {"train/mask_loss", "metrics/mask_map50", "metrics/mask_map50_95"} <= set(header)
+    back = LibreYOLO(str(tmp_path / "run" / "weights" / "last.pt"), device="cpu")
+    assert type(back) is RtmdetSeg and back.nc == m.nc
+    r = back(np.zeros((48, 64, 3), np.uint8), imgsz=64, conf=0.0, max_det=2)
+    r = r[0] if isinstance(r, list) else r
+    assert r.masks.shape == (2, 48, 64)
