@@ -134,15 +134,15 @@ class PredictOptions:
     strict: bool = option(False, "an unreadable file of a directory or glob stops the call (default: a warning "
                                  "naming it, and the rest go on)", Bool())
     # ---- the tasks' own options
-    conf: float = option(0.25, "detection: confidence threshold", Fraction(), tasks=("detect",))
-    iou: float = option(0.45, "detection: NMS IoU threshold", Fraction(), tasks=("detect",))
+    conf: float = option(0.25, "detection: confidence threshold", Fraction(), tasks=("detect", "segment"))
+    iou: float = option(0.45, "detection: NMS IoU threshold", Fraction(), tasks=("detect", "segment"))
     max_det: int = option(300, "detection: detections kept per image (an ONNX model: its exported max_det)",
-                          Custom(_max_det, f"integer in [1, {MAX_DET}]"), tasks=("detect",))
+                          Custom(_max_det, f"integer in [1, {MAX_DET}]"), tasks=("detect", "segment"))
     max_nms: int = option(1000, "detection: candidates per image entering NMS (default 1000, or max_det when "
-                                "larger)", Int(1), tasks=("detect",))
+                                "larger)", Int(1), tasks=("detect", "segment"))
     classes: Any = option(None, "detection: only these classes, ids or names, e.g. 0,2 or person,car",
-                          Custom(check_classes_text, "class ids or names", none=True), tasks=("detect",))
-    agnostic_nms: bool = option(False, "detection: NMS across classes", Bool(), tasks=("detect",))
+                          Custom(check_classes_text, "class ids or names", none=True), tasks=("detect", "segment"))
+    agnostic_nms: bool = option(False, "detection: NMS across classes", Bool(), tasks=("detect", "segment"))
     topk: int = option(5, "classification: classes returned per image", Int(1), tasks=("classify",))
     det_thresh: float = option(0.3, "ocr: text-pixel threshold of the detector's map", Fraction(), tasks=("ocr",))
     box_thresh: float = option(0.6, "ocr: mean score a text box needs", Fraction(), tasks=("ocr",))

@@ -254,3 +254,42 @@ def test_two_epoch_train_rises_above_the_untrained_model(tmp_path):
     r = back(np.zeros((48, 64, 3), np.uint8), imgsz=64, conf=0.0, max_det=2)
     r = r[0] if isinstance(r, list) else r
     assert r.masks.shape == (2, 48, 64)
+
+
+def test_coco_segmentation_polygons_and_rles(tmp_path):
+    from PIL import Image
+
+    from libreyolo.tasks.segment.data import MASK_STRIDE, SegmentDataset, resolve_segment_data
+    (tmp_path / "img").mkdir()
+    Image.new("RGB", (64, 32)).save(tmp_path / "img" / "a.jpg")
+    rle_mask = np.zeros((32, 64), np.uint8)
+    rle_mask[4:12, 40:56] = 1
+    flat = rle_mask.reshape(-1, order="F")   # COCO's uncompressed RLE: column-major run lengths from 0s
+    runs, last, count = [], 0, 0
+    for v in flat.tolist():
+        if v != last:
+            runs.append(count)
+            last, count = v, 0
+        count += 1
+    runs.append(count)
+    doc = {"images": [{"id": 7, "file_name": "a.jpg", "width": 64, "height": 32}],
+           "categories": [{"id": 3, "name": "thing"}, {"id": 9, "name": "other"}],
+           "annotations": [
+               {"id": 1, "image_id": 7, "category_id": 3, "iscrowd": 0,
+                "segmentation": [[4.0, 4.0, 20.0, 4.0, 20.0, 20.0, 4.0, 20.0]]},
+               {"id": 2, "image_id": 7, "category_id": 9, "iscrowd": 0,
+                "segmentation": {"size": [32, 64], "counts": runs}}]}
+    (tmp_path / "ann.json").write_text(json.dumps(doc))
+    yaml = tmp_path / "data.yaml"
+    yaml.write_text("path: .\nformat: coco\ntrain: {images: img, annotations: ann.json}\n"
+                    "val: {images: img, annotations: ann.json}\n")
+    d = resolve_segment_data(str(yaml))
+    assert d.names == {0: "thing", 1: "other"} and d.train[0].cls.tolist() == [0, 1]
+    img, labels, masks = SegmentDataset(d.train, 64)[0]
+    assert labels[:, 1:].tolist() == [[4.0, 4.0, 20.0, 20.0], [40.0, 4.0, 56.0, 12.0]]
+    ys, xs = masks[1].nonzero(as_tuple=True)
+    assert (xs.min() * MASK_STRIDE, ys.min() * MASK_STRIDE) == (40, 4) and int(masks[0].sum()) == 16
+    doc["annotations"][0]["segmentation"] = [[4.0, 4.0, 20.0, 4.0]]
+    (tmp_path / "ann.json").write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match="ann.json annotation 1: a polygon needs at least 3 points"):
+        resolve_segment_data(str(yaml))

@@ -1,6 +1,7 @@
 """Instance-segmentation datasets: YOLO-seg polygon labels and the built-in ``shapes-inst`` set.
 
-A YOLO-seg label file holds one row per instance, ``class x1 y1 x2 y2 ... xn yn`` with the
+A COCO dataset YAML (``format: coco``) reads polygons and RLEs through faster-coco-eval's mask
+API. A YOLO-seg label file holds one row per instance, ``class x1 y1 x2 y2 ... xn yn`` with the
 polygon's vertices normalized by the image's width and height (at least 3 vertices). Every bad
 row of a split is reported together (file and line) before training starts.
 
@@ -35,13 +36,17 @@ _VERSION = "shapes-inst-v1"
 
 @dataclass
 class InstanceSample:
-    """One image: ``polygons`` one (k, 2) float32 array per instance (normalized x, y), ``cls`` (n,)."""
+    """One image: ``polygons`` one (k, 2) float32 array per instance (normalized x, y), ``cls``
+    (n,); a COCO sample has ``rles`` instead (one COCO RLE per instance at the image's size) and
+    ``boxes`` (n, 4) xyxy pixels."""
 
     image: Path
     cls: np.ndarray
     polygons: list[np.ndarray]
     width: int
     height: int
+    rles: list[dict] | None = None
+    boxes: np.ndarray | None = None
 
 
 @dataclass
@@ -100,6 +105,8 @@ def resolve_segment_data(data) -> SegmentData:
     spec = read_yaml(yaml_path, "path/train/val/names")
     root = Path(os.path.expanduser(str(spec.get("path", "."))))
     root = Path(os.path.normpath(root if root.is_absolute() else yaml_path.parent / root))
+    if str(spec.get("format", "yolo")).lower() == "coco":
+        return _resolve_coco_segments(yaml_path, spec, root)
     nc, names = names_from_spec(yaml_path, spec)
     if nc is None:
         raise ValueError(f"{yaml_path}: give 'names' (a list or {{id: name}}) or 'nc'")
@@ -125,6 +132,65 @@ def resolve_segment_data(data) -> SegmentData:
         splits[split] = samples
     problems.raise_if_any()
     return SegmentData(root, nc, names, splits["train"], splits["val"], str(yaml_path))
+
+
+def _resolve_coco_segments(yaml_path: Path, spec: dict, root: Path) -> SegmentData:
+    """A COCO instance-segmentation dataset (``format: coco``, each split ``{images: <folder>,
+    annotations: <file.json>}``): polygons and RLEs both become RLEs through faster-coco-eval's
+    mask API; crowd annotations are left out. Classes are the train file's categories in id order."""
+    import json
+
+    from faster_coco_eval.core import mask as mask_api
+    problems = DataProblems(root, yaml_path)
+    out: dict[str, list[InstanceSample]] = {}
+    cat_map: dict[int, int] | None = None
+    names: dict[int, str] = {}
+    for split in ("train", "val"):
+        entry = spec.get(split)
+        if not isinstance(entry, dict) or not entry.get("images") or not entry.get("annotations"):
+            raise ValueError(f"{yaml_path}: '{split}' must be {{images: <folder>, annotations: <file.json>}} "
+                             "for format: coco")
+        img_dir = Path(os.path.normpath(root / os.path.expanduser(str(entry["images"]))))
+        ann_path = Path(os.path.normpath(root / os.path.expanduser(str(entry["annotations"]))))
+        if not ann_path.is_file():
+            raise FileNotFoundError(f"{yaml_path}: '{split}.annotations' file not found: {ann_path}")
+        doc = json.loads(ann_path.read_text(encoding="utf-8"))
+        where = problems.rel(ann_path)
+        if cat_map is None:
+            cats = sorted(doc.get("categories", []), key=lambda c: c["id"])
+            cat_map = {c["id"]: i for i, c in enumerate(cats)}
+            names = {i: str(c.get("name", i)) for i, c in enumerate(cats)}
+        images = {im["id"]: im for im in doc.get("images", [])}
+        per_image: dict[int, list] = {i: [] for i in images}
+        for a in doc.get("annotations", []):
+            if a.get("iscrowd", 0):
+                continue
+            im = images.get(a.get("image_id"))
+            seg = a.get("segmentation")
+            if im is None or a.get("category_id") not in cat_map or not seg:
+                problems.extend([f"{where} annotation {a.get('id')}: unknown image or category, or no segmentation"])
+                continue
+            h, w = int(im["height"]), int(im["width"])
+            if isinstance(seg, list):
+                short = [len(p) // 2 for p in seg if len(p) < 6 or len(p) % 2]
+                if short:
+                    problems.extend([f"{where} annotation {a.get('id')}: a polygon needs at least 3 points "
+                                     f"(x y pairs), got {short[0]}"])
+                    continue
+                rle = mask_api.merge(mask_api.frPyObjects(seg, h, w))
+            else:
+                rle = mask_api.frPyObjects(seg, h, w) if isinstance(seg.get("counts"), list) else seg
+            x, y, bw, bh = mask_api.toBbox(rle).tolist()
+            per_image[im["id"]].append((cat_map[a["category_id"]], rle, [x, y, x + bw, y + bh]))
+        samples = []
+        for iid, im in images.items():
+            rows = per_image[iid]
+            samples.append(InstanceSample(img_dir / im["file_name"], np.asarray([r[0] for r in rows], np.int64), [],
+                                          int(im["width"]), int(im["height"]), [r[1] for r in rows],
+                                          np.asarray([r[2] for r in rows], np.float32).reshape(-1, 4)))
+        out[split] = samples
+    problems.raise_if_any()
+    return SegmentData(root, len(names), names, out["train"], out["val"], str(yaml_path))
 
 
 # ---------------------------------------------------------------------------- the dataset
@@ -163,20 +229,49 @@ class SegmentDataset(torch.utils.data.Dataset):
             resized = im.resize((p.new_w, p.new_h), Image.BILINEAR)
         canvas = np.full((size, size, 3), 114, np.uint8)
         canvas[p.pad_y:p.pad_y + p.new_h, p.pad_x:p.pad_x + p.new_w] = np.asarray(resized)
-        scale = np.array([p.new_w, p.new_h], np.float32)
-        pad = np.array([p.pad_x, p.pad_y], np.float32)
-        polys = [q * scale + pad for q in s.polygons]                     # input pixels
-        if self.augment and self.rng.random() < self.fliplr:
-            canvas = canvas[:, ::-1]
-            polys = [np.stack((size - q[:, 0], q[:, 1]), 1) for q in polys]
-        n = len(polys)
-        labels = np.zeros((n, 5), np.float32)
-        for k, q in enumerate(polys):
-            labels[k] = [s.cls[k], q[:, 0].min(), q[:, 1].min(), q[:, 0].max(), q[:, 1].max()]
         m = size // MASK_STRIDE
-        masks = rasterize([q / MASK_STRIDE - 0.5 for q in polys], m, m)
+        flip = self.augment and self.rng.random() < self.fliplr
+        if s.rles is not None:
+            labels, masks = self._from_rles(s, p, size)
+        else:
+            scale = np.array([p.new_w, p.new_h], np.float32)
+            pad = np.array([p.pad_x, p.pad_y], np.float32)
+            polys = [q * scale + pad for q in s.polygons]                     # input pixels
+            labels = np.zeros((len(polys), 5), np.float32)
+            for k, q in enumerate(polys):
+                labels[k] = [s.cls[k], q[:, 0].min(), q[:, 1].min(), q[:, 0].max(), q[:, 1].max()]
+            masks = rasterize([q / MASK_STRIDE - 0.5 for q in polys], m, m)
+        if flip:
+            canvas = canvas[:, ::-1]
+            masks = masks[:, :, ::-1].copy()
+            labels[:, [1, 3]] = size - labels[:, [3, 1]]
         img = torch.from_numpy(np.ascontiguousarray(canvas.transpose(2, 0, 1)))
         return img, torch.from_numpy(labels), torch.from_numpy(masks)
+
+
+    @staticmethod
+    def _from_rles(s: InstanceSample, p, size: int) -> tuple[np.ndarray, np.ndarray]:
+        """A COCO sample's labels (boxes letterboxed) and stride-4 bitmaps: each RLE decoded at the
+        image's size, resized into the letterboxed canvas (nearest), read at the stride-4 cells'
+        centres."""
+        from faster_coco_eval.core import mask as mask_api
+        n = len(s.rles)
+        m = size // MASK_STRIDE
+        labels = np.zeros((n, 5), np.float32)
+        masks = np.zeros((n, m, m), bool)
+        if n == 0:
+            return labels, masks
+        sx, sy = p.new_w / s.width, p.new_h / s.height
+        labels[:, 0] = s.cls
+        labels[:, 1:5] = s.boxes * [sx, sy, sx, sy] + [p.pad_x, p.pad_y, p.pad_x, p.pad_y]
+        bitmaps = mask_api.decode(s.rles)                                   # (h, w, n)
+        c = MASK_STRIDE // 2
+        for k in range(n):
+            full = np.zeros((size, size), bool)
+            resized = Image.fromarray(bitmaps[:, :, k] * 255).resize((p.new_w, p.new_h), Image.NEAREST)
+            full[p.pad_y:p.pad_y + p.new_h, p.pad_x:p.pad_x + p.new_w] = np.asarray(resized) > 127
+            masks[k] = full[c::MASK_STRIDE, c::MASK_STRIDE]
+        return labels, masks
 
 
 def collate_instances(batch, bucket: int = 16):
