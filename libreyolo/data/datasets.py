@@ -337,6 +337,10 @@ def _list_split_images(yaml_path: Path, split: str, entry: Any, root: Path,
     return images, found
 
 
+#: the image paths of a split entry of a dataset YAML (other tasks' YOLO-style readers use it)
+list_split_images = _list_split_images
+
+
 def is_image_path(p: Path) -> bool:
     return p.suffix.lower() in IMAGE_EXTENSIONS and not p.name.startswith(".") and p.is_file()
 

@@ -22,7 +22,7 @@ import torch
 from PIL import Image, ImageDraw
 
 from ...data.builtin import PairedSet
-from ...data.datasets import (DataProblems, _list_split_images, label_path_for, names_from_spec, read_yaml)
+from ...data.datasets import DataProblems, label_path_for, list_split_images, names_from_spec, read_yaml
 from ...ops.letterbox import letterbox_params
 
 __all__ = ["MASK_STRIDE", "SHAPES_INST_NAMES", "InstanceSample", "SegmentData", "SegmentDataset",
@@ -116,7 +116,7 @@ def resolve_segment_data(data) -> SegmentData:
     for split in ("train", "val"):
         if spec.get(split) in (None, "", []):
             raise FileNotFoundError(f"{yaml_path}: required entry '{split}' is missing")
-        images, listed = _list_split_images(yaml_path, split, spec[split], root, problems)
+        images, listed = list_split_images(yaml_path, split, spec[split], root, problems)
         problems.extend(listed)
         found: list[str] = []
         samples = []
