@@ -83,8 +83,8 @@ class LibreYOLO:
             device: Any = "auto", seed: int | None = None, task: str | None = None) -> Model:
         """Build an untrained model of ``family`` and ``size`` (e.g. ``LibreYOLO.new("yolo9", "t")``);
         ``nc`` defaults to the family's usual label set (80 COCO classes for detectors, ImageNet's 1000
-        for classifiers, ADE20K's 150 for SegFormer). ``task`` picks one of the tasks a family serves
-        (``LibreYOLO.new("rtmdet", "t", task="segment")``; default the family's main task)."""
+        for classifiers, ADE20K's 150 for SegFormer). ``task`` picks the family's variant for another
+        task it serves (``LibreYOLO.new("ec", "s", task="pose")``)."""
         return get_family(family).new(size, nc=nc, names=names, imgsz=imgsz, device=device, seed=seed,
                                       task=task)
 

@@ -36,6 +36,11 @@ FIXTURE_FORWARD = {
     "ppocr-t-rec": "rec",
 }
 
+# The task variant a fixture's network serves, where it is not its family's own task.
+FIXTURE_TASK = {
+    "rtmdet-t-seg": "segment",
+}
+
 # Families whose checkpoints share another family's layout key for key: a bare state dict (no
 # metadata, anonymous file name) is read as the family given here (documented on the classes).
 SNIFFED_AS = {

@@ -92,33 +92,9 @@ class Model:
     AMP_DTYPE: ClassVar[torch.dtype] = torch.float16
     #: False for set-prediction heads (DETRs): their top-k outputs need no NMS, only ``conf``/``max_det``
     NMS: ClassVar[bool] = True
-    #: the tasks a family serves: task name -> the family's class for that task (each a subclass of
-    #: the family's main class with its own ``TASK`` and head); empty when the family serves ``TASK``
-    #: only. A checkpoint's ``task`` picks the class, ``LibreYOLO.new(family, size, task=...)`` too.
-    VARIANTS: ClassVar[dict[str, type["Model"]]] = {}
-
-    @classmethod
-    def for_task(cls, task: str | None) -> type["Model"]:
-        """The family's class serving ``task`` (None: this class); a ValueError naming the
-        tasks the family serves for any other."""
-        if task is None or task == cls.TASK:
-            return cls
-        if task in cls.VARIANTS:
-            return cls.VARIANTS[task]
-        served = ", ".join(cls.VARIANTS) or cls.TASK
-        raise ValueError(f"the {cls.FAMILY} family has no {task!r} model; its tasks: {served}")
-
-    @classmethod
-    def variant_for_checkpoint(cls, ckpt: dict) -> type["Model"]:
-        """The family's class for a checkpoint: its ``task`` metadata when the family serves that
-        task, else the variant whose signature keys the state dict has (the most specific first),
-        else this class."""
-        task = ckpt.get("task")
-        if task in cls.VARIANTS:
-            return cls.VARIANTS[task]
-        sd = ckpt.get("model") or {}
-        owners = [v for v in cls.VARIANTS.values() if v.SIGNATURE_KEYS and v.owns_state_dict(sd)]
-        return max(owners, key=lambda v: len(v.SIGNATURE_KEYS)) if owners else cls
+    #: the family's variants serving other tasks: task -> ``module:Class`` under libreyolo.models (a
+    #: checkpoint's ``task`` metadata, or ``new(..., task=...)``, picks the class)
+    TASK_VARIANTS: ClassVar[dict[str, str]] = {}
 
     # ------------------------------------------------------------ family hooks
     @classmethod
@@ -247,7 +223,33 @@ class Model:
 
     @classmethod
     def owns_state_dict(cls, state_dict: dict[str, torch.Tensor]) -> bool:
+        """Whether the keys are this family's (its own layout or one of its task variants')."""
+        return cls._owns_own(state_dict) or any(v._owns_own(state_dict) for v in cls.task_variants())
+
+    @classmethod
+    def _owns_own(cls, state_dict: dict[str, torch.Tensor]) -> bool:
         return bool(cls.SIGNATURE_KEYS) and all(k in state_dict for k in cls.SIGNATURE_KEYS)
+
+    @classmethod
+    def task_variants(cls) -> list[type["Model"]]:
+        """The classes of ``TASK_VARIANTS`` (imported on use)."""
+        import importlib
+        out = []
+        for spec in cls.TASK_VARIANTS.values():
+            mod, name = spec.split(":")
+            out.append(getattr(importlib.import_module(mod, __package__), name))
+        return out
+
+    @classmethod
+    def for_task(cls, task: str | None) -> type["Model"]:
+        """This family's class serving ``task`` (None: this class); an error lists the tasks it serves."""
+        if task is None or task == cls.TASK:
+            return cls
+        for variant in cls.task_variants():
+            if variant.TASK == task:
+                return variant
+        served = [cls.TASK] + [v.TASK for v in cls.task_variants()]
+        raise ValueError(f"the {cls.FAMILY} family serves the tasks {', '.join(served)}, not {task!r}")
 
     @classmethod
     def nc_from_state_dict(cls, state_dict: dict[str, torch.Tensor]) -> int | None:
@@ -286,11 +288,10 @@ class Model:
             device: Any = "auto", seed: int | None = None, task: str | None = None) -> "Model":
         """An untrained (randomly initialised) model, built explicitly from its size; ``nc``
         defaults to the family's usual label set (``DEFAULT_NC``: 80 for detection, ImageNet's
-        1000 for the classifiers, ADE20K's 150 for SegFormer). ``task``: which of the family's
-        tasks (:attr:`VARIANTS`; None: the class's own)."""
-        target = cls.for_task(task)
-        if target is not cls:
-            return target.new(size, nc, names, imgsz=imgsz, device=device, seed=seed)
+        1000 for the classifiers, ADE20K's 150 for SegFormer). ``task`` picks the family's
+        variant for that task (default: the family's own task)."""
+        if task is not None and task != cls.TASK:
+            return cls.for_task(task).new(size, nc=nc, names=names, imgsz=imgsz, device=device, seed=seed)
         if size not in cls.SIZES:
             raise ValueError(f"unknown size {size!r} for {cls.FAMILY}; sizes: {', '.join(cls.SIZES)}")
         from ..options import check_int, check_seed
@@ -303,10 +304,15 @@ class Model:
     @classmethod
     def from_checkpoint(cls, ckpt: dict, *, size: str | None = None, device: Any = "auto",
                         source: str | None = None) -> "Model":
-        target = cls.variant_for_checkpoint(ckpt)
-        if target is not cls:
-            return target.from_checkpoint(ckpt, size=size, device=device, source=source)
         sd = ckpt["model"]
+        task = ckpt.get("task")
+        if cls.TASK_VARIANTS:   # the checkpoint's task (else its keys) picks the family's variant
+            if task in cls.TASK_VARIANTS:
+                return cls.for_task(task).from_checkpoint(ckpt, size=size, device=device, source=source)
+            if task is None and not cls._owns_own(sd):
+                for variant in cls.task_variants():
+                    if variant._owns_own(sd):
+                        return variant.from_checkpoint(ckpt, size=size, device=device, source=source)
         nc = int(ckpt.get("nc") or cls.nc_from_state_dict(sd) or 80)
         size = ckpt.get("size") or size or cls.sniff_size(sd, nc)
         if size is None:

@@ -4,7 +4,7 @@ import json
 import pytest
 import torch
 from fill import fill_state_dict
-from rows import FIXTURE_FORWARD, FIXTURES, SNIFFED_AS
+from rows import FIXTURE_FORWARD, FIXTURE_TASK, FIXTURES, SNIFFED_AS
 
 from conftest import FIXTURES_DIR
 from libreyolo import LibreYOLO
@@ -58,18 +58,23 @@ def rel_err(a, b):
 def assert_reproduces(out, ref_outputs, fx):
     """Each output within relative L2 1e-4; for DETR fixtures whose tolerance_note allows it, the
     documented order-free comparison when the element-wise one fails (top-k over tied scores):
-    rows = cat(pred_logits[0], pred_boxes[0]), each reference row matched to its nearest row of ours."""
+    rows = cat(pred_logits[0], pred_boxes[0] or pred_keypoints[0]), each reference row matched to its
+    nearest row of ours."""
     errs = {path: rel_err(out[path], ref) for path, ref in ref_outputs.items()}
     if all(e <= 1e-4 for e in errs.values()):
         return
-    if "order-free" not in fx.get("tolerance_note", "") or set(ref_outputs) != {"pred_logits", "pred_boxes"}:
+    per_query = [k for k in ("pred_boxes", "pred_keypoints") if k in ref_outputs]
+    if "order-free" not in fx.get("tolerance_note", "") or set(ref_outputs) != {"pred_logits", *per_query} \
+            or len(per_query) != 1:
         raise AssertionError(f"element-wise errors {errs}")
     nc = ref_outputs["pred_logits"].shape[-1]
-    ours = torch.cat((out["pred_logits"][0], out["pred_boxes"][0]), -1).double()
-    ref = torch.cat((ref_outputs["pred_logits"][0], ref_outputs["pred_boxes"][0]), -1).double()
+    second = per_query[0]
+    width = ref_outputs[second].shape[-1]
+    ours = torch.cat((out["pred_logits"][0], out[second][0]), -1).double()
+    ref = torch.cat((ref_outputs["pred_logits"][0], ref_outputs[second][0]), -1).double()
     match = torch.cdist(ref, ours).argmin(1)
     matched = ours[match]
-    for name, cols in (("pred_logits", slice(0, nc)), ("pred_boxes", slice(nc, nc + 4))):
+    for name, cols in (("pred_logits", slice(0, nc)), (second, slice(nc, nc + width))):
         err = ((matched[:, cols] - ref[:, cols]).norm() / ref[:, cols].norm()).item()
         assert err <= 1e-4, (name, err, "order-free")
 
@@ -77,9 +82,7 @@ def assert_reproduces(out, ref_outputs, fx):
 @pytest.mark.parametrize("family,size,name", FIXTURES)
 def test_network_reproduces_fixture(family, size, name):
     fx, pt, sd = load_fixture(name)
-    # a family serving several tasks: the class of the fixture's task (its checkpoint's choice)
-    cls = get_family(family).variant_for_checkpoint({"task": fx["checkpoint_metadata"]["task"]})
-    net = cls.build_network(size, fx["checkpoint_metadata"]["nc"])
+    net = get_family(family).for_task(FIXTURE_TASK.get(name)).build_network(size, fx["checkpoint_metadata"]["nc"])
     assert [list(v.shape) for v in net.state_dict().values()] == [s for _, s, _ in fx["layout"]]
     assert list(net.state_dict()) == [n for n, _, _ in fx["layout"]], "checkpoint key order differs"
     assert sum(p.numel() for p in net.parameters()) == fx["num_parameters"]
@@ -98,7 +101,6 @@ def test_checkpoint_in_fixture_layout_loads_through_factory(tmp_path, family, si
     path = save_checkpoint({"model": sd, **meta}, tmp_path / "weights.pt")
     model = LibreYOLO(str(path), device="cpu")
     assert (model.FAMILY, model.size, model.nc) == (family, size, meta["nc"])
-    assert model.TASK == get_family(family).variant_for_checkpoint(meta).TASK
     out = run_fixture(forward_of(model.model, name), pt)
     assert_reproduces(out, pt["outputs"], fx)
 

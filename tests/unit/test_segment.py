@@ -67,7 +67,7 @@ def test_crop_to_boxes_keeps_pixel_centres_inside():
 
 def test_family_serves_detect_and_segment():
     assert Rtmdet.for_task("segment") is RtmdetSeg and RtmdetSeg.for_task("detect") is Rtmdet
-    with pytest.raises(ValueError, match="no 'pose' model; its tasks: detect, segment"):
+    with pytest.raises(ValueError, match="serves the tasks detect, segment, not 'pose'"):
         LibreYOLO.new("rtmdet", "t", task="pose")
     m = LibreYOLO.new("rtmdet", "t", task="segment", nc=3, device="cpu", seed=0)
     assert (type(m), m.TASK, m.task.name, m.nc) == (RtmdetSeg, "segment", "segment", 3)

@@ -1,6 +1,8 @@
 """RTMDet declarations and its capturable inference stage."""
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 from torch import nn
 
@@ -37,12 +39,19 @@ class Rtmdet(Model):
     # Declared after the GPU training parity passed (step-0 loss and BatchNorm buffers bitwise, 20-step
     # curves within eager noise; forward+backward and whole step): see docs/families.md.
     SUPPORTS_CUDA_GRAPH_TRAIN = True
+    #: RTMDet-Ins serves instance segmentation (the checkpoint's ``task`` picks it)
+    TASK_VARIANTS: ClassVar[dict[str, str]] = {"segment": ".rtmdet.model:RtmdetSeg"}
 
     @classmethod
     def build_network(cls, size: str, nc: int) -> nn.Module:
         return RtmdetNet(size, nc)
 
     SIGNATURE_KEYS = ("head.rtm_cls.0.weight", "head.rtm_reg.0.weight", "backbone.stem.0.conv.weight")
+
+    @classmethod
+    def _owns_own(cls, state_dict: dict) -> bool:
+        """The detector's keys without the Ins head's kernel branch (that layout is RtmdetSeg's)."""
+        return super()._owns_own(state_dict) and "head.rtm_kernel.0.weight" not in state_dict
     NC_KEY = "head.rtm_cls.0.weight"
     PRIOR_BIAS = (("head.rtm_cls.", 0, None),)
 
@@ -84,10 +93,15 @@ class RtmdetSeg(Rtmdet):
     """
 
     TASK = "segment"
+    TASK_VARIANTS: ClassVar[dict[str, str]] = {"detect": ".rtmdet.model:Rtmdet"}
     # Not yet through the GPU parity protocol: the commands that will prove them are in docs/families.md.
     SUPPORTS_CUDA_GRAPH = False
     SUPPORTS_CUDA_GRAPH_TRAIN = False
     SIGNATURE_KEYS = Rtmdet.SIGNATURE_KEYS + ("head.rtm_kernel.0.weight", "head.mask_head.projection.weight")
+
+    @classmethod
+    def _owns_own(cls, state_dict: dict) -> bool:
+        return Model._owns_own.__func__(cls, state_dict)
     #: the prototypes' stride (mask logits are upsampled by it to the network input)
     MASK_STRIDE = STRIDES[0]
 
@@ -124,5 +138,3 @@ class RtmdetSeg(Rtmdet):
         from .nn import dynamic_masks
         return dynamic_masks(protos, coeffs[:, :-3], coeffs[:, -3:-1], coeffs[:, -1], RtmdetSeg.MASK_STRIDE)
 
-
-Rtmdet.VARIANTS = {"detect": Rtmdet, "segment": RtmdetSeg}
