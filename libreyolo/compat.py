@@ -95,8 +95,9 @@ def check_task(task: Any, own: str, what: str) -> None:
 
 #: our task names that LibreYOLO 1.6.0 knows under another name: a checkpoint's ``task`` field is
 #: written in its vocabulary, so that it loads what is saved here (it refuses a task it does not
-#: know). The others (detect, classify, pose, ...) are its names too. Here the family decides how a
-#: checkpoint loads; the field picks only among a family's task variants (ec: detect or pose)
+#: know). The others (detect, classify, pose, segment, ...) are its names too. Here the family
+#: decides how a checkpoint loads; the field picks only among a family's task variants (ec: detect
+#: or pose; rtmdet: detect or segment)
 CHECKPOINT_TASK_NAMES: dict[str, str] = {"segment-prompt": "segment"}
 
 

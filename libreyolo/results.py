@@ -279,9 +279,10 @@ class Results:
 
     Tasks other than detection fill their own field instead of ``boxes`` (``probs`` for
     classification, ``masks`` for semantic segmentation, ``depth`` for depth estimation, ``alpha`` for
-    matting, ``texts`` for OCR, ``keypoints`` for pose, next to ``boxes``; LibreYOLO 1.6.0's names
-    ``semantic_mask``, ``depth_map``, ``matte`` and ``ocr`` are the same fields). Such a field is an
-    object of the task's result type (``libreyolo/tasks/<task>/``) with ``plot_on(image, names) -> image``,
+    matting, ``texts`` for OCR, ``keypoints`` for pose, next to ``boxes``; instance segmentation
+    fills ``masks`` beside the boxes; LibreYOLO 1.6.0's names ``semantic_mask``, ``depth_map``,
+    ``matte`` and ``ocr`` are the same fields). Such a field is an object of the task's result type
+    (``libreyolo/tasks/<task>/``) with ``plot_on(image, names) -> image``,
     ``summary(names, decimals)``, and ``cpu()`` / ``numpy()`` / ``to(...)``; :meth:`plot`,
     :meth:`summary` and the conversions use it.
     """
@@ -422,7 +423,9 @@ class Results:
             return next(iter(parts.values())) if len(parts) == 1 else parts
         h, w = self.orig_shape
         out = []
-        for (x1, y1, x2, y2, conf, cls), tid in zip(self._rows(), self._ids()):
+        # per-instance fields beside the boxes (instance masks: area and polygons), one row per box
+        per_box = [v.instance_rows(decimals) for _, v in self._fields() if hasattr(v, "instance_rows")]
+        for i, ((x1, y1, x2, y2, conf, cls), tid) in enumerate(zip(self._rows(), self._ids())):
             if normalize:
                 x1, x2, y1, y2 = x1 / w, x2 / w, y1 / h, y2 / h
             c = int(cls)
@@ -441,6 +444,8 @@ class Results:
                 row["track_id"] = tid
             if self.keypoints is not None:   # pose: the instance's keypoints
                 row["keypoints"] = self.keypoints.instance_summary(len(out), normalize, decimals)
+            for rows in per_box:   # instance segmentation: the instance's mask area and polygons
+                row.update(rows[i])
             out.append(row)
         return out
 

@@ -80,6 +80,8 @@ def test_task_argument_picks_the_family_variant():
     pose = LibreYOLO("ecs", task="pose", nc=1, device="cpu")   # a name without suffix: task= picks the variant
     assert type(pose) is ECPose and pose.task == "pose" and pose.task_def.name == "pose"
     assert isinstance(pose, LibreEC) and Keypoints is PoseKeypoints
+    seg = LibreYOLO("rtmdett", task="segment", nc=2, device="cpu")   # instance segmentation, not MobileSAM's
+    assert type(seg).__name__ == "RtmdetSeg" and seg.task == "segment"
     # a name whose suffix, or a family, serves another task is refused before anything is built
     with pytest.raises(ValueError, match="ec-s-pose is a pose model; task='detect'"):
         LibreYOLO("ec-s-pose", task="detect", device="cpu")
