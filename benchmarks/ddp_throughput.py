@@ -44,7 +44,7 @@ def worker(a) -> None:
     kw = dict(data=a.data, epochs=1, batch=batch, nbs=batch, imgsz=a.imgsz, workers=0, cuda_graph=a.arm == "graph",
               amp="bf16", warmup_epochs=0, val=False, plots=False, verbose=False, seed=0, mosaic=0.0,
               project=a.project, name="bench", exist_ok=True, device=a.device)
-    t = Trainer(model, TrainConfig.from_kwargs(model.task, **{**model.train_defaults(), **kw}))
+    t = Trainer(model, TrainConfig.from_kwargs(model.task_def, **{**model.train_defaults(), **kw}))
     t.setup()
     t.nw, t.last_opt_step, t.accumulate = -1, -1, 1   # every step an update (the whole step when captured)
     t.opt.zero_grad(set_to_none=False)

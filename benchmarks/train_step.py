@@ -44,7 +44,7 @@ def run_arm(arm: str, spec: str, batch: int, imgsz: int, amp: bool, runs: int, w
         from libreyolo.models.registry import parse_spec
         cls, size = parse_spec(spec)
         model = cls.new(size, device="cuda", seed=0)
-    task = model.task
+    task = model.task_def
     data = task.resolve_data(DEFAULT_DATA[task.name])
     if data.nc != model.nc:
         model.reset_classes(data.nc, data.names)

@@ -2,7 +2,7 @@
 
     from libreyolo import LibreYOLO, SAMPLE_IMAGE
     model = LibreYOLO("LibreYOLO9t.pt")
-    results = model(SAMPLE_IMAGE, cuda_graph=True)
+    result = model(SAMPLE_IMAGE, cuda_graph=True)   # one image: one Results
 
 The names below are imported on first use (PEP 562), so that ``import libreyolo.cli`` (the
 ``libreyolo`` program) does not import torch before it has parsed its command line: its help and
@@ -12,21 +12,49 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-__all__ = ["LibreYOLO", "SAMPLE_IMAGE", "list_models", "__version__"]
-
 _LAZY = {"LibreYOLO": (".factory", "LibreYOLO"), "SAMPLE_IMAGE": (".assets", "SAMPLE_IMAGE"),
          "list_models": (".models.registry", "list_models")}
 
+#: LibreYOLO 1.6.0's names for the families (``LibreYOLO9``...) and result types (``Results``,
+#: ``Boxes``...), kept so that code written for it runs here (libreyolo/compat.py; which of its
+#: names are not offered and why: docs/reference-api.md). Listed here so that naming them
+#: imports nothing: the registry's table holds the family names.
+_FAMILY_NAMES = ("LibreYOLO9", "LibreYOLOX", "LibreYOLO7", "LibreRTMDet", "LibrePICODET", "LibreRTDETR",
+                 "LibreRTDETRv2", "LibreDFINE", "LibreDEIM", "LibreDEIMv2", "LibreEC", "LibreRTDETRv4",
+                 "LibreResNet", "LibreEfficientNetV2", "LibreMobileNetV4", "LibreConvNeXt", "LibreSegformer",
+                 "LibreMobileSAM", "LibreDepthAnythingV2", "LibreBiRefNet", "LibrePPOCR")
+_RESULT_NAMES = ("Results", "Boxes", "Probs", "SemanticMask", "DepthMap", "Matte", "OCRRegions", "Masks",
+                 "Keypoints")
+
+__all__ = ["LibreYOLO", "SAMPLE_IMAGE", "list_models", "__version__",
+           "LibreYOLO9", "LibreYOLOX", "LibreYOLO7", "LibreRTMDet", "LibrePICODET", "LibreRTDETR", "LibreRTDETRv2",
+           "LibreDFINE", "LibreDEIM", "LibreDEIMv2", "LibreEC", "LibreRTDETRv4", "LibreResNet", "LibreEfficientNetV2",
+           "LibreMobileNetV4", "LibreConvNeXt", "LibreSegformer", "LibreMobileSAM", "LibreDepthAnythingV2",
+           "LibreBiRefNet", "LibrePPOCR",
+           "Results", "Boxes", "Probs", "SemanticMask", "DepthMap", "Matte", "OCRRegions", "Masks", "Keypoints"]
+
 
 def __getattr__(name: str):
+    import importlib
     if name in _LAZY:
-        import importlib
         module, attr = _LAZY[name]
         value = getattr(importlib.import_module(module, __name__), attr)
-        globals()[name] = value   # later lookups find it directly
-        return value
-    raise AttributeError(f"module 'libreyolo' has no attribute {name!r}")
+    elif name in _FAMILY_NAMES:
+        from .compat import family_alias
+        value = family_alias(name)
+    elif name in _RESULT_NAMES:
+        from .compat import RESULT_TYPES
+        module, attr = RESULT_TYPES[name]
+        value = getattr(importlib.import_module(module, __name__), attr)
+    elif name == "LibreYOLORTDETR":   # renamed there too, and still accepted with a warning
+        import warnings
+        warnings.warn("LibreYOLORTDETR is LibreRTDETR: import that name", DeprecationWarning, stacklevel=2)
+        return globals().get("LibreRTDETR") or __getattr__("LibreRTDETR")
+    else:
+        raise AttributeError(f"module 'libreyolo' has no attribute {name!r}")
+    globals()[name] = value   # later lookups find it directly
+    return value
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+    return sorted(set(globals()) | set(_LAZY) | set(_FAMILY_NAMES) | set(_RESULT_NAMES))

@@ -110,11 +110,11 @@ def bench_model(model, *, imgsz: int = 640, batch: int = 1, runs: int = 200, war
     # An untrained head detects nothing, which would leave NMS idle: re-draw its biases
     # (seeded) so that post-processing has a full load; detections per image are reported.
     model = input_sensitive(model)
-    opts = {"conf": conf} if "conf" in model.task.predict_defaults else {}
-    opts.update(model.task.bench_options())   # e.g. segment-prompt: the prompt of each call
+    opts = {"conf": conf} if "conf" in model.task_def.predict_defaults else {}
+    opts.update(model.task_def.bench_options())   # e.g. segment-prompt: the prompt of each call
     task_input = None   # a task's own bench input, described (OCR: the printed page)
     if image is None:   # a task's own input (OCR: a printed page) and the options it needs
-        image, task_opts, task_input = model.task.bench_setup(model, imgsz)
+        image, task_opts, task_input = model.task_def.bench_setup(model, imgsz)
         opts.update(task_opts)
     if image is None:
         image = load_sources(SAMPLE_IMAGE)[0].image
@@ -181,7 +181,7 @@ def bench_model(model, *, imgsz: int = 640, batch: int = 1, runs: int = 200, war
             with torch.no_grad():
                 arms["forward_whole_graph"] = _whole_graph_arm(net, x, eager_out, dev, runs, warmup)
     # the task's own arms (segment-prompt: the image stage alone and a prompt call on a set image)
-    arms.update(model.task.bench_arms(model, image, runs, warmup, imgsz, time_call))
+    arms.update(model.task_def.bench_arms(model, image, runs, warmup, imgsz, time_call))
     notes: list[str] = []
     if compile_arms:
         why = _compile_arms_skipped(model, precision)
@@ -418,7 +418,7 @@ def bench_video(model, source: Any, *, imgsz: int = 640, frames: int = 300, conf
 
     dev = model.device
     model = input_sensitive(model)  # an untrained head detects nothing: give NMS a real load
-    opts = {"conf": conf} if "conf" in model.task.predict_defaults else {}
+    opts = {"conf": conf} if "conf" in model.task_def.predict_defaults else {}
     images = []
     t0 = time.perf_counter()
     with open_video_sources(source) as vs:

@@ -282,7 +282,7 @@ _CLI_ONLY = ("model", "source", "device", "json")
 def _predict_kwargs(opts: Parsed, model, command: str, spec: Mapping[str, Opt]) -> dict[str, Any]:
     """The keywords of ``model.predict``/``track``: the options given, those whose default here is
     not the API's, and the task's own options (for the model's task only)."""
-    own = set(model.task.predict_defaults)
+    own = set(model.task_def.predict_defaults)
     kw: dict[str, Any] = {}
     for k, o in spec.items():
         if k in _CLI_ONLY or k == "tracker":
@@ -321,7 +321,8 @@ def cmd_predict(opts: Parsed, track: bool = False) -> int:
     try:
         if is_video_source(source):  # frames are counted, not listed (a stream can run for hours)
             return _video_report(call(source, **{**kw, "stream": True}), opts, model, track)
-        results = list(call(source, **kw))
+        out = call(source, **kw)
+        results = out if isinstance(out, list) else [out]   # one image: its one Results
     except TypeError as exc:   # an option this kind of model does not take (e.g. decode= for an ONNX model)
         if "unknown predict option" in str(exc) or "unexpected keyword argument" in str(exc):
             raise UsageError(f"{exc} ({model.FAMILY}-{model.size}, {model.TASK})") from None
@@ -721,8 +722,8 @@ def cmd_train(opts: dict, argv: list[str] | None = None) -> int:
     else:
         model = _load(opts, seed=opts["seed"])
     if task is None:
-        _check_task_options(opts, model.task)
-        _require_data(opts, model.task)
+        _check_task_options(opts, model.task_def)
+        _require_data(opts, model.task_def)
     # the options given, as model.train() takes them: what is not given is the API's default (the
     # family's recipe, else the dataclasses' defaults), the same as in Python
     kw = {k: opts[k] for k in opts.given if k != "model"}
@@ -855,11 +856,11 @@ def cmd_demo(opts: dict) -> int:
     held_out = max(data.val, key=lambda s: len(s.labels))   # the held-out image with the most objects
     conf = opts["conf"]
     mode = "auto" if on_gpu else False
-    r = best.predict(str(held_out.image), imgsz=opts["imgsz"], conf=conf, cuda_graph=mode)[0]
+    r = best.predict(str(held_out.image), imgsz=opts["imgsz"], conf=conf, cuda_graph=mode)
     note = f"at conf >= {conf}"
     if not len(r):  # a weak model (fewer epochs, a harder start) may not be confident yet: show its best guesses
         r = best.predict(str(held_out.image), imgsz=opts["imgsz"], conf=DEMO_FALLBACK_CONF, max_det=5,
-                         cuda_graph=mode)[0]
+                         cuda_graph=mode)
         note = (f"none reached conf {conf} after this short training; " +
                 (f"its {len(r)} most confident (conf >= {DEMO_FALLBACK_CONF})" if len(r) else
                  f"none even at conf {DEMO_FALLBACK_CONF}: train longer (epochs=)"))
@@ -895,10 +896,10 @@ def _require_data(opts: Parsed, task) -> None:
 def cmd_val(opts: Parsed) -> int:
     _need_model(opts, "val")
     model = _load(opts)
-    _require_data(opts, model.task)
+    _require_data(opts, model.task_def)
     kw = {k: opts[k] for k in opts.given if k not in ("model", "device")}
     for k in ("conf", "iou"):   # detection's thresholds
-        if k in kw and k not in model.task.val_option_names:
+        if k in kw and k not in model.task_def.val_option_names:
             raise UsageError(f"{k} is an option of detection models; {model.FAMILY}-{model.size} is a {model.TASK} "
                              "model")
     res = model.val(**kw)

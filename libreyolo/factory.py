@@ -32,6 +32,10 @@ class LibreYOLO:
       one raises, saying how to re-head (``model.reset_classes(nc)``); it never re-heads silently.
     * A bare family/size name without extension (``"yolo9t"``, ``"yolo9-s"``) builds an
       UNTRAINED model explicitly, as does ``LibreYOLO.new("yolo9", "t")``.
+    * LibreYOLO 1.6.0's keywords are accepted: ``nb_classes`` (``nc``), ``size`` (checked against
+      the size the checkpoint holds; it picks the size of a file that does not say) and ``task``
+      (checked against the model's task; a family/size name builds the family's variant for that
+      task; its ``"segment"`` names MobileSAM's ``segment-prompt``).
 
     Args:
         model: a checkpoint file (.pt, .pth, .safetensors), a weight file name to find in the cache or
@@ -42,13 +46,19 @@ class LibreYOLO:
         nc: number of classes: an untrained model's, or the one a checkpoint must have
         names: class names of an untrained model
         imgsz: the model's default image size (default: the family's, or the checkpoint's)
+        nb_classes: nc under LibreYOLO 1.6.0's name
+        size: the size the checkpoint or name must hold (LibreYOLO 1.6.0's argument); it picks the
+            size of a file that does not say
+        task: the task the model must serve (LibreYOLO 1.6.0's argument): a family/size name builds
+            the family's variant for it, a file must hold a model of it
 
     Returns:
         Model: the family's model (an OnnxModel for a .onnx file).
     """
 
     def __new__(cls, model: str | Path, device: Any = "auto", *, download: bool | None = None,
-                nc: int | None = None, names: Any = None, imgsz: int | None = None) -> Model:
+                nc: int | None = None, names: Any = None, imgsz: int | None = None,
+                nb_classes: int | None = None, size: str | None = None, task: str | None = None) -> Model:
         if not isinstance(model, (str, os.PathLike)):
             raise TypeError(f"model must be a checkpoint path or a family/size name such as 'yolo9t', got "
                             f"{type(model).__name__} {model!r}")
@@ -56,6 +66,10 @@ class LibreYOLO:
         if not text.strip():   # Path("") is the current folder: never load that
             raise ValueError("model is empty: give a checkpoint path or a family/size name such as 'yolo9t'")
         path = Path(text)
+        if nb_classes is not None:   # LibreYOLO 1.6.0's name for nc
+            if nc is not None and nc != nb_classes:
+                raise ValueError(f"nc={nc} and nb_classes={nb_classes} name the same class count differently: pass one")
+            nc = nb_classes
         if nc is not None:
             from .options import check_int
             nc = check_int("nc", nc, 1)
@@ -68,6 +82,8 @@ class LibreYOLO:
             if nc is not None and nc != onnx.nc:
                 raise ValueError(f"nc={nc}, but the ONNX model '{path}' has {onnx.nc} classes, fixed when it was "
                                  f"exported: export again from a model with {nc} classes (or leave nc out)")
+            _check_size(size, onnx.size, onnx, str(path))
+            _check_task(task, onnx)
             return onnx
         is_file_like = path.suffix.lower() in _CHECKPOINT_SUFFIXES or path.exists()
         if not is_file_like:
@@ -76,9 +92,16 @@ class LibreYOLO:
                 raise ValueError(f"{text!r} is neither a checkpoint file (.pt, .pth, .safetensors) nor a "
                                  "family/size name such as 'yolo9t'. Known families and their weight "
                                  f"files:\n{_families_and_file_names()}")
-            fam, size = spec
+            fam, spec_size = spec
+            _check_size(size, spec_size, fam, text)
+            size = spec_size
+            if task is not None and fam is get_family(fam.FAMILY):   # no task suffix: task= picks the variant
+                from .compat import family_for_task
+                fam = family_for_task(fam, task)
             variant = next((f"-{k}" for k, t in TASK_SUFFIXES.items()
                             if t == fam.TASK and fam is not get_family(fam.FAMILY)), "")
+            from .compat import check_task
+            check_task(task, fam.TASK, f"{fam.FAMILY}-{size}{variant}")   # before building anything
             log.warning("building an UNTRAINED %s-%s%s from its configuration (random weights): "
                         "its outputs are meaningless until it is trained", fam.FAMILY, size, variant)
             m = fam.new(size, nc=nc, names=names, imgsz=imgsz, device=device)
@@ -89,9 +112,13 @@ class LibreYOLO:
             _refuse_unknown_name(text, download)
         resolved = resolve_weights(text, download=download)
         ckpt = load_checkpoint(resolved)
-        fam, size, how = family_for_checkpoint(ckpt, resolved.name)
+        fam, found_size, how = family_for_checkpoint(ckpt, resolved.name)
         log.debug("%s is %s (decided by %s)", resolved, fam.FAMILY, how)
-        m = fam.from_checkpoint(ckpt, size=size, device=device, source=str(resolved))
+        if size is not None and size not in fam.SIZES:
+            raise ValueError(f"size={size!r}, but {fam.FAMILY} has sizes {', '.join(fam.SIZES)}")
+        m = fam.from_checkpoint(ckpt, size=found_size or size, device=device, source=str(resolved))
+        _check_size(size, m.size, fam, str(resolved))
+        _check_task(task, m)
         if nc is not None and nc != m.nc:   # never silently ignored, never a silent re-head
             raise ValueError(
                 f"nc={nc}, but checkpoint '{resolved}' has {m.nc} classes (a loaded model keeps its checkpoint's "
@@ -110,6 +137,19 @@ class LibreYOLO:
         task it serves (``LibreYOLO.new("ec", "s", task="pose")``)."""
         return get_family(family).new(size, nc=nc, names=names, imgsz=imgsz, device=device, seed=seed,
                                       task=task)
+
+
+def _check_size(asked: str | None, found: str, fam: Any, what: str) -> None:
+    """``size=`` (LibreYOLO 1.6.0's argument) must agree with the size the file or name holds."""
+    if asked is not None and str(asked) != found:
+        raise ValueError(f"size={asked!r}, but {what} is {fam.FAMILY}-{found}: leave size out (it is read from "
+                         "the checkpoint) or pass the file of that size")
+
+
+def _check_task(task: str | None, model: Any) -> None:
+    """``task=`` (LibreYOLO 1.6.0's argument) must name the model's task."""
+    from .compat import check_task
+    check_task(task, model.TASK, f"{model.FAMILY}-{model.size}")
 
 
 def _is_libreyolo_file_name(name: str) -> bool:

@@ -280,8 +280,10 @@ class Results:
 
     Tasks other than detection fill their own field instead of ``boxes`` (``probs`` for
     classification, ``masks`` for semantic segmentation, ``depth`` for depth estimation, ``alpha`` for
-    matting, ``texts`` for OCR, ``keypoints`` for pose, next to ``boxes``). Such a field is an object of the task's
-    result type (``libreyolo/tasks/<task>/``) with ``plot_on(image, names) -> image``,
+    matting, ``texts`` for OCR, ``keypoints`` for pose, next to ``boxes``; instance segmentation
+    fills ``masks`` beside the boxes; LibreYOLO 1.6.0's names ``semantic_mask``, ``depth_map``,
+    ``matte`` and ``ocr`` are the same fields). Such a field is an object of the task's result type
+    (``libreyolo/tasks/<task>/``) with ``plot_on(image, names) -> image``,
     ``summary(names, decimals)``, and ``cpu()`` / ``numpy()`` / ``to(...)``; :meth:`plot`,
     :meth:`summary` and the conversions use it.
     """
@@ -332,8 +334,34 @@ class Results:
             else {"preprocess": None, "inference": None, "postprocess": None}
         )
 
+    # LibreYOLO 1.6.0's names of the task fields, the same objects (read and written through)
+    @property
+    def semantic_mask(self) -> Any:
+        """``masks`` under LibreYOLO 1.6.0's name, when it holds a semantic segmentation (a
+        promptable segmentation's masks are ``masks`` there too); else None."""
+        from .tasks.semantic.results import SemanticMask
+        return self.masks if isinstance(self.masks, SemanticMask) else None
+
+    @semantic_mask.setter
+    def semantic_mask(self, value: Any) -> None:
+        self.masks = value
+
+    depth_map = property(lambda self: self.depth, lambda self, v: setattr(self, "depth", v),
+                         doc="``depth`` under LibreYOLO 1.6.0's name")
+    matte = property(lambda self: self.alpha, lambda self, v: setattr(self, "alpha", v),
+                     doc="``alpha`` under LibreYOLO 1.6.0's name")
+    ocr = property(lambda self: self.texts, lambda self, v: setattr(self, "texts", v),
+                   doc="``texts`` under LibreYOLO 1.6.0's name")
+
     def __len__(self) -> int:
         return 0 if self.boxes is None else len(self.boxes)
+
+    def __getitem__(self, index: Any) -> Any:
+        # One image's Results is what model(image) returns; indexing it is refused rather than
+        # read as either of the two meanings code may have had (the first image of a list, or the
+        # first detection as in LibreYOLO 1.6.0).
+        raise TypeError("a Results is the prediction for one image (model(image) returns it directly, a list "
+                        "only for several images): use it without [0]; detections are result.boxes[i]")
 
     def _fields(self) -> list[tuple[str, Any]]:
         return [(f, getattr(self, f)) for f in self.FIELDS if getattr(self, f) is not None]
@@ -396,7 +424,9 @@ class Results:
             return next(iter(parts.values())) if len(parts) == 1 else parts
         h, w = self.orig_shape
         out = []
-        for (x1, y1, x2, y2, conf, cls), tid in zip(self._rows(), self._ids()):
+        # per-instance fields beside the boxes (instance masks: area and polygons), one row per box
+        per_box = [v.instance_rows(decimals) for _, v in self._fields() if hasattr(v, "instance_rows")]
+        for i, ((x1, y1, x2, y2, conf, cls), tid) in enumerate(zip(self._rows(), self._ids())):
             if normalize:
                 x1, x2, y1, y2 = x1 / w, x2 / w, y1 / h, y2 / h
             c = int(cls)
@@ -415,6 +445,8 @@ class Results:
                 row["track_id"] = tid
             if self.keypoints is not None:   # pose: the instance's keypoints
                 row["keypoints"] = self.keypoints.instance_summary(len(out), normalize, decimals)
+            for rows in per_box:   # instance segmentation: the instance's mask area and polygons
+                row.update(rows[i])
             out.append(row)
         return out
 

@@ -41,6 +41,7 @@ import torch
 from PIL import Image
 
 from libreyolo import LibreYOLO
+from libreyolo.results import Results
 
 #: what a clear error may be: the library's own (a class defined in libreyolo, see ``is_clear``), or the
 #: standard ones it raises with a message
@@ -239,6 +240,11 @@ def _dataset(d: Path, name: str, yaml_text: str, labels: dict[str, str] | None =
 
 
 # ------------------------------------------------------------------ cases
+def _one_results(r: Any) -> str | None:
+    """The check of a predict on one image: it returns that image's one Results."""
+    return None if isinstance(r, Results) else f"{type(r).__name__}, expected one Results"
+
+
 def source_cases(models: dict[str, Any], f: dict[str, Path]) -> list[Case]:
     cases = []
     tolerated = ("gray16", "cmyk", "rgba", "palette", "one_px", "webp", "bmp", "gif", "tiff_pages")
@@ -249,11 +255,11 @@ def source_cases(models: dict[str, Any], f: dict[str, Path]) -> list[Case]:
             cases.append(Case("sources", f"{task}: {key} file", lambda m=m, p=f[key]: m.predict(p), (f[key].name,)))
         for key in tolerated:
             cases.append(Case("sources", f"{task}: {key} image", lambda m=m, p=f[key]: m.predict(p), ok=True,
-                              check=lambda r: None if len(r) >= 1 else "no result"))
+                              check=_one_results))
         cases.append(Case("sources", f"{task}: 1x4000 strip image", lambda m=m: m.predict(f["thin"]), ("aspect",),
-                          ok=True, either=True, check=lambda r: None if len(r) == 1 else "no result"))
+                          ok=True, either=True, check=_one_results))
         cases.append(Case("sources", f"{task}: png bytes named .jpg", lambda m=m: m.predict(f["png_as_jpg"]), ok=True,
-                          check=lambda r: None if len(r) == 1 else "no result"))
+                          check=_one_results))
         cases.append(Case("sources", f"{task}: missing file", lambda m=m: m.predict(f["good"].parent / "nope.png"),
                           ("nope.png",)))
         cases.append(Case("sources", f"{task}: empty folder", lambda m=m: m.predict(f["dir_empty"]), ("empty_dir",)))
@@ -282,7 +288,7 @@ def source_cases(models: dict[str, Any], f: dict[str, Path]) -> list[Case]:
             cases.append(Case("sources", f"{task}: {name}", lambda m=m, a=arr: m.predict(a), names))
         cases.append(Case("sources", f"{task}: non-contiguous array",
                           lambda m=m: m.predict(np.zeros((64, 64, 3), np.uint8)[::2, ::-1]), ok=True,
-                          check=lambda r: None if len(r) == 1 else "no result"))
+                          check=_one_results))
         cases.append(Case("sources", f"{task}: a dict as source", lambda m=m: m.predict({"a": 1}), ("dict",)))
         cases.append(Case("sources", f"{task}: None as source", lambda m=m: m.predict(None), ("none", "source")))
         cases.append(Case("sources", f"{task}: empty list", lambda m=m: m.predict([]), ("empty",)))

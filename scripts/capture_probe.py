@@ -74,8 +74,8 @@ def probe(net, fn, x, amp, label):
 
 
 def train_loss(model):
-    data = model.task.resolve_data("shapes-seg")
-    _, val, collate = model.task.datasets(data, 128, model, model.task.Options())
+    data = model.task_def.resolve_data("shapes-seg")
+    _, val, collate = model.task_def.datasets(data, 128, model, model.task_def.Options())
     imgs, masks = collate([val[j] for j in range(8)])
     x, masks = imgs.cuda().float().div_(255), masks.cuda()
     net = model.model.train()

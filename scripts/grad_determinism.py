@@ -57,7 +57,7 @@ def main() -> None:
         import libreyolo.models.segformer.nn as seg
         seg.resize_bilinear = torch_upsample
     model = LibreYOLO.new(a.family, a.size, device=a.device, seed=0)
-    task = model.task
+    task = model.task_def
     data = task.resolve_data(DATA[task.name])
     _, val, collate = task.datasets(data, a.imgsz, model, task.Options())
     model = LibreYOLO.new(a.family, a.size, device=a.device, seed=0, nc=data.nc)

@@ -110,7 +110,7 @@ def main() -> None:
     r["d2h_pinned_async_then_event_sync_us"] = after_idle(
         lambda: (out_pinned.copy_(g.static_outputs, non_blocking=True), ev.record(), ev.synchronize()), n)
     # --- host post-processing (the numbers of one call)
-    host = m(img, cuda_graph=True)[0].boxes.data.numpy().copy()
+    host = m(img, cuda_graph=True).boxes.data.numpy().copy()
     r["unletterbox_us"] = after_idle(lambda: unletterbox_boxes(host.copy(), 0.5, 0.5, 720, 1280, 0, 0), n)
     r["copy_300x6_us"] = after_idle(lambda: host.copy(), n)
     r["predict_graph_us"] = after_idle(lambda: m(img, cuda_graph=True), n)

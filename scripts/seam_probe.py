@@ -9,8 +9,8 @@ import test_tasks_gpu as T  # noqa: E402
 
 spec = ("segformer", "b0")
 m0 = T.build(spec)
-data = m0.task.resolve_data("shapes-seg")
-_, val, collate = m0.task.datasets(data, 128, m0, m0.task.Options())
+data = m0.task_def.resolve_data("shapes-seg")
+_, val, collate = m0.task_def.datasets(data, 128, m0, m0.task_def.Options())
 inputs = T.to_dev(collate([val[j] for j in range(8)]))
 
 

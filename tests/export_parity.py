@@ -96,21 +96,21 @@ def compare(model, onnx_model, images, imgsz: int, **opts) -> list[dict]:
     out = []
     for img in images:
         if model.TASK == "detect":
-            low = model.predict(img, imgsz=imgsz, conf=0.001, **opts)[0]
+            low = model.predict(img, imgsz=imgsz, conf=0.001, **opts)
             conf = pick_conf(low.boxes.conf.numpy())
-            e = model.predict(img, imgsz=imgsz, conf=conf, **opts)[0]
-            o = onnx_model.predict(img, imgsz=imgsz, conf=conf, **opts)[0]
+            e = model.predict(img, imgsz=imgsz, conf=conf, **opts)
+            o = onnx_model.predict(img, imgsz=imgsz, conf=conf, **opts)
             r = match_detections(e.boxes.data.numpy(), o.boxes.data.numpy(), img.shape[:2], imgsz,
                                  model.preprocess.resize)
             assert r["n"] > 0 and r["tie_swaps"] <= max(1, r["n"] // 10), r
             assert r["box_canvas"] <= BOX_TOL_PX and r["score"] <= SCORE_TOL, r
         elif model.TASK == "classify":
-            e, o = model.predict(img, imgsz=imgsz)[0].probs, onnx_model.predict(img, imgsz=imgsz)[0].probs
+            e, o = model.predict(img, imgsz=imgsz).probs, onnx_model.predict(img, imgsz=imgsz).probs
             r = {"n": len(e.top5), "score": float((e.data - o.data).abs().max()), "top5": e.top5}
             assert list(e.top5) == list(o.top5), (e.top5, o.top5)
             assert r["score"] <= SCORE_TOL, r
         else:
-            e, o = model.predict(img, imgsz=imgsz)[0].masks.data, onnx_model.predict(img, imgsz=imgsz)[0].masks.data
+            e, o = model.predict(img, imgsz=imgsz).masks.data, onnx_model.predict(img, imgsz=imgsz).masks.data
             r = {"n": int(e.numel()), "classes": int(torch.unique(e).numel()), "mismatch": int((e != o).sum())}
             assert r["classes"] > 1, "a one-class map compares nothing"
             assert r["mismatch"] == 0, r

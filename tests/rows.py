@@ -9,6 +9,7 @@ FIXTURES = [
     ("yolox", "s", "yolox-s"),
     ("yolo7", "b", "yolo7-b"),
     ("rtmdet", "t", "rtmdet-t"),
+    ("rtmdet", "t", "rtmdet-t-seg"),
     ("picodet", "s", "picodet-s"),
     ("rtdetr", "r18", "rtdetr-r18"),
     ("rtdetrv2", "r18", "rtdetrv2-r18"),
@@ -39,6 +40,7 @@ FIXTURE_FORWARD = {
 # The task variant a fixture's network serves, where it is not its family's own task.
 FIXTURE_TASK = {
     "ec-s-pose": "pose",
+    "rtmdet-t-seg": "segment",
 }
 
 # Families whose checkpoints share another family's layout key for key: a bare state dict (no

@@ -526,7 +526,8 @@ def _parse_yolo_label_file(path: Path, nc: int, problems: DataProblems,
 def _check_row(fields: list[str], nc: int) -> str | None:
     """Why a ``cls cx cy w h`` row is invalid, or None when it is fine."""
     if len(fields) != 5:
-        hint = " (polygon rows are not supported here)" if len(fields) > 5 else ""
+        hint = (" (an instance-segmentation polygon row: polygon labels train a segment model, e.g. "
+                "LibreYOLO.new('rtmdet', 't', task='segment'))") if len(fields) > 5 else ""
         return f"expected 5 values 'class cx cy w h', got {len(fields)}{hint}"
     try:
         values = [float(v) for v in fields]

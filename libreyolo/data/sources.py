@@ -635,3 +635,26 @@ def _tensor_to_rgb(chw: torch.Tensor) -> torch.Tensor:
         if out.data_ptr() == chw.data_ptr():  # channels-last uint8 input: contiguous() was a view
             out = out.clone()
         return out
+
+
+def is_single_image(source: Any) -> bool:
+    """Whether ``source`` is one image, for which ``model(source)`` returns one Results (a list,
+    a directory, a glob pattern, a video source, a 4-D batch array or tensor give a list): a PIL
+    image, a 2-D or 3-D array or tensor, or a path naming one file that is not a video or a list
+    of streams. ``None`` (a promptable model's current image) is one image too."""
+    if source is None or isinstance(source, Image.Image):
+        return True
+    if isinstance(source, (np.ndarray, torch.Tensor)):
+        return source.ndim in (2, 3)
+    if isinstance(source, (str, os.PathLike)) and not isinstance(source, bool):
+        from .video import is_video_source
+        return not is_video_source(source) and _names_file(source)
+    return False
+
+
+def one_or_all(source: Any, results: Any) -> Any:
+    """What ``model(source)`` returns from the predictor's ``results``: the one Results of a single
+    image (:func:`is_single_image`), else ``results`` as they are (a list, or a generator)."""
+    if isinstance(results, list) and len(results) == 1 and is_single_image(source):
+        return results[0]
+    return results

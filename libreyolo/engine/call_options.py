@@ -91,6 +91,23 @@ def _opset(name: str, value: Any) -> int:
     return check_int(name, value, MIN_OPSET)
 
 
+def _planned(what: str) -> Any:
+    """The check of an option LibreYOLO 1.6.0 has and this library plans: refused when asked for."""
+    def check(name: str, value: Any) -> Any:
+        from ..options import parse_bool
+        if value is None or (name != "overlap_ratio" and not parse_bool(name, value)):
+            return None if value is None else False
+        raise OptionError(f"{name}: {what} is planned (with the ecosystem work: sliced inference and test-time "
+                          f"augmentation) and not offered yet; leave {name} out")
+    return check
+
+
+def _output_format(name: str, value: Any) -> Any:
+    from ..options import check_choice
+    return None if value is None else check_choice(name, str(value).lower().lstrip("."), ("jpg", "jpeg", "png",
+                                                                                          "webp"))
+
+
 _IMGSZ = Custom(_imgsz, "positive integer (pixels), rounded up to the family's stride", none=True)
 _AMP = Custom(_amp, "false, true (the family's dtype), fp16 or bf16")
 
@@ -125,6 +142,22 @@ class PredictOptions:
                                  "track: runs/detect/track, ...)",
                            Text("path"))
     exist_ok: bool = option(False, "save into runs/<task>/predict itself instead of a new numbered folder", Bool())
+    output_path: Any = option(None, "with save: a folder for the annotated images (as save_dir), or a file path "
+                                    "with a suffix for the first one (later ones beside it, numbered)",
+                              Text("path"), cli=False)
+    output_file_format: Any = option(None, "with save: the annotated images' format, jpg, png or webp (default: "
+                                           "jpg; a matte png)", Custom(_output_format, "jpg, png or webp",
+                                                                        none=True), cli=False)
+    device: Any = option(None, "move the model to this device before predicting (e.g. cpu, cuda:0)", Text("device"),
+                         cli=False)
+    half: Any = option(None, "accepted and ignored, as LibreYOLO 1.6.0 does (a warning says so); the half path "
+                             "is precision=fp16", Bool(none=True), cli=False)
+    augment: Any = option(None, "test-time augmentation: planned, refused for now",
+                          Custom(_planned("test-time augmentation"), "false", none=True), cli=False)
+    tiling: Any = option(None, "sliced (tiled) inference of large images: planned, refused for now",
+                         Custom(_planned("sliced (tiled) inference"), "false", none=True), cli=False)
+    overlap_ratio: Any = option(None, "the tiles' overlap of sliced inference: planned, refused for now",
+                                Custom(_planned("sliced (tiled) inference"), "nothing", none=True), cli=False)
     verbose: bool = option(False, "a progress bar", Bool())
     profile: bool = option(False, "synchronize between the stages so that Results.speed is exact", Bool())
     stream: bool = option(False, "yield the results one step at a time (constant memory; files decoded lazily)",
@@ -138,15 +171,18 @@ class PredictOptions:
     threads: Any = option(None, "torch's intra-op threads on the CPU (default: from the cores this process can "
                                 "get: affinity, cgroup quota, load; also LIBREYOLO_THREADS)", Int(1, none=True))
     # ---- the tasks' own options
-    conf: float = option(0.25, "detection, pose: confidence threshold", Fraction(), tasks=("detect", "pose"))
-    iou: float = option(0.45, "detection: NMS IoU threshold", Fraction(), tasks=("detect",))
-    max_det: int = option(300, "detection, pose: detections kept per image (an ONNX model: its exported "
-                               "max_det)", Custom(_max_det, f"integer in [1, {MAX_DET}]"), tasks=("detect", "pose"))
-    max_nms: int = option(1000, "detection: candidates per image entering NMS (default 1000, or max_det when "
-                                "larger)", Int(1), tasks=("detect",))
-    classes: Any = option(None, "detection, pose: only these classes, ids or names, e.g. 0,2 or person,car",
-                          Custom(check_classes_text, "class ids or names", none=True), tasks=("detect", "pose"))
-    agnostic_nms: bool = option(False, "detection: NMS across classes", Bool(), tasks=("detect",))
+    conf: float = option(0.25, "detection, pose, segment: confidence threshold", Fraction(),
+                         tasks=("detect", "pose", "segment"))
+    iou: float = option(0.45, "detection, segment: NMS IoU threshold", Fraction(), tasks=("detect", "segment"))
+    max_det: int = option(300, "detection, pose, segment: detections kept per image (an ONNX model: its exported "
+                               "max_det)", Custom(_max_det, f"integer in [1, {MAX_DET}]"),
+                          tasks=("detect", "pose", "segment"))
+    max_nms: int = option(1000, "detection, segment: candidates per image entering NMS (default 1000, or max_det "
+                                "when larger)", Int(1), tasks=("detect", "segment"))
+    classes: Any = option(None, "detection, pose, segment: only these classes, ids or names, e.g. 0,2 or "
+                                "person,car", Custom(check_classes_text, "class ids or names", none=True),
+                          tasks=("detect", "pose", "segment"))
+    agnostic_nms: bool = option(False, "detection, segment: NMS across classes", Bool(), tasks=("detect", "segment"))
     topk: int = option(5, "classification: classes returned per image", Int(1), tasks=("classify",))
     det_thresh: float = option(0.3, "ocr: text-pixel threshold of the detector's map", Fraction(), tasks=("ocr",))
     box_thresh: float = option(0.6, "ocr: mean score a text box needs", Fraction(), tasks=("ocr",))
@@ -224,7 +260,8 @@ class ExportOptions:
     """``model.export``: the format and its options (see :func:`libreyolo.export.onnx.export_onnx`)."""
 
     format: str = option("onnx", "export format", Choice(*FORMATS))
-    file: Any = option(None, "where to write (default: beside the checkpoint, same name, .onnx)", Text("path"))
+    file: Any = option(None, "where to write (default: beside the checkpoint, same name, .onnx or .torchscript)",
+                       Text("path"))
     imgsz: Any = option(None, "input size (default: the model's)", _IMGSZ)
     batch: int = option(1, "batch size of a static graph", Int(1))
     dynamic: bool = option(False, "symbolic batch, height and width", Bool())

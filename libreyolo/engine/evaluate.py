@@ -83,14 +83,14 @@ def evaluate(model, loader, *, net: nn.Module | None = None, options: Any = None
     """
     net = model.model if net is None else net
     device = model.device if device is None else device
-    options = model.task.Options() if options is None else options
+    options = model.task_def.Options() if options is None else options
     amp = amp_dtype is not None
     was_training = net.training
     net.eval()
     prep = model.preprocess
     if stage is None:
         stage = validation_stage(model, net, loader, False, device)
-    evaluator = model.task.evaluator(model, options)
+    evaluator = model.task_def.evaluator(model, options)
     evaluator.pool = pool
     evaluator.reset()
     bar = None

@@ -1,7 +1,9 @@
 """Run folders and output file names shared by predict and train."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from typing import Any
 
 
 def task_project(task: str) -> Path:
@@ -36,3 +38,20 @@ class UniqueNames:
             name, i = f"{stem}_{i}{suffix}", i + 1
         self._used.add(name)
         return name
+
+
+def save_folder(output_path: str | os.PathLike) -> Path:
+    """Where predict's pictures go for ``output_path`` (LibreYOLO 1.6.0's option): the path itself
+    when it has no suffix (a folder), else its parent (the path names the first picture's file)."""
+    path = Path(output_path)
+    return path.parent if path.suffix else path
+
+
+def save_name(output_path: Any, output_file_format: str | None, result: Any) -> tuple[str, str]:
+    """(stem, suffix) of a predicted picture's file: ``output_path``'s own name when it names a
+    file, else the input's stem; the suffix ``output_file_format``'s, else the result's own
+    (``.jpg``, a matte's ``.png``)."""
+    suffix = f".{output_file_format}" if output_file_format else result.save_suffix
+    if output_path is not None and Path(output_path).suffix:
+        return Path(output_path).stem, Path(output_path).suffix
+    return Path(result.path).stem, suffix

@@ -34,7 +34,7 @@ from ..tasks.base import PredictPlan
 from ..threads import apply_threads
 from .call_options import TRACK_CONF, PredictOptions
 from .fastpath import HalfNetwork, arm_name, check_contract, half_network, is_current, resolve, to_float32
-from .paths import UniqueNames, next_run_dir, task_project
+from .paths import UniqueNames, next_run_dir, save_folder, save_name, task_project
 from .predict_video import Viewer, declared_frames, video_chunks, video_stem
 from .staging import Chunk, StagedUploads, chunked
 
@@ -151,7 +151,7 @@ class Predictor(StagedUploads):
 
     def plan(self, size: int, **opts) -> PredictPlan:
         """The task's plan for one call with its predict options ``opts``."""
-        return self.model.task.plan(self.model, size, self.constant, **opts)
+        return self.model.task_def.plan(self.model, size, self.constant, **opts)
 
     def run_batch(self, images: list[torch.Tensor], size: int, mode: Any, amp_dtype, plan: PredictPlan,
                   repeating: bool = False, half: HalfNetwork | None = None,
@@ -308,7 +308,11 @@ class Predictor(StagedUploads):
         candidates per image that enter NMS -, ``classes``, ``agnostic_nms``) follow.
         """
         m = self.model
-        o, task_opts = PredictOptions.build(m.task, options)
+        o, task_opts = PredictOptions.build(m.task_def, options)
+        if o.device is not None:   # LibreYOLO 1.6.0's predict(device=...): the model moves there first
+            m.to(o.device)
+        if o.half:
+            log.warning("half=True is ignored, as in LibreYOLO 1.6.0; precision='fp16' runs the half network")
         apply_threads(o.threads, m.device)   # the CPU's intra-op threads (libreyolo.threads)
         mode = o.cuda_graph
         m.runner.check_mode(mode, m.device)   # before any source is read: an impossible request fails first
@@ -360,8 +364,10 @@ class Predictor(StagedUploads):
             total = len(items)
         out_dir = None
         if o.save:
-            out_dir = Path(o.save_dir) if o.save_dir else next_run_dir(task_project(m.task.name), "predict",
-                                                                        o.exist_ok)
+            if o.save_dir is not None and o.output_path is not None:
+                raise ValueError("save_dir and output_path both say where the pictures go: pass one")
+            where = o.save_dir if o.output_path is None else save_folder(o.output_path)
+            out_dir = Path(where) if where else next_run_dir(task_project(m.task), "predict", o.exist_ok)
             out_dir.mkdir(parents=True, exist_ok=True)
         # Overlap needs a next chunk: a call of one chunk keeps the per-image uploads on the compute
         # stream (no cross-stream event on the batch-1 latency path), unless its files decode on the GPU.
@@ -417,7 +423,7 @@ class Predictor(StagedUploads):
                             viewers[k].show(r)
                     else:
                         if out_dir is not None:
-                            r.saved_to = r.save(out_dir / unique(Path(r.path).stem, r.save_suffix))
+                            r.saved_to = r.save(out_dir / unique(*save_name(o.output_path, o.output_file_format, r)))
                             r.save_dir = str(out_dir)
                             images_saved += 1
                         if show:
@@ -573,8 +579,9 @@ class Predictor(StagedUploads):
                              "object of the trackers package)")
         persist = parse_bool("persist", persist)
         kwargs.setdefault("conf", TRACK_CONF)
-        if parse_bool("save", kwargs.get("save", False)) and not kwargs.get("save_dir"):   # runs/detect/track, ...
-            kwargs["save_dir"] = next_run_dir(task_project(m.task.name), "track",
+        if (parse_bool("save", kwargs.get("save", False)) and not kwargs.get("save_dir")
+                and kwargs.get("output_path") is None):   # runs/detect/track, ...
+            kwargs["save_dir"] = next_run_dir(task_project(m.task), "track",
                                               parse_bool("exist_ok", kwargs.get("exist_ok", False)))
         state = self._track_state
         if not persist or state is None or state[0] is not tracker and state[0] != tracker:

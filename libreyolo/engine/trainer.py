@@ -62,7 +62,7 @@ class Trainer:
     def __init__(self, model, cfg: TrainConfig, hooks=()):
         check_config(cfg, model.STRIDE)
         self.model = model
-        self.task: Task = model.task
+        self.task: Task = model.task_def
         self.cfg = cfg
         self.dist: Distributed | None = None   # joined in setup (train only): see libreyolo.distributed
         self.device, self.amp_dtype, self.channels_last = device_settings(model, cfg)

@@ -152,7 +152,7 @@ def verify_model(model, *, imgsz: int | None = None, batches: tuple[int, ...] = 
         for b in batches:
             if own:   # e.g. segment-prompt: network, image stage, prompt stage
                 with torch.no_grad(), ctx():
-                    for name, fn, a, bb in model.task.verify_cases(model, size, b, tuple(source_hw)):
+                    for name, fn, a, bb in model.task_def.verify_cases(model, size, b, tuple(source_hw)):
                         out.append(check_parity(f"{model.FAMILY}-{model.size} {name} {tag} b{b} {size}", fn, a, bb,
                                                 module=net))
                 continue

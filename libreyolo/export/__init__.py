@@ -12,16 +12,24 @@ from pathlib import Path
 from typing import Any
 
 #: the formats ``model.export`` writes
-FORMATS = ("onnx",)
+FORMATS = ("onnx", "torchscript")
 
 
 def export_model(model: Any, format: str = "onnx", **kwargs: Any) -> Path:
     """Export ``model`` (a :class:`~libreyolo.models.base.Model`) to ``format``; returns the file written.
 
-    ``kwargs`` are the format's options (ONNX: :func:`libreyolo.export.onnx.export_onnx`).
+    ``kwargs`` are the format's options (ONNX: :func:`libreyolo.export.onnx.export_onnx`;
+    TorchScript, the traced network only: :func:`libreyolo.export.torchscript.export_torchscript`).
     """
     fmt = str(format).strip().lower()
     if fmt not in FORMATS:
         raise ValueError(f"export format must be one of {', '.join(FORMATS)}, got {format!r}")
+    if fmt == "torchscript":
+        other = sorted(set(kwargs) - {"file", "imgsz", "batch"})
+        if other:
+            raise ValueError(f"{', '.join(other)}: options of the ONNX export; the TorchScript export (the traced "
+                             "network) takes file, imgsz and batch")
+        from .torchscript import export_torchscript
+        return export_torchscript(model, **kwargs)
     from .onnx import export_onnx
     return export_onnx(model, **kwargs)

@@ -110,9 +110,20 @@ class OnnxModel:
 
     # -------------------------------------------------------------------- plumbing
     @property
-    def task(self):
+    def task(self) -> str:
+        """The task's name as text (``TASK``)."""
+        return self.TASK
+
+    @property
+    def task_def(self):
+        """The task object (``libreyolo.tasks``) ``TASK`` names."""
         from ..tasks import get_task
         return get_task(self.TASK)
+
+    @property
+    def nb_classes(self) -> int:
+        """The class count (``nc``), under the name the library this one replaces uses."""
+        return self.nc
 
     def to(self, device: Any) -> "OnnxModel":
         """(Re)open the session on ``device``'s execution providers."""
@@ -178,8 +189,9 @@ class OnnxModel:
     def predict(self, source: Any, *, imgsz: int | None = None, batch: int | None = None, cuda_graph: Any = False,
                 amp: Any = False, bgr: Any = None, color_format: Any = None, save: bool = False,
                 save_dir: str | Path | None = None, exist_ok: bool = False, verbose: bool = False,
-                strict: Any = False, **task_opts) -> list:
-        """Predict as :meth:`libreyolo.models.base.Model.predict` does, through onnxruntime.
+                strict: Any = False, **task_opts) -> Any:
+        """Predict as :meth:`libreyolo.models.base.Model.predict` does, through onnxruntime (one
+        image: one Results; several: a list).
 
         ``imgsz`` must be the exported size unless the graph is dynamic; ``batch`` (default: the
         exported batch, 1 for a dynamic graph) must be the exported one for a static graph (a last,
@@ -198,11 +210,11 @@ class OnnxModel:
         if parse_amp(amp) is not None:
             raise NotImplementedError(f"amp is fixed when an ONNX model is exported ({self.path.name}: "
                                       f"{'float16' if self.half else 'float32'}); export with half=True for float16")
-        unknown = sorted(set(task_opts) - set(self.task.predict_defaults))
+        unknown = sorted(set(task_opts) - set(self.task_def.predict_defaults))
         if unknown:
             raise TypeError(f"unknown predict option(s) {', '.join(unknown)} for a {self.TASK} model; known: imgsz, "
                             "batch, cuda_graph, amp, bgr, color_format, save, save_dir, exist_ok, verbose, strict, "
-                            + ", ".join(self.task.predict_defaults))
+                            + ", ".join(self.task_def.predict_defaults))
         size = check_imgsz(self.imgsz if imgsz is None else imgsz, self.STRIDE)
         if size != self.imgsz and not self.dynamic:
             raise ValueError(f"imgsz={size}, but {self.path.name} was exported at imgsz={self.imgsz} with a static "
@@ -219,7 +231,7 @@ class OnnxModel:
             task_opts.setdefault("max_det", self.max_det)
         elif self.TASK == "classify":
             task_opts.setdefault("topk", self.topk)
-        plan = self.task.plan(self, size, None, **task_opts)
+        plan = self.task_def.plan(self, size, None, **task_opts)
         feeds = self._task_feeds(plan, task_opts)
         items = load_sources(source, bgr=bgr, strict=strict)
         out_dir = unique = None
@@ -256,7 +268,8 @@ class OnnxModel:
         if out_dir is not None and results:
             from ..logs import info_shown
             info_shown(log, "saved %d annotated image(s) to %s", len(results), out_dir)
-        return results
+        from ..data.sources import one_or_all
+        return one_or_all(source, results)   # one image: one Results, as Model.predict
 
     __call__ = predict
 

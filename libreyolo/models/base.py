@@ -117,9 +117,20 @@ class Model:
         raise NotImplementedError(f"{type(self).__name__} declares no predict seam")
 
     @property
-    def task(self) -> Task:
-        """The task object (``libreyolo.tasks``) this family's ``TASK`` names."""
+    def task(self) -> str:
+        """The task's name as text (``"detect"``, ``"classify"``, ...): ``TASK``."""
+        return self.TASK
+
+    @property
+    def task_def(self) -> Task:
+        """The task object (``libreyolo.tasks``) this family's ``TASK`` names: what the engine's
+        loops call for everything task-specific (loss, datasets, predict plan, evaluator)."""
         return get_task(self.TASK)
+
+    @property
+    def nb_classes(self) -> int:
+        """The class count (``nc``), under the name the library this one replaces uses."""
+        return self.nc
 
     def build_loss(self) -> nn.Module:
         """The family's training loss module (default: the task's).
@@ -132,7 +143,7 @@ class Model:
         epochs) -> bool`` returns True when what it computes changes from that epoch on (the
         trainer then releases its captured training graphs).
         """
-        return self.task.build_loss(self)
+        return self.task_def.build_loss(self)
 
     def train_forward(self, net: nn.Module, x: torch.Tensor, *targets: torch.Tensor) -> Any:
         """Training-mode forward: ``x`` is the (B, 3, S, S) normalized network input, ``targets``
@@ -400,10 +411,11 @@ class Model:
             raise ValueError("a fused model cannot be saved in the LibreYOLO layout (BatchNorm was folded "
                              "away); save before calling fuse()")
         from .. import __version__
+        from ..compat import checkpoint_task
         from ..weights import state_dict_copies
         sd = state_dict_copies(net, host)
         ckpt = {"model": sd, "schema_version": SCHEMA_VERSION, "libreyolo_version": __version__,
-                "model_family": self.FAMILY, "size": self.size, "task": self.TASK, "nc": self.nc,
+                "model_family": self.FAMILY, "size": self.size, "task": checkpoint_task(self.TASK), "nc": self.nc,
                 "names": dict(self.names), "imgsz": self.imgsz, "preprocess": self.preprocess.as_dict()}
         if self.preprocess.resize in ("topleft", "center"):
             ckpt["letterbox_pad"] = self.preprocess.resize   # LibreYOLO's detection checkpoint field
@@ -457,7 +469,7 @@ class Model:
         task's own (:meth:`Task.predictor`, a predict that is not one stage) or
         :class:`~libreyolo.engine.predictor.Predictor`. Predict, track and capture go through it."""
         if self._predictor is None:
-            custom = self.task.predictor(self)   # a task whose predict is not one stage
+            custom = self.task_def.predictor(self)   # a task whose predict is not one stage
             if custom is None:
                 from ..engine.predictor import Predictor
                 custom = Predictor(self)
@@ -600,7 +612,7 @@ class Model:
                                   "Python trains in new processes: start it with torchrun from a script that "
                                   "passes them")
             return train_from_python(self, {**given, "device": ",".join(map(str, gpus))}, len(gpus))
-        cfg = TrainConfig.from_kwargs(self.task, **{**self.train_defaults(), **given})
+        cfg = TrainConfig.from_kwargs(self.task_def, **{**self.train_defaults(), **given})
         return Trainer(self, cfg, hooks).train()
 
     def add_callback(self, event: str, fn) -> None:
@@ -651,30 +663,30 @@ class Model:
         # val's own options are checked as the CLI checks them (ValOptions: the same messages); the
         # task's validation options under their val names (detection: conf, iou) go to the
         # training options they set (val_conf, val_iou), other keywords to TrainConfig as given
-        names = self.task.val_option_names
+        names = self.task_def.val_option_names
         own = {k: task_opts.pop(k) for k in list(task_opts) if k in names}
         o = ValOptions(data=data, imgsz=imgsz, batch=batch, workers=workers, verbose=verbose, save_json=save_json,
                        save_dir=save_dir, threads=threads, **own)
         check_fields(o)
-        if o.save_json and not self.task.evaluator(self, self.task.Options()).writes_coco_json:
-            raise ValueError(f"save_json=True writes COCO detection results; the {self.task.name} task has no "
+        if o.save_json and not self.task_def.evaluator(self, self.task_def.Options()).writes_coco_json:
+            raise ValueError(f"save_json=True writes COCO detection results; the {self.TASK} task has no "
                              "COCO results format")
         task_opts.update({names[k]: getattr(o, k) for k in own})
-        cfg = TrainConfig(self.task, data=data, imgsz=o.imgsz or self.imgsz, batch=o.batch, workers=o.workers,
+        cfg = TrainConfig(self.task_def, data=data, imgsz=o.imgsz or self.imgsz, batch=o.batch, workers=o.workers,
                           verbose=o.verbose, threads=o.threads, **task_opts)
         require_torch_pair()   # a broken torch/torchvision pair fails before the split is loaded
-        ds = self.task.resolve_data(data)
+        ds = self.task_def.resolve_data(data)
         if ds.nc != self.nc:
             raise ValueError(f"the dataset has {ds.nc} classes but the model predicts {self.nc}")
-        self.task.prepare_model(self, ds)
+        self.task_def.prepare_model(self, ds)
         check_config(cfg, self.STRIDE)
         device, amp_dtype, channels_last = device_settings(self, cfg)
         apply_threads(cfg.tune.threads, device)
         self.to(device)
-        loaders = build_loaders(self.task, ds, self, cfg, device, val_only=True)   # the train split unused
+        loaders = build_loaders(self.task_def, ds, self, cfg, device, val_only=True)   # the train split unused
         # the evaluation's helper processes (detection: the classes dealt out to them, the same
         # figures) start now and import while the split runs through the network
-        pool = self.task.evaluation_pool(cfg.tune.processes())
+        pool = self.task_def.evaluation_pool(cfg.tune.processes())
         try:
             result = evaluate(self, loaders.val, options=cfg.task, device=device, amp_dtype=amp_dtype,
                               memory_format=torch.channels_last if channels_last else torch.contiguous_format,
@@ -688,7 +700,7 @@ class Model:
             import os
 
             from ..engine.paths import next_run_dir, task_project
-            out_dir = Path(save_dir) if save_dir else next_run_dir(task_project(self.task.name), "val")
+            out_dir = Path(save_dir) if save_dir else next_run_dir(task_project(self.TASK), "val")
             out_dir.mkdir(parents=True, exist_ok=True)
             path = out_dir / "predictions.json"
             tmp = out_dir / ".predictions.json.tmp"
@@ -698,7 +710,7 @@ class Model:
             metrics["predictions_json"] = str(path)
         return metrics
 
-    def predict(self, source: Any, **kwargs) -> list:
+    def predict(self, source: Any, **kwargs) -> Any:
         """Run inference on ``source``; :meth:`libreyolo.engine.predictor.Predictor.__call__` tells
         each option in full. The task's options apply to that task's models only.
 
@@ -718,6 +730,16 @@ class Model:
             save: write annotated images (a video: an annotated .mp4)
             save_dir: where annotated images go (default: a new runs/<task>/predict, predict2, ...)
             exist_ok: save into runs/<task>/predict itself instead of a new numbered folder
+            output_path: with save: a folder for the annotated images (as save_dir), or a file path with a
+                suffix for the first one (later ones beside it, numbered)
+            output_file_format: with save: the annotated images' format, jpg, png or webp (default: jpg; a
+                matte png)
+            device: move the model to this device before predicting (e.g. cpu, cuda:0)
+            half: accepted and ignored, as LibreYOLO 1.6.0 does (a warning says so); the half path is
+                precision=fp16
+            augment: test-time augmentation: planned, refused for now
+            tiling: sliced (tiled) inference of large images: planned, refused for now
+            overlap_ratio: the tiles' overlap of sliced inference: planned, refused for now
             verbose: a progress bar
             profile: synchronize between the stages so that Results.speed is exact
             stream: yield the results one step at a time (constant memory; files decoded lazily)
@@ -748,9 +770,12 @@ class Model:
                 returned
 
         Returns:
-            One Results per image (per frame of a video): a list, or a generator with stream=True.
+            One image (a file, a PIL image, an (H, W, 3) array or (3, H, W) tensor): its one Results.
+            A list, directory, glob, video or 4-D batch: a list of them, one per image or frame
+            (:func:`~libreyolo.data.sources.one_or_all`); a generator with stream=True.
         """
-        return self.get_predictor()(source, **kwargs)
+        from ..data.sources import one_or_all
+        return one_or_all(source, self.get_predictor()(source, **kwargs))
 
     __call__ = predict
 

@@ -39,7 +39,7 @@ def _trainer(data: str, project: str, graph: bool, world: int, **extra):
               cuda_graph=graph, amp="bf16", warmup_epochs=0, val=False, plots=False, verbose=False, seed=0,
               project=project, name="run", exist_ok=True, mosaic=0.0, device=DEVICE)
     kw.update(extra)
-    cfg = TrainConfig.from_kwargs(model.task, **{**model.train_defaults(), **kw})
+    cfg = TrainConfig.from_kwargs(model.task_def, **{**model.train_defaults(), **kw})
     return model, Trainer(model, cfg)
 
 

@@ -16,6 +16,7 @@ from rows import FIXTURES, GRAPH_MODELS, PARITY_REDRAW
 from conftest import FIXTURES_DIR
 from libreyolo import SAMPLE_IMAGE, LibreYOLO
 from libreyolo.engine.verify import verify_model
+from libreyolo.results import Results
 
 pytestmark = pytest.mark.cuda
 
@@ -42,6 +43,7 @@ def images():
 
 
 def same_results(a, b):
+    a, b = (x if isinstance(x, list) else [x] for x in (a, b))   # one image: one Results
     return len(a) == len(b) and all(torch.equal(x.boxes.data, y.boxes.data) for x, y in zip(a, b))
 
 
@@ -91,7 +93,7 @@ def test_no_stale_result_after_move_reload_or_fuse(images):
     assert model.graph_info()["graphs"]
     # move away and back: new storage, graphs must be re-captured
     model.to("cpu")
-    assert len(model(img, cuda_graph="auto")) == 1
+    assert isinstance(model(img, cuda_graph="auto"), Results)
     model.to("cuda")
     # (the allocator may hand the weights their old addresses back: then the graphs are
     # still valid and are kept; otherwise they are released and re-captured)
@@ -114,14 +116,14 @@ def test_eight_threads_get_their_own_boxes(images):
     model = filled_model("yolo9", "t")
     imgs = [images[i % len(images)] for i in range(8)]
     imgs = [np.ascontiguousarray(np.roll(im, 37 * i, axis=1)) for i, im in enumerate(imgs)]
-    expected = [model(im)[0].boxes.data for im in imgs]
+    expected = [model(im).boxes.data for im in imgs]
     model(imgs[0], cuda_graph=True)
     errors = []
 
     def work(i):
         try:
             for _ in range(20):
-                got = model(imgs[i], cuda_graph=True)[0].boxes.data
+                got = model(imgs[i], cuda_graph=True).boxes.data
                 if not torch.equal(got, expected[i]):
                     errors.append(i)
         except Exception as exc:  # surfaced below
@@ -299,7 +301,7 @@ def test_predict_post_stage_is_captured_with_nms(images):
     graph = [m(images[1], cuda_graph=True) for _ in range(3)][-1]
     stages = [g["stage"] for g in m.graph_info()["graphs"]]
     assert any("post" in str(st) for st in stages), stages
-    assert torch.equal(eager[0].boxes.data, graph[0].boxes.data) and len(eager[0]) > 0
+    assert torch.equal(eager.boxes.data, graph.boxes.data) and len(eager) > 0
 
 
 def test_pinned_uploads_arrive_intact_and_equal_direct(images):
@@ -326,7 +328,7 @@ def test_pinned_uploads_arrive_intact_and_equal_direct(images):
     for name, min_threads in (("pinned", 1), ("direct", 1 << 30)):
         Predictor.STAGE_MIN_THREADS = min_threads
         try:
-            results[name] = [model(f, cuda_graph=mode)[0].boxes.data for f in frames[:3] for mode in (False, True)]
+            results[name] = [model(f, cuda_graph=mode).boxes.data for f in frames[:3] for mode in (False, True)]
         finally:
             Predictor.STAGE_MIN_THREADS = default
     assert all(torch.equal(a, b) for a, b in zip(results["pinned"], results["direct"]))

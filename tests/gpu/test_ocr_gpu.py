@@ -53,9 +53,9 @@ def test_det_and_rec_graphs_equal_eager_on_a_page(spec, amp, page):
 @pytest.mark.parametrize("spec", rows.OCR_GRAPH_MODELS, ids="-".join)
 def test_auto_mode_and_an_image_without_text(spec, page):
     model = build(spec)
-    eager = model(page, imgsz=960, **OPTS)[0]
+    eager = model(page, imgsz=960, **OPTS)
     for _ in range(3):
-        assert same(model(page, imgsz=960, cuda_graph="auto", **OPTS)[0], eager)
+        assert same(model(page, imgsz=960, cuda_graph="auto", **OPTS), eager)
     blank = np.full((300, 500, 3), 255, np.uint8)
-    r = model(blank, imgsz=960, det_thresh=1.0, cuda_graph=True)[0]
+    r = model(blank, imgsz=960, det_thresh=1.0, cuda_graph=True)
     assert len(r.texts) == 0 and r.to_json() == "[]"

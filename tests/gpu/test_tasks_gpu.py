@@ -104,9 +104,9 @@ def test_depth_uint8_stage_is_one_graph_with_the_resize_back(spec, images):
     model = input_sensitive(build(spec))
     size = IMGSZ["depth"]
     img = images[1]                                   # 517 x 333: not the square, not a multiple of 14
-    eager = model(img, imgsz=size)[0].depth.data
+    eager = model(img, imgsz=size).depth.data
     for _ in range(3):
-        got = model(img, imgsz=size, cuda_graph=True)[0].depth.data
+        got = model(img, imgsz=size, cuda_graph=True).depth.data
     assert got.shape == img.shape[:2] and torch.equal(got, eager)
     assert any("'u8'" in g["stage"] for g in model.graph_info()["graphs"]), model.graph_info()["graphs"]
     pred = model.get_predictor()
@@ -131,7 +131,7 @@ def task_batches():
     cache = {}
 
     def get(model):
-        task = model.task
+        task = model.task_def
         if task.name not in cache:
             data = task.resolve_data(DATA[task.name])
             _, val, collate = task.datasets(data, 128, model, task.Options())

@@ -34,12 +34,12 @@ class Validator:
     stage across calls as training's evaluation hook does."""
 
     def __init__(self, model, data, graph: bool, amp):
-        cfg = TrainConfig(model.task, data=data, imgsz=128, batch=3, workers=0, verbose=False, cuda_graph=graph,
+        cfg = TrainConfig(model.task_def, data=data, imgsz=128, batch=3, workers=0, verbose=False, cuda_graph=graph,
                           amp=amp)
         self.model, self.graph, self.stage = model, graph, None
         self.device, self.amp_dtype, cl = device_settings(model, cfg)
         self.memory_format = torch.channels_last if cl else torch.contiguous_format
-        self.loader = build_loaders(model.task, model.task.resolve_data(data), model, cfg, self.device).val
+        self.loader = build_loaders(model.task_def, model.task_def.resolve_data(data), model, cfg, self.device).val
 
     def validate(self, net, loader, loss_fn=None):
         self.stage = validation_stage(self.model, net, loader, self.graph, self.device, None, self.stage)

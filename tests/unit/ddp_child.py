@@ -192,7 +192,7 @@ def train(rank: int, world: int, data: str, project: str, *, epochs: int, resume
                   ddp_timeout=60, bucket=16 if rank == 0 else 32)   # the ranks' own target rows differ
         if resume or die_at is not None:   # validation (rank 0, the other waiting) is exercised by the first run
             kw["val"] = False
-        cfg = T.TrainConfig.from_kwargs(model.task, **{**model.train_defaults(), **kw})
+        cfg = T.TrainConfig.from_kwargs(model.task_def, **{**model.train_defaults(), **kw})
         t = Trainer(model, cfg)
         try:
             res = t.train()

@@ -66,7 +66,7 @@ def test_overlapped_chunks_equal_the_sequential_loop(model, images, sequential, 
 def test_streamed_chunks_equal_the_list_and_one_by_one_equals_batch_1(model, images, sequential):
     listed = model.predict(images, imgsz=SIZE, batch=3, conf=0.01)
     _same(list(model.predict(images, imgsz=SIZE, batch=3, conf=0.01, stream=True)), listed)
-    one_by_one = [model.predict(im, imgsz=SIZE, conf=0.01)[0] for im in images]
+    one_by_one = [model.predict(im, imgsz=SIZE, conf=0.01) for im in images]
     for r, i in zip(one_by_one, range(len(images))):
         r.path = f"image{i}"
     _same(one_by_one, model.predict(images, imgsz=SIZE, batch=1, conf=0.01))

@@ -10,6 +10,7 @@ from rows import CLASSIFY_SMALL_MODELS, TRAIN_MODELS
 from libreyolo import LibreYOLO
 from libreyolo.data.synthetic import make_shapes_dataset
 from libreyolo.models.registry import get_family
+from libreyolo.results import Results
 from libreyolo.weights import load_checkpoint
 
 FAMILIES = sorted({f for f, *_ in TRAIN_MODELS} | {f for f, _ in CLASSIFY_SMALL_MODELS})
@@ -17,7 +18,7 @@ SIZE = {f: s for f, s, *_ in TRAIN_MODELS} | {f: s for f, s in CLASSIFY_SMALL_MO
 
 
 def _batch(model, n=2, imgsz=64):
-    task = model.task
+    task = model.task_def
     data = task.resolve_data({"detect": "shapes", "classify": "shapes-cls"}[task.name])
     if data.nc != model.nc:
         model.reset_classes(data.nc, data.names)
@@ -56,7 +57,7 @@ def test_trainer_channels_last_run_hands_back_contiguous_weights(tmp_path):
         ck = load_checkpoint(res[name])
         assert all(v.is_contiguous() for v in ck["model"].values())
     assert all(v.is_contiguous() for v in load_checkpoint(res["last"])["train_state"]["model_raw"].values())
-    assert len(model(torch.zeros(3, 64, 64, dtype=torch.uint8), imgsz=64)) == 1
+    assert isinstance(model(torch.zeros(3, 64, 64, dtype=torch.uint8), imgsz=64), Results)
 
 
 def test_channels_last_option_is_validated():

@@ -52,8 +52,8 @@ def _check_probs(r, nc=NC, k=5):
 
 
 def test_predict_path_and_numpy(model, sample, tmp_path):
-    r_path = model(str(SAMPLE_IMAGE))[0]
-    r_np = model(sample, color_format="rgb")[0]
+    r_path = model(str(SAMPLE_IMAGE))
+    r_np = model(sample, color_format="rgb")
     for r in (r_path, r_np):
         _check_probs(r)
     assert torch.equal(r_path.probs.data, r_np.probs.data)
@@ -66,7 +66,7 @@ def test_predict_path_and_numpy(model, sample, tmp_path):
     assert not np.array_equal(drawn[:40, :120], sample[:40, :120]), "no label box at the top-left"
     assert np.array_equal(drawn[-40:, -120:], sample[-40:, -120:]), "drawing outside the label box"
     saved = model(sample, color_format="rgb", save=True, save_dir=tmp_path / "runs")
-    assert saved and (tmp_path / "runs" / "image0.jpg").is_file()
+    assert saved.saved_to and (tmp_path / "runs" / "image0.jpg").is_file()
 
 
 def test_batch_of_mixed_sizes_equals_one_by_one(model, sample):
@@ -74,15 +74,15 @@ def test_batch_of_mixed_sizes_equals_one_by_one(model, sample):
     imgs = [sample, np.asarray(pil.resize((300, 200))), np.asarray(pil.rotate(90, expand=True))]
     many = model(imgs, batch=3)
     for im, r in zip(imgs, many):
-        one = model(im)[0]
+        one = model(im)
         assert torch.allclose(one.probs.data, r.probs.data, atol=1e-5)
         assert one.probs.top5 == r.probs.top5
 
 
 def test_topk_option_and_errors(model, sample):
-    r = model(sample, topk=3)[0]
+    r = model(sample, topk=3)
     assert len(r.probs.top) == 3 and len(r.probs.top5) == 3 and len(r.summary()) == 3
-    assert len(model(sample, topk=50)[0].probs.top) == NC  # clipped to nc
+    assert len(model(sample, topk=50).probs.top) == NC  # clipped to nc
     for bad in (0, -1, 2.5, "x"):
         with pytest.raises(ValueError, match="topk"):
             model(sample, topk=bad)

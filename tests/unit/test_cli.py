@@ -137,7 +137,7 @@ class FakeModel:
     trained = True
     TASK, FAMILY, size = "detect", "fake", "t"
 
-    class task:   # a detection model's predict options
+    class task_def:   # a detection model's predict options
         predict_defaults = {"conf": 0.25, "iou": 0.45, "max_det": 300, "classes": None}
 
     def __init__(self):

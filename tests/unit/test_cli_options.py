@@ -21,7 +21,8 @@ from libreyolo.tasks import TASKS, get_task
 
 #: a model name of each task (its task is known from the name, before any model is loaded)
 MODEL_OF = {"detect": "yolo9t", "classify": "resnet18", "semantic": "segformer-b0", "depth": "depth_anything-s",
-            "segment-prompt": "mobilesam-tiny", "matte": "birefnet-t", "ocr": "ppocr-t", "pose": "ec-s-pose"}
+            "segment-prompt": "mobilesam-tiny", "matte": "birefnet-t", "ocr": "ppocr-t", "pose": "ec-s-pose",
+            "segment": "rtmdet-t-seg"}
 
 #: (valid, invalid) of the options whose check is their own; invalid None: the option takes any text
 SAMPLES: dict[str, tuple[Any, Any]] = {
@@ -110,7 +111,7 @@ class FakeModel:
     FAMILY, size, names, nc, trained = "fake", "t", {0: "a", 1: "b", 2: "c"}, 3, True
 
     def __init__(self, task: str):
-        self.task, self.TASK = get_task(task), task
+        self.task_def, self.task, self.TASK = get_task(task), task, task
 
     def train(self, **kw):
         raise Accepted(kw)

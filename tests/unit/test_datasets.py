@@ -189,7 +189,8 @@ NORMALIZED = "(coordinates must be normalized by the image size)"
     ("7 0.5 0.5 0.1 0.1", "class 7 out of range for nc=5"),
     ("0 0.5 0.5 0.1", "expected 5 values 'class cx cy w h', got 4"),
     ("0 0.5 0.5 0.1 0.1 0.3 0.3",
-     "expected 5 values 'class cx cy w h', got 7 (polygon rows are not supported here)"),
+     "expected 5 values 'class cx cy w h', got 7 (an instance-segmentation polygon row: polygon labels train "
+     "a segment model, e.g. LibreYOLO.new('rtmdet', 't', task='segment'))"),
     ("0 0.5 abc 0.1 0.1", "'abc' is not a number"),
     ("1.5 0.5 0.5 0.1 0.1", "class '1.5' is not a non-negative integer"),
     ("0 -0.01 0.5 0.1 0.1", f"cx=-0.01 outside [0, 1] {NORMALIZED}"),

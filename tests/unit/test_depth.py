@@ -73,7 +73,7 @@ def test_network_needs_multiples_of_the_patch(model):
 
 def test_predict_maps_back_to_each_image_and_equals_the_network(model, tmp_path):
     img = _image(50, 70, 0)
-    r = model(img, imgsz=SIZE, color_format="rgb")[0]
+    r = model(img, imgsz=SIZE, color_format="rgb")
     d = r.depth
     assert isinstance(d, DepthMap) and r.boxes is None and r.masks is None
     assert d.shape == (50, 70) and d.data.dtype == torch.float32 and d.data.device.type == "cpu"
@@ -127,7 +127,7 @@ def test_mixed_size_batch_matches_one_by_one(model):
     images = [_image(50, 70, 3), _image(50, 70, 4)]
     batched = model(images, imgsz=SIZE, batch=2)
     for img, r in zip(images, batched):
-        alone = model(img, imgsz=SIZE)[0]
+        alone = model(img, imgsz=SIZE)
         assert r.depth.shape == img.shape[:2]
         torch.testing.assert_close(r.depth.data, alone.depth.data, rtol=1e-4, atol=1e-5)
 
@@ -152,7 +152,7 @@ def test_checkpoint_round_trip_keeps_task_and_family(model, tmp_path):
     back = LibreYOLO(str(path), device="cpu")
     assert (back.FAMILY, back.size, back.TASK, back.nc, back.imgsz) == ("depth_anything", "s", "depth", 1, 518)
     img = _image(30, 30, 6)
-    assert torch.equal(back(img, imgsz=SIZE)[0].depth.data, model(img, imgsz=SIZE)[0].depth.data)
+    assert torch.equal(back(img, imgsz=SIZE).depth.data, model(img, imgsz=SIZE).depth.data)
 
 
 # ------------------------------------------------------------------------------------------ results
@@ -399,4 +399,4 @@ def test_one_step_training_then_checkpoint_predicts(tmp_path):
     assert 0 <= res["delta1"] <= 1 and res["abs_rel"] >= 0 and res["best_epoch"] == 1
     best = LibreYOLO(res["best"], device="cpu")
     assert best.TASK == "depth" and best.trained
-    assert best(_image(20, 30, 0), imgsz=28)[0].depth.shape == (20, 30)
+    assert best(_image(20, 30, 0), imgsz=28).depth.shape == (20, 30)

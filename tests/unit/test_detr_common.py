@@ -169,11 +169,11 @@ def test_predict_end_to_end_without_nms():
     m = RTDETR.new("r18", nc=3, device="cpu", seed=0)
     assert m.NMS is False and m.resize == "stretch"
     img = np.random.default_rng(0).integers(0, 256, (90, 150, 3), dtype=np.uint8)
-    (r,) = m(img, imgsz=128, conf=0.0, max_det=7)
+    r = m(img, imgsz=128, conf=0.0, max_det=7)
     assert len(r) == 7
     conf = r.boxes.conf
     assert (conf[:-1] >= conf[1:]).all()
     xyxy = r.boxes.xyxy
     assert (xyxy[:, 0] >= 0).all() and (xyxy[:, 2] <= 150).all() and (xyxy[:, 3] <= 90).all()
-    (s,) = m(SAMPLE_IMAGE, imgsz=128, conf=0.99)
+    s = m(SAMPLE_IMAGE, imgsz=128, conf=0.99)
     assert len(s) <= 300

@@ -22,6 +22,7 @@ from libreyolo import SAMPLE_IMAGE, LibreYOLO
 from libreyolo.export.onnx import OnnxExportError, read_metadata
 from libreyolo.export.onnx_model import OnnxModel
 from libreyolo.models.base import Model
+from libreyolo.results import Results
 from libreyolo.ops.preprocess import IMAGENET_MEAN, IMAGENET_STD, Preprocess
 
 IMGSZ = 160
@@ -90,12 +91,12 @@ def test_metadata_says_what_the_graph_is(yolox):
 def test_class_filter_agnostic_and_max_det_match_eager(yolox):
     m, path, o = yolox
     img = parity_images()[0]
-    conf = pick_conf(m.predict(img, conf=0.001)[0].boxes.conf.numpy(), target=60)
-    found = m.predict(img, conf=conf)[0].boxes.cls.long().tolist()
+    conf = pick_conf(m.predict(img, conf=0.001).boxes.conf.numpy(), target=60)
+    found = m.predict(img, conf=conf).boxes.cls.long().tolist()
     classes = sorted(set(found))[:2] + [c for c in range(m.nc) if c not in found][:1]
     for opts in ({"classes": classes}, {"max_det": 7}, {"iou": 0.3}, {"agnostic_nms": False}):
         opts = {"conf": conf, **opts}
-        e, r = m.predict(img, **opts)[0], o.predict(img, **opts)[0]
+        e, r = m.predict(img, **opts), o.predict(img, **opts)
         res = match_detections(e.boxes.data.numpy(), r.boxes.data.numpy(), img.shape[:2], IMGSZ, m.preprocess.resize,
                                iou=opts.get("iou", 0.45))
         assert res["n"] > 0 and res["box_canvas"] <= BOX_TOL_PX, (opts, res)
@@ -109,7 +110,7 @@ def test_what_the_export_fixed_raises_clear_errors(yolox):
         o.predict(SAMPLE_IMAGE, imgsz=224)
     with pytest.raises(ValueError, match="exported with batch=1"):
         o.predict(SAMPLE_IMAGE, batch=4)
-    assert len(o.predict(SAMPLE_IMAGE, conf=0.001)[0]) == 100   # the exported max_det is the default
+    assert len(o.predict(SAMPLE_IMAGE, conf=0.001)) == 100   # the exported max_det is the default
     with pytest.raises(ValueError, match="max_det=300.*max_det=100"):
         o.predict(SAMPLE_IMAGE, max_det=300)
     with pytest.raises(ValueError, match="agnostic_nms"):
@@ -121,7 +122,7 @@ def test_what_the_export_fixed_raises_clear_errors(yolox):
     with pytest.raises(TypeError, match="unknown predict option"):
         o.predict(SAMPLE_IMAGE, topk=3)
     r = o.predict(SAMPLE_IMAGE, cuda_graph="auto", save=False)   # auto never raises: it runs as eager
-    assert len(r) == 1 and r[0].boxes is not None
+    assert isinstance(r, Results) and r.boxes is not None
 
 
 def test_onnx_model_through_the_cli(yolox, tmp_path, capsys):
@@ -162,9 +163,9 @@ def test_toy_classifier_parity_with_and_without_simplify(tmp_path, simplify):
     path = m.export(file=tmp_path / "toy.onnx", simplify=simplify, topk=3)
     o = LibreYOLO(str(path), device="cpu")
     for img in parity_images():
-        e, r = m.predict(img, topk=3)[0].probs, o.predict(img, topk=3)[0].probs
+        e, r = m.predict(img, topk=3).probs, o.predict(img, topk=3).probs
         assert e.top5 == r.top5 and float((e.data - r.data).abs().max()) <= 1e-5
-    assert len(o.predict(SAMPLE_IMAGE)[0].probs.top5) == 3   # the exported topk is predict's default
+    assert len(o.predict(SAMPLE_IMAGE).probs.top5) == 3   # the exported topk is predict's default
     with pytest.raises(ValueError, match="topk=5.*topk=3"):
         o.predict(SAMPLE_IMAGE, topk=5)
 
@@ -179,7 +180,7 @@ def test_half_exports_float16_weights(tmp_path):
     o = LibreYOLO(str(path), device="cpu")
     assert o.half
     img = parity_images()[0]
-    e, r = m.predict(img)[0].probs, o.predict(img)[0].probs
+    e, r = m.predict(img).probs, o.predict(img).probs
     assert e.top1 == r.top1 and float((e.data - r.data).abs().max()) <= 1e-2
 
 

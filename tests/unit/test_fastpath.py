@@ -125,7 +125,7 @@ def test_refused_outside_contract(yolox, image, tmp_path, monkeypatch, bad, says
 def test_allowed_inside_contract(yolox, image, tmp_path, monkeypatch):
     monkeypatch.setattr(fastpath, "TABLE_PATH", _table(tmp_path, GOOD))
     check_contract("yolox", "bf16", False)
-    assert len(yolox(image, imgsz=64, precision="bf16")) == 1
+    assert yolox(image, imgsz=64, precision="bf16").boxes is not None   # ran: one image, one Results
     with pytest.raises(FastPathRefused, match="'yolo9' family"):
         check_contract("yolo9", "bf16", False)
 
@@ -228,20 +228,20 @@ def test_predict_checks_the_half_copy_after_its_launch(image, monkeypatch, graph
 
     m = new()
     with measuring():
-        before = m(image, imgsz=64, cuda_graph=graph, conf=0.01, precision="bf16")[0].boxes.data
+        before = m(image, imgsz=64, cuda_graph=graph, conf=0.01, precision="bf16").boxes.data
         first = half_network(m, "bf16", verify=False)
         events = []
         real_fp, real_run = fastpath._source_fingerprint, Predictor.run_batch
         monkeypatch.setattr(fastpath, "_source_fingerprint", lambda model: events.append("fp") or real_fp(model))
         monkeypatch.setattr(Predictor, "run_batch", lambda self, *a, **k: events.append("run") or real_run(self, *a, **k))
-        again = m(image, imgsz=64, cuda_graph=graph, conf=0.01, precision="bf16")[0].boxes.data
+        again = m(image, imgsz=64, cuda_graph=graph, conf=0.01, precision="bf16").boxes.data
         assert events[0] == "run" and "fp" in events                  # launched first, checked after
         assert half_network(m, "bf16", verify=False) is first and torch.equal(again, before)
         events.clear()
         with torch.no_grad():
             for q in m.model.parameters():                                # a training step, in place
                 q.mul_(1.01)
-        changed = m(image, imgsz=64, cuda_graph=graph, conf=0.01, precision="bf16")[0].boxes.data
+        changed = m(image, imgsz=64, cuda_graph=graph, conf=0.01, precision="bf16").boxes.data
         assert events.count("run") == 2                                   # the stale run, then again
         rebuilt = half_network(m, "bf16", verify=False)
         assert rebuilt is not first and fastpath.is_current(m, rebuilt)
@@ -249,7 +249,7 @@ def test_predict_checks_the_half_copy_after_its_launch(image, monkeypatch, graph
         with torch.no_grad():
             for q, r in zip(fresh.model.parameters(), m.model.parameters()):
                 q.copy_(r)
-        want = fresh(image, imgsz=64, cuda_graph=graph, conf=0.01, precision="bf16")[0].boxes.data
+        want = fresh(image, imgsz=64, cuda_graph=graph, conf=0.01, precision="bf16").boxes.data
     assert not torch.equal(changed, before) and torch.equal(changed, want)
 
 
@@ -257,10 +257,10 @@ def test_graph_keys_distinct_per_precision(image):
     m = input_sensitive(LibreYOLO.new("yolox", "n", nc=3, device="cpu", seed=0))
     m.runner.capturer = StandInCapturer()
     with measuring():
-        a = m(image, imgsz=64, cuda_graph=True, conf=0.01)[0]
-        b = m(image, imgsz=64, cuda_graph=True, conf=0.01, precision="bf16")[0]
-        c = m(image, imgsz=64, cuda_graph=True, conf=0.01, precision="fp16")[0]
-        a2 = m(image, imgsz=64, cuda_graph=True, conf=0.01)[0]
+        a = m(image, imgsz=64, cuda_graph=True, conf=0.01)
+        b = m(image, imgsz=64, cuda_graph=True, conf=0.01, precision="bf16")
+        c = m(image, imgsz=64, cuda_graph=True, conf=0.01, precision="fp16")
+        a2 = m(image, imgsz=64, cuda_graph=True, conf=0.01)
     stages = [g["stage"] for g in m.graph_info()["graphs"]]
     # fp32: the net stage, then (the image size repeating) the uint8 stage; one uint8 stage per half
     assert len(stages) == 4 and len(set(stages)) == 4
@@ -293,8 +293,8 @@ def test_capture_graph_precision(image, tmp_path, monkeypatch):
 def test_fp32_path_unchanged(yolox, image):
     """precision="fp32" is the default path itself: same outputs, no half copy built."""
     m = input_sensitive(LibreYOLO.new("yolox", "n", nc=3, device="cpu", seed=0))
-    a = m(image, imgsz=96, conf=0.01)[0].boxes.data
-    b = m(image, imgsz=96, conf=0.01, precision="fp32")[0].boxes.data
+    a = m(image, imgsz=96, conf=0.01).boxes.data
+    b = m(image, imgsz=96, conf=0.01, precision="fp32").boxes.data
     assert torch.equal(a, b) and not m._half_networks
     direct = m.preprocess(torch.from_numpy(image).unsqueeze(0), 96)
     assert m.preprocess.to_input(torch.from_numpy(image).unsqueeze(0), 96) is not None
@@ -315,9 +315,9 @@ def test_bf16_close_to_fp32(yolox, image):
     score difference median 0.0034 (p99 0.17: a few near-tied class maxima flip). bf16 keeps 8
     mantissa bits, so this is looser than the fp16 contract; the GPU figures on trained weights
     are scripts/fast_contract.py's."""
-    ref = yolox(image, imgsz=160, conf=0.05)[0].boxes.data
+    ref = yolox(image, imgsz=160, conf=0.05).boxes.data
     with measuring():
-        got = yolox(image, imgsz=160, conf=0.05, precision="bf16")[0].boxes.data
+        got = yolox(image, imgsz=160, conf=0.05, precision="bf16").boxes.data
     matched, total, diffs = match_detections(ref, got, 0.3, iou_thr=0.8)
     assert total > 100
     assert matched / total > 0.95, (matched, total)
@@ -378,7 +378,7 @@ def test_cli_precision_options(monkeypatch, capsys):
     class Model:
         names, trained = {0: "a"}, True
 
-        class task:
+        class task_def:
             predict_defaults = {"conf": 0.25, "iou": 0.45, "max_det": 300, "classes": None}
 
         def predict(self, source, **kw):

@@ -32,7 +32,7 @@ def _image(h, w, seed):
 # ------------------------------------------------------------------------------------------ predict
 def test_predict_end_to_end_gives_the_alpha_at_the_original_size(model, tmp_path):
     img = _image(50, 70, 0)
-    r = model(img, imgsz=SIZE, color_format="rgb")[0]
+    r = model(img, imgsz=SIZE, color_format="rgb")
     a = r.alpha
     assert isinstance(a, Alpha) and r.boxes is None and r.masks is None and len(r) == 0
     assert a.shape == (50, 70) and a.data.dtype == torch.float32
@@ -64,7 +64,7 @@ def test_predict_save_writes_png_cutouts(model, tmp_path):
 def test_alpha_of_each_image_in_a_batch_of_different_sizes(model):
     imgs = [_image(40, 40, 3), _image(30, 90, 4)]
     batch = model(imgs, imgsz=SIZE, batch=2)
-    alone = [model(im, imgsz=SIZE)[0] for im in imgs]
+    alone = [model(im, imgsz=SIZE) for im in imgs]
     for got, ref, im in zip(batch, alone, imgs):
         assert got.alpha.shape == im.shape[:2]
         assert torch.allclose(got.alpha.data, ref.alpha.data, atol=1e-5)
@@ -149,9 +149,9 @@ def _traced_model(seam: bool):
 def test_predict_seam_replays_the_encoder_and_runs_the_deformable_decoder_eager(seam):
     img = _image(48, 64, 5)
     m, log = _traced_model(seam)
-    eager = m(img, imgsz=SIZE)[0].alpha.data
+    eager = m(img, imgsz=SIZE).alpha.data
     log.clear()
-    got = [m(img, imgsz=SIZE, cuda_graph=True)[0].alpha.data for _ in range(3)]
+    got = [m(img, imgsz=SIZE, cuda_graph=True).alpha.data for _ in range(3)]
     assert all(torch.equal(g, eager) for g in got)                 # same numbers either way
     inside = [log[i + 1] == "deform" for i, e in enumerate(log) if e == "replay"]
     assert inside and all(v is not seam for v in inside), log      # seam: never inside a replay
@@ -176,7 +176,7 @@ def test_bad_input_gives_clear_errors(model):
 def test_a_size_off_the_stride_is_rounded_up_and_odd_grids_work(model, caplog):
     """imgsz 80 -> 96 (the library's rule, with a warning): 96 / 32 = 3, so the deepest maps are
     3 x 3 at full scale and 2 x 2 (padded odd merge) at half scale."""
-    r = model(_image(30, 20, 6), imgsz=80)[0]
+    r = model(_image(30, 20, 6), imgsz=80)
     assert r.alpha.shape == (30, 20) and "using 96" in caplog.text
 
 

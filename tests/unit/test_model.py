@@ -10,6 +10,7 @@ from rows import SMALL_MODELS
 from libreyolo import SAMPLE_IMAGE, LibreYOLO, list_models
 from libreyolo.graphs.runner import GraphUnavailableError
 from libreyolo.models.base import Model
+from libreyolo.results import Results
 from libreyolo.models.registry import FAMILIES, get_family, parse_spec
 
 
@@ -50,7 +51,7 @@ def test_building_a_yolo_imports_neither_torchvision_nor_the_other_families():
     import sys
     code = ("import sys; from libreyolo import LibreYOLO; m = LibreYOLO('yolo9t', device='cpu'); "
             "import libreyolo.data.augment, libreyolo.engine.trainer, libreyolo.engine.predictor; "
-            "m.task; "
+            "m.task_def; "
             "bad = [k for k in ('torchvision', 'torch._dynamo', 'libreyolo.models.rtdetr.model', "
             "'libreyolo.tasks.classify') if k in sys.modules]; print(bad); sys.exit(1 if bad else 0)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
@@ -101,7 +102,7 @@ def test_checkpoint_round_trip_is_exact_and_atomic(model, tmp_path):
         assert k == k2 and torch.equal(a, b)
     img = np.asarray(Image.open(SAMPLE_IMAGE).convert("RGB"))
     r1, r2 = model(img, conf=0.3), back(img, conf=0.3)
-    assert torch.equal(r1[0].boxes.data, r2[0].boxes.data)
+    assert torch.equal(r1.boxes.data, r2.boxes.data)
 
 
 def test_wrong_checkpoint_shapes_named(tmp_path, model):
@@ -123,19 +124,23 @@ def test_predict_every_source_kind(model, tmp_path):
         "numpy": arr, "tensor": ten, "batch_tensor": ten.unsqueeze(0).repeat(2, 1, 1, 1),
         "list": [str(SAMPLE_IMAGE), pil, arr],
     }
-    expected_len = {"dir": 2, "batch_tensor": 2, "list": 3}
-    ref = model(arr, conf=0.3)[0]
+    expected_len = {"dir": 2, "glob": 1, "batch_tensor": 2, "list": 3}   # the others: one image
+    ref = model(arr, conf=0.3)
     assert len(ref) > 0, "the test needs detections"
     for kind, src in sources.items():
         res = model(src, conf=0.3, batch=2)
-        assert len(res) == expected_len.get(kind, 1), kind
+        if kind in expected_len:   # several images: a list
+            assert isinstance(res, list) and len(res) == expected_len[kind], kind
+        else:                      # one image: its Results
+            assert isinstance(res, Results), kind
+            res = [res]
         for r in res:
             assert r.boxes.data.shape[1] == 6 and r.orig_img.dtype == np.uint8
             h, w = r.orig_shape
             xyxy = r.boxes.xyxy
             assert (xyxy[:, 0] >= 0).all() and (xyxy[:, 2] <= w).all() and (xyxy[:, 3] <= h).all()
-    assert torch.equal(model(pil, conf=0.3)[0].boxes.data, ref.boxes.data)
-    assert torch.equal(model(str(SAMPLE_IMAGE), conf=0.3)[0].boxes.data, ref.boxes.data)
+    assert torch.equal(model(pil, conf=0.3).boxes.data, ref.boxes.data)
+    assert torch.equal(model(str(SAMPLE_IMAGE), conf=0.3).boxes.data, ref.boxes.data)
 
 
 @pytest.mark.parametrize("mode,new_hw,pad", [("topleft", (192, 320), (0, 0)), ("center", (192, 320), (0, 64)),
@@ -181,11 +186,11 @@ def test_batched_equals_one_by_one(model):
 
 def test_predict_options(model):
     arr = np.asarray(Image.open(SAMPLE_IMAGE).convert("RGB"))
-    base = model(arr, conf=0.3)[0]
-    assert len(model(arr, conf=0.3, max_det=2)[0]) == min(2, len(base))
-    only = model(arr, conf=0.3, classes=[0])[0]
+    base = model(arr, conf=0.3)
+    assert len(model(arr, conf=0.3, max_det=2)) == min(2, len(base))
+    only = model(arr, conf=0.3, classes=[0])
     assert (only.boxes.cls == 0).all()
-    assert len(model(arr, conf=0.99)[0]) <= len(base)
+    assert len(model(arr, conf=0.99)) <= len(base)
     with pytest.raises(ValueError, match="conf"):
         model(arr, conf=1.5)
     with pytest.raises(ValueError, match="classes"):
@@ -226,8 +231,8 @@ def test_graph_modes_on_cpu(model):
     arr = np.asarray(Image.open(SAMPLE_IMAGE).convert("RGB"))
     with pytest.raises(GraphUnavailableError, match="CUDA"):
         model(arr, cuda_graph=True)
-    eager = model(arr, conf=0.3)[0]
-    auto = model(arr, conf=0.3, cuda_graph="auto")[0]
+    eager = model(arr, conf=0.3)
+    auto = model(arr, conf=0.3, cuda_graph="auto")
     assert torch.equal(eager.boxes.data, auto.boxes.data)
     info = model.graph_info()
     assert info["graphs"] == [] and info["fallbacks"] and "cpu" in info["fallbacks"][0]["reason"]
@@ -287,7 +292,7 @@ def test_imgsz_is_stride_aligned(model, caplog):
     a debug line after that (a predict loop is not flooded)."""
     arr = np.zeros((100, 100, 3), np.uint8)
     with caplog.at_level(logging.DEBUG, logger="libreyolo"):
-        (r,) = model(arr, imgsz=100)
+        r = model(arr, imgsz=100)
     assert any("multiple of the stride" in m for m in caplog.messages)
     assert r.orig_shape == (100, 100)
 

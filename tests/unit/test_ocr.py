@@ -177,7 +177,7 @@ def test_a_line_does_not_depend_on_the_other_lines_of_its_batch(model):
 
 # ------------------------------------------------------------------------------ predict
 def test_predict_end_to_end_gives_text_lines_plot_and_json(model, page, tmp_path):
-    r = model(page, imgsz=SIZE, max_lines=3, box_thresh=0.0, rec_batch=4)[0]
+    r = model(page, imgsz=SIZE, max_lines=3, box_thresh=0.0, rec_batch=4)
     lines = r.texts
     assert isinstance(lines, TextLines) and 1 <= len(lines) <= 3
     assert lines.polygons.shape == (len(lines), 4, 2) and lines.data.shape == (len(lines), 10)
@@ -196,13 +196,13 @@ def test_predict_end_to_end_gives_text_lines_plot_and_json(model, page, tmp_path
 
 def test_image_without_text_gives_an_empty_result(model):
     blank = np.full((40, 100, 3), 255, np.uint8)
-    r = model(blank, imgsz=SIZE, det_thresh=1.0)[0]   # nothing above threshold: no region at all
+    r = model(blank, imgsz=SIZE, det_thresh=1.0)   # nothing above threshold: no region at all
     assert len(r.texts) == 0 and r.texts.polygons.shape == (0, 4, 2)
     assert r.to_json() == "[]" and r.plot().shape == blank.shape and r.texts.text == ""
 
 
 def test_a_high_recognition_threshold_keeps_no_line(model, page):
-    r = model(page, imgsz=SIZE, max_lines=2, box_thresh=0.0, rec_batch=2, rec_conf=1.0)[0]
+    r = model(page, imgsz=SIZE, max_lines=2, box_thresh=0.0, rec_batch=2, rec_conf=1.0)
     assert len(r.texts) == 0
 
 

@@ -8,6 +8,7 @@ import torch
 
 from libreyolo import LibreYOLO
 from libreyolo.models.ec.pose import ECPose, pose_postprocess
+from libreyolo.results import Results
 from libreyolo.tasks.pose import COCO_SKELETON, Keypoints
 from libreyolo.tasks.pose.task import unletterbox_keypoints
 
@@ -40,8 +41,8 @@ def test_predict_gives_keypoints_per_instance_in_original_pixels(pose_model, mon
     seen = []
     infer = pose_model.infer
     monkeypatch.setattr(pose_model, "infer", lambda x: seen.append(infer(x)) or seen[-1])
-    out = pose_model(image, conf=0.0, imgsz=128)
-    r = out[0] if isinstance(out, list) else out
+    r = pose_model(image, conf=0.0, imgsz=128)   # one image: its one Results
+    assert isinstance(r, Results)
     n = len(r.boxes)
     assert n == ECPose.NUM_TOP
     assert r.keypoints.xy.shape == (n, 17, 2) and r.keypoints.conf.shape == (n, 17)
@@ -88,7 +89,7 @@ def test_task_variant_is_chosen_by_task_and_by_checkpoint(tmp_path, pose_model):
         LibreYOLO.new("ec", "s", task="obb", device="cpu")
     path = pose_model.save(tmp_path / "pose.pt")
     loaded = LibreYOLO(str(path), device="cpu")
-    assert isinstance(loaded, ECPose) and loaded.task.name == "pose"
+    assert isinstance(loaded, ECPose) and loaded.task == "pose" and loaded.task_def.name == "pose"
     x = torch.rand(1, 3, 128, 128)
     with torch.no_grad():
         a, b = pose_model.model(x), loaded.model(x)

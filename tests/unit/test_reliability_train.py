@@ -131,7 +131,7 @@ def test_loader_workers_die_with_their_parent(tmp_path, data8):
         from libreyolo.engine.trainer import Trainer
         model = LibreYOLO.new("yolo9", "t", nc=5, device="cpu", seed=0)
         t = Trainer(model, TrainConfig(data={data8!r}, imgsz=64, batch=1, workers=2, verbose=False))
-        train, _ = t.make_loaders(model.task.resolve_data({data8!r}))
+        train, _ = t.make_loaders(model.task_def.resolve_data({data8!r}))
         real = t.epoch_seeded.dataset.__getitem__
         class Slow(type(t.epoch_seeded.dataset)):
             def __getitem__(self, i):
@@ -246,7 +246,7 @@ def test_a_second_run_into_a_folder_in_use_fails_at_once_naming_it_and_its_holde
     held = R.RunLock.acquire(run_dir)   # as another training process would hold it
     assert held is not None
     resolved = []
-    monkeypatch.setattr(type(LibreYOLO.new("yolo9", "t", nc=5, device="cpu").task), "resolve_data",
+    monkeypatch.setattr(type(LibreYOLO.new("yolo9", "t", nc=5, device="cpu").task_def), "resolve_data",
                         lambda self, d: resolved.append(d))
     try:
         with pytest.raises(R.RunFolderBusy) as info:
@@ -313,7 +313,7 @@ def test_a_non_finite_epoch_warns_once_and_is_never_best(data, tmp_path, monkeyp
     monkeypatch.setattr(T.Trainer, "step",
                         lambda self, ni, batch: real(self, ni, batch) * (float("nan") if ni in (2, 6) else 1.0))
     fitness = iter([0.1, 0.9, 0.2, 0.95, 0.15])
-    monkeypatch.setattr(type(LibreYOLO.new("yolo9", "t", nc=5, device="cpu").task), "fitness",
+    monkeypatch.setattr(type(LibreYOLO.new("yolo9", "t", nc=5, device="cpu").task_def), "fitness",
                         lambda self, metrics: next(fitness))
     with caplog.at_level(logging.WARNING, logger="libreyolo"):
         res = run(tmp_path, data, epochs=5, nan_patience=2)

@@ -63,7 +63,7 @@ def test_too_large_max_det_names_max_det_and_its_range(tiny):
 def test_max_nms_not_given_follows_a_large_max_det(tiny):
     assert check_max_det(300) == (300, 1000) and check_max_det(5000) == (5000, 5000)
     tiny.predict(IMAGE, imgsz=64, max_det=2000, conf=0.9)   # max_nms was 1000 and refused it
-    plan = tiny.task.plan(tiny, 64, None, max_det=2000)
+    plan = tiny.task_def.plan(tiny, 64, None, max_det=2000)
     assert (plan.max_det, plan.max_nms) == (2000, 2000)
 
 

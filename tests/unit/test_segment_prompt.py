@@ -117,7 +117,7 @@ def test_predict_equals_the_network_run_by_hand(model, image):
     """Image stage + prompt stage == resize -> embed -> decode (points scaled into the frame) ->
     SAM's mask post-processing, bit for bit; masks at the original size, one score each."""
     pts, lab, box = [[80, 45], [20, 80]], [1, 0], [[30, 20, 100, 70]]
-    r = model(image, points=pts, labels=lab, boxes=box, color_format="rgb")[0]
+    r = model(image, points=pts, labels=lab, boxes=box, color_format="rgb")
     rh, rw = long_side_size(90, 160, SIZE)
     net = model.model
     with torch.no_grad():
@@ -131,18 +131,18 @@ def test_predict_equals_the_network_run_by_hand(model, image):
         masks = postprocess_masks(low, SIZE, (rh, rw), (90, 160))
     assert r.masks.data.shape == (3, 90, 160) and r.masks.data.dtype == torch.bool
     assert torch.equal(r.masks.data, masks[0]) and torch.equal(r.masks.scores, iou[0])
-    one = model(image, points=pts, labels=lab, boxes=box, multimask=False, color_format="rgb")[0].masks
+    one = model(image, points=pts, labels=lab, boxes=box, multimask=False, color_format="rgb").masks
     assert one.data.shape == (1, 90, 160) and one.scores.shape == (1,)
 
 
 def test_set_image_then_prompts_reuse_the_embedding(model, image):
     model.set_image(image)
     calls = model.runner.eager_calls
-    a = model(points=[[80, 45]])[0]
-    b = model(points=[[80, 45]], labels=[0])[0]
-    c = model(boxes=[[30, 20, 100, 70]])[0]
+    a = model(points=[[80, 45]])
+    b = model(points=[[80, 45]], labels=[0])
+    c = model(boxes=[[30, 20, 100, 70]])
     assert model.runner.eager_calls - calls == 3, "a prompt call on a set image runs the prompt stage only"
-    again = model(image, points=[[80, 45]])[0]    # a one-shot call embeds the image again: same masks
+    again = model(image, points=[[80, 45]])    # a one-shot call embeds the image again: same masks
     assert torch.equal(a.masks.data, again.masks.data) and torch.equal(a.masks.scores, again.masks.scores)
     assert not torch.equal(a.masks.scores, b.masks.scores) and not torch.equal(a.masks.scores, c.masks.scores)
     with pytest.raises(ValueError, match="embedded at imgsz=128, not 256"):
@@ -150,7 +150,7 @@ def test_set_image_then_prompts_reuse_the_embedding(model, image):
 
 
 def test_results_plot_save_and_json(model, image, tmp_path):
-    r = model(image, points=[[80, 45], [150, 10]], labels=[1, 0], boxes=[[30, 20, 100, 70]])[0]
+    r = model(image, points=[[80, 45], [150, 10]], labels=[1, 0], boxes=[[30, 20, 100, 70]])
     m = r.masks
     assert 0 <= m.best < 3 and len(m) == 3 and m.orig_shape == (90, 160)
     pic = r.plot()
@@ -165,7 +165,7 @@ def test_results_plot_save_and_json(model, image, tmp_path):
     assert isinstance(n.data, np.ndarray) and n.data.shape == (3, 90, 160)
     path = r.save(tmp_path / "out.png")
     assert Image.open(path).size == (160, 90)
-    saved = model(image, points="center", save=True, save_dir=tmp_path / "pred")[0].saved_to
+    saved = model(image, points="center", save=True, save_dir=tmp_path / "pred").saved_to
     assert saved and Image.open(saved).size == (160, 90)
 
 
@@ -177,10 +177,10 @@ def test_each_stage_is_captured_per_its_own_signature(image):
     m.SUPPORTS_CUDA_GRAPH = True
     m._attach(m.model)
     cap = m.runner.capturer = StandInCapturer()
-    eager = [m(image, points=[[80, 45]])[0], m(points=[[80, 45], [10, 10]], labels=[1, 0])[0]]
+    eager = [m(image, points=[[80, 45]]), m(points=[[80, 45], [10, 10]], labels=[1, 0])]
     m.set_image(image, cuda_graph=True)
-    got = [m(points=[[80, 45]], cuda_graph=True)[0], m(points=[[80, 45], [10, 10]], labels=[1, 0], cuda_graph=True)[0]]
-    again = m(points=[[80, 45]], cuda_graph=True)[0]
+    got = [m(points=[[80, 45]], cuda_graph=True), m(points=[[80, 45], [10, 10]], labels=[1, 0], cuda_graph=True)]
+    again = m(points=[[80, 45]], cuda_graph=True)
     m.set_image(image[:, :100], cuda_graph=True)        # another size: another image-stage graph
     assert [s[0] for s in cap.captures] == [(1, 90, 160, 3), (1, 256, 8, 8), (1, 256, 8, 8), (1, 90, 100, 3)]
     assert [s[1] for s in cap.captures[1:3]] == [(1, 3), (1, 6)]      # packed prompts: 1 and 2 points
@@ -197,7 +197,7 @@ def test_verify_cases_run_the_parity_protocol_on_the_cpu(model, monkeypatch):
     import libreyolo.graphs.parity as parity
     monkeypatch.setattr(parity, "CudaGraphCapturer", StandInCapturer)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
-    cases = model.task.verify_cases(model, SIZE, 2, (48, 64))
+    cases = model.task_def.verify_cases(model, SIZE, 2, (48, 64))
     assert [c[0].split()[0] for c in cases] == ["network", "image-stage", "prompt-stage"]
     with torch.no_grad():
         results = [parity.check_parity(name, fn, a, b, module=model.model) for name, fn, a, b in cases]

@@ -36,7 +36,7 @@ def _image(h, w, seed):
 
 def test_predict_end_to_end_maps_back_to_the_original_image(model, tmp_path):
     img = _image(50, 70, 0)
-    r = model(img, imgsz=64, color_format="rgb")[0]
+    r = model(img, imgsz=64, color_format="rgb")
     m = r.masks
     assert isinstance(m, SemanticMask) and r.boxes is None
     assert m.data.shape == (50, 70) and m.data.dtype == torch.uint8
@@ -65,7 +65,7 @@ def test_mixed_size_batch_equals_one_by_one(model):
     images = [_image(50, 70, 1), _image(80, 40, 2), _image(64, 64, 3)]
     batched = model(images, imgsz=64, batch=3)
     for img, r in zip(images, batched):
-        alone = model(img, imgsz=64)[0]
+        alone = model(img, imgsz=64)
         assert r.masks.shape == img.shape[:2]
         assert torch.equal(r.masks.data, alone.masks.data)
 
@@ -74,7 +74,7 @@ def test_letterbox_preprocess_cuts_the_padding_before_mapping_back():
     m = LibreYOLO.new("segformer", "b0", nc=3, device="cpu", seed=0)
     m.preprocess = Preprocess("center")
     img = _image(32, 64, 4)   # letterboxed into 64x64: rows 16..47 are the image
-    r = m(img, imgsz=64, color_format="rgb")[0]
+    r = m(img, imgsz=64, color_format="rgb")
     with torch.no_grad():
         cls = m.infer(m.preprocess(torch.from_numpy(img)[None], 64)).argmax(1)[0].to(torch.uint8)
     assert torch.equal(r.masks.data, resize_nearest(cls[16:48], 32, 64))
@@ -313,7 +313,7 @@ def test_two_epoch_train_then_checkpoints_load_and_val(tmp_path):
         loaded = LibreYOLO(str(tmp_path / "run" / "weights" / name), device="cpu")
         assert (loaded.FAMILY, loaded.TASK, loaded.nc, loaded.imgsz) == ("segformer", "semantic", 6, 64)
         assert loaded.preprocess == model.preprocess
-        r = loaded(_image(40, 50, 0))[0]
+        r = loaded(_image(40, 50, 0))
         assert r.masks.shape == (40, 50)
     metrics = model.val(data=str(yaml), imgsz=64, batch=4, workers=0)
     assert {"miou", "pixel_acc", "per_class"} <= set(metrics) and 0.0 <= metrics["pixel_acc"] <= 1.0

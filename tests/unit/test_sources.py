@@ -423,7 +423,7 @@ def test_predict_result_does_not_change_when_the_callers_array_does():
     model = LibreYOLO.new("yolo9", "t", nc=3, device="cpu", seed=0)
     arr = np.random.default_rng(1).integers(0, 256, (64, 80, 3), dtype=np.uint8)
     keep = arr.copy()
-    (res,) = model(arr, imgsz=64, conf=0.0, color_format="rgb")
+    res = model(arr, imgsz=64, conf=0.0, color_format="rgb")
     arr[:] = 0
     np.testing.assert_array_equal(res.orig_img, keep)
 

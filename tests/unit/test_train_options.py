@@ -90,7 +90,7 @@ def test_val_false_runs_no_evaluator_best_follows_last_and_save_period(data, tmp
     def no_evaluator(*a, **k):
         raise AssertionError("val=False must not build an evaluator")
 
-    monkeypatch.setattr(type(LibreYOLO.new("yolox", "n", device="cpu").task), "evaluator", no_evaluator)
+    monkeypatch.setattr(type(LibreYOLO.new("yolox", "n", device="cpu").task_def), "evaluator", no_evaluator)
     _, res = run(tmp_path, data, epochs=4, val=False, save_period=2)
     weights = tmp_path / "run" / "weights"
     assert sorted(p.name for p in weights.iterdir()) == ["best.pt", "epoch2.pt", "epoch4.pt", "last.pt"]

@@ -153,14 +153,14 @@ def test_dense_mosaic_and_mixup_options_reach_the_training_set(shapes96):
     cpu = torch.device("cpu")
     model = LibreYOLO.new("yolo9", "t", nc=5, device="cpu", seed=0)
     for on in (False, True):
-        t = build_loaders(model.task, resolve_data(shapes96), model, TrainConfig(
+        t = build_loaders(model.task_def, resolve_data(shapes96), model, TrainConfig(
             data=shapes96, imgsz=64, batch=8, workers=0, dense_mosaic=on, mixup=0.5 if on else 0.0), cpu)
         assert t.train_set.dense_mosaic is on and t.val_set.dense_mosaic is False
         assert t.train_set.mixup == (0.5 if on else 0.0) and t.val_set.mixup == 0.0
     # training and validation images are resized as the family's predict resizes them
     for fam, size in (("yolo9", "t"), ("picodet", "s")):
         m = LibreYOLO.new(fam, size, nc=5, device="cpu", seed=0)
-        t = build_loaders(m.task, resolve_data(shapes96), m, TrainConfig(data=shapes96, imgsz=64, batch=8, workers=0),
+        t = build_loaders(m.task_def, resolve_data(shapes96), m, TrainConfig(data=shapes96, imgsz=64, batch=8, workers=0),
                           cpu)
         assert t.train_set.resize == t.val_set.resize == m.resize
     assert LibreYOLO.new("picodet", "s", device="cpu").resize == "stretch"
@@ -252,8 +252,8 @@ def test_validation_loss_leaves_the_metrics_and_the_random_stream_alone(tmp_path
     from libreyolo.engine.loaders import build_loaders
 
     model = LibreYOLO.new("yolox", "n", nc=5, device="cpu", seed=0)
-    cfg = TrainConfig(model.task, data=shapes, imgsz=64, batch=4, workers=0, verbose=False)
-    loader = build_loaders(model.task, model.task.resolve_data(shapes), model, cfg, torch.device("cpu")).val
+    cfg = TrainConfig(model.task_def, data=shapes, imgsz=64, batch=4, workers=0, verbose=False)
+    loader = build_loaders(model.task_def, model.task_def.resolve_data(shapes), model, cfg, torch.device("cpu")).val
     plain = evaluate(model, loader)
     preds = [p.copy() for p in plain.evaluator.preds]
     torch.manual_seed(123)

@@ -37,10 +37,10 @@ class Validator:
     hook keeps it for the run); graphs captured by the CPU stand-in."""
 
     def __init__(self, model, data, graph: bool, batch: int):
-        cfg = TrainConfig(model.task, data=data, imgsz=64, batch=batch, workers=0, verbose=False)
+        cfg = TrainConfig(model.task_def, data=data, imgsz=64, batch=batch, workers=0, verbose=False)
         self.model, self.graph, self.stage, self.last = model, graph, None, None
         self.capturer = StandInCapturer() if graph else None
-        self.loader = build_loaders(model.task, model.task.resolve_data(data), model, cfg, torch.device("cpu")).val
+        self.loader = build_loaders(model.task_def, model.task_def.resolve_data(data), model, cfg, torch.device("cpu")).val
 
     def stage_for(self, net):
         self.stage = validation_stage(self.model, net, self.loader, self.graph, torch.device("cpu"), self.capturer,

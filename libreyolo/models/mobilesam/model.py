@@ -85,12 +85,13 @@ class MobileSAM(Model):
         return self.model.decode(embeddings, points, labels, boxes, multimask, size)
 
     def predict(self, source: Any = None, *, save: bool = False, save_dir: str | Path | None = None,
-                exist_ok: bool = False, **kwargs) -> list:
+                exist_ok: bool = False, **kwargs) -> Any:
         """Masks for a prompt: ``model(image, points=[[x, y]], labels=[1], boxes=[[x1, y1, x2, y2]],
         multimask=True)``, or ``model(points=...)`` on the image of :meth:`set_image`. See
         :class:`libreyolo.tasks.segment_prompt.predictor.PromptPredictor` for the options.
         ``save`` writes the annotated pictures to ``save_dir`` (default: a new
         ``runs/segment-prompt/predict``; ``Results.save_dir`` names it).
+        One image (or none: the set image) gives one Results, several a list, as ``Model.predict``.
         """
         results = self.get_predictor()(source, **kwargs)
         if parse_bool("save", save):
@@ -102,7 +103,8 @@ class MobileSAM(Model):
             for r in results:
                 r.saved_to, r.save_dir = r.save(out_dir / unique(Path(r.path).stem)), str(out_dir)
             info_shown(log, "saved %d annotated image(s) to %s", len(results), out_dir)
-        return results
+        from ...data.sources import one_or_all
+        return one_or_all(source, results)
 
     __call__ = predict
 

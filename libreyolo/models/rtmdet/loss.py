@@ -76,13 +76,21 @@ class DynamicSoftLabelAssigner(nn.Module):
     def forward(self, pd_logits: Tensor, pd_boxes: Tensor, points: Tensor, strides: Tensor,
                 gt_labels: Tensor, gt_boxes: Tensor, mask_gt: Tensor
                 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """:meth:`assign` without the gt index."""
+        return self.assign(pd_logits, pd_boxes, points, strides, gt_labels, gt_boxes, mask_gt)[:4]
+
+    @torch.no_grad()
+    def assign(self, pd_logits: Tensor, pd_boxes: Tensor, points: Tensor, strides: Tensor,
+               gt_labels: Tensor, gt_boxes: Tensor, mask_gt: Tensor
+               ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
         """Assign targets.
 
         Args: ``pd_logits`` (B, N, nc) class logits, ``pd_boxes`` (B, N, 4) xyxy, ``points``
         (N, 2) and ``strides`` (N, 1) of the priors (same units as the boxes), ``gt_labels`` (B, M),
         ``gt_boxes`` (B, M, 4) xyxy, ``mask_gt`` (B, M) bool. Returns ``fg`` (B, N) bool,
         ``labels`` (B, N) long, ``boxes`` (B, N, 4) and ``ious`` (B, N), the IoU of each
-        foreground prediction with its gt (0 off the foreground).
+        foreground prediction with its gt (0 off the foreground), and ``gt_idx`` (B, N) long, the
+        gt row each foreground prior is assigned to (0 off the foreground).
         """
         b, n, nc = pd_logits.shape
         dtype = pd_logits.dtype
@@ -110,7 +118,7 @@ class DynamicSoftLabelAssigner(nn.Module):
         matching, fg, gt_idx = dynamic_k_matching(cost, ious, candidate, valid, self.topk)
         target_labels = labels.gather(1, gt_idx)
         target_boxes = boxes.gather(1, gt_idx.unsqueeze(-1).expand(b, n, 4))
-        return fg, target_labels, target_boxes, (matching * ious).sum(1) * fg.to(dtype)
+        return fg, target_labels, target_boxes, (matching * ious).sum(1) * fg.to(dtype), gt_idx
 
 
 class RtmdetLoss(DenseMapsLoss):
@@ -146,6 +154,11 @@ class RtmdetLoss(DenseMapsLoss):
 
     def _compute(self, cls_maps: list[Tensor], box_maps: list[Tensor], targets: Tensor,
                  mask: Tensor) -> tuple[Tensor, Tensor]:
+        items = self._detection(cls_maps, box_maps, targets, mask)[0]
+        return items.sum(), items.detach()
+
+    def _detection(self, cls_maps: list[Tensor], box_maps: list[Tensor], targets: Tensor, mask: Tensor):
+        """(weighted [qfl, giou] items, fg (B, N), gt_idx (B, N), points (N, 2), strides (N, 1))."""
         b, nc = cls_maps[0].shape[:2]
         if nc != self.nc:
             raise ValueError(f"class maps have {nc} channels, expected {self.nc}")
@@ -155,8 +168,8 @@ class RtmdetLoss(DenseMapsLoss):
         dist = torch.cat([d.flatten(2) for d in box_maps], 2).transpose(1, 2)        # (B, N, 4)
         pred_boxes = torch.cat((points - dist[..., :2], points + dist[..., 2:]), -1)  # (B, N, 4) pixels
 
-        fg, labels, boxes, ious = self.assigner(logits.detach(), pred_boxes.detach(), points, strides,
-                                                targets[..., 0], targets[..., 1:5], mask)
+        fg, labels, boxes, ious, gt_idx = self.assigner.assign(logits.detach(), pred_boxes.detach(), points, strides,
+                                                               targets[..., 0], targets[..., 1:5], mask)
         avg = global_sum(ious.sum()).clamp_min(1.0)   # sum of the assigned IoUs (mmdet: cls and bbox avg_factor)
 
         positive = F.one_hot(labels, nc).bool() & fg.unsqueeze(-1)
@@ -170,4 +183,60 @@ class RtmdetLoss(DenseMapsLoss):
         box = ((1.0 - giou) * ious).sum() / avg
 
         items = torch.stack((qfl * self.cls_weight, box * self.box_weight))
-        return items.sum(), items.detach()
+        return items, fg, gt_idx, points, strides
+
+
+def dice_loss(logits: Tensor, target: Tensor, eps: float = 5e-6) -> Tensor:
+    """Per-mask dice loss over the last two dims, ``1 - 2 sum(p t) / (sum(p^2) + sum(t^2))``
+    with ``p = sigmoid(logits)`` and ``eps`` added to each sum of squares (mmdetection's
+    DiceLoss without ``naive_dice``)."""
+    p = logits.sigmoid().flatten(-2)
+    t = target.flatten(-2)
+    a = (p * t).sum(-1)
+    return 1 - 2 * a / ((p * p).sum(-1) + eps + (t * t).sum(-1) + eps)
+
+
+class RtmdetInsLoss(RtmdetLoss):
+    """The RTMDet-Ins loss: :class:`RtmdetLoss`'s QFL and GIoU on the same assignment, plus the
+    dice loss of each foreground prior's mask (its dynamic convs on the prototypes, upsampled
+    to stride 4) against its gt's bitmap, averaged over the foreground priors.
+
+    ``forward(outputs, targets, mask, gt_masks)``: ``outputs`` is ``RtmdetInsNet``'s train-mode
+    4-tuple, ``gt_masks`` (B, M, S/4, S/4) the instances' bitmaps padded as ``targets``. Fixed
+    shapes: the masks are computed for ``min(N, topk * M)`` priors per image - every foreground
+    prior fits, as each gt takes at most ``topk`` - the others weighted out.
+    """
+
+    item_names = ("qfl", "giou", "mask")
+
+    def __init__(self, nc: int, mask_weight: float = 2.0, **kw):
+        super().__init__(nc, **kw)
+        self.mask_weight = mask_weight
+
+    def forward(self, outputs, targets: Tensor, mask: Tensor, gt_masks: Tensor) -> tuple[Tensor, Tensor]:
+        cls_maps, box_maps, kernel_maps, protos = outputs
+        with torch.autocast(device_type=cls_maps[0].device.type, enabled=False):
+            targets, mask, gt_masks = targets.float(), mask.bool(), gt_masks.float()
+            if targets.shape[1] == 0:
+                targets, mask = targets.new_zeros(targets.shape[0], 1, 5), mask.new_zeros(mask.shape[0], 1)
+                gt_masks = gt_masks.new_zeros(gt_masks.shape[0], 1, *gt_masks.shape[-2:])
+            cls_maps, box_maps = [c.float() for c in cls_maps], [d.float() for d in box_maps]
+            items, fg, gt_idx, points, strides = self._detection(cls_maps, box_maps, targets, mask)
+            kernels = torch.cat([k.float().flatten(2) for k in kernel_maps], 2).transpose(1, 2)   # (B, N, 169)
+            n = kernels.shape[1]
+            p = min(n, self.assigner.topk * targets.shape[1])
+            order = torch.arange(n, device=fg.device, dtype=torch.float32) / n
+            sel = (fg.float() * 2 - order).topk(p, dim=1).indices                                 # (B, P)
+            valid = fg.gather(1, sel).float()
+            params = kernels.gather(1, sel.unsqueeze(-1).expand(-1, -1, kernels.shape[-1]))
+            pts = points[sel]                                                                      # (B, P, 2)
+            std = strides[:, 0][sel]                                                               # (B, P)
+            from .nn import dynamic_masks
+            logits = dynamic_masks(protos.float(), params, pts, std, self.strides[0])
+            logits = F.interpolate(logits, scale_factor=2, mode="bilinear", align_corners=False)
+            rows = gt_idx.gather(1, sel)
+            tgt = gt_masks.gather(1, rows[..., None, None].expand(-1, -1, *gt_masks.shape[-2:]))
+            num = global_sum(valid.sum()).clamp_min(1.0)
+            mask_loss = (dice_loss(logits, tgt) * valid).sum() / num * self.mask_weight
+            items = torch.cat((items, mask_loss[None]))
+            return items.sum(), items.detach()

@@ -1,6 +1,8 @@
 """RTMDet declarations and its capturable inference stage."""
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 from torch import nn
 
@@ -8,7 +10,7 @@ from ...ops.boxes import clip_to_canvas, distance_to_xyxy
 from ...ops.preprocess import Preprocess
 from ..base import Model
 from ..common.assign import join_levels, level_priors
-from .nn import CONFIGS, STRIDES, RtmdetNet
+from .nn import CONFIGS, STRIDES, RtmdetInsNet, RtmdetNet
 
 #: decode's prior points per input size (all levels joined: a few kernels per call, not ~36)
 _PRIORS: dict = {}
@@ -37,12 +39,19 @@ class Rtmdet(Model):
     # Declared after the GPU training parity passed (step-0 loss and BatchNorm buffers bitwise, 20-step
     # curves within eager noise; forward+backward and whole step): see docs/families.md.
     SUPPORTS_CUDA_GRAPH_TRAIN = True
+    #: RTMDet-Ins serves instance segmentation (the checkpoint's ``task`` picks it)
+    TASK_VARIANTS: ClassVar[dict[str, str]] = {"segment": ".rtmdet.model:RtmdetSeg"}
 
     @classmethod
     def build_network(cls, size: str, nc: int) -> nn.Module:
         return RtmdetNet(size, nc)
 
     SIGNATURE_KEYS = ("head.rtm_cls.0.weight", "head.rtm_reg.0.weight", "backbone.stem.0.conv.weight")
+
+    @classmethod
+    def _owns_own(cls, state_dict: dict) -> bool:
+        """The detector's keys without the Ins head's kernel branch (that layout is RtmdetSeg's)."""
+        return super()._owns_own(state_dict) and "head.rtm_kernel.0.weight" not in state_dict
     NC_KEY = "head.rtm_cls.0.weight"
     PRIOR_BIAS = (("head.rtm_cls.", 0, None),)
 
@@ -73,3 +82,59 @@ class Rtmdet(Model):
         box = clip_to_canvas(distance_to_xyxy(pts, d), x.shape[-2], x.shape[-1])
         scores, cls = join_levels(cls_maps).float().sigmoid().max(-1)
         return box, scores, cls
+
+
+class RtmdetSeg(Rtmdet):
+    """RTMDet-Ins: the detector with a dynamic-convolution mask head (task ``segment``).
+
+    ``infer`` gives the detector's per-anchor boxes, scores and classes plus each anchor's mask
+    coefficients (its 169 dynamic-conv parameters, then its prior point x, y and stride) and the
+    stride-8 prototypes; :meth:`mask_logits` turns chosen anchors' coefficients into mask logits.
+    """
+
+    TASK = "segment"
+    TASK_VARIANTS: ClassVar[dict[str, str]] = {"detect": ".rtmdet.model:Rtmdet"}
+    # Not yet through the GPU parity protocol: the commands that will prove them are in docs/families.md.
+    SUPPORTS_CUDA_GRAPH = False
+    SUPPORTS_CUDA_GRAPH_TRAIN = False
+    SIGNATURE_KEYS = Rtmdet.SIGNATURE_KEYS + ("head.rtm_kernel.0.weight", "head.mask_head.projection.weight")
+
+    @classmethod
+    def _owns_own(cls, state_dict: dict) -> bool:
+        return Model._owns_own.__func__(cls, state_dict)
+    #: the prototypes' stride (mask logits are upsampled by it to the network input)
+    MASK_STRIDE = STRIDES[0]
+
+    @classmethod
+    def build_network(cls, size: str, nc: int) -> nn.Module:
+        return RtmdetInsNet(size, nc)
+
+    def build_loss(self) -> nn.Module:
+        """RTMDet's detection loss plus the Ins mask loss (dice on the positives' masks)."""
+        from .loss import RtmdetInsLoss
+        return RtmdetInsLoss(self.nc)
+
+    def train_forward(self, net: nn.Module, x: torch.Tensor, *targets: torch.Tensor):
+        """As the detector's: the training targets here are boxes, their mask and the bitmaps."""
+        return net(self.normalize(x))
+
+    def infer(self, x: torch.Tensor):
+        """(B, 3, H, W) RGB in [0, 1] -> boxes (B, N, 4) xyxy canvas pixels, score (B, N), class
+        (B, N), mask coefficients (B, N, 172) and prototypes (B, 8, H/8, W/8)."""
+        cls_maps, box_maps, kernel_maps, protos = self.model(self.normalize(x))
+        d = join_levels(box_maps).float()
+        pts, strides = level_priors(_PRIORS, [m.shape[-2:] for m in box_maps], STRIDES, 0.0, True, d.dtype, d.device)
+        box = clip_to_canvas(distance_to_xyxy(pts, d), x.shape[-2], x.shape[-1])
+        scores, cls = join_levels(cls_maps).float().sigmoid().max(-1)
+        prior = torch.cat((pts, strides.to(pts.dtype)), -1).expand(d.shape[0], -1, -1)
+        coeffs = torch.cat((join_levels(kernel_maps).float(), prior), -1)
+        return box, scores, cls, coeffs, protos.float()
+
+    @staticmethod
+    def mask_logits(protos: torch.Tensor, coeffs: torch.Tensor) -> torch.Tensor:
+        """Prototypes (P, h, w) of one image and (n, 172) coefficients -> (n, h, w) mask logits
+        at the prototypes' stride: :func:`~.nn.dynamic_masks` with each anchor's relative
+        coordinates."""
+        from .nn import dynamic_masks
+        return dynamic_masks(protos, coeffs[:, :-3], coeffs[:, -3:-1], coeffs[:, -1], RtmdetSeg.MASK_STRIDE)
+

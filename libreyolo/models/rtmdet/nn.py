@@ -235,3 +235,107 @@ class RtmdetNet(nn.Module):
     def fuse(self) -> "RtmdetNet":
         """Fold every BatchNorm (each head level gets its own folded copy of the shared conv)."""
         return fuse_modules(self)
+
+
+# ---------------------------------------------------------------- instance segmentation (RTMDet-Ins)
+#: dynamic mask head: 3 chained 1x1 convs on (prototypes + 2 relative-coordinate channels)
+NUM_PROTOTYPES = 8
+DYNAMIC_CHANNELS = 8
+#: (in, out) of each dynamic conv; the kernel branch predicts their weights then their biases
+DYNAMIC_CONVS = ((NUM_PROTOTYPES + 2, DYNAMIC_CHANNELS), (DYNAMIC_CHANNELS, DYNAMIC_CHANNELS), (DYNAMIC_CHANNELS, 1))
+NUM_DYNAMIC_PARAMS = sum(i * o for i, o in DYNAMIC_CONVS) + sum(o for _, o in DYNAMIC_CONVS)   # 169
+
+
+class MaskFeatModule(nn.Module):
+    """Mask prototypes at stride 8: the neck's three levels upsampled (bilinear) to the finest,
+    concatenated, fused by a 1x1 conv (bias, no activation), ``stacked`` 3x3 ConvBN-SiLU blocks,
+    then a 1x1 projection to :data:`NUM_PROTOTYPES` channels without activation."""
+
+    def __init__(self, c: int, levels: int = 3, stacked: int = 4):
+        super().__init__()
+        self.fusion_conv = nn.Conv2d(levels * c, c, 1)
+        self.stacked_convs = nn.Sequential(*[CBA(c, c, 3) for _ in range(stacked)])
+        self.projection = nn.Conv2d(c, NUM_PROTOTYPES, 1)
+
+    def forward(self, feats: list[torch.Tensor]) -> torch.Tensor:
+        size = feats[0].shape[-2:]
+        up = [feats[0]] + [nn.functional.interpolate(f, size=size, mode="bilinear", align_corners=False)
+                           for f in feats[1:]]
+        return self.projection(self.stacked_convs(self.fusion_conv(torch.cat(up, 1))))
+
+
+class InsSepBNHead(nn.Module):
+    """RTMDet-Ins head: class and box towers (one set of modules: the box branch reads the class
+    tower's features, so ``reg_convs`` is ``cls_convs`` and the checkpoint ties their entries),
+    3x3 convs shared across levels with a BatchNorm per level; a kernel tower per level predicting
+    each location's dynamic-conv parameters; and the prototype module on the neck's outputs.
+
+    Boxes are ``relu(raw) * stride`` (left, top, right, bottom distances in input pixels) for
+    every size: the Ins head never takes an exponential.
+    """
+
+    def __init__(self, nc: int, c: int, stacked: int = 2):
+        super().__init__()
+        self.nc = nc
+        self.cls_convs = nn.ModuleList([nn.Sequential(*[CBA(c, c, 3) for _ in range(stacked)]) for _ in STRIDES])
+        for level in self.cls_convs[1:]:
+            for j, layer in enumerate(level):
+                layer.conv = self.cls_convs[0][j].conv
+        self.reg_convs = self.cls_convs
+        self.kernel_convs = nn.ModuleList([nn.Sequential(*[CBA(c, c, 3) for _ in range(stacked)])
+                                           for _ in STRIDES])
+        self.rtm_cls = nn.ModuleList([nn.Conv2d(c, nc, 1) for _ in STRIDES])
+        self.rtm_reg = nn.ModuleList([nn.Conv2d(c, 4, 1) for _ in STRIDES])
+        self.rtm_kernel = nn.ModuleList([nn.Conv2d(c, NUM_DYNAMIC_PARAMS, 1) for _ in STRIDES])
+        self.mask_head = MaskFeatModule(c, len(STRIDES))
+
+    def forward(self, feats: list[torch.Tensor]):
+        cls_out, box_out, kernel_out = [], [], []
+        for i, (f, s) in enumerate(zip(feats, STRIDES)):
+            t = self.cls_convs[i](f)
+            cls_out.append(self.rtm_cls[i](t))
+            box_out.append(torch.relu(self.rtm_reg[i](t)) * s)
+            kernel_out.append(self.rtm_kernel[i](self.kernel_convs[i](f)))
+        return tuple(cls_out), tuple(box_out), tuple(kernel_out), self.mask_head(feats)
+
+
+class RtmdetInsNet(RtmdetNet):
+    """RTMDet-Ins: the detector's backbone and neck with :class:`InsSepBNHead`; ``forward``
+    returns ``(cls_scores, bbox_preds, kernel_preds, mask_feat)``: per level the class logits,
+    the box distances and the (B, 169, H/s, W/s) dynamic-conv parameters, and the (B, 8, H/8,
+    W/8) prototypes."""
+
+    def __init__(self, size: str = "t", nc: int = 80):
+        super().__init__(size, nc)
+        self.head = InsSepBNHead(nc, int(256 * CONFIGS[size].widen))
+
+
+def dynamic_masks(protos: torch.Tensor, params: torch.Tensor, points: torch.Tensor, strides: torch.Tensor,
+                  proto_stride: int) -> torch.Tensor:
+    """Mask logits of chosen anchors: their dynamic 1x1 convs (ReLU between) on the prototypes
+    with two relative-coordinate channels in front.
+
+    ``protos`` (..., P, h, w), ``params`` (..., n, 169), ``points`` (..., n, 2) the anchors' prior
+    points (x, y) in input pixels, ``strides`` (..., n) their strides -> (..., n, h, w). The
+    coordinates are (anchor point - prototype pixel's point) / (anchor stride * 8), the
+    prototype pixel (col, row) at (col * proto_stride, row * proto_stride). Batched matrix
+    products, equal to the grouped convolutions of the original.
+    """
+    h, w = protos.shape[-2:]
+    ys = torch.arange(h, device=protos.device, dtype=protos.dtype) * proto_stride
+    xs = torch.arange(w, device=protos.device, dtype=protos.dtype) * proto_stride
+    coord = torch.stack(torch.meshgrid(xs, ys, indexing="xy"), -1).reshape(1, h * w, 2)   # (1, hw, 2) x, y
+    rel = (points.unsqueeze(-2) - coord) / (strides[..., None, None] * 8)                  # (..., n, hw, 2)
+    n = params.shape[-2]
+    flat = protos.flatten(-2).unsqueeze(-3).expand(*params.shape[:-1], -1, -1)           # (..., n, P, hw)
+    x = torch.cat((rel.transpose(-1, -2), flat), -2)                                      # (..., n, P + 2, hw)
+    at = sum(ci * co for ci, co in DYNAMIC_CONVS)
+    wat, bat = 0, at
+    for i, (ci, co) in enumerate(DYNAMIC_CONVS):
+        wgt = params[..., wat:wat + ci * co].reshape(*params.shape[:-1], co, ci)
+        bias = params[..., bat:bat + co].unsqueeze(-1)
+        wat, bat = wat + ci * co, bat + co
+        x = wgt @ x + bias
+        if i < len(DYNAMIC_CONVS) - 1:
+            x = torch.relu(x)
+    return x.reshape(*params.shape[:-2], n, h, w)

@@ -89,7 +89,7 @@ class SegmentPromptTask(Task):
                                                  dev, runs, warmup)
             model.set_image(image, imgsz=imgsz, cuda_graph=g)
             arms[f"prompt_{tag}"] = time_call(lambda: model(**BENCH_PROMPT, cuda_graph=g), dev, runs, warmup)
-            out[tag] = model(**BENCH_PROMPT, cuda_graph=g)[0].masks
+            out[tag] = model(**BENCH_PROMPT, cuda_graph=g).masks
         if "graph" in out:
             arms["prompt_graph_equal_eager"] = bool(torch.equal(out["graph"].data, out["eager"].data)
                                                     and torch.equal(out["graph"].scores, out["eager"].scores))

@@ -1,0 +1,267 @@
+"""Instance segmentation: boxes, classes and one mask per instance.
+
+Predict stage (on the device, captured with the network where the family allows): ``model.infer``
+(per anchor: boxes, scores, classes, mask coefficients; and the prototypes) -> the top ``max_nms``
+candidates with their coefficients, fixed shapes. After the stage, on the same device: NMS
+(torchvision), the kept instances' masks from the family's mask head
+(``model.mask_logits(prototypes, coefficients)``), sampled straight at each original image's
+pixels (the letterbox inverted, bilinear as an upsampling of the logits), cut to the instance's
+box and thresholded at 0.5.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ...ops.letterbox import inverse_params, unletterbox_boxes
+from ...ops.nms import nan_last
+from ...options import MAX_DET, Custom, Fraction, Int, check_fields, check_max_det, option
+from ..base import Evaluator, PredictPlan, Task, TaskOptions
+
+#: instances whose masks are sampled at the original size in one batch (bounds the memory of
+#: a large image with many instances)
+MASK_CHUNK = 32
+
+
+def sample_masks(logits: torch.Tensor, canvas: int, h: int, w: int, sx: float, sy: float, px: float, py: float
+                 ) -> torch.Tensor:
+    """(n, ph, pw) mask logits over the (canvas x canvas) letterboxed input -> (n, h, w) logits at
+    the original image's pixels: each pixel centre mapped into the canvas (``x * sx + px``) and
+    read bilinearly (edges clamped), which equals upsampling the logits to the canvas and then
+    resizing the image region back."""
+    dev, dt = logits.device, logits.dtype
+    gx = ((torch.arange(w, device=dev, dtype=dt) + 0.5) * sx + px) / canvas * 2 - 1
+    gy = ((torch.arange(h, device=dev, dtype=dt) + 0.5) * sy + py) / canvas * 2 - 1
+    grid = torch.stack(torch.meshgrid(gx, gy, indexing="xy"), -1)            # (h, w, 2)
+    out = torch.nn.functional.grid_sample(logits[:, None], grid.expand(logits.shape[0], h, w, 2),
+                                          mode="bilinear", padding_mode="border", align_corners=False)
+    return out[:, 0]
+
+
+def crop_to_boxes(masks: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
+    """(n, h, w) bool masks kept only at pixels whose centres lie inside each (n, 4) xyxy box."""
+    h, w = masks.shape[-2:]
+    xs = torch.arange(w, device=masks.device, dtype=boxes.dtype) + 0.5
+    ys = torch.arange(h, device=masks.device, dtype=boxes.dtype) + 0.5
+    inx = (xs >= boxes[:, 0:1]) & (xs <= boxes[:, 2:3])                         # (n, w)
+    iny = (ys >= boxes[:, 1:2]) & (ys <= boxes[:, 3:4])                         # (n, h)
+    return masks & iny[:, :, None] & inx[:, None, :]
+
+
+def select_instances(boxes: torch.Tensor, scores: torch.Tensor, cls: torch.Tensor, *, conf: float, iou: float,
+                     max_det: int, classes: list[int] | None = None, agnostic: bool = False) -> torch.Tensor:
+    """One image's sorted candidates -> the indices of the kept ones (score order): above
+    ``conf``, of ``classes``, through NMS per class (all together with ``agnostic``), at most
+    ``max_det``."""
+    from torchvision.ops import batched_nms
+    keep = scores > conf
+    if classes is not None:
+        keep &= torch.isin(cls, torch.as_tensor(classes, device=cls.device, dtype=cls.dtype))
+    idx = keep.nonzero().squeeze(1)
+    if idx.numel() == 0:
+        return idx
+    groups = torch.zeros_like(cls[idx]) if agnostic else cls[idx]
+    kept = batched_nms(boxes[idx].float(), scores[idx].float(), groups, iou)
+    return idx[kept[:max_det]]
+
+
+def instance_masks(model, protos: torch.Tensor, coeffs: torch.Tensor, boxes: torch.Tensor, canvas: int,
+                   h: int, w: int, resize: str, thr: float = 0.0) -> torch.Tensor:
+    """The (n, h, w) bool masks of one image's kept instances: the family's mask logits, sampled
+    at the image's pixels, above ``thr`` (logit 0 = probability 0.5), cut to ``boxes`` (xyxy,
+    the image's pixels)."""
+    sx, sy, px, py = inverse_params(h, w, canvas, resize)
+    out = torch.zeros((coeffs.shape[0], h, w), dtype=torch.bool, device=protos.device)
+    for s in range(0, coeffs.shape[0], MASK_CHUNK):
+        logits = model.mask_logits(protos, coeffs[s:s + MASK_CHUNK])
+        full = sample_masks(logits.float(), canvas, h, w, sx, sy, px, py)
+        out[s:s + MASK_CHUNK] = crop_to_boxes(full > thr, boxes[s:s + MASK_CHUNK])
+    return out
+
+
+def top_instances(outputs, k: int):
+    """``model.infer``'s (boxes, scores, classes, coefficients, prototypes) -> the same for the
+    ``k`` best-scoring anchors per image, sorted (NaN scores last), and the prototypes: fixed
+    shapes, graph-safe."""
+    boxes, scores, cls, coeffs, protos = outputs
+    k = min(int(k), scores.shape[1])
+    s, idx = nan_last(scores).sort(dim=1, descending=True)
+    s, idx = s[:, :k], idx[:, :k]
+    b = boxes.gather(1, idx.unsqueeze(-1).expand(-1, -1, 4))
+    c = coeffs.gather(1, idx.unsqueeze(-1).expand(-1, -1, coeffs.shape[-1]))
+    return b, s, cls.gather(1, idx), c, protos
+
+
+@dataclass
+class SegmentOptions(TaskOptions):
+    """Instance-segmentation training options: flip augmentation, target padding, validation."""
+
+    fliplr: float = option(0.5, "probability of a horizontal flip", Fraction())
+    bucket: int = option(16, "instances padded to this times a power of two (fixed loss shapes)", Int(1))
+    val_conf: float = option(0.001, "confidence threshold of validation", Fraction())
+    val_iou: float = option(0.7, "NMS IoU threshold of validation", Fraction())
+    max_det: int = option(100, "instances kept per image in validation", Custom(
+        lambda n, v: check_max_det(v)[0], f"integer in [1, {MAX_DET}]"))
+
+    def __post_init__(self) -> None:
+        self.check()
+
+    def check(self) -> None:
+        check_fields(self)
+
+
+class SegmentPlan(PredictPlan):
+    """One instance-segmentation predict call (see the module docstring)."""
+
+    def __init__(self, model, constants: Callable[..., torch.Tensor], *, conf: float, iou: float, max_det: int,
+                 max_nms: int, classes: list[int] | None, agnostic_nms: bool):
+        self.model = model
+        self.conf, self.iou = float(conf), float(iou)
+        self.max_det, self.max_nms = int(max_det), int(max_nms)
+        self.classes, self.agnostic = classes, bool(agnostic_nms)
+        self.tag = ("segment", self.max_nms)
+
+    def finish(self, outputs, *extra):
+        """The top ``max_nms`` anchors per image by score (sorted), their boxes, classes and mask
+        coefficients, and the prototypes: fixed shapes, graph-safe."""
+        return top_instances(outputs, self.max_nms)
+
+    def results(self, out, chunk, size, speed):
+        from ...results import Boxes, Results
+        from .results import InstanceMasks
+        boxes, scores, cls, coeffs, protos = out
+        m = self.model
+        results = []
+        for i, it in enumerate(chunk):
+            h, w = int(it.image.shape[0]), int(it.image.shape[1])
+            keep = select_instances(boxes[i], scores[i], cls[i], conf=self.conf, iou=self.iou, max_det=self.max_det,
+                                    classes=self.classes, agnostic=self.agnostic)
+            b = boxes[i][keep].float().clone()
+            sx, sy, px, py = inverse_params(h, w, size, m.preprocess.resize)
+            unletterbox_boxes(b, sx, sy, h, w, px, py)
+            masks = instance_masks(m, protos[i], coeffs[i][keep], b, size, h, w, m.preprocess.resize)
+            det = torch.cat((b, scores[i][keep, None].float(), cls[i][keep, None].float()), 1).cpu()
+            results.append(Results(it.image, it.name, m.names, Boxes(det, (h, w)), speed=dict(speed),
+                                   masks=InstanceMasks(masks, det[:, 5].to(torch.int64))))
+        return results
+
+
+class SegmentEvaluator(Evaluator):
+    """Box and mask COCO mAP of a validation split, on the letterboxed canvas: the boxes in
+    input pixels, the masks on the stride-4 grid of the training masks (the predicted logits
+    sampled there, cut to the box, thresholded at 0.5)."""
+
+    #: candidates per image before NMS
+    MAX_CANDIDATES = 1000
+
+    def __init__(self, model, options: SegmentOptions):
+        self.model, self.options = model, options
+        self.reset()
+
+    def reset(self) -> None:
+        self.boxes: list[np.ndarray] = []
+        self.gt_boxes: list[np.ndarray] = []
+        self.masks: list[tuple[np.ndarray, list]] = []
+        self.gt_masks: list[tuple[np.ndarray, list]] = []
+        self.hw: tuple[int, int] = (0, 0)
+
+    def finish(self, outputs):
+        return top_instances(outputs, self.MAX_CANDIDATES)
+
+    def process(self, outputs, batch) -> None:
+        from .data import MASK_STRIDE
+        from .metrics import encode_masks
+        imgs, targets, mask, gt_masks = batch
+        boxes, scores, cls, coeffs, protos = outputs
+        o, size = self.options, int(imgs.shape[-1])
+        g = size // MASK_STRIDE
+        self.hw = (g, g)
+        for i in range(targets.shape[0]):
+            keep = select_instances(boxes[i], scores[i], cls[i], conf=o.val_conf, iou=o.val_iou, max_det=o.max_det)
+            b = boxes[i][keep].float()
+            if keep.numel():
+                logits = self.model.mask_logits(protos[i], coeffs[i][keep]).float()
+                full = sample_masks(logits, size, g, g, MASK_STRIDE, MASK_STRIDE, 0, 0) > 0
+                m = crop_to_boxes(full, b / MASK_STRIDE).cpu().numpy()
+            else:
+                m = np.zeros((0, g, g), bool)
+            det = torch.cat((b, scores[i][keep, None].float(), cls[i][keep, None].float()), 1).cpu().numpy()
+            self.boxes.append(det)
+            self.masks.append((det[:, 4:6], encode_masks(m)))
+            real = mask[i].numpy()
+            gt = targets[i].numpy()[real]
+            self.gt_boxes.append(gt)
+            self.gt_masks.append((gt[:, 0].astype(np.int64), encode_masks(gt_masks[i].numpy()[real].astype(bool))))
+
+    def evaluate(self) -> dict:
+        """Box mAP50 / mAP50-95 (detection's COCO evaluation) and mask mAP50 / mAP50-95
+        (faster-coco-eval, ``iouType="segm"``)."""
+        from ..detect.metrics import evaluate_detections
+        from .metrics import evaluate_masks
+        out = evaluate_detections(self.boxes, self.gt_boxes, self.model.nc, self.model.names)
+        res = {"map50": out["map50"], "map50_95": out["map50_95"]}
+        res.update(evaluate_masks(self.masks, self.gt_masks, self.model.nc, self.hw))
+        return res
+
+
+class SegmentTask(Task):
+    name = "segment"
+    primary_metric = "mask_map50_95"
+    Options = SegmentOptions
+    predict_defaults = {"conf": 0.25, "iou": 0.45, "max_det": 300, "max_nms": 1000, "classes": None,
+                        "agnostic_nms": False}
+    val_option_names = {"conf": "val_conf", "iou": "val_iou"}
+
+    def plan(self, model, size, constants, **opts) -> SegmentPlan:
+        from ...options import check_fraction, check_max_det, parse_bool, parse_classes
+        o = {**self.predict_defaults, **opts}
+        conf, iou = check_fraction("conf", o["conf"]), check_fraction("iou", o["iou"])
+        max_det, max_nms = check_max_det(o["max_det"], opts.get("max_nms"))
+        return SegmentPlan(model, constants, conf=conf, iou=iou, max_det=max_det, max_nms=max_nms,
+                           classes=parse_classes(o["classes"], model.names),
+                           agnostic_nms=parse_bool("agnostic_nms", o["agnostic_nms"]))
+
+    # ------------------------------------------------------------------- data
+    def resolve_data(self, data):
+        from .data import resolve_segment_data
+        return resolve_segment_data(data)
+
+    def datasets(self, data, imgsz, model, options: SegmentOptions):
+        import functools
+
+        from .data import SegmentDataset, collate_instances
+        resize = model.preprocess.resize
+        train = SegmentDataset(data.train, imgsz, resize, augment=True, fliplr=options.fliplr)
+        val = SegmentDataset(data.val, imgsz, resize, augment=False)
+        return train, val, functools.partial(collate_instances, bucket=options.bucket)
+
+    def target_rows(self, targets) -> int:
+        return int(targets[0].shape[1])   # (B, M, 5) boxes, (B, M) mask, (B, M, h, w) bitmaps
+
+    def pad_target_rows(self, targets, rows: int) -> list:
+        import torch.nn.functional as F
+        boxes, mask, bitmaps = targets
+        more = rows - boxes.shape[1]
+        if more < 0:
+            raise ValueError(f"cannot pad {boxes.shape[1]} target rows to {rows}")
+        return [F.pad(boxes, (0, 0, 0, more)), F.pad(mask, (0, more), value=False),
+                F.pad(bitmaps, (0, 0, 0, 0, 0, more))]
+
+    # ------------------------------------------------------------ evaluation
+    def evaluator(self, model, options: SegmentOptions) -> SegmentEvaluator:
+        return SegmentEvaluator(model, options)
+
+    def fitness(self, metrics) -> float:
+        def nz(v):
+            return 0.0 if v is None or v != v else float(v)
+        return 0.1 * nz(metrics.get("mask_map50")) + 0.9 * nz(metrics.get("mask_map50_95"))
+
+    def summary(self, metrics) -> str:
+        return (f"box mAP50 {metrics['map50']:.4f}  mAP50-95 {metrics['map50_95']:.4f}  "
+                f"mask mAP50 {metrics['mask_map50']:.4f}  mAP50-95 {metrics['mask_map50_95']:.4f}")
+
+    def empty_metrics(self) -> dict[str, float]:
+        return {k: float("nan") for k in ("map50", "map50_95", "mask_map50", "mask_map50_95")}
