@@ -84,11 +84,15 @@ class Backbone(nn.Module):
         self.spp = SPPELAN(prev, cfg.spp_out // 2, cfg.spp_out)
 
     def forward(self, x: torch.Tensor):
-        x = self.elan1(self.conv1(self.conv0(x)))
-        p3 = self.elan2(self.down2(x))
+        return self.levels(x)[1:]
+
+    def levels(self, x: torch.Tensor):
+        """The stride 4, 8, 16 and 32 outputs (the stride-4 one feeds the P2 variant's neck)."""
+        p2 = self.elan1(self.conv1(self.conv0(x)))
+        p3 = self.elan2(self.down2(p2))
         p4 = self.elan3(self.down3(p3))
         p5 = self.spp(self.elan4(self.down4(p4)))
-        return p3, p4, p5
+        return p2, p3, p4, p5
 
 
 class Neck(nn.Module):
@@ -110,22 +114,31 @@ class Neck(nn.Module):
         return o3, o4, o5
 
 
+def box_towers(channels: tuple[int, ...], hidden: int, reg_max: int) -> nn.ModuleList:
+    """Per-level box towers: 3x3 ConvBN, grouped 3x3 ConvBN, grouped 1x1 conv to 4 x reg_max logits."""
+    return nn.ModuleList(
+        nn.Sequential(ConvBN(c, hidden, 3), ConvBN(hidden, hidden, 3, g=4), nn.Conv2d(hidden, 4 * reg_max, 1, groups=4))
+        for c in channels)
+
+
+def class_towers(channels: tuple[int, ...], hidden: int, nc: int) -> nn.ModuleList:
+    """Per-level class towers: two 3x3 ConvBN, then a 1x1 conv to ``nc`` logits."""
+    return nn.ModuleList(
+        nn.Sequential(ConvBN(c, hidden, 3), ConvBN(hidden, hidden, 3), nn.Conv2d(hidden, nc, 1))
+        for c in channels)
+
+
 class DetectHead(nn.Module):
     """Decoupled anchor-free head: grouped box towers (DFL logits) and class towers."""
 
-    def __init__(self, nc: int, channels: tuple[int, ...], reg_max: int = REG_MAX):
+    def __init__(self, nc: int, channels: tuple[int, ...], reg_max: int = REG_MAX,
+                 strides: tuple[int, ...] = STRIDES):
         super().__init__()
-        self.nc, self.reg_max = nc, reg_max
+        self.nc, self.reg_max, self.strides = nc, reg_max, tuple(strides)
         box_hidden = max(-(-(channels[0] // 4) // 4) * 4, 4 * reg_max, reg_max)
         cls_hidden = max(channels[0], min(nc, 100))
-        self.cv2 = nn.ModuleList(
-            nn.Sequential(ConvBN(c, box_hidden, 3), ConvBN(box_hidden, box_hidden, 3, g=4),
-                          nn.Conv2d(box_hidden, 4 * reg_max, 1, groups=4))
-            for c in channels)
-        self.cv3 = nn.ModuleList(
-            nn.Sequential(ConvBN(c, cls_hidden, 3), ConvBN(cls_hidden, cls_hidden, 3),
-                          nn.Conv2d(cls_hidden, nc, 1))
-            for c in channels)
+        self.cv2 = box_towers(channels, box_hidden, reg_max)
+        self.cv3 = class_towers(channels, cls_hidden, nc)
         self.register_buffer("dfl_bins", torch.arange(reg_max, dtype=torch.float32), persistent=False)
         self._grid_cache: dict = {}
         self.reset_bias()
@@ -144,7 +157,7 @@ class DetectHead(nn.Module):
         (not under torch.compile: :func:`cached`)."""
         hws = tuple(tuple(m.shape[-2:]) for m in maps)
         return cached(self._grid_cache, (hws, dtype, device),   # prior_grid's (N, 2) / (N, 1), transposed
-                      lambda: tuple(t.T.contiguous() for t in prior_grid(hws, STRIDES, 0.5, False, dtype, device)))
+                      lambda: tuple(t.T.contiguous() for t in prior_grid(hws, self.strides, 0.5, False, dtype, device)))
 
     def decode(self, maps):
         """Raw maps -> (B, 4+nc, N): xyxy in input pixels, then class probabilities."""
