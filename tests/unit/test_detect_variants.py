@@ -172,9 +172,9 @@ def test_cli_predicts_with_each_new_family(capsys):
 def test_two_epochs_on_shapes_improve_on_untrained(tmp_path, family, size):
     """Two CPU epochs on the built-in shapes set (96 images at 160 px, YOLOv9's falling-loss recipe
     of tests/unit/test_trainer.py): the training loss falls and the validation mAP50 is at least
-    the untrained model's. Twelve steps do not lift the scores of these detectors over the
-    validation threshold (their mAP50 stays 0, as YOLOv9's does), so the falling loss is the
-    measure, as it is for YOLOv9."""
+    the untrained model's. Its 24 steps do not lift the scores of these detectors over the
+    validation threshold (their mAP50 stays 0), so the falling loss is the measure, as it is for
+    YOLOv9."""
     from libreyolo.data.synthetic import make_shapes_dataset
     data = str(make_shapes_dataset(tmp_path / "ds", n_train=96, n_val=8, imgsz=160, seed=0))
     untrained = LibreYOLO.new(family, size, nc=5, device="cpu", seed=0)
