@@ -58,11 +58,11 @@ CONFIGS: dict[str, Yolo9Config] = {
 }
 
 
-def _down(kind: str, c_in: int, c_out: int) -> nn.Module:
+def down_block(kind: str, c_in: int, c_out: int) -> nn.Module:
     return ADown(c_in, c_out) if kind == "adown" else AConv(c_in, c_out)
 
 
-def _gelan(c_in: int, width: int, c_out: int, n: int) -> RepNCSPELAN:
+def gelan_block(c_in: int, width: int, c_out: int, n: int) -> RepNCSPELAN:
     return RepNCSPELAN(c_in, width, width // 2, c_out, n)
 
 
@@ -75,11 +75,11 @@ class Backbone(nn.Module):
         if cfg.first == "elan":
             self.elan1 = ELAN(c1, cfg.first_part, cfg.first_part // 2, cfg.first_out)
         else:
-            self.elan1 = _gelan(c1, cfg.first_part, cfg.first_out, cfg.depth)
+            self.elan1 = gelan_block(c1, cfg.first_part, cfg.first_out, cfg.depth)
         prev = cfg.first_out
         for i, (d_out, e_out, part) in enumerate(cfg.stages, start=2):
-            setattr(self, f"down{i}", _down(cfg.down, prev, d_out))
-            setattr(self, f"elan{i}", _gelan(d_out, part, e_out, cfg.depth))
+            setattr(self, f"down{i}", down_block(cfg.down, prev, d_out))
+            setattr(self, f"elan{i}", gelan_block(d_out, part, e_out, cfg.depth))
             prev = e_out
         self.spp = SPPELAN(prev, cfg.spp_out // 2, cfg.spp_out)
 
@@ -99,12 +99,12 @@ class Neck(nn.Module):
     def __init__(self, cfg: Yolo9Config):
         super().__init__()
         b3, b4, n = cfg.stages[0][1], cfg.stages[1][1], cfg.depth
-        self.elan_up1 = _gelan(cfg.spp_out + b4, cfg.up1, cfg.up1, n)
-        self.elan_up2 = _gelan(cfg.up1 + b3, cfg.up2, cfg.up2, n)
-        self.down1 = _down(cfg.down, cfg.up2, cfg.down1)
-        self.elan_down1 = _gelan(cfg.down1 + cfg.up1, cfg.down_p4, cfg.down_p4, n)
-        self.down2 = _down(cfg.down, cfg.down_p4, cfg.down2)
-        self.elan_down2 = _gelan(cfg.down2 + cfg.spp_out, cfg.down_p5, cfg.down_p5, n)
+        self.elan_up1 = gelan_block(cfg.spp_out + b4, cfg.up1, cfg.up1, n)
+        self.elan_up2 = gelan_block(cfg.up1 + b3, cfg.up2, cfg.up2, n)
+        self.down1 = down_block(cfg.down, cfg.up2, cfg.down1)
+        self.elan_down1 = gelan_block(cfg.down1 + cfg.up1, cfg.down_p4, cfg.down_p4, n)
+        self.down2 = down_block(cfg.down, cfg.down_p4, cfg.down2)
+        self.elan_down2 = gelan_block(cfg.down2 + cfg.spp_out, cfg.down_p5, cfg.down_p5, n)
 
     def forward(self, p3, p4, p5):
         n4 = self.elan_up1(torch.cat((F.interpolate(p5, scale_factor=2.0, mode="nearest"), p4), 1))

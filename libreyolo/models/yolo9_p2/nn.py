@@ -18,7 +18,7 @@ from torch import nn
 
 from ..common.blocks import fuse_modules
 from ..yolo9.nn import CONFIGS as YOLO9_CONFIGS
-from ..yolo9.nn import Backbone, DetectHead, Neck, Yolo9Config, _down, _gelan
+from ..yolo9.nn import Backbone, DetectHead, Neck, Yolo9Config, down_block, gelan_block
 
 STRIDES = (4, 8, 16, 32)
 CONFIGS: dict[str, Yolo9Config] = {k: YOLO9_CONFIGS[k] for k in ("t", "s")}
@@ -30,9 +30,9 @@ class P2Neck(Neck):
     def __init__(self, cfg: Yolo9Config):
         super().__init__(cfg)
         p2 = cfg.first_out
-        self.elan_up3 = _gelan(cfg.up2 + p2, p2, p2, cfg.depth)
-        self.down0 = _down(cfg.down, p2, p2)
-        self.elan_down0 = _gelan(p2 + cfg.up2, cfg.up2, cfg.up2, cfg.depth)
+        self.elan_up3 = gelan_block(cfg.up2 + p2, p2, p2, cfg.depth)
+        self.down0 = down_block(cfg.down, p2, p2)
+        self.elan_down0 = gelan_block(p2 + cfg.up2, cfg.up2, cfg.up2, cfg.depth)
 
     def forward(self, p2, p3, p4, p5):
         n4 = self.elan_up1(torch.cat((F.interpolate(p5, scale_factor=2.0, mode="nearest"), p4), 1))
