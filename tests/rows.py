@@ -4,6 +4,8 @@
 FIXTURES = [
     ("yolo9", "t", "yolo9-t"),
     ("yolo9", "s", "yolo9-s"),
+    ("yolo9_p2", "t", "yolo9_p2-t"),
+    ("yolo9_e2e", "t", "yolo9_e2e-t"),
     ("yolox", "n", "yolox-n"),
     ("yolox", "t", "yolox-t"),
     ("yolox", "s", "yolox-s"),
@@ -11,6 +13,7 @@ FIXTURES = [
     ("rtmdet", "t", "rtmdet-t"),
     ("rtmdet", "t", "rtmdet-t-seg"),
     ("picodet", "s", "picodet-s"),
+    ("ppyoloe", "s", "ppyoloe-s"),
     ("rtdetr", "r18", "rtdetr-r18"),
     ("rtdetrv2", "r18", "rtdetrv2-r18"),
     ("dfine", "n", "dfine-n"),
@@ -111,6 +114,9 @@ TRAIN_MODELS = [
     ("yolo7", "tiny", {}),
     ("rtmdet", "t", {"optimizer": "AdamW", "lr0": 0.008}),
     ("picodet", "s", {}),
+    ("yolo9_p2", "t", {}),
+    ("yolo9_e2e", "t", {}),
+    ("ppyoloe", "s", {}),
 ]
 
 # (family, size) of classifiers for the fast CPU classification tests (tests/unit/test_classify.py).
@@ -179,6 +185,8 @@ ONNX_MODELS = [
     ("yolo7", "tiny"),
     ("rtmdet", "t"),
     ("picodet", "s"),
+    ("yolo9_e2e", "t"),
+    ("ppyoloe", "s"),
     ("rtdetr", "r18"),
     ("rtdetrv2", "r18"),
     ("dfine", "n"),
@@ -192,6 +200,10 @@ ONNX_MODELS = [
     ("convnext", "t"),
     ("segformer", "b0"),
 ]
+# Not in ONNX_MODELS: yolo9_p2. It exports (static and dynamic), but under the fill weights its
+# stride-4 level holds many anchors of exactly equal score, and eager and onnxruntime break those
+# ties in another order, so NMS keeps other (equal-score, shifted) boxes and the one-to-one match
+# of this test cannot hold.
 # Families whose traced graph fixes a size-dependent shape (their decoder's anchor grid), so the
 # exporter refuses dynamic=True for them; the others are also exported dynamic and compared at
 # another size.

@@ -19,10 +19,13 @@ from .base import Model
 #: family -> (``module:Class`` under libreyolo.models, the class's FILE_PREFIX, its SIZES)
 _TABLE: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "yolo9": (".yolo9.model:Yolo9", "LibreYOLO9", ("t", "s", "m", "c")),
+    "yolo9_p2": (".yolo9_p2.model:Yolo9P2", "LibreYOLO9P2", ("t", "s")),
+    "yolo9_e2e": (".yolo9_e2e.model:Yolo9E2E", "LibreYOLO9E2E", ("t", "s", "m", "c")),
     "yolox": (".yolox.model:Yolox", "LibreYOLOX", ("n", "t", "s", "m", "l", "x")),
     "yolo7": (".yolo7.model:Yolo7", "LibreYOLO7", ("b", "tiny")),
     "rtmdet": (".rtmdet.model:Rtmdet", "LibreRTMDet", ("t", "s", "m", "l")),
     "picodet": (".picodet.model:Picodet", "LibrePICODET", ("s", "m", "l")),
+    "ppyoloe": (".ppyoloe.model:PPYoloE", "LibrePPYOLOE", ("s", "m", "l", "x")),
     "rtdetr": (".rtdetr.model:RTDETR", "LibreRTDETR", ("r18", "r34", "r50", "r101")),
     "rtdetrv2": (".rtdetrv2.model:RTDETRv2", "LibreRTDETRv2", ("r18", "r34", "r50", "r101")),
     "dfine": (".dfine.model:Dfine", "LibreDFINE", ("n", "s", "m", "l", "x")),

@@ -12,7 +12,7 @@ ltrb distances are the softmax expectation over ``reg_max`` bins, boxes = (ancho
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -65,9 +65,10 @@ class TaskAlignedAssigner(nn.Module):
     """
 
     def __init__(self, nc: int, topk: int = 10, alpha: float = 0.5, beta: float = 6.0,
-                 eps: float = ASSIGN_EPS):
+                 eps: float = ASSIGN_EPS, iou: Callable[[Tensor, Tensor], Tensor] = bbox_ciou):
         super().__init__()
         self.nc, self.topk, self.alpha, self.beta, self.eps = nc, topk, alpha, beta, eps
+        self.iou = iou   # the overlap of the metric and of the conflict rule (YOLOv9: CIoU; PP-YOLOE: IoU)
 
     @torch.no_grad()
     def forward(self, pd_scores: Tensor, pd_bboxes: Tensor, anchor_points: Tensor,
@@ -87,7 +88,7 @@ class TaskAlignedAssigner(nn.Module):
 
         # Alignment metric for every (gt, anchor) pair.
         scores = gather_classes(pd_scores, labels)                                     # (B, M, N)
-        overlaps = bbox_ciou(boxes.unsqueeze(2), pd_bboxes.unsqueeze(1)).clamp_min(0)  # (B, M, N)
+        overlaps = self.iou(boxes.unsqueeze(2), pd_bboxes.unsqueeze(1)).clamp_min(0)   # (B, M, N)
         align = scores.pow(self.alpha) * overlaps.pow(self.beta)
 
         # Anchor centres strictly inside the gt box.

@@ -32,6 +32,13 @@ class Yolo9(Model):
 
     SIGNATURE_KEYS = ("backbone.elan1.cv1.conv.weight", "neck.elan_down2.cv4.conv.weight", "head.cv3.0.2.weight")
     NC_KEY = "head.cv3.0.2.weight"
+    #: keys that only the YOLOv9 variants' layouts have (P2's stride-4 neck block, E2E's one-to-one
+    #: head): their state dicts hold every YOLOv9 key as well, so these tell them apart
+    VARIANT_KEYS: tuple[str, ...] = ("neck.elan_up3.cv4.conv.weight", "head.one2one_cv3.0.2.weight")
+
+    @classmethod
+    def _owns_own(cls, state_dict: dict[str, torch.Tensor]) -> bool:
+        return super()._owns_own(state_dict) and not any(k in state_dict for k in cls.VARIANT_KEYS)
 
     def build_loss(self) -> nn.Module:
         from .loss import Yolo9Loss

@@ -58,11 +58,11 @@ CONFIGS: dict[str, Yolo9Config] = {
 }
 
 
-def _down(kind: str, c_in: int, c_out: int) -> nn.Module:
+def down_block(kind: str, c_in: int, c_out: int) -> nn.Module:
     return ADown(c_in, c_out) if kind == "adown" else AConv(c_in, c_out)
 
 
-def _gelan(c_in: int, width: int, c_out: int, n: int) -> RepNCSPELAN:
+def gelan_block(c_in: int, width: int, c_out: int, n: int) -> RepNCSPELAN:
     return RepNCSPELAN(c_in, width, width // 2, c_out, n)
 
 
@@ -75,32 +75,36 @@ class Backbone(nn.Module):
         if cfg.first == "elan":
             self.elan1 = ELAN(c1, cfg.first_part, cfg.first_part // 2, cfg.first_out)
         else:
-            self.elan1 = _gelan(c1, cfg.first_part, cfg.first_out, cfg.depth)
+            self.elan1 = gelan_block(c1, cfg.first_part, cfg.first_out, cfg.depth)
         prev = cfg.first_out
         for i, (d_out, e_out, part) in enumerate(cfg.stages, start=2):
-            setattr(self, f"down{i}", _down(cfg.down, prev, d_out))
-            setattr(self, f"elan{i}", _gelan(d_out, part, e_out, cfg.depth))
+            setattr(self, f"down{i}", down_block(cfg.down, prev, d_out))
+            setattr(self, f"elan{i}", gelan_block(d_out, part, e_out, cfg.depth))
             prev = e_out
         self.spp = SPPELAN(prev, cfg.spp_out // 2, cfg.spp_out)
 
     def forward(self, x: torch.Tensor):
-        x = self.elan1(self.conv1(self.conv0(x)))
-        p3 = self.elan2(self.down2(x))
+        return self.levels(x)[1:]
+
+    def levels(self, x: torch.Tensor):
+        """The stride 4, 8, 16 and 32 outputs (the stride-4 one feeds the P2 variant's neck)."""
+        p2 = self.elan1(self.conv1(self.conv0(x)))
+        p3 = self.elan2(self.down2(p2))
         p4 = self.elan3(self.down3(p3))
         p5 = self.spp(self.elan4(self.down4(p4)))
-        return p3, p4, p5
+        return p2, p3, p4, p5
 
 
 class Neck(nn.Module):
     def __init__(self, cfg: Yolo9Config):
         super().__init__()
         b3, b4, n = cfg.stages[0][1], cfg.stages[1][1], cfg.depth
-        self.elan_up1 = _gelan(cfg.spp_out + b4, cfg.up1, cfg.up1, n)
-        self.elan_up2 = _gelan(cfg.up1 + b3, cfg.up2, cfg.up2, n)
-        self.down1 = _down(cfg.down, cfg.up2, cfg.down1)
-        self.elan_down1 = _gelan(cfg.down1 + cfg.up1, cfg.down_p4, cfg.down_p4, n)
-        self.down2 = _down(cfg.down, cfg.down_p4, cfg.down2)
-        self.elan_down2 = _gelan(cfg.down2 + cfg.spp_out, cfg.down_p5, cfg.down_p5, n)
+        self.elan_up1 = gelan_block(cfg.spp_out + b4, cfg.up1, cfg.up1, n)
+        self.elan_up2 = gelan_block(cfg.up1 + b3, cfg.up2, cfg.up2, n)
+        self.down1 = down_block(cfg.down, cfg.up2, cfg.down1)
+        self.elan_down1 = gelan_block(cfg.down1 + cfg.up1, cfg.down_p4, cfg.down_p4, n)
+        self.down2 = down_block(cfg.down, cfg.down_p4, cfg.down2)
+        self.elan_down2 = gelan_block(cfg.down2 + cfg.spp_out, cfg.down_p5, cfg.down_p5, n)
 
     def forward(self, p3, p4, p5):
         n4 = self.elan_up1(torch.cat((F.interpolate(p5, scale_factor=2.0, mode="nearest"), p4), 1))
@@ -110,22 +114,31 @@ class Neck(nn.Module):
         return o3, o4, o5
 
 
+def box_towers(channels: tuple[int, ...], hidden: int, reg_max: int) -> nn.ModuleList:
+    """Per-level box towers: 3x3 ConvBN, grouped 3x3 ConvBN, grouped 1x1 conv to 4 x reg_max logits."""
+    return nn.ModuleList(
+        nn.Sequential(ConvBN(c, hidden, 3), ConvBN(hidden, hidden, 3, g=4), nn.Conv2d(hidden, 4 * reg_max, 1, groups=4))
+        for c in channels)
+
+
+def class_towers(channels: tuple[int, ...], hidden: int, nc: int) -> nn.ModuleList:
+    """Per-level class towers: two 3x3 ConvBN, then a 1x1 conv to ``nc`` logits."""
+    return nn.ModuleList(
+        nn.Sequential(ConvBN(c, hidden, 3), ConvBN(hidden, hidden, 3), nn.Conv2d(hidden, nc, 1))
+        for c in channels)
+
+
 class DetectHead(nn.Module):
     """Decoupled anchor-free head: grouped box towers (DFL logits) and class towers."""
 
-    def __init__(self, nc: int, channels: tuple[int, ...], reg_max: int = REG_MAX):
+    def __init__(self, nc: int, channels: tuple[int, ...], reg_max: int = REG_MAX,
+                 strides: tuple[int, ...] = STRIDES):
         super().__init__()
-        self.nc, self.reg_max = nc, reg_max
+        self.nc, self.reg_max, self.strides = nc, reg_max, tuple(strides)
         box_hidden = max(-(-(channels[0] // 4) // 4) * 4, 4 * reg_max, reg_max)
         cls_hidden = max(channels[0], min(nc, 100))
-        self.cv2 = nn.ModuleList(
-            nn.Sequential(ConvBN(c, box_hidden, 3), ConvBN(box_hidden, box_hidden, 3, g=4),
-                          nn.Conv2d(box_hidden, 4 * reg_max, 1, groups=4))
-            for c in channels)
-        self.cv3 = nn.ModuleList(
-            nn.Sequential(ConvBN(c, cls_hidden, 3), ConvBN(cls_hidden, cls_hidden, 3),
-                          nn.Conv2d(cls_hidden, nc, 1))
-            for c in channels)
+        self.cv2 = box_towers(channels, box_hidden, reg_max)
+        self.cv3 = class_towers(channels, cls_hidden, nc)
         self.register_buffer("dfl_bins", torch.arange(reg_max, dtype=torch.float32), persistent=False)
         self._grid_cache: dict = {}
         self.reset_bias()
@@ -144,7 +157,7 @@ class DetectHead(nn.Module):
         (not under torch.compile: :func:`cached`)."""
         hws = tuple(tuple(m.shape[-2:]) for m in maps)
         return cached(self._grid_cache, (hws, dtype, device),   # prior_grid's (N, 2) / (N, 1), transposed
-                      lambda: tuple(t.T.contiguous() for t in prior_grid(hws, STRIDES, 0.5, False, dtype, device)))
+                      lambda: tuple(t.T.contiguous() for t in prior_grid(hws, self.strides, 0.5, False, dtype, device)))
 
     def decode(self, maps):
         """Raw maps -> (B, 4+nc, N): xyxy in input pixels, then class probabilities."""
