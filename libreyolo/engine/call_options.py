@@ -138,15 +138,18 @@ class PredictOptions:
     threads: Any = option(None, "torch's intra-op threads on the CPU (default: from the cores this process can "
                                 "get: affinity, cgroup quota, load; also LIBREYOLO_THREADS)", Int(1, none=True))
     # ---- the tasks' own options
-    conf: float = option(0.25, "detection, pose: confidence threshold", Fraction(), tasks=("detect", "pose"))
-    iou: float = option(0.45, "detection: NMS IoU threshold", Fraction(), tasks=("detect",))
-    max_det: int = option(300, "detection, pose: detections kept per image (an ONNX model: its exported "
-                               "max_det)", Custom(_max_det, f"integer in [1, {MAX_DET}]"), tasks=("detect", "pose"))
+    conf: float = option(0.25, "detection, pose, obb: confidence threshold", Fraction(),
+                         tasks=("detect", "pose", "obb"))
+    iou: float = option(0.45, "detection, obb: NMS IoU threshold", Fraction(), tasks=("detect", "obb"))
+    max_det: int = option(300, "detection, pose, obb: detections kept per image (an ONNX model: its "
+                               "exported max_det)", Custom(_max_det, f"integer in [1, {MAX_DET}]"),
+                          tasks=("detect", "pose", "obb"))
     max_nms: int = option(1000, "detection: candidates per image entering NMS (default 1000, or max_det when "
                                 "larger)", Int(1), tasks=("detect",))
-    classes: Any = option(None, "detection, pose: only these classes, ids or names, e.g. 0,2 or person,car",
-                          Custom(check_classes_text, "class ids or names", none=True), tasks=("detect", "pose"))
-    agnostic_nms: bool = option(False, "detection: NMS across classes", Bool(), tasks=("detect",))
+    classes: Any = option(None, "detection, pose, obb: only these classes, ids or names, e.g. 0,2 or "
+                                "person,car", Custom(check_classes_text, "class ids or names", none=True),
+                          tasks=("detect", "pose", "obb"))
+    agnostic_nms: bool = option(False, "detection, obb: NMS across classes", Bool(), tasks=("detect", "obb"))
     topk: int = option(5, "classification: classes returned per image", Int(1), tasks=("classify",))
     det_thresh: float = option(0.3, "ocr: text-pixel threshold of the detector's map", Fraction(), tasks=("ocr",))
     box_thresh: float = option(0.6, "ocr: mean score a text box needs", Fraction(), tasks=("ocr",))

@@ -23,6 +23,7 @@ _TASK_CLASSES = {
     "matte": ".matte:MatteTask",
     "ocr": ".ocr:OcrTask",
     "pose": ".pose:PoseTask",
+    "obb": ".obb:ObbTask",
 }
 
 #: name -> the task's one Task object, made at first use
