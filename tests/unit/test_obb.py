@@ -145,7 +145,7 @@ def test_task_variant_is_chosen_by_task_name_and_checkpoint(tmp_path, obb_model)
         LibreYOLO("rtdetrv2-r18-obb", device="cpu")
     path = obb_model.save(tmp_path / "obb.pt")
     loaded = LibreYOLO(str(path), device="cpu")
-    assert isinstance(loaded, RTDETRv2OBB) and loaded.task.name == "obb"
+    assert isinstance(loaded, RTDETRv2OBB) and loaded.TASK == "obb" and loaded.meta["task"] == "obb"
     x = torch.rand(1, 3, 320, 320)
     with torch.no_grad():
         a, b = obb_model.model(x), loaded.model(x)
