@@ -184,3 +184,22 @@ def test_rotated_set_loss_ignores_padding_and_trains_every_output():
     finally:
         net.zero_grad(set_to_none=True)
         net.eval()
+
+
+def test_a_dense_family_gets_rotated_nms_in_the_stage(monkeypatch):
+    """A family with NMS (the contract a YOLO-style OBB head follows): overlapping candidates of one
+    class are suppressed by the task's rotated NMS, fixed-shape, before the host keeps conf."""
+    model = LibreYOLO.new("rtdetrv2", "n", task="obb", device="cpu", seed=0, nc=2)
+    monkeypatch.setattr(model, "NMS", True)
+    boxes = torch.tensor([[[100.0, 100.0, 80.0, 30.0, 0.5], [102.0, 100.0, 80.0, 30.0, 0.5],
+                           [100.0, 100.0, 80.0, 30.0, 0.5], [200.0, 200.0, 40.0, 20.0, 1.0]]])
+    scores = torch.tensor([[0.9, 0.8, 0.7, 0.6]])
+    cls = torch.tensor([[0, 0, 1, 0]])
+    monkeypatch.setattr(model, "infer", lambda x: (boxes.expand(len(x), -1, -1), scores.expand(len(x), -1),
+                                                   cls.expand(len(x), -1)))
+    out = model(np.zeros((320, 320, 3), np.uint8), conf=0.5, imgsz=320)
+    r = out[0] if isinstance(out, list) else out
+    assert r.obb.conf.tolist() == pytest.approx([0.9, 0.7, 0.6]) and r.obb.cls.tolist() == [0, 1, 0]
+    out = model(np.zeros((320, 320, 3), np.uint8), conf=0.5, imgsz=320, agnostic_nms=True)
+    r = out[0] if isinstance(out, list) else out
+    assert r.obb.conf.tolist() == pytest.approx([0.9, 0.6])
