@@ -203,3 +203,14 @@ def test_a_dense_family_gets_rotated_nms_in_the_stage(monkeypatch):
     out = model(np.zeros((320, 320, 3), np.uint8), conf=0.5, imgsz=320, agnostic_nms=True)
     r = out[0] if isinstance(out, list) else out
     assert r.obb.conf.tolist() == pytest.approx([0.9, 0.6])
+
+
+def test_the_letterbox_pads_black_as_the_reference_and_the_metadata_says_so(obb_model):
+    from libreyolo.ops.preprocess import Preprocess
+    x = obb_model.preprocess(torch.full((1, 50, 100, 3), 255, dtype=torch.uint8), 64)
+    assert x.shape == (1, 3, 64, 64) and (x[..., :32, :] == 1).all() and (x[..., 32:, :] == 0).all()
+    assert obb_model.preprocess.as_dict()["pad"] == 0.0
+    assert "pad" not in Preprocess("topleft").as_dict()           # other families' metadata as before
+    assert Preprocess.from_meta({"resize": "topleft"}, obb_model.PREPROCESS).pad == 0.0
+    with pytest.raises(ValueError, match="pad"):
+        Preprocess("topleft", pad=300)

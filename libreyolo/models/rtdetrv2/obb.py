@@ -42,8 +42,8 @@ class RTDETRv2OBB(RTDETRv2):
     Built for ``task="obb"`` (``LibreYOLO.new("rtdetrv2", "n", task="obb")``, ``rtdetrv2-n-obb``) or
     from a checkpoint whose ``task`` is ``obb`` (or whose layout is this one).
 
-    Input: RGB in [0, 1], no normalization, letterboxed to the top-left corner (the released
-    models' convention; they were trained at 1024). Predict: the network, then a top-k over
+    Input: RGB in [0, 1], no normalization, letterboxed to the top-left corner and padded with
+    black (the released models' convention; they were trained at 1024). Predict: the network, then a top-k over
     queries x classes (no NMS), boxes as centre, size and angle in canvas pixels. CUDA-graph
     support is not declared until the GPU parity protocol has run for it (the commands are in
     docs/families.md).
@@ -53,7 +53,8 @@ class RTDETRv2OBB(RTDETRv2):
     SIZES = tuple(OBB_CONFIGS)
     DEFAULT_NC = len(DOTA_NAMES)
     DEFAULT_IMGSZ = OBB_NATIVE_SIZE
-    PREPROCESS: ClassVar[Preprocess] = Preprocess("topleft", antialias=True, quantize=True)
+    #: PIL's bilinear resize into a black-padded top-left letterbox, as the reference predicts
+    PREPROCESS: ClassVar[Preprocess] = Preprocess("topleft", antialias=True, quantize=True, pad=0.0)
     SUPPORTS_CUDA_GRAPH = False
     SUPPORTS_CUDA_GRAPH_TRAIN_SEAM = False
     TASK_VARIANTS: ClassVar[dict[str, str]] = {"detect": ".rtdetrv2.model:RTDETRv2"}
