@@ -214,3 +214,23 @@ def test_the_letterbox_pads_black_as_the_reference_and_the_metadata_says_so(obb_
     assert Preprocess.from_meta({"resize": "topleft"}, obb_model.PREPROCESS).pad == 0.0
     with pytest.raises(ValueError, match="pad"):
         Preprocess("topleft", pad=300)
+
+
+def test_fusing_folds_the_identity_branch():
+    from libreyolo.models.rtdetrv2.obb_nn import IdentityRepVggBlock
+    torch.manual_seed(0)
+    block = IdentityRepVggBlock(8, 8)
+    for m in block.modules():
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.running_mean.uniform_(-1, 1)
+            m.running_var.uniform_(0.5, 2)
+            m.weight.data.uniform_(0.5, 1.5)
+            m.bias.data.uniform_(-1, 1)
+    block.eval()
+    x = torch.randn(2, 8, 9, 9)
+    with torch.no_grad():
+        before = block(x)
+        block.reparameterize()
+        after = block(x)
+    assert block.identity is None and block.fused is not None
+    assert torch.allclose(before, after, atol=1e-5)
