@@ -234,3 +234,43 @@ def test_fusing_folds_the_identity_branch():
         after = block(x)
     assert block.identity is None and block.fused is not None
     assert torch.allclose(before, after, atol=1e-5)
+
+
+def test_rotated_map_of_upright_boxes_equals_coco_bbox_map():
+    """For angle-0 boxes the polygon IoU is the box IoU, so the AP written out here must be
+    faster-coco-eval's bbox AP (area range all, 100 detections per image)."""
+    import contextlib
+    import io
+
+    from faster_coco_eval import COCO, COCOeval_faster
+    rng = np.random.default_rng(0)
+    preds, gts, images, anns, dets = [], [], [], [], []
+    for i in range(6):
+        n = int(rng.integers(1, 6))
+        g = np.concatenate([rng.uniform(20, 80, (n, 2)), rng.uniform(5, 30, (n, 2)), np.zeros((n, 1))], 1)
+        gc = rng.integers(0, 2, n)
+        keep = rng.random(n) < 0.8
+        p = g[keep] + np.concatenate([rng.normal(0, 2, (int(keep.sum()), 4)), np.zeros((int(keep.sum()), 1))], 1)
+        p = np.concatenate([p, np.concatenate([rng.uniform(20, 80, (2, 2)), rng.uniform(5, 30, (2, 2)),
+                                               np.zeros((2, 1))], 1)])          # two false positives
+        pc = np.concatenate([gc[keep], rng.integers(0, 2, 2)])
+        ps = rng.uniform(0.05, 1.0, len(p))
+        preds.append({"xywhr": p, "scores": ps, "cls": pc})
+        gts.append({"xywhr": g, "cls": gc})
+        images.append({"id": i + 1, "width": 100, "height": 100})
+        for b, c in zip(g, gc):
+            anns.append({"id": len(anns) + 1, "image_id": i + 1, "category_id": int(c) + 1, "iscrowd": 0,
+                         "bbox": [b[0] - b[2] / 2, b[1] - b[3] / 2, b[2], b[3]], "area": float(b[2] * b[3])})
+        for b, c, s in zip(p, pc, ps):
+            dets.append({"image_id": i + 1, "category_id": int(c) + 1, "score": float(s),
+                         "bbox": [b[0] - b[2] / 2, b[1] - b[3] / 2, b[2], b[3]]})
+    ours = rotated_map(preds, gts, max_det=100)
+    gt = {"images": images, "annotations": anns, "categories": [{"id": 1, "name": "a"}, {"id": 2, "name": "b"}]}
+    with contextlib.redirect_stdout(io.StringIO()):
+        coco = COCO(gt)
+        ev = COCOeval_faster(coco, coco.loadRes(dets), iouType="bbox")
+        ev.evaluate()
+        ev.accumulate()
+        ev.summarize()
+    assert 0.1 < ours["map50_95"] < 0.9 and ours["map50_95"] == pytest.approx(ev.stats[0], abs=1e-6)
+    assert ours["map50"] == pytest.approx(ev.stats[1], abs=1e-6)

@@ -6,7 +6,8 @@ written out here over :func:`~.rotated.polygon_iou`: per image and class, detect
 order each take the best still-unmatched ground truth whose IoU reaches the threshold (10
 thresholds 0.50:0.05:0.95); per class, precision is made monotone and read at 101 recall points;
 the mAP is the mean over the classes that have ground truth. No area ranges, at most ``max_det``
-detections per image, no crowd regions (OBB labels have none).
+detections per image, no crowd regions (OBB labels have none). For upright boxes it gives
+faster-coco-eval's bbox mAP (``tests/unit/test_obb.py``).
 """
 from __future__ import annotations
 

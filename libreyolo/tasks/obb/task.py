@@ -5,8 +5,10 @@ fixed-shape candidates sorted by score - ``xywhr`` (B, K, 5) in canvas pixels wi
 radians, scores (B, K), classes (B, K). A set-prediction family (``NMS = False``, RT-DETRv2-OBB)
 gives its top-k and nothing more runs; a dense one (``NMS = True``) gets the rotated NMS of
 :func:`~.rotated.rotated_nms` on the device, in the stage (fixed shapes: suppressed candidates'
-scores become 0). On the host the candidates above ``conf`` (at most ``max_det``) are mapped back
-to each image and become ``Results.obb``.
+scores become 0); such a family's ``infer`` returns its top candidates only (hundreds, as the
+detection task's ``max_nms``), since the greedy walk is one small step per candidate. On the host
+the candidates above ``conf`` (at most ``max_det``) are mapped back to each image and become
+``Results.obb``.
 """
 from __future__ import annotations
 
