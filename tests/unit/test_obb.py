@@ -46,6 +46,9 @@ def test_probiou_is_one_for_the_same_box_and_periodic_in_pi():
     across[0, 4] += math.pi / 2
     assert 0.05 < probiou(a, across).item() < 0.9
     assert torch.allclose(probiou(a, across), probiou(across, a))
+    thin = torch.tensor([[10.0, 10.0, 0.0, 3.0, 0.4]], requires_grad=True)     # a degenerate box
+    probiou(thin, a).sum().backward()
+    assert torch.isfinite(thin.grad).all()
 
 
 def test_polygon_iou_is_exact():

@@ -91,9 +91,10 @@ def probiou(box1: torch.Tensor, box2: torch.Tensor, eps: float = 1e-7) -> torch.
     den = a * b - c.square() + eps
     t1 = (a * (y1 - y2).square() + b * (x1 - x2).square()) / den * 0.25
     t2 = (c * (x2 - x1) * (y1 - y2)) / den * 0.5
-    det1 = (a1 * b1 - c1.square()).clamp(min=0)
-    det2 = (a2 * b2 - c2.square()).clamp(min=0)
-    t3 = (den / (4 * (det1 * det2).sqrt() + eps) + eps).log() * 0.5
+    # each determinant kept above 0 before its square root: a finite gradient for a degenerate box
+    det1 = (a1 * b1 - c1.square()).clamp(min=1e-30)
+    det2 = (a2 * b2 - c2.square()).clamp(min=1e-30)
+    t3 = (den / (4 * det1.sqrt() * det2.sqrt() + eps) + eps).log() * 0.5
     bd = (t1 + t2 + t3).clamp(eps, 100.0)
     hd = (1.0 - (-bd).exp() + eps).sqrt()
     return 1.0 - hd
