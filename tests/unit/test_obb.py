@@ -277,3 +277,32 @@ def test_rotated_map_of_upright_boxes_equals_coco_bbox_map():
         ev.summarize()
     assert 0.1 < ours["map50_95"] < 0.9 and ours["map50_95"] == pytest.approx(ev.stats[0], abs=1e-6)
     assert ours["map50"] == pytest.approx(ev.stats[1], abs=1e-6)
+
+
+@pytest.mark.slow   # ~40 s on two CPU cores: the trace of the whole network
+def test_the_predict_stage_traces_as_one_graph_equal_to_eager():
+    """The network, its top-k and the rotated NMS of a dense family's candidates in one fullgraph
+    trace (nothing read on the host: what a CUDA graph needs), bit for bit the eager stage, and
+    reused by a second call."""
+    from torch._dynamo.utils import counters
+    model = LibreYOLO.new("rtdetrv2", "n", task="obb", nc=3, device="cpu", seed=0)
+    model.model.eval()
+    x = torch.rand(1, 3, 64, 64, generator=torch.Generator().manual_seed(0))
+
+    def stage(x):
+        xywhr, scores, cls = model.infer(x)
+        return suppress((xywhr[:, :16], scores[:, :16], cls[:, :16]), 0.45, False)
+
+    torch._dynamo.reset()
+    counters.clear()
+    try:
+        with torch.no_grad():
+            fn = torch.compile(stage, backend="aot_eager", fullgraph=True)
+            traced, again = fn(x), fn(x)
+            graphs = counters["stats"]["unique_graphs"]
+            eager = stage(x)
+    finally:
+        torch._dynamo.reset()
+    assert graphs == 1
+    assert all(torch.equal(a, b) for a, b in zip(eager, traced))
+    assert all(torch.equal(a, b) for a, b in zip(again, traced))
