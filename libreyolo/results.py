@@ -281,15 +281,15 @@ class Results:
     Tasks other than detection fill their own field instead of ``boxes`` (``probs`` for
     classification, ``masks`` for semantic segmentation, ``depth`` for depth estimation, ``alpha`` for
     matting, ``texts`` for OCR, ``keypoints`` for pose, next to ``boxes``; instance segmentation
-    fills ``masks`` beside the boxes; LibreYOLO 1.6.0's names ``semantic_mask``, ``depth_map``,
-    ``matte`` and ``ocr`` are the same fields). Such a field is an object of the task's result type
-    (``libreyolo/tasks/<task>/``) with ``plot_on(image, names) -> image``,
+    fills ``masks`` beside the boxes; ``obb`` for oriented boxes; LibreYOLO 1.6.0's names
+    ``semantic_mask``, ``depth_map``, ``matte`` and ``ocr`` are the same fields). Such a field is an
+    object of the task's result type (``libreyolo/tasks/<task>/``) with ``plot_on(image, names) -> image``,
     ``summary(names, decimals)``, and ``cpu()`` / ``numpy()`` / ``to(...)``; :meth:`plot`,
     :meth:`summary` and the conversions use it.
     """
 
     #: the task fields besides ``boxes``, in drawing order (masks under labels)
-    FIELDS = ("alpha", "masks", "depth", "probs", "texts", "keypoints")
+    FIELDS = ("alpha", "masks", "depth", "probs", "texts", "keypoints", "obb")
     #: image formats :meth:`save` can write a cut-out (RGBA) to
     RGBA_FORMATS = ("PNG", "WEBP", "TIFF")
 
@@ -307,6 +307,7 @@ class Results:
         alpha: Any = None,
         texts: Any = None,
         keypoints: Any = None,
+        obb: Any = None,
     ):
         self.orig_img: np.ndarray = _to_numpy_image(orig_img)
         self.orig_shape: tuple[int, int] = (int(self.orig_img.shape[0]), int(self.orig_img.shape[1]))
@@ -320,6 +321,7 @@ class Results:
         self.alpha = alpha
         self.texts = texts
         self.keypoints = keypoints
+        self.obb = obb
         self.saved_to: str | None = None   # set by predict(save=True)
         self.save_dir: str | None = None   # the folder predict(save=True) wrote into
         # video frames (set by predict): position in the source, seconds since its first frame,
@@ -354,6 +356,8 @@ class Results:
                    doc="``texts`` under LibreYOLO 1.6.0's name")
 
     def __len__(self) -> int:
+        if self.boxes is None and self.obb is not None:   # oriented boxes stand in for boxes
+            return len(self.obb)
         return 0 if self.boxes is None else len(self.boxes)
 
     def __getitem__(self, index: Any) -> Any:

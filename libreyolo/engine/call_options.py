@@ -171,18 +171,20 @@ class PredictOptions:
     threads: Any = option(None, "torch's intra-op threads on the CPU (default: from the cores this process can "
                                 "get: affinity, cgroup quota, load; also LIBREYOLO_THREADS)", Int(1, none=True))
     # ---- the tasks' own options
-    conf: float = option(0.25, "detection, pose, segment: confidence threshold", Fraction(),
-                         tasks=("detect", "pose", "segment"))
-    iou: float = option(0.45, "detection, segment: NMS IoU threshold", Fraction(), tasks=("detect", "segment"))
-    max_det: int = option(300, "detection, pose, segment: detections kept per image (an ONNX model: its exported "
-                               "max_det)", Custom(_max_det, f"integer in [1, {MAX_DET}]"),
-                          tasks=("detect", "pose", "segment"))
+    conf: float = option(0.25, "detection, pose, segment, obb: confidence threshold", Fraction(),
+                         tasks=("detect", "pose", "segment", "obb"))
+    iou: float = option(0.45, "detection, segment, obb: NMS IoU threshold", Fraction(),
+                        tasks=("detect", "segment", "obb"))
+    max_det: int = option(300, "detection, pose, segment, obb: detections kept per image (an ONNX model: its "
+                               "exported max_det)", Custom(_max_det, f"integer in [1, {MAX_DET}]"),
+                          tasks=("detect", "pose", "segment", "obb"))
     max_nms: int = option(1000, "detection, segment: candidates per image entering NMS (default 1000, or max_det "
                                 "when larger)", Int(1), tasks=("detect", "segment"))
-    classes: Any = option(None, "detection, pose, segment: only these classes, ids or names, e.g. 0,2 or "
+    classes: Any = option(None, "detection, pose, segment, obb: only these classes, ids or names, e.g. 0,2 or "
                                 "person,car", Custom(check_classes_text, "class ids or names", none=True),
-                          tasks=("detect", "pose", "segment"))
-    agnostic_nms: bool = option(False, "detection, segment: NMS across classes", Bool(), tasks=("detect", "segment"))
+                          tasks=("detect", "pose", "segment", "obb"))
+    agnostic_nms: bool = option(False, "detection, segment, obb: NMS across classes", Bool(),
+                                tasks=("detect", "segment", "obb"))
     topk: int = option(5, "classification: classes returned per image", Int(1), tasks=("classify",))
     det_thresh: float = option(0.3, "ocr: text-pixel threshold of the detector's map", Fraction(), tasks=("ocr",))
     box_thresh: float = option(0.6, "ocr: mean score a text box needs", Fraction(), tasks=("ocr",))

@@ -79,9 +79,10 @@ def parse_spec(text: str) -> tuple[type[Model], str] | None:
     if suffix:
         hit = parse_spec(stem[:suffix.start()])
         task = TASK_SUFFIXES[suffix.group(1)]
+        own = _variant_spec(stem[:suffix.start()].lower(), task)
         if hit is not None and task in (hit[0].TASK, *(v.TASK for v in hit[0].task_variants())):
-            return hit[0].for_task(task), hit[1]
-        return None   # e.g. the reference's LibreYOLO9c-seg.pt: a hub file, not a variant we build
+            return own or (hit[0].for_task(task), hit[1])    # a size it lacks: new() names its sizes
+        return own
     for fam in sorted(_TABLE, key=lambda f: -len(f)):
         _, file_prefix, sizes = _TABLE[fam]
         prefixes = {fam.lower(), file_prefix.lower()}
@@ -91,6 +92,23 @@ def parse_spec(text: str) -> tuple[type[Model], str] | None:
                 for size in sorted(sizes, key=len, reverse=True):
                     if rest == size.lower():
                         return FAMILIES[fam], size
+    return None
+
+
+def _variant_spec(low: str, task: str) -> tuple[type[Model], str] | None:
+    """A task variant whose sizes are its own ('rtdetrv2-n-obb': the OBB sizes are n..x, the
+    family's r18..r101), else None (e.g. the reference's LibreYOLO9c-seg.pt: a hub file, not a
+    variant we build)."""
+    for fam in sorted(_TABLE, key=lambda f: -len(f)):
+        _, file_prefix, _ = _TABLE[fam]
+        for prefix in sorted({fam.lower(), file_prefix.lower()}, key=len, reverse=True):
+            if low.startswith(prefix):
+                cls = FAMILIES[fam]
+                if task not in (v.TASK for v in cls.task_variants()):
+                    return None
+                variant = cls.for_task(task)
+                rest = low[len(prefix):].lstrip("-_")
+                return next(((variant, s) for s in variant.SIZES if s.lower() == rest), None)
     return None
 
 

@@ -58,12 +58,12 @@ def image_region(t: torch.Tensor, h: int, w: int, size: int, mode: str = "toplef
 
 
 def letterbox(images_u8: torch.Tensor, size: int, mode: str = "topleft", *, antialias: bool = False,
-              quantize: bool = False) -> torch.Tensor:
+              quantize: bool = False, pad: float = PAD_VALUE) -> torch.Tensor:
     """(B, H, W, 3) uint8 RGB -> (B, 3, size, size) float32 in [0, 1], image at top-left.
 
     To float, resize (bilinear; ``antialias``: PIL's resampling, which widens the filter when it
     shrinks; ``quantize``: rounded to whole levels, as a resize of uint8 pixels gives), pad with
-    114, divide by 255. The padding is divided with the image (on CUDA a division by a scalar
+    114 (or ``pad``), divide by 255. The padding is divided with the image (on CUDA a division by a scalar
     multiplies by its float32 reciprocal, so the padding's value depends on the device:
     computing it on the host would not give the same numbers).
     """
@@ -81,7 +81,7 @@ def letterbox(images_u8: torch.Tensor, size: int, mode: str = "topleft", *, anti
         if quantize:
             x = x.round_().clamp_(0, 255)
     if (p.new_h, p.new_w) != (size, size):
-        x = F.pad(x, (p.pad_x, size - p.new_w - p.pad_x, p.pad_y, size - p.new_h - p.pad_y), value=PAD_VALUE)
+        x = F.pad(x, (p.pad_x, size - p.new_w - p.pad_x, p.pad_y, size - p.new_h - p.pad_y), value=float(pad))
     return x.div_(255.0)
 
 

@@ -8,8 +8,8 @@ as predict does), so the three can never disagree.
 
 ``resize``:
 
-* ``"topleft"`` / ``"center"``: letterbox (keep the aspect ratio, pad with grey 114) with the image
-  at the top-left corner or centred;
+* ``"topleft"`` / ``"center"``: letterbox (keep the aspect ratio, pad with grey 114, or ``pad``) with
+  the image at the top-left corner or centred;
 * ``"stretch"``: resize to the square ignoring the aspect ratio;
 * ``"crop"``: resize the shorter side to ``size / crop_pct`` keeping the aspect ratio, then crop
   the centre ``size`` x ``size`` (the ImageNet evaluation transform);
@@ -44,7 +44,7 @@ import torch
 import torch.nn.functional as F
 
 from .letterbox import MODES as LETTERBOX_MODES
-from .letterbox import letterbox
+from .letterbox import PAD_VALUE, letterbox
 
 RESIZE_MODES = (*LETTERBOX_MODES, "crop", "long", "cover", "limit")
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -67,6 +67,9 @@ class Preprocess:
     quantize: bool = False
     #: "cover" / "limit": each side of the network input is a multiple of this
     multiple: int = 1
+    #: "topleft" / "center": the letterbox's padding level (0-255); grey 114 unless a family's
+    #: reference pads otherwise (RT-DETRv2-OBB: black). Left out of the metadata at 114.
+    pad: float = PAD_VALUE
 
     def __post_init__(self) -> None:
         if self.resize not in RESIZE_MODES:
@@ -87,6 +90,9 @@ class Preprocess:
         for k in ("antialias", "quantize"):
             if not isinstance(getattr(self, k), bool):
                 raise ValueError(f"preprocess {k} must be True or False, got {getattr(self, k)!r}")
+        if isinstance(self.pad, bool) or not isinstance(self.pad, (int, float)) or not 0 <= self.pad <= 255:
+            raise ValueError(f"preprocess pad must be a level in [0, 255], got {self.pad!r}")
+        object.__setattr__(self, "pad", float(self.pad))
 
     # ------------------------------------------------------------------ apply
     def __call__(self, images_u8: torch.Tensor, size: int) -> torch.Tensor:
@@ -121,7 +127,8 @@ class Preprocess:
             return resize_to(images_u8, self.input_hw(h, w, size), self.interpolation,
                              antialias=self.antialias, quantize=self.quantize)
         if self.resize != "crop":
-            return letterbox(images_u8, size, self.resize, antialias=self.antialias, quantize=self.quantize)
+            return letterbox(images_u8, size, self.resize, antialias=self.antialias, quantize=self.quantize,
+                             pad=self.pad)
         return resize_crop(images_u8, size, self.crop_pct, self.interpolation, antialias=self.antialias,
                            quantize=self.quantize)
 
@@ -164,6 +171,8 @@ class Preprocess:
         for k in ("mean", "std"):
             if d[k] is not None:
                 d[k] = list(d[k])
+        if d["pad"] == PAD_VALUE:   # the shared grey: the metadata every other family has always written
+            del d["pad"]
         return d
 
     @classmethod

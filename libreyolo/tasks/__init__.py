@@ -24,6 +24,7 @@ _TASK_CLASSES = {
     "ocr": ".ocr:OcrTask",
     "pose": ".pose:PoseTask",
     "segment": ".segment:SegmentTask",
+    "obb": ".obb:ObbTask",
 }
 
 #: name -> the task's one Task object, made at first use

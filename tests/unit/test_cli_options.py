@@ -22,7 +22,7 @@ from libreyolo.tasks import TASKS, get_task
 #: a model name of each task (its task is known from the name, before any model is loaded)
 MODEL_OF = {"detect": "yolo9t", "classify": "resnet18", "semantic": "segformer-b0", "depth": "depth_anything-s",
             "segment-prompt": "mobilesam-tiny", "matte": "birefnet-t", "ocr": "ppocr-t", "pose": "ec-s-pose",
-            "segment": "rtmdet-t-seg"}
+            "segment": "rtmdet-t-seg", "obb": "rtdetrv2-n-obb"}
 
 #: (valid, invalid) of the options whose check is their own; invalid None: the option takes any text
 SAMPLES: dict[str, tuple[Any, Any]] = {

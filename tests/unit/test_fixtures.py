@@ -4,7 +4,7 @@ import json
 import pytest
 import torch
 from fill import fill_state_dict
-from rows import FIXTURE_FORWARD, FIXTURE_TASK, FIXTURES, SNIFFED_AS
+from rows import FIXTURE_BOUNDARY_TIES, FIXTURE_FORWARD, FIXTURE_TASK, FIXTURES, SNIFFED_AS
 
 from conftest import FIXTURES_DIR
 from libreyolo import LibreYOLO
@@ -73,8 +73,16 @@ def assert_reproduces(out, ref_outputs, fx):
     width = ref_outputs[second].shape[-1]
     ours = torch.cat((out["pred_logits"][0], out[second][0]), -1).double()
     ref = torch.cat((ref_outputs["pred_logits"][0], ref_outputs[second][0]), -1).double()
-    match = torch.cdist(ref, ours).argmin(1)
-    matched = ours[match]
+    dist = torch.cdist(ref, ours)
+    match = dist.argmin(1)
+    # rows matched both ways; a fixture with an exact tie at its selection boundary may differ in
+    # that many queries (FIXTURE_BOUNDARY_TIES), which are left out
+    mutual = dist.argmin(0)[match] == torch.arange(len(ref))
+    ties = FIXTURE_BOUNDARY_TIES.get(fx.get("name"), 0)
+    assert int((~mutual).sum()) <= ties, (int((~mutual).sum()), "rows without a mutual match", ties)
+    keep = mutual if ties else torch.ones_like(mutual)
+    matched = ours[match][keep]
+    ref = ref[keep]
     for name, cols in (("pred_logits", slice(0, nc)), (second, slice(nc, nc + width))):
         err = ((matched[:, cols] - ref[:, cols]).norm() / ref[:, cols].norm()).item()
         assert err <= 1e-4, (name, err, "order-free")

@@ -1,6 +1,8 @@
 """RT-DETRv2 declarations (inference stage and post-processing come from DetrModel)."""
 from __future__ import annotations
 
+from typing import ClassVar
+
 from torch import nn
 
 from ..detr_common.model import DetrModel
@@ -20,6 +22,8 @@ class RTDETRv2(DetrModel):
                       "decoder.enc_output.proj.weight", "decoder.anchors",
                       "decoder.decoder.layers.0.cross_attn.num_points_scale")
     NC_KEY = "decoder.enc_score_head.weight"
+    #: the oriented-box variant (``task="obb"``, sizes n..x): :class:`.obb.RTDETRv2OBB`
+    TASK_VARIANTS: ClassVar[dict[str, str]] = {"obb": ".rtdetrv2.obb:RTDETRv2OBB"}
 
     @classmethod
     def build_network(cls, size: str, nc: int) -> nn.Module:
