@@ -509,7 +509,8 @@ class Model:
             freeze: freeze the first N layers, or parameter-name prefixes, e.g. freeze=3 or
                 freeze=backbone,neck.down1
             save_period: also save weights/epochN.pt every N epochs (0: never)
-            loggers: experiment loggers: tensorboard (event files in the run folder)
+            loggers: experiment loggers, comma-separated: tensorboard (event files in the run folder), mlflow,
+                wandb, comet, clearml, dvclive (each needs its package)
             sync_bn: several GPUs: BatchNorm statistics over the global batch (SyncBatchNorm)
             ddp_timeout: several GPUs: seconds a rank waits for the others before the run stops with an error
             nan_patience: stop after N epochs in a row with a non-finite loss
