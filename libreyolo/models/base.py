@@ -409,6 +409,28 @@ class Model:
             ckpt.setdefault(k, v)
         return ckpt
 
+    def push_to_hub(self, repo_id: str, *, revision: str | None = None, private: bool | None = None,
+                    token: str | None = None, commit_message: str | None = None, exist_ok: bool = True) -> Any:
+        """Publish this model to the Hugging Face hub repo ``repo_id`` (created when missing):
+        the weights as ``model.safetensors`` and a model card (``README.md``) with the training
+        metrics and the exact preprocess record; ``LibreYOLO(repo_id)`` loads it back. See
+        :func:`libreyolo.hub.push_to_hub`.
+
+        Args:
+            repo_id: the repo, owner/name
+            revision: the branch to commit to (default: the repo's main branch)
+            private: make a new repo private
+            token: a write token (default: huggingface_hub's, HF_TOKEN or hf auth login)
+            commit_message: the commit's message
+            exist_ok: False refuses a repo that exists already
+
+        Returns:
+            huggingface_hub's CommitInfo (commit_url, oid).
+        """
+        from ..hub import push_to_hub
+        return push_to_hub(self, repo_id, revision=revision, private=private, token=token,
+                           commit_message=commit_message, exist_ok=exist_ok)
+
     def save(self, path: str | Path) -> Path:
         """Write the checkpoint atomically (temp file + rename); returns the path."""
         from ..weights import save_checkpoint
