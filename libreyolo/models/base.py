@@ -782,7 +782,7 @@ class Model:
         Args:
             source: what :meth:`predict` takes (a video, a camera, a stream, a frame at a time with persist=True)
             conf: confidence threshold (detections below the tracker's 0.25 only extend tracks)
-            tracker: bytetrack or botsort (or, from Python, a tracker object)
+            tracker: bytetrack, botsort, ocsort or deepocsort (or, from Python, a tracker object)
             persist: keep the trackers (and their ids) from the previous track call
             **kwargs: every other option of :meth:`predict`
 
