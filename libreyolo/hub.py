@@ -90,13 +90,7 @@ def _download(ref: HubRef) -> Path:
     from huggingface_hub import HfApi, hf_hub_download
     from huggingface_hub.utils import HfHubHTTPError
 
-    from .weights import (
-        _HubUnreachable,
-        _probe_hub,
-        hub_call,
-        hub_endpoint,
-        hub_timeout,
-    )
+    from .weights import HubUnreachable, hub_call, hub_endpoint, hub_timeout, probe_hub
 
     endpoint, timeout = hub_endpoint(), hub_timeout()
     where = _where(ref, endpoint)
@@ -108,10 +102,10 @@ def _download(ref: HubRef) -> Path:
                             endpoint, timeout)
             filename = _pick([s.rfilename for s in info.siblings or ()], ref, where)
         else:
-            _probe_hub(ref.repo_id, filename, endpoint, timeout, revision=ref.revision)
+            probe_hub(ref.repo_id, filename, endpoint, timeout, revision=ref.revision)
         log.info("downloading %s from %s", filename, where)
         return Path(hf_hub_download(ref.repo_id, filename, revision=ref.revision, endpoint=endpoint))
-    except _HubUnreachable as exc:
+    except HubUnreachable as exc:
         raise FileNotFoundError(f"cannot load {ref}: {exc}. Without network, set LIBREYOLO_OFFLINE=1 to "
                                 "load it from the hub cache, where an earlier download left it") from None
     except HfHubHTTPError as exc:

@@ -46,6 +46,9 @@ __all__ = [
     "CheckpointSaveError",
     "hub_endpoint",
     "hub_timeout",
+    "hub_call",
+    "probe_hub",
+    "HubUnreachable",
 ]
 
 logger = logging.getLogger(__name__)
@@ -945,11 +948,14 @@ def hub_timeout() -> float:
     return value
 
 
-class _HubUnreachable(OSError):
+class HubUnreachable(OSError):
     """The hub did not answer the reachability check; the message is the reason."""
 
 
-def _probe_hub(repo: str, filename: str, endpoint: str, timeout: float, revision: str | None = None) -> None:
+_HubUnreachable = HubUnreachable
+
+
+def probe_hub(repo: str, filename: str, endpoint: str, timeout: float, revision: str | None = None) -> None:
     """One HEAD request for the file, no retries, bounded by ``timeout`` seconds in all.
 
     Returns when the hub has the file. Raises :class:`_HubUnreachable` when no answer came in time
@@ -971,9 +977,12 @@ def _probe_hub(repo: str, filename: str, endpoint: str, timeout: float, revision
     hub_call(lambda: get_hf_file_metadata(url, **kwargs), endpoint, timeout)
 
 
+_probe_hub = probe_hub   # the name resolve_weights calls (tests replace it)
+
+
 def hub_call(fn: Any, endpoint: str, timeout: float) -> Any:
     """``fn()`` (one request to the hub at ``endpoint``) in a daemon thread joined with
-    ``timeout`` seconds; its result. Raises :class:`_HubUnreachable` (an ``OSError``) when no
+    ``timeout`` seconds; its result. Raises :class:`HubUnreachable` (an ``OSError``) when no
     answer came in time or the request failed without one (no network, DNS, a refused port), and
     the hub's own HTTP error (``HfHubHTTPError``: 404, 401, 5xx) when it answered with one."""
     from urllib.parse import urlparse
