@@ -359,8 +359,7 @@ def run_params(t: Trainer) -> dict[str, Any]:
     model = t.model
     params["model_family"] = getattr(model, "FAMILY", "")
     params["model_size"] = str(getattr(model, "size", ""))
-    task = getattr(t.task, "name", None)
-    params["task"] = task if isinstance(task, str) else str(getattr(model, "TASK", ""))
+    params["task"] = str(getattr(model, "TASK", ""))
     for key, value in t.cfg.as_dict().items():
         params[key] = value if value is None or isinstance(value, (bool, int, float, str)) else \
             (",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value))
