@@ -26,6 +26,10 @@ class LibreYOLO:
     * A missing file whose name is none of ours (``yolov8n.pt``, ``best.pt``) is a
       ``FileNotFoundError`` at once, listing the families and their file names, without
       contacting the hub (unless ``download=True`` or ``$LIBREYOLO_HF_REPO`` asks for it).
+    * A Hugging Face hub repo, ``"owner/repo"`` or ``"hf://owner/repo@revision/file.safetensors"``
+      (any repo; revision and file optional): its checkpoint is downloaded into huggingface_hub's
+      cache (``$HF_ENDPOINT`` is honoured) and loaded as above, its metadata deciding the family
+      (:mod:`libreyolo.hub`; ``model.push_to_hub("owner/repo")`` is the other way).
     * A ``.onnx`` file written by ``model.export(format="onnx")`` loads as an
       :class:`~libreyolo.export.onnx_model.OnnxModel` (onnxruntime; same predict API and Results).
     * ``nc`` is checked against a checkpoint's (or an ONNX file's) own class count: a different
@@ -39,7 +43,8 @@ class LibreYOLO:
 
     Args:
         model: a checkpoint file (.pt, .pth, .safetensors), a weight file name to find in the cache or
-            on the hub, an exported .onnx file, or a family/size name (untrained)
+            on the hub, a hub repo (owner/repo, hf://owner/repo@revision/file), an exported .onnx file,
+            or a family/size name (untrained)
         device: auto (CUDA when present, else the CPU), cpu, cuda, cuda:1
         download: True or False to allow or refuse a hub download (default: allowed unless
             LIBREYOLO_OFFLINE or HF_HUB_OFFLINE is set)
@@ -85,6 +90,11 @@ class LibreYOLO:
             _check_size(size, onnx.size, onnx, str(path))
             _check_task(task, onnx)
             return onnx
+        if not path.exists():   # a hub repo: hf://owner/repo[@rev][/file], or a bare owner/repo[@rev]
+            from .hub import hub_checkpoint, parse_hub_ref
+            ref = parse_hub_ref(text)
+            if ref is not None:
+                return LibreYOLO(hub_checkpoint(ref, download), device, nc=nc, imgsz=imgsz)
         is_file_like = path.suffix.lower() in _CHECKPOINT_SUFFIXES or path.exists()
         if not is_file_like:
             spec = parse_spec(text)

@@ -502,7 +502,7 @@ def parse_freeze(value: Any) -> int | list[str] | None:
 
 
 #: Experiment loggers ``loggers=`` may name.
-LOGGERS = ("tensorboard",)
+LOGGERS = ("tensorboard", "mlflow", "wandb", "comet", "clearml", "dvclive")
 
 
 def parse_loggers(value: Any) -> tuple[str, ...]:

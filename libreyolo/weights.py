@@ -46,6 +46,9 @@ __all__ = [
     "CheckpointSaveError",
     "hub_endpoint",
     "hub_timeout",
+    "hub_call",
+    "probe_hub",
+    "HubUnreachable",
 ]
 
 logger = logging.getLogger(__name__)
@@ -955,11 +958,14 @@ def hub_timeout() -> float:
     return value
 
 
-class _HubUnreachable(OSError):
+class HubUnreachable(OSError):
     """The hub did not answer the reachability check; the message is the reason."""
 
 
-def _probe_hub(repo: str, filename: str, endpoint: str, timeout: float) -> None:
+_HubUnreachable = HubUnreachable
+
+
+def probe_hub(repo: str, filename: str, endpoint: str, timeout: float, revision: str | None = None) -> None:
     """One HEAD request for the file, no retries, bounded by ``timeout`` seconds in all.
 
     Returns when the hub has the file. Raises :class:`_HubUnreachable` when no answer came in time
@@ -972,20 +978,32 @@ def _probe_hub(repo: str, filename: str, endpoint: str, timeout: float) -> None:
     an HTTP timeout does not (a hanging DNS lookup). huggingface_hub builds the request (token,
     proxies, user agent) and follows the hub's redirects.
     """
-    from urllib.parse import urlparse
-
     from huggingface_hub import get_hf_file_metadata, hf_hub_url
-    from huggingface_hub.utils import HfHubHTTPError
 
-    url = hf_hub_url(repo, filename, endpoint=endpoint)
+    url = hf_hub_url(repo, filename, revision=revision, endpoint=endpoint)
     kwargs: dict[str, Any] = {"timeout": timeout}
     if "retry_on_errors" in inspect.signature(get_hf_file_metadata).parameters:
         kwargs["retry_on_errors"] = False  # newer releases; older ones never retried this request
-    outcome: dict[str, BaseException] = {}
+    hub_call(lambda: get_hf_file_metadata(url, **kwargs), endpoint, timeout)
+
+
+_probe_hub = probe_hub   # the name resolve_weights calls (tests replace it)
+
+
+def hub_call(fn: Any, endpoint: str, timeout: float) -> Any:
+    """``fn()`` (one request to the hub at ``endpoint``) in a daemon thread joined with
+    ``timeout`` seconds; its result. Raises :class:`HubUnreachable` (an ``OSError``) when no
+    answer came in time or the request failed without one (no network, DNS, a refused port), and
+    the hub's own HTTP error (``HfHubHTTPError``: 404, 401, 5xx) when it answered with one."""
+    from urllib.parse import urlparse
+
+    from huggingface_hub.utils import HfHubHTTPError
+
+    outcome: dict[str, Any] = {}
 
     def attempt() -> None:
         try:
-            get_hf_file_metadata(url, **kwargs)
+            outcome["value"] = fn()
         except BaseException as exc:  # handed to the caller's thread below
             outcome["error"] = exc
 
@@ -999,7 +1017,7 @@ def _probe_hub(repo: str, filename: str, endpoint: str, timeout: float) -> None:
         raise _HubUnreachable(f"{reason} (no answer){hint}")
     error = outcome.get("error")
     if error is None:
-        return
+        return outcome.get("value")
     if isinstance(error, HfHubHTTPError):
         raise error  # the hub answered: 404 (no such repo or file), 401, 5xx
     raise _HubUnreachable(f"{reason} ({_short(error, 200)}){hint}") from error

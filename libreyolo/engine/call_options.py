@@ -232,8 +232,8 @@ class TrackOptions(PredictOptions):
 
     conf: float = option(TRACK_CONF, "confidence threshold (detections below the tracker's 0.25 only extend "
                                      "tracks)", Fraction(), tasks=("detect",))
-    tracker: Any = option("bytetrack", "bytetrack or botsort (or, from Python, a tracker object)",
-                          Custom(lambda n, v: v, "bytetrack or botsort"))
+    tracker: Any = option("bytetrack", "bytetrack, botsort, ocsort or deepocsort (or, from Python, a tracker "
+                                       "object)", Custom(lambda n, v: v, "bytetrack, botsort, ocsort or deepocsort"))
     persist: bool = option(False, "keep the trackers (and their ids) from the previous track call", Bool())
 
 

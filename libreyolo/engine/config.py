@@ -113,7 +113,8 @@ class RunConfig:
                                "freeze=backbone,neck.down1", Custom(lambda n, v: parse_freeze(v),
                                                                    "layer count or name prefixes", none=True))
     save_period: int = option(0, "also save weights/epochN.pt every N epochs (0: never)", Int(0))
-    loggers: Any = option(None, "experiment loggers: tensorboard (event files in the run folder)",
+    loggers: Any = option(None, "experiment loggers, comma-separated: tensorboard (event files in the run "
+                                "folder), mlflow, wandb, comet, clearml, dvclive (each needs its package)",
                           Custom(lambda n, v: parse_loggers(v), "none or " + ", ".join(LOGGERS), none=True))
     sync_bn: Any = option(False, "several GPUs: BatchNorm statistics over the global batch (SyncBatchNorm)",
                           Bool())

@@ -563,8 +563,8 @@ class Predictor(StagedUploads):
         """``model.track``: predict (every option of :meth:`__call__`) with a tracker after each
         frame (:mod:`libreyolo.engine.track`); one tracker per source of a ``.streams`` list.
 
-        ``tracker``: ``"bytetrack"``, ``"botsort"`` or a tracker object of the ``trackers``
-        package. ``persist=True`` keeps the trackers (and their ids) from the previous
+        ``tracker``: ``"bytetrack"``, ``"botsort"``, ``"ocsort"``, ``"deepocsort"`` or a tracker
+        object (:func:`~libreyolo.engine.track.make_tracker`). ``persist=True`` keeps the trackers (and their ids) from the previous
         ``track`` call, for feeding a stream frame by frame (``model.track(frame, persist=True)``
         in a loop); otherwise each call starts new tracks. ``conf`` defaults to
         :data:`TRACK_CONF`, below the trackers' threshold for starting a track, so that weaker

@@ -1,8 +1,9 @@
 """Multi-object tracking on top of predict: ``model.track(source, tracker="bytetrack")``.
 
-The trackers are those of the ``trackers`` package (Roboflow's clean-room ByteTrack and BoT-SORT,
-Apache-2.0, built on ``supervision.Detections``): Kalman filters and assignment are theirs, not
-written here. ``supervision`` itself shipped a ByteTrack until 0.26 and has moved it to that
+The trackers are those of the ``trackers`` package (Roboflow's clean-room ByteTrack, BoT-SORT and
+OC-SORT, Apache-2.0, built on ``supervision.Detections``): Kalman filters and assignment are
+theirs, not written here. Deep OC-SORT is their OC-SORT with the appearance term added
+(:mod:`libreyolo.engine.deepocsort`). ``supervision`` itself shipped a ByteTrack until 0.26 and has moved it to that
 package since; it has never had a BoT-SORT. Their BoT-SORT is the motion part of the method
 (Kalman filter, two-stage association, camera-motion compensation from sparse optical flow on the
 frame); it has no appearance (ReID) model.
@@ -28,7 +29,7 @@ __all__ = ["TRACKERS", "TRAIL_LENGTH", "make_tracker", "TrackGlue"]
 log = logging.getLogger(__name__)
 
 #: Tracker names ``model.track`` takes (or pass a tracker object; see :func:`make_tracker`).
-TRACKERS: tuple[str, ...] = ("bytetrack", "botsort")
+TRACKERS: tuple[str, ...] = ("bytetrack", "botsort", "ocsort", "deepocsort")
 #: Box centres kept per track for ``plot()``'s trails.
 TRAIL_LENGTH = 30
 #: Detection-score thresholds of the named trackers: a detection from ``HIGH`` on enters the first
@@ -39,10 +40,12 @@ HIGH = 0.25
 
 
 def make_tracker(tracker: Any, frame_rate: float = 30.0) -> Any:
-    """A fresh tracker for ``tracker``: ``"bytetrack"`` or ``"botsort"`` (a trailing ``.yaml`` is
-    ignored), built for ``frame_rate`` frames per second; or a tracker object of the ``trackers``
-    package (anything with ``update(detections, ...)`` and ``reset()``), used as given, which is
-    how to set its own options (``trackers.ByteTrackTracker(lost_track_buffer=60)``)."""
+    """A fresh tracker for ``tracker``: ``"bytetrack"``, ``"botsort"``, ``"ocsort"`` or
+    ``"deepocsort"`` (a trailing ``.yaml`` is ignored), built for ``frame_rate`` frames per second;
+    or a tracker object (anything with ``update(detections, ...)`` and ``reset()``: one of the
+    ``trackers`` package, or :func:`libreyolo.engine.deepocsort.make_deep_ocsort`'s), used as
+    given, which is how to set its own options (``trackers.ByteTrackTracker(lost_track_buffer=60)``,
+    ``make_deep_ocsort(embedder=my_reid)``)."""
     if not isinstance(tracker, str):
         if not callable(getattr(tracker, "update", None)):
             raise TypeError(f"tracker must be one of {', '.join(TRACKERS)} or a tracker object with update(); "
@@ -56,6 +59,11 @@ def make_tracker(tracker: Any, frame_rate: float = 30.0) -> Any:
         import trackers
     except ImportError as exc:
         raise ImportError("tracking needs the trackers package: pip install 'libreyolo[track]'") from exc
+    if name in ("ocsort", "deepocsort"):   # no second, low-score stage: HIGH is where detections count
+        if name == "ocsort":
+            return trackers.OCSORTTracker(frame_rate=float(frame_rate), high_conf_det_threshold=HIGH)
+        from .deepocsort import make_deep_ocsort
+        return make_deep_ocsort(frame_rate=float(frame_rate), high_conf_det_threshold=HIGH)
     common = dict(frame_rate=float(frame_rate), track_activation_threshold=HIGH, high_conf_det_threshold=HIGH)
     if name == "bytetrack":
         return trackers.ByteTrackTracker(**common)
@@ -69,8 +77,9 @@ class TrackGlue:
     def __init__(self, tracker: Any, frame_rate: float = 30.0):
         self.spec = tracker
         self.tracker = make_tracker(tracker, frame_rate)
-        # BoT-SORT's camera-motion compensation reads the frame; ByteTrack warns when given one
-        self.wants_frame = bool(getattr(self.tracker, "enable_cmc", False))
+        # BoT-SORT's camera-motion compensation and Deep OC-SORT's appearance read the frame;
+        # ByteTrack and OC-SORT warn when given one
+        self.wants_frame = bool(getattr(self.tracker, "enable_cmc", False) or getattr(self.tracker, "needs_frame", False))
         self.trails: dict[int, deque] = {}
         self._last_seen: dict[int, int] = {}
         self._last_time: float | None = None

@@ -40,7 +40,7 @@ from .config import TrainConfig
 from .hooks import (CheckpointHook, EvaluationHook, HookBase, HookError, ScheduleHook, StopHook, TimingHook, as_hooks,
                     timing_line)
 from .loaders import WorkerDeathSignal, build_loaders, close_loaders, worker_died
-from .loggers import LoggingHook, TensorBoardHook
+from .loggers import EXPERIMENT_LOGGERS, LoggingHook, TensorBoardHook
 from .outcome import run_outcome
 from .runs import (RunFolder, RunFolderBusy, TrainingDiverged, TrainingError, TrainingInterrupted, interrupted_message,
                    last_pt_kept)
@@ -81,6 +81,9 @@ class Trainer:
         builtin = [ScheduleHook(), EvaluationHook(), LoggingHook(), CheckpointHook()]
         if "tensorboard" in cfg.run.loggers:   # before the checkpoints, whose end may raise a write's error
             builtin.insert(3, TensorBoardHook())
+        # the experiment trackers after the checkpoints and the plots, whose files they send at
+        # the end (a missing package is an ImportError here, before any work)
+        builtin += [EXPERIMENT_LOGGERS[name]() for name in cfg.run.loggers if name in EXPERIMENT_LOGGERS]
         self.register_hooks(builtin)
         self.register_hooks(hooks)
 

@@ -423,6 +423,28 @@ class Model:
             ckpt.setdefault(k, v)
         return ckpt
 
+    def push_to_hub(self, repo_id: str, *, revision: str | None = None, private: bool | None = None,
+                    token: str | None = None, commit_message: str | None = None, exist_ok: bool = True) -> Any:
+        """Publish this model to the Hugging Face hub repo ``repo_id`` (created when missing):
+        the weights as ``model.safetensors`` and a model card (``README.md``) with the training
+        metrics and the exact preprocess record; ``LibreYOLO(repo_id)`` loads it back. See
+        :func:`libreyolo.hub.push_to_hub`.
+
+        Args:
+            repo_id: the repo, owner/name
+            revision: the branch to commit to (default: the repo's main branch)
+            private: make a new repo private
+            token: a write token (default: huggingface_hub's, HF_TOKEN or hf auth login)
+            commit_message: the commit's message
+            exist_ok: False refuses a repo that exists already
+
+        Returns:
+            huggingface_hub's CommitInfo (commit_url, oid).
+        """
+        from ..hub import push_to_hub
+        return push_to_hub(self, repo_id, revision=revision, private=private, token=token,
+                           commit_message=commit_message, exist_ok=exist_ok)
+
     def save(self, path: str | Path) -> Path:
         """Write the checkpoint atomically (temp file + rename); returns the path."""
         from ..weights import save_checkpoint
@@ -523,7 +545,8 @@ class Model:
             freeze: freeze the first N layers, or parameter-name prefixes, e.g. freeze=3 or
                 freeze=backbone,neck.down1
             save_period: also save weights/epochN.pt every N epochs (0: never)
-            loggers: experiment loggers: tensorboard (event files in the run folder)
+            loggers: experiment loggers, comma-separated: tensorboard (event files in the run folder), mlflow,
+                wandb, comet, clearml, dvclive (each needs its package)
             sync_bn: several GPUs: BatchNorm statistics over the global batch (SyncBatchNorm)
             ddp_timeout: several GPUs: seconds a rank waits for the others before the run stops with an error
             nan_patience: stop after N epochs in a row with a non-finite loss
@@ -786,7 +809,7 @@ class Model:
         Args:
             source: what :meth:`predict` takes (a video, a camera, a stream, a frame at a time with persist=True)
             conf: confidence threshold (detections below the tracker's 0.25 only extend tracks)
-            tracker: bytetrack or botsort (or, from Python, a tracker object)
+            tracker: bytetrack, botsort, ocsort or deepocsort (or, from Python, a tracker object)
             persist: keep the trackers (and their ids) from the previous track call
             **kwargs: every other option of :meth:`predict`
 

@@ -38,7 +38,7 @@ SAMPLES: dict[str, tuple[Any, Any]] = {
     "boxes": ("1,2,30,40", None),
     "cache": ("ram", "sometimes"),
     "freeze": (3, -1),
-    "loggers": ("tensorboard", "wandb"),
+    "loggers": ("tensorboard", "neptune"),
     "amp": ("bf16", "flase"),
     "cuda_graph": ("auto", "maybe"),
     "precision": ("bf16", "fp8"),

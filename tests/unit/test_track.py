@@ -1,4 +1,5 @@
-"""Tracking: the trackers package's ByteTrack / BoT-SORT behind model.track, on synthetic clips.
+"""Tracking: the trackers package's ByteTrack / BoT-SORT / OC-SORT and Deep OC-SORT (OC-SORT with
+appearance, libreyolo.engine.deepocsort) behind model.track, on synthetic clips.
 
 The metrics test drives the same glue model.track uses (TrackGlue) with detections derived from
 the clip's ground truth plus noise - jittered corners, varied scores, missed detections, weak
@@ -74,7 +75,7 @@ def id_metrics(per_frame_truth, per_frame_dets, per_frame_tracks) -> tuple[float
     return switches / object_frames, coverage
 
 
-@pytest.mark.parametrize("tracker", ["bytetrack", "botsort"])
+@pytest.mark.parametrize("tracker", ["bytetrack", "botsort", "ocsort", "deepocsort"])
 def test_tracker_on_noisy_truth_meets_the_identity_targets(tracker):
     w, h, fps, frames = 320, 240, 30.0, 150
     rng = np.random.default_rng(0)
@@ -90,7 +91,9 @@ def test_tracker_on_noisy_truth_meets_the_identity_targets(tracker):
         tracks.append((r.boxes.xyxy.numpy(), r.boxes.id.numpy()))
     switch_rate, coverage = id_metrics(truths, dets, tracks)
     assert switch_rate <= 0.02, switch_rate
-    assert min(coverage.values()) >= 0.90, coverage
+    # OC-SORT reports a track in the frames where it has been matched 3 frames in a row (the
+    # method's min_hits), so for 3 frames after a missed or weak detection the id is kept but not shown
+    assert min(coverage.values()) >= (0.75 if "ocsort" in tracker else 0.90), coverage
 
 
 def test_glue_keeps_score_order_trails_and_forgets_old_ids():
@@ -129,7 +132,7 @@ def test_tracked_results_convert_summarize_and_plot():
 
 def test_track_options_are_checked():
     m = LibreYOLO.new("yolo9", "t", device="cpu", seed=0)
-    with pytest.raises(ValueError, match="unknown tracker 'deepsort'; available: bytetrack, botsort"):
+    with pytest.raises(ValueError, match="unknown tracker 'deepsort'; available: bytetrack, botsort, ocsort, deepocsort"):
         m.track(np.zeros((32, 32, 3), np.uint8), tracker="deepsort")
     with pytest.raises(TypeError, match="tracker must be"):
         m.track(np.zeros((32, 32, 3), np.uint8), tracker=42)
@@ -179,3 +182,61 @@ def test_track_a_stream_list_one_tracker_per_stream(tmp_path):
     glues = m.get_predictor()._track_state[1]
     assert sorted(glues) == [0, 1] and glues[0].tracker is not glues[1].tracker
     assert glues[0].frames == 4 and glues[1].frames == 3
+
+
+# ------------------------------------------------------------------------------------------------
+# Deep OC-SORT's appearance term
+# ------------------------------------------------------------------------------------------------
+
+
+def test_adaptive_weighting_follows_how_distinctive_the_best_match_is():
+    from libreyolo.engine.deepocsort import adaptive_appearance_cost
+    clear = np.array([[0.9, 0.0], [0.0, 0.8]])
+    assert adaptive_appearance_cost(clear, 0.75) == pytest.approx(0.75 * clear)   # second best is 0: full weight
+    tied = np.array([[0.9, 0.9], [0.9, 0.9]])
+    assert adaptive_appearance_cost(tied, 0.75) == pytest.approx(np.zeros((2, 2)))   # no distinction: no weight
+    half = np.array([[1.0, 0.75]])   # row: second/best = 0.75 -> 1 - (0.75 - 0.5) / 0.5 = 0.5; one row: columns kept
+    assert adaptive_appearance_cost(half, 1.0) == pytest.approx(np.array([[0.5, 0.375]]))
+
+
+def test_colour_histogram_embedder_tells_colours_apart():
+    from libreyolo.engine.deepocsort import ColorHistogramEmbedder
+    frame = np.zeros((60, 120, 3), np.uint8)
+    frame[:, :40] = (200, 30, 30)
+    frame[:, 40:80] = (204, 20, 26)   # the same histogram bins as the first
+    frame[:, 80:] = (30, 30, 200)
+    e = ColorHistogramEmbedder()(frame, np.array([[0, 0, 40, 60], [40, 0, 80, 60], [80, 0, 120, 60.0]]))
+    assert e.shape == (3, 96) and np.allclose(np.linalg.norm(e, axis=1), 1)
+    assert e[0] @ e[1] > 0.99 and e[0] @ e[2] < 0.5
+
+
+def test_deep_ocsort_follows_appearance_where_motion_cannot_tell():
+    from libreyolo.engine.deepocsort import make_deep_ocsort
+    boxes = np.array([[40, 40, 80, 80, 0.9, 0], [42, 40, 82, 80, 0.9, 0]], np.float32)
+    look = {"a": [1.0, 0, 0], "b": [0, 1.0, 0]}
+    who = {40: "a", 42: "b"}
+    embedder = lambda frame, xyxy: np.array([look[who[round(float(b[0]))]] for b in xyxy])  # noqa: E731
+    image = np.zeros((120, 160, 3), np.uint8)
+
+    def run(tracker):
+        glue = TrackGlue(tracker, 30.0)
+        who.update({40: "a", 42: "b"})
+        for _ in range(5):
+            before = glue.update(Results(image, "f", NAMES, Boxes(torch.from_numpy(boxes), (120, 160))), image)
+        who.update({40: "b", 42: "a"})   # the two objects traded places
+        after = glue.update(Results(image, "f", NAMES, Boxes(torch.from_numpy(boxes), (120, 160))), image)
+        return before.boxes.id.tolist(), after.boxes.id.tolist()
+
+    ids, swapped = run(make_deep_ocsort(embedder=embedder, frame_rate=30.0, high_conf_det_threshold=0.25))
+    assert len(set(ids)) == 2 and swapped == ids[::-1]      # each id stays with its object's appearance
+    ids, same = run("ocsort")
+    assert len(set(ids)) == 2 and same == ids               # motion alone keeps the ids on the places
+
+
+def test_deep_ocsort_embedder_must_give_one_row_per_box():
+    from libreyolo.engine.deepocsort import make_deep_ocsort
+    glue = TrackGlue(make_deep_ocsort(embedder=lambda frame, xyxy: np.zeros((1, 4))), 30.0)
+    image = np.zeros((64, 64, 3), np.uint8)
+    det = torch.tensor([[1.0, 1, 20, 20, 0.9, 0], [30, 30, 50, 50, 0.9, 0]])
+    with pytest.raises(ValueError, match=r"the embedder returned an array of shape \(1, 4\) for 2 boxes"):
+        glue.update(Results(image, "f", NAMES, Boxes(det, (64, 64))), image)

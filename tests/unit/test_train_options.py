@@ -107,7 +107,7 @@ def test_new_options_are_validated_with_name_value_and_range(data):
     for kw, msg in [({"patience": -1}, "patience must be an integer >= 0, got -1"),
                     ({"save_period": "x"}, "save_period must be an integer >= 0, got 'x'"),
                     ({"freeze": 2.5}, "freeze must be an integer >= 0 .* got 2.5"),
-                    ({"loggers": "wandb"}, "loggers must be one of tensorboard, got 'wandb'"),
+                    ({"loggers": "neptune"}, "loggers must be one of tensorboard, mlflow, wandb, comet, clearml, dvclive, got 'neptune'"),
                     ({"patience": 3, "val": False}, "patience=3 needs validation")]:
         with pytest.raises(OptionError, match=msg):
             model.train(data=data, epochs=1, **kw)
