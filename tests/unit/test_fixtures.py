@@ -13,7 +13,7 @@ from libreyolo.weights import save_checkpoint
 
 
 def flatten(out, prefix=""):
-    if isinstance(out, torch.Tensor):
+    if isinstance(out, (torch.Tensor, int, float)):   # numbers: the fixture's non_tensor_outputs
         return {prefix or "output": out}
     items = out.items() if isinstance(out, dict) else enumerate(out)
     flat = {}
@@ -91,6 +91,8 @@ def test_network_reproduces_fixture(family, size, name):
     out = run_fixture(forward_of(net, name), pt)
     assert set(pt["outputs"]) <= set(out)
     assert_reproduces(out, pt["outputs"], fx)
+    for path, value in fx.get("non_tensor_outputs", {}).items():   # e.g. YOLO-NAS's anchors per level
+        assert out[path] == value, (path, out.get(path), value)
 
 
 @pytest.mark.parametrize("family,size,name", FIXTURES)
