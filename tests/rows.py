@@ -10,6 +10,8 @@ FIXTURES = [
     ("yolo7", "b", "yolo7-b"),
     ("rtmdet", "t", "rtmdet-t"),
     ("picodet", "s", "picodet-s"),
+    ("yolonas", "s", "yolonas-s"),
+    ("yolonas", "n", "yolonas-n-pose"),
     ("rtdetr", "r18", "rtdetr-r18"),
     ("rtdetrv2", "r18", "rtdetrv2-r18"),
     ("dfine", "n", "dfine-n"),
@@ -39,6 +41,7 @@ FIXTURE_FORWARD = {
 # The task variant a fixture's network serves, where it is not its family's own task.
 FIXTURE_TASK = {
     "ec-s-pose": "pose",
+    "yolonas-n-pose": "pose",
 }
 
 # Families whose checkpoints share another family's layout key for key: a bare state dict (no

@@ -23,6 +23,7 @@ _TABLE: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "yolo7": (".yolo7.model:Yolo7", "LibreYOLO7", ("b", "tiny")),
     "rtmdet": (".rtmdet.model:Rtmdet", "LibreRTMDet", ("t", "s", "m", "l")),
     "picodet": (".picodet.model:Picodet", "LibrePICODET", ("s", "m", "l")),
+    "yolonas": (".yolonas.model:YoloNAS", "LibreYOLONAS", ("s", "m", "l")),
     "rtdetr": (".rtdetr.model:RTDETR", "LibreRTDETR", ("r18", "r34", "r50", "r101")),
     "rtdetrv2": (".rtdetrv2.model:RTDETRv2", "LibreRTDETRv2", ("r18", "r34", "r50", "r101")),
     "dfine": (".dfine.model:Dfine", "LibreDFINE", ("n", "s", "m", "l", "x")),
