@@ -139,7 +139,8 @@ class PredictOptions:
                                 "get: affinity, cgroup quota, load; also LIBREYOLO_THREADS)", Int(1, none=True))
     # ---- the tasks' own options
     conf: float = option(0.25, "detection, pose: confidence threshold", Fraction(), tasks=("detect", "pose"))
-    iou: float = option(0.45, "detection: NMS IoU threshold", Fraction(), tasks=("detect",))
+    iou: float = option(0.45, "detection, pose: NMS IoU threshold (pose: the dense families, e.g. YOLO-NAS-Pose)",
+                        Fraction(), tasks=("detect", "pose"))
     max_det: int = option(300, "detection, pose: detections kept per image (an ONNX model: its exported "
                                "max_det)", Custom(_max_det, f"integer in [1, {MAX_DET}]"), tasks=("detect", "pose"))
     max_nms: int = option(1000, "detection: candidates per image entering NMS (default 1000, or max_det when "
@@ -216,7 +217,8 @@ class ValOptions:
     threads: Any = option(None, "torch's intra-op threads on the CPU (default: from the cores this process can "
                                 "get: affinity, cgroup quota, load; also LIBREYOLO_THREADS)", Int(1, none=True))
     conf: float = option(0.001, "detection: confidence threshold", Fraction(), tasks=("detect",))
-    iou: float = option(0.7, "detection: NMS IoU threshold", Fraction(), tasks=("detect",))
+    iou: float = option(0.7, "detection, pose: NMS IoU threshold (pose: the dense families, e.g. YOLO-NAS-Pose)",
+                        Fraction(), tasks=("detect", "pose"))
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """YOLO-NAS declarations and its capturable inference stage."""
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -35,6 +35,9 @@ class YoloNAS(Model):
     SIGNATURE_KEYS = ("backbone.stem.conv.branch_3x3.conv.weight", "backbone.stem.conv.rbr_reparam.weight",
                       "heads.head1.cls_pred.weight", "heads.head1.reg_pred.weight")
     NC_KEY = "heads.head1.cls_pred.weight"
+    #: SuperGradients' YOLO-NAS recipe: AdamW, lr 2e-4, weight decay 1e-5, cosine decay to 0.1
+    TRAIN_DEFAULTS: ClassVar[dict[str, Any]] = {"optimizer": "AdamW", "lr0": 2e-4, "weight_decay": 1e-5,
+                                                "cos_lr": True, "lrf": 0.1}
     #: the 1 % prior of the class logits (the original initialises them so; a checkpoint's are kept)
     PRIOR_BIAS = (("heads.head1.cls_pred", 0, None), ("heads.head2.cls_pred", 0, None),
                   ("heads.head3.cls_pred", 0, None))

@@ -34,8 +34,6 @@ class YoloNASPose(YoloNAS):
     SIGNATURE_KEYS = ("backbone.stem.conv.branch_3x3.conv.weight", "backbone.stem.conv.rbr_reparam.weight",
                       "heads.head1.pose_pred.weight", "heads.head1.pose_stem.seq.conv.weight")
     NC_KEY = "heads.head1.cls_pred.weight"
-    #: the YOLO-NAS recipe's optimizer (AdamW; the pose task has no mosaic policy)
-    TRAIN_DEFAULTS: ClassVar[dict[str, Any]] = {"optimizer": "AdamW", "lr0": 2e-4, "weight_decay": 1e-5}
     #: keypoints per instance of the released checkpoints (COCO's person skeleton)
     NUM_KEYPOINTS = COCO_KEYPOINTS
     NUM_TOP = PRE_NMS_TOP_K

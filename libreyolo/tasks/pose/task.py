@@ -114,7 +114,7 @@ class PosePlan(PredictPlan):
     """One pose predict call (see the module docstring)."""
 
     def __init__(self, model, constants: Callable[..., torch.Tensor], *, conf: float, max_det: int,
-                 classes: list[int] | None, iou: float = 0.7):
+                 classes: list[int] | None, iou: float = 0.45):
         self.model = model
         self.conf, self.max_det, self.classes = float(conf), int(max_det), classes
         self.iou = float(iou) if model.NMS else None
@@ -153,7 +153,7 @@ class PoseTask(Task):
     primary_metric = "oks_map50_95"
     Options = PoseOptions
     val_option_names = {"conf": "val_conf", "iou": "val_iou"}
-    predict_defaults = {"conf": 0.25, "iou": 0.7, "max_det": 300, "classes": None}
+    predict_defaults = {"conf": 0.25, "iou": 0.45, "max_det": 300, "classes": None}
 
     def plan(self, model, size, constants, **opts) -> PosePlan:
         from ...options import check_fraction, check_max_det, parse_classes
