@@ -271,8 +271,9 @@ def test_two_epochs_on_shapes_raise_map(tmp_path):
     data = str(make_shapes_dataset(tmp_path / "ds", n_train=32, n_val=8, imgsz=64, seed=0))
     model = LibreYOLO.new("yolonas", "s", nc=5, device="cpu", seed=0)
     before = model.val(data=data, imgsz=64, batch=8, workers=0, verbose=False)
-    model.train(data=data, epochs=2, imgsz=64, batch=4, workers=0, optimizer="AdamW", lr0=2e-3, lrf=1.0,
-                warmup_epochs=0, ema=False, nbs=4, close_mosaic=2, seed=0, project=str(tmp_path / "runs"),
+    # 32 optimizer steps (batch 2) at a constant AdamW lr from the first step, raw weights (no EMA)
+    model.train(data=data, epochs=2, imgsz=64, batch=2, workers=0, optimizer="AdamW", lr0=3e-3, lrf=1.0,
+                warmup_epochs=0, ema=False, nbs=2, close_mosaic=2, seed=0, project=str(tmp_path / "runs"),
                 name="d", verbose=False, plots=False, val=False)
     after = model.val(data=data, imgsz=64, batch=8, workers=0, verbose=False)
     assert after["map50"] > before["map50"], (before, after)
@@ -284,8 +285,8 @@ def test_pose_two_epochs_on_shapes_pose_raise_oks_map(tmp_path):
     data = str(make_shapes_pose_dataset(tmp_path / "sp", n_train=32, n_val=8, imgsz=64, seed=0))
     model = LibreYOLO.new("yolonas", "n", task="pose", device="cpu", seed=0)
     before = model.val(data=data, imgsz=64, batch=4, workers=0, verbose=False)
-    model.train(data=data, epochs=2, imgsz=64, batch=4, workers=0, lr0=2e-3, lrf=1.0, warmup_epochs=0, ema=False,
-                nbs=4, seed=0, project=str(tmp_path / "runs"), name="pose", verbose=False, plots=False)
+    model.train(data=data, epochs=2, imgsz=64, batch=2, workers=0, lr0=3e-3, lrf=1.0, warmup_epochs=0, ema=False,
+                nbs=2, seed=0, project=str(tmp_path / "runs"), name="pose", verbose=False, plots=False)
     after = model.val(data=data, imgsz=64, batch=4, workers=0, verbose=False)
     assert after["oks_map50"] > before["oks_map50"], (before, after)
     reloaded = LibreYOLO(str(tmp_path / "runs" / "pose" / "weights" / "last.pt"), device="cpu")
