@@ -1,6 +1,6 @@
 """YOLO-NAS (detection) and YOLO-NAS-Pose: names, re-parameterization, the PP-YOLOE loss and the
-pose loss (padding, graph-safety, learning), predict with NMS and per-keypoint visibility, and two
-trainer epochs on the built-in sets raising the metric above the untrained model's."""
+pose loss (padding, graph-safety, learning), predict with NMS and per-keypoint visibility, ONNX export,
+and two trainer epochs on the built-in shapes set raising mAP50 above the untrained model's."""
 from __future__ import annotations
 
 import math
@@ -277,17 +277,3 @@ def test_two_epochs_on_shapes_raise_map(tmp_path):
                 name="d", verbose=False, plots=False, val=False)
     after = model.val(data=data, imgsz=64, batch=8, workers=0, verbose=False)
     assert after["map50"] > before["map50"], (before, after)
-
-
-@pytest.mark.slow
-def test_pose_two_epochs_on_shapes_pose_raise_oks_map(tmp_path):
-    from libreyolo.tasks.pose.synthetic import make_shapes_pose_dataset
-    data = str(make_shapes_pose_dataset(tmp_path / "sp", n_train=32, n_val=8, imgsz=64, seed=0))
-    model = LibreYOLO.new("yolonas", "n", task="pose", device="cpu", seed=0)
-    before = model.val(data=data, imgsz=64, batch=4, workers=0, verbose=False)
-    model.train(data=data, epochs=2, imgsz=64, batch=2, workers=0, lr0=3e-3, lrf=1.0, warmup_epochs=0, ema=False,
-                nbs=2, seed=0, project=str(tmp_path / "runs"), name="pose", verbose=False, plots=False)
-    after = model.val(data=data, imgsz=64, batch=4, workers=0, verbose=False)
-    assert after["oks_map50"] > before["oks_map50"], (before, after)
-    reloaded = LibreYOLO(str(tmp_path / "runs" / "pose" / "weights" / "last.pt"), device="cpu")
-    assert isinstance(reloaded, YoloNASPose) and reloaded.num_keypoints == 4
