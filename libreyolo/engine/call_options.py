@@ -173,8 +173,8 @@ class PredictOptions:
     # ---- the tasks' own options
     conf: float = option(0.25, "detection, pose, segment, obb: confidence threshold", Fraction(),
                          tasks=("detect", "pose", "segment", "obb"))
-    iou: float = option(0.45, "detection, segment, obb: NMS IoU threshold", Fraction(),
-                        tasks=("detect", "segment", "obb"))
+    iou: float = option(0.45, "detection, pose, segment, obb: NMS IoU threshold (pose: the dense families, e.g. "
+                              "YOLO-NAS-Pose)", Fraction(), tasks=("detect", "pose", "segment", "obb"))
     max_det: int = option(300, "detection, pose, segment, obb: detections kept per image (an ONNX model: its "
                                "exported max_det)", Custom(_max_det, f"integer in [1, {MAX_DET}]"),
                           tasks=("detect", "pose", "segment", "obb"))
@@ -254,7 +254,8 @@ class ValOptions:
     threads: Any = option(None, "torch's intra-op threads on the CPU (default: from the cores this process can "
                                 "get: affinity, cgroup quota, load; also LIBREYOLO_THREADS)", Int(1, none=True))
     conf: float = option(0.001, "detection: confidence threshold", Fraction(), tasks=("detect",))
-    iou: float = option(0.7, "detection: NMS IoU threshold", Fraction(), tasks=("detect",))
+    iou: float = option(0.7, "detection, pose: NMS IoU threshold (pose: the dense families, e.g. YOLO-NAS-Pose)",
+                        Fraction(), tasks=("detect", "pose"))
 
 
 @dataclass

@@ -26,6 +26,7 @@ _TABLE: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "rtmdet": (".rtmdet.model:Rtmdet", "LibreRTMDet", ("t", "s", "m", "l")),
     "picodet": (".picodet.model:Picodet", "LibrePICODET", ("s", "m", "l")),
     "ppyoloe": (".ppyoloe.model:PPYoloE", "LibrePPYOLOE", ("s", "m", "l", "x")),
+    "yolonas": (".yolonas.model:YoloNAS", "LibreYOLONAS", ("s", "m", "l")),
     "rtdetr": (".rtdetr.model:RTDETR", "LibreRTDETR", ("r18", "r34", "r50", "r101")),
     "rtdetrv2": (".rtdetrv2.model:RTDETRv2", "LibreRTDETRv2", ("r18", "r34", "r50", "r101")),
     "dfine": (".dfine.model:Dfine", "LibreDFINE", ("n", "s", "m", "l", "x")),
@@ -77,39 +78,36 @@ def parse_spec(text: str) -> tuple[type[Model], str] | None:
     low = stem.lower()
     suffix = re.search(r"[-_](" + "|".join(TASK_SUFFIXES) + r")$", low)
     if suffix:
-        hit = parse_spec(stem[:suffix.start()])
         task = TASK_SUFFIXES[suffix.group(1)]
-        own = _variant_spec(stem[:suffix.start()].lower(), task)
-        if hit is not None and task in (hit[0].TASK, *(v.TASK for v in hit[0].task_variants())):
-            return own or (hit[0].for_task(task), hit[1])    # a size it lacks: new() names its sizes
-        return own
+        for fam, rest in _family_prefixes(low[:suffix.start()]):
+            cls = FAMILIES[fam]
+            if task not in (cls.TASK, *(v.TASK for v in cls.task_variants())):
+                continue
+            variant = cls.for_task(task)   # a variant may come in sizes of its own (yolonas-n-pose)
+            for size in sorted(variant.SIZES, key=len, reverse=True):
+                if rest == size.lower():
+                    return variant, size
+            for size in _TABLE[fam][2]:   # a family size the variant lacks: new() names the variant's sizes
+                if rest == size.lower():
+                    return variant, size
+        return None   # e.g. the reference's LibreYOLO9c-seg.pt: a hub file, not a variant we build
+    for fam, rest in _family_prefixes(low):
+        for size in sorted(_TABLE[fam][2], key=len, reverse=True):
+            if rest == size.lower():
+                return FAMILIES[fam], size
+    return None
+
+
+def _family_prefixes(low: str) -> list[tuple[str, str]]:
+    """(family, the rest of the name) for each family whose name or file prefix ``low`` starts
+    with, longest family name first (the table alone: no family is imported)."""
+    out = []
     for fam in sorted(_TABLE, key=lambda f: -len(f)):
-        _, file_prefix, sizes = _TABLE[fam]
-        prefixes = {fam.lower(), file_prefix.lower()}
+        prefixes = {fam.lower(), _TABLE[fam][1].lower()}
         for prefix in sorted(prefixes, key=len, reverse=True):
             if prefix and low.startswith(prefix):
-                rest = low[len(prefix):].lstrip("-_")
-                for size in sorted(sizes, key=len, reverse=True):
-                    if rest == size.lower():
-                        return FAMILIES[fam], size
-    return None
-
-
-def _variant_spec(low: str, task: str) -> tuple[type[Model], str] | None:
-    """A task variant whose sizes are its own ('rtdetrv2-n-obb': the OBB sizes are n..x, the
-    family's r18..r101), else None (e.g. the reference's LibreYOLO9c-seg.pt: a hub file, not a
-    variant we build)."""
-    for fam in sorted(_TABLE, key=lambda f: -len(f)):
-        _, file_prefix, _ = _TABLE[fam]
-        for prefix in sorted({fam.lower(), file_prefix.lower()}, key=len, reverse=True):
-            if low.startswith(prefix):
-                cls = FAMILIES[fam]
-                if task not in (v.TASK for v in cls.task_variants()):
-                    return None
-                variant = cls.for_task(task)
-                rest = low[len(prefix):].lstrip("-_")
-                return next(((variant, s) for s in variant.SIZES if s.lower() == rest), None)
-    return None
+                out.append((fam, low[len(prefix):].lstrip("-_")))
+    return out
 
 
 def family_for_checkpoint(ckpt: dict, filename: str | None) -> tuple[type[Model], str | None, str]:

@@ -2,9 +2,13 @@
 
 Predict stage (on the device, captured with the network where the family declares graphs): the
 family's ``infer`` returns fixed-shape candidates sorted by score - boxes (B, K, 4) xyxy, scores
-(B, K), classes (B, K) and keypoints (B, K, N, 2) in canvas pixels (a DETR-style family: a top-k
-over the queries, no NMS). On the host the candidates above ``conf`` (at most ``max_det``) are
-mapped back to each image's pixels and become ``Results.boxes`` and ``Results.keypoints``.
+(B, K), classes (B, K), keypoints (B, K, N, 2) in canvas pixels and, where the family predicts
+them, each keypoint's visibility (B, K, N) (a DETR-style family: a top-k over the queries, no NMS
+and no visibility; a dense family such as YOLO-NAS-Pose: its best candidates by score, which the
+class-aware NMS at ``iou`` then thins on the host, as detection's NMS runs off CUDA). On the host
+the candidates above ``conf`` (at most ``max_det``) are mapped back to each image's pixels and
+become ``Results.boxes`` and ``Results.keypoints`` (each keypoint's ``conf``: its visibility,
+else its instance's score).
 
 The keypoint layout (``kpt_shape``), left/right flip order (``flip_idx``) and ``skeleton`` come
 from the checkpoint's metadata (a pose dataset's YAML), else COCO's 17-keypoint person layout.
@@ -31,6 +35,8 @@ class PoseOptions(TaskOptions):
     fliplr: float = option(0.5, "probability of a horizontal flip (keypoints swapped by flip_idx)", Fraction())
     bucket: int = option(16, "instances padded to this times a power of two (fixed loss shapes)", Int(1))
     val_conf: float = option(0.001, "confidence threshold of validation", Fraction())
+    val_iou: float = option(0.7, "NMS IoU threshold of validation (families whose candidates need NMS)",
+                            Fraction())
 
     def __post_init__(self) -> None:
         self.check()
@@ -52,11 +58,12 @@ class PoseEvaluator(Evaluator):
         self.gts: list[dict] = []
 
     def process(self, outputs, batch) -> None:
-        boxes, scores, cls, kpts = (t.detach().float().cpu().numpy() for t in outputs)
+        boxes, scores, cls, kpts = (t.detach().float().cpu().numpy() for t in outputs[:4])
         images, gcls, gboxes, gkpts, mask = batch
         size = np.array([images.shape[-1], images.shape[-2]], np.float64)
         for i in range(len(images)):
-            keep = scores[i] >= self.options.val_conf
+            keep = kept(boxes[i], scores[i], cls[i], self.options.val_conf,
+                        self.options.val_iou if self.model.NMS else None)
             self.preds.append({"boxes": boxes[i][keep], "scores": scores[i][keep], "cls": cls[i][keep],
                                "kpts": kpts[i][keep]})
             m = mask[i].numpy()
@@ -69,6 +76,23 @@ class PoseEvaluator(Evaluator):
     def evaluate(self) -> dict[str, float]:
         from .metrics import oks_map
         return oks_map(self.preds, self.gts, self.sigmas)
+
+
+def kept(boxes: np.ndarray, scores: np.ndarray, cls: np.ndarray, conf: float, iou: float | None,
+         classes: list[int] | None = None) -> np.ndarray:
+    """Indices of one image's candidates (sorted by score) kept: score >= ``conf``, in ``classes``,
+    and with ``iou`` not None the survivors of a class-aware greedy NMS (torchvision's), in score
+    order."""
+    keep = scores >= conf
+    if classes is not None:
+        keep &= np.isin(cls, classes)
+    idx = np.flatnonzero(keep)
+    if iou is None or len(idx) < 2:
+        return idx
+    from torchvision.ops import batched_nms
+    survivors = batched_nms(torch.from_numpy(boxes[idx]).float(), torch.from_numpy(scores[idx]).float(),
+                            torch.from_numpy(cls[idx]).long(), float(iou))
+    return idx[np.sort(survivors.numpy())]
 
 
 def skeleton_of(model) -> tuple | None:
@@ -90,9 +114,10 @@ class PosePlan(PredictPlan):
     """One pose predict call (see the module docstring)."""
 
     def __init__(self, model, constants: Callable[..., torch.Tensor], *, conf: float, max_det: int,
-                 classes: list[int] | None):
+                 classes: list[int] | None, iou: float = 0.45):
         self.model = model
         self.conf, self.max_det, self.classes = float(conf), int(max_det), classes
+        self.iou = float(iou) if model.NMS else None
 
     def finish(self, outputs, *extra):
         return outputs    # the family's infer is already the fixed-shape top-k
@@ -100,22 +125,22 @@ class PosePlan(PredictPlan):
     def results(self, out, chunk, size, speed):
         from ...results import Boxes, Results
         m = self.model
-        boxes, scores, cls, kpts = (t.detach().float().cpu().numpy() for t in out)
+        boxes, scores, cls, kpts = (t.detach().float().cpu().numpy() for t in out[:4])
+        vis = out[4].detach().float().cpu().numpy() if len(out) > 4 else None
         skeleton = skeleton_of(m)
         results = []
         for i, it in enumerate(chunk):
-            keep = scores[i] >= self.conf
-            if self.classes is not None:
-                keep &= np.isin(cls[i], self.classes)
-            idx = np.flatnonzero(keep)[: self.max_det]     # sorted by score already
+            idx = kept(boxes[i], scores[i], cls[i], self.conf, self.iou, self.classes)[: self.max_det]
             det = np.concatenate([boxes[i][idx], scores[i][idx, None], cls[i][idx, None]], 1).astype(np.float32)
             pts = kpts[i][idx].astype(np.float32)
             h, w = int(it.image.shape[0]), int(it.image.shape[1])
             sx, sy, px, py = inverse_params(h, w, size, m.preprocess.resize)
             unletterbox_boxes(det, sx, sy, h, w, px, py)
             unletterbox_keypoints(pts, sx, sy, px, py)
-            # no visibility output: each keypoint carries its instance's score
-            pts = np.concatenate([pts, np.repeat(det[:, None, 4:5], pts.shape[1], 1)], 2)
+            # each keypoint's visibility where the family predicts it, else its instance's score
+            conf = (vis[i][idx, :, None].astype(np.float32) if vis is not None
+                    else np.repeat(det[:, None, 4:5], pts.shape[1], 1))
+            pts = np.concatenate([pts, conf], 2)
             results.append(Results(it.image, it.name, m.names, Boxes(torch.from_numpy(det), (h, w)),
                                    speed=dict(speed),
                                    keypoints=Keypoints(torch.from_numpy(np.ascontiguousarray(pts)), (h, w),
@@ -127,8 +152,8 @@ class PoseTask(Task):
     name = "pose"
     primary_metric = "oks_map50_95"
     Options = PoseOptions
-    val_option_names = {"conf": "val_conf"}
-    predict_defaults = {"conf": 0.25, "max_det": 300, "classes": None}
+    val_option_names = {"conf": "val_conf", "iou": "val_iou"}
+    predict_defaults = {"conf": 0.25, "iou": 0.45, "max_det": 300, "classes": None}
 
     def plan(self, model, size, constants, **opts) -> PosePlan:
         from ...options import check_fraction, check_max_det, parse_classes
@@ -139,7 +164,7 @@ class PoseTask(Task):
         o = {**self.predict_defaults, **opts}
         max_det, _ = check_max_det(o["max_det"], None)
         return PosePlan(model, constants, conf=check_fraction("conf", o["conf"]), max_det=max_det,
-                        classes=parse_classes(o["classes"], model.names))
+                        classes=parse_classes(o["classes"], model.names), iou=check_fraction("iou", o["iou"]))
 
     # ------------------------------------------------------------------- data
     def prepare_model(self, model, data) -> None:

@@ -1,0 +1,129 @@
+"""YOLO-NAS-Pose: the YOLO-NAS family's pose variant (dense heads, per-keypoint visibility)."""
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from ...ops.boxes import clip_to_canvas
+from ...ops.preprocess import Preprocess
+from .model import YoloNAS
+from .pose_nn import COCO_KEYPOINTS, POSE_HEAD_WIDTH, YoloNASPoseNet
+
+#: candidates kept (by score) before NMS, as the original post-processing does
+PRE_NMS_TOP_K = 1000
+
+
+class YoloNASPose(YoloNAS):
+    """YOLO-NAS-Pose (sizes n, s, m, l): the detector's backbone and neck with pose heads that
+    predict, per anchor, a person box, 17 COCO keypoints and each keypoint's visibility. Built for
+    ``task="pose"`` (``LibreYOLO.new("yolonas", "n", task="pose")``, ``yolonas-n-pose``) or from a
+    checkpoint whose ``task`` is ``pose``.
+
+    Preprocessing as the original: BGR (channels reversed inside :meth:`infer` and
+    :meth:`train_forward`) in [0, 1], the image at the top-left of the square. The original pads
+    with grey 127; the shared letterbox pads with 114.
+    """
+
+    TASK = "pose"
+    SIZES = tuple(POSE_HEAD_WIDTH)
+    DEFAULT_NC = 1
+    PREPROCESS = Preprocess("topleft", quantize=True)
+    TASK_VARIANTS: ClassVar[dict[str, str]] = {"detect": ".yolonas.model:YoloNAS"}
+    SIGNATURE_KEYS = ("backbone.stem.conv.branch_3x3.conv.weight", "backbone.stem.conv.rbr_reparam.weight",
+                      "heads.head1.pose_pred.weight", "heads.head1.pose_stem.seq.conv.weight")
+    NC_KEY = "heads.head1.cls_pred.weight"
+    #: keypoints per instance of the released checkpoints (COCO's person skeleton)
+    NUM_KEYPOINTS = COCO_KEYPOINTS
+    NUM_TOP = PRE_NMS_TOP_K
+
+    def __init__(self, net: nn.Module, **kwargs: Any):
+        super().__init__(net, **kwargs)
+        self.num_keypoints = int(net.num_keypoints)
+
+    @classmethod
+    def _owns_own(cls, state_dict: dict[str, torch.Tensor]) -> bool:
+        return bool(cls.SIGNATURE_KEYS) and all(k in state_dict for k in cls.SIGNATURE_KEYS)
+
+    @classmethod
+    def nc_from_state_dict(cls, state_dict: dict[str, torch.Tensor]) -> int | None:
+        """The class rows of ``cls_pred`` less one visibility row per keypoint (``pose_pred`` / 2)."""
+        w, p = state_dict.get(cls.NC_KEY), state_dict.get("heads.head1.pose_pred.weight")
+        if w is None or p is None:
+            return None
+        nc = int(w.shape[0]) - int(p.shape[0]) // 2
+        return nc if nc > 0 else None
+
+    @classmethod
+    def from_checkpoint(cls, ckpt: dict, **kwargs: Any) -> YoloNASPose:
+        """A checkpoint of any keypoint count (its ``pose_pred`` rows / 2)."""
+        p = ckpt["model"].get("heads.head1.pose_pred.weight")
+        k = int(p.shape[0]) // 2 if p is not None else cls.NUM_KEYPOINTS
+        if k != cls.NUM_KEYPOINTS:
+            variant = type(cls.__name__, (cls,), {"NUM_KEYPOINTS": k, "__module__": cls.__module__,
+                                                  "__doc__": cls.__doc__})
+            return variant.from_checkpoint(ckpt, **kwargs)
+        return super().from_checkpoint(ckpt, **kwargs)
+
+    @classmethod
+    def build_network(cls, size: str, nc: int) -> nn.Module:
+        if size not in cls.SIZES:
+            raise ValueError(f"unknown YOLO-NAS pose size {size!r}; sizes: {', '.join(cls.SIZES)}")
+        return YoloNASPoseNet(size, nc, cls.NUM_KEYPOINTS)
+
+    def reset_keypoints(self, num_keypoints: int) -> None:
+        """Rebuild the network for ``num_keypoints`` keypoints per instance, keeping every weight
+        whose shape still fits (``cls_pred`` and ``pose_pred`` start untrained)."""
+        new = YoloNASPoseNet(self.size, self.nc, int(num_keypoints))
+        old, fresh = self.model.state_dict(), new.state_dict()
+        new.load_state_dict({k: v for k, v in old.items() if k in fresh and fresh[k].shape == v.shape}, strict=False)
+        self._attach(new.to(self.device))
+        self.num_keypoints = int(num_keypoints)
+
+    def reset_classes(self, nc: int, names: Any = None) -> None:
+        """As :meth:`Model.reset_classes`, keeping this model's keypoint count."""
+        k = self.num_keypoints
+        super().reset_classes(nc, names)
+        if k != self.NUM_KEYPOINTS:
+            self.reset_keypoints(k)
+
+    @classmethod
+    def default_names(cls, nc: int) -> dict[int, str]:
+        return {0: "person"} if nc == 1 else {i: f"class{i}" for i in range(nc)}
+
+    def sigmas(self) -> tuple[float, ...]:
+        """The OKS sigmas of this model's keypoints: the training dataset's (metadata ``kpt_sigmas``),
+        else COCO's for 17 keypoints, else 0.05 each."""
+        from ...tasks.pose.results import COCO_SIGMAS
+        given = self.meta.get("kpt_sigmas")
+        if given is not None and len(given) == self.num_keypoints:
+            return tuple(float(v) for v in given)
+        return COCO_SIGMAS if self.num_keypoints == 17 else (0.05,) * self.num_keypoints
+
+    def build_loss(self) -> nn.Module:
+        """YOLO-NAS-Pose's loss (:class:`.pose_loss.YoloNASPoseLoss`)."""
+        from .pose_loss import YoloNASPoseLoss
+        return YoloNASPoseLoss(self.nc, self.sigmas())
+
+    def train_forward(self, net: nn.Module, x: torch.Tensor, *targets: torch.Tensor) -> Any:
+        """The network's outputs on the BGR input, with the input's (height, width) (the loss
+        scales the normalized targets to pixels)."""
+        return net(x.flip(1)), (int(x.shape[-2]), int(x.shape[-1]))
+
+    def val_loss_outputs(self, net: nn.Module, out, x: torch.Tensor, *targets: torch.Tensor):
+        return out, (int(x.shape[-2]), int(x.shape[-1]))
+
+    def infer(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """(B, 3, S, S) RGB canvas -> the ``NUM_TOP`` best candidates by score (fixed shapes):
+        boxes (B, K, 4) xyxy, scores (B, K), classes (B, K), keypoints (B, K, N, 2) in canvas pixels
+        and their visibility (B, K, N); the pose task's NMS picks among them."""
+        (boxes, scores, kpts, vis), _ = self.model(x.flip(1))
+        boxes = clip_to_canvas(boxes.float(), x.shape[-2], x.shape[-1])
+        score, cls = scores.float().max(-1)
+        k = min(self.NUM_TOP, score.shape[1])
+        score, idx = score.topk(k, dim=1, sorted=True)
+        n = kpts.shape[2]
+        return (boxes.gather(1, idx[..., None].expand(-1, -1, 4)), score, cls.gather(1, idx),
+                kpts.float().gather(1, idx[..., None, None].expand(-1, -1, n, 2)),
+                vis.float().gather(1, idx[..., None].expand(-1, -1, n)))
