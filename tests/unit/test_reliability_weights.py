@@ -15,6 +15,7 @@ import torch
 from libreyolo import LibreYOLO
 from libreyolo import weights as W
 from libreyolo.options import MAX_DET, MAX_SEED, OptionError, check_max_det, check_seed
+from libreyolo.results import Results
 
 pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py
 
@@ -79,7 +80,7 @@ def test_export_with_a_large_max_det_and_predict_from_it(tiny, tmp_path):
     path = tiny.export(file=tmp_path / "big.onnx", imgsz=64, max_det=1500)
     o = LibreYOLO(str(path), device="cpu")
     assert (o.max_det, o.max_nms) == (1500, 1500)
-    assert isinstance(o.predict(IMAGE, conf=0.9), list)   # predict's default max_nms followed too
+    assert isinstance(o.predict(IMAGE, conf=0.9), Results)   # predict's default max_nms followed too
 
 
 def test_cli_export_leaves_max_nms_to_max_det_and_checks_the_seeds_range():
