@@ -48,6 +48,7 @@ FIXTURE_TASK = {
     "ec-s-pose": "pose",
     "rtmdet-t-seg": "segment",
     "rtdetrv2-n-obb": "obb",
+    "yolonas-n-pose": "pose",
 }
 
 # Fixtures whose top-k query selection has an exact tie at its boundary (their README and
@@ -55,7 +56,6 @@ FIXTURE_TASK = {
 # (the reference itself, re-run, picks another), so the order-free comparison leaves them out.
 FIXTURE_BOUNDARY_TIES = {
     "rtdetrv2-n-obb": 1,
-    "yolonas-n-pose": "pose",
 }
 
 # Families whose checkpoints share another family's layout key for key: a bare state dict (no

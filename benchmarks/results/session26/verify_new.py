@@ -20,9 +20,9 @@ for family, size, task in MODELS[int(sys.argv[1]) if len(sys.argv) > 1 else 0:]:
     try:
         kw = {"task": task} if task else {}
         m = LibreYOLO.new(family, size, device="cuda", seed=0, **kw)
+        type(m).SUPPORTS_CUDA_GRAPH = True   # this process only: capture refuses an unflagged family
         rs = verify_model(m, imgsz=640, batches=(1, 8))
         bad = [str(r) for r in rs if not r.passed]
-        type(m).SUPPORTS_CUDA_GRAPH = True   # this process only: the end-to-end check
         a = m([SAMPLE_IMAGE], conf=0.0)[0]
         b = m([SAMPLE_IMAGE], conf=0.0, cuda_graph=True)[0]
         c = m([SAMPLE_IMAGE], conf=0.0, cuda_graph=True)[0]   # a replay
