@@ -19,6 +19,7 @@ pytest.importorskip("onnx")
 import ocr_pages as P  # tests/ is on the path (conftest)
 
 from libreyolo import LibreYOLO
+from libreyolo.tasks.ocr.postprocess import crop_line, db_boxes, resize_line
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -134,4 +135,66 @@ def test_predict_runs_the_fused_copy_and_the_model_still_saves(model, tmp_path):
         assert model._net() is model.model
     finally:
         model.predict_fused = True
-    assert fused == plain and len(fused) == len(truth)
+    assert fused == plain == truth
+
+
+# ------------------------------------------------------------------------- DB post-process
+@pytest.mark.parametrize("dilate,mode,ratio,box", [(True, "fast", 1.6, 0.5), (False, "fast", 1.5, 0.6),
+                                                   (False, "slow", 2.0, 0.6)])
+def test_boxes_equal_rapidocr_on_the_same_maps(rapid, dilate, mode, ratio, box):
+    from rapidocr_onnxruntime.ch_ppocr_det.utils import DBPostProcess
+    det = rapid.text_det
+    for page, _ in (P.english_page(), P.dense_page(), P.rotated_page(7.0)):
+        bgr = np.ascontiguousarray(page[..., ::-1])
+        pred = det.infer(det.get_preprocess(max(bgr.shape[:2]))(bgr))[0]
+        ref_boxes, ref_scores = DBPostProcess(thresh=0.3, box_thresh=box, unclip_ratio=ratio, use_dilation=dilate,
+                                              score_mode=mode)(pred, bgr.shape[:2])
+        ref = det.filter_tag_det_res(ref_boxes, bgr.shape[:2])
+        p = pred[0, 0]
+        ours = db_boxes((p > 0.3).astype(np.uint8), p, bgr.shape[:2], box, ratio, 1000, dilate=dilate,
+                        score_mode=mode)
+        assert len(ref) > 0 and np.array_equal(ours.quads, ref.astype(np.float32))
+        assert np.allclose(ours.scores, np.asarray(ref_scores, np.float32))
+
+
+# ---------------------------------------------------------------------------- recognition
+def test_a_line_reads_the_same_alone_and_in_a_batch(model):
+    page, truth = P.dense_page()
+    r = first(model(page, bgr=False))
+    lines = [resize_line(crop_line(page, q), model.REC_BUCKETS) for q in r.texts.numpy().polygons]
+    plan = model.get_predictor().plan(960)
+    batched, _ = plan.recognize(lines)
+    assert batched == r.texts.texts and len(lines) == len(truth)
+    for i in (0, 7, 19, 29):
+        alone, _ = plan.recognize([lines[i]])
+        assert alone == [batched[i]]
+
+
+def test_detection_runs_at_the_page_aspect(model):
+    page, _ = P.english_page()   # 1100 x 610: the longer side shrunk to 960, each side a multiple of 32
+    h, w = model.preprocess.input_hw(page.shape[0], page.shape[1], model.imgsz)
+    assert (h % 32, w % 32) == (0, 0) and w == 960 and h < 600
+
+
+# ------------------------------------------------------------------ reading, side by side
+PAGES = {"english": P.english_page, "dense": P.dense_page, "rotated": P.rotated_page}
+
+
+@pytest.mark.parametrize("name", [*PAGES, "chinese"])
+def test_reads_a_rendered_page_at_least_as_well_as_rapidocr(model, rapid, name):
+    if name == "chinese":
+        font = P.cjk_font_path()
+        if font is None:
+            pytest.skip("no CJK font (pip install rinoh-typeface-notosanscjk: the test extra)")
+        page, truth = P.chinese_page(font)
+    else:
+        page, truth = PAGES[name]()
+    ours, theirs = read(model, page), rapid_read(rapid, page)
+    assert len(ours) == len(truth) == rapid_det_boxes(rapid, page)   # the same lines found
+    assert P.cer(ours, truth) <= P.cer(theirs, truth), (ours, theirs)
+    assert P.cer(ours, truth) < 0.03
+
+
+def test_a_blank_page_reads_nothing(model, rapid):
+    page = P.blank_page()
+    assert read(model, page) == [] and rapid_read(rapid, page) == []
