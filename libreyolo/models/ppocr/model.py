@@ -133,6 +133,8 @@ class PPOCR(Model):
         if c is None or c[0] is not self.model or c[1] != fp:
             import copy
             net = copy.deepcopy(self.model).fuse().eval()
+            if self.device.type == "cpu":   # oneDNN's depthwise convs: faster in channels-last on the CPU
+                net = net.to(memory_format=torch.channels_last)
             self._fused_copy = (self.model, fp, net)
 
     def _net(self) -> PPOCRNet:

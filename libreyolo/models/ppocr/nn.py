@@ -129,9 +129,18 @@ class Act(nn.Module):
         super().__init__()
         self.act = nn.Hardswish()
         self.lab = Affine()
+        self.fused = False   # fuse(): in place, the affine as one addcmul, or folded away (lab None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.lab(self.act(x))
+        if not self.fused:
+            return self.lab(self.act(x))
+        x = F.hardswish(x, inplace=True)   # x: the conv's fresh output
+        return x if self.lab is None else torch.addcmul(self.lab.bias, x, self.lab.scale)
+
+    def fuse(self) -> None:
+        """Inference form: hard-swish in place, the affine in one pass (same values up to float32
+        rounding)."""
+        self.fused = True
 
 
 class RepLayer(nn.Module):
@@ -224,6 +233,23 @@ class LCNetV3Block(nn.Module):
         if self.se is not None:
             x = self.se(x)
         return self.pw_conv(x)
+
+    @torch.no_grad()
+    def fold_act_affine(self) -> None:
+        """After :meth:`RepLayer.fuse` of both layers: the depthwise layer's activation affine
+        ``s * y + t`` folded into the pointwise conv that reads it (a 1x1 conv has no padding, so
+        ``W (s y + t) + b = (s W) y + (b + t W 1)`` exactly); not across a squeeze-excitation."""
+        dw, pw = self.dw_conv, self.pw_conv
+        if self.se is not None or dw.fused is None or pw.fused is None or dw.stride == 2:
+            return
+        act: Any = dw.act
+        if act.lab is None:
+            return
+        s, t = act.lab.scale, act.lab.bias
+        conv: Any = pw.fused
+        conv.bias.add_(t * conv.weight.sum((1, 2, 3)))
+        conv.weight.mul_(s)
+        act.lab = None
 
 
 class PPLCNetV3(nn.Module):
@@ -520,6 +546,9 @@ class PPOCRNet(nn.Module):
             if isinstance(m, RepLayer):
                 m.fuse()
         for m in list(self.modules()):
-            if isinstance(m, (ConvBN, ConvBNSiLU, DBBranch)):
+            if isinstance(m, (ConvBN, ConvBNSiLU, DBBranch, Act)):
                 m.fuse()
+        for m in list(self.modules()):
+            if isinstance(m, LCNetV3Block):
+                m.fold_act_affine()
         return self
