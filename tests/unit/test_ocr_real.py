@@ -119,7 +119,9 @@ def test_fused_network_equals_the_loaded_one_within_fp32_rounding(model):
     with torch.no_grad():
         a, b = model.model.det(x), fused.det(x)
         ra, rb = model.model.rec(lines), fused.rec(lines)
-    assert (a - b).abs().max().item() < 1e-4
+    # float32 rounding of a differently ordered sum, amplified where the sigmoid map is steep
+    assert (a - b).abs().max().item() < 1e-3
+    assert ((a > 0.3) != (b > 0.3)).float().mean().item() < 1e-5
     assert (ra - rb).abs().max().item() < 1e-4 and torch.equal(ra.argmax(-1), rb.argmax(-1))
 
 
