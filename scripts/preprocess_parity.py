@@ -84,6 +84,8 @@ def capture_input(model, family: str, run) -> "np.ndarray":
                 seen.append(a.detach().to("cpu", torch.float32).clone())
                 raise Captured
 
+    if family == "ppocr":
+        model.predict_fused = False   # the hooks sit on the loaded network (a fused copy sees the same input)
     root = network_of(model, family)
     handles = [m.register_forward_pre_hook(hook, with_kwargs=True) for m in root.modules()]
     try:

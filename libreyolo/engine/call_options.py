@@ -188,7 +188,7 @@ class PredictOptions:
     topk: int = option(5, "classification: classes returned per image", Int(1), tasks=("classify",))
     det_thresh: float = option(0.3, "ocr: text-pixel threshold of the detector's map", Fraction(), tasks=("ocr",))
     box_thresh: float = option(0.6, "ocr: mean score a text box needs", Fraction(), tasks=("ocr",))
-    unclip_ratio: float = option(1.5, "ocr: how far a text box is grown", Float(0.0), tasks=("ocr",))
+    unclip_ratio: float = option(2.0, "ocr: how far a text box is grown", Float(0.0), tasks=("ocr",))
     rec_conf: float = option(0.0, "ocr: confidence a recognised line needs", Fraction(), tasks=("ocr",))
     max_lines: int = option(1000, "ocr: text lines per image at most", Int(1), tasks=("ocr",))
     rec_batch: int = option(8, "ocr: lines recognised per forward", Int(1, 256), tasks=("ocr",))

@@ -12,8 +12,8 @@ import torch
 
 from libreyolo import LibreYOLO
 from libreyolo.models.ppocr.charset import bundled_charset, load_charset
-from libreyolo.tasks.ocr.postprocess import (REC_BUCKETS, bucket_of, crop_line, db_boxes, reading_order, rec_batches,
-                                             rec_width)
+from libreyolo.tasks.ocr.postprocess import (REC_BUCKETS, bucket_of, crop_line, db_boxes, padded_width, reading_order,
+                                             rec_batches, rec_width)
 from libreyolo.tasks.ocr.results import TextLines
 from libreyolo.tasks.ocr.synthetic import text_page
 from libreyolo.tasks.ocr.task import ctc_greedy
@@ -133,14 +133,21 @@ def test_crop_line_warps_upright_and_turns_tall_crops():
     assert tall.shape[:2] == (10, 50)   # turned 90 degrees
 
 
-def test_rec_buckets_and_fixed_batches():
+def test_rec_widths_and_batches_by_similar_width():
     assert rec_width((32, 100)) == 150 and bucket_of(150) == 320 and bucket_of(321) == 640
     assert rec_width((10, 10_000)) == REC_BUCKETS[-1]
-    lines = [np.full((48, w, 3), i, np.uint8) for i, w in enumerate((40, 100, 60, 128))]
-    batches = rec_batches(lines, 2, (64, 128))
+    assert padded_width(1) == 32 and padded_width(64) == 64 and padded_width(65) == 96
+    lines = [np.full((48, w, 3), i, np.uint8) for i, w in enumerate((40, 300, 60, 128, 45))]
+    batches = rec_batches(lines, 2)
+    # narrowest first; a batch keeps widths within 1.25x its first line's + 32 and at most 2 lines
     assert [(b[0], b[1].shape, b[2].tolist()) for b in batches] == [
-        ([0, 2], (2, 48, 64, 3), [40, 60]), ([1, 3], (2, 48, 128, 3), [100, 128])]
-    assert np.all(batches[0][1][1, :, 60:] == 0) and np.all(batches[0][1][1, :, :60] == 2)
+        ([0, 4], (2, 48, 64, 3), [40, 45]), ([2], (1, 48, 64, 3), [60]), ([3], (1, 48, 128, 3), [128]),
+        ([1], (1, 48, 320, 3), [300])]
+    assert np.all(batches[0][1][1, :, 45:] == 0) and np.all(batches[0][1][1, :, :45] == 4)
+    pow2 = rec_batches(lines[:2] + [np.zeros((48, 50, 3), np.uint8)] * 2, 8, rows="pow2")
+    assert [b[1].shape[0] for b in pow2] == [4, 1] and pow2[0][2].tolist() == [40, 50, 50, 0]
+    with pytest.raises(ValueError, match="rows must be"):
+        rec_batches(lines, 2, rows="fixed")
 
 
 # --------------------------------------------------------------------------- recognition stage

@@ -73,6 +73,8 @@ def _our_input(model, image: Image.Image, imgsz: int) -> np.ndarray:
                 seen.append(a.detach().float().clone())
                 raise _Captured
 
+    if model.FAMILY == "ppocr":
+        model.predict_fused = False   # the hooks sit on the loaded network (a fused copy sees the same input)
     handles = [m.register_forward_pre_hook(hook, with_kwargs=True) for m in _network_of(model).modules()]
     kwargs = {"points": [[20, 20]], "labels": [1]} if model.FAMILY == "mobilesam" else {}
     try:

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from ...ops.preprocess import IMAGENET_MEAN, IMAGENET_STD, Preprocess
-from ..base import Model
+from ..base import Model, _load_strict
 from ...tasks.ocr.postprocess import REC_BUCKETS
 from .nn import CONFIGS, PPOCRNet
 
@@ -81,23 +81,78 @@ class PPOCR(Model):
             size = "l"   # a PP-HGNetV2 stem: the server layout
         if size is not None:
             cls._check_size(str(size))
-        return super().from_checkpoint(ckpt, size=size, device=device, source=source)
+        size = size or "t"
+        if size not in cls.SIZES:
+            raise ValueError(f"{source or 'checkpoint'}: unknown {cls.FAMILY} size {size!r}")
+        sd = ckpt["model"]
+        fc = sd.get("rec.head.ctc_head.fc.weight")
+        if fc is None:
+            raise ValueError(f"{source or 'checkpoint'}: no 'rec.head.ctc_head.fc.weight' tensor: not a "
+                             f"{cls.FAMILY} checkpoint (it holds no recognizer classifier)")
+        net = PPOCRNet(str(size), num_classes=int(fc.shape[0]))   # the classifier follows the checkpoint
+        _load_strict(net, sd, f"{cls.FAMILY}-{size}", source)
+        meta = {k: v for k, v in ckpt.items() if k not in ("model", "train_state")}
+        return cls(net, size=str(size), nc=1, names=ckpt.get("names"), imgsz=ckpt.get("imgsz"),
+                   device=device, trained=True, source=source, meta=meta)
 
     @classmethod
     def nc_from_state_dict(cls, state_dict: dict[str, torch.Tensor]) -> int | None:
         return 1
 
+    #: predict (and bench) run the re-parameterized network: :meth:`PPOCRNet.fuse` applied to a copy
+    #: kept beside the model's own, which stays in the checkpoint layout (``save()`` still works).
+    #: The fused network equals the loaded one up to float32 rounding; False: the loaded network.
+    predict_fused: bool = True
+
     def __init__(self, net: nn.Module, **kwargs: Any):
         kwargs["nc"] = 1
+        self._fused_copy: tuple | None = None   # (source network, its fingerprint, fused copy)
         super().__init__(net, **kwargs)
         from .charset import load_charset
         self.charset = load_charset(self.meta.get("charset"), net.cfg.num_classes, self.source)
 
+    @property
+    def version(self) -> str:
+        """The PP-OCR generation of the weights (checkpoint metadata ``ppocr_version``): "v5" (the
+        default architecture and alphabet) or "v4" (same networks, its own 6,625-class alphabet)."""
+        return str(self.meta.get("ppocr_version") or "v5")
+
+    # ------------------------------------------------------------------ the fused network
+    def get_predictor(self):
+        self._refresh_fused()
+        return super().get_predictor()
+
+    def _refresh_fused(self) -> None:
+        """(Re)build the fused copy when predict should use one and the network changed since
+        (weights loaded, moved, re-drawn): outside any capture, before a predict starts."""
+        if self.fused or not self.predict_fused or self.model.training:
+            self._fused_copy = None
+            return
+        fp = self.runner.fingerprint()
+        c = self._fused_copy
+        if c is None or c[0] is not self.model or c[1] != fp:
+            import copy
+            net = copy.deepcopy(self.model).fuse().eval()
+            if self.device.type == "cpu":   # oneDNN's depthwise convs: faster in channels-last on the CPU
+                net = net.to(memory_format=torch.channels_last)
+            self._fused_copy = (self.model, fp, net)
+
+    def _net(self) -> PPOCRNet:
+        """The network the stages run: the fused copy while it is current, else the model's own
+        (a twin from :meth:`infer_with`, a changed network not yet refreshed)."""
+        c = self._fused_copy
+        if c is not None and c[0] is self.model and self.predict_fused and not self.fused \
+                and c[1] == self.runner.fingerprint():
+            return c[2]
+        return self.model  # type: ignore[return-value]
+
     def _attach(self, net: nn.Module) -> None:
-        """As every family's, with room in the graph cache for one recognition graph per bucket
-        on top of the usual cap the detection stage lives under."""
+        """As every family's, with room in the graph cache for the recognition graphs on top of
+        the usual cap the detection stage lives under."""
         super()._attach(net)
+        self._fused_copy = None
         self.runner.max_graphs = self.runner.max_graphs + len(self.REC_BUCKETS)
+
 
     # ------------------------------------------------------------------ stages
     @staticmethod
@@ -107,7 +162,7 @@ class PPOCR(Model):
 
     def infer(self, x: torch.Tensor) -> torch.Tensor:
         """(B, 3, S, S) RGB in [0, 1] (letterboxed) -> (B, 1, S, S) float32 shrink map (text probability)."""
-        return self.model.det(self._bgr_normalize(x, IMAGENET_MEAN, IMAGENET_STD)).float()
+        return self._net().det(self._bgr_normalize(x, IMAGENET_MEAN, IMAGENET_STD)).float()
 
     def infer_rec(self, crops_u8: torch.Tensor, widths: torch.Tensor) -> torch.Tensor:
         """(B, 48, W, 3) uint8 RGB text-line crops, each valid in its first ``widths[i]`` columns ->
@@ -120,7 +175,7 @@ class PPOCR(Model):
         x = (x / 255.0 - 0.5) / 0.5
         cols = torch.arange(x.shape[-1], device=x.device)
         x = torch.where(cols < widths.view(-1, 1, 1, 1), x, torch.zeros((), device=x.device))
-        return self.model.rec(x).float()
+        return self._net().rec(x).float()
 
     #: the summed branches of the re-parameterizable blocks grow re-drawn weights' activations past
     #: float16's range: verify's probe weights are calibrated (engine/verify.py: input_sensitive)

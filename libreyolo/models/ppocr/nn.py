@@ -18,10 +18,17 @@ stem is a stride-2 3x3 conv + BN without activation.
 
 Every shape derives from the input's static size (no host syncs, no data-dependent shapes):
 both networks are CUDA-graph safe.
+
+:meth:`PPOCRNet.fuse` re-parameterizes for inference: each learnable re-parameterizable layer's
+branches (BatchNorms folded, the 1x1 kernel and the identity placed at the kxk centre) and its
+learnable affine are summed into one conv with bias - the transform PaddleOCR's inference
+export applies - and every other conv + BatchNorm pair is folded. The fused network computes the
+same function up to float32 rounding.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -63,7 +70,7 @@ class PPOCRConfig:
     rec_dims: int = 120          # SVTR encoder width (hidden and output)
     rec_depth: int = 2
     rec_heads: int = 8
-    num_classes: int = 18385     # CTC alphabet: blank + dictionary + space
+    num_classes: int = 18385     # CTC alphabet: blank + dictionary + space (PP-OCRv5's; a checkpoint's own alphabet may differ)
     branches: int = 4            # conv branches of each learnable re-parameterizable layer
 
 
@@ -91,7 +98,28 @@ class ConvBN(nn.Module):
         self.bn = nn.BatchNorm2d(cout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.bn(self.conv(x))
+        return self.conv(x) if self.bn is None else self.bn(self.conv(x))
+
+    @torch.no_grad()
+    def fuse(self) -> None:
+        """Fold the BatchNorm into the conv (a conv with bias)."""
+        if self.bn is not None:
+            self.conv, self.bn = fold_conv(self.conv, self.bn), None
+
+
+def fold_conv(conv: Any, bn: Any) -> Any:
+    """A new conv (with bias) equal to ``bn(conv(x))`` in eval mode; a transposed conv's output
+    channels are its weight's second dimension."""
+    scale = bn.weight / torch.sqrt(bn.running_var + bn.eps)
+    bias = (conv.bias if conv.bias is not None else torch.zeros_like(bn.running_mean)) - bn.running_mean
+    transposed = isinstance(conv, nn.ConvTranspose2d)
+    extra = {"output_padding": conv.output_padding} if transposed else {}
+    cls = nn.ConvTranspose2d if transposed else nn.Conv2d
+    out = cls(conv.in_channels, conv.out_channels, conv.kernel_size, conv.stride, conv.padding,
+              groups=conv.groups, bias=True, dilation=conv.dilation, **extra).to(conv.weight)
+    out.weight.copy_(conv.weight * (scale.view(1, -1, 1, 1) if transposed else scale.view(-1, 1, 1, 1)))
+    out.bias.copy_(bias * scale + bn.bias)
+    return out.requires_grad_(False)
 
 
 class Act(nn.Module):
@@ -101,9 +129,18 @@ class Act(nn.Module):
         super().__init__()
         self.act = nn.Hardswish()
         self.lab = Affine()
+        self.fused = False   # fuse(): in place, the affine as one addcmul, or folded away (lab None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.lab(self.act(x))
+        if not self.fused:
+            return self.lab(self.act(x))
+        x = F.hardswish(x, inplace=True)   # x: the conv's fresh output
+        return x if self.lab is None else torch.addcmul(self.lab.bias, x, self.lab.scale)
+
+    def fuse(self) -> None:
+        """Inference form: hard-swish in place, the affine in one pass (same values up to float32
+        rounding)."""
+        self.fused = True
 
 
 class RepLayer(nn.Module):
@@ -118,8 +155,12 @@ class RepLayer(nn.Module):
         self.conv_1x1 = ConvBN(cin, cout, 1, stride, groups) if k > 1 else None
         self.lab = Affine()
         self.act = Act()
+        self.fused: nn.Conv2d | None = None   # set by fuse()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fused is not None:
+            out = self.fused(x)
+            return out if self.stride == 2 else self.act(out)
         out = self.identity(x) if self.identity is not None else 0
         if self.conv_1x1 is not None:
             out = out + self.conv_1x1(x)
@@ -127,6 +168,44 @@ class RepLayer(nn.Module):
             out = out + conv(x)
         out = self.lab(out)
         return out if self.stride == 2 else self.act(out)
+
+    @torch.no_grad()
+    def fuse(self) -> None:
+        """Sum the branches into one kxk conv with bias (each BatchNorm folded; the 1x1 kernel and
+        the identity placed at the kernel's centre) and fold the learnable affine into it."""
+        if self.fused is not None:
+            return
+        ref: Any = self.conv_kxk[0].conv
+        bn0: Any = self.conv_kxk[0].bn
+        k = ref.kernel_size[0]
+        c = k // 2
+        weight = torch.zeros_like(ref.weight)
+        bias = torch.zeros_like(bn0.running_mean)
+        branches: Any = self.conv_kxk
+        for branch in branches:
+            f = fold_conv(branch.conv, branch.bn)
+            weight += f.weight
+            bias += f.bias
+        if self.conv_1x1 is not None:
+            f = fold_conv(self.conv_1x1.conv, self.conv_1x1.bn)
+            weight[:, :, c, c] += f.weight[:, :, 0, 0]
+            bias += f.bias
+        if self.identity is not None:   # x = a conv whose kernel is 1 at the centre of its own channel
+            eye = torch.zeros_like(ref.weight)
+            per_group = ref.in_channels // ref.groups
+            eye[torch.arange(ref.out_channels), torch.arange(ref.out_channels) % per_group, c, c] = 1.0
+            probe = nn.Conv2d(ref.in_channels, ref.out_channels, k, ref.stride, ref.padding, groups=ref.groups,
+                              bias=False).to(ref.weight)
+            probe.weight.copy_(eye)
+            f = fold_conv(probe, self.identity)
+            weight += f.weight
+            bias += f.bias
+        fused = nn.Conv2d(ref.in_channels, ref.out_channels, k, ref.stride, ref.padding, groups=ref.groups,
+                          bias=True).to(ref.weight)
+        fused.weight.copy_(weight * self.lab.scale)
+        fused.bias.copy_(bias * self.lab.scale + self.lab.bias)
+        self.fused = fused.requires_grad_(False)
+        del self.identity, self.conv_kxk, self.conv_1x1, self.lab
 
 
 class SE(nn.Module):
@@ -154,6 +233,23 @@ class LCNetV3Block(nn.Module):
         if self.se is not None:
             x = self.se(x)
         return self.pw_conv(x)
+
+    @torch.no_grad()
+    def fold_act_affine(self) -> None:
+        """After :meth:`RepLayer.fuse` of both layers: the depthwise layer's activation affine
+        ``s * y + t`` folded into the pointwise conv that reads it (a 1x1 conv has no padding, so
+        ``W (s y + t) + b = (s W) y + (b + t W 1)`` exactly); not across a squeeze-excitation."""
+        dw, pw = self.dw_conv, self.pw_conv
+        if self.se is not None or dw.fused is None or pw.fused is None or dw.stride == 2:
+            return
+        act: Any = dw.act
+        if act.lab is None:
+            return
+        s, t = act.lab.scale, act.lab.bias
+        conv: Any = pw.fused
+        conv.bias.add_(t * conv.weight.sum((1, 2, 3)))
+        conv.weight.mul_(s)
+        act.lab = None
 
 
 class PPLCNetV3(nn.Module):
@@ -253,9 +349,18 @@ class DBBranch(nn.Module):
         self.conv3 = nn.ConvTranspose2d(c // 4, 1, 2, 2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = F.relu(self.conv_bn1(self.conv1(x)))
-        x = F.relu(self.conv_bn2(self.conv2(x)))
+        x = self.conv1(x)
+        x = F.relu(x if self.conv_bn1 is None else self.conv_bn1(x))
+        x = self.conv2(x)
+        x = F.relu(x if self.conv_bn2 is None else self.conv_bn2(x))
         return torch.sigmoid(self.conv3(x))
+
+    @torch.no_grad()
+    def fuse(self) -> None:
+        """Fold both BatchNorms into the convs before them."""
+        if self.conv_bn1 is not None:
+            self.conv1, self.conv_bn1 = fold_conv(self.conv1, self.conv_bn1), None
+            self.conv2, self.conv_bn2 = fold_conv(self.conv2, self.conv_bn2), None
 
 
 class DBHead(nn.Module):
@@ -294,7 +399,14 @@ class ConvBNSiLU(nn.Module):
         self.norm = nn.BatchNorm2d(cout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.silu(self.norm(self.conv(x)))
+        x = self.conv(x)
+        return F.silu(x if self.norm is None else self.norm(x))
+
+    @torch.no_grad()
+    def fuse(self) -> None:
+        """Fold the BatchNorm into the conv."""
+        if self.norm is not None:
+            self.conv, self.norm = fold_conv(self.conv, self.norm), None
 
 
 class GlobalAttention(nn.Module):
@@ -411,13 +523,32 @@ class PPOCRNet(nn.Module):
     """The checkpoint's module: ``det`` (:class:`DBDetector`) and ``rec`` (:class:`CTCRecognizer`).
     ``forward`` runs the detector (the network ``libreyolo info`` and verify see first)."""
 
-    def __init__(self, size: str):
+    def __init__(self, size: str, num_classes: int | None = None):
         super().__init__()
         if size not in CONFIGS:
             raise ValueError(f"unknown PP-OCR size {size!r}; sizes: {', '.join(CONFIGS)}")
-        cfg = self.cfg = CONFIGS[size]
+        cfg = CONFIGS[size]
+        if num_classes is not None:   # a checkpoint's own alphabet (PP-OCRv4's 6,625 classes, ...)
+            if int(num_classes) < 2:
+                raise ValueError(f"a PP-OCR recognizer needs at least 2 CTC classes (blank + one), got {num_classes}")
+            cfg = replace(cfg, num_classes=int(num_classes))
+        self.cfg = cfg
         self.det = DBDetector(cfg)
         self.rec = CTCRecognizer(cfg)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.det(x)
+
+    @torch.no_grad()
+    def fuse(self) -> PPOCRNet:
+        """Re-parameterize in place for inference (see the module docstring); idempotent."""
+        for m in list(self.modules()):
+            if isinstance(m, RepLayer):
+                m.fuse()
+        for m in list(self.modules()):
+            if isinstance(m, (ConvBN, ConvBNSiLU, DBBranch, Act)):
+                m.fuse()
+        for m in list(self.modules()):
+            if isinstance(m, LCNetV3Block):
+                m.fold_act_affine()
+        return self

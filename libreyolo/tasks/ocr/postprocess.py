@@ -1,13 +1,17 @@
 """Host side of OCR: DB boxes from the shrink map, reading order, text-line crops, rec batches.
 
-DB post-process (Differentiable Binarization, as PP-OCR's detector is used): the stage's binary
-map (``prob > det_thresh``) is traced into contours by OpenCV (``cv2.findContours``, every
-contour, simple chain); each contour's minimum-area rectangle is kept when its short side is
-at least :data:`MIN_SIZE` pixels and the mean probability inside it reaches ``box_thresh``; the
-rectangle is then grown back ("unclipped") by the Vatti offset (``pyclipper``, round joins) of
+DB post-process (Differentiable Binarization), PaddleOCR's ``DBPostProcess`` step for step: the
+stage's binary map (``prob > det_thresh``, optionally dilated by a 2x2 kernel) is traced into
+contours by OpenCV (``cv2.findContours``, every contour, simple chain); each contour's
+minimum-area rectangle is kept when its short side is at least :data:`MIN_SIZE` pixels and the
+mean probability inside it (box score, "fast" mode) reaches ``box_thresh``; the rectangle is then
+grown back ("unclipped") by the Vatti offset (``pyclipper``, round joins) of
 ``area * unclip_ratio / perimeter`` - the shrink the detector was trained to predict - and
 replaced by the minimum-area rectangle of the grown polygon (short side at least
-``MIN_SIZE + 2``). Corners go back to original-image pixels by the letterbox scale.
+``MIN_SIZE + 2``). Corners go back to original-image pixels by each axis' scale, rounded,
+ordered, clipped to the image and boxes of 3 pixels or less a side dropped (the detector's
+``filter_tag_det_res``). ``tests/unit/test_ocr_real.py`` checks the boxes against RapidOCR's
+implementation of the same reference on the same maps.
 
 The contours are data-dependent in number and shape, so this runs on the host, on the
 detector's outputs copied there in one transfer; everything before (network, sigmoid map,
@@ -24,8 +28,7 @@ import numpy as np
 MIN_SIZE = 3
 #: PP-OCR's recognition input height
 REC_HEIGHT = 48
-#: recognition crop widths a crop is padded to (the smallest that holds it; PP-OCR pads to at
-#: least 320); wider crops are squeezed to the last. Each is one captured recognition stage.
+#: recognition widths the graph parity protocol checks; a crop wider than the last is squeezed to it
 REC_BUCKETS = (320, 640, 960, 1280)
 
 
@@ -46,7 +49,8 @@ def _pyclipper():
 
 
 def order_quad(points: np.ndarray) -> np.ndarray:
-    """Four corners -> top-left, top-right, bottom-right, bottom-left (by x, then y per side)."""
+    """Four corners -> top-left, top-right, bottom-right, bottom-left: the two leftmost (by x) are
+    the left side, each side's upper corner first (PaddleOCR's ``order_points_clockwise``)."""
     pts = points[np.argsort(points[:, 0], kind="stable")]
     left, right = pts[:2], pts[2:]
     tl, bl = left[np.argsort(left[:, 1], kind="stable")]
@@ -54,37 +58,62 @@ def order_quad(points: np.ndarray) -> np.ndarray:
     return np.stack([tl, tr, br, bl]).astype(np.float32)
 
 
-def _min_rect(points: np.ndarray) -> tuple[np.ndarray, float]:
-    """Ordered corners of the minimum-area rectangle of ``points`` and its short side."""
+def mini_box(points: np.ndarray) -> tuple[np.ndarray, float]:
+    """The minimum-area rectangle of ``points``: its corners top-left, top-right, bottom-right,
+    bottom-left exactly as PaddleOCR's ``get_mini_boxes`` orders them (OpenCV's corners sorted by
+    x; of the two left ones the lower-y first unless the second is strictly lower; likewise the
+    right ones), and its short side."""
     cv2 = _cv2()
     rect = cv2.minAreaRect(points.reshape(-1, 1, 2).astype(np.float32))
-    return order_quad(cv2.boxPoints(rect)), float(min(rect[1]))
+    pts = sorted(cv2.boxPoints(rect), key=lambda p: p[0])
+    i1, i4 = (0, 1) if pts[1][1] > pts[0][1] else (1, 0)
+    i2, i3 = (2, 3) if pts[3][1] > pts[2][1] else (3, 2)
+    return np.array([pts[i1], pts[i2], pts[i3], pts[i4]], dtype=np.float32), float(min(rect[1]))
 
 
 def box_score(prob: np.ndarray, quad: np.ndarray) -> float:
-    """Mean of ``prob`` over the pixels inside ``quad`` (its bounding box, masked by the quad)."""
+    """Mean of ``prob`` over the pixels inside ``quad`` (PaddleOCR's "fast" score: the quad's
+    bounding box, masked by the quad filled at its corners truncated to integers)."""
     cv2 = _cv2()
     h, w = prob.shape
-    x0 = int(np.clip(np.floor(quad[:, 0].min()), 0, w - 1))
-    x1 = int(np.clip(np.ceil(quad[:, 0].max()), 0, w - 1))
-    y0 = int(np.clip(np.floor(quad[:, 1].min()), 0, h - 1))
-    y1 = int(np.clip(np.ceil(quad[:, 1].max()), 0, h - 1))
+    x0 = int(np.clip(np.floor(quad[:, 0].min()).astype(np.int32), 0, w - 1))
+    x1 = int(np.clip(np.ceil(quad[:, 0].max()).astype(np.int32), 0, w - 1))
+    y0 = int(np.clip(np.floor(quad[:, 1].min()).astype(np.int32), 0, h - 1))
+    y1 = int(np.clip(np.ceil(quad[:, 1].max()).astype(np.int32), 0, h - 1))
     mask = np.zeros((y1 - y0 + 1, x1 - x0 + 1), dtype=np.uint8)
-    cv2.fillPoly(mask, [np.round(quad - [x0, y0]).astype(np.int32).reshape(-1, 1, 2)], 1)
+    local = quad.astype(np.float32).copy()
+    local[:, 0] -= x0
+    local[:, 1] -= y0
+    cv2.fillPoly(mask, local.reshape(1, -1, 2).astype(np.int32), 1)
+    return float(cv2.mean(prob[y0:y1 + 1, x0:x1 + 1], mask)[0])
+
+
+def contour_score(prob: np.ndarray, contour: np.ndarray) -> float:
+    """Mean of ``prob`` inside the contour itself (PaddleOCR's "slow" score)."""
+    cv2 = _cv2()
+    h, w = prob.shape
+    c = contour.reshape(-1, 2).copy()
+    x0, x1 = np.clip(c[:, 0].min(), 0, w - 1), np.clip(c[:, 0].max(), 0, w - 1)
+    y0, y1 = np.clip(c[:, 1].min(), 0, h - 1), np.clip(c[:, 1].max(), 0, h - 1)
+    mask = np.zeros((y1 - y0 + 1, x1 - x0 + 1), dtype=np.uint8)
+    c[:, 0] -= x0
+    c[:, 1] -= y0
+    cv2.fillPoly(mask, c.reshape(1, -1, 2).astype(np.int32), 1)
     return float(cv2.mean(prob[y0:y1 + 1, x0:x1 + 1], mask)[0])
 
 
 def unclip(quad: np.ndarray, ratio: float) -> np.ndarray | None:
-    """The quad grown by ``area * ratio / perimeter`` (pyclipper, round joins); None if it vanishes."""
+    """The quad grown by ``area * ratio / perimeter`` (pyclipper, round joins); None if it vanishes
+    or splits (PaddleOCR keeps single-polygon expansions only)."""
     cv2, pyclipper = _cv2(), _pyclipper()
-    area = abs(float(cv2.contourArea(quad)))
-    length = float(cv2.arcLength(quad.reshape(-1, 1, 2), True))
+    area = abs(float(cv2.contourArea(quad.astype(np.float32))))
+    length = float(cv2.arcLength(quad.reshape(-1, 1, 2).astype(np.float32), True))
     if length <= 0:
         return None
     off = pyclipper.PyclipperOffset()
-    off.AddPath([tuple(p) for p in quad.tolist()], pyclipper.JT_ROUND, pyclipper.ET_CLOSEDPOLYGON)
+    off.AddPath(quad, pyclipper.JT_ROUND, pyclipper.ET_CLOSEDPOLYGON)
     grown = off.Execute(area * ratio / length)
-    if len(grown) != 1:   # PP-OCR keeps single-polygon expansions only
+    if len(grown) != 1:
         return None
     return np.asarray(grown[0], dtype=np.float32)
 
@@ -97,12 +126,23 @@ class DBBoxes:
     scores: np.ndarray
 
 
+#: PaddleOCR's dilation kernel for the binary map (``use_dilation``)
+DILATE_KERNEL = np.ones((2, 2), np.uint8)
+
+
 def db_boxes(bitmap: np.ndarray, prob: np.ndarray, orig_hw: tuple[int, int], box_thresh: float,
-             unclip_ratio: float, max_lines: int) -> DBBoxes:
-    """DB post-process of one image (see the module docstring). ``bitmap`` / ``prob``: the part
-    of the detector's maps that the letterboxed image covers; at most ``max_lines`` boxes are
-    kept (contours in OpenCV's order)."""
+             unclip_ratio: float, max_lines: int, *, dilate: bool = False, score_mode: str = "fast") -> DBBoxes:
+    """DB post-process of one image, step for step PaddleOCR's ``DBPostProcess`` and its detector's
+    ``filter_tag_det_res`` (see the module docstring). ``bitmap`` / ``prob``: the part of the
+    detector's maps that the image covers; ``dilate``: the binary map dilated by a 2x2 kernel
+    first (PaddleOCR's ``use_dilation``); ``score_mode``: "fast" (mean inside the minimum-area
+    rectangle) or "slow" (inside the contour). At most ``max_lines`` boxes are kept (contours in
+    OpenCV's order). Corners are integers, clipped to the image (``w - 1``, ``h - 1``)."""
+    if score_mode not in ("fast", "slow"):
+        raise ValueError(f"score_mode must be 'fast' or 'slow', got {score_mode!r}")
     cv2 = _cv2()
+    if dilate:
+        bitmap = cv2.dilate(bitmap, DILATE_KERNEL)
     mh, mw = bitmap.shape
     oh, ow = orig_hw
     contours, _ = cv2.findContours(bitmap, cv2.RETR_LIST, cv2.CHAIN_APPROX_SIMPLE)
@@ -110,20 +150,25 @@ def db_boxes(bitmap: np.ndarray, prob: np.ndarray, orig_hw: tuple[int, int], box
     for contour in contours:
         if len(quads) >= max_lines:
             break
-        quad, short = _min_rect(contour.reshape(-1, 2))
+        quad, short = mini_box(contour)
         if short < MIN_SIZE:
             continue
-        score = box_score(prob, quad)
-        if score < box_thresh:
+        score = box_score(prob, quad) if score_mode == "fast" else contour_score(prob, contour)
+        if box_thresh > score:
             continue
         grown = unclip(quad, unclip_ratio)
         if grown is None:
             continue
-        quad, short = _min_rect(grown)
+        quad, short = mini_box(grown)
         if short < MIN_SIZE + 2:
             continue
-        quad[:, 0] = np.clip(np.round(quad[:, 0] * ow / mw), 0, ow)
-        quad[:, 1] = np.clip(np.round(quad[:, 1] * oh / mh), 0, oh)
+        quad[:, 0] = np.clip(np.round(quad[:, 0] / mw * ow), 0, ow)
+        quad[:, 1] = np.clip(np.round(quad[:, 1] / mh * oh), 0, oh)
+        quad = order_quad(quad.astype(np.int32).astype(np.float32))
+        quad[:, 0] = np.minimum(np.maximum(quad[:, 0], 0), ow - 1).astype(np.int32)
+        quad[:, 1] = np.minimum(np.maximum(quad[:, 1], 0), oh - 1).astype(np.int32)
+        if int(np.linalg.norm(quad[0] - quad[1])) <= MIN_SIZE or int(np.linalg.norm(quad[0] - quad[3])) <= MIN_SIZE:
+            continue
         quads.append(quad)
         scores.append(score)
     if not quads:
@@ -178,25 +223,51 @@ def resize_line(crop: np.ndarray, buckets: tuple[int, ...] = REC_BUCKETS) -> np.
     return cv2.resize(crop, (rec_width(crop.shape[:2], buckets), REC_HEIGHT), interpolation=cv2.INTER_LINEAR)
 
 
-def rec_batches(lines: list[np.ndarray], batch: int,
-                buckets: tuple[int, ...] = REC_BUCKETS) -> list[tuple[list[int], np.ndarray, np.ndarray]]:
-    """Group resized lines by bucket width into fixed-size batches: ``(indices, uint8 (batch, 48,
-    bucket, 3) zero-padded, int32 (batch,) widths)``; unused rows have width 0. One batch shape
-    per bucket keeps one captured stage per bucket, and a line's result independent of the
-    other lines of its image."""
-    groups: dict[int, list[int]] = {}
-    for i, line in enumerate(lines):
-        groups.setdefault(bucket_of(line.shape[1], buckets), []).append(i)
+#: a recognition batch's width is its widest line's, rounded up to a multiple of this (the
+#: recognizer needs multiples of 8; coarser steps bound the shapes a graph cache sees)
+REC_WIDTH_STEP = 32
+#: a line joins the current batch while its width is at most this factor of the batch's first
+#: (narrowest) line's plus one step: padding stays small, so what a line reads does not change
+REC_WIDTH_SPREAD = 1.25
+
+
+def padded_width(width: int, step: int = REC_WIDTH_STEP) -> int:
+    """``width`` rounded up to a multiple of ``step``."""
+    return max(step, -(-int(width) // step) * step)
+
+
+def rec_batches(lines: list[np.ndarray], batch: int, step: int = REC_WIDTH_STEP, spread: float = REC_WIDTH_SPREAD,
+                rows: str = "exact") -> list[tuple[list[int], np.ndarray, np.ndarray]]:
+    """Group resized (48-high) lines into recognition batches by similar width: ``(indices, uint8
+    (rows, 48, width, 3) zero-padded, int32 (rows,) widths)``.
+
+    Lines are taken narrowest first; a batch holds at most ``batch`` lines whose widths stay within
+    ``spread`` times its first line's plus one ``step``, and is as wide as its widest line rounded
+    up to a multiple of ``step`` - so each line is padded by little more than its own width, as
+    PaddleOCR pads a batch to its widest line. ``rows``: "exact" (one row per line) or "pow2" (rows
+    rounded up to a power of two, at most ``batch``, unused rows of width 0: fewer shapes for a
+    graph cache; rows are computed independently, so this changes no line's result).
+    """
+    if rows not in ("exact", "pow2"):
+        raise ValueError(f"rows must be 'exact' or 'pow2', got {rows!r}")
+    order = sorted(range(len(lines)), key=lambda i: lines[i].shape[1])
+    groups: list[list[int]] = []
+    for i in order:
+        w = lines[i].shape[1]
+        if groups and len(groups[-1]) < batch and w <= lines[groups[-1][0]].shape[1] * spread + step:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
     out = []
-    for bucket in sorted(groups):
-        idx = groups[bucket]
-        for s in range(0, len(idx), batch):
-            part = idx[s:s + batch]
-            u8 = np.zeros((batch, REC_HEIGHT, bucket, 3), dtype=np.uint8)
-            widths = np.zeros((batch,), dtype=np.int32)
-            for r, i in enumerate(part):
-                w = lines[i].shape[1]
-                u8[r, :, :w] = lines[i]
-                widths[r] = w
-            out.append((part, u8, widths))
+    for part in groups:
+        width = padded_width(max(lines[i].shape[1] for i in part), step)
+        n = len(part) if rows == "exact" else min(batch, 1 << (len(part) - 1).bit_length())
+        n = max(n, len(part))
+        u8 = np.zeros((n, REC_HEIGHT, width, 3), dtype=np.uint8)
+        widths = np.zeros((n,), dtype=np.int32)
+        for r, i in enumerate(part):
+            w = lines[i].shape[1]
+            u8[r, :, :w] = lines[i]
+            widths[r] = w
+        out.append((part, u8, widths))
     return out

@@ -10,20 +10,25 @@ box scores, pyclipper unclipping) gives a data-dependent number of quadrilateral
 data-dependent shape - no fixed-shape graph can hold it - then the lines are put in reading
 order, warped upright from the original image and resized to height 48 (OpenCV).
 
-Stage 2 (on the device, captured per bucket width): each line is zero-padded to the smallest of
-:data:`~.postprocess.REC_BUCKETS` that holds it and the lines of a chunk run in fixed batches of
-``rec_batch`` (unused rows empty), so there is one signature per bucket. The stage normalizes
-(BGR, [-1, 1], mid-grey to the right of each line's width), runs the recognizer and decodes
-greedily on the device: per time step the most probable class; steps past the line's width, the
-blank (class 0) and repeats of the previous step are dropped; the line's confidence is the mean
-probability of the kept steps. Only the class ids, the keep mask and the confidences go to the
-host, where the ids become characters (``model.charset``).
+Stage 2 (on the device, captured per batch shape): the lines are taken narrowest first and
+batched by similar width (:func:`~.postprocess.rec_batches`: at most ``rec_batch`` lines whose
+widths stay within 1.25x the batch's first plus 32 pixels), each batch as wide as its widest line
+rounded up to a multiple of 32 - every line is recognised at about its own width, as PaddleOCR
+pads a batch to its widest line - with one row per line on the CPU and the rows rounded up to a
+power of two elsewhere (fewer shapes for the graph cache; rows are computed independently). The
+stage normalizes (BGR, [-1, 1], mid-grey to the right of each line's width), runs the recognizer
+and decodes greedily on the device: per time step the most probable class; steps past the
+line's width, the blank (class 0) and repeats of the previous step are dropped; the line's
+confidence is the mean probability of the kept steps. Only the class ids, the keep mask and the
+confidences go to the host, where the ids become characters (``model.charset``).
 
 Padding is part of what this stage computes: the SVTR encoder's global attention (and the convs
-at the line's end) see the padded columns, so a line's probabilities depend on its bucket width
-(``tests/unit/test_ocr.py`` measures it). The bucket is a function of the line alone, never of
-the other lines, and eager runs the same padded batch as the graph: ``cuda_graph`` changes how,
-not what.
+at the line's end) see the padded columns, so a line's probabilities depend on its batch's
+width (``tests/unit/test_ocr.py`` measures it). Padding a line far beyond its width (a fixed
+bucket of 320..1280 columns) made trained weights drop the spaces between words; padded by at
+most a quarter of its width plus 32 columns it reads as it does alone
+(``tests/unit/test_ocr_real.py``). Eager runs the same padded batch as the graph:
+``cuda_graph`` changes how, not what.
 """
 from __future__ import annotations
 
@@ -118,7 +123,8 @@ class OcrPlan(PredictPlan):
         m = self.model
         texts, confs = [""] * len(lines), np.zeros((len(lines),), np.float32)
         charset = m.charset
-        for idx, u8, widths in rec_batches(lines, self.rec_batch, m.REC_BUCKETS):
+        rows = "exact" if m.device.type == "cpu" else "pow2"   # fewer graph shapes where graphs exist
+        for idx, u8, widths in rec_batches(lines, self.rec_batch, rows=rows):
             u8_t = torch.from_numpy(u8).to(m.device)
             w_t = torch.from_numpy(widths).to(m.device)
             with torch.no_grad(), self._autocast():
@@ -173,9 +179,11 @@ class OcrTask(Task):
     name = "ocr"
     primary_metric = ""
     #: DB binarization threshold, minimum box score, unclip ratio, minimum recognition confidence
-    #: (PP-OCR's defaults 0.3 / 0.6 / 1.5; lines with no text are dropped too), the most lines
-    #: per image, recognition batch (lines per forward, padded)
-    predict_defaults: dict = {"det_thresh": 0.3, "box_thresh": 0.6, "unclip_ratio": 1.5, "rec_conf": 0.0,
+    #: (PaddleOCR's 0.3 / 0.6, lines with no text dropped too), the most lines per image,
+    #: recognition batch (the most lines per forward). The unclip ratio is 2.0, not PaddleOCR's
+    #: 1.5: with trained PP-OCR weights the boxes grown by 1.5 are tight enough that the
+    #: recognizer drops the spaces between words on rendered pages (docs/benchmarks.md, OCR)
+    predict_defaults: dict = {"det_thresh": 0.3, "box_thresh": 0.6, "unclip_ratio": 2.0, "rec_conf": 0.0,
                               "max_lines": 1000, "rec_batch": 8}
 
     def plan(self, model, size, constants, **opts) -> OcrPlan:
