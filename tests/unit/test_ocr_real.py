@@ -182,7 +182,10 @@ def test_detection_runs_at_the_page_aspect(model):
 PAGES = {"english": P.english_page, "dense": P.dense_page, "rotated": P.rotated_page}
 
 
-@pytest.mark.parametrize("name", [*PAGES, "chinese"])
+# the dense and rotated pages are the slow ones (two engines over many lines): marked slow, so
+# the suite's fast subset reads one English and one Chinese page
+@pytest.mark.parametrize("name", ["english", pytest.param("dense", marks=pytest.mark.slow),
+                                  pytest.param("rotated", marks=pytest.mark.slow), "chinese"])
 def test_reads_a_rendered_page_at_least_as_well_as_rapidocr(model, rapid, name):
     if name == "chinese":
         font = P.cjk_font_path()
