@@ -196,7 +196,7 @@ class Boxes:
     def __len__(self) -> int:
         return int(self._data.shape[0])
 
-    def __getitem__(self, index: Any) -> "Boxes":
+    def __getitem__(self, index: Any) -> Boxes:
         data = self._data
         if isinstance(data, torch.Tensor) and isinstance(index, np.ndarray):
             index = torch.as_tensor(index, device=data.device)
@@ -213,13 +213,13 @@ class Boxes:
             picked = picked[None]
         return Boxes(picked, self._orig_shape, ids)
 
-    def cpu(self) -> "Boxes":
+    def cpu(self) -> Boxes:
         """The same boxes with tensor data on the CPU (numpy data is returned as is)."""
         data = self._data.cpu() if isinstance(self._data, torch.Tensor) else self._data
         ids = self._id.cpu() if isinstance(self._id, torch.Tensor) else self._id
         return Boxes(data, self._orig_shape, ids)
 
-    def numpy(self) -> "Boxes":
+    def numpy(self) -> Boxes:
         """The same boxes with data as a numpy array (all properties then return numpy)."""
         data, ids = self._data, self._id
         if isinstance(data, torch.Tensor):
@@ -228,7 +228,7 @@ class Boxes:
             ids = ids.cpu().numpy()
         return Boxes(data, self._orig_shape, ids)
 
-    def to(self, *args: Any, **kwargs: Any) -> "Boxes":
+    def to(self, *args: Any, **kwargs: Any) -> Boxes:
         """Move/cast the data like ``torch.Tensor.to`` (numpy data is turned into a tensor first)."""
         data, ids = self._data, self._id
         if isinstance(data, np.ndarray):
@@ -377,7 +377,7 @@ class Results:
             f"classes={len(self.names)}, speed={self.speed})"
         )
 
-    def _convert(self, how: str, *args: Any, **kwargs: Any) -> "Results":
+    def _convert(self, how: str, *args: Any, **kwargs: Any) -> Results:
         def conv(v):
             return None if v is None else getattr(v, how)(*args, **kwargs)
         out = Results(self.orig_img, self.path, self.names, conv(self.boxes), self.speed,
@@ -386,15 +386,15 @@ class Results:
         out.trails = self.trails
         return out
 
-    def cpu(self) -> "Results":
+    def cpu(self) -> Results:
         """The same result with its data (boxes, probs, masks, depth) on the CPU."""
         return self._convert("cpu")
 
-    def numpy(self) -> "Results":
+    def numpy(self) -> Results:
         """The same result with its data as numpy arrays."""
         return self._convert("numpy")
 
-    def to(self, *args: Any, **kwargs: Any) -> "Results":
+    def to(self, *args: Any, **kwargs: Any) -> Results:
         """The same result with its data moved/cast like ``torch.Tensor.to``."""
         return self._convert("to", *args, **kwargs)
 
