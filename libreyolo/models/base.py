@@ -56,6 +56,11 @@ def train_format(module: nn.Module) -> Iterator[nn.Module]:
 class Model:
     """A vision model: its network (``.model``) plus pre/post-processing and graphs."""
 
+    #: the device the network is on (set in __init__, moved by ``to``)
+    device: torch.device
+    #: set once the untrained-model warning has been given (absent until then)
+    _warned_untrained: bool
+
     FAMILY: ClassVar[str] = ""
     TASK: ClassVar[str] = "detect"
     SIZES: ClassVar[tuple[str, ...]] = ()
