@@ -1,9 +1,13 @@
 """Does `import torchvision` (torch._dynamo through torchvision.ops) overlap with CUDA's start-up
 (context, cuDNN and cuBLAS loading) when run in a thread? One arm per fresh process:
 `python benchmarks/import_overlap.py serial|thread` (CUDA machine)."""
-import sys, time, threading
+import sys
+import threading
+import time
+
 t0 = time.perf_counter()
 import torch
+
 t_torch = time.perf_counter() - t0
 
 def cuda_up():

@@ -43,7 +43,6 @@ import json
 import tempfile
 import time
 
-
 ARMS = ("eager", "graph")
 GPU_AUGMENT = "+gpu_augment"
 SYNC_LOOP = "+sync_loop"
@@ -142,7 +141,7 @@ def main() -> None:
         print(json.dumps(run_arm(a.arm, a)))
         return
     import torch
-    from train_step import run_in_processes   # this folder is on sys.path when run as a script
+    from train_step import run_in_processes  # this folder is on sys.path when run as a script
     names = a.arms.split(",") if a.arms else [*ARMS, *((f"{x}{GPU_AUGMENT}" for x in ARMS) if a.gpu_augment else ())]
     arms = run_in_processes(__file__, names, [f"--{k}={v}" for k, v in
                             (("model", a.model), ("epochs", a.epochs), ("batch", a.batch), ("imgsz", a.imgsz),

@@ -35,8 +35,13 @@ def run_arm(arm: str, spec: str, batch: int, imgsz: int, amp: bool, runs: int, w
             optim: str | None = None, channels_last: bool = False, fp16: bool = False, profile: int = 0) -> dict:
     from libreyolo import LibreYOLO
     from libreyolo.benchmark import time_call
-    from libreyolo.graphs.training import (TrainStepRunner, backward_into_grads, prime_optimizer_state, scaler_tensors,
-                                           training_state)
+    from libreyolo.graphs.training import (
+        TrainStepRunner,
+        backward_into_grads,
+        prime_optimizer_state,
+        scaler_tensors,
+        training_state,
+    )
 
     if Path(spec).is_file():
         model = LibreYOLO(spec, device="cuda")
@@ -124,6 +129,7 @@ def kernel_profile(one, steps: int, top: int = 30) -> dict:
     against the steps' wall (the rest: the device idle between kernels, launch-bound), and the
     kernels by group and the ``top`` by time (ms per step)."""
     import time
+
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
     torch.cuda.synchronize()

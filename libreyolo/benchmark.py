@@ -19,14 +19,15 @@ import json
 import platform
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
 
 from .graphs.capture import CudaGraphCapturer
-from .graphs.parity import clone_outputs, all_equal
+from .graphs.parity import all_equal, clone_outputs
 
 
 def _sync(device: torch.device) -> None:
@@ -104,7 +105,6 @@ def bench_model(model, *, imgsz: int = 640, batch: int = 1, runs: int = 200, war
     :func:`batch_arms`)."""
     from .assets import SAMPLE_IMAGE
     from .data.sources import load_sources
-
     from .engine.verify import input_sensitive
     dev = model.device
     # An untrained head detects nothing, which would leave NMS idle: re-draw its biases
@@ -456,7 +456,7 @@ def bench_video(model, source: Any, *, imgsz: int = 640, frames: int = 300, conf
         t = time.perf_counter()
         replay_at = None
         count = 0
-        for r in model.predict(source, imgsz=imgsz, cuda_graph=mode, stream=True, **opts):
+        for _r in model.predict(source, imgsz=imgsz, cuda_graph=mode, stream=True, **opts):
             count += 1
             if replay_at is None and mode and model.graph_info()["replays"] > 0:
                 replay_at = count

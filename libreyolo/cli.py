@@ -1045,7 +1045,7 @@ def options_markdown() -> str:
 
 def _usage() -> str:
     lines = ["usage: libreyolo COMMAND key=value ...", "", "commands:"]
-    for name, (_, spec, text) in COMMANDS.items():
+    for name, (_, _spec, text) in COMMANDS.items():
         lines.append(f"  {name:8s} {text}")
     lines += ["", "e.g.  libreyolo predict model=LibreYOLO9t.pt source=img.jpg conf=0.25 cuda_graph=auto",
               "      libreyolo COMMAND --help   lists a command's options"]

@@ -12,9 +12,12 @@ class's. Which of that library's names are offered and why the others are not: d
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .models.registry import get_family, naming
+
+if TYPE_CHECKING:
+    from .models.base import Model
 
 #: the alias name -> our family, for every family (its weight-file prefix is its name there)
 FAMILY_ALIASES: dict[str, str] = {prefix: fam for fam, (prefix, _) in naming().items()}
@@ -72,7 +75,7 @@ def family_alias(name: str) -> FamilyAlias:
     return FamilyAlias(name, (), {"family": fam, "__doc__": doc, "__module__": "libreyolo"})
 
 
-def family_for_task(fam: type, task: Any) -> type:
+def family_for_task(fam: type[Model], task: Any) -> type[Model]:
     """``fam``'s class serving ``task`` when the family has a variant for it (``ec`` and
     ``"pose"``: ECPose), else ``fam`` itself (:func:`check_task` then says what is wrong)."""
     if not isinstance(task, str) or task == fam.TASK:

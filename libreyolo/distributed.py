@@ -47,7 +47,8 @@ import contextlib
 import datetime
 import logging
 import os
-from typing import Any, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -259,7 +260,7 @@ class Distributed:
         self._cpu_group = None   # see max_int
 
     @classmethod
-    def setup(cls, device: Any, timeout_s: float = DEFAULT_TIMEOUT_S) -> "Distributed | None":
+    def setup(cls, device: Any, timeout_s: float = DEFAULT_TIMEOUT_S) -> Distributed | None:
         """Join the run this process belongs to, or return None when it belongs to none."""
         if not (dist.is_available() and (dist.is_initialized() or launched())):
             return None

@@ -4,10 +4,13 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .models.base import Model
 from .models.registry import TASK_SUFFIXES, family_for_checkpoint, get_family, naming, parse_spec
+
+if TYPE_CHECKING:
+    from .export.onnx_model import OnnxModel
 
 log = logging.getLogger(__name__)
 
@@ -61,9 +64,11 @@ class LibreYOLO:
         Model: the family's model (an OnnxModel for a .onnx file).
     """
 
-    def __new__(cls, model: str | Path, device: Any = "auto", *, download: bool | None = None,
-                nc: int | None = None, names: Any = None, imgsz: int | None = None,
-                nb_classes: int | None = None, size: str | None = None, task: str | None = None) -> Model:
+    # a factory: it returns the family's model (or an OnnxModel), never a LibreYOLO instance
+    def __new__(cls, model: str | Path, device: Any = "auto", *,  # type: ignore[misc]
+                download: bool | None = None, nc: int | None = None, names: Any = None, imgsz: int | None = None,
+                nb_classes: int | None = None, size: str | None = None,
+                task: str | None = None) -> Model | OnnxModel:
         if not isinstance(model, (str, os.PathLike)):
             raise TypeError(f"model must be a checkpoint path or a family/size name such as 'yolo9t', got "
                             f"{type(model).__name__} {model!r}")

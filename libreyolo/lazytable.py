@@ -7,8 +7,8 @@ imports only the ones it asks for.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Iterator, Mapping
-from typing import Any, Callable
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 
 class LazyTable(Mapping):

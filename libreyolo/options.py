@@ -240,14 +240,12 @@ def check_float(name: str, value: Any, minimum: float | None = None, maximum: fl
         allowed = f"a number {'<=' if max_inclusive else '<'} {maximum:g}"
     else:
         allowed = "a finite number"
-    ok = x is not None and math.isfinite(x)
-    if ok and minimum is not None:
-        ok = x >= minimum if min_inclusive else x > minimum
-    if ok and maximum is not None:
-        ok = x <= maximum if max_inclusive else x < maximum
-    if not ok:
+    ok = (x is not None and math.isfinite(x)
+          and (minimum is None or (x >= minimum if min_inclusive else x > minimum))
+          and (maximum is None or (x <= maximum if max_inclusive else x < maximum)))
+    if x is None or not ok:
         raise OptionError(f"{name} must be {allowed}, got {_show(value)}")
-    return float(x)  # type: ignore[arg-type]
+    return float(x)
 
 
 def check_fraction(name: str, value: Any) -> float:
@@ -397,8 +395,8 @@ def parse_classes(value: Any, names: Mapping[int, str] | Sequence[str]) -> list[
     nc = len(table)
     by_name = {str(n): int(i) for i, n in table.items()}
     by_lower: dict[str, list[int]] = {}
-    for n, i in by_name.items():
-        by_lower.setdefault(n.lower(), []).append(i)
+    for key, i in by_name.items():
+        by_lower.setdefault(key.lower(), []).append(i)
 
     def one(item: Any, where: str) -> int:
         if isinstance(item, str):

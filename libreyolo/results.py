@@ -14,7 +14,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -43,8 +43,16 @@ def class_color(cls: int) -> tuple[int, int, int]:
     return PALETTE[int(cls) % len(PALETTE)]
 
 
-def _empty_like(x: torch.Tensor | np.ndarray) -> torch.Tensor | np.ndarray:
-    return torch.empty_like(x) if isinstance(x, torch.Tensor) else np.empty_like(x)
+_Array = TypeVar("_Array", torch.Tensor, np.ndarray)
+
+
+def _xyxy_to_xywh(b: _Array, out: _Array) -> _Array:
+    """Fill ``out`` (shaped and typed like ``b``) with the centre/size form of the corners ``b``."""
+    out[:, 0] = (b[:, 0] + b[:, 2]) / 2
+    out[:, 1] = (b[:, 1] + b[:, 3]) / 2
+    out[:, 2] = b[:, 2] - b[:, 0]
+    out[:, 3] = b[:, 3] - b[:, 1]
+    return out
 
 
 class PixelMap:
@@ -78,7 +86,8 @@ class PixelMap:
 
     @property
     def shape(self) -> tuple[int, int]:
-        return tuple(int(v) for v in self._data.shape)
+        h, w = self._data.shape   # (H, W): checked in __init__
+        return int(h), int(w)
 
     orig_shape = shape
 
@@ -166,12 +175,9 @@ class Boxes:
     def xywh(self) -> torch.Tensor | np.ndarray:
         """(n, 4) centre x, centre y, width, height in pixels (a new array)."""
         b = self.xyxy
-        out = _empty_like(b)
-        out[:, 0] = (b[:, 0] + b[:, 2]) / 2
-        out[:, 1] = (b[:, 1] + b[:, 3]) / 2
-        out[:, 2] = b[:, 2] - b[:, 0]
-        out[:, 3] = b[:, 3] - b[:, 1]
-        return out
+        if isinstance(b, torch.Tensor):
+            return _xyxy_to_xywh(b, torch.empty_like(b))
+        return _xyxy_to_xywh(b, np.empty_like(b))
 
     def _normalize(self, b: torch.Tensor | np.ndarray) -> torch.Tensor | np.ndarray:
         h, w = self._orig_shape
@@ -179,8 +185,8 @@ class Boxes:
         if isinstance(b, torch.Tensor):
             dtype = b.dtype if b.dtype.is_floating_point else torch.float32
             return b.to(dtype) / torch.tensor(scale, dtype=dtype, device=b.device)
-        dtype = b.dtype if b.dtype.kind == "f" else np.float64
-        return b.astype(dtype, copy=False) / np.asarray(scale, dtype=dtype)
+        np_dtype = b.dtype if b.dtype.kind == "f" else np.float64
+        return b.astype(np_dtype, copy=False) / np.asarray(scale, dtype=np_dtype)
 
     @property
     def xyxyn(self) -> torch.Tensor | np.ndarray:
@@ -196,7 +202,7 @@ class Boxes:
     def __len__(self) -> int:
         return int(self._data.shape[0])
 
-    def __getitem__(self, index: Any) -> "Boxes":
+    def __getitem__(self, index: Any) -> Boxes:
         data = self._data
         if isinstance(data, torch.Tensor) and isinstance(index, np.ndarray):
             index = torch.as_tensor(index, device=data.device)
@@ -213,13 +219,13 @@ class Boxes:
             picked = picked[None]
         return Boxes(picked, self._orig_shape, ids)
 
-    def cpu(self) -> "Boxes":
+    def cpu(self) -> Boxes:
         """The same boxes with tensor data on the CPU (numpy data is returned as is)."""
         data = self._data.cpu() if isinstance(self._data, torch.Tensor) else self._data
         ids = self._id.cpu() if isinstance(self._id, torch.Tensor) else self._id
         return Boxes(data, self._orig_shape, ids)
 
-    def numpy(self) -> "Boxes":
+    def numpy(self) -> Boxes:
         """The same boxes with data as a numpy array (all properties then return numpy)."""
         data, ids = self._data, self._id
         if isinstance(data, torch.Tensor):
@@ -228,7 +234,7 @@ class Boxes:
             ids = ids.cpu().numpy()
         return Boxes(data, self._orig_shape, ids)
 
-    def to(self, *args: Any, **kwargs: Any) -> "Boxes":
+    def to(self, *args: Any, **kwargs: Any) -> Boxes:
         """Move/cast the data like ``torch.Tensor.to`` (numpy data is turned into a tensor first)."""
         data, ids = self._data, self._id
         if isinstance(data, np.ndarray):
@@ -299,7 +305,7 @@ class Results:
         path: str,
         names: dict[int, str],
         boxes: Boxes | None = None,
-        speed: dict[str, float] | None = None,
+        speed: dict[str, float | None] | None = None,
         *,
         probs: Any = None,
         masks: Any = None,
@@ -377,7 +383,7 @@ class Results:
             f"classes={len(self.names)}, speed={self.speed})"
         )
 
-    def _convert(self, how: str, *args: Any, **kwargs: Any) -> "Results":
+    def _convert(self, how: str, *args: Any, **kwargs: Any) -> Results:
         def conv(v):
             return None if v is None else getattr(v, how)(*args, **kwargs)
         out = Results(self.orig_img, self.path, self.names, conv(self.boxes), self.speed,
@@ -386,15 +392,15 @@ class Results:
         out.trails = self.trails
         return out
 
-    def cpu(self) -> "Results":
+    def cpu(self) -> Results:
         """The same result with its data (boxes, probs, masks, depth) on the CPU."""
         return self._convert("cpu")
 
-    def numpy(self) -> "Results":
+    def numpy(self) -> Results:
         """The same result with its data as numpy arrays."""
         return self._convert("numpy")
 
-    def to(self, *args: Any, **kwargs: Any) -> "Results":
+    def to(self, *args: Any, **kwargs: Any) -> Results:
         """The same result with its data moved/cast like ``torch.Tensor.to``."""
         return self._convert("to", *args, **kwargs)
 
@@ -427,7 +433,7 @@ class Results:
             parts = {f: v.summary(self.names, decimals) for f, v in self._fields()}
             return next(iter(parts.values())) if len(parts) == 1 else parts
         h, w = self.orig_shape
-        out = []
+        out: list[dict[str, Any]] = []
         # per-instance fields beside the boxes (instance masks: area and polygons), one row per box
         per_box = [v.instance_rows(decimals) for _, v in self._fields() if hasattr(v, "instance_rows")]
         for i, ((x1, y1, x2, y2, conf, cls), tid) in enumerate(zip(self._rows(), self._ids())):
@@ -486,9 +492,9 @@ class Results:
         pad = max(1, lw // 2 + 1)
         text_h = font.getbbox("Agy|")[3]
 
-        for tid, points in (self.trails or {}).items():
+        for trail_id, points in (self.trails or {}).items():
             if len(points) > 1:
-                draw.line([(float(x), float(y)) for x, y in points], fill=class_color(int(tid)),
+                draw.line([(float(x), float(y)) for x, y in points], fill=class_color(int(trail_id)),
                           width=max(1, lw), joint="curve")
         for (x1, y1, x2, y2, score, cls), tid in zip(self._rows(), self._ids()):
             if not np.all(np.isfinite([x1, y1, x2, y2])):

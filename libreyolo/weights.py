@@ -535,7 +535,7 @@ class HostPack:
     optimizers require it)."""
 
     def __init__(self, tensors: list[torch.Tensor], keep_strides: list[bool] | None = None) -> None:
-        from torch._utils import _flatten_dense_tensors   # one C++ call per buffer (what DDP uses)
+        from torch._utils import _flatten_dense_tensors  # one C++ call per buffer (what DDP uses)
 
         # one pass of metadata reads (no operator call but a non-strided tensor's copy): shapes,
         # the layout to restore at unpack, and per device and dtype consecutive runs of at most

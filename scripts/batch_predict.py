@@ -27,7 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from libreyolo import LibreYOLO, SAMPLE_IMAGE  # noqa: E402
+from libreyolo import SAMPLE_IMAGE, LibreYOLO  # noqa: E402
 from libreyolo.benchmark import _sync, device_name, time_call  # noqa: E402
 from libreyolo.data.sources import decode_image  # noqa: E402
 from libreyolo.engine.fastpath import measuring  # noqa: E402

@@ -31,7 +31,7 @@ def busy_device(us: float = 1300.0) -> None:
 def after_idle(fn, n: int, setup=None) -> float:
     """Median host time (us) of ``fn()`` called right after a busy device and a synchronize."""
     out = []
-    for i in range(n + 10):
+    for _i in range(n + 10):
         if setup is not None:
             setup()
         busy_device()

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter

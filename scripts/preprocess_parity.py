@@ -71,7 +71,7 @@ class Captured(Exception):
     """Raised by the hook once the input is caught: the network itself need not run."""
 
 
-def capture_input(model, family: str, run) -> "np.ndarray":
+def capture_input(model, family: str, run) -> np.ndarray:
     """``run()`` with a pre-hook on every submodule of the network; the first tensor argument of
     the first module called (the outermost one that sees the input) is returned as float32, and
     the call is stopped there."""
@@ -141,10 +141,10 @@ def _mobilesam_reference(job: dict, out: Path) -> dict:
     reference builds this family only from its hub snapshot, so no checkpoint of ours loads):
     its image/prompt encoding (longest side to 1024) and the network's normalize-and-pad, with
     the network's own constants."""
+    from libreyolo.models.mobilesam.preprocess import encode_image_and_prompts, preprocess_tensor
     from PIL import Image
 
     from libreyolo.models.mobilesam.model import MobileSAMNetwork
-    from libreyolo.models.mobilesam.preprocess import encode_image_and_prompts, preprocess_tensor
     net = MobileSAMNetwork()
     info: dict = {"class": "functions"}
     for name, photo in job["photos"].items():

@@ -26,6 +26,7 @@ from collections import Counter
 from pathlib import Path
 
 import torch
+from profile_stages import graph_ms  # scripts/ is on the path when this file runs
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from libreyolo import SAMPLE_IMAGE, LibreYOLO
@@ -36,7 +37,6 @@ from libreyolo.graphs import capture as capture_mod
 from libreyolo.graphs import runner as runner_mod
 from libreyolo.ops.letterbox import letterbox
 from libreyolo.ops.nms import top_candidates
-from profile_stages import graph_ms  # scripts/ is on the path when this file runs
 
 PHASES = {  # (owner, attribute) -> range name
     (predictor_mod, "load_sources"): "load_sources",

@@ -146,7 +146,7 @@ def main():
     base = [sys.executable, __file__, "--child", "--family", fam, "--size", size, "--imgsz", str(args.imgsz),
             "--precision", args.precision, "--device", args.device, "--arm", args.arm, "--cache", cache]
     for kind, n in (("cold", args.cold), ("warm", args.warm)):
-        for i in range(n):
+        for _i in range(n):
             t0 = time.perf_counter()
             p = subprocess.run(base, env=env, capture_output=True, text=True)
             wall = time.perf_counter() - t0

@@ -4,9 +4,9 @@ from __future__ import annotations
 import contextlib
 
 import pytest
+from tuning import tune_defaults  # tests/tuning.py
 
 import libreyolo.weights as weights
-from tuning import tune_defaults  # tests/tuning.py
 
 
 @contextlib.contextmanager

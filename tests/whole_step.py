@@ -4,7 +4,8 @@ net's fwd+bwd step, and step 0 run eager and captured whole from two identically
 """
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 

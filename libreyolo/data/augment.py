@@ -46,8 +46,8 @@ from __future__ import annotations
 import logging
 import math
 import os
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Sequence
 
 import numpy as np
 import torch
@@ -422,7 +422,7 @@ class DetectionDataset(Dataset):
 
     # ---- mosaic and affine ----------------------------------------------------------------------
 
-    def _load_mosaic(self, index: int) -> tuple["_Canvas", torch.Tensor, torch.Tensor]:
+    def _load_mosaic(self, index: int) -> tuple[_Canvas, torch.Tensor, torch.Tensor]:
         """Four images tiled around a random centre of a 2S canvas: (canvas, targets, ref area).
 
         The canvas is a :class:`_Canvas` - the tiles and where they sit; ``.dense()`` builds it -
@@ -458,7 +458,7 @@ class DetectionDataset(Dataset):
             return canvas, torch.zeros((0, 5)), torch.zeros((0,))
         return canvas, torch.from_numpy(np.concatenate(all_targets)), torch.from_numpy(np.concatenate(all_ref))
 
-    def _transform(self, canvas: "torch.Tensor | _Canvas", targets: torch.Tensor, ref_area: torch.Tensor,
+    def _transform(self, canvas: torch.Tensor | _Canvas, targets: torch.Tensor, ref_area: torch.Tensor,
                    center: tuple[float, float], zoom_scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
         """The random affine - rotate/scale about ``center``, translate, resample to S x S in one
         pass - then the colour jitter, rounded once: (uint8 (3, S, S) image, targets).
@@ -611,7 +611,7 @@ class _Canvas:
         self.tiles = list(tiles)
 
     @classmethod
-    def of(cls, image: torch.Tensor) -> "_Canvas":
+    def of(cls, image: torch.Tensor) -> _Canvas:
         """A built uint8 (3, H, W) picture as a one-tile canvas."""
         return cls((int(image.shape[1]), int(image.shape[2])), [(image, 0, 0)])
 
@@ -638,7 +638,7 @@ class _Canvas:
                 torch.add(tile[:, ya - ty:yb - ty, xa - tx:xb - tx], -PAD_VALUE, out=out[:, ya:yb, xa:xb])
 
 
-def _warp(canvas: "_Canvas", a: torch.Tensor, b: torch.Tensor, size: int) -> torch.Tensor:
+def _warp(canvas: _Canvas, a: torch.Tensor, b: torch.Tensor, size: int) -> torch.Tensor:
     """Resample the uint8 (3, H, W) picture ``canvas`` to float (3, size, size): output point q
     shows canvas point ``A^-1 (q - b)`` (continuous pixel coordinates, pixel i spanning [i, i + 1)).
 
@@ -650,7 +650,7 @@ def _warp(canvas: "_Canvas", a: torch.Tensor, b: torch.Tensor, size: int) -> tor
     return out.add_(PAD_VALUE)
 
 
-def _render(canvas: "_Canvas", a: torch.Tensor, b: torch.Tensor, size: int, colour: torch.Tensor | None,
+def _render(canvas: _Canvas, a: torch.Tensor, b: torch.Tensor, size: int, colour: torch.Tensor | None,
             identity: bool) -> torch.Tensor:
     """uint8 (3, size, size): :func:`_warp` (or, for the identity, the canvas itself), times the
     float32 colour matrix (None: none), rounded and clamped - the same numbers as those steps one
@@ -686,7 +686,7 @@ def _finish(x: torch.Tensor, colour: torch.Tensor | None) -> torch.Tensor:
     return x.round_().clamp_(0, 255).to(torch.uint8)
 
 
-def _warp_source(canvas: "_Canvas", a: torch.Tensor, b: torch.Tensor, size: int):
+def _warp_source(canvas: _Canvas, a: torch.Tensor, b: torch.Tensor, size: int):
     """The input and grid of :func:`_warp`'s ``grid_sample``: (float32 (1, 3, H, W) canvas - 114,
     (1, size, size, 2) grid).
 
@@ -712,10 +712,10 @@ def _warp_source(canvas: "_Canvas", a: torch.Tensor, b: torch.Tensor, size: int)
     lo, hi = float(e[0]), float(e[-1])
     gx = [t[0][0] * u + t[0][1] * v + t[0][2] for u in (lo, hi) for v in (lo, hi)]
     gy = [t[1][0] * u + t[1][1] * v + t[1][2] for u in (lo, hi) for v in (lo, hi)]
-    x0 = max(0, math.floor((((min(gx) + 1.0) * w - 1.0) / 2.0)) - 2)
-    x1 = min(w, math.floor((((max(gx) + 1.0) * w - 1.0) / 2.0)) + 4)
-    y0 = max(0, math.floor((((min(gy) + 1.0) * h - 1.0) / 2.0)) - 2)
-    y1 = min(h, math.floor((((max(gy) + 1.0) * h - 1.0) / 2.0)) + 4)
+    x0 = max(0, math.floor(((min(gx) + 1.0) * w - 1.0) / 2.0) - 2)
+    x1 = min(w, math.floor(((max(gx) + 1.0) * w - 1.0) / 2.0) + 4)
+    y0 = max(0, math.floor(((min(gy) + 1.0) * h - 1.0) / 2.0) - 2)
+    y1 = min(h, math.floor(((max(gy) + 1.0) * h - 1.0) / 2.0) + 4)
     src = torch.empty((1, 3, h, w), dtype=torch.float32)
     if x0 < x1 and y0 < y1:
         canvas.fill_minus_pad(src[0], y0, y1, x0, x1)

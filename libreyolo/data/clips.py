@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 from PIL import Image, ImageDraw

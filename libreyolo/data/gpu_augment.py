@@ -108,7 +108,7 @@ class _Draw:
     first)."""
 
     @classmethod
-    def sample(cls, aug: "DeviceAugment", own: torch.Tensor, pool: int | None = None) -> "_Draw":
+    def sample(cls, aug: DeviceAugment, own: torch.Tensor, pool: int | None = None) -> _Draw:
         """Random parameters for the samples whose own images are ``own`` (pool indices), with
         mosaic partners drawn uniformly from the first ``pool`` images of the pool (default: as
         many as ``own``)."""
@@ -118,7 +118,7 @@ class _Draw:
         others = torch.randint(n if pool is None else int(pool), (n, 3), generator=g)
         return cls(aug, u, centre, torch.cat([own[:, None], others], 1))
 
-    def __init__(self, aug: "DeviceAugment", u: torch.Tensor, centre: torch.Tensor, src: torch.Tensor):
+    def __init__(self, aug: DeviceAugment, u: torch.Tensor, centre: torch.Tensor, src: torch.Tensor):
         s, n = aug.imgsz, u.shape[0]
         u = u.to(torch.float64)
 

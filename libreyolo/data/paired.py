@@ -11,10 +11,11 @@ Every structural mistake raises at once, naming the YAML and the key or folder.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
-from .datasets import is_image_path, check_data_given, read_yaml
+from .datasets import check_data_given, is_image_path, read_yaml
 
 __all__ = ["label_dirs", "mirror_images", "pair_images", "read_spec", "resolve_data_arg", "spec_root",
            "split_images", "under"]

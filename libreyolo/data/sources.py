@@ -45,10 +45,11 @@ import logging
 import math
 import os
 from collections import deque
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Union
+from typing import Any
 
 import numpy as np
 import torch
@@ -71,7 +72,7 @@ IMAGE_EXTENSIONS: frozenset[str] = frozenset(
 _GLOB_CHARS = frozenset("*?[")
 
 #: One accepted input; ``load_sources`` also takes a list/tuple of these.
-Source = Union[str, os.PathLike, Image.Image, np.ndarray, torch.Tensor]
+Source = str | os.PathLike | Image.Image | np.ndarray | torch.Tensor
 
 
 @dataclass
@@ -152,7 +153,7 @@ def iter_sources(source: Any, *, bgr: bool | None = None, borrow: bool = False, 
 
 
 def stream_sources(source: Any, *, bgr: bool | None = None, borrow: bool = False, strict: bool = True,
-                   workers: int = 1, ahead: int = STREAM_AHEAD) -> "SourceStream":
+                   workers: int = 1, ahead: int = STREAM_AHEAD) -> SourceStream:
     """``source`` resolved and checked now (as :func:`load_sources` checks it), its items decoded
     as they are iterated: at most ``ahead`` files are decoded ahead of the consumer, in up to
     ``workers`` threads (``ahead=0``: each file when it is asked for). ``len()`` is the number of
@@ -166,7 +167,7 @@ class SourceStream:
     """The lazily decoded items of a source (:func:`stream_sources`): iterate once; ``len()`` the
     items resolved; :meth:`close` (also at the end of the iteration) stops the decode threads."""
 
-    def __init__(self, loaders: list[tuple[str, "_Loader"]], *, borrow: bool, strict: bool, workers: int,
+    def __init__(self, loaders: list[tuple[str, _Loader]], *, borrow: bool, strict: bool, workers: int,
                  ahead: int):
         self.loaders = loaders
         self.borrow, self.strict = borrow, strict
@@ -237,7 +238,7 @@ class PendingItem:
 
     name: str
     path: Path | None
-    loader: "_Loader"
+    loader: _Loader
 
     def load(self, borrow: bool = False, strict: bool = True) -> SourceItem | None:
         """The item; None when ``strict=False`` skipped the file (see :func:`load_sources`)."""
@@ -250,7 +251,7 @@ def pending_sources(source: Any, *, bgr: bool | None = None) -> list[PendingItem
     return [PendingItem(name, getattr(load, "path", None), load) for name, load in _resolve(source, bgr)]
 
 
-def _load(name: str, load: "_Loader", borrow: bool, strict: bool) -> SourceItem | None:
+def _load(name: str, load: _Loader, borrow: bool, strict: bool) -> SourceItem | None:
     """:func:`_item`, or None (with a warning naming the file) for an unreadable file that a
     directory or glob pattern found, unless ``strict``: one broken file among many does not stop
     the others. A file named directly always raises."""
@@ -265,7 +266,7 @@ def _load(name: str, load: "_Loader", borrow: bool, strict: bool) -> SourceItem 
         return None
 
 
-def _check_any_left(loaders: list[tuple[str, "_Loader"]], loaded: int) -> None:
+def _check_any_left(loaders: list[tuple[str, _Loader]], loaded: int) -> None:
     """Refuse a source of which every file was skipped: a folder of unreadable files is an error,
     not an empty result."""
     if loaded == 0 and loaders:
@@ -274,7 +275,7 @@ def _check_any_left(loaders: list[tuple[str, "_Loader"]], loaded: int) -> None:
                          "could be decoded (each is named in a warning above)")
 
 
-def _item(name: str, load: "_Loader", borrow: bool) -> SourceItem:
+def _item(name: str, load: _Loader, borrow: bool) -> SourceItem:
     image = load()
     if getattr(load, "borrows", False):   # the loader handed back the caller's own array
         if borrow:

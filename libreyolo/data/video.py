@@ -36,10 +36,11 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -412,7 +413,7 @@ class VideoSources:
     def __len__(self) -> int:
         return len(self.streams)
 
-    def __enter__(self) -> "VideoSources":
+    def __enter__(self) -> VideoSources:
         return self
 
     def __exit__(self, *exc: Any) -> None:

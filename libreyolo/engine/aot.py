@@ -16,8 +16,9 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -111,7 +112,7 @@ def _device_identity(device: torch.device) -> dict:
     if device.type == "cuda":
         return {"gpu": torch.cuda.get_device_name(device), "capability": list(torch.cuda.get_device_capability(device)),
                 "cuda": torch.version.cuda}
-    import platform   # torch's reading of the CPU (no inductor import: that pulls in dynamo)
+    import platform  # torch's reading of the CPU (no inductor import: that pulls in dynamo)
     return {"cpu": platform.machine(), "capability": torch.backends.cpu.get_cpu_capability()}
 
 

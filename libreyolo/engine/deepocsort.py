@@ -12,7 +12,8 @@ part of this tracker (BoT-SORT's is: ``tracker="botsort"``).
 """
 from __future__ import annotations
 
-from typing import Any, Callable, ClassVar
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 import numpy as np
 

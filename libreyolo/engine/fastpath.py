@@ -33,16 +33,27 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 
 # AotLoadError, AotPackage, FastPathError, aot_cache_dir, check_package_loads, inductor_cache_dir and
 # source_digest are re-exported: the ahead-of-time packages and the compile caches were part of this module
-from .aot import (AotInfer, AotLoadError, AotPackage, FastPathError, aot_cache_dir, cache_counts,  # noqa: F401
-                  check_package_loads, inductor_cache_dir, source_digest, use_inductor_cache)
+from .aot import (  # noqa: F401
+    AotInfer,
+    AotLoadError,
+    AotPackage,
+    FastPathError,
+    aot_cache_dir,
+    cache_counts,
+    check_package_loads,
+    inductor_cache_dir,
+    source_digest,
+    use_inductor_cache,
+)
 
 log = logging.getLogger(__name__)
 

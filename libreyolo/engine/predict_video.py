@@ -5,8 +5,8 @@ and the window that shows the annotated frames (:class:`Viewer`).
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from ..data.sources import SourceItem
 from ..data.video import VideoSources, VideoStream

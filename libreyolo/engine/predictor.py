@@ -18,8 +18,9 @@ import os
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 
@@ -27,8 +28,8 @@ from ..data.jpeg import gpu_decode_problem, parse_decode
 from ..data.sources import STREAM_AHEAD, SourceItem, load_sources, parse_color, pending_sources, stream_sources
 from ..data.video import VideoWriter, is_video_source, open_video_sources
 from ..graphs.capture import to_host
-from ..options import check_imgsz, check_int, parse_amp, parse_bool
 from ..logs import info_shown
+from ..options import check_imgsz, check_int, parse_amp, parse_bool
 from ..results import Results
 from ..tasks.base import PredictPlan
 from ..threads import apply_threads

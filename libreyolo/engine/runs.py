@@ -43,7 +43,7 @@ class RunLock:
         self.fd, self.path = fd, path
 
     @classmethod
-    def acquire(cls, run_dir: Path) -> "RunLock | None":
+    def acquire(cls, run_dir: Path) -> RunLock | None:
         try:
             import fcntl
         except ImportError:
@@ -110,7 +110,7 @@ class RunFolder:
         self.path, self.lock, self.made = path, lock, made
 
     @classmethod
-    def claim(cls, run) -> "RunFolder":
+    def claim(cls, run) -> RunFolder:
         """The run folder (``resume``: the checkpoint's; ``exist_ok=False``: the first free
         ``name``, ``name2``, ... claimed by creating it, so that runs started together get folders
         of their own), locked for the run (:class:`RunLock`): a second run into a folder in use

@@ -13,8 +13,9 @@ import dataclasses
 import threading
 import time
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -87,7 +88,7 @@ class StagedUploads:
             # blocks the host until it is done anyway, and that work was queued a chunk ago.
             ring.stream.synchronize()
             with torch.cuda.stream(ring.stream):
-                for (j, it, f), img in zip(files, decode_files([f for _, _, f in files], dev)):
+                for (j, it, _), img in zip(files, decode_files([f for _, _, f in files], dev)):
                     if isinstance(img, np.ndarray):   # refused by nvjpeg, decoded on the CPU
                         items[j] = SourceItem(it.name, img)
                     else:
@@ -139,7 +140,7 @@ class StagedUploads:
             ch.host_ready, ch.downloads = host_ready, downloads
         return ch
 
-    def _ring(self) -> "UploadRing | None":
+    def _ring(self) -> UploadRing | None:
         """This thread's upload ring for the model's device (None off CUDA)."""
         if self.model.device.type != "cuda":
             return None

@@ -11,8 +11,14 @@ from typing import Any
 import torch
 
 from ..distributed import GradientReducer, loss_share, reduction_of
-from ..graphs.training import (GraphedSegment, TrainStepRunner, backward_into_grads, prime_optimizer_state,
-                               scaler_tensors, training_state)
+from ..graphs.training import (
+    GraphedSegment,
+    TrainStepRunner,
+    backward_into_grads,
+    prime_optimizer_state,
+    scaler_tensors,
+    training_state,
+)
 
 log = logging.getLogger(__name__)
 

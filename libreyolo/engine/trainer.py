@@ -37,13 +37,29 @@ from ..distributed import Distributed, revert_sync_batchnorm
 from ..tasks import Task
 from .background import frozen_heap
 from .config import TrainConfig
-from .hooks import (CheckpointHook, EvaluationHook, HookBase, HookError, ScheduleHook, StopHook, TimingHook, as_hooks,
-                    timing_line)
+from .hooks import (
+    CheckpointHook,
+    EvaluationHook,
+    HookBase,
+    HookError,
+    ScheduleHook,
+    StopHook,
+    TimingHook,
+    as_hooks,
+    timing_line,
+)
 from .loaders import WorkerDeathSignal, build_loaders, close_loaders, worker_died
 from .loggers import EXPERIMENT_LOGGERS, LoggingHook, TensorBoardHook
 from .outcome import run_outcome
-from .runs import (RunFolder, RunFolderBusy, TrainingDiverged, TrainingError, TrainingInterrupted, interrupted_message,
-                   last_pt_kept)
+from .runs import (
+    RunFolder,
+    RunFolderBusy,
+    TrainingDiverged,
+    TrainingError,
+    TrainingInterrupted,
+    interrupted_message,
+    last_pt_kept,
+)
 from .setup import check_config, device_settings, set_up
 from .step import LossFold
 

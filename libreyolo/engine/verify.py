@@ -3,12 +3,13 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from ..graphs.capture import CudaGraphCapturer
-from ..graphs.parity import ParityResult, clone_outputs, all_equal, check_parity, max_abs_diff
+from ..graphs.parity import ParityResult, all_equal, check_parity, clone_outputs, max_abs_diff
 
 
 def _probes_float(batch: int, size: int, device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -241,6 +241,7 @@ def export_onnx(model, file: str | os.PathLike | None = None, *, imgsz: int | No
     """
     require_onnx()
     import onnx
+
     # torchvision's first import calls its own operators (``_cuda_version``): imported inside the
     # trace (the NMS's forward imports it where it runs) the tracer records that call and fails
     import torchvision.ops  # noqa: F401

@@ -125,7 +125,7 @@ class OnnxModel:
         """The class count (``nc``), under the name the library this one replaces uses."""
         return self.nc
 
-    def to(self, device: Any) -> "OnnxModel":
+    def to(self, device: Any) -> OnnxModel:
         """(Re)open the session on ``device``'s execution providers."""
         ort = self._ort
         providers, self.device = _providers(device, ort.get_available_providers())
@@ -143,7 +143,7 @@ class OnnxModel:
         self.output_names = [o.name for o in self.session.get_outputs()]
         return self
 
-    def cpu(self) -> "OnnxModel":
+    def cpu(self) -> OnnxModel:
         return self.to("cpu")
 
     def __repr__(self) -> str:
@@ -182,7 +182,7 @@ class OnnxModel:
     def capture_graph(self, *args: Any, **kwargs: Any):
         self._no("capture_graph() (CUDA graphs)")
 
-    def fuse(self) -> "OnnxModel":
+    def fuse(self) -> OnnxModel:
         return self   # onnxruntime folds BatchNorm into convolutions when it opens the session
 
     # --------------------------------------------------------------------- predict

@@ -11,7 +11,8 @@ worth a capture (:meth:`GraphCache.note`), and which graph to drop when too many
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
-from typing import Any, Callable, Hashable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from typing import Any
 
 import torch
 

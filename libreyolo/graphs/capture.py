@@ -15,8 +15,9 @@ import contextlib
 import gc
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_map

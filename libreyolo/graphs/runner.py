@@ -31,7 +31,8 @@ import logging
 import threading
 import time
 from collections import Counter
-from typing import Any, Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
 
 import torch
 

@@ -36,7 +36,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -93,7 +94,7 @@ def training_state(params, optimizer: torch.optim.Optimizer, *extra) -> list[tor
     return out
 
 
-def scaler_tensors(scaler: "torch.amp.GradScaler") -> list[torch.Tensor]:
+def scaler_tensors(scaler: torch.amp.GradScaler) -> list[torch.Tensor]:
     """The device tensors a GradScaler's ``update()`` writes (scale, growth tracker), for a whole
     step's ``state``; empty when the scaler is off or not initialized yet. GradScaler has no
     public accessor for them, hence the private attributes (present since torch 1.6)."""

@@ -13,8 +13,9 @@ import contextlib
 import copy
 import logging
 import math
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, ClassVar, Iterator
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -54,6 +55,11 @@ def train_format(module: nn.Module) -> Iterator[nn.Module]:
 
 class Model:
     """A vision model: its network (``.model``) plus pre/post-processing and graphs."""
+
+    #: the device the network is on (set in __init__, moved by ``to``)
+    device: torch.device
+    #: set once the untrained-model warning has been given (absent until then)
+    _warned_untrained: bool
 
     FAMILY: ClassVar[str] = ""
     TASK: ClassVar[str] = "detect"
@@ -244,7 +250,7 @@ class Model:
         return bool(cls.SIGNATURE_KEYS) and all(k in state_dict for k in cls.SIGNATURE_KEYS)
 
     @classmethod
-    def task_variants(cls) -> list[type["Model"]]:
+    def task_variants(cls) -> list[type[Model]]:
         """The classes of ``TASK_VARIANTS`` (imported on use)."""
         import importlib
         out = []
@@ -254,7 +260,7 @@ class Model:
         return out
 
     @classmethod
-    def for_task(cls, task: str | None) -> type["Model"]:
+    def for_task(cls, task: str | None) -> type[Model]:
         """This family's class serving ``task`` (None: this class); an error lists the tasks it serves."""
         if task is None or task == cls.TASK:
             return cls
@@ -300,7 +306,7 @@ class Model:
 
     @classmethod
     def new(cls, size: str, nc: int | None = None, names: Any = None, *, imgsz: int | None = None,
-            device: Any = "auto", seed: int | None = None, task: str | None = None) -> "Model":
+            device: Any = "auto", seed: int | None = None, task: str | None = None) -> Model:
         """An untrained (randomly initialised) model, built explicitly from its size; ``nc``
         defaults to the family's usual label set (``DEFAULT_NC``: 80 for detection, ImageNet's
         1000 for the classifiers, ADE20K's 150 for SegFormer). ``task`` picks the family's
@@ -320,7 +326,7 @@ class Model:
 
     @classmethod
     def from_checkpoint(cls, ckpt: dict, *, size: str | None = None, device: Any = "auto",
-                        source: str | None = None) -> "Model":
+                        source: str | None = None) -> Model:
         sd = ckpt["model"]
         task = ckpt.get("task")
         if cls.TASK_VARIANTS:   # the checkpoint's task (else its keys) picks the family's variant
@@ -370,7 +376,7 @@ class Model:
         return (f"{type(self).__name__}({self.FAMILY}-{self.size}, task={self.TASK}, nc={self.nc}, "
                 f"params={n:,}, device={self.device}, {state}{', fused' if self.fused else ''})")
 
-    def to(self, device: Any) -> "Model":
+    def to(self, device: Any) -> Model:
         """Move the model; graphs of the old placement are released (with the weights they hold)."""
         new = select_device(device)
         if new != self.device:
@@ -379,13 +385,13 @@ class Model:
         self.model.to(self.device)
         return self
 
-    def cpu(self) -> "Model":
+    def cpu(self) -> Model:
         return self.to("cpu")
 
-    def cuda(self, index: int = 0) -> "Model":
+    def cuda(self, index: int = 0) -> Model:
         return self.to(f"cuda:{index}")
 
-    def fuse(self) -> "Model":
+    def fuse(self) -> Model:
         """Fold BatchNorm into convolutions and re-parameterize Rep blocks (inference only).
 
         Stale graphs are released automatically (the parameter fingerprint changes).
@@ -450,7 +456,7 @@ class Model:
         from ..weights import save_checkpoint
         return save_checkpoint(self.checkpoint(), path)
 
-    def load_state_dict(self, state_dict: dict[str, torch.Tensor]) -> "Model":
+    def load_state_dict(self, state_dict: dict[str, torch.Tensor]) -> Model:
         """Load new weights in place (stale graphs are released automatically)."""
         _load_strict(self.model, state_dict, f"{self.FAMILY}-{self.size}", None)
         self.trained = True

@@ -176,7 +176,7 @@ class Preprocess:
         return d
 
     @classmethod
-    def from_meta(cls, meta: Any, default: "Preprocess") -> "Preprocess":
+    def from_meta(cls, meta: Any, default: Preprocess) -> Preprocess:
         """A checkpoint's ``preprocess`` entry (a dict) over ``default``; the legacy
         ``letterbox_pad`` key (LibreYOLO detection checkpoints) sets ``resize`` only."""
         if isinstance(meta, Preprocess):

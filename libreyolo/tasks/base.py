@@ -17,8 +17,9 @@ the metrics, of which :meth:`Task.fitness` picks what ``best.pt`` is chosen by.
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
-from typing import Any, Callable, ClassVar, Sequence
+from typing import Any, ClassVar
 
 import torch
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from PIL import Image
 
-from libreyolo import LibreYOLO, SAMPLE_IMAGE
+from libreyolo import SAMPLE_IMAGE, LibreYOLO
 from libreyolo.data.sources import decode_image
 from libreyolo.engine.verify import input_sensitive
 

@@ -9,11 +9,11 @@ import threading
 import numpy as np
 import pytest
 import torch
+from conftest import FIXTURES_DIR
 from fill import fill_state_dict
 from PIL import Image
 from rows import FIXTURES, GRAPH_MODELS, PARITY_REDRAW
 
-from conftest import FIXTURES_DIR
 from libreyolo import SAMPLE_IMAGE, LibreYOLO
 from libreyolo.engine.verify import verify_model
 from libreyolo.results import Results

@@ -6,8 +6,8 @@ stage really runs on 10 lines. Run through scripts/gpu-check.
 """
 import numpy as np
 import pytest
-import torch
 import rows
+import torch
 
 from libreyolo import LibreYOLO
 from libreyolo.engine.verify import input_sensitive

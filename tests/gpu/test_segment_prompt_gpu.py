@@ -8,9 +8,9 @@ rows (parity protocol, predict == eager) are in test_tasks_gpu.py. Run through s
 """
 import numpy as np
 import pytest
+import rows
 import torch
 from PIL import Image
-import rows
 
 from libreyolo import SAMPLE_IMAGE, LibreYOLO
 from libreyolo.engine.verify import input_sensitive

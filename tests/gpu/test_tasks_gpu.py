@@ -10,9 +10,9 @@ these pass. Run through scripts/gpu-check.
 """
 import numpy as np
 import pytest
+import rows
 import torch
 from PIL import Image
-import rows
 from whole_step import Whole, step0_eager_and_whole, whole_step
 
 from libreyolo import SAMPLE_IMAGE, LibreYOLO
@@ -119,7 +119,7 @@ def test_depth_uint8_stage_is_one_graph_with_the_resize_back(spec, images):
             out = model.runner(("u8-probe", size, *plan.tag), from_u8, (u8,), True)
     torch.cuda.synchronize()
     assert out.shape == (1, *img.shape[:2]) and torch.equal(out, ref)
-    from libreyolo.tasks.depth.task import download   # the maps' way to the host, through pinned memory
+    from libreyolo.tasks.depth.task import download  # the maps' way to the host, through pinned memory
     t = torch.rand(720, 1280, device="cuda")
     host = download(t)
     assert host.device.type == "cpu" and not host.is_pinned() and torch.equal(host, t.cpu())

@@ -101,6 +101,7 @@ def test_a_resumed_channels_last_whole_step_run_ends_as_an_uninterrupted_one(dat
     the run's last.pt is the uninterrupted run's, within the distance of two uninterrupted runs
     (cuDNN's deterministic kernels: normally none), and every momentum is in its parameter's layout."""
     from interrupt import interrupted_after_last_pt  # tests/interrupt.py
+
     from libreyolo.weights import load_checkpoint
     monkeypatch.setattr(torch.backends.cudnn, "deterministic", True)
     monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)

@@ -8,16 +8,16 @@ import logging
 
 import pytest
 import torch
+from rows import SEAM_MODELS, TRAIN_GRAPH_MODELS
+from whole_step import Whole, step0_eager_and_whole, whole_step
 
 from libreyolo import LibreYOLO
 from libreyolo.data.augment import DetectionDataset, collate_detections
-from libreyolo.data.synthetic import make_shapes_dataset
 from libreyolo.data.datasets import resolve_data
+from libreyolo.data.synthetic import make_shapes_dataset
 from libreyolo.graphs.capture import CudaGraphCapturer
 from libreyolo.graphs.training import TrainStepRunner, backward_into_grads
 from libreyolo.models.registry import get_family
-from rows import SEAM_MODELS, TRAIN_GRAPH_MODELS
-from whole_step import Whole, step0_eager_and_whole, whole_step
 
 pytestmark = pytest.mark.cuda
 

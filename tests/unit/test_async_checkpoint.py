@@ -13,9 +13,9 @@ import torch
 from libreyolo import LibreYOLO
 from libreyolo import weights as W
 from libreyolo.data.synthetic import make_shapes_dataset
-from libreyolo.engine import trainer as T
 from libreyolo.engine import hooks as H
 from libreyolo.engine import optim as O
+from libreyolo.engine import trainer as T
 from libreyolo.engine.background import BackgroundJob
 from libreyolo.weights import host_snapshot, load_checkpoint, save_checkpoint
 

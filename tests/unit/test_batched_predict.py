@@ -83,7 +83,7 @@ def test_an_error_preparing_a_chunk_comes_after_the_chunks_before_it(model, imag
         raise ValueError("cannot decode image 'broken.jpg': test")
     seen = []
     with pytest.raises(ValueError, match="broken.jpg"):
-        for items, results in p._steps(chunks(), SIZE, False, None, plan, 0.0, staged=True, lookahead=True,
+        for _items, results in p._steps(chunks(), SIZE, False, None, plan, 0.0, staged=True, lookahead=True,
                                        profile=False, repeating=False):
             seen.extend(r.path for r in results)
     assert seen == ["a0", "a1", "b0", "b1"]

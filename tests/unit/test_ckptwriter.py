@@ -7,13 +7,13 @@ import logging
 
 import pytest
 import torch
+from tuning import tune_defaults  # tests/tuning.py
 
 from libreyolo import LibreYOLO
 from libreyolo.data.synthetic import make_shapes_dataset
 from libreyolo.engine import ckptwriter as C
 from libreyolo.engine import loggers as LG
 from libreyolo.weights import PackedSnapshot, load_checkpoint
-from tuning import tune_defaults  # tests/tuning.py
 
 
 def checkpoint() -> dict:

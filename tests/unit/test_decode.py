@@ -10,7 +10,6 @@ import torch
 
 from libreyolo import LibreYOLO
 
-
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 
 
@@ -120,6 +119,7 @@ def letterbox_reference(u8, size, mode):
     """To float, resize, pad with 114, divide by 255, written plainly (letterbox makes the float
     NCHW copy in one kernel instead of two)."""
     import torch.nn.functional as F
+
     from libreyolo.ops.letterbox import PAD_VALUE, letterbox_params
     _, h, w, _ = u8.shape
     p = letterbox_params(h, w, size, mode)
@@ -158,6 +158,7 @@ def test_boxes_mapped_back_in_the_stage_equal_the_host_mapping(mode, device):
     """unletterbox_packed (on the device, inside the predict stage) gives the numbers of the host's
     unletterbox_boxes, row for row, for a batch of images of different sizes."""
     import numpy as np
+
     from libreyolo.ops.letterbox import geometry_rows, letterbox_params, unletterbox_boxes, unletterbox_packed
     shapes, max_det = ((720, 1280), (517, 333), (640, 640)), 50
     g = torch.Generator().manual_seed(7)

@@ -4,13 +4,12 @@ from __future__ import annotations
 import math
 
 import torch
+from test_detr_loss import NC, ROWS, _dn, _fake_outputs, _scene, _targets
 
 from libreyolo.models.deim.model import Deim
 from libreyolo.models.detr_common.loss import DeimLoss, DetrLoss, matchability_aware_loss, varifocal_loss
 from libreyolo.models.dfine.model import Dfine
 from libreyolo.models.rtdetrv4.model import RTDETRv4
-
-from test_detr_loss import NC, ROWS, _dn, _fake_outputs, _scene, _targets
 
 
 def _bce(x: float, t: float) -> float:

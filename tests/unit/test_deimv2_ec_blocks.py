@@ -3,14 +3,13 @@ import json
 
 import pytest
 import torch
-from fill import fill_state_dict
-
 from conftest import FIXTURES_DIR
+from fill import fill_state_dict
 
 from libreyolo import LibreYOLO
 from libreyolo.models.deimv2.model import Deimv2
+from libreyolo.models.deimv2.nn import DEIMV2_CONFIGS, DINO_SIZES, DinoSpec, DINOv3STABackbone
 from libreyolo.models.detr_common.model import IMAGENET, PIL_STRETCH
-from libreyolo.models.deimv2.nn import DEIMV2_CONFIGS, DINO_SIZES, DINOv3STABackbone, DinoSpec
 from libreyolo.models.detr_common.rtdetr_decoder import generate_anchors
 from libreyolo.models.ec.model import EC
 from libreyolo.models.registry import family_for_checkpoint, parse_spec

@@ -261,8 +261,7 @@ def test_cli_bench_runs_the_depth_arms_on_the_cpu(tmp_path):
 
 # ----------------------------------------------------------------------------------------- training
 from libreyolo.tasks.depth import DepthEvaluator, ScaleShiftInvariantLoss, align_scale_shift, depth_metrics  # noqa: E402
-from libreyolo.tasks.depth.data import (DepthDataset, check_samples, collate_depth, read_target,  # noqa: E402
-                                        resolve_depth_data)
+from libreyolo.tasks.depth.data import DepthDataset, check_samples, collate_depth, read_target, resolve_depth_data  # noqa: E402
 from libreyolo.tasks.depth.synthetic import make_shapes_depth_dataset, render_depth_scene  # noqa: E402
 
 

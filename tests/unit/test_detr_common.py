@@ -4,17 +4,17 @@ import math
 
 import pytest
 import torch
+from conftest import FIXTURES_DIR
 from fill import fill_state_dict
 
-from conftest import FIXTURES_DIR
 from libreyolo.models.detr_common.deformable import MSDeformableAttention
 from libreyolo.models.detr_common.hybrid_encoder import sincos_pos_embed_2d
 from libreyolo.models.detr_common.model import IMAGENET, STRETCH, DetrModel, detr_postprocess
-from libreyolo.ops.preprocess import Preprocess
 from libreyolo.models.detr_common.rtdetr_decoder import generate_anchors
 from libreyolo.models.registry import FAMILIES, parse_spec
 from libreyolo.models.rtdetr.model import RTDETR
 from libreyolo.models.rtdetrv2.model import RTDETRv2
+from libreyolo.ops.preprocess import Preprocess
 
 
 def _fixture_net(cls, name):
@@ -165,6 +165,7 @@ def test_predict_end_to_end_without_nms():
     """A DETR through the shared predictor: stretch resize, top-k selection, no NMS, boxes in
     original-image pixels, sorted by confidence, at most max_det per image."""
     import numpy as np
+
     from libreyolo import SAMPLE_IMAGE
     m = RTDETR.new("r18", nc=3, device="cpu", seed=0)
     assert m.NMS is False and m.resize == "stretch"

@@ -10,8 +10,15 @@ from torchvision.ops import box_convert
 
 from libreyolo.models.detr_common.denoising import contrastive_denoising, split_denoising_outputs
 from libreyolo.models.detr_common.dfine_decoder import distance_to_box, weighting_function
-from libreyolo.models.detr_common.loss import (DetrLoss, bin_targets, box_losses, decoupled_distillation_loss,
-                                               edge_distances, fine_grained_localization_loss, varifocal_loss)
+from libreyolo.models.detr_common.loss import (
+    DetrLoss,
+    bin_targets,
+    box_losses,
+    decoupled_distillation_loss,
+    edge_distances,
+    fine_grained_localization_loss,
+    varifocal_loss,
+)
 from libreyolo.models.dfine.model import Dfine
 from libreyolo.models.rtdetr.model import RTDETR
 

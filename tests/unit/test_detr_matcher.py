@@ -7,8 +7,13 @@ import numpy as np
 import torch
 from torchvision.ops import box_convert, generalized_box_iou
 
-from libreyolo.models.detr_common.matcher import (HungarianMatcher, hungarian_assign, matching_cost, pairwise_giou,
-                                                  union_assignment)
+from libreyolo.models.detr_common.matcher import (
+    HungarianMatcher,
+    hungarian_assign,
+    matching_cost,
+    pairwise_giou,
+    union_assignment,
+)
 
 
 def _assign(cost: list, mask: list | None = None) -> list:

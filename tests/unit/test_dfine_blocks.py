@@ -9,9 +9,9 @@ import math
 
 import pytest
 import torch
+from conftest import FIXTURES_DIR
 from fill import fill_state_dict
 
-from conftest import FIXTURES_DIR
 from libreyolo import LibreYOLO
 from libreyolo.models.deim.nn import DEIM_CONFIGS
 from libreyolo.models.detr_common.dfine_decoder import distance_to_box, integral, weighting_function

@@ -9,10 +9,11 @@ from torchvision.ops import box_iou as tv_box_iou
 
 pytest.importorskip("faster_coco_eval")
 
+from tuning import tune_defaults  # tests/tuning.py
+
 from libreyolo.tasks.detect import evalpool  # noqa: E402
 from libreyolo.tasks.detect.curves import box_iou, pr_summary  # noqa: E402
 from libreyolo.tasks.detect.metrics import evaluate_detections  # noqa: E402
-from tuning import tune_defaults  # tests/tuning.py
 
 
 def split(seed: int, nc: int = 5, images: int = 40, per_image: int = 120):
@@ -21,7 +22,7 @@ def split(seed: int, nc: int = 5, images: int = 40, per_image: int = 120):
     validation's host copy is."""
     rng = np.random.default_rng(seed)
     preds, gts = [], []
-    for i in range(images):
+    for _i in range(images):
         m = int(rng.integers(0, 7))
         xy = rng.uniform(0, 250, (m, 2))
         wh = rng.uniform(5, 70, (m, 2))
@@ -90,6 +91,7 @@ def test_a_child_imports_numpy_and_faster_coco_eval_not_torch(tmp_path):
     import json
     import subprocess
     import sys
+
     from libreyolo import childproc
     code = childproc._SNIPPET.replace("m.serve()", "m._siblings()[0].coco_backend(); import json; "
                                       "print(json.dumps(sorted(sys.modules)))")

@@ -22,8 +22,8 @@ from libreyolo import SAMPLE_IMAGE, LibreYOLO
 from libreyolo.export.onnx import OnnxExportError, read_metadata
 from libreyolo.export.onnx_model import OnnxModel
 from libreyolo.models.base import Model
-from libreyolo.results import Results
 from libreyolo.ops.preprocess import IMAGENET_MEAN, IMAGENET_STD, Preprocess
+from libreyolo.results import Results
 
 IMGSZ = 160
 

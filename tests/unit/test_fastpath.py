@@ -17,8 +17,17 @@ from standin import StandInCapturer
 
 from libreyolo import SAMPLE_IMAGE, LibreYOLO
 from libreyolo.engine import fastpath
-from libreyolo.engine.fastpath import (FastPathRefused, check_contract, compile_infer, half_network,
-                                       make_half, match_detections, measuring, parse_precision, resolve)
+from libreyolo.engine.fastpath import (
+    FastPathRefused,
+    check_contract,
+    compile_infer,
+    half_network,
+    make_half,
+    match_detections,
+    measuring,
+    parse_precision,
+    resolve,
+)
 from libreyolo.engine.verify import input_sensitive
 
 DETECT_FAMILIES = [("yolo9", "t"), ("yolox", "n"), ("yolo7", "tiny"), ("rtmdet", "t"), ("picodet", "s"),

@@ -18,10 +18,10 @@ import torch
 
 from libreyolo import LibreYOLO
 from libreyolo.data.synthetic import make_shapes_dataset
-from libreyolo.engine import trainer as T
 from libreyolo.engine import loaders as LD
 from libreyolo.engine import loggers as LG
 from libreyolo.engine import runs as R
+from libreyolo.engine import trainer as T
 from libreyolo.weights import load_checkpoint
 
 HERE = Path(__file__).resolve().parent

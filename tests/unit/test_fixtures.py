@@ -3,10 +3,10 @@ import json
 
 import pytest
 import torch
+from conftest import FIXTURES_DIR
 from fill import fill_state_dict
 from rows import FIXTURE_BOUNDARY_TIES, FIXTURE_FORWARD, FIXTURE_TASK, FIXTURES, SNIFFED_AS
 
-from conftest import FIXTURES_DIR
 from libreyolo import LibreYOLO
 from libreyolo.models.registry import get_family
 from libreyolo.weights import save_checkpoint

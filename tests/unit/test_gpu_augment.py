@@ -9,6 +9,7 @@ import math
 
 import pytest
 import torch
+from interrupt import interrupted_after_last_pt  # tests/interrupt.py
 from torch.utils.data import DataLoader
 
 import libreyolo.data.augment as augment_mod
@@ -16,7 +17,6 @@ from libreyolo.data.augment import MIN_BOX_SIDE, DetectionDataset, _areas, colla
 from libreyolo.data.datasets import resolve_data
 from libreyolo.data.gpu_augment import DeviceAugment, _Draw, hue_matrices, saturation_matrices
 from libreyolo.data.synthetic import make_shapes_dataset
-from interrupt import interrupted_after_last_pt  # tests/interrupt.py
 
 NO_AUG = dict(mosaic=0.0, degrees=0.0, translate=0.0, scale=0.0, fliplr=0.0, hsv_h=0.0, hsv_s=0.0, hsv_v=0.0)
 #: rectangle colours, one per source image, and how each is recognised after resampling
@@ -245,7 +245,7 @@ def _distinct_images_per_batch(batches, s, n_images):
     """Per output batch: how many distinct source images it shows. Each image's one target is
     its whole picture with class = the image's index, so the kept classes name the images."""
     out = []
-    for images, targets, mask in batches:
+    for _images, targets, mask in batches:
         ids = targets[..., 0][mask].long()
         assert ids.min() >= 0 and ids.max() < n_images
         out.append(len(torch.unique(ids)))
@@ -256,6 +256,7 @@ def _whole_image_samples(shapes, n):
     """``n`` samples over the fixture's images, each with one box - its whole picture - of class
     = its index."""
     import numpy as np
+
     from libreyolo.data.datasets import Sample
     base = shapes.train
     return [Sample(base[i % len(base)].image, np.array([[i, 0.0, 0.0, 1.0, 1.0]], dtype=np.float32),

@@ -5,9 +5,9 @@ import json
 import numpy as np
 import pytest
 import torch
-from standin import StandInCapturer
 import torch.nn.functional as F
 from PIL import Image
+from standin import StandInCapturer
 
 from libreyolo import LibreYOLO
 from libreyolo.models.birefnet.model import BiRefNet

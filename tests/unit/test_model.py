@@ -10,8 +10,8 @@ from rows import SMALL_MODELS
 from libreyolo import SAMPLE_IMAGE, LibreYOLO, list_models
 from libreyolo.graphs.runner import GraphUnavailableError
 from libreyolo.models.base import Model
-from libreyolo.results import Results
 from libreyolo.models.registry import FAMILIES, get_family, parse_spec
+from libreyolo.results import Results
 
 
 @pytest.fixture(scope="module", params=SMALL_MODELS, ids=lambda r: "-".join(r))

@@ -12,8 +12,14 @@ from libreyolo import LibreYOLO
 from libreyolo.models.rtdetrv2.obb import RTDETRv2OBB, obb_postprocess
 from libreyolo.tasks.obb import OBB
 from libreyolo.tasks.obb.metrics import rotated_map
-from libreyolo.tasks.obb.rotated import (corners_to_xywhr, polygon_iou, probiou, rotated_nms, xywhr_to_corners,
-                                         xywhr_to_corners_np)
+from libreyolo.tasks.obb.rotated import (
+    corners_to_xywhr,
+    polygon_iou,
+    probiou,
+    rotated_nms,
+    xywhr_to_corners,
+    xywhr_to_corners_np,
+)
 from libreyolo.tasks.obb.task import suppress, unletterbox_xywhr
 
 

@@ -12,8 +12,16 @@ import torch
 
 from libreyolo import LibreYOLO
 from libreyolo.models.ppocr.charset import bundled_charset, load_charset
-from libreyolo.tasks.ocr.postprocess import (REC_BUCKETS, bucket_of, crop_line, db_boxes, padded_width, reading_order,
-                                             rec_batches, rec_width)
+from libreyolo.tasks.ocr.postprocess import (
+    REC_BUCKETS,
+    bucket_of,
+    crop_line,
+    db_boxes,
+    padded_width,
+    reading_order,
+    rec_batches,
+    rec_width,
+)
 from libreyolo.tasks.ocr.results import TextLines
 from libreyolo.tasks.ocr.synthetic import text_page
 from libreyolo.tasks.ocr.task import ctc_greedy

@@ -11,9 +11,19 @@ import pytest
 import torch
 
 from libreyolo import options
-from libreyolo.options import (AMP_FAMILY_DEFAULT, MAX_IMGSZ, OptionError, check_choice, check_float,
-                               check_fraction, check_imgsz, check_int, parse_amp, parse_bool,
-                               parse_classes)
+from libreyolo.options import (
+    AMP_FAMILY_DEFAULT,
+    MAX_IMGSZ,
+    OptionError,
+    check_choice,
+    check_float,
+    check_fraction,
+    check_imgsz,
+    check_int,
+    parse_amp,
+    parse_bool,
+    parse_classes,
+)
 
 NAMES = {0: "person", 1: "bicycle", 2: "car", 3: "Traffic Light", 4: "a, b"}
 NAMES.update({i: f"class{i}" for i in range(5, 80)})

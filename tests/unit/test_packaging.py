@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import importlib.metadata
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 import libreyolo
 

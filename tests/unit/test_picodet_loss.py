@@ -7,10 +7,22 @@ import pytest
 import torch
 import torch.nn.functional as F
 import torchvision
-from loss_cases import (ROWS, assert_autocast_computes_in_float32, assert_fixed_shapes_and_finite_backward,
-                        assert_graph_replay_matches_eager, assert_no_host_sync, assert_padding_invariant,
-                        assert_train_forward_is_normalised, cuda_batches, fit_one_batch, loss_without_objects, pad_gts,
-                        padded_targets, random_boxes, reference_dynamic_k)
+from loss_cases import (
+    ROWS,
+    assert_autocast_computes_in_float32,
+    assert_fixed_shapes_and_finite_backward,
+    assert_graph_replay_matches_eager,
+    assert_no_host_sync,
+    assert_padding_invariant,
+    assert_train_forward_is_normalised,
+    cuda_batches,
+    fit_one_batch,
+    loss_without_objects,
+    pad_gts,
+    padded_targets,
+    random_boxes,
+    reference_dynamic_k,
+)
 
 from libreyolo import LibreYOLO
 from libreyolo.models.common import assign as assign_module

@@ -97,7 +97,7 @@ def test_task_variant_is_chosen_by_task_and_by_checkpoint(tmp_path, pose_model):
 
 
 def _pose_batch(bucket):
-    from libreyolo.tasks.pose.data import PoseSample, PoseDataset, collate_pose
+    from libreyolo.tasks.pose.data import PoseDataset, PoseSample, collate_pose
     samples = []
     for n in (1, 3):
         kp = np.zeros((n, 17, 3), np.float32)

@@ -4,8 +4,14 @@ import numpy as np
 import pytest
 import torch
 
-from libreyolo.tasks.pose.data import (PoseDataset, bucket_rows, collate_pose, flip_keypoints, parse_pose_labels,
-                                       resolve_pose_data)
+from libreyolo.tasks.pose.data import (
+    PoseDataset,
+    bucket_rows,
+    collate_pose,
+    flip_keypoints,
+    parse_pose_labels,
+    resolve_pose_data,
+)
 from libreyolo.tasks.pose.metrics import oks_map
 from libreyolo.tasks.pose.synthetic import make_shapes_pose_dataset
 

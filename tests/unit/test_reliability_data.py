@@ -11,9 +11,9 @@ import pytest
 import torch
 from PIL import Image
 
+import libreyolo.data.datasets as datasets
 import libreyolo.data.sources as sources
 from libreyolo import LibreYOLO
-import libreyolo.data.datasets as datasets
 from libreyolo.data.datasets import resolve_data
 from libreyolo.data.sources import pending_sources
 from libreyolo.tasks import get_task

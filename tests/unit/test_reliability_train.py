@@ -15,18 +15,18 @@ import time
 from pathlib import Path
 
 import pytest
+from tuning import tune_defaults  # tests/tuning.py
 
 import libreyolo.weights as weights
 from libreyolo import LibreYOLO
 from libreyolo.data.synthetic import make_shapes_dataset
-from libreyolo.engine import trainer as T
 from libreyolo.engine import hooks as H
 from libreyolo.engine import loaders as LD
 from libreyolo.engine import loggers as LG
 from libreyolo.engine import runs as R
+from libreyolo.engine import trainer as T
 from libreyolo.options import OptionError
 from libreyolo.weights import load_checkpoint
-from tuning import tune_defaults  # tests/tuning.py
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -300,8 +300,8 @@ def test_graph_cache_policy_repeat_lru_and_clear():
 def test_every_runner_keys_graphs_by_the_one_signature():
     """Inference runner, training-step runner and graphed segment share one signature function:
     shape, dtype, device, autocast and grad mode all separate graphs."""
-    from libreyolo.graphs import training
     from libreyolo.graphs import runner as inference
+    from libreyolo.graphs import training
     from libreyolo.graphs.cache import signature
 
     assert inference.signature is signature and training.signature is signature

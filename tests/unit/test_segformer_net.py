@@ -3,9 +3,9 @@ import json
 
 import pytest
 import torch
+from conftest import FIXTURES_DIR
 from fill import fill_state_dict
 
-from conftest import FIXTURES_DIR
 from libreyolo.models.segformer.nn import CONFIGS, SegformerNet
 
 # Computed from this implementation with nc=150; they agree with the published SegFormer sizes

@@ -158,8 +158,15 @@ def test_polygon_label_in_a_detection_dataset_is_refused(tmp_path):
 
 
 def test_shapes_inst_polygons_are_exact_and_samples_align(tmp_path):
-    from libreyolo.tasks.segment.data import (MASK_STRIDE, SHAPES_INST_NAMES, SegmentDataset, collate_instances,
-                                              make_shapes_inst_dataset, rasterize, resolve_segment_data)
+    from libreyolo.tasks.segment.data import (
+        MASK_STRIDE,
+        SHAPES_INST_NAMES,
+        SegmentDataset,
+        collate_instances,
+        make_shapes_inst_dataset,
+        rasterize,
+        resolve_segment_data,
+    )
     d = resolve_segment_data(str(make_shapes_inst_dataset(tmp_path / "si", n_train=4, n_val=2, imgsz=64)))
     assert d.nc == len(SHAPES_INST_NAMES) and (len(d.train), len(d.val)) == (4, 2)
     s = d.train[0]

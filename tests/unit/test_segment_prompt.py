@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 import torch
-from standin import StandInCapturer
 from PIL import Image
+from standin import StandInCapturer
 
 from libreyolo import LibreYOLO
 from libreyolo.models.mobilesam.nn import MobileSAMNet
@@ -36,8 +36,8 @@ def image():
 @pytest.fixture(scope="module")
 def fixture_net():
     """The fixture's network (its deterministic weights), for the padding test."""
-    from fill import fill_state_dict
     from conftest import FIXTURES_DIR
+    from fill import fill_state_dict
     fx = json.loads((FIXTURES_DIR / "mobilesam-tiny.json").read_text())
     net = MobileSAMNet()
     net.load_state_dict(fill_state_dict(fx["layout"], constants={}, tied=fx["tied"]), strict=True)

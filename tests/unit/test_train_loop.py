@@ -9,15 +9,15 @@ import time
 
 import pytest
 import torch
+from interrupt import interrupted_after_last_pt  # tests/interrupt.py
+from tuning import tune_defaults  # tests/tuning.py
 
 from libreyolo import LibreYOLO
 from libreyolo.data.synthetic import make_shapes_dataset
-from libreyolo.engine import trainer as T
 from libreyolo.engine import hooks as H
 from libreyolo.engine import loaders as LD
 from libreyolo.engine import step as S
-from interrupt import interrupted_after_last_pt  # tests/interrupt.py
-from tuning import tune_defaults  # tests/tuning.py
+from libreyolo.engine import trainer as T
 
 
 @pytest.fixture(scope="module")
@@ -248,6 +248,7 @@ def test_the_host_levers_leave_every_number_as_it_was(data, tmp_path, monkeypatc
     overlapping validation) change when the host does things, never what: the same history,
     best epoch and last.pt weights as the defaults."""
     import sys
+
     from libreyolo.weights import load_checkpoint
     base = run(tmp_path / "a", data, epochs=2)
     interval = sys.getswitchinterval()

@@ -6,12 +6,12 @@ import math
 import numpy as np
 import pytest
 import torch
+from interrupt import interrupted_after_last_pt  # tests/interrupt.py
 from rows import TRAIN_MODELS
 
 from libreyolo import LibreYOLO
 from libreyolo.data.synthetic import make_shapes_dataset
 from libreyolo.weights import load_checkpoint
-from interrupt import interrupted_after_last_pt  # tests/interrupt.py
 
 
 @pytest.fixture(scope="module")
@@ -64,8 +64,8 @@ def test_the_last_curves_go_to_a_second_plot_child_beside_the_final_results_png(
     """With ``LoggingHook.curves_child`` (on by default on CUDA runs) the last validation's curves
     are drawn by a second, pre-started child while the first draws the final results.png; both
     children end with the run."""
-    from libreyolo.engine import plots as P
     from libreyolo.engine import loggers as LG
+    from libreyolo.engine import plots as P
     monkeypatch.setattr(LG.LoggingHook, "curves_child", True)
     sent, started, closed = [], [], []
     real_send, real_start, real_close = P.PlotProcess.send, P.PlotProcess.start, P.PlotProcess.close

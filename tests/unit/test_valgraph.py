@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 from standin import StandInCapturer
+from tuning import tune_defaults  # tests/tuning.py
 
 from libreyolo import LibreYOLO
 from libreyolo.data.synthetic import make_shapes_dataset
@@ -16,7 +17,6 @@ from libreyolo.engine.evaluate import evaluate, validation_stage
 from libreyolo.engine.loaders import build_loaders
 from libreyolo.engine.verify import input_sensitive
 from libreyolo.graphs.runner import GraphRunner
-from tuning import tune_defaults  # tests/tuning.py
 
 
 @pytest.fixture(scope="module")

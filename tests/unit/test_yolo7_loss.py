@@ -6,9 +6,17 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from loss_cases import (assert_autocast_computes_in_float32, assert_fixed_shapes_and_finite_backward,
-                        assert_graph_replay_matches_eager, assert_no_host_sync, assert_padding_invariant, cuda_batches,
-                        fit_maps, loss_without_objects, padded_targets)
+from loss_cases import (
+    assert_autocast_computes_in_float32,
+    assert_fixed_shapes_and_finite_backward,
+    assert_graph_replay_matches_eager,
+    assert_no_host_sync,
+    assert_padding_invariant,
+    cuda_batches,
+    fit_maps,
+    loss_without_objects,
+    padded_targets,
+)
 
 from libreyolo import LibreYOLO
 from libreyolo.models.common import assign as assign_module

@@ -6,14 +6,23 @@ import math
 import pytest
 import torch
 import torchvision
-from loss_cases import (ROWS, assert_autocast_computes_in_float32, assert_fixed_shapes_and_finite_backward,
-                        assert_graph_replay_matches_eager, assert_no_host_sync, assert_padding_invariant, cuda_batches,
-                        fit_one_batch, loss_without_objects, padded_targets, random_boxes)
+from loss_cases import (
+    ROWS,
+    assert_autocast_computes_in_float32,
+    assert_fixed_shapes_and_finite_backward,
+    assert_graph_replay_matches_eager,
+    assert_no_host_sync,
+    assert_padding_invariant,
+    cuda_batches,
+    fit_one_batch,
+    loss_without_objects,
+    padded_targets,
+    random_boxes,
+)
 
 from libreyolo.models.common import assign as assign_module
 from libreyolo.models.yolo9 import loss as loss_module
-from libreyolo.models.yolo9.loss import (TaskAlignedAssigner, Yolo9Loss, bbox_ciou, bbox_to_dist,
-                                         distribution_focal_loss)
+from libreyolo.models.yolo9.loss import TaskAlignedAssigner, Yolo9Loss, bbox_ciou, bbox_to_dist, distribution_focal_loss
 from libreyolo.models.yolo9.nn import Yolo9Net
 from libreyolo.ops import iou as iou_module
 

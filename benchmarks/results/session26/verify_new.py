@@ -7,7 +7,7 @@ import time
 
 import torch
 
-from libreyolo import LibreYOLO, SAMPLE_IMAGE
+from libreyolo import SAMPLE_IMAGE, LibreYOLO
 from libreyolo.engine.verify import verify_model
 
 MODELS = [("ec", "s", "pose"), ("rtmdet", "t", "segment"), ("rtdetrv2", "n", "obb"), ("yolo9_p2", "t", None),

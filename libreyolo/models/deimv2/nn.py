@@ -42,8 +42,9 @@ pre-sigmoid, "pred_boxes": (B, Q, 4) normalised cx, cy, w, h}``, Q = ``num_queri
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -209,7 +210,7 @@ class DinoSpec:
 class _TinyViTHolder(nn.Module):
     """Holds the ViT-Tiny as ``_model``: the reference wraps it so, and its keys carry the name."""
 
-    def __init__(self, vit: "ECViT"):
+    def __init__(self, vit: ECViT):
         super().__init__()
         self._model = vit
 
@@ -290,7 +291,7 @@ class DINOv3STABackbone(nn.Module):
         self.out_channels = [spec.out_dim] * 3
 
     @property
-    def vit(self) -> "ECViT":
+    def vit(self) -> ECViT:
         return self.dinov3._model if isinstance(self.dinov3, _TinyViTHolder) else self.dinov3
 
     def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
@@ -398,7 +399,7 @@ class DEIMv2Net(DetrNet):
         self.cfg = cfg
 
     @torch.no_grad()
-    def fuse(self) -> "DEIMv2Net":
+    def fuse(self) -> DEIMv2Net:
         """Fold BatchNorms into convolutions and merge each RepVGG pair (inference only)."""
         super().fuse()
         for m in list(self.modules()):

@@ -18,7 +18,7 @@ fixed-shape (gathers and masks, no boolean indexing).
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch

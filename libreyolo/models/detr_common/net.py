@@ -29,7 +29,7 @@ class DetrNet(nn.Module):
         feats = front(x) if front is not None else self.encoder(self.backbone(x))
         return self.decoder(feats, targets)
 
-    def fuse(self) -> "DetrNet":
+    def fuse(self) -> DetrNet:
         """Fold BatchNorms into convolutions and merge RepVGG branches (inference only)."""
         fuse_detr(self)
         return self

@@ -8,6 +8,7 @@ stride-8, -16 and -32 feature maps. Checkpoint layout: ``conv1.conv1_{1,2,3}``,
 from __future__ import annotations
 
 from collections import OrderedDict
+
 import torch
 import torch.nn.functional as F
 from torch import nn

@@ -87,7 +87,7 @@ class DFineNet(DetrNet):
         self.cfg = cfg
 
     @torch.no_grad()
-    def fuse(self) -> "DFineNet":
+    def fuse(self) -> DFineNet:
         """Fold BatchNorms into convolutions and merge each RepVGG pair (inference only)."""
         super().fuse()
         for m in list(self.modules()):

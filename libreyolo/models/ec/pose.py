@@ -68,7 +68,7 @@ class ECPose(EC):
         self.num_keypoints = int(net.decoder.num_keypoints)
 
     @classmethod
-    def from_checkpoint(cls, ckpt: dict, **kwargs: Any) -> "ECPose":
+    def from_checkpoint(cls, ckpt: dict, **kwargs: Any) -> ECPose:
         """A checkpoint of any keypoint count (its ``keypoint_embedding`` rows)."""
         emb = ckpt["model"].get("decoder.keypoint_embedding.weight")
         k = int(emb.shape[0]) if emb is not None else cls.NUM_KEYPOINTS

@@ -18,7 +18,7 @@ mask (:func:`libreyolo.tasks.pose.data.collate_pose`); padded rows never enter a
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F

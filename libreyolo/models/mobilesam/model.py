@@ -54,7 +54,7 @@ class MobileSAM(Model):
         super().__init__(net, nc=1, names={0: "object"}, **kw)
 
     @classmethod
-    def new(cls, size: str, nc: int = 1, names: Any = None, **kw) -> "MobileSAM":
+    def new(cls, size: str, nc: int = 1, names: Any = None, **kw) -> MobileSAM:
         """An untrained model; ``nc`` / ``names`` are ignored (class-agnostic masks)."""
         return super().new(size, 1, None, **kw)
 
@@ -108,7 +108,7 @@ class MobileSAM(Model):
 
     __call__ = predict
 
-    def set_image(self, source: Any, **kwargs) -> "MobileSAM":
+    def set_image(self, source: Any, **kwargs) -> MobileSAM:
         """Embed one image now; later prompt calls without an image (``model(points=...)``) reuse
         its embedding. Options: ``imgsz``, ``cuda_graph``, ``amp``, ``bgr``. Returns the model."""
         self.get_predictor().set_image(source, **kwargs)

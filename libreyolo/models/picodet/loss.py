@@ -43,8 +43,18 @@ from torch import Tensor, nn
 
 from ...distributed import global_sum
 from ...ops.iou import bbox_giou, bbox_overlaps
-from ..common.assign import (DenseMapsLoss, cached, class_cost, dynamic_k_matching, gather_classes, grid_key,
-                             points_in_boxes, points_near_centres, prior_grid, sanitize_targets)
+from ..common.assign import (
+    DenseMapsLoss,
+    cached,
+    class_cost,
+    dynamic_k_matching,
+    gather_classes,
+    grid_key,
+    points_in_boxes,
+    points_near_centres,
+    prior_grid,
+    sanitize_targets,
+)
 from .nn import REG_MAX, STRIDES
 
 IOU_EPS = 1e-6          # eps of PaddleDetection's bbox_overlaps (assigner IoU/GIoU and the VFL target)

@@ -251,6 +251,6 @@ class PicodetNet(nn.Module):
     def forward(self, x: torch.Tensor):
         return self.head(self.neck(self.backbone(x)))
 
-    def fuse(self) -> "PicodetNet":
+    def fuse(self) -> PicodetNet:
         """Fold every BatchNorm into its convolution (inference only)."""
         return fuse_modules(self)

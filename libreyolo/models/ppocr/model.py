@@ -7,8 +7,8 @@ import torch
 from torch import nn
 
 from ...ops.preprocess import IMAGENET_MEAN, IMAGENET_STD, Preprocess
-from ..base import Model, _load_strict
 from ...tasks.ocr.postprocess import REC_BUCKETS
+from ..base import Model, _load_strict
 from .nn import CONFIGS, PPOCRNet
 
 #: sizes of the original works whose LibreYOLO checkpoint layout is not known here, with why
@@ -68,14 +68,14 @@ class PPOCR(Model):
 
     @classmethod
     def new(cls, size: str, nc: int | None = None, names: Any = None, *, imgsz: int | None = None,
-            device: Any = "auto", seed: int | None = None, task: str | None = None) -> "PPOCR":
+            device: Any = "auto", seed: int | None = None, task: str | None = None) -> PPOCR:
         """An untrained PP-OCR model (``nc`` is always 1: the detector has one class, text)."""
         cls._check_size(size)
         return super().new(size, 1, names, imgsz=imgsz, device=device, seed=seed, task=task)
 
     @classmethod
     def from_checkpoint(cls, ckpt: dict, *, size: str | None = None, device: Any = "auto",
-                        source: str | None = None) -> "PPOCR":
+                        source: str | None = None) -> PPOCR:
         size = ckpt.get("size") or size
         if size is None and "det.backbone.stem.stem1.conv.weight" in ckpt["model"]:
             size = "l"   # a PP-HGNetV2 stem: the server layout

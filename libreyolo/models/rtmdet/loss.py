@@ -39,8 +39,17 @@ from torch import Tensor, nn
 
 from ...distributed import global_sum
 from ...ops.iou import bbox_overlaps
-from ..common.assign import (DenseMapsLoss, cached, class_cost, dynamic_k_matching, gather_classes, grid_key,
-                             points_in_boxes, prior_grid, sanitize_targets)
+from ..common.assign import (
+    DenseMapsLoss,
+    cached,
+    class_cost,
+    dynamic_k_matching,
+    gather_classes,
+    grid_key,
+    points_in_boxes,
+    prior_grid,
+    sanitize_targets,
+)
 from .nn import STRIDES
 
 IOU_EPS = 1e-6          # eps of mmdetection's BboxOverlaps2D / bbox_overlaps (IoU and GIoU)

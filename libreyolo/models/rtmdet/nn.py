@@ -232,7 +232,7 @@ class RtmdetNet(nn.Module):
     def forward(self, x: torch.Tensor):
         return self.head(self.neck(*self.backbone(x)))
 
-    def fuse(self) -> "RtmdetNet":
+    def fuse(self) -> RtmdetNet:
         """Fold every BatchNorm (each head level gets its own folded copy of the shared conv)."""
         return fuse_modules(self)
 

@@ -358,7 +358,7 @@ class Yolo7Net(nn.Module):
         for head in self.layers[-1].heads:
             head.head_conv.bias.view(self.na, 5 + self.nc)[:, 4:] = logit
 
-    def fuse(self) -> "Yolo7Net":
+    def fuse(self) -> Yolo7Net:
         """Fold BatchNorm, re-parameterize the RepConvs and fold the implicit tensors."""
         fuse_modules(self)
         for m in self.modules():

@@ -19,9 +19,17 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ...distributed import global_batch, global_sum
-from ...ops.iou import bbox_ciou   # the original's CIoU (eps 1e-7, alpha held constant)
-from ..common.assign import (cached, gather_classes, grid_key, points_in_boxes, prior_grid, resolve_conflicts,
-                             sanitize_targets, topk_mask)
+from ...ops.iou import bbox_ciou  # the original's CIoU (eps 1e-7, alpha held constant)
+from ..common.assign import (
+    cached,
+    gather_classes,
+    grid_key,
+    points_in_boxes,
+    prior_grid,
+    resolve_conflicts,
+    sanitize_targets,
+    topk_mask,
+)
 
 ASSIGN_EPS = 1e-9    # eps of the original TaskAlignedAssigner
 DFL_MARGIN = 0.01    # DFL targets are clamped to reg_max - 1 - 0.01 (original bbox2dist)

@@ -195,5 +195,5 @@ class Yolo9Net(nn.Module):
         return {"predictions": self.head.decode(maps), "raw_outputs": maps,
                 "x8": {"features": n3}, "x16": {"features": n4}, "x32": {"features": n5}}
 
-    def fuse(self) -> "Yolo9Net":
+    def fuse(self) -> Yolo9Net:
         return fuse_modules(self)

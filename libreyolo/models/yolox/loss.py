@@ -37,8 +37,15 @@ from torch import Tensor, nn
 
 from ...distributed import global_sum
 from ...ops.iou import bbox_iou
-from ..common.assign import (cached, dynamic_k_matching, grid_key, pairwise_class_cost, points_in_boxes,
-                             points_near_centres, prior_grid)
+from ..common.assign import (
+    cached,
+    dynamic_k_matching,
+    grid_key,
+    pairwise_class_cost,
+    points_in_boxes,
+    points_near_centres,
+    prior_grid,
+)
 
 IOU_COST_EPS = 1e-8    # -log(IoU + eps) in the cost
 IOU_LOSS_EPS = 1e-16   # IOUloss: inter / (union + eps)

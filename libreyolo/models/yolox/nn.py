@@ -229,7 +229,7 @@ class YoloxNet(nn.Module):
     def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
         return self.head(self.backbone(x))
 
-    def fuse(self) -> "YoloxNet":
+    def fuse(self) -> YoloxNet:
         """Fold every BatchNorm into its convolution (inference only)."""
         fuse_modules(self)
         return self

@@ -15,8 +15,8 @@ which split it comes from, because the trainer gives both loaders one collate.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import torch
 from torch.utils.data import Dataset

@@ -82,18 +82,18 @@ class Probs:
         return int(self._data.shape[0])
 
     # ---- conversions ---------------------------------------------------------------------------
-    def _map(self, fn) -> "Probs":
+    def _map(self, fn) -> Probs:
         return Probs(fn(self._data), self._top, fn(self._topconf))
 
-    def cpu(self) -> "Probs":
+    def cpu(self) -> Probs:
         """The same probabilities with tensor data on the CPU (numpy data is returned as is)."""
         return self._map(lambda t: t.cpu() if isinstance(t, torch.Tensor) else t)
 
-    def numpy(self) -> "Probs":
+    def numpy(self) -> Probs:
         """The same probabilities as numpy arrays."""
         return self._map(lambda t: t.detach().cpu().numpy() if isinstance(t, torch.Tensor) else t)
 
-    def to(self, *args: Any, **kwargs: Any) -> "Probs":
+    def to(self, *args: Any, **kwargs: Any) -> Probs:
         """Move/cast like ``torch.Tensor.to`` (numpy data becomes a tensor first)."""
         def conv(t):
             if isinstance(t, np.ndarray):

@@ -32,8 +32,8 @@ import torch
 from PIL import Image
 from torchvision.transforms import v2
 
-from ...data.datasets import parallel_map, DataProblems
 from ...data import paired
+from ...data.datasets import DataProblems, parallel_map
 from ...data.sources import decode_image
 from ...ops.letterbox import letterbox
 from ..semantic.maps import resize_nearest

@@ -14,8 +14,8 @@ mAP50 and mAP50-95, fitness 0.1 * mAP50 + 0.9 * mAP50-95.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 import torch
@@ -24,8 +24,19 @@ from ...ops import nms_graph
 from ...ops.letterbox import geometry_rows, inverse_params, unletterbox_boxes, unletterbox_packed
 from ...ops.nms import nms_per_image, top_candidates
 from ...ops.nms_graph import select_packed
-from ...options import (MAX_DET, Bool, Choice, Custom, Float, Fraction, Int, OptionError, check_fields, check_max_det,
-                       option)
+from ...options import (
+    MAX_DET,
+    Bool,
+    Choice,
+    Custom,
+    Float,
+    Fraction,
+    Int,
+    OptionError,
+    check_fields,
+    check_max_det,
+    option,
+)
 from ..base import Evaluator, PredictPlan, Task, TaskOptions
 
 

@@ -29,8 +29,14 @@ import numpy as np
 import torch
 from PIL import Image
 
-from ...data.datasets import (DataProblems, check_data_given, label_path_for, list_split_images, names_from_spec,
-                              read_yaml)
+from ...data.datasets import (
+    DataProblems,
+    check_data_given,
+    label_path_for,
+    list_split_images,
+    names_from_spec,
+    read_yaml,
+)
 from ...ops.letterbox import letterbox_params
 from ..pose.data import bucket_rows
 from .rotated import corners_to_xywhr

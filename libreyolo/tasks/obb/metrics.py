@@ -11,7 +11,7 @@ faster-coco-eval's bbox mAP (``tests/unit/test_obb.py``).
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

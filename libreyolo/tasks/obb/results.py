@@ -76,7 +76,7 @@ class OBB:
     def __len__(self) -> int:
         return int(self._data.shape[0])
 
-    def __getitem__(self, index: Any) -> "OBB":
+    def __getitem__(self, index: Any) -> OBB:
         data = self._data[index]
         if data.ndim == 1:
             data = data[None]
@@ -85,17 +85,17 @@ class OBB:
     def __repr__(self) -> str:
         return f"OBB(n={len(self)}, orig_shape={self.orig_shape})"
 
-    def _new(self, data: Any) -> "OBB":
+    def _new(self, data: Any) -> OBB:
         return OBB(data, self.orig_shape)
 
-    def cpu(self) -> "OBB":
+    def cpu(self) -> OBB:
         return self._new(self._data.cpu() if isinstance(self._data, torch.Tensor) else self._data)
 
-    def numpy(self) -> "OBB":
+    def numpy(self) -> OBB:
         d = self._data
         return self._new(d.detach().cpu().numpy() if isinstance(d, torch.Tensor) else d)
 
-    def to(self, *args: Any, **kwargs: Any) -> "OBB":
+    def to(self, *args: Any, **kwargs: Any) -> OBB:
         d = self._data
         t = d if isinstance(d, torch.Tensor) else torch.as_tensor(d)
         return self._new(t.to(*args, **kwargs))

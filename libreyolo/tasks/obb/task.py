@@ -13,8 +13,8 @@ the candidates above ``conf`` (at most ``max_det``) are mapped back to each imag
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 import torch

@@ -3,13 +3,14 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import torch
 from PIL import Image, ImageDraw, ImageFont
 
-from ...results import load_font, class_color
+from ...results import class_color, load_font
 
 __all__ = ["TextLines"]
 
@@ -71,7 +72,7 @@ class TextLines:
         for i, t in enumerate(self.texts):
             yield self.polygons[i], t, float(self.conf[i])
 
-    def __getitem__(self, index: Any) -> "TextLines":
+    def __getitem__(self, index: Any) -> TextLines:
         idx = np.arange(len(self))[index]
         idx = np.atleast_1d(idx)
         sel = (lambda a: a[torch.as_tensor(idx, dtype=torch.long)]) if isinstance(self.polygons, torch.Tensor) \
@@ -93,16 +94,16 @@ class TextLines:
         return "\n".join(self.texts)
 
     # ---- conversions ---------------------------------------------------------------------------
-    def _map(self, fn) -> "TextLines":
+    def _map(self, fn) -> TextLines:
         return TextLines(fn(self.polygons), list(self.texts), fn(self.conf), fn(self.det_conf))
 
-    def cpu(self) -> "TextLines":
+    def cpu(self) -> TextLines:
         return self._map(lambda a: a.cpu() if isinstance(a, torch.Tensor) else a)
 
-    def numpy(self) -> "TextLines":
+    def numpy(self) -> TextLines:
         return self._map(lambda a: a.detach().cpu().numpy() if isinstance(a, torch.Tensor) else np.asarray(a))
 
-    def to(self, *args: Any, **kwargs: Any) -> "TextLines":
+    def to(self, *args: Any, **kwargs: Any) -> TextLines:
         return self._map(lambda a: (a if isinstance(a, torch.Tensor) else torch.from_numpy(np.asarray(a)))
                          .to(*args, **kwargs))
 

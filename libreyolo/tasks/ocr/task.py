@@ -33,7 +33,8 @@ most a quarter of its width plus 32 columns it reads as it does alone
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch

@@ -25,8 +25,14 @@ import numpy as np
 import torch
 from PIL import Image
 
-from ...data.datasets import (DataProblems, check_data_given, label_path_for, list_split_images, names_from_spec,
-                              read_yaml)
+from ...data.datasets import (
+    DataProblems,
+    check_data_given,
+    label_path_for,
+    list_split_images,
+    names_from_spec,
+    read_yaml,
+)
 from .results import COCO_FLIP_IDX, COCO_SIGMAS, default_skeleton
 
 BUILTIN_POSE = ("shapes-pose",)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import io
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -76,7 +76,7 @@ class Keypoints:
     def __len__(self) -> int:
         return int(self._data.shape[0])
 
-    def __getitem__(self, index: Any) -> "Keypoints":
+    def __getitem__(self, index: Any) -> Keypoints:
         data = self._data[index]
         if data.ndim == 2:
             data = data[None]
@@ -85,17 +85,17 @@ class Keypoints:
     def __repr__(self) -> str:
         return f"Keypoints(n={len(self)}, keypoints={self._data.shape[1]}, orig_shape={self.orig_shape})"
 
-    def _new(self, data: Any) -> "Keypoints":
+    def _new(self, data: Any) -> Keypoints:
         return Keypoints(data, self.orig_shape, self.skeleton)
 
-    def cpu(self) -> "Keypoints":
+    def cpu(self) -> Keypoints:
         return self._new(self._data.cpu() if isinstance(self._data, torch.Tensor) else self._data)
 
-    def numpy(self) -> "Keypoints":
+    def numpy(self) -> Keypoints:
         d = self._data
         return self._new(d.detach().cpu().numpy() if isinstance(d, torch.Tensor) else d)
 
-    def to(self, *args: Any, **kwargs: Any) -> "Keypoints":
+    def to(self, *args: Any, **kwargs: Any) -> Keypoints:
         d = self._data
         t = d if isinstance(d, torch.Tensor) else torch.as_tensor(d)
         return self._new(t.to(*args, **kwargs))

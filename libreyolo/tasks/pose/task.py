@@ -16,8 +16,8 @@ from the checkpoint's metadata (a pose dataset's YAML), else COCO's 17-keypoint 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 import torch

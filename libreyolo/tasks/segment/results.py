@@ -97,17 +97,17 @@ class InstanceMasks:
         scale = np.array([w, h], np.float32)
         return [[p / scale for p in polys] for polys in self.xy]
 
-    def _like(self, data, cls) -> "InstanceMasks":
+    def _like(self, data, cls) -> InstanceMasks:
         return InstanceMasks(data, cls)
 
-    def cpu(self) -> "InstanceMasks":
+    def cpu(self) -> InstanceMasks:
         conv = (lambda v: v.cpu() if isinstance(v, torch.Tensor) else v)
         return self._like(conv(self._data), conv(self._cls))
 
-    def numpy(self) -> "InstanceMasks":
+    def numpy(self) -> InstanceMasks:
         return self._like(self._host(), self._host_cls())
 
-    def to(self, *args: Any, **kwargs: Any) -> "InstanceMasks":
+    def to(self, *args: Any, **kwargs: Any) -> InstanceMasks:
         """Move the bitmaps like ``torch.Tensor.to`` (they stay bool)."""
         d = self._data
         if isinstance(d, np.ndarray):
@@ -115,7 +115,7 @@ class InstanceMasks:
         moved = d.to(*args, **kwargs)
         return self._like(moved if moved.dtype == torch.bool else moved != 0, self._cls)
 
-    def __getitem__(self, index: Any) -> "InstanceMasks":
+    def __getitem__(self, index: Any) -> InstanceMasks:
         d, c = self._data[index], self._cls[index]
         if d.ndim == 2:
             d, c = d[None], c.reshape(1)

@@ -42,7 +42,7 @@ class Prompt:
         """(points, boxes): what a prompt stage's shapes depend on."""
         return (1 if self.center else len(self.points)), len(self.boxes)
 
-    def for_image(self, h: int, w: int) -> "Prompt":
+    def for_image(self, h: int, w: int) -> Prompt:
         """This prompt for an (h, w) image: the centre resolved, every point and corner checked."""
         p = self
         if self.center:

@@ -74,17 +74,17 @@ class PromptMasks:
         return int(np.argmax(_np(self._scores).astype(np.float64)))
 
     # ---- conversions ---------------------------------------------------------------------------
-    def _with(self, data, scores) -> "PromptMasks":
+    def _with(self, data, scores) -> PromptMasks:
         return PromptMasks(data, scores, self.points, self.labels, self.boxes)
 
-    def cpu(self) -> "PromptMasks":
+    def cpu(self) -> PromptMasks:
         conv = (lambda t: t.cpu() if isinstance(t, torch.Tensor) else t)
         return self._with(conv(self._data), conv(self._scores))
 
-    def numpy(self) -> "PromptMasks":
+    def numpy(self) -> PromptMasks:
         return self._with(_np(self._data), _np(self._scores))
 
-    def to(self, *args: Any, **kwargs: Any) -> "PromptMasks":
+    def to(self, *args: Any, **kwargs: Any) -> PromptMasks:
         """Move/cast masks and scores like ``torch.Tensor.to`` (numpy data becomes tensors first)."""
         conv = (lambda t: (torch.from_numpy(np.ascontiguousarray(t)) if isinstance(t, np.ndarray) else t)
                 .to(*args, **kwargs))

@@ -45,8 +45,8 @@ from torchvision import tv_tensors
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as TF
 
-from ...data.datasets import exif_orientation, names_from_spec, parallel_map, DataProblems
 from ...data import paired
+from ...data.datasets import DataProblems, exif_orientation, names_from_spec, parallel_map
 from ...data.sources import decode_image
 from ...ops.letterbox import PAD_VALUE, letterbox, letterbox_params
 from .maps import IGNORE, check_resize, letterbox_mask, resize_nearest

@@ -1,7 +1,8 @@
 """Semantic-segmentation metrics: a confusion matrix on the device -> mIoU, pixel accuracy, per-class IoU."""
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch

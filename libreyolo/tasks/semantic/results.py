@@ -7,7 +7,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw
 
-from ...results import PixelMap, load_font, class_color
+from ...results import PixelMap, class_color, load_font
 
 __all__ = ["SemanticMask"]
 
