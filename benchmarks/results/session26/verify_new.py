@@ -20,7 +20,10 @@ for family, size, task in MODELS[int(sys.argv[1]) if len(sys.argv) > 1 else 0:]:
     try:
         kw = {"task": task} if task else {}
         m = LibreYOLO.new(family, size, device="cuda", seed=0, **kw)
-        type(m).SUPPORTS_CUDA_GRAPH = True   # this process only: capture refuses an unflagged family
+        # this process only: capture refuses an unflagged family, and the model's graph runner was
+        # built with the flag it had then
+        type(m).SUPPORTS_CUDA_GRAPH = True
+        m.runner.supported = True
         rs = verify_model(m, imgsz=640, batches=(1, 8))
         bad = [str(r) for r in rs if not r.passed]
         a = m([SAMPLE_IMAGE], conf=0.0)[0]
