@@ -336,6 +336,13 @@ class Model:
                 for variant in cls.task_variants():
                     if variant._owns_own(sd):
                         return variant.from_checkpoint(ckpt, size=size, device=device, source=source)
+        from ..compat import checkpoint_task
+        if task is not None and task not in (cls.TASK, checkpoint_task(cls.TASK)):
+            from ..tasks import TASKS
+            if task in set(TASKS):   # a task we know (names only: no task is imported) that this family does not serve
+                served = [cls.TASK] + [v.TASK for v in cls.task_variants()]
+                raise ValueError(f"{source or 'checkpoint'}: its task is {task!r}, but the {cls.FAMILY} family "
+                                 f"here serves {', '.join(served)}: it would load as a model of another task")
         nc = int(ckpt.get("nc") or cls.nc_from_state_dict(sd) or 80)
         size = ckpt.get("size") or size or cls.sniff_size(sd, nc)
         if size is None:

@@ -178,3 +178,21 @@ def test_weights_of_another_kind_of_number_are_refused(tmp_path: Path, dtype: to
     with pytest.raises(ValueError, match=rf"bad\.pt does not match yolo9-t: \d+ of the wrong kind of number "
                                          rf"\(e\.g\. [\w.]+: checkpoint {dtype} vs model torch\.float32"):
         LibreYOLO(str(tmp_path / "bad.pt"))
+
+
+def test_a_checkpoint_of_another_task_is_refused_naming_it(tmp_path: Path) -> None:
+    """A checkpoint whose task the family does not serve here (a yolo9 file saying classify, or the
+    reference's yolo9 segment models) is refused, not loaded as a detector; the family's own task
+    and a variant's still load."""
+    m = LibreYOLO.new("yolo9", "t", nc=2, imgsz=64, device="cpu")
+    m.save(tmp_path / "good.pt")
+    ckpt = torch.load(tmp_path / "good.pt", weights_only=True)
+    assert ckpt["task"] == "detect" and LibreYOLO(str(tmp_path / "good.pt")).task == "detect"
+    for task in ("classify", "segment"):
+        torch.save({**ckpt, "task": task}, tmp_path / f"{task}.pt")
+        with pytest.raises(ValueError, match=rf"{task}\.pt: its task is '{task}', but the yolo9 family here "
+                                             r"serves detect"):
+            LibreYOLO(str(tmp_path / f"{task}.pt"))
+    pose = LibreYOLO.new("ec", "s", task="pose", nc=1, device="cpu")
+    pose.save(tmp_path / "pose.pt")
+    assert LibreYOLO(str(tmp_path / "pose.pt")).task == "pose"
