@@ -456,9 +456,10 @@ class StopHook(HookBase):
                  f"{o.clip_grad:g})", f"lengthen warmup_epochs (this run: {o.warmup_epochs:g})"]
         if t.amp_dtype == torch.float16:
             hints.append("use amp=bf16 or amp=false (float16 may overflow)")
-        best = (f"best.pt holds epoch {t.best_epoch}, the best with finite losses"
-                if t.best_epoch is not None
-                else "no epoch of this run had finite losses, so it wrote no best.pt")
+        best = (f"best.pt holds epoch {t.best_epoch}, the best with finite losses, and the model now holds its "
+                "weights" if t.best_epoch is not None
+                else "no epoch of this run had finite losses, so it wrote no best.pt, and the model holds the "
+                     "diverged weights (load a checkpoint or build the model again before training anew)")
         return (f"training diverged: the loss was not finite in {span} of {cfg.run.epochs} ({what}; "
                 f"nan_patience={patience}). To fix it: {'; '.join(hints)}; or check the labels. {best}; last.pt "
                 f"holds the diverged weights of epoch {epoch + 1}")

@@ -50,7 +50,7 @@ from .hooks import (
 )
 from .loaders import WorkerDeathSignal, build_loaders, close_loaders, worker_died
 from .loggers import EXPERIMENT_LOGGERS, LoggingHook, TensorBoardHook
-from .outcome import run_outcome
+from .outcome import load_best, run_outcome
 from .runs import (
     RunFolder,
     RunFolderBusy,
@@ -384,6 +384,8 @@ class Trainer:
             except RuntimeError as exc:
                 run.error = self._stopped_by(exc)
                 if run.error is None:
+                    if isinstance(exc, TrainingDiverged) and (self.dist is None or self.dist.is_main):
+                        load_best(self)   # best.pt's weights, not the diverged ones (its error says so)
                     raise
             finally:
                 # a DataLoader worker's death arrives as an exception raised wherever the main thread is

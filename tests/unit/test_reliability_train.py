@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from tuning import tune_defaults  # tests/tuning.py
 
 import libreyolo.weights as weights
@@ -304,6 +305,25 @@ def test_a_diverging_run_stops_with_what_to_change(data, tmp_path):
     assert not (tmp_path / "run" / "weights" / "best.pt").exists()
     rows = (tmp_path / "run" / "results.csv").read_text().splitlines()
     assert [r.split(",")[0] for r in rows[1:]] == ["1", "2", "3"]   # stopped after epoch 3 of 8
+
+
+def test_a_run_that_diverges_after_a_finite_epoch_leaves_best_pt_in_the_model(data, tmp_path, monkeypatch):
+    """Epoch 1 finite, then non-finite losses: the run stops, and the model holds best.pt's weights
+    (epoch 1's), not the diverged ones a later train() of the same object would start from."""
+    real = T.Trainer.step
+
+    def step(self, ni, batch):
+        items = real(self, ni, batch)
+        return items if self.epoch == 0 else items * float("nan")
+    monkeypatch.setattr(T.Trainer, "step", step)
+    model = LibreYOLO.new("yolo9", "t", nc=5, device="cpu", seed=0)
+    with pytest.raises(R.TrainingDiverged) as info:
+        model.train(data=data, epochs=4, batch=8, imgsz=64, workers=0, project=str(tmp_path), name="run",
+                    warmup_epochs=0, verbose=False, plots=False, seed=0, nbs=16, nan_patience=2)
+    assert "best.pt holds epoch 1" in str(info.value) and "the model now holds its weights" in str(info.value)
+    best = load_checkpoint(tmp_path / "run" / "weights" / "best.pt")["model"]
+    sd = model.model.state_dict()
+    assert all(torch.equal(sd[k].cpu(), v) for k, v in best.items())
 
 
 def test_a_non_finite_epoch_warns_once_and_is_never_best(data, tmp_path, monkeypatch, caplog):
