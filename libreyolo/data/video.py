@@ -91,7 +91,7 @@ def _require_av():
     try:
         import av
     except ImportError as exc:  # pragma: no cover - the `video` extra is part of the test extra
-        raise ImportError("video sources need PyAV: pip install 'libreyolo[video]' (or pip install av)") from exc
+        raise ImportError("video sources need PyAV: pip install 'libreyolo-graphs[video]' (or pip install av)") from exc
     return av
 
 

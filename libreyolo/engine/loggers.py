@@ -196,7 +196,7 @@ class TensorBoardHook(HookBase):
             from torch.utils.tensorboard import SummaryWriter
         except ImportError as exc:   # torch's writer needs the tensorboard package
             raise ImportError("loggers=tensorboard needs the tensorboard package: pip install tensorboard "
-                              f"(or pip install 'libreyolo[tensorboard]'); {exc}") from None
+                              f"(or pip install 'libreyolo-graphs[tensorboard]'); {exc}") from None
         self._writer_cls, self.writer = SummaryWriter, None
 
     def before_train(self) -> None:
@@ -291,7 +291,7 @@ class ExperimentLogger(HookBase):
             self.module = importlib.import_module(self.PACKAGE)
         except ImportError as exc:
             raise ImportError(f"loggers={self.NAME} needs the {self.PIP} package: pip install {self.PIP} "
-                              f"(or pip install 'libreyolo[{self.EXTRA}]'); {exc}") from None
+                              f"(or pip install 'libreyolo-graphs[{self.EXTRA}]'); {exc}") from None
         self.active = self.started = False
 
     @property

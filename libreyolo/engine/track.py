@@ -58,7 +58,7 @@ def make_tracker(tracker: Any, frame_rate: float = 30.0) -> Any:
     try:
         import trackers
     except ImportError as exc:
-        raise ImportError("tracking needs the trackers package: pip install 'libreyolo[track]'") from exc
+        raise ImportError("tracking needs the trackers package: pip install 'libreyolo-graphs[track]'") from exc
     if name in ("ocsort", "deepocsort"):   # no second, low-score stage: HIGH is where detections count
         if name == "ocsort":
             return trackers.OCSORTTracker(frame_rate=float(frame_rate), high_conf_det_threshold=HIGH)

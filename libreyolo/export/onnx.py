@@ -71,7 +71,7 @@ def require_onnx() -> None:
     try:
         import onnx  # noqa: F401
     except ImportError as exc:   # pragma: no cover - the test extra installs it
-        raise ImportError("ONNX export needs the 'onnx' package: pip install 'libreyolo[export]'") from exc
+        raise ImportError("ONNX export needs the 'onnx' package: pip install 'libreyolo-graphs[export]'") from exc
 
 
 # ----------------------------------------------------------------------------------- graph parts
@@ -424,7 +424,7 @@ def _simplify(proto):
     try:
         import onnxscript.optimizer
     except ImportError as exc:   # pragma: no cover - the export extra installs it
-        raise ImportError("simplify=True needs the 'onnxscript' package: pip install 'libreyolo[export]'") from exc
+        raise ImportError("simplify=True needs the 'onnxscript' package: pip install 'libreyolo-graphs[export]'") from exc
     before = len(proto.graph.node)
     out = onnxscript.optimizer.optimize(proto)
     log.info("simplified the graph from %d to %d nodes", before, len(out.graph.node))

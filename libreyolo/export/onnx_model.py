@@ -81,7 +81,7 @@ class OnnxModel:
         try:
             import onnxruntime as ort
         except ImportError as exc:   # pragma: no cover - the test extra installs it
-            raise ImportError("running .onnx models needs onnxruntime: pip install 'libreyolo[export]'") from exc
+            raise ImportError("running .onnx models needs onnxruntime: pip install 'libreyolo-graphs[export]'") from exc
         self.path = Path(path).expanduser()
         if not self.path.is_file():
             raise FileNotFoundError(f"ONNX file {str(self.path)!r} not found")

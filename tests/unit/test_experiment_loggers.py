@@ -204,7 +204,7 @@ def test_missing_tracker_package_is_a_clear_error_before_any_work(name, monkeypa
     hook = EXPERIMENT_LOGGERS[name]
     monkeypatch.setitem(sys.modules, hook.PACKAGE, None)   # as if not installed
     with pytest.raises(ImportError, match=rf"loggers={name} needs the {hook.PIP} package: pip install "
-                                          rf"{hook.PIP} \(or pip install 'libreyolo\[{hook.EXTRA}\]'\)"):
+                                          rf"{hook.PIP} \(or pip install 'libreyolo-graphs\[{hook.EXTRA}\]'\)"):
         LibreYOLO.new("yolox", "n", device="cpu").train(data="nowhere", loggers=name)   # before the data
 
 

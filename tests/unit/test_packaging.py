@@ -18,10 +18,18 @@ def test_one_version_string():
     assert "version" not in project["project"] and "version" in project["project"]["dynamic"]
     assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "libreyolo.__version__"}
     try:
-        installed = importlib.metadata.version("libreyolo")
+        installed = importlib.metadata.version(project["project"]["name"])
     except importlib.metadata.PackageNotFoundError:   # run from a checkout that is not installed
         return
     assert installed == libreyolo.__version__
+
+
+def test_the_distribution_has_a_name_of_its_own():
+    """The import name is libreyolo; the distribution is not called libreyolo (that name on PyPI
+    is the LibreYOLO project's, whose users this library is for), and the README says so."""
+    name = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["name"]
+    assert name != "libreyolo" and name.startswith("libreyolo-")
+    assert f"`{name}`" in (ROOT / "README.md").read_text()
 
 
 def test_typed_marker_is_package_data():

@@ -130,7 +130,7 @@ def polygon_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         import shapely
     except ImportError as e:   # pragma: no cover - depends on the install
         raise ImportError("rotated-box evaluation computes exact polygon IoUs with shapely: "
-                          "pip install 'libreyolo[obb]' (or shapely>=2)") from e
+                          "pip install 'libreyolo-graphs[obb]' (or shapely>=2)") from e
     a = np.asarray(a, np.float64).reshape(-1, 5)
     b = np.asarray(b, np.float64).reshape(-1, 5)
     if len(a) == 0 or len(b) == 0:

@@ -36,7 +36,7 @@ def _cv2():
     try:
         import cv2
     except ImportError as exc:  # the `ocr` extra
-        raise ImportError("OCR needs OpenCV and pyclipper: pip install 'libreyolo[ocr]'") from exc
+        raise ImportError("OCR needs OpenCV and pyclipper: pip install 'libreyolo-graphs[ocr]'") from exc
     return cv2
 
 
@@ -44,7 +44,7 @@ def _pyclipper():
     try:
         import pyclipper
     except ImportError as exc:
-        raise ImportError("OCR needs OpenCV and pyclipper: pip install 'libreyolo[ocr]'") from exc
+        raise ImportError("OCR needs OpenCV and pyclipper: pip install 'libreyolo-graphs[ocr]'") from exc
     return pyclipper
 
 

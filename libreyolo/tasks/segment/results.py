@@ -80,7 +80,7 @@ class InstanceMasks:
             try:
                 import cv2
             except ImportError as e:   # opencv is the 'ocr' extra's dependency
-                raise ImportError("InstanceMasks.xy needs OpenCV: pip install 'libreyolo[ocr]' "
+                raise ImportError("InstanceMasks.xy needs OpenCV: pip install 'libreyolo-graphs[ocr]' "
                                   "(opencv-python-headless)") from e
             out = []
             for m in self._host():
