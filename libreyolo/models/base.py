@@ -351,7 +351,7 @@ class Model:
         if size not in cls.SIZES:
             raise ValueError(f"{source or 'checkpoint'}: unknown {cls.FAMILY} size {size!r}")
         net = cls.build_network(size, nc)
-        _load_strict(net, sd, f"{cls.FAMILY}-{size}", source)
+        load_strict(net, sd, f"{cls.FAMILY}-{size}", source)
         meta = {k: v for k, v in ckpt.items() if k not in ("model", "train_state")}
         return cls(net, size=size, nc=nc, names=ckpt.get("names"), imgsz=ckpt.get("imgsz"),
                    device=device, trained=True, source=source, meta=meta)
@@ -465,7 +465,7 @@ class Model:
 
     def load_state_dict(self, state_dict: dict[str, torch.Tensor]) -> Model:
         """Load new weights in place (stale graphs are released automatically)."""
-        _load_strict(self.model, state_dict, f"{self.FAMILY}-{self.size}", None)
+        load_strict(self.model, state_dict, f"{self.FAMILY}-{self.size}", None)
         self.trained = True
         return self
 
@@ -863,7 +863,7 @@ class Model:
         return export_model(self, format, **kwargs)
 
 
-def _load_strict(net: nn.Module, sd: dict, what: str, source: str | None) -> None:
+def load_strict(net: nn.Module, sd: dict, what: str, source: str | None) -> None:
     ref = net.state_dict()
     missing = [k for k in ref if k not in sd]
     unexpected = [k for k in sd if k not in ref]

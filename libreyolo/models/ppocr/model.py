@@ -8,7 +8,7 @@ from torch import nn
 
 from ...ops.preprocess import IMAGENET_MEAN, IMAGENET_STD, Preprocess
 from ...tasks.ocr.postprocess import REC_BUCKETS
-from ..base import Model, _load_strict
+from ..base import Model, load_strict
 from .nn import CONFIGS, PPOCRNet
 
 #: sizes of the original works whose LibreYOLO checkpoint layout is not known here, with why
@@ -90,7 +90,7 @@ class PPOCR(Model):
             raise ValueError(f"{source or 'checkpoint'}: no 'rec.head.ctc_head.fc.weight' tensor: not a "
                              f"{cls.FAMILY} checkpoint (it holds no recognizer classifier)")
         net = PPOCRNet(str(size), num_classes=int(fc.shape[0]))   # the classifier follows the checkpoint
-        _load_strict(net, sd, f"{cls.FAMILY}-{size}", source)
+        load_strict(net, sd, f"{cls.FAMILY}-{size}", source)
         meta = {k: v for k, v in ckpt.items() if k not in ("model", "train_state")}
         return cls(net, size=str(size), nc=1, names=ckpt.get("names"), imgsz=ckpt.get("imgsz"),
                    device=device, trained=True, source=source, meta=meta)
