@@ -55,6 +55,39 @@ def _xyxy_to_xywh(b: _Array, out: _Array) -> _Array:
     return out
 
 
+_Rows = TypeVar("_Rows", bound="DataRows")
+
+
+class DataRows:
+    """What a task's result type holding one tensor or array of rows (``_data``, one row per
+    instance) shares: its shape and length, and the copies on the CPU, as numpy, or moved/cast
+    by ``to``; a subclass makes its own kind of object from new data (``_new``)."""
+
+    _data: Any
+
+    def _new(self: _Rows, data: Any) -> _Rows:
+        raise NotImplementedError
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self._data.shape)
+
+    def __len__(self) -> int:
+        return int(self._data.shape[0])
+
+    def cpu(self: _Rows) -> _Rows:
+        return self._new(self._data.cpu() if isinstance(self._data, torch.Tensor) else self._data)
+
+    def numpy(self: _Rows) -> _Rows:
+        d = self._data
+        return self._new(d.detach().cpu().numpy() if isinstance(d, torch.Tensor) else d)
+
+    def to(self: _Rows, *args: Any, **kwargs: Any) -> _Rows:
+        d = self._data
+        t = d if isinstance(d, torch.Tensor) else torch.as_tensor(d)
+        return self._new(t.to(*args, **kwargs))
+
+
 class PixelMap:
     """A per-pixel (H, W) field of one image's result (a torch tensor on any device, or a numpy
     array after :meth:`numpy`): the checks, fields and conversions the tasks' maps share

@@ -7,10 +7,11 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw
 
+from ...results import DataRows
 from .rotated import xywhr_to_corners
 
 
-class OBB:
+class OBB(DataRows):
     """Rotated boxes: ``data`` (n, 7) rows ``[cx, cy, w, h, angle, conf, cls]`` in original-image
     pixels, the angle in radians (the width side turned from the x axis, clockwise on screen).
 
@@ -69,13 +70,6 @@ class OBB:
             return torch.cat((pts.amin(1), pts.amax(1)), 1)
         return np.concatenate((pts.min(1), pts.max(1)), 1)
 
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return tuple(self._data.shape)
-
-    def __len__(self) -> int:
-        return int(self._data.shape[0])
-
     def __getitem__(self, index: Any) -> OBB:
         data = self._data[index]
         if data.ndim == 1:
@@ -87,18 +81,6 @@ class OBB:
 
     def _new(self, data: Any) -> OBB:
         return OBB(data, self.orig_shape)
-
-    def cpu(self) -> OBB:
-        return self._new(self._data.cpu() if isinstance(self._data, torch.Tensor) else self._data)
-
-    def numpy(self) -> OBB:
-        d = self._data
-        return self._new(d.detach().cpu().numpy() if isinstance(d, torch.Tensor) else d)
-
-    def to(self, *args: Any, **kwargs: Any) -> OBB:
-        d = self._data
-        t = d if isinstance(d, torch.Tensor) else torch.as_tensor(d)
-        return self._new(t.to(*args, **kwargs))
 
     def _rows(self) -> np.ndarray:
         d = self._data

@@ -7,6 +7,8 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw
 
+from ...results import DataRows
+
 #: COCO's 17 person keypoints (the default names, skeleton and flip order of pose datasets)
 COCO_KEYPOINT_NAMES = ("nose", "left_eye", "right_eye", "left_ear", "right_ear", "left_shoulder",
                        "right_shoulder", "left_elbow", "right_elbow", "left_wrist", "right_wrist", "left_hip",
@@ -26,7 +28,7 @@ def default_skeleton(num_keypoints: int) -> tuple[tuple[int, int], ...]:
     return COCO_SKELETON if num_keypoints == 17 else ()
 
 
-class Keypoints:
+class Keypoints(DataRows):
     """Keypoints of one image: ``data`` is (n, K, 3) ``x, y, conf`` in original-image pixels, one
     row of K keypoints per instance (in the order of the image's boxes).
 
@@ -69,13 +71,6 @@ class Keypoints:
         """(n, K) keypoint confidences."""
         return self._data[..., 2]
 
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return tuple(self._data.shape)
-
-    def __len__(self) -> int:
-        return int(self._data.shape[0])
-
     def __getitem__(self, index: Any) -> Keypoints:
         data = self._data[index]
         if data.ndim == 2:
@@ -87,18 +82,6 @@ class Keypoints:
 
     def _new(self, data: Any) -> Keypoints:
         return Keypoints(data, self.orig_shape, self.skeleton)
-
-    def cpu(self) -> Keypoints:
-        return self._new(self._data.cpu() if isinstance(self._data, torch.Tensor) else self._data)
-
-    def numpy(self) -> Keypoints:
-        d = self._data
-        return self._new(d.detach().cpu().numpy() if isinstance(d, torch.Tensor) else d)
-
-    def to(self, *args: Any, **kwargs: Any) -> Keypoints:
-        d = self._data
-        t = d if isinstance(d, torch.Tensor) else torch.as_tensor(d)
-        return self._new(t.to(*args, **kwargs))
 
     def _rows(self) -> np.ndarray:
         d = self._data
