@@ -144,7 +144,8 @@ def test_gpu_decode_same_size_chunks_equal_the_decoded_arrays_predicted(jpeg_dir
     m = input_sensitive(LibreYOLO.new("yolox", "n", device="cuda", seed=0))
     files = sorted(str(p) for p in jpeg_dir.glob("*.jpg") if "orient" not in p.name)
     gpu = m.predict(files, imgsz=640, batch=4, conf=0.1, decode="gpu")
-    again = m.predict([r.orig_img.copy() for r in gpu], imgsz=640, batch=4, conf=0.1)
+    # Results.orig_img is RGB; a numpy source is BGR unless bgr=False says otherwise
+    again = m.predict([r.orig_img.copy() for r in gpu], imgsz=640, batch=4, conf=0.1, bgr=False)
     for a, b in zip(gpu, again):
         assert torch.equal(a.boxes.data, b.boxes.data), a.path
 

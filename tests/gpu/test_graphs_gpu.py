@@ -196,10 +196,10 @@ def test_capture_graph_covers_the_following_requests(images, how):
     model = filled_model("yolox", "n")
     eager = model(images[1])
     if how == "source":
-        d = model.capture_graph(imgsz=640, source=images[1])
+        d = model.capture_graph(source=images[1])   # at the model's imgsz, as predict below
         assert d["stage"].startswith("('u8'")
     else:
-        d = model.capture_graph(imgsz=640)
+        d = model.capture_graph()
         assert d["stage"].startswith("('net'")
     for _ in range(3):
         assert same_results(model(images[1], cuda_graph=True), eager)
