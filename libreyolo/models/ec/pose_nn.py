@@ -115,8 +115,13 @@ class PoseDeformableAttention(nn.Module):
         offsets = self.sampling_offsets(query).reshape(b, lq, self.heads, self.levels, self.points, 2)
         weights = self.attention_weights(query).reshape(b, lq, self.heads, self.levels * self.points)
         weights = weights.softmax(-1).reshape(b, lq, self.heads, self.levels, self.points)
-        # offsets are in cells of each level: divide by (w, h), built from Python ints (no host copy)
-        norm = torch.tensor([[w, h] for h, w in shapes], dtype=query.dtype, device=query.device)
+        # offsets are in cells of each level: divide by (w, h), written by fill_ kernels on the device:
+        # torch.tensor(..., device=cuda) or an item assignment copies from pageable host memory,
+        # which a CUDA-graph capture refuses
+        norm = query.new_empty(len(shapes), 2)
+        for i, (h, w) in enumerate(shapes):
+            norm[i, 0].fill_(w)
+            norm[i, 1].fill_(h)
         loc = ref[:, :, None, None, None, :] + offsets / norm[None, None, None, :, None, :]
         return pose_offsets(value, shapes, loc, weights)
 
