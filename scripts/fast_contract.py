@@ -50,7 +50,7 @@ from libreyolo.engine.verify import input_sensitive, verify_half
 
 FAMILIES = [("yolo9", "t"), ("yolox", "n"), ("yolo7", "tiny"), ("rtmdet", "t"), ("picodet", "s"),
             ("rtdetr", "r18"), ("rtdetrv2", "r18"), ("rtdetrv4", "s"), ("dfine", "n"), ("deim", "n"),
-            ("deimv2", "atto"), ("ec", "s")]
+            ("deimv2", "atto"), ("ec", "s"), ("yolo9_p2", "t"), ("yolo9_e2e", "t"), ("ppyoloe", "s"), ("yolonas", "s")]
 
 
 def real_images() -> list[np.ndarray]:

@@ -41,15 +41,16 @@ class ECPose(EC):
     (``LibreYOLO.new("ec", "s", task="pose")``) or from a checkpoint whose ``task`` is ``pose``.
 
     The network has no per-keypoint visibility output: each keypoint's confidence is its
-    instance's score. CUDA-graph support is not declared until the GPU parity protocol has run
-    for it (the commands are in docs/families.md).
+    instance's score. Predict runs in a CUDA graph; training capture is not declared until its
+    GPU run (docs/families.md).
     """
 
     TASK = "pose"
     SIZES = ("s",)
     DEFAULT_NC = 1
     NUM_TOP = 60
-    SUPPORTS_CUDA_GRAPH = False
+    # predict's graph passed the GPU parity protocol; the training capture has had no GPU run yet
+    SUPPORTS_CUDA_GRAPH = True
     SUPPORTS_CUDA_GRAPH_TRAIN_SEAM = False
     TASK_VARIANTS: ClassVar[dict[str, str]] = {"detect": ".ec.model:EC"}
     #: the DETR recipe's optimizer settings (the pose task has no mosaic or DETR augmentation policy)

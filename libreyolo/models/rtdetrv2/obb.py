@@ -44,9 +44,8 @@ class RTDETRv2OBB(RTDETRv2):
 
     Input: RGB in [0, 1], no normalization, letterboxed to the top-left corner and padded with
     black (the released models' convention; they were trained at 1024). Predict: the network, then a top-k over
-    queries x classes (no NMS), boxes as centre, size and angle in canvas pixels. CUDA-graph
-    support is not declared until the GPU parity protocol has run for it (the commands are in
-    docs/families.md).
+    queries x classes (no NMS), boxes as centre, size and angle in canvas pixels. Predict runs in
+    a CUDA graph; the training seam is not declared until its GPU run (docs/families.md).
     """
 
     TASK = "obb"
@@ -55,7 +54,8 @@ class RTDETRv2OBB(RTDETRv2):
     DEFAULT_IMGSZ = OBB_NATIVE_SIZE
     #: PIL's bilinear resize into a black-padded top-left letterbox, as the reference predicts
     PREPROCESS: ClassVar[Preprocess] = Preprocess("topleft", antialias=True, quantize=True, pad=0.0)
-    SUPPORTS_CUDA_GRAPH = False
+    # predict's graph passed the GPU parity protocol; the training seam has had no GPU run yet
+    SUPPORTS_CUDA_GRAPH = True
     SUPPORTS_CUDA_GRAPH_TRAIN_SEAM = False
     TASK_VARIANTS: ClassVar[dict[str, str]] = {"detect": ".rtdetrv2.model:RTDETRv2"}
     #: the DETR recipe's optimizer settings (the obb task has no mosaic or DETR augmentation policy)

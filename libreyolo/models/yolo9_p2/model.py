@@ -13,9 +13,9 @@ class Yolo9P2(Yolo9):
     FAMILY = "yolo9_p2"
     SIZES = tuple(CONFIGS)
     FILE_PREFIX = "LibreYOLO9P2"
-    # Not declared: no GPU run of the parity protocol yet (docs/families.md lists the commands).
-    SUPPORTS_CUDA_GRAPH = False
-    SUPPORTS_CUDA_GRAPH_TRAIN = False
+    # Both passed on the GPU: the parity protocol and the training-step parity rows
+    SUPPORTS_CUDA_GRAPH = True
+    SUPPORTS_CUDA_GRAPH_TRAIN = True
 
     @classmethod
     def build_network(cls, size: str, nc: int) -> nn.Module:
