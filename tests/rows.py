@@ -184,6 +184,22 @@ OCR_GRAPH_MODELS = [
     ("ppocr", "t"),
 ]
 
+# (family, size, task) task variants of detection families that must pass the GPU parity protocol and
+# graph predict == eager (tests/gpu/test_tasks_gpu.py) before their SUPPORTS_CUDA_GRAPH flips.
+VARIANT_GRAPH_MODELS = [
+    ("rtmdet", "t", "segment"),
+    ("ec", "s", "pose"),
+    ("yolonas", "n", "pose"),
+    ("rtdetrv2", "n", "obb"),
+]
+
+# (family, size, task) variants whose whole training step is fixed-shape: their training rows in
+# tests/gpu/test_tasks_gpu.py must pass before SUPPORTS_CUDA_GRAPH_TRAIN flips.
+VARIANT_TRAIN_GRAPH_MODELS = [
+    ("rtmdet", "t", "segment"),
+    ("yolonas", "n", "pose"),
+]
+
 # Families whose capture is built but not proven: their GPU rows still run (with the declaration set
 # on the test's model instance only), and what fails today is marked xfail(strict=True), so the day
 # it passes the suite says so and the family can declare SUPPORTS_CUDA_GRAPH. Family -> why.

@@ -1,8 +1,10 @@
 """CUDA graphs for the tasks beyond detection (classification, semantic segmentation, promptable
-segmentation, depth, matting, OCR), on a GPU.
+segmentation, depth, matting, OCR, and the task variants of detection families: instance
+segmentation, pose, oriented boxes), on a GPU.
 
 Parametrized over rows.CLASSIFY_GRAPH_MODELS, SEMANTIC_GRAPH_MODELS, SEGMENT_PROMPT_GRAPH_MODELS,
-DEPTH_GRAPH_MODELS, MATTE_GRAPH_MODELS and OCR_GRAPH_MODELS: the parity protocol
+DEPTH_GRAPH_MODELS, MATTE_GRAPH_MODELS, OCR_GRAPH_MODELS and VARIANT_GRAPH_MODELS ((family, size,
+task) rows; their training rows: VARIANT_TRAIN_GRAPH_MODELS): the parity protocol
 on the predict stages, predict with graphs equal to eager, and training capture (step-0 loss and
 BatchNorm buffers bitwise, the whole step with the update, a 20-step curve within eager's noise,
 the trainer replaying the captured step). A family may declare SUPPORTS_CUDA_GRAPH* only after
@@ -25,16 +27,32 @@ pytestmark = pytest.mark.cuda
 
 GROUPS = [getattr(rows, name, []) for name in ("CLASSIFY_GRAPH_MODELS", "SEMANTIC_GRAPH_MODELS",
                                                "SEGMENT_PROMPT_GRAPH_MODELS", "DEPTH_GRAPH_MODELS",
-                                               "MATTE_GRAPH_MODELS", "OCR_GRAPH_MODELS")]
+                                               "MATTE_GRAPH_MODELS", "OCR_GRAPH_MODELS",
+                                               "VARIANT_GRAPH_MODELS")]
 MODELS = [spec for group in GROUPS for spec in group]
-# training capture rows: the models whose family declares it (a family enrols by declaring), and
-# those of rows.TRAIN_PENDING (run, their failures expected: see trains())
-TRAIN = [spec for spec in MODELS if get_family(spec[0]).SUPPORTS_CUDA_GRAPH_TRAIN or spec[0] in rows.TRAIN_PENDING]
+
+
+def family_class(spec):
+    """The model class of a (family, size) or (family, size, task) row."""
+    cls = get_family(spec[0])
+    return cls.for_task(spec[2]) if len(spec) > 2 else cls
+
+
+# training capture rows: the models whose family declares it (a family enrols by declaring), those
+# of rows.TRAIN_PENDING (run, their failures expected: see trains()), and the task variants' rows
+# that must pass before their flag is declared
+VARIANT_TRAIN = [spec for spec in getattr(rows, "VARIANT_TRAIN_GRAPH_MODELS", [])]
+TRAIN = [spec for spec in MODELS if family_class(spec).SUPPORTS_CUDA_GRAPH_TRAIN or spec[0] in rows.TRAIN_PENDING
+         or spec in VARIANT_TRAIN]
 FIRSTS = [next(s for s in group if s in TRAIN) for group in GROUPS if any(s in TRAIN for s in group)]
-DATA = {"classify": "shapes-cls", "semantic": "shapes-seg"}
-IMGSZ = {"classify": 224, "semantic": 256, "segment-prompt": 1024, "depth": 518, "matte": 256, "ocr": 320}
+FIRSTS += [s for s in VARIANT_TRAIN if s not in FIRSTS]   # each variant trains on its own task's data
+DATA = {"classify": "shapes-cls", "semantic": "shapes-seg", "segment": "shapes-inst", "pose": "shapes-pose",
+        "obb": "shapes-obb"}
+IMGSZ = {"classify": 224, "semantic": 256, "segment-prompt": 1024, "depth": 518, "matte": 256, "ocr": 320,
+         "segment": 640, "pose": 640, "obb": 640}
 FIELD = {"classify": "probs", "semantic": "masks", "segment-prompt": "masks", "depth": "depth", "matte": "alpha",
-         "ocr": "texts"}
+         "ocr": "texts", "segment": "masks", "pose": "keypoints", "obb": "obb"}
+DATA_OF: dict = {}   # task -> its built-in training data, once resolved (task_batches)
 OPTS = {"segment-prompt": {"points": "center"}}   # predict options a task needs (a prompt)
 
 
@@ -44,7 +62,11 @@ def ids(spec):
 
 def build(spec, nc=None, seed=0):
     kw = {} if nc is None else {"nc": nc}
+    if len(spec) > 2:
+        kw["task"] = spec[2]
     model = LibreYOLO.new(spec[0], spec[1], device="cuda", seed=seed, **kw)
+    if model.task in DATA_OF:   # fitted to the training data as the trainer does (pose: its keypoints)
+        model.task_def.prepare_model(model, DATA_OF[model.task])
     if spec[0] in rows.GRAPH_PENDING:   # built for capture, not declared: exercise it here only
         model.SUPPORTS_CUDA_GRAPH = True
         model.runner.supported = True
@@ -96,7 +118,7 @@ def test_predict_with_graph_equals_eager(spec, images):
     assert model.graph_info()["replays"] > 0
 
 
-DEPTH = [spec for spec in MODELS if get_family(spec[0]).TASK == "depth"]
+DEPTH = [spec for spec in MODELS if family_class(spec).TASK == "depth"]
 
 
 @pytest.mark.parametrize("spec", DEPTH, ids=ids)
@@ -137,6 +159,8 @@ def task_batches():
         task = model.task_def
         if task.name not in cache:
             data = task.resolve_data(DATA[task.name])
+            DATA_OF[task.name] = data
+            task.prepare_model(model, data)
             _, val, collate = task.datasets(data, 128, model, task.Options())
             cache[task.name] = (data.nc, [collate([val[j] for j in range(i, i + 8)]) for i in (0, 8)])
         return cache[task.name]
@@ -251,7 +275,7 @@ def test_step0_loss_and_bn_buffers_bitwise_equal(spec, amp, task_batches):
 @pytest.mark.parametrize("layout", ["nchw", "nhwc"])   # nhwc: channels_last, the trainer's CUDA default for CHANNELS_LAST families
 def test_whole_step_step0_bitwise_equal(spec, optim, layout, task_batches, record_property):
     nc, batches = _nc(spec, task_batches)
-    if layout == "nhwc" and not get_family(spec[0]).CHANNELS_LAST:
+    if layout == "nhwc" and not family_class(spec).CHANNELS_LAST:
         pytest.skip(f"{spec[0]} does not train in channels_last")
     inputs = to_dev(batches[0])
     inputs = (inputs[0].contiguous(memory_format=LAYOUTS[layout]), *inputs[1:])
