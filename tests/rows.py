@@ -19,6 +19,7 @@ FIXTURES = [
     ("rtdetr", "r18", "rtdetr-r18"),
     ("rtdetrv2", "r18", "rtdetrv2-r18"),
     ("dfine", "n", "dfine-n"),
+    ("dfine", "n", "dfine-n-seg"),
     ("deim", "n", "deim-n"),
     ("rtdetrv4", "s", "rtdetrv4-s"),
     ("deimv2", "atto", "deimv2-atto"),
@@ -47,6 +48,7 @@ FIXTURE_FORWARD = {
 FIXTURE_TASK = {
     "ec-s-pose": "pose",
     "rtmdet-t-seg": "segment",
+    "dfine-n-seg": "segment",
     "rtdetrv2-n-obb": "obb",
     "yolonas-n-pose": "pose",
 }

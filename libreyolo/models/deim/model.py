@@ -29,6 +29,8 @@ class Deim(Dfine):
     # Declared after the GPU parity protocol passed (fp32 and AMP, batch 1 and 8): see docs/families.md.
     SUPPORTS_CUDA_GRAPH = True
     SIGNATURE_KEYS = ()
+    #: no segmentation variant (D-FINE's is D-FINE's own)
+    TASK_VARIANTS: ClassVar[dict[str, str]] = {}
     CONFIGS = DEIM_CONFIGS
     #: "deim" (MAL + the D-FINE terms); "dfine" / "rtdetr" fall back to DetrModel's criteria
     LOSS_KIND: ClassVar[str | None] = "deim"

@@ -42,7 +42,7 @@ from .layers import inverse_sigmoid
 __all__ = ["DenoisingQueries", "contrastive_denoising", "targets_from_list", "split_denoising_outputs"]
 
 #: the keys of a decoder output dict whose second dimension runs over the queries
-QUERY_KEYS = ("pred_logits", "pred_boxes", "pred_corners", "ref_points")
+QUERY_KEYS = ("pred_logits", "pred_boxes", "pred_corners", "ref_points", "queries")
 
 
 @dataclass

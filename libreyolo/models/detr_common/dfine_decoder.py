@@ -227,6 +227,9 @@ class DFineDecoder(nn.Module):
     every layer, listed under each index: DEIMv2's smallest sizes).
     """
 
+    #: segmentation variants set this to get the evaluated layer's queries back (``"queries"``)
+    return_queries = False
+
     def __init__(self, num_classes: int = 80, hidden_dim: int = 256, num_queries: int = 300,
                  feat_channels: Sequence[int] = (256, 256, 256), feat_strides: Sequence[int] = (8, 16, 32),
                  num_levels: int = 3, num_points: int | Sequence[int] = 4, heads: int = 8,
@@ -415,8 +418,11 @@ class DFineDecoder(nn.Module):
             prev_x = x.detach()
 
         last = outs[-1]
+        if self.return_queries:
+            last["queries"] = x
         if not self.training:
-            return {"pred_logits": last["pred_logits"], "pred_boxes": last["pred_boxes"]}
+            keep = ("pred_logits", "pred_boxes", "queries") if self.return_queries else ("pred_logits", "pred_boxes")
+            return {k: last[k] for k in keep}
         return split_denoising_outputs(
             {**last, "up": self.up, "reg_scale": self.reg_scale, "aux_outputs": outs[:-1],
              "pre_outputs": {"pred_logits": first_logits, "pred_boxes": first_boxes},

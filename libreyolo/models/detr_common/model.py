@@ -36,13 +36,14 @@ IMAGENET = Preprocess("stretch", mean=IMAGENET_MEAN, std=IMAGENET_STD, antialias
 
 
 def detr_postprocess(logits: torch.Tensor, boxes: torch.Tensor, width: int, height: int,
-                     num_top: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                     num_top: int, return_index: bool = False) -> tuple[torch.Tensor, ...]:
     """DETR head outputs -> the K best (query, class) pairs, sorted by score descending.
 
     ``logits`` (B, Q, nc) pre-sigmoid, ``boxes`` (B, Q, 4) normalised cxcywh. Returns
     boxes (B, K, 4) xyxy in pixels of a ``width`` x ``height`` canvas, scores (B, K) and
     classes (B, K) int64, with K = min(num_top, Q * nc). One query may appear with several
     classes, as in the reference post-processor (focal-loss DETRs have no background class).
+    ``return_index`` also returns each pair's flat index ``query * nc + class`` (B, K).
     """
     b, q, nc = logits.shape
     k = min(int(num_top), q * nc)
@@ -54,6 +55,8 @@ def detr_postprocess(logits: torch.Tensor, boxes: torch.Tensor, width: int, heig
     xyxy = torch.stack((xyxy[..., 0] * width, xyxy[..., 1] * height,
                         xyxy[..., 2] * width, xyxy[..., 3] * height), -1)
     picked = xyxy.gather(1, query.unsqueeze(-1).expand(-1, -1, 4))
+    if return_index:
+        return picked, scores, cls, index
     return picked, scores, cls
 
 

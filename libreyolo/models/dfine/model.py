@@ -1,6 +1,8 @@
 """D-FINE declarations (the inference stage is DetrModel's)."""
 from __future__ import annotations
 
+from typing import ClassVar
+
 from torch import nn
 
 from ..detr_common.model import PIL_STRETCH, DetrModel
@@ -28,6 +30,13 @@ class Dfine(DetrModel):
     # Declared after the GPU parity protocol passed (fp32 and AMP, batch 1 and 8): see docs/families.md.
     SUPPORTS_CUDA_GRAPH = True
     SIGNATURE_KEYS = DFINE_LINE_KEYS
+    #: D-FINE-seg serves instance segmentation (the checkpoint's ``task``, else its mask-head keys, picks it)
+    TASK_VARIANTS: ClassVar[dict[str, str]] = {"segment": ".dfine.seg:DfineSeg"}
+
+    @classmethod
+    def _owns_own(cls, state_dict: dict) -> bool:
+        """The detector's keys without the mask head (that layout is DfineSeg's)."""
+        return super()._owns_own(state_dict) and "decoder.mask_head.layers.0.weight" not in state_dict
     NC_KEY = "decoder.dec_score_head.0.weight"
     CONFIGS = DFINE_CONFIGS
     #: D-FINE and its descendants (DEIM, RT-DETRv4) resize with PIL's bilinear, as LibreYOLO does

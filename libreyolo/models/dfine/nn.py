@@ -13,12 +13,15 @@ Input: RGB in [0, 1], no mean/std. Eval output: ``{"pred_logits": (B, 300, nc) p
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 
 from ..detr_common.dfine_decoder import DFineDecoder
 from ..detr_common.dfine_encoder import DFineHybridEncoder
 from ..detr_common.hgnetv2 import ConvBNAct, HGNetv2
+from ..detr_common.layers import MLP
+from ..detr_common.mask import MaskDecoder, mask_embedding, query_masks
 from ..detr_common.net import DetrNet
 
 
@@ -94,3 +97,48 @@ class DFineNet(DetrNet):
             if isinstance(m, ConvBNAct):
                 m.fuse()
         return self
+
+
+class DFineSegNet(DFineNet):
+    """D-FINE with an instance-mask head (``decoder.mask_decoder.*``, ``decoder.mask_head.*``).
+
+    The backbone also returns the stage before the encoder's first level (stride / 2); the mask
+    decoder fuses it with the encoder outputs into a stride-4 feature (see
+    :mod:`..detr_common.mask`). Eval output adds ``"pred_masks"``: (B, Q, H/4, W/4) mask
+    probabilities (sigmoid applied); training mode returns the logits there.
+    """
+
+    def __init__(self, cfg: DFineConfig, nc: int = 80, eval_size: tuple[int, int] | None = (640, 640)):
+        super().__init__(cfg, nc, eval_size)
+        first = cfg.return_idx[0] - 1
+        if first < 0:
+            raise ValueError("DFineSegNet needs a backbone stage before the encoder's first level")
+        self.backbone = HGNetv2(cfg.backbone, use_lab=cfg.use_lab, return_idx=(first, *cfg.return_idx),
+                                frozen_norm=cfg.frozen_norm)
+        fine = self.backbone.out_channels[0]
+        dec = self.decoder
+        dec.return_queries = True
+        dec.mask_decoder = MaskDecoder((fine,) + (cfg.enc_dim,) * len(cfg.in_channels), cfg.dec_dim)
+        dec.mask_head = MLP(cfg.dec_dim, cfg.dec_dim, cfg.dec_dim, 3)
+        # checkpoint key order: the mask modules follow the decoder layers (``decoder.decoder``)
+        mods = dec._modules
+        after = list(mods)[list(mods).index("decoder") + 1:]
+        for name in after:
+            if name not in ("mask_decoder", "mask_head"):
+                mods[name] = mods.pop(name)
+
+    def forward(self, x: torch.Tensor, targets: Any = None, with_mask_parts: bool = False) -> dict[str, Any]:
+        """As :class:`DFineNet` plus ``"pred_masks"``; ``with_mask_parts`` returns, instead of the
+        masks of every query, their factors: ``"mask_embed"`` (B, Q, D) and ``"mask_feature"``
+        (B, D, H/4, W/4), whose dot product is the mask logits (predict builds only the kept ones)."""
+        feats = self.backbone(x)
+        pyramid = self.encoder(feats[1:])
+        out = self.decoder(pyramid, targets)
+        embed = mask_embedding(self.decoder.mask_head, out.pop("queries"))
+        feature = self.decoder.mask_decoder([feats[0], *pyramid])
+        if with_mask_parts:
+            out["mask_embed"], out["mask_feature"] = embed, feature
+            return out
+        masks = query_masks(embed, feature)
+        out["pred_masks"] = masks if self.training else masks.sigmoid()
+        return out

@@ -1,6 +1,8 @@
 """RT-DETRv4 declarations (the inference stage is DetrModel's)."""
 from __future__ import annotations
 
+from typing import ClassVar
+
 from ..dfine.model import Dfine
 from .nn import RTDETRV4_CONFIGS
 
@@ -19,4 +21,6 @@ class RTDETRv4(Dfine):
     # Declared after the GPU parity protocol passed (fp32 and AMP, batch 1 and 8): see docs/families.md.
     SUPPORTS_CUDA_GRAPH = True
     SIGNATURE_KEYS = ()
+    #: no segmentation variant (D-FINE's is D-FINE's own)
+    TASK_VARIANTS: ClassVar[dict[str, str]] = {}
     CONFIGS = RTDETRV4_CONFIGS

@@ -3,7 +3,7 @@
 Predict stage (on the device, captured with the network where the family allows): ``model.infer``
 (per anchor: boxes, scores, classes, mask coefficients; and the prototypes) -> the top ``max_nms``
 candidates with their coefficients, fixed shapes. After the stage, on the same device: NMS
-(torchvision), the kept instances' masks from the family's mask head
+(torchvision; none for set-prediction heads, whose ``NMS`` is False), the kept instances' masks from the family's mask head
 (``model.mask_logits(prototypes, coefficients)``), sampled straight at each original image's
 pixels (the letterbox inverted, bilinear as an upsampling of the logits), cut to the instance's
 box and thresholded at 0.5.
@@ -52,17 +52,18 @@ def crop_to_boxes(masks: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
 
 
 def select_instances(boxes: torch.Tensor, scores: torch.Tensor, cls: torch.Tensor, *, conf: float, iou: float,
-                     max_det: int, classes: list[int] | None = None, agnostic: bool = False) -> torch.Tensor:
+                     max_det: int, classes: list[int] | None = None, agnostic: bool = False,
+                     nms_free: bool = False) -> torch.Tensor:
     """One image's sorted candidates -> the indices of the kept ones (score order): above
-    ``conf``, of ``classes``, through NMS per class (all together with ``agnostic``), at most
-    ``max_det``."""
+    ``conf``, of ``classes``, through NMS per class (all together with ``agnostic``; none with
+    ``nms_free``, for set-prediction heads), at most ``max_det``."""
     from torchvision.ops import batched_nms
     keep = scores > conf
     if classes is not None:
         keep &= torch.isin(cls, torch.as_tensor(classes, device=cls.device, dtype=cls.dtype))
     idx = keep.nonzero().squeeze(1)
-    if idx.numel() == 0:
-        return idx
+    if idx.numel() == 0 or nms_free:
+        return idx[:max_det]
     groups = torch.zeros_like(cls[idx]) if agnostic else cls[idx]
     kept = batched_nms(boxes[idx].float(), scores[idx].float(), groups, iou)
     return idx[kept[:max_det]]
@@ -138,7 +139,7 @@ class SegmentPlan(PredictPlan):
         for i, it in enumerate(chunk):
             h, w = int(it.image.shape[0]), int(it.image.shape[1])
             keep = select_instances(boxes[i], scores[i], cls[i], conf=self.conf, iou=self.iou, max_det=self.max_det,
-                                    classes=self.classes, agnostic=self.agnostic)
+                                    classes=self.classes, agnostic=self.agnostic, nms_free=not m.NMS)
             b = boxes[i][keep].float().clone()
             sx, sy, px, py = inverse_params(h, w, size, m.preprocess.resize)
             unletterbox_boxes(b, sx, sy, h, w, px, py)
@@ -180,7 +181,8 @@ class SegmentEvaluator(Evaluator):
         g = size // MASK_STRIDE
         self.hw = (g, g)
         for i in range(targets.shape[0]):
-            keep = select_instances(boxes[i], scores[i], cls[i], conf=o.val_conf, iou=o.val_iou, max_det=o.max_det)
+            keep = select_instances(boxes[i], scores[i], cls[i], conf=o.val_conf, iou=o.val_iou, max_det=o.max_det,
+                                    nms_free=not self.model.NMS)
             b = boxes[i][keep].float()
             if keep.numel():
                 logits = self.model.mask_logits(protos[i], coeffs[i][keep]).float()
