@@ -329,3 +329,16 @@ def test_two_epochs_on_shapes_raise_map(tmp_path):
                 name="d", verbose=False, plots=False, val=False)
     after = model.val(data=data, imgsz=64, batch=8, workers=0, verbose=False)
     assert after["map50"] > before["map50"], (before, after)
+
+
+def test_obb_predicts_through_the_command_line(tmp_path, monkeypatch, capsys):
+    from PIL import Image
+
+    from libreyolo.cli import main
+    monkeypatch.chdir(tmp_path)
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (64, 96, 3), dtype=np.uint8)).save("im.png")
+    assert main(["predict", "model=yolonas-s-obb", "source=im.png", "imgsz=96", "save=false", "device=cpu",
+                 "conf=0.001"]) == 0
+    out = capsys.readouterr().out
+    import re
+    assert re.search(r"im\.png: 96x64, [\w-]+ \d\.\d\d", out), out    # at least one rotated box
