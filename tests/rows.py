@@ -16,6 +16,7 @@ FIXTURES = [
     ("ppyoloe", "s", "ppyoloe-s"),
     ("yolonas", "s", "yolonas-s"),
     ("yolonas", "n", "yolonas-n-pose"),
+    ("yolonas", "s", "yolonas-s-obb"),
     ("rtdetr", "r18", "rtdetr-r18"),
     ("rtdetrv2", "r18", "rtdetrv2-r18"),
     ("dfine", "n", "dfine-n"),
@@ -51,6 +52,7 @@ FIXTURE_TASK = {
     "dfine-n-seg": "segment",
     "rtdetrv2-n-obb": "obb",
     "yolonas-n-pose": "pose",
+    "yolonas-s-obb": "obb",
 }
 
 # Fixtures whose top-k query selection has an exact tie at its boundary (their README and

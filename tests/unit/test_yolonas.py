@@ -28,6 +28,7 @@ from libreyolo.models.yolonas.loss import (
     varifocal_loss,
 )
 from libreyolo.models.yolonas.model import YoloNAS
+from libreyolo.models.yolonas.obb import YoloNASOBB, canonical_rboxes
 from libreyolo.models.yolonas.pose import YoloNASPose
 from libreyolo.models.yolonas.pose_loss import YoloNASPoseLoss, ciou_loss
 from libreyolo.models.yolonas.pose_nn import YoloNASPoseNet
@@ -52,7 +53,8 @@ def test_names_pick_the_family_and_its_pose_variant():
     assert parse_spec("yolonas-n") is None              # n is a pose size only (no detection release)
     assert parse_spec("ec-s-pose")[1] == "s"             # another family's variant still parses
     assert get_family("yolonas").for_task("pose") is YoloNASPose
-    with pytest.raises(ValueError, match="serves the tasks detect, pose"):
+    assert get_family("yolonas").for_task("obb") is YoloNASOBB
+    with pytest.raises(ValueError, match="serves the tasks detect, pose, obb"):
         get_family("yolonas").for_task("segment")
 
 
@@ -246,6 +248,56 @@ def test_pose_checkpoint_round_trip(tmp_path):
         torch.testing.assert_close(loaded.model(x)[0][2], model.model(x)[0][2])
 
 
+def test_obb_predict_gives_rotated_boxes_after_rotated_nms(monkeypatch):
+    model = LibreYOLO.new("yolonas", "s", task="obb", device="cpu", seed=0, nc=3)
+    assert isinstance(model, YoloNASOBB) and model.TASK == "obb" and model.imgsz == 1024
+    assert not model.SUPPORTS_CUDA_GRAPH and YoloNAS.SUPPORTS_CUDA_GRAPH
+    seen = []
+    infer = model.infer
+    monkeypatch.setattr(model, "infer", lambda x: seen.append(infer(x)) or seen[-1])
+    image = np.random.default_rng(0).integers(0, 255, (64, 96, 3), dtype=np.uint8)
+    res = model(image, conf=1e-6, iou=0.3, imgsz=96)
+    r = res[0] if isinstance(res, list) else res
+    xywhr, scores, cls = seen[0]
+    assert xywhr.shape == (1, 189, 5) and scores.shape == cls.shape == (1, 189)
+    assert (scores[0, :-1] >= scores[0, 1:]).all()                       # sorted by score
+    assert (xywhr[..., 2] >= xywhr[..., 3]).all() and (xywhr[..., 4] >= 0).all() and (xywhr[..., 4] < math.pi).all()
+    d = r.obb.data
+    assert d.shape[1] == 7 and 0 < len(d) < 189 and (d[:, 6] < 3).all()     # the rotated NMS ran
+    from libreyolo.tasks.obb.rotated import probiou
+    same = d[:, None, 6] == d[None, :, 6]
+    ov = probiou(d[:, None, :5].double(), d[None, :, :5].double()).fill_diagonal_(0)
+    assert (ov[same] <= 0.3 + 1e-6).all()
+    # a 96-wide image on a 96 px canvas (scale 1, top-left): the best candidate comes back unchanged
+    torch.testing.assert_close(d[0, :6], torch.cat((xywhr[0, 0], scores[0, :1])))
+
+
+def test_obb_angles_are_canonicalised_to_the_same_rectangles():
+    from libreyolo.tasks.obb.rotated import xywhr_to_corners
+    g = torch.Generator().manual_seed(0)
+    rb = torch.cat((torch.rand(50, 2, generator=g) * 100, 1 + torch.rand(50, 2, generator=g) * 30,
+                    (torch.rand(50, 1, generator=g) - 0.75) * math.pi), 1).double()
+    c = canonical_rboxes(rb)
+    assert (c[:, 2] >= c[:, 3]).all() and (c[:, 4] >= 0).all() and (c[:, 4] < math.pi).all()
+    a, b = xywhr_to_corners(rb), xywhr_to_corners(c)
+    # the same four corners (in some order)
+    assert torch.cdist(a, b).min(-1).values.max() < 1e-6
+
+
+def test_obb_checkpoint_round_trip_and_layout_sniffing(tmp_path):
+    model = LibreYOLO.new("yolonas", "s", task="obb", device="cpu", seed=0, nc=2)
+    path = model.save(tmp_path / "o.pt")
+    loaded = LibreYOLO(str(path), device="cpu")
+    assert isinstance(loaded, YoloNASOBB) and (loaded.size, loaded.nc, loaded.meta["task"]) == ("s", 2, "obb")
+    sd = model.model.state_dict()
+    assert YoloNASOBB._owns_own(sd) and not YoloNAS._owns_own(sd) and not YoloNASPose._owns_own(sd)
+    x = torch.rand(1, 3, 64, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.model(x)[0][0], model.model(x)[0][0])
+    with pytest.raises(NotImplementedError, match="oriented boxes"):
+        model.build_loss()
+
+
 def test_onnx_export_matches_eager_predict(tmp_path, one_thread):
     """Exported dynamic at 160 px, compared at 192 px on four images (detections one-to-one). The
     fixtures' fill saturates this head's class logits (ties everywhere, so the NMS order is the
@@ -277,3 +329,16 @@ def test_two_epochs_on_shapes_raise_map(tmp_path):
                 name="d", verbose=False, plots=False, val=False)
     after = model.val(data=data, imgsz=64, batch=8, workers=0, verbose=False)
     assert after["map50"] > before["map50"], (before, after)
+
+
+def test_obb_predicts_through_the_command_line(tmp_path, monkeypatch, capsys):
+    from PIL import Image
+
+    from libreyolo.cli import main
+    monkeypatch.chdir(tmp_path)
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (64, 96, 3), dtype=np.uint8)).save("im.png")
+    assert main(["predict", "model=yolonas-s-obb", "source=im.png", "imgsz=96", "save=false", "device=cpu",
+                 "conf=0.001"]) == 0
+    out = capsys.readouterr().out
+    import re
+    assert re.search(r"im\.png: 96x64, [\w-]+ \d\.\d\d", out), out    # at least one rotated box

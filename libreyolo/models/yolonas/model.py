@@ -32,9 +32,10 @@ class YoloNAS(Model):
     #: the QARepVGG blocks add three branches each: verify's re-drawn twin overflows float16
     #: (its AMP probes then give NaN) unless its layers are rescaled on a calibration pass
     REDRAW_CALIBRATE = True
-    #: the pose variant (``task="pose"``, ``yolonas-n-pose``); the oriented-box variant
-    #: (``yolonas-s-obb``) plugs in here as ``"obb": ".yolonas.obb:YoloNASOBB"`` once the obb task exists
-    TASK_VARIANTS: ClassVar[dict[str, str]] = {"pose": ".yolonas.pose:YoloNASPose"}
+    #: the pose variant (``task="pose"``, ``yolonas-n-pose``) and the oriented-box variant
+    #: (``task="obb"``, ``yolonas-s-obb``)
+    TASK_VARIANTS: ClassVar[dict[str, str]] = {"pose": ".yolonas.pose:YoloNASPose",
+                                               "obb": ".yolonas.obb:YoloNASOBB"}
     #: the first 3x3 branch of the stem and the stride-8 head's class conv
     SIGNATURE_KEYS = ("backbone.stem.conv.branch_3x3.conv.weight", "backbone.stem.conv.rbr_reparam.weight",
                       "heads.head1.cls_pred.weight", "heads.head1.reg_pred.weight")
@@ -53,8 +54,10 @@ class YoloNAS(Model):
 
     @classmethod
     def _owns_own(cls, state_dict: dict[str, torch.Tensor]) -> bool:
-        # the pose variant shares every signature key; its ``pose_pred`` convs tell it apart
-        return super()._owns_own(state_dict) and "heads.head1.pose_pred.weight" not in state_dict
+        # the pose and obb variants share every signature key; their ``pose_pred`` / ``rot_pred``
+        # convs tell them apart
+        return (super()._owns_own(state_dict) and "heads.head1.pose_pred.weight" not in state_dict
+                and "heads.head1.rot_pred.weight" not in state_dict)
 
     @classmethod
     def build_network(cls, size: str, nc: int) -> nn.Module:

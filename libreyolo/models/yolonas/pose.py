@@ -34,7 +34,8 @@ class YoloNASPose(YoloNAS):
     SIZES = tuple(POSE_HEAD_WIDTH)
     DEFAULT_NC = 1
     PREPROCESS = Preprocess("topleft", quantize=True)
-    TASK_VARIANTS: ClassVar[dict[str, str]] = {"detect": ".yolonas.model:YoloNAS"}
+    TASK_VARIANTS: ClassVar[dict[str, str]] = {"detect": ".yolonas.model:YoloNAS",
+                                               "obb": ".yolonas.obb:YoloNASOBB"}
     SIGNATURE_KEYS = ("backbone.stem.conv.branch_3x3.conv.weight", "backbone.stem.conv.rbr_reparam.weight",
                       "heads.head1.pose_pred.weight", "heads.head1.pose_stem.seq.conv.weight")
     NC_KEY = "heads.head1.cls_pred.weight"
