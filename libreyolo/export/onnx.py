@@ -21,6 +21,9 @@ What it returns, per task
       the same numbers), then a fixed-size selection of the first ``max_det`` survivors. The
       DETR-line families (``NMS = False``) skip the NMS: their top-k is the output.
     * classify: ``probs`` (B, nc) softmax, ``top_conf`` (B, k) and ``top_class`` (B, k) int64.
+    * pose: the family's ``infer`` outputs ``out0``.. (boxes (B, K, 4), scores (B, K), classes
+      (B, K), keypoints (B, K, N, 2), visibility (B, K, N) where the family predicts it), float32;
+      the loader runs the pose task's own filter, NMS and mapping back on the host.
     * semantic: ``class_map`` (B, S, S), the argmax, in the dtype eager predict uses (uint8 up to
       256 classes).
 
@@ -198,6 +201,29 @@ class ClassifyGraph(nn.Module):
         return probs, conf, idx
 
 
+class RawGraph(nn.Module):
+    """images -> the family's ``infer`` outputs (a tuple of fixed-shape tensors, named ``out0``,
+    ``out1``, ...): the network and its decode, for the tasks whose remaining stage (pose: the
+    confidence filter and class-aware NMS) :class:`~libreyolo.export.onnx_model.OnnxModel` runs on
+    the host through the task's own ``PredictPlan.finish`` and ``results``."""
+
+    def __init__(self, model, net: nn.Module, *, half: bool):
+        super().__init__()
+        self.net = net
+        self.infer = model.infer_with(net)
+        self.norm = _Normalize(model.preprocess)
+        self.half = half
+
+    def forward(self, images):
+        x = self.norm(images)
+        out = _as_tuple(self.infer(x.half() if self.half else x))
+        return tuple(t.float() if t.is_floating_point() else t for t in out)
+
+
+#: the tasks exported as :class:`RawGraph` (the network's outputs; the rest of the stage on the host)
+RAW_TASKS = ("pose",)
+
+
 class SemanticGraph(nn.Module):
     """images -> class_map (B, S, S): the semantic stage's argmax."""
 
@@ -312,6 +338,13 @@ def _graph_for(model, net, size, batch, half, max_det, max_nms, agnostic, topk):
         g = SemanticGraph(model, net, half=half)
         axes.update(class_map={0: "batch", 1: "height", 2: "width"})
         return g, (x,), ["images"], ["class_map"], axes
+    if task in RAW_TASKS:
+        g = RawGraph(model, net, half=half)
+        with torch.no_grad():
+            n = len(g(x))
+        names = [f"out{i}" for i in range(n)]
+        axes.update({name: {0: "batch"} for name in names})
+        return g, (x,), ["images"], names, axes
     raise OnnxExportError(f"ONNX export does not know the {task!r} task of {model.FAMILY}")
 
 

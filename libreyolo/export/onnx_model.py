@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from ..ops.preprocess import Preprocess
-from .onnx import META_FORMAT, read_metadata, unreadable_onnx
+from .onnx import META_FORMAT, RAW_TASKS, read_metadata, unreadable_onnx
 
 log = logging.getLogger(__name__)
 
@@ -323,6 +323,9 @@ class OnnxModel:
             packed = torch.cat((torch.from_numpy(out["probs"][:n]), torch.from_numpy(out["top_conf"][:n, :k]),
                                 torch.from_numpy(out["top_class"][:n, :k]).float()), 1)
             return plan.results(_Ready(packed), chunk, size, speed)
+        if self.TASK in RAW_TASKS:   # the network's outputs: the rest of the stage as eager predict runs it
+            raw = tuple(torch.from_numpy(np.ascontiguousarray(out[name][:n])) for name in self.output_names)
+            return plan.results(plan.finish(raw), chunk, size, speed)
         return plan.results(torch.from_numpy(np.ascontiguousarray(out["class_map"][:n])), chunk, size, speed)
 
     def _detections(self, plan, dets: np.ndarray, counts: np.ndarray, chunk, size: int, speed: dict) -> list:

@@ -268,3 +268,30 @@ def test_exported_candidates_rank_nan_scores_last(tmp_path):
     feed = {"boxes": args[0].numpy(), "scores": s, "cls": args[2].numpy()}
     got = sess.run(None, {i.name: feed[i.name] for i in sess.get_inputs()})[0]   # unused inputs are dropped
     assert np.array_equal(got, np.array([[np.inf, 0.9, 0.3, 0.1, -np.inf, -np.inf]], np.float32))
+
+
+def test_pose_export_matches_eager_predict(tmp_path):
+    """A pose model (YOLO-NAS-Pose, input-sensitive weights) exported at 160 px: the graph ends
+    in the network's candidates and the loader runs the pose task's NMS on the host; boxes and
+    keypoints equal eager predict's within 1e-3 canvas-scale pixels on four images."""
+    from libreyolo.engine.verify import input_sensitive
+    m = input_sensitive(LibreYOLO.new("yolonas", "n", task="pose", device="cpu", imgsz=IMGSZ))
+    o = LibreYOLO(str(m.export(file=tmp_path / "p.onnx")), device="cpu")
+    assert o.TASK == "pose" and o.output_names[:4] == ["out0", "out1", "out2", "out3"]
+    n = 0
+    for im in parity_images():
+        e, r = m.predict(im, imgsz=IMGSZ, conf=0.05), o.predict(im, conf=0.05)
+        assert len(e.boxes) == len(r.boxes)
+        ea, ra = e.boxes.data.numpy(), r.boxes.data.numpy()
+        j = [int(np.abs(ra[:, :5] - row[:5]).sum(1).argmin()) for row in ea]
+        assert np.abs(ea - ra[j]).max() <= 1e-3
+        assert float((e.keypoints.data - r.keypoints.data[j]).abs().max()) <= 1e-3
+        n += len(ea)
+    assert n > 0
+
+
+def test_tasks_without_an_onnx_stage_are_refused(tmp_path):
+    """obb (and segment) keep a clear refusal naming the task."""
+    m = LibreYOLO.new("rtdetrv2", "n", task="obb", device="cpu", imgsz=IMGSZ)
+    with pytest.raises(OnnxExportError, match="'obb' task"):
+        m.export(file=tmp_path / "o.onnx")
