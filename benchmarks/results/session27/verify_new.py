@@ -11,7 +11,8 @@ from libreyolo import SAMPLE_IMAGE, LibreYOLO
 from libreyolo.engine.verify import verify_model
 
 MODELS = [("ec", "s", "pose"), ("rtmdet", "t", "segment"), ("rtdetrv2", "n", "obb"), ("yolo9_p2", "t", None),
-          ("yolo9_e2e", "t", None), ("ppyoloe", "s", None), ("yolonas", "s", None), ("yolonas", "n", "pose")]
+          ("yolo9_e2e", "t", None), ("ppyoloe", "s", None), ("yolonas", "s", None), ("yolonas", "n", "pose"),
+          ("dfine", "n", "segment"), ("yolonas", "s", "obb")]
 FIELDS = {"pose": ("keypoints", "boxes"), "segment": ("masks", "boxes"), "obb": ("obb",), None: ("boxes",)}
 
 ONLY = sys.argv[1:]   # names (ec-s-pose, yolonas-s, ...) to run; none: every model
