@@ -56,18 +56,30 @@ def rel_err(a, b):
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
-def assert_reproduces(out, ref_outputs, fx):
+def sampled_values(value, ref, rows=None):
+    """Our values at a sampled output's flat indices (README: ``outputs_sampled``); with ``rows``
+    (reference query -> our query, batch 1) each index's query is read from its matched row."""
+    idx = ref["idx"].long()
+    if rows is None:
+        return value.reshape(-1)[idx]
+    per_row = value[0][0].numel()
+    return value[0].reshape(value.shape[1], per_row)[rows[idx // per_row], idx % per_row]
+
+
+def assert_reproduces(out, ref_outputs, fx, sampled=None):
     """Each output within relative L2 1e-4; for DETR fixtures whose tolerance_note allows it, the
     documented order-free comparison when the element-wise one fails (top-k over tied scores):
     rows = cat(pred_logits[0], pred_boxes[0] or pred_keypoints[0]), each reference row matched to its
-    nearest row of ours."""
+    nearest row of ours. ``sampled``: outputs stored as a fixed sample (the .pt's ``outputs_sampled``)."""
+    sampled = sampled or {}
     errs = {path: rel_err(out[path], ref) for path, ref in ref_outputs.items()}
+    errs.update({path: rel_err(sampled_values(out[path], ref), ref["values"]) for path, ref in sampled.items()})
     if all(e <= 1e-4 for e in errs.values()):
         return
     per_query = [k for k in ("pred_boxes", "pred_keypoints") if k in ref_outputs]
     # per-query outputs outside the matched rows (DETR masks): compared under the same matching
     riders = [k for k in ("pred_masks",) if k in ref_outputs]
-    if "order-free" not in fx.get("tolerance_note", "") \
+    if "order-free" not in fx.get("tolerance_note", "") or not set(sampled) <= {"pred_masks"} \
             or set(ref_outputs) != {"pred_logits", *per_query, *riders} or len(per_query) != 1:
         raise AssertionError(f"element-wise errors {errs}")
     nc = ref_outputs["pred_logits"].shape[-1]
@@ -92,6 +104,11 @@ def assert_reproduces(out, ref_outputs, fx):
         r = ref_outputs[name][0][keep].double()
         err = ((out[name][0][match][keep].double() - r).norm() / r.norm()).item()
         assert err <= 1e-4, (name, err, "order-free")
+    for name, r in sampled.items():
+        at = keep[r["idx"].long() // out[name][0][0].numel()]
+        v = r["values"][at].double()
+        err = ((sampled_values(out[name], r, match)[at].double() - v).norm() / v.norm()).item()
+        assert err <= 1e-4, (name, err, "order-free, sampled")
 
 
 @pytest.mark.parametrize("family,size,name", FIXTURES)
@@ -104,8 +121,8 @@ def test_network_reproduces_fixture(family, size, name):
     net.load_state_dict(sd, strict=True)
     net.eval()
     out = run_fixture(forward_of(net, name), pt)
-    assert set(pt["outputs"]) <= set(out)
-    assert_reproduces(out, pt["outputs"], fx)
+    assert set(pt["outputs"]) | set(pt.get("outputs_sampled", {})) <= set(out)
+    assert_reproduces(out, pt["outputs"], fx, pt.get("outputs_sampled"))
     for path, value in fx.get("non_tensor_outputs", {}).items():   # e.g. YOLO-NAS's anchors per level
         assert out[path] == value, (path, out.get(path), value)
 
@@ -119,7 +136,7 @@ def test_checkpoint_in_fixture_layout_loads_through_factory(tmp_path, family, si
     model = LibreYOLO(str(path), device="cpu")
     assert (model.FAMILY, model.size, model.nc) == (family, size, meta["nc"])
     out = run_fixture(forward_of(model.model, name), pt)
-    assert_reproduces(out, pt["outputs"], fx)
+    assert_reproduces(out, pt["outputs"], fx, pt.get("outputs_sampled"))
 
 
 @pytest.mark.parametrize("family,size,name", FIXTURES)

@@ -28,8 +28,14 @@ class EC(DetrModel):
                       "backbone.projector.0.conv.weight", "decoder.decoder.layers.0.norm2.weight",
                       "decoder.pre_bbox_head.layers.0.weight")
     NC_KEY = "decoder.dec_score_head.0.weight"
-    #: the pose variant (``task="pose"``): :class:`.pose.ECPose`
-    TASK_VARIANTS: ClassVar[dict[str, str]] = {"pose": ".ec.pose:ECPose"}
+    #: the pose variant (``task="pose"``): :class:`.pose.ECPose`; the segmentation variant
+    #: (``task="segment"``): :class:`.seg.ECSeg`
+    TASK_VARIANTS: ClassVar[dict[str, str]] = {"pose": ".ec.pose:ECPose", "segment": ".ec.seg:ECSeg"}
+
+    @classmethod
+    def _owns_own(cls, state_dict: dict) -> bool:
+        """The detector's keys without the mask head (that layout is ECSeg's)."""
+        return super()._owns_own(state_dict) and "decoder.decoder.segmentation_head.bias" not in state_dict
 
     @classmethod
     def build_network(cls, size: str, nc: int) -> nn.Module:

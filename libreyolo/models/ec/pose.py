@@ -52,7 +52,7 @@ class ECPose(EC):
     # predict's graph passed the GPU parity protocol; the training capture has had no GPU run yet
     SUPPORTS_CUDA_GRAPH = True
     SUPPORTS_CUDA_GRAPH_TRAIN_SEAM = False
-    TASK_VARIANTS: ClassVar[dict[str, str]] = {"detect": ".ec.model:EC"}
+    TASK_VARIANTS: ClassVar[dict[str, str]] = {"detect": ".ec.model:EC", "segment": ".ec.seg:ECSeg"}
     #: the DETR recipe's optimizer settings (the pose task has no mosaic or DETR augmentation policy)
     TRAIN_DEFAULTS: ClassVar[dict[str, Any]] = {"optimizer": "AdamW", "lr0": 1e-4, "weight_decay": 1e-4,
                                                 "clip_grad": 0.1}
