@@ -197,6 +197,9 @@ VARIANT_GRAPH_MODELS = [
     ("ec", "s", "pose"),
     ("yolonas", "n", "pose"),
     ("rtdetrv2", "n", "obb"),
+    ("dfine", "n", "segment"),
+    ("yolonas", "s", "obb"),
+    ("ec", "s", "segment"),
 ]
 
 # (family, size, task) variants whose whole training step is fixed-shape: their training rows in
@@ -217,8 +220,7 @@ TRAIN_PENDING: dict[str, str] = {}
 # Detection families whose half / fast path scripts/fast_contract.py has not measured on a GPU yet
 # (predict refuses precision="fp16"/"bf16" for them as unmeasured); a family leaves this table once
 # libreyolo/assets/fast_contract.json holds its figures. Family -> why.
-FAST_PENDING: dict[str, str] = {"yolonas": "its contract run (session 27) came before its graph flag was set and "
-                                           "was refused; the next GPU session measures it"}
+FAST_PENDING: dict[str, str] = {}
 # (family, size) exported to ONNX and compared with eager predict through onnxruntime on the CPU
 # (tests/unit/test_export_onnx.py): every family, in every run (each costs 5-25 s of export on
 # two cores); scripts/onnx_parity.py prints the table of all.

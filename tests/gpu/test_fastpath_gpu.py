@@ -54,6 +54,9 @@ def test_aot_graph_equals_aot_eager(family, size, frames, tmp_path, monkeypatch)
             rows = verify_half(m, 640, (1,), (480, 640), ("fp16",), "aot")
         except fastpath.AotLoadError as exc:   # torch's loader ends a process on this build: refused, not run
             pytest.skip(f"this torch build cannot load AOTInductor packages: {exc}")
+        refused = [r.error for r in rows if (r.error or "").startswith("AotLoadError")]
+        if refused:   # verify records the same refusal per row instead of raising it
+            pytest.skip(f"this torch build cannot load AOTInductor packages: {refused[0]}")
         for r in rows:
             assert r.passed, r.as_dict()
         eager = m(frames, cuda_graph=False, precision="fp16", fast="aot", conf=0.05)

@@ -344,5 +344,7 @@ def test_trainer_replays_the_whole_step(spec, tmp_path):
     res = model.train(data=DATA[model.TASK], epochs=2, batch=8, nbs=16, imgsz=128, workers=2, project=str(tmp_path),
                       cuda_graph=True, amp="bf16", warmup_epochs=0, verbose=False)
     g = res["cuda_graph"]
-    assert g["replays"] > 0 and g["graphs"] == 2 and g["disabled_reason"] is None, g
+    # one graph per padded-target signature seen twice: how many depends on the set's instance counts
+    assert g["replays"] > 0 and g["graphs"] >= 1 and g["captures"] == g["graphs"], g
+    assert g["disabled_reason"] is None, g
     assert all(v == v for row in res["losses"] for v in row)

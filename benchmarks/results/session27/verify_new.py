@@ -12,7 +12,7 @@ from libreyolo.engine.verify import verify_model
 
 MODELS = [("ec", "s", "pose"), ("rtmdet", "t", "segment"), ("rtdetrv2", "n", "obb"), ("yolo9_p2", "t", None),
           ("yolo9_e2e", "t", None), ("ppyoloe", "s", None), ("yolonas", "s", None), ("yolonas", "n", "pose"),
-          ("dfine", "n", "segment"), ("yolonas", "s", "obb")]
+          ("dfine", "n", "segment"), ("yolonas", "s", "obb"), ("ec", "s", "segment")]
 FIELDS = {"pose": ("keypoints", "boxes"), "segment": ("masks", "boxes"), "obb": ("obb",), None: ("boxes",)}
 
 ONLY = sys.argv[1:]   # names (ec-s-pose, yolonas-s, ...) to run; none: every model

@@ -46,7 +46,8 @@ class DfineSeg(Dfine):
     #: the size whose layout is pinned by a fixture (the other sizes' mask-head inputs are unverified)
     SIZES = ("n",)
     TASK_VARIANTS: ClassVar[dict[str, str]] = {"detect": ".dfine.model:Dfine"}
-    SUPPORTS_CUDA_GRAPH = False
+    # predict's graph passed the GPU parity protocol (docs/families.md); no training (no mask loss)
+    SUPPORTS_CUDA_GRAPH = True
     SUPPORTS_CUDA_GRAPH_TRAIN_SEAM = False
     SIGNATURE_KEYS = Dfine.SIGNATURE_KEYS + ("decoder.mask_decoder.lateral.0.weight",
                                              "decoder.mask_head.layers.0.weight")

@@ -31,7 +31,8 @@ class ECSeg(EC):
     #: the size whose layout is pinned by a fixture (the other sizes' mask heads are unverified)
     SIZES = ("s",)
     TASK_VARIANTS: ClassVar[dict[str, str]] = {"detect": ".ec.model:EC", "pose": ".ec.pose:ECPose"}
-    SUPPORTS_CUDA_GRAPH = False
+    # predict's graph passed the GPU parity protocol (docs/families.md); no training (no mask loss yet)
+    SUPPORTS_CUDA_GRAPH = True
     SUPPORTS_CUDA_GRAPH_TRAIN_SEAM = False
     SIGNATURE_KEYS = EC.SIGNATURE_KEYS + (SEG_HEAD_KEY,
                                           "decoder.decoder.segmentation_head.query_features_proj.weight")

@@ -20,10 +20,10 @@ class PPYoloE(Model):
     #: the released weights' input: RGB stretched to the square (no letterbox) with OpenCV's
     #: INTER_LINEAR on uint8 pixels, then ImageNet mean/std (123.675, ... / 58.395, ... on 0-255)
     PREPROCESS = Preprocess("stretch", mean=IMAGENET_MEAN, std=IMAGENET_STD, quantize=True)
-    # predict's graph passed the GPU parity protocol. Training capture: step 0 is bitwise equal to
-    # eager, but the whole step's 20-step curve left eager's run-to-run spread (docs/families.md)
+    # predict's graph passed the GPU parity protocol; training capture: step 0 bitwise, and the
+    # 20-step curves under cuDNN's deterministic kernels (docs/families.md)
     SUPPORTS_CUDA_GRAPH = True
-    SUPPORTS_CUDA_GRAPH_TRAIN = False
+    SUPPORTS_CUDA_GRAPH_TRAIN = True
 
     @classmethod
     def build_network(cls, size: str, nc: int) -> nn.Module:

@@ -50,7 +50,7 @@ from ..common.assign import (
     prior_grid,
     sanitize_targets,
 )
-from .nn import STRIDES
+from .nn import STRIDES, resize_bilinear_cuda
 
 IOU_EPS = 1e-6          # eps of mmdetection's BboxOverlaps2D / bbox_overlaps (IoU and GIoU)
 LOG_EPS = 1e-7          # EPS of DynamicSoftLabelAssigner (inside -log(iou + EPS))
@@ -242,7 +242,8 @@ class RtmdetInsLoss(RtmdetLoss):
             std = strides[:, 0][sel]                                                               # (B, P)
             from .nn import dynamic_masks
             logits = dynamic_masks(protos.float(), params, pts, std, self.strides[0])
-            logits = F.interpolate(logits, scale_factor=2, mode="bilinear", align_corners=False)
+            # x2 bilinear (the same bits as scale_factor=2), its CUDA backward free of atomics
+            logits = resize_bilinear_cuda(logits, (2 * logits.shape[-2], 2 * logits.shape[-1]))
             rows = gt_idx.gather(1, sel)
             tgt = gt_masks.gather(1, rows[..., None, None].expand(-1, -1, *gt_masks.shape[-2:]))
             num = global_sum(valid.sum()).clamp_min(1.0)

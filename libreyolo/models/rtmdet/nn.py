@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ...ops.interpolate import resize_bilinear
 from ..common.blocks import ConvBN, fuse_modules
 
 STRIDES = (8, 16, 32)
@@ -246,6 +247,16 @@ DYNAMIC_CONVS = ((NUM_PROTOTYPES + 2, DYNAMIC_CHANNELS), (DYNAMIC_CHANNELS, DYNA
 NUM_DYNAMIC_PARAMS = sum(i * o for i, o in DYNAMIC_CONVS) + sum(o for _, o in DYNAMIC_CONVS)   # 169
 
 
+def resize_bilinear_cuda(x: torch.Tensor, size) -> torch.Tensor:
+    """``F.interpolate(x, size, mode="bilinear")``. On CUDA through :func:`resize_bilinear` (the same
+    forward; a backward without the atomic adds of torch's, so a captured training step equals eager
+    bit for bit); on the CPU torch's own call, whose backward is already a sequential loop (keeping
+    the CPU's training numbers unchanged)."""
+    if x.is_cuda:
+        return resize_bilinear(x, size)
+    return nn.functional.interpolate(x, size=size, mode="bilinear", align_corners=False)
+
+
 class MaskFeatModule(nn.Module):
     """Mask prototypes at stride 8: the neck's three levels upsampled (bilinear) to the finest,
     concatenated, fused by a 1x1 conv (bias, no activation), ``stacked`` 3x3 ConvBN-SiLU blocks,
@@ -259,8 +270,7 @@ class MaskFeatModule(nn.Module):
 
     def forward(self, feats: list[torch.Tensor]) -> torch.Tensor:
         size = feats[0].shape[-2:]
-        up = [feats[0]] + [nn.functional.interpolate(f, size=size, mode="bilinear", align_corners=False)
-                           for f in feats[1:]]
+        up = [feats[0]] + [resize_bilinear_cuda(f, size) for f in feats[1:]]
         return self.projection(self.stacked_convs(self.fusion_conv(torch.cat(up, 1))))
 
 

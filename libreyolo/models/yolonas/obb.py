@@ -40,8 +40,8 @@ class YoloNASOBB(YoloNAS):
     """
 
     TASK = "obb"
-    # predict's graph has had no GPU parity run yet (docs/families.md gives the command)
-    SUPPORTS_CUDA_GRAPH = False
+    # predict's graph (rotated NMS included) passed the GPU parity protocol (docs/families.md)
+    SUPPORTS_CUDA_GRAPH = True
     SUPPORTS_CUDA_GRAPH_TRAIN = False
     NMS = True
     DEFAULT_NC = len(DOTA_NAMES)

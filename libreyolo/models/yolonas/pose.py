@@ -27,10 +27,10 @@ class YoloNASPose(YoloNAS):
     """
 
     TASK = "pose"
-    # predict's graph passed the GPU parity protocol (as the detector's); the pose loss's training
-    # capture has had no GPU run yet
+    # predict's graph passed the GPU parity protocol (as the detector's), the pose loss's training
+    # rows too (docs/families.md)
     SUPPORTS_CUDA_GRAPH = True
-    SUPPORTS_CUDA_GRAPH_TRAIN = False
+    SUPPORTS_CUDA_GRAPH_TRAIN = True
     SIZES = tuple(POSE_HEAD_WIDTH)
     DEFAULT_NC = 1
     PREPROCESS = Preprocess("topleft", quantize=True)
