@@ -1,6 +1,7 @@
 """DETR instance segmentation (task ``segment``: D-FINE-seg): variant resolution, predict, round trip.
 
-The fixture reproduction is a row of ``rows.FIXTURES`` (tests/unit/test_fixtures.py).
+The fixture reproduction is a row of ``rows.FIXTURES`` (tests/unit/test_fixtures.py); the mask
+loss and training are in tests/unit/test_detr_mask_loss.py.
 """
 import numpy as np
 import pytest
@@ -52,8 +53,3 @@ def test_saved_segment_model_loads_back_as_segment(tmp_path, seg_model):
     assert type(back) is DfineSeg and back.nc == 3 and back.task == "segment"
     a, b = seg_model.model.state_dict(), back.model.state_dict()
     assert list(a) == list(b) and all(torch.equal(a[k], b[k]) for k in a)
-
-
-def test_training_is_refused_with_a_clear_error(seg_model):
-    with pytest.raises(NotImplementedError, match="segmentation"):
-        seg_model.train(data="unused.yaml")

@@ -227,7 +227,8 @@ class DFineDecoder(nn.Module):
     every layer, listed under each index: DEIMv2's smallest sizes).
     """
 
-    #: segmentation variants set this to get the evaluated layer's queries back (``"queries"``)
+    #: segmentation variants set this to get the evaluated layer's queries back (``"queries"``; in
+    #: training, every layer's, so ``aux_outputs`` / ``dn_outputs`` carry them too)
     return_queries = False
 
     def __init__(self, num_classes: int = 80, hidden_dim: int = 256, num_queries: int = 300,
@@ -411,6 +412,8 @@ class DFineDecoder(nn.Module):
                 logits = stack.lqe_layers[i](self.dec_score_head[i](x), corners)
                 outs.append({"pred_logits": logits, "pred_boxes": boxes, "pred_corners": corners,
                              "ref_points": initial})
+                if self.return_queries:   # every layer's (segment variants' mask loss supervises each)
+                    outs[-1]["queries"] = x
                 if not self.training:
                     break
             prev_corners = corners
@@ -418,8 +421,6 @@ class DFineDecoder(nn.Module):
             prev_x = x.detach()
 
         last = outs[-1]
-        if self.return_queries:
-            last["queries"] = x
         if not self.training:
             keep = ("pred_logits", "pred_boxes", "queries") if self.return_queries else ("pred_logits", "pred_boxes")
             return {k: last[k] for k in keep}

@@ -33,7 +33,7 @@ reads values on the host (one transfer per batch). Computed in float32 with auto
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -44,8 +44,9 @@ from ...ops.iou import bbox_iou
 from .dfine_decoder import weighting_function
 from .matcher import HungarianMatcher
 
-__all__ = ["DetrLoss", "DeimLoss", "varifocal_loss", "matchability_aware_loss", "box_losses", "edge_distances",
-           "bin_targets", "fine_grained_localization_loss", "decoupled_distillation_loss", "normalized_targets"]
+__all__ = ["DetrLoss", "DeimLoss", "SetAssignment", "varifocal_loss", "matchability_aware_loss", "box_losses",
+           "edge_distances", "bin_targets", "fine_grained_localization_loss", "decoupled_distillation_loss",
+           "normalized_targets"]
 
 
 # ----------------------------------------------------------------------------- the terms
@@ -196,6 +197,24 @@ def _gather(x: Tensor, index: Tensor) -> Tensor:
 
 
 # ----------------------------------------------------------------------------- the criterion
+class SetAssignment(NamedTuple):
+    """Which target row each query of each supervised output set was trained towards, as
+    :meth:`DetrLoss.terms` decided it (what a task head's extra terms, e.g. masks, reuse).
+
+    ``sets``: (output dict, (B, Q) long target row or -1) of every Hungarian-matched set (the
+    final layer first, then ``aux_outputs``, ``pre_outputs``, ``enc_outputs``), each with its
+    own one-to-one assignment (not D-FINE's union), normalised by ``num_boxes``. ``dn_sets``: the
+    denoising layers (``dn_outputs``) with their assignment by construction (-1 on negatives and
+    padded slots), normalised by ``num_dn`` (None without denoising); ``dn_limit`` bounds the
+    positives per image (``groups * slots``; 0 without denoising).
+    """
+    sets: list[tuple[dict, Tensor]]
+    num_boxes: Tensor
+    dn_sets: list[tuple[dict, Tensor]]
+    num_dn: Tensor | None
+    dn_limit: int
+
+
 class DetrLoss(nn.Module):
     """The DETR set criterion; ``forward(outputs, targets, mask) -> (loss, items)``.
 
@@ -250,6 +269,14 @@ class DetrLoss(nn.Module):
         return cls, l1, giou
 
     def _compute(self, outputs: dict[str, Any], targets: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+        tot, _ = self.terms(outputs, targets, mask)
+        items = torch.stack([tot[k] for k in self.item_names])
+        return items.sum(), items.detach()
+
+    def terms(self, outputs: dict[str, Any], targets: Tensor, mask: Tensor
+              ) -> tuple[dict[str, Tensor], SetAssignment]:
+        """The weighted item sums by name (not detached) and the assignment behind them
+        (:class:`SetAssignment`). Call with autocast off, ``mask`` bool (as :meth:`forward` does)."""
         labels, gt = normalized_targets(targets, outputs["input_size"], self.num_classes)
         # padded rows may hold anything: give them a harmless box so no NaN / inf enters a masked term
         gt = torch.where(mask.unsqueeze(-1), gt, torch.full_like(gt, 0.5))
@@ -289,6 +316,7 @@ class DetrLoss(nn.Module):
             num_neg = ((union.numel() * 4 - pos4) * scale).sqrt()
             self._fine_terms(outputs, aux + [outputs], union, gt, num_go, num_pos, num_neg, add)
 
+        assignment = SetAssignment([(o, match[k]) for k, o in enumerate(sets)], num_boxes, [], None, 0)
         if "dn_outputs" in outputs:
             meta = outputs["dn_meta"]
             dn_match, dn_valid = meta["dn_match"], meta["dn_valid"]
@@ -299,9 +327,9 @@ class DetrLoss(nn.Module):
                 add3(self._class_box(o, dn_match, labels, gt, valid=dn_valid), num_dn, num_dn)
             if self.fine:
                 self._fine_terms(outputs, dn_sets, dn_match, gt, num_dn, num_pos, num_neg, add, valid=dn_valid)
-
-        items = torch.stack([tot[k] for k in self.item_names])
-        return items.sum(), items.detach()
+            assignment = assignment._replace(dn_sets=[(o, dn_match) for o in dn_sets], num_dn=num_dn,
+                                             dn_limit=int(meta["dn_num_group"]) * int(meta["dn_slots"]))
+        return tot, assignment
 
     def _fine_terms(self, outputs: dict, layers: list[dict], match: Tensor, gt: Tensor, norm: Tensor,
                     num_pos: Tensor, num_neg: Tensor, add, valid: Tensor | None = None) -> None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
+from torch import nn
 
 from ..detr_common.dfine_decoder import DFineDecoder
 from ..detr_common.dfine_encoder import DFineHybridEncoder
@@ -99,13 +100,30 @@ class DFineNet(DetrNet):
         return self
 
 
+class DFineSegFront(nn.Module):
+    """The training seam of :class:`DFineSegNet`: backbone, encoder and mask decoder as one module
+    (the same parameters, never attached to the net) -> ``(*pyramid, mask feature)``."""
+
+    def __init__(self, net: DFineSegNet):
+        super().__init__()
+        self.backbone = net.backbone
+        self.encoder = net.encoder
+        self.mask_decoder = net.decoder.mask_decoder
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        feats = self.backbone(x)
+        pyramid = self.encoder(feats[1:])
+        return (*pyramid, self.mask_decoder([feats[0], *pyramid]))
+
+
 class DFineSegNet(DFineNet):
     """D-FINE with an instance-mask head (``decoder.mask_decoder.*``, ``decoder.mask_head.*``).
 
     The backbone also returns the stage before the encoder's first level (stride / 2); the mask
     decoder fuses it with the encoder outputs into a stride-4 feature (see
     :mod:`..detr_common.mask`). Eval output adds ``"pred_masks"``: (B, Q, H/4, W/4) mask
-    probabilities (sigmoid applied); training mode returns the logits there.
+    probabilities (sigmoid applied); training mode gives each set's mask embeddings and the mask
+    feature instead (see :meth:`forward`).
     """
 
     def __init__(self, cfg: DFineConfig, nc: int = 80, eval_size: tuple[int, int] | None = (640, 640)):
@@ -127,18 +145,36 @@ class DFineSegNet(DFineNet):
             if name not in ("mask_decoder", "mask_head"):
                 mods[name] = mods.pop(name)
 
+    def front(self, x: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """The fixed-shape part of the forward: the encoder pyramid and the stride-4 mask feature."""
+        feats = self.backbone(x)
+        pyramid = self.encoder(feats[1:])
+        return pyramid, self.decoder.mask_decoder([feats[0], *pyramid])
+
     def forward(self, x: torch.Tensor, targets: Any = None, with_mask_parts: bool = False) -> dict[str, Any]:
         """As :class:`DFineNet` plus ``"pred_masks"``; ``with_mask_parts`` returns, instead of the
         masks of every query, their factors: ``"mask_embed"`` (B, Q, D) and ``"mask_feature"``
-        (B, D, H/4, W/4), whose dot product is the mask logits (predict builds only the kept ones)."""
-        feats = self.backbone(x)
-        pyramid = self.encoder(feats[1:])
-        out = self.decoder(pyramid, targets)
-        embed = mask_embedding(self.decoder.mask_head, out.pop("queries"))
-        feature = self.decoder.mask_decoder([feats[0], *pyramid])
+        (B, D, H/4, W/4), whose dot product is the mask logits (predict builds only the kept ones).
+
+        In training format (the decoder in training mode) the masks are always given as factors:
+        every output set with queries (the final layer, ``aux_outputs``, ``dn_outputs``) gets its
+        ``"mask_embed"`` and the top-level dict ``"mask_feature"``, so the mask loss builds only
+        the matched queries' masks (:mod:`..detr_common.mask_loss`)."""
+        front = self.__dict__.get("front_override")   # a graphed backbone+encoder+mask decoder while training
+        if front is not None:
+            *pyramid, feature = front(x)
+        else:
+            pyramid, feature = self.front(x)
+        out = self.decoder(list(pyramid), targets)
+        head = self.decoder.mask_head
+        if self.decoder.training:
+            for o in (out, *out.get("aux_outputs", ()), *out.get("dn_outputs", ())):
+                o["mask_embed"] = mask_embedding(head, o.pop("queries"))
+            out["mask_feature"] = feature
+            return out
+        embed = mask_embedding(head, out.pop("queries"))
         if with_mask_parts:
             out["mask_embed"], out["mask_feature"] = embed, feature
             return out
-        masks = query_masks(embed, feature)
-        out["pred_masks"] = masks if self.training else masks.sigmoid()
+        out["pred_masks"] = query_masks(embed, feature).sigmoid()
         return out

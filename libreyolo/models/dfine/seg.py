@@ -37,16 +37,22 @@ class DfineSeg(Dfine):
     backbone's stride-8 stage and the encoder pyramid (:mod:`..detr_common.mask`).
 
     Built for ``task="segment"`` (``LibreYOLO.new("dfine", "n", task="segment")``) or from a
-    checkpoint whose ``task`` is ``segment`` (or whose keys have the mask head). Inference only:
-    the mask loss is not implemented. CUDA-graph predict is not declared until its GPU run
-    (docs/families.md gives the command).
+    checkpoint whose ``task`` is ``segment`` (or whose keys have the mask head). Trains on the
+    segment task's datasets (YOLO-seg polygons, COCO, ``shapes-inst``) with the D-FINE criterion
+    plus the mask terms (:class:`~..detr_common.mask_loss.DetrMaskLoss`: BCE and dice of every
+    decoder layer's and denoising layer's matched queries, cut to the instance's box, as
+    D-FINE-seg does). CUDA-graph predict and the training seam are not declared until their GPU
+    runs (docs/families.md gives the commands).
     """
 
     TASK = "segment"
     #: the size whose layout is pinned by a fixture (the other sizes' mask-head inputs are unverified)
     SIZES = ("n",)
     TASK_VARIANTS: ClassVar[dict[str, str]] = {"detect": ".dfine.model:Dfine"}
-    # predict's graph passed the GPU parity protocol (docs/families.md); no training (no mask loss)
+    #: the DETR recipe's optimizer settings (the segment task has no mosaic or DETR augmentation policy)
+    TRAIN_DEFAULTS: ClassVar[dict[str, Any]] = {"optimizer": "AdamW", "lr0": 1e-4, "weight_decay": 1e-4,
+                                                "clip_grad": 0.1}
+    # predict's graph passed the GPU parity protocol (docs/families.md); the training seam has not
     SUPPORTS_CUDA_GRAPH = True
     SUPPORTS_CUDA_GRAPH_TRAIN_SEAM = False
     SIGNATURE_KEYS = Dfine.SIGNATURE_KEYS + ("decoder.mask_decoder.lateral.0.weight",
@@ -75,6 +81,21 @@ class DfineSeg(Dfine):
         """One image's mask feature (D, h, w) and (n, D) scaled embeddings -> (n, h, w) mask logits."""
         return torch.einsum("nc,chw->nhw", embed, feature)
 
-    def train(self, **kwargs: Any) -> dict:
-        raise NotImplementedError("training is not implemented for D-FINE segmentation (inference only: "
-                                  "its mask loss is not written)")
+    def build_loss(self) -> nn.Module:
+        """D-FINE's criterion (:meth:`Dfine.build_loss`) plus D-FINE-seg's mask terms."""
+        from ..detr_common.mask_loss import DetrMaskLoss
+        return DetrMaskLoss(super().build_loss())
+
+    def train_forward(self, net: nn.Module, x: torch.Tensor, targets: torch.Tensor | None = None,
+                      mask: torch.Tensor | None = None, gt_masks: torch.Tensor | None = None) -> Any:
+        """As the detector's (the boxes feed query denoising); the bitmaps (the segment task's
+        third target) are the loss's only. The output carries every set's mask embeddings and
+        the mask feature (:class:`~.nn.DFineSegNet`)."""
+        return super().train_forward(net, x, targets, mask)
+
+    def train_seam(self, net: nn.Module) -> nn.Module | None:
+        """Backbone + encoder + mask decoder (:class:`~.nn.DFineSegFront`): fixed-shape for a
+        given image size; the decoder, matcher and losses stay eager. Not declared
+        (``SUPPORTS_CUDA_GRAPH_TRAIN_SEAM`` is False) until its GPU rows pass (docs/families.md)."""
+        from .nn import DFineSegFront
+        return DFineSegFront(net)
