@@ -207,6 +207,7 @@ VARIANT_GRAPH_MODELS = [
 VARIANT_TRAIN_GRAPH_MODELS = [
     ("rtmdet", "t", "segment"),
     ("yolonas", "n", "pose"),
+    ("yolonas", "s", "obb"),
 ]
 
 # Families whose capture is built but not proven: their GPU rows still run (with the declaration set

@@ -44,6 +44,7 @@ def family_class(spec):
 VARIANT_TRAIN = [spec for spec in getattr(rows, "VARIANT_TRAIN_GRAPH_MODELS", [])]
 TRAIN = [spec for spec in MODELS if family_class(spec).SUPPORTS_CUDA_GRAPH_TRAIN or spec[0] in rows.TRAIN_PENDING
          or spec in VARIANT_TRAIN]
+TRAIN += [spec for spec in VARIANT_TRAIN if spec not in TRAIN]   # training rows before the predict rows' enrolment
 FIRSTS = [next(s for s in group if s in TRAIN) for group in GROUPS if any(s in TRAIN for s in group)]
 FIRSTS += [s for s in VARIANT_TRAIN if s not in FIRSTS]   # each variant trains on its own task's data
 DATA = {"classify": "shapes-cls", "semantic": "shapes-seg", "segment": "shapes-inst", "pose": "shapes-pose",

@@ -63,29 +63,40 @@ def distribution_focal_loss(logits: Tensor, target: Tensor) -> Tensor:
 
 
 class TaskAlignedAssigner(nn.Module):
-    """PP-YOLOE's task-aligned assigner (see the module docstring), fixed-shape and sync-free."""
+    """PP-YOLOE's task-aligned assigner (see the module docstring), fixed-shape and sync-free.
+
+    The box geometry is two methods, :meth:`overlaps` and :meth:`inside`, so that the rotated-box
+    loss (:mod:`.obb_loss`) reuses the rest with five-coordinate boxes."""
 
     def __init__(self, topk: int = 13, alpha: float = 1.0, beta: float = 6.0, eps: float = ASSIGN_EPS):
         super().__init__()
         self.topk, self.alpha, self.beta, self.eps = topk, alpha, beta, eps
 
+    def overlaps(self, gt_boxes: Tensor, pd_boxes: Tensor) -> Tensor:
+        """(B, M, 4) gts and (B, N, 4) predictions, xyxy -> (B, M, N) IoU."""
+        return bbox_iou(gt_boxes.unsqueeze(2), pd_boxes.unsqueeze(1), eps=self.eps)
+
+    def inside(self, points: Tensor, gt_boxes: Tensor) -> Tensor:
+        """(N, 2) points and (B, M, 4) xyxy gts -> (B, M, N) bool: the point lies inside the gt."""
+        return points_in_boxes(points, gt_boxes.unsqueeze(2), self.eps)
+
     @torch.no_grad()
     def forward(self, pd_scores: Tensor, pd_boxes: Tensor, points: Tensor, gt_labels: Tensor,
                 gt_boxes: Tensor, mask_gt: Tensor, quality=None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-        """``pd_scores`` (B, N, nc) probabilities, ``pd_boxes`` (B, N, 4) xyxy, ``points`` (N, 2)
-        anchor centres (same units), ``gt_labels`` (B, M), ``gt_boxes`` (B, M, 4), ``mask_gt``
-        (B, M) bool; ``quality``: a callable ``(boxes) -> (B, M, N)`` multiplied into the IoUs
-        (the pose loss's OKS), given the sanitized gt boxes. Returns ``labels`` (B, N) long,
-        ``boxes`` (B, N, 4), ``scores`` (B, N, nc) soft targets, ``fg`` (B, N) bool and ``gt_idx``
-        (B, N) long (the assigned gt's row)."""
+        """``pd_scores`` (B, N, nc) probabilities, ``pd_boxes`` (B, N, D) (xyxy here, D = 4),
+        ``points`` (N, 2) anchor centres (same units), ``gt_labels`` (B, M), ``gt_boxes`` (B, M, D),
+        ``mask_gt`` (B, M) bool; ``quality``: a callable ``(boxes) -> (B, M, N)`` multiplied into
+        the IoUs (the pose loss's OKS), given the sanitized gt boxes. Returns ``labels`` (B, N)
+        long, ``boxes`` (B, N, D), ``scores`` (B, N, nc) soft targets, ``fg`` (B, N) bool and
+        ``gt_idx`` (B, N) long (the assigned gt's row)."""
         b, n, nc = pd_scores.shape
         dtype = pd_scores.dtype
         valid, labels, boxes = sanitize_targets(gt_labels, gt_boxes, mask_gt, nc, dtype)
-        ious = bbox_iou(boxes.unsqueeze(2), pd_boxes.unsqueeze(1), eps=self.eps)               # (B, M, N)
+        ious = self.overlaps(boxes, pd_boxes)                                                 # (B, M, N)
         if quality is not None:
             ious = ious * quality(boxes)
         align = gather_classes(pd_scores, labels).pow(self.alpha) * ious.pow(self.beta)
-        in_gts = points_in_boxes(points, boxes.unsqueeze(2), self.eps).to(dtype)              # (B, M, N)
+        in_gts = self.inside(points, boxes).to(dtype)                                         # (B, M, N)
         validf = valid.unsqueeze(-1).to(dtype)
         mask_pos = topk_mask(align * in_gts, self.topk) * in_gts * validf
         best = torch.where(valid.unsqueeze(-1), ious, -1.0).argmax(1, keepdim=True)           # (B, 1, N)
@@ -93,7 +104,7 @@ class TaskAlignedAssigner(nn.Module):
         fg = mask_pos.sum(1) > 0
         gt_idx = mask_pos.argmax(1)
         target_labels = labels.gather(1, gt_idx)
-        target_boxes = boxes.gather(1, gt_idx.unsqueeze(-1).expand(b, n, 4))
+        target_boxes = boxes.gather(1, gt_idx.unsqueeze(-1).expand(b, n, boxes.shape[-1]))
         onehot = F.one_hot(target_labels, nc).to(dtype) * fg.unsqueeze(-1).to(dtype)
         align = align * mask_pos
         norm = (align / (align.amax(-1, keepdim=True) + self.eps)

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -36,11 +36,12 @@ class YoloNASOBB(YoloNAS):
     Preprocessing as the reference: BGR (channels reversed inside :meth:`infer`) in [0, 1], no
     normalization, the longer side resized to the input size (1024) at the top-left of the square,
     padded with 114. Predict: the network, the ``NUM_TOP`` best anchors by score, then the obb
-    task's rotated NMS on the device. Training is not implemented for this variant.
+    task's rotated NMS on the device. Training: YOLO-NAS-R's loss (:mod:`.obb_loss`), fixed-shape.
     """
 
     TASK = "obb"
-    # predict's graph (rotated NMS included) passed the GPU parity protocol (docs/families.md)
+    # predict's graph (rotated NMS included) passed the GPU parity protocol (docs/families.md); the
+    # training step's rows have not run on a GPU yet (the loss is fixed-shape, reads nothing on the host)
     SUPPORTS_CUDA_GRAPH = True
     SUPPORTS_CUDA_GRAPH_TRAIN = False
     NMS = True
@@ -70,8 +71,17 @@ class YoloNASOBB(YoloNAS):
         return YoloNASOBBNet(size, nc)
 
     def build_loss(self) -> nn.Module:
-        raise NotImplementedError("training is not implemented for YOLO-NAS oriented boxes (task='obb') yet; "
-                                  "YOLO-NAS detection and pose train")
+        """YOLO-NAS-R's loss (:class:`.obb_loss.YoloNASOBBLoss`)."""
+        from .obb_loss import YoloNASOBBLoss
+        return YoloNASOBBLoss(self.nc)
+
+    def train_forward(self, net: nn.Module, x: torch.Tensor, *targets: torch.Tensor) -> Any:
+        """The network's outputs on the BGR input, with the input's (height, width) (the loss
+        scales the normalized targets to pixels)."""
+        return net(x.flip(1)), (int(x.shape[-2]), int(x.shape[-1]))
+
+    def val_loss_outputs(self, net: nn.Module, out, x: torch.Tensor, *targets: torch.Tensor):
+        return out, (int(x.shape[-2]), int(x.shape[-1]))
 
     def infer(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(B, 3, S, S) RGB canvas -> the ``NUM_TOP`` best anchors by score (fixed shapes): xywhr
