@@ -37,6 +37,7 @@ FIXTURES = [
     ("birefnet", "t", "birefnet-t"),
     ("ppocr", "t", "ppocr-t-det"),
     ("ppocr", "t", "ppocr-t-rec"),
+    ("yolo1", "t", "yolo1-t"),
 ]
 
 # The sub-network a fixture's forward ran (its json's "forward"), where it is not the whole network.
