@@ -47,8 +47,8 @@ class Yolo1(Model):
     The input is fixed at 448 x 448: the fully connected head was built for the 7 x 7 grid it
     gives, so predict, validation, training and export refuse any other ``imgsz`` (one error
     says so). Images are stretched to the square (PIL's bilinear on uint8 pixels, no letterbox),
-    RGB in [0, 1] with no mean/std, as the reference does. The head predicts N boxes per cell
-    (2 for t, 3 for b) and one class distribution per cell; each box's score is its confidence
+    RGB in [0, 1] with no mean/std, as the reference does. The head predicts 2 boxes per cell
+    and one class distribution per cell; each box's score is its confidence
     times its best class probability, then top-k and NMS as the other detectors. The default
     label set is Pascal VOC's 20 classes.
     """

@@ -19,8 +19,11 @@ Sizes:
   connected layer, N = 2 (the ``yolo1-t`` fixture pins it).
 * ``b``: ``yolov1.cfg``, the Darknet release of YOLOv1 whose weights were published: 24
   convolutions, a 3x3 locally connected layer of 256 filters, dropout 0.5 and the connected
-  layer, N = 3 (1715 outputs for 20 classes). The paper's head (two fully connected layers,
-  4096 and 1470) was not released as weights; see docs/families.md for both counts.
+  layer, N = 2 (1470 outputs for 20 classes), the layout of the published ``yolov1.weights``
+  (its 194,254,718 floats are this network's state dict; the cfg in Darknet's repository today
+  says ``num=3``, 1715 outputs, which those weights do not fit). The paper's head (two fully
+  connected layers, 4096 and 1470) was not published as weights; docs/families.md gives both
+  parameter counts.
 
 BatchNorm: Darknet normalizes with ``(x - mean) / (sqrt(var) + 1e-6)`` (epsilon added to the
 standard deviation), which :class:`DarknetBatchNorm2d` applies in eval mode, and its layers keep
@@ -85,7 +88,7 @@ CONFIGS: dict[str, Yolo1Config] = {
                 *(_conv(512, 1), _conv(1024, 3)) * 2,
                 _conv(1024, 3), _conv(1024, 3, 2), _conv(1024, 3), _conv(1024, 3),
                 ("local", 256, 3), ("dropout", 0.5)),
-        boxes=3),
+        boxes=2),
 }
 
 
@@ -142,7 +145,12 @@ class ConvBN(nn.Module):
         """Fold the BatchNorm (eval rule) into the convolution."""
         if self.bn is None:
             return
-        scale, shift = self.bn.scale_shift()
+        bn = self.bn
+        if isinstance(bn, DarknetBatchNorm2d):
+            scale, shift = bn.scale_shift()
+        else:   # torch's BatchNorm2d, as a sync_bn run's SyncBatchNorm reverts to
+            scale = bn.weight / (bn.running_var + bn.eps).sqrt()
+            shift = bn.bias - bn.running_mean * scale
         conv = nn.Conv2d(self.conv.in_channels, self.conv.out_channels, self.conv.kernel_size, self.conv.stride,
                          self.conv.padding, bias=True).to(self.conv.weight)
         conv.weight.copy_(self.conv.weight * scale.view(-1, 1, 1, 1))
