@@ -1,0 +1,65 @@
+"""A user's quality check of the task variants: train a fresh model on its task's built-in set for
+N epochs and report the validation metrics of the best weights (one JSON line per model).
+
+    PYTHONPATH=. python3 benchmarks/task_quality.py --models yolonas-n-pose rtmdet-t-segment \
+        --epochs 30 --imgsz 320 --json quality.json
+
+Each model is ``LibreYOLO.new(family, size, task=...)`` trained with the family's own defaults
+(optimizer, learning rate, augmentation) apart from the options given here, on the built-in set
+of its task (``shapes-inst``, ``shapes-pose``, ``shapes-obb``), then validated from ``best.pt``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from libreyolo import LibreYOLO
+
+DATA = {"segment": "shapes-inst", "pose": "shapes-pose", "obb": "shapes-obb", "detect": "shapes"}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", nargs="+", required=True, help="family-size-task names, e.g. rtmdet-t-segment")
+    ap.add_argument("--epochs", type=int, default=30)
+    ap.add_argument("--imgsz", type=int, default=320)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--cuda-graph", action="store_true", help="train with the captured step where declared")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="task-quality-") as tmp:
+        for name in args.models:
+            family, size, *task = name.split("-")
+            task = task[0] if task else "detect"
+            model = LibreYOLO.new(family, size, task=task, device=args.device, seed=0)
+            t0 = time.perf_counter()
+            res = model.train(data=DATA[task], epochs=args.epochs, imgsz=args.imgsz, batch=args.batch,
+                              project=str(Path(tmp) / name), cuda_graph=args.cuda_graph, verbose=False)
+            train_s = time.perf_counter() - t0
+            val = model.val(data=DATA[task], imgsz=args.imgsz, batch=args.batch)
+            row = {"model": name, "epochs": args.epochs, "imgsz": args.imgsz, "batch": args.batch,
+                   "train_s": round(train_s, 1), "ckpt": Path(model.ckpt_path or "").name,
+                   "val_best": {k: round(float(v), 4) for k, v in val.items() if isinstance(v, (int, float))},
+                   "cuda_graph": res.get("cuda_graph") if isinstance(res, dict) else None}
+            rows.append(row)
+            print(json.dumps(row, default=str), flush=True)
+    out = {"command": " ".join([Path(sys.executable).name, *sys.argv]),
+           "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
+           "device": torch.cuda.get_device_name(0) if args.device == "cuda" else platform.processor(),
+           "torch": torch.__version__, "rows": rows}
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
