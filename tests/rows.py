@@ -37,6 +37,9 @@ FIXTURES = [
     ("birefnet", "t", "birefnet-t"),
     ("ppocr", "t", "ppocr-t-det"),
     ("ppocr", "t", "ppocr-t-rec"),
+    ("yolo2", "t", "yolo2-t"),
+    ("yolo3", "t", "yolo3-t"),
+    ("yolo4", "t", "yolo4-t"),
 ]
 
 # The sub-network a fixture's forward ran (its json's "forward"), where it is not the whole network.
@@ -137,6 +140,9 @@ TRAIN_MODELS = [
     ("yolo9_p2", "t", {}),
     ("yolo9_e2e", "t", {}),
     ("ppyoloe", "s", {}),
+    ("yolo2", "t", {}),
+    ("yolo3", "t", {}),
+    ("yolo4", "t", {}),
 ]
 
 # (family, size) of classifiers for the fast CPU classification tests (tests/unit/test_classify.py).
