@@ -1,0 +1,1 @@
+"""YOLOv3 (Darknet-53, three [yolo] heads) detector family."""
