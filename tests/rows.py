@@ -252,6 +252,9 @@ ONNX_MODELS = [
     ("mobilenetv4", "s"),
     ("convnext", "t"),
     ("segformer", "b0"),
+    ("yolo2", "t"),
+    ("yolo3", "t"),
+    ("yolo4", "t"),
 ]
 # Not in ONNX_MODELS: yolo9_p2. It exports (static and dynamic), but under the fill weights its
 # stride-4 level holds many anchors of exactly equal score, and eager and onnxruntime break those
@@ -259,10 +262,6 @@ ONNX_MODELS = [
 # of this test cannot hold.
 # Not in ONNX_MODELS, TRAIN_MODELS, SMALL_MODELS: yolo1, whose input is fixed at 448 (these rows run
 # at 64-160 px); its ONNX parity, trainer run and predict checks are in tests/unit/test_yolo1.py.
-# Not in ONNX_MODELS: yolo2, yolo3, yolo4 (t). They export and load, but their letterbox pads with
-# grey 128 and Preprocess.from_meta drops a non-default pad when its default is Preprocess() (as
-# the ONNX model's is), so onnxruntime's input is padded with 114 and the detections differ. With
-# from_meta reading the keys of asdict(default) instead of default.as_dict(), all three pass here.
 # Families whose traced graph fixes a size-dependent shape (their decoder's anchor grid), so the
 # exporter refuses dynamic=True for them; the others are also exported dynamic and compared at
 # another size.

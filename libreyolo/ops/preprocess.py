@@ -183,7 +183,9 @@ class Preprocess:
             return meta
         if not isinstance(meta, dict):
             raise ValueError(f"checkpoint field 'preprocess' must be a dict, got {type(meta).__name__}")
-        fields = {**default.as_dict(), **{k: v for k, v in meta.items() if k in default.as_dict()}}
+        # every field of the dataclass, ``pad`` included: as_dict() leaves out the shared grey, so
+        # filtering by its keys would drop a checkpoint's own pad (Darknet's 128)
+        fields = {**asdict(default), **{k: v for k, v in meta.items() if k in asdict(default)}}
         for k in ("mean", "std"):
             if fields[k] is not None:
                 fields[k] = tuple(fields[k])
