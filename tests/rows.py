@@ -118,6 +118,9 @@ TRAIN_GRAPH_MODELS = [
     ("yolo9_e2e", "t"),
     ("ppyoloe", "s"),
     ("yolonas", "s"),
+    ("yolo2", "t"),
+    ("yolo3", "t"),
+    ("yolo4", "t"),
 ]
 
 # (family, size) of set-prediction detectors trained with their backbone+encoder captured (the seam).

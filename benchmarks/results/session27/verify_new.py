@@ -12,7 +12,9 @@ from libreyolo.engine.verify import verify_model
 
 MODELS = [("ec", "s", "pose"), ("rtmdet", "t", "segment"), ("rtdetrv2", "n", "obb"), ("yolo9_p2", "t", None),
           ("yolo9_e2e", "t", None), ("ppyoloe", "s", None), ("yolonas", "s", None), ("yolonas", "n", "pose"),
-          ("dfine", "n", "segment"), ("yolonas", "s", "obb"), ("ec", "s", "segment")]
+          ("dfine", "n", "segment"), ("yolonas", "s", "obb"), ("ec", "s", "segment"),
+          ("yolo2", "t", None), ("yolo2", "b", None), ("yolo3", "t", None), ("yolo3", "b", None),
+          ("yolo3", "spp", None), ("yolo4", "t", None), ("yolo4", "b", None)]
 FIELDS = {"pose": ("keypoints", "boxes"), "segment": ("masks", "boxes"), "obb": ("obb",), None: ("boxes",)}
 
 ONLY = sys.argv[1:]   # names (ec-s-pose, yolonas-s, ...) to run; none: every model

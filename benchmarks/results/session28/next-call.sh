@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The next GPU session's first call (carry .whl), queued at the end of session 28: the GPU rows of
+# the families and training added in session 28 that no GPU has run yet.
+# 1. YOLOv2-v4 (every size) through the parity protocol and graph predict == eager; their loss
+#    captured == eager (tests/unit/test_darknet.py's cuda rows) and their training rows
+#    (TRAIN_GRAPH_MODELS);
+# 2. YOLOv1 (tests/gpu/test_yolo1_gpu.py: parity at 448, predict, training capture);
+# 3. the D-FINE-seg training seam (tests/gpu/test_dfine_seg_gpu.py). (call4.sh holds YOLO-NAS-OBB's
+#    training rows and the 30-epoch quality check, if it did not run in session 28.)
+# Set SUPPORTS_CUDA_GRAPH* only where they pass (docs/families.md names the rows).
+set -uo pipefail
+export OUT="${OUT:-.out}"; mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  && export PYTHONPATH=/tmp/site
+export PYTHONPATH="$PWD:$PYTHONPATH" PYTHONUNBUFFERED=1
+timeout 150 python3 benchmarks/results/session27/verify_new.py yolo2-t yolo2-b yolo3-t yolo3-b yolo3-spp yolo4-t \
+  yolo4-b > "$OUT/darknet-verify.log" 2>&1; echo "darknet verify rc=$?" >> "$OUT/darknet-verify.log"
+timeout 200 python3 -m pytest -m cuda -p no:cacheprovider -v --tb=short -n 3 tests/unit/test_darknet.py \
+  tests/gpu/test_yolo1_gpu.py tests/gpu/test_dfine_seg_gpu.py > "$OUT/units.log" 2>&1; echo "units rc=$?" >> "$OUT/units.log"
+timeout 200 python3 -m pytest -m cuda -p no:cacheprovider -v --tb=short -n 3 tests/gpu/test_training_gpu.py \
+  -k "yolo2 or yolo3 or yolo4" > "$OUT/train.log" 2>&1; echo "train rc=$?" >> "$OUT/train.log"
+grep -hE "FAILED|passed|failed|rc=" "$OUT"/*.log | tail -30; cat "$OUT/darknet-verify.log" | grep -v UNTRAINED
