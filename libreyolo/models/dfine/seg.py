@@ -71,8 +71,9 @@ class DfineSeg(Dfine):
 
     @staticmethod
     def mask_logits(feature: torch.Tensor, embed: torch.Tensor) -> torch.Tensor:
-        """One image's mask feature (D, h, w) and (n, D) scaled embeddings -> (n, h, w) mask logits."""
-        return torch.einsum("nc,chw->nhw", embed, feature)
+        """One image's mask feature (D, h, w) and (n, D) scaled embeddings -> (n, h, w) mask logits
+        (leading batch dimensions allowed on both: the ONNX graph's batch)."""
+        return torch.einsum("...nc,...chw->...nhw", embed, feature)
 
     def train(self, **kwargs: Any) -> dict:
         raise NotImplementedError("training is not implemented for D-FINE segmentation (inference only: "
