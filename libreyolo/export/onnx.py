@@ -670,6 +670,9 @@ def _metadata(model, size, batch, dynamic, half, opset, max_det, max_nms, agnost
             meta["max_nms"] = str(max_nms)
     elif model.TASK == "classify":
         meta["topk"] = str(topk)
+    elif model.TASK == "pose" and (getattr(model, "meta", None) or {}).get("skeleton") is not None:
+        # a trained model's keypoint layout (its dataset's limbs), which Results.keypoints draws
+        meta["skeleton"] = json.dumps([[int(i) for i in pair] for pair in model.meta["skeleton"]])
     return meta
 
 

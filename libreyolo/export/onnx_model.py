@@ -115,7 +115,9 @@ class OnnxModel:
         if meta.get(META_FORMAT) is None:
             raise ValueError(f"{self.path} is an ONNX file but not a libreyolo export (its metadata_props have no "
                              f"'{META_FORMAT}' entry); export it with model.export(format='onnx')")
-        self.meta = meta
+        # the file's metadata, with the JSON entries the tasks read from a model's meta decoded
+        # (pose: its skeleton)
+        self.meta = {**meta, **{k: json.loads(meta[k]) for k in ("skeleton",) if k in meta}}
         self.FAMILY, self.size, self.TASK = meta["family"], meta["size"], meta["task"]
         self.nc = int(meta["nc"])
         self.names = {int(k): v for k, v in json.loads(meta["names"]).items()}

@@ -320,3 +320,34 @@ def test_self_attention_exports_without_the_fast_path(tmp_path):
     img = parity_images()[0]
     e, r = m.predict(img).probs, o.predict(img).probs
     assert e.top5 == r.top5 and float((e.data - r.data).abs().max()) <= 1e-5
+
+
+def test_pose_file_keeps_the_skeleton(tmp_path):
+    """A trained pose model's skeleton (its dataset's limbs, checkpoint metadata) travels in the
+    file: the ONNX model's keypoints draw the same limbs as eager's."""
+    from torch import nn
+
+    from libreyolo.models.base import Model
+
+    class ToyPose(Model):
+        """Four candidates of three keypoints, from a pooled convolution."""
+        FAMILY, TASK, SIZES, STRIDE, DEFAULT_IMGSZ = "toypose", "pose", ("n",), 32, 64
+        NMS = False
+
+        @classmethod
+        def build_network(cls, size, nc):
+            return nn.Sequential(nn.Conv2d(3, 24, 8, 8), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Sigmoid())
+
+        def infer(self, x):
+            v = self.model(x).reshape(-1, 4, 3, 2) * x.shape[-1]
+            boxes = torch.cat((v.amin(2), v.amax(2)), -1)
+            scores = v.mean((2, 3)) / x.shape[-1]
+            return boxes, scores, torch.zeros_like(scores, dtype=torch.int64), v
+    m = ToyPose.new("n", nc=1, device="cpu", seed=0)
+    m.meta["skeleton"] = [[0, 1], [1, 2]]
+    o = LibreYOLO(str(m.export(file=tmp_path / "p.onnx")), device="cpu")
+    img = parity_images()[2]
+    e, r = m.predict(img, conf=0.0), o.predict(img, conf=0.0)
+    assert len(e.boxes) == len(r.boxes) == 4
+    assert e.keypoints.skeleton == r.keypoints.skeleton == ((0, 1), (1, 2))
+    assert float((e.keypoints.data - r.keypoints.data).abs().max()) <= 1e-3
