@@ -271,9 +271,9 @@ class ExportOptions:
     half: bool = option(False, "float16 weights (onnxruntime's CPU fp16 kernels are limited)", Bool())
     simplify: bool = option(False, "run onnxscript's optimizer over the graph", Bool())
     opset: Any = option(None, "ONNX opset (default 17)", Custom(_opset, "integer >= 11", none=True))
-    max_det: int = option(300, "detection: detections per image (rows of the output)",
+    max_det: int = option(300, "detection, segment, obb: instances per image (rows of the output)",
                           Custom(_max_det, f"integer in [1, {MAX_DET}]"))
-    max_nms: Any = option(None, "detection: candidates per image entering NMS (default 1000, or max_det when "
-                                "larger)", Int(1, none=True))
-    agnostic_nms: bool = option(False, "detection: NMS across classes", Bool())
+    max_nms: Any = option(None, "detection, segment: candidates per image entering NMS (default 1000, or "
+                                "max_det when larger)", Int(1, none=True))
+    agnostic_nms: bool = option(False, "detection, segment, obb: NMS across classes", Bool())
     topk: int = option(5, "classification: classes the graph returns", Int(1))

@@ -20,20 +20,44 @@ What it returns, per task
       ``NonMaxSuppression`` (classes kept apart by eager's box offsets, so the IoUs compared are
       the same numbers), then a fixed-size selection of the first ``max_det`` survivors. The
       DETR-line families (``NMS = False``) skip the NMS: their top-k is the output.
+    * segment: ``dets`` (B, max_det, 6) and ``num_dets`` as detect's (the same inputs and
+      stage: decode, top ``max_nms``, the task's ``>`` threshold and class mask, NMS for the
+      dense families - RTMDet-Ins - and none for the DETR line - D-FINE-seg), plus
+      ``mask_logits`` float32 (B, max_det, h, w): each kept instance's mask logits from the
+      family's ``mask_logits`` (prototypes x dynamic-conv coefficients, or query embedding x mask
+      feature) at the family's mask resolution (S/8 for RTMDet-Ins, S/4 for D-FINE-seg), zero
+      past ``num_dets``. The loader samples them at each image's pixels (the letterbox inverted,
+      bilinear), cuts them to the box and thresholds them at logit 0 with the segment task's own
+      ``PredictPlan.results``: a resize to every image's own size cannot be one fixed graph.
+    * obb: ``dets`` float32 (B, max_det, 7) ``[cx, cy, w, h, angle, score, class]`` (canvas
+      pixels, radians, the longer side first), ``num_dets``; inputs as detect's. A dense family
+      (YOLO-NAS-R) runs the obb task's rotated NMS inside the graph - ProbIoU overlaps of its
+      score-sorted candidates, above ``iou_threshold`` within a class, then the greedy walk as one
+      ONNX ``Loop`` (:func:`rotated_suppress`); a set-prediction one (RT-DETRv2-OBB) has none.
+      Then the task's ``>=`` threshold, the class mask and the first ``max_det``. The loader
+      maps the rows back through the obb task's own ``PredictPlan.results``.
     * classify: ``probs`` (B, nc) softmax, ``top_conf`` (B, k) and ``top_class`` (B, k) int64.
     * pose: the family's ``infer`` outputs ``out0``.. (boxes (B, K, 4), scores (B, K), classes
       (B, K), keypoints (B, K, N, 2), visibility (B, K, N) where the family predicts it), float32;
-      the loader runs the pose task's own filter, NMS and mapping back on the host.
+      the loader runs the pose task's own filter, NMS (the dense families only: the ``nms``
+      metadata) and mapping back on the host.
     * semantic: ``class_map`` (B, S, S), the argmax, in the dtype eager predict uses (uint8 up to
       256 classes).
 
+The metadata's ``nms`` says whether the family's candidates go through NMS (every task); a
+loader that read a missing entry as True ran the dense families' rotated NMS over RT-DETRv2-OBB's
+candidates on the host (297 boxes where eager gives 300).
+
 Exporter: the TorchScript-based one (``torch.onnx.export(dynamo=False)``). Every detection, classification
-and semantic family exports with it at 160 px and onnxruntime reproduces eager predict (tests/unit/test_export_onnx.py). The
+and semantic family and the segment, obb and pose variants export with it at 160 px and onnxruntime
+reproduces eager predict (tests/unit/test_export_onnx.py, tests/unit/test_export_onnx_tasks.py). The
 dynamo exporter, tried on the networks of yolo9-t, rtdetr-r18, dfine-n, resnet-18 and
 segformer-b0, exported them too, but many times more slowly, which the parity tests of every
 family could not afford; and the NMS step needs
 ONNX's ``NonMaxSuppression``, whose data-dependent output the TorchScript exporter takes from an
-``autograd.Function.symbolic`` directly (:class:`_NonMaxSuppression`).
+``autograd.Function.symbolic`` directly (:class:`_NonMaxSuppression`). While tracing,
+``nn.MultiheadAttention``'s inference fast path is off (EC-pose's self-attention would otherwise
+trace as ``aten::_native_multi_head_attention``, which has no ONNX export).
 """
 from __future__ import annotations
 
@@ -102,38 +126,75 @@ class _NonMaxSuppression(torch.autograd.Function):
         return g.op("NonMaxSuppression", boxes, scores, max_out, iou, score_threshold, center_point_box_i=0)
 
 
-def top_sorted(boxes: torch.Tensor, scores: torch.Tensor, cls: torch.Tensor, k: int):
+def top_sorted(boxes: torch.Tensor, scores: torch.Tensor, cls: torch.Tensor, k: int, *extra: torch.Tensor):
     """:func:`libreyolo.ops.nms.top_candidates` (one descending sort, its first ``k``) written so
     that a dynamic graph keeps it dynamic: the slice clips at the candidate count instead of a
     ``min(k, N)`` that tracing would freeze at the traced size's N. NaN scores rank last, as there
-    (:func:`~libreyolo.ops.nms.nan_last`, exported as IsNaN / IsInf and Where)."""
+    (:func:`~libreyolo.ops.nms.nan_last`, exported as IsNaN / IsInf and Where). ``extra``: more
+    per-candidate tensors (B, N, D) gathered the same way (a segment family's mask coefficients)."""
     s, idx = nan_last(scores).sort(dim=1, descending=True)
     s, idx = s[:, :k], idx[:, :k]
     b = boxes.gather(1, idx.unsqueeze(-1).expand(-1, -1, boxes.shape[-1]))
-    return b, s, cls.gather(1, idx)
+    more = tuple(t.gather(1, idx.unsqueeze(-1).expand(-1, -1, t.shape[-1])) for t in extra)
+    return (b, s, cls.gather(1, idx), *more)
+
+
+def kept_positions(keep: torch.Tensor, max_det: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A (B, N) keep mask over candidates in score order -> the positions (B, max_det) of the
+    first ``max_det`` kept ones per image and whether each is real (B, max_det).
+
+    Fixed-size: ``max_det`` empty candidates are appended (so any N works; their positions are
+    N..N + max_det - 1, which :func:`pad_rows` makes rows of), then a TopK of the smallest keys
+    picks them - a kept candidate's key is its position, the others' 2**24 more (float keys, exact
+    below 2**24 candidates). Positions come from a cumulative sum, not from N, so nothing here
+    depends on the traced size.
+    """
+    k = int(max_det)
+    keep = torch.cat((keep, torch.zeros_like(keep[:, :1]).expand(-1, k)), 1)
+    pos = torch.ones_like(keep, dtype=torch.float32).cumsum(1) - 1
+    key = torch.where(keep, pos, pos + float(2 ** 24))
+    idx = key.topk(k, dim=1, largest=False, sorted=True).indices
+    return idx, keep.gather(1, idx)
+
+
+def pad_rows(t: torch.Tensor, idx: torch.Tensor, max_det: int) -> torch.Tensor:
+    """Rows ``idx`` (from :func:`kept_positions`) of per-candidate ``t`` (B, N, D), the
+    ``max_det`` appended candidates being zero rows."""
+    t = torch.cat((t, torch.zeros_like(t[:, :1]).expand(-1, int(max_det), -1)), 1)
+    return t.gather(1, idx.unsqueeze(-1).expand(-1, -1, t.shape[-1]))
 
 
 def first_kept(keep: torch.Tensor, boxes: torch.Tensor, scores: torch.Tensor, cls: torch.Tensor,
                max_det: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Candidates in score order and a (B, N) keep mask -> the first ``max_det`` kept per image as
-    (B, max_det, 6) rows ``[x1, y1, x2, y2, score, cls]`` (zero past the count) and the counts.
-
-    Fixed-size: ``max_det`` empty candidates are appended (so any N works), then a TopK of the
-    smallest keys picks the rows - a kept candidate's key is its position, the others' 2**24 more
-    (float keys, exact below 2**24 candidates). Positions come from a cumulative sum, not from N,
-    so nothing here depends on the traced size.
-    """
-    k = int(max_det)
+    (B, max_det, D + 2) rows ``[*box, score, cls]`` (zero past the count; D = 4 for xyxy boxes, 5
+    for rotated ones) and the counts (:func:`kept_positions`)."""
     rows = torch.cat((boxes, scores.unsqueeze(-1), cls.to(boxes.dtype).unsqueeze(-1)), -1)
-    rows = torch.cat((rows, torch.zeros_like(rows[:, :1]).expand(-1, k, -1)), 1)
-    keep = torch.cat((keep, torch.zeros_like(keep[:, :1]).expand(-1, k)), 1)
-    pos = torch.ones_like(rows[..., 0]).cumsum(1) - 1
-    key = torch.where(keep, pos, pos + float(2 ** 24))
-    idx = key.topk(k, dim=1, largest=False, sorted=True).indices
-    picked = rows.gather(1, idx.unsqueeze(-1).expand(-1, -1, 6))
-    valid = keep.gather(1, idx)
+    idx, valid = kept_positions(keep, max_det)
+    picked = pad_rows(rows, idx, max_det)
     dets = torch.where(valid.unsqueeze(-1), picked, torch.zeros_like(picked))
     return dets, valid.sum(1)
+
+
+def nms_keep(b: torch.Tensor, s: torch.Tensor, c: torch.Tensor, valid: torch.Tensor, iou: torch.Tensor,
+             agnostic: bool, max_det: int) -> torch.Tensor:
+    """Class-aware (or ``agnostic``) greedy NMS of score-sorted xyxy candidates through ONNX
+    ``NonMaxSuppression`` -> the (B, N) keep mask; only ``valid`` candidates take part.
+
+    Classes are kept apart by the offsets eager's ``batched_nms`` adds (class * (largest
+    coordinate of the valid boxes + 1)), so the IoUs compared are the same numbers. Invalid
+    candidates get a score below the (negative) threshold: the ``valid`` filter is the only one,
+    so a runtime's > or >= convention for the threshold cannot matter.
+    """
+    if not agnostic:
+        bmax = torch.where(valid.unsqueeze(-1), b, torch.full_like(b, float("-inf"))).amax((1, 2))
+        bmax = torch.where(valid.any(1), bmax, torch.zeros_like(bmax))
+        b = b + (c.to(b.dtype) * (bmax.unsqueeze(1) + 1)).unsqueeze(-1)
+    nms_scores = torch.where(valid, s, torch.full_like(s, -1.0)).unsqueeze(1)
+    sel = _NonMaxSuppression.apply(b, nms_scores, torch.tensor([int(max_det)], dtype=torch.int64),
+                                   iou, torch.tensor([-0.5], dtype=torch.float32))
+    hits = torch.zeros_like(s).index_put((sel[:, 0], sel[:, 2]), torch.ones_like(sel[:, 0], dtype=s.dtype))
+    return hits > 0
 
 
 class _Normalize(nn.Module):
@@ -165,23 +226,122 @@ class DetectGraph(nn.Module):
         boxes, scores, cls = self.infer(x)
         b, s, c = top_sorted(boxes.float(), scores.float(), cls, self.max_nms)
         valid = (s > conf) & (class_mask[c] > 0)
-        if self.nms:
-            if not self.agnostic:   # eager's offsets: class * (largest coordinate of the valid boxes + 1)
-                bmax = torch.where(valid.unsqueeze(-1), b, torch.full_like(b, float("-inf"))).amax((1, 2))
-                bmax = torch.where(valid.any(1), bmax, torch.zeros_like(bmax))
-                b_nms = b + (c.to(b.dtype) * (bmax.unsqueeze(1) + 1)).unsqueeze(-1)
-            else:
-                b_nms = b
-            # invalid candidates below the (negative) score threshold: the filter above is the
-            # only one, so the threshold's > or >= convention in a runtime cannot matter
-            nms_scores = torch.where(valid, s, torch.full_like(s, -1.0)).unsqueeze(1)
-            sel = _NonMaxSuppression.apply(b_nms, nms_scores, torch.tensor([self.max_det], dtype=torch.int64),
-                                           iou, torch.tensor([-0.5], dtype=torch.float32))
-            hits = torch.zeros_like(s).index_put((sel[:, 0], sel[:, 2]), torch.ones_like(sel[:, 0], dtype=s.dtype))
-            keep = hits > 0
-        else:
-            keep = valid
+        keep = nms_keep(b, s, c, valid, iou, self.agnostic, self.max_det) if self.nms else valid
         return first_kept(keep, b, s, c, self.max_det)
+
+
+class SegmentGraph(nn.Module):
+    """images, conf, iou, class mask -> dets (B, max_det, 6), num_dets (B,), mask_logits
+    (B, max_det, h, w): the segment stage up to each kept instance's mask logits at the family's
+    mask resolution (the host samples them at each image's pixels, the segment task's own code).
+
+    As :class:`DetectGraph` for the boxes (decode, the top ``max_nms`` by score, the confidence
+    and class filters with the segment task's ``>``, NMS where the family has it, the first
+    ``max_det`` survivors); then the kept rows' mask coefficients through the family's
+    ``mask_logits`` (prototypes x coefficients, or a DETR's query embedding x mask feature),
+    called once with the batch as a leading dimension (a family's ``mask_logits`` must allow one;
+    ``torch.vmap`` does not trace). Rows past ``num_dets`` are zero.
+    """
+
+    def __init__(self, model, net: nn.Module, *, max_det: int, max_nms: int, agnostic: bool, half: bool):
+        super().__init__()
+        self.net = net
+        self.infer = model.infer_with(net)
+        self.mask_logits = model.mask_logits
+        self.norm = _Normalize(model.preprocess)
+        self.nms = bool(model.NMS)
+        self.max_det, self.max_nms, self.agnostic, self.half = int(max_det), int(max_nms), bool(agnostic), half
+
+    def forward(self, images, conf, iou, class_mask):
+        x = self.norm(images)
+        if self.half:
+            x = x.half()
+        boxes, scores, cls, coeffs, protos = self.infer(x)
+        b, s, c, k = top_sorted(boxes.float(), scores.float(), cls, self.max_nms, coeffs)
+        valid = (s > conf) & (class_mask[c] > 0)
+        keep = nms_keep(b, s, c, valid, iou, self.agnostic, self.max_det) if self.nms else valid
+        dets, counts = first_kept(keep, b, s, c, self.max_det)
+        idx, real = kept_positions(keep, self.max_det)
+        logits = self.mask_logits(protos, pad_rows(k, idx, self.max_det)).float()
+        # an empty row's coefficients are zeros, which some mask heads divide by (RTMDet's stride)
+        logits = torch.where(real[:, :, None, None], logits, torch.zeros_like(logits))
+        return dets, counts, logits
+
+
+def _greedy_walk(hit: torch.Tensor) -> torch.Tensor:
+    """(B, K, K) "a kept i drops j" -> keep (B, K): the greedy walk of
+    :func:`~libreyolo.tasks.obb.rotated.rotated_nms`, step for step. Scripted (:func:`greedy_walk`)
+    it exports as one ONNX ``Loop`` over the candidates instead of K unrolled steps."""
+    b, k = hit.shape[0], hit.shape[1]
+    alive = torch.ones([b, k], dtype=torch.bool, device=hit.device)
+    keep = torch.zeros([b, k], dtype=torch.bool, device=hit.device)
+    for i in range(k):
+        ki = alive[:, i]
+        keep[:, i] = ki
+        alive = alive & ~(hit[:, i] & ki.unsqueeze(1))
+    return keep
+
+
+_SCRIPTED_WALK = None
+
+
+def greedy_walk(hit: torch.Tensor) -> torch.Tensor:
+    """:func:`_greedy_walk` through ``torch.jit.script`` (scripted once, on first use): the
+    TorchScript exporter turns its loop into an ONNX ``Loop`` whose trip count is the candidate
+    count, so the graph stays small (about 150 nodes where 300 unrolled steps made 13,000) and
+    a dynamic graph takes any count."""
+    global _SCRIPTED_WALK
+    if _SCRIPTED_WALK is None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")   # torch.jit.script's deprecation notice: the exporter is the same vintage
+            _SCRIPTED_WALK = torch.jit.script(_greedy_walk)
+    return _SCRIPTED_WALK(hit)
+
+
+def rotated_suppress(xywhr: torch.Tensor, scores: torch.Tensor, cls: torch.Tensor, iou: torch.Tensor,
+                     agnostic: bool) -> torch.Tensor:
+    """The obb task's :func:`~libreyolo.tasks.obb.task.suppress` for the graph: the same overlap
+    test (:func:`~libreyolo.tasks.obb.rotated.probiou` above ``iou`` with an earlier candidate of
+    the same class, any class with ``agnostic``) and greedy walk (:func:`greedy_walk`), the
+    suppressed candidates' scores set to 0. ``iou`` is a graph input."""
+    from ..tasks.obb.rotated import probiou
+    ov = probiou(xywhr[:, :, None, :], xywhr[:, None, :, :])                        # (B, K, K)
+    pos = torch.ones_like(scores[0]).cumsum(0)                                       # 1..K, any K
+    hit = (ov > iou) & (pos[None, :] > pos[:, None])
+    if not agnostic:
+        hit = hit & (cls[:, :, None] == cls[:, None, :])
+    keep = greedy_walk(hit)
+    return torch.where(keep, scores, torch.zeros_like(scores))
+
+
+class ObbGraph(nn.Module):
+    """images, conf, iou, class mask -> dets (B, max_det, 7) ``[cx, cy, w, h, angle, score,
+    class]`` (canvas pixels, radians), num_dets (B,): the obb stage.
+
+    The family's candidates (sorted by score), a dense family's rotated NMS
+    (:func:`rotated_suppress`: the obb task's ProbIoU test and greedy walk, as one ONNX ``Loop``;
+    ``iou_threshold`` a graph input), then the task's ``>=`` confidence filter, the class mask and
+    the first ``max_det`` survivors. A set-prediction family (``NMS = False``) skips the NMS.
+    """
+
+    def __init__(self, model, net: nn.Module, *, max_det: int, agnostic: bool, half: bool):
+        super().__init__()
+        self.net = net
+        self.infer = model.infer_with(net)
+        self.norm = _Normalize(model.preprocess)
+        self.nms = bool(model.NMS)
+        self.max_det, self.agnostic, self.half = int(max_det), bool(agnostic), half
+
+    def forward(self, images, conf, iou, class_mask):
+        x = self.norm(images)
+        if self.half:
+            x = x.half()
+        xywhr, s, c = self.infer(x)
+        xywhr, s = xywhr.float(), s.float()
+        if self.nms:
+            s = rotated_suppress(xywhr, s, c, iou, self.agnostic)
+        valid = (s >= conf) & (class_mask[c] > 0)
+        return first_kept(valid, xywhr, s, c, self.max_det)
 
 
 class ClassifyGraph(nn.Module):
@@ -256,13 +416,13 @@ def export_onnx(model, file: str | os.PathLike | None = None, *, imgsz: int | No
 
     ``imgsz``: the square input size (default the model's; rounded up to the family's stride);
     ``batch``: the batch size of a static graph; ``dynamic``: batch, height and width are symbolic
-    (checked for each family in tests/unit/test_export_onnx.py); ``half``: float16 weights and
+    (checked when exporting: a family whose graph bakes its size is refused); ``half``: float16 weights and
     activations (inputs and outputs stay float32; see docs/export.md on onnxruntime's limited fp16
     CPU kernels); ``simplify``: onnxscript's optimizer (constant folding, dead-node removal) over
-    the exported graph; ``opset``: ONNX opset (default 17, at least 11). Detection: ``max_det``
-    (rows of ``dets``), ``max_nms`` (candidates entering NMS, as predict's: default 1000, or
-    ``max_det`` when that is larger), ``agnostic_nms`` (NMS across classes; fixed in the graph).
-    Classification: ``topk``.
+    the exported graph; ``opset``: ONNX opset (default 17, at least 11). Detection, segment and
+    obb: ``max_det`` (rows of ``dets``), ``agnostic_nms`` (NMS across classes; fixed in the
+    graph); detection and segment: ``max_nms`` (candidates entering NMS, as predict's: default
+    1000, or ``max_det`` when that is larger). Classification: ``topk``.
     The file is written atomically (temp file in the target directory, then rename); returns its path.
     """
     require_onnx()
@@ -295,7 +455,7 @@ def export_onnx(model, file: str | os.PathLike | None = None, *, imgsz: int | No
     with tempfile.TemporaryDirectory() as tmp:
         raw = Path(tmp) / "graph.onnx"
         try:
-            with warnings.catch_warnings(), torch.no_grad(), _range_in_float32(half):
+            with warnings.catch_warnings(), torch.no_grad(), _range_in_float32(half), _mha_fastpath_off():
                 # the TorchScript exporter's deprecation notice and the tracer's warnings (Python
                 # values from shapes become constants: right for a static graph, and a dynamic one
                 # is checked below instead) would only confuse
@@ -338,6 +498,18 @@ def _graph_for(model, net, size, batch, half, max_det, max_nms, agnostic, topk):
         g = SemanticGraph(model, net, half=half)
         axes.update(class_map={0: "batch", 1: "height", 2: "width"})
         return g, (x,), ["images"], ["class_map"], axes
+    if task == "segment":
+        g = SegmentGraph(model, net, max_det=max_det, max_nms=max_nms, agnostic=agnostic, half=half)
+        inputs = (x, torch.tensor([0.25]), torch.tensor([0.45]), torch.ones(int(model.nc)))
+        axes.update(dets={0: "batch"}, num_dets={0: "batch"}, mask_logits={0: "batch", 2: "mask_height",
+                                                                             3: "mask_width"})
+        return (g, inputs, ["images", "conf_threshold", "iou_threshold", "class_mask"],
+                ["dets", "num_dets", "mask_logits"], axes)
+    if task == "obb":
+        g = ObbGraph(model, net, max_det=max_det, agnostic=agnostic, half=half)
+        inputs = (x, torch.tensor([0.25]), torch.tensor([0.45]), torch.ones(int(model.nc)))
+        axes.update(dets={0: "batch"}, num_dets={0: "batch"})
+        return g, inputs, ["images", "conf_threshold", "iou_threshold", "class_mask"], ["dets", "num_dets"], axes
     if task in RAW_TASKS:
         g = RawGraph(model, net, half=half)
         with torch.no_grad():
@@ -346,6 +518,20 @@ def _graph_for(model, net, size, batch, half, max_det, max_nms, agnostic, topk):
         axes.update({name: {0: "batch"} for name in names})
         return g, (x,), ["images"], names, axes
     raise OnnxExportError(f"ONNX export does not know the {task!r} task of {model.FAMILY}")
+
+
+@contextlib.contextmanager
+def _mha_fastpath_off():
+    """``nn.MultiheadAttention`` without its inference fast path while tracing: under ``no_grad``
+    in eval mode a self-attention (query, key and value the same tensor, as EC-pose's decoder
+    runs) dispatches to ``aten::_native_multi_head_attention``, which has no ONNX export; the
+    regular path computes the same attention from exportable matrix products and softmax."""
+    before = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        yield
+    finally:
+        torch.backends.mha.set_fastpath_enabled(before)
 
 
 @contextlib.contextmanager
@@ -381,9 +567,9 @@ def _check_dynamic(model, graph: nn.Module, data: bytes, size: int, in_names: li
     import onnxruntime as ort
     s2 = size + 2 * int(model.STRIDE)
     x = torch.rand((2, 3, s2, s2), generator=torch.Generator().manual_seed(1))
-    if model.TASK == "detect":   # every candidate counts: a baked grid shows in the boxes
+    if model.TASK in ("detect", "segment", "obb"):   # every candidate counts: a baked grid shows in the boxes
         extra = (torch.tensor([0.0]), *extra[1:])
-    with torch.no_grad():
+    with torch.no_grad(), _mha_fastpath_off():
         ref = [t.numpy() for t in _as_tuple(graph(x, *extra))]
     hint = (f"{model.FAMILY}-{model.size}: dynamic=True does not hold for this family (the traced graph fixes "
             f"shapes that depend on the input size); export with dynamic=False at the size you need")
@@ -413,6 +599,9 @@ def _agree(task: str, ref: list, got: list, np) -> bool:
         return bool(np.abs(ref[0] - got[0]).max() <= 1e-3 and (ref[2][:, 0] == got[2][:, 0]).all())
     if task == "semantic":
         return bool((ref[0] == got[0]).mean() >= 0.99)
+    if task in RAW_TASKS:   # the family's candidates sorted by score (out1): the same scores
+        return bool(np.abs(np.sort(ref[1], 1) - np.sort(got[1], 1)).max() <= 1e-3)
+    # dets rows [*box, score, class] (box: 4 corners' coordinates, or a rotated box's 5 values)
     for dr, nr, dg, ng in zip(ref[0], ref[1], got[0], got[1]):
         a, b = dr[:int(nr)], dg[:int(ng)]
         if abs(len(a) - len(b)) > 0.05 * max(len(a), 1):
@@ -421,8 +610,8 @@ def _agree(task: str, ref: list, got: list, np) -> bool:
             continue
         if len(b) == 0:
             return False
-        close = ((np.abs(a[:, None, :4] - b[None, :, :4]).max(-1) <= 1e-2)
-                 & (np.abs(a[:, None, 4] - b[None, :, 4]) <= 1e-3) & (a[:, None, 5] == b[None, :, 5]))
+        close = ((np.abs(a[:, None, :-2] - b[None, :, :-2]).max(-1) <= 1e-2)
+                 & (np.abs(a[:, None, -2] - b[None, :, -2]) <= 1e-3) & (a[:, None, -1] == b[None, :, -1]))
         if close.any(1).mean() < 0.9:
             return False
     return True
@@ -473,11 +662,17 @@ def _metadata(model, size, batch, dynamic, half, opset, max_det, max_nms, agnost
             "preprocess": json.dumps(model.preprocess.as_dict()), "stride": str(model.STRIDE),
             "opset": str(opset), "exporter": "torch.onnx (TorchScript)", "torch_version": torch.__version__,
             "inputs": json.dumps(inputs), "outputs": json.dumps(outputs), "trained": json.dumps(bool(model.trained))}
-    if model.TASK == "detect":
-        meta.update(max_det=str(max_det), max_nms=str(max_nms), agnostic_nms=json.dumps(agnostic),
-                    nms=json.dumps(bool(model.NMS)))
+    # whether the family's candidates go through NMS (in the graph, or on the host for pose)
+    meta["nms"] = json.dumps(bool(getattr(model, "NMS", True)))
+    if model.TASK in ("detect", "segment", "obb"):
+        meta.update(max_det=str(max_det), agnostic_nms=json.dumps(agnostic))
+        if model.TASK != "obb":   # obb's predict has no max_nms: its candidates are the family's top-k
+            meta["max_nms"] = str(max_nms)
     elif model.TASK == "classify":
         meta["topk"] = str(topk)
+    elif model.TASK == "pose" and (getattr(model, "meta", None) or {}).get("skeleton") is not None:
+        # a trained model's keypoint layout (its dataset's limbs), which Results.keypoints draws
+        meta["skeleton"] = json.dumps([[int(i) for i in pair] for pair in model.meta["skeleton"]])
     return meta
 
 

@@ -5,13 +5,18 @@ preprocessing, the detection graph's fixed options), resizes each image exactly 
 does (``Preprocess.resize_images``, torch on the CPU), runs the graph in an onnxruntime session
 (the CUDA execution provider when onnxruntime has it and the device allows, else the CPU one)
 and builds the same :class:`~libreyolo.results.Results` as ``Model.predict``: the detection boxes
-are mapped back to each image by the same numpy code, classification rows and semantic class
-maps go through the task's own ``PredictPlan.results``.
+are mapped back to each image by the same numpy code; classification rows, semantic class maps,
+pose candidates (the task's threshold and, for the dense families, its NMS) and the segment and
+obb graphs' selected instances go through the task's own ``PredictPlan.results`` (segment: each
+instance's mask logits sampled at the image's pixels, cut to its box, thresholded; obb: the
+rotated boxes mapped back). For segment and obb the plan sees an :class:`_AfterSelection` view of
+the model - no NMS left, the graph's mask logits in place of the prototypes.
 
 What cannot change after export raises a clear error instead of silently differing: the input
 size and batch of a static graph, ``max_det`` above the exported one, ``max_nms`` and
-``agnostic_nms`` (baked into the detection graph), ``topk`` above the exported one; CUDA graphs
-(``cuda_graph=True``) and ``amp`` belong to the PyTorch engine, and training needs the checkpoint.
+``agnostic_nms`` (baked into the detection, segment and obb graphs), ``topk`` above the exported
+one; CUDA graphs (``cuda_graph=True``) and ``amp`` belong to the PyTorch engine, and training
+needs the checkpoint.
 """
 from __future__ import annotations
 
@@ -25,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..ops.preprocess import Preprocess
+from ..ops.preprocess import PAD_VALUE, Preprocess
 from .onnx import META_FORMAT, RAW_TASKS, read_metadata, unreadable_onnx
 
 log = logging.getLogger(__name__)
@@ -65,6 +70,27 @@ def _providers(device: Any, available: list[str]) -> tuple[list, torch.device]:
     raise ValueError(f"device must be 'auto', 'cpu', 'cuda', 'cuda:N' or a GPU index, got {device!r}")
 
 
+#: tasks whose graph ends in the selected instances (thresholds, class mask, NMS, ``max_det`` rows)
+SELECTING_TASKS = ("detect", "segment", "obb")
+
+
+class _AfterSelection:
+    """What a task's ``PredictPlan`` reads of its model, for the part of the stage the host runs
+    after a graph that already selected the instances (segment, obb): the class names and the
+    preprocessing (to map back to each image), no NMS left to run, and - segment - mask logits
+    already assembled by the graph (``mask_logits(logits, rows)`` picks the kept rows), so that
+    the segment task's own sampling at the image's pixels, box crop and threshold run unchanged."""
+
+    NMS = False
+
+    def __init__(self, model: OnnxModel):
+        self.names, self.nc, self.preprocess = model.names, model.nc, model.preprocess
+
+    @staticmethod
+    def mask_logits(logits: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        return logits[rows]
+
+
 class OnnxModel:
     """An ONNX file written by ``model.export(format="onnx")``, with ``Model``'s predict API.
 
@@ -89,14 +115,19 @@ class OnnxModel:
         if meta.get(META_FORMAT) is None:
             raise ValueError(f"{self.path} is an ONNX file but not a libreyolo export (its metadata_props have no "
                              f"'{META_FORMAT}' entry); export it with model.export(format='onnx')")
-        self.meta = meta
+        # the file's metadata, with the JSON entries the tasks read from a model's meta decoded
+        # (pose: its skeleton)
+        self.meta = {**meta, **{k: json.loads(meta[k]) for k in ("skeleton",) if k in meta}}
         self.FAMILY, self.size, self.TASK = meta["family"], meta["size"], meta["task"]
         self.nc = int(meta["nc"])
         self.names = {int(k): v for k, v in json.loads(meta["names"]).items()}
         self.imgsz, self.batch = int(meta["imgsz"]), int(meta["batch"])
         self.STRIDE = int(meta.get("stride", 32))
         self.dynamic, self.half = json.loads(meta["dynamic"]), json.loads(meta["half"])
-        self.preprocess = Preprocess.from_meta(json.loads(meta["preprocess"]), Preprocess())
+        prep = json.loads(meta["preprocess"])
+        # the default carries the file's padding level: from_meta keeps only the keys its default
+        # writes, and a default at grey 114 leaves "pad" out (RT-DETRv2-OBB pads black)
+        self.preprocess = Preprocess.from_meta(prep, Preprocess(pad=float(prep.get("pad", PAD_VALUE))))
         self.trained = json.loads(meta.get("trained", "true"))
         self.NMS = json.loads(meta.get("nms", "true"))
         self.max_det = int(meta.get("max_det", 0)) or None
@@ -227,11 +258,13 @@ class OnnxModel:
                              f"predict with batch={self.batch}, or export again with batch={batch} or dynamic=True")
         save, bgr, strict = parse_bool("save", save), parse_color(bgr, color_format), parse_bool("strict", strict)
         # what the graph was exported with is the default (predict's own defaults may exceed it)
-        if self.TASK == "detect":
+        if self.TASK in SELECTING_TASKS:
             task_opts.setdefault("max_det", self.max_det)
         elif self.TASK == "classify":
             task_opts.setdefault("topk", self.topk)
-        plan = self.task_def.plan(self, size, None, **task_opts)
+        # segment and obb: the graph ran the selection, the host the rest of the task's own stage
+        plan = self.task_def.plan(_AfterSelection(self) if self.TASK in ("segment", "obb") else self, size, None,
+                                  **task_opts)
         feeds = self._task_feeds(plan, task_opts)
         items = load_sources(source, bgr=bgr, strict=strict)
         out_dir = unique = None
@@ -282,7 +315,7 @@ class OnnxModel:
                 raise ValueError(f"topk={plan.k}, but {name} was exported with topk={self.topk}; export again "
                                  f"with topk={plan.k}")
             return {}
-        if self.TASK != "detect":
+        if self.TASK not in SELECTING_TASKS:
             return {}
         if plan.max_det > self.max_det:
             raise ValueError(f"max_det={plan.max_det}, but {name} was exported with max_det={self.max_det} (the "
@@ -318,6 +351,19 @@ class OnnxModel:
         n = len(chunk)
         if self.TASK == "detect":
             return self._detections(plan, out["dets"][:n], out["num_dets"][:n], chunk, size, speed)
+        if self.TASK in ("segment", "obb"):
+            # the graph's rows, those past each image's count scored -inf (no threshold keeps them)
+            dets = torch.from_numpy(np.array(out["dets"][:n], dtype=np.float32))
+            counts = torch.from_numpy(np.asarray(out["num_dets"][:n], dtype=np.int64))
+            rows = torch.arange(dets.shape[1])
+            scores = dets[..., -2].masked_fill(rows >= counts[:, None], float("-inf"))
+            cls = dets[..., -1].to(torch.int64)
+            if self.TASK == "obb":
+                return plan.results((dets[..., :5], scores, cls), chunk, size, speed)
+            # the kept rows' mask logits stand for the prototypes, their row numbers for the
+            # coefficients: _AfterSelection.mask_logits picks them
+            logits = torch.from_numpy(np.ascontiguousarray(out["mask_logits"][:n]))
+            return plan.results((dets[..., :4], scores, cls, rows.expand(n, -1), logits), chunk, size, speed)
         if self.TASK == "classify":
             k = plan.k
             packed = torch.cat((torch.from_numpy(out["probs"][:n]), torch.from_numpy(out["top_conf"][:n, :k]),

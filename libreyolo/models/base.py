@@ -838,8 +838,8 @@ class Model:
 
         ``format="onnx"``: the network and the task's post-processing as one ONNX graph with this
         model's metadata (options: ``file``, ``imgsz``, ``batch``, ``dynamic``, ``half``,
-        ``simplify``, ``opset``, detection ``max_det``/``max_nms``/``agnostic_nms``, classification
-        ``topk``; see :func:`libreyolo.export.onnx.export_onnx` and docs/export.md).
+        ``simplify``, ``opset``, detection / segment / obb ``max_det``/``max_nms``/``agnostic_nms``,
+        classification ``topk``; see :func:`libreyolo.export.onnx.export_onnx` and docs/export.md).
         ``LibreYOLO(path)`` loads the file back, run by onnxruntime.
 
         Args:
@@ -851,9 +851,9 @@ class Model:
             half: float16 weights (onnxruntime's CPU fp16 kernels are limited)
             simplify: run onnxscript's optimizer over the graph
             opset: ONNX opset (default 17)
-            max_det: detection: detections per image (rows of the output)
-            max_nms: detection: candidates per image entering NMS (default 1000, or max_det when larger)
-            agnostic_nms: detection: NMS across classes
+            max_det: detection, segment, obb: instances per image (rows of the output)
+            max_nms: detection, segment: candidates per image entering NMS (default 1000, or max_det when larger)
+            agnostic_nms: detection, segment, obb: NMS across classes
             topk: classification: classes the graph returns
 
         Returns:

@@ -288,10 +288,3 @@ def test_pose_export_matches_eager_predict(tmp_path):
         assert float((e.keypoints.data - r.keypoints.data[j]).abs().max()) <= 1e-3
         n += len(ea)
     assert n > 0
-
-
-def test_tasks_without_an_onnx_stage_are_refused(tmp_path):
-    """obb (and segment) keep a clear refusal naming the task."""
-    m = LibreYOLO.new("rtdetrv2", "n", task="obb", device="cpu", imgsz=IMGSZ)
-    with pytest.raises(OnnxExportError, match="'obb' task"):
-        m.export(file=tmp_path / "o.onnx")

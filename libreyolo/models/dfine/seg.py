@@ -78,8 +78,9 @@ class DfineSeg(Dfine):
 
     @staticmethod
     def mask_logits(feature: torch.Tensor, embed: torch.Tensor) -> torch.Tensor:
-        """One image's mask feature (D, h, w) and (n, D) scaled embeddings -> (n, h, w) mask logits."""
-        return torch.einsum("nc,chw->nhw", embed, feature)
+        """One image's mask feature (D, h, w) and (n, D) scaled embeddings -> (n, h, w) mask logits
+        (leading batch dimensions allowed on both: the ONNX graph's batch)."""
+        return torch.einsum("...nc,...chw->...nhw", embed, feature)
 
     def build_loss(self) -> nn.Module:
         """D-FINE's criterion (:meth:`Dfine.build_loss`) plus D-FINE-seg's mask terms."""

@@ -135,7 +135,7 @@ class RtmdetSeg(Rtmdet):
     def mask_logits(protos: torch.Tensor, coeffs: torch.Tensor) -> torch.Tensor:
         """Prototypes (P, h, w) of one image and (n, 172) coefficients -> (n, h, w) mask logits
         at the prototypes' stride: :func:`~.nn.dynamic_masks` with each anchor's relative
-        coordinates."""
+        coordinates. Leading batch dimensions are allowed on both (the ONNX graph's batch)."""
         from .nn import dynamic_masks
-        return dynamic_masks(protos, coeffs[:, :-3], coeffs[:, -3:-1], coeffs[:, -1], RtmdetSeg.MASK_STRIDE)
+        return dynamic_masks(protos, coeffs[..., :-3], coeffs[..., -3:-1], coeffs[..., -1], RtmdetSeg.MASK_STRIDE)
 
