@@ -571,10 +571,9 @@ class Predictor(StagedUploads):
         :data:`TRACK_CONF`, below the trackers' threshold for starting a track, so that weaker
         detections can still extend the tracks they match (ByteTrack's second association).
         """
-        from .track import TRACKERS, TrackGlue
+        from .track import TRACKERS, TrackGlue, check_trackable
         m = self.model
-        if m.TASK != "detect":
-            raise ValueError(f"model.track needs a detection model; {m.FAMILY}-{m.size} is a {m.TASK} model")
+        check_trackable(m)
         if isinstance(tracker, str) and tracker.strip().lower().removesuffix(".yaml") not in TRACKERS:
             raise ValueError(f"unknown tracker {tracker!r}; available: {', '.join(TRACKERS)} (or pass a tracker "
                              "object of the trackers package)")

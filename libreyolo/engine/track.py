@@ -70,9 +70,24 @@ def make_tracker(tracker: Any, frame_rate: float = 30.0) -> Any:
     return trackers.BoTSORTTracker(**common)
 
 
+#: the tasks whose Results carry axis-aligned boxes a tracker can follow; instance masks and
+#: keypoints are kept with their boxes (oriented boxes are not tracked: the trackers' motion model
+#: and association are axis-aligned boxes)
+TRACKABLE_TASKS = ("detect", "segment", "pose")
+
+
+def check_trackable(model) -> None:
+    """One clear error for a model whose task cannot be tracked."""
+    if model.TASK not in TRACKABLE_TASKS:
+        raise ValueError(f"model.track follows boxes: it needs a detection, instance segmentation or pose model; "
+                         f"{model.FAMILY}-{model.size}'s task is {model.TASK!r}")
+
+
 class TrackGlue:
     """Feeds each Results of one source to its tracker and writes the ids back (see the module
-    docstring). ``update(result, frame)`` replaces ``result.boxes`` by the tracked boxes."""
+    docstring). ``update(result, frame)`` replaces ``result.boxes`` by the tracked boxes, and
+    ``result.masks`` / ``result.keypoints`` (instance segmentation, pose) by the same rows, so
+    each mask or skeleton stays with its box and id."""
 
     def __init__(self, tracker: Any, frame_rate: float = 30.0):
         self.spec = tracker
@@ -102,7 +117,8 @@ class TrackGlue:
 
         boxes = result.boxes
         if boxes is None:
-            raise ValueError("tracking needs boxes: model.track works with detection models only")
+            raise ValueError("tracking needs boxes: model.track works with detection, instance segmentation and "
+                             "pose models only")
         data = boxes.data
         rows = data.detach().float().cpu().numpy() if isinstance(data, torch.Tensor) else np.asarray(data, np.float32)
         dets = sv.Detections(xyxy=rows[:, :4].astype(np.float32), confidence=rows[:, 4].astype(np.float32),
@@ -127,6 +143,12 @@ class TrackGlue:
         else:
             picked, id_col = data[index], ids
         result.boxes = Boxes(picked, boxes.orig_shape, id_col)
+        for field in ("masks", "keypoints"):   # per-instance rows in the boxes' order
+            rows_of = getattr(result, field, None)
+            if rows_of is not None and len(rows_of) == len(rows):
+                d = rows_of.data
+                setattr(result, field, rows_of[torch.as_tensor(index, device=d.device)
+                                               if isinstance(d, torch.Tensor) else index])
         self.frames += 1
         self._update_trails(rows[index], ids)
         result.trails = {int(i): list(self.trails[int(i)]) for i in ids}

@@ -828,9 +828,11 @@ class Model:
 
         Returns:
             One Results per frame, with ``boxes.id``: a list, or a generator with stream=True.
+            Detection, instance segmentation and pose models: masks and keypoints follow their
+            boxes' tracks (the same rows, in the same order).
         """
-        if self.TASK != "detect":
-            raise ValueError(f"model.track needs a detection model; {self.FAMILY}-{self.size} is a {self.TASK} model")
+        from ..engine.track import check_trackable
+        check_trackable(self)
         return self.get_predictor().track(source, tracker=tracker, persist=persist, **kwargs)
     # ------------------------------------------------------------------ export
     def export(self, format: str = "onnx", **kwargs) -> Path:

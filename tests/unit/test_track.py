@@ -130,6 +130,37 @@ def test_tracked_results_convert_summarize_and_plot():
         Boxes(r.boxes.data, (64, 96), torch.zeros(3, dtype=torch.int64))
 
 
+def test_masks_and_keypoints_follow_their_boxes_tracks():
+    """Instance segmentation and pose: the tracker drops a detection no confirmed track holds (the
+    new object in the middle of the last frame's rows), and each mask and skeleton stays with its
+    box: mask k covers box k only, keypoint k sits on box k's centre."""
+    from libreyolo.tasks.pose.results import Keypoints
+    from libreyolo.tasks.segment.results import InstanceMasks
+    glue = TrackGlue("bytetrack", 30.0)
+    h, w = 100, 200
+    image = np.zeros((h, w, 3), np.uint8)
+    for i in range(4):
+        det = [[10 + 5 * i, 10, 30 + 5 * i, 30, 0.9, 1], [100 + 5 * i, 50, 130 + 5 * i, 80, 0.8, 2]]
+        if i == 3:   # a new object, first seen here: not confirmed yet, so dropped
+            det.insert(1, [60, 60, 80, 90, 0.85, 0])
+        det = torch.tensor(det, dtype=torch.float32)
+        masks = torch.zeros((len(det), h, w), dtype=torch.bool)
+        for k, (x1, y1, x2, y2) in enumerate(det[:, :4].long().tolist()):
+            masks[k, y1:y2, x1:x2] = True
+        centres = torch.stack(((det[:, 0] + det[:, 2]) / 2, (det[:, 1] + det[:, 3]) / 2, det[:, 4]), 1)
+        r = Results(image, "f", NAMES, Boxes(det, (h, w)), masks=InstanceMasks(masks, det[:, 5].long()),
+                    keypoints=Keypoints(centres[:, None, :].repeat(1, 2, 1), (h, w)))
+        r = glue.update(r, image)
+    assert len(r.boxes) == 2 and len(r.masks) == 2 and len(r.keypoints) == 2
+    assert r.boxes.conf.tolist() == pytest.approx([0.9, 0.8])
+    for k, (x1, y1, x2, y2) in enumerate(r.boxes.xyxy.long().tolist()):
+        inside = torch.zeros((h, w), dtype=torch.bool)
+        inside[y1:y2, x1:x2] = True
+        assert torch.equal(r.masks.data[k], inside)
+        assert r.keypoints.xy[k, 0].tolist() == pytest.approx([(x1 + x2) / 2, (y1 + y2) / 2])
+    assert r.masks.cls.tolist() == r.boxes.cls.long().tolist()
+
+
 def test_track_options_are_checked():
     m = LibreYOLO.new("yolo9", "t", device="cpu", seed=0)
     with pytest.raises(ValueError, match="unknown tracker 'deepsort'; available: bytetrack, botsort, ocsort, deepocsort"):
@@ -137,7 +168,10 @@ def test_track_options_are_checked():
     with pytest.raises(TypeError, match="tracker must be"):
         m.track(np.zeros((32, 32, 3), np.uint8), tracker=42)
     m.TASK = "classify"  # what a classifier declares (building one costs seconds)
-    with pytest.raises(ValueError, match="needs a detection model"):
+    with pytest.raises(ValueError, match="needs a detection, instance segmentation or pose model"):
+        m.track(np.zeros((32, 32, 3), np.uint8))
+    m.TASK = "obb"
+    with pytest.raises(ValueError, match="yolo9-t's task is 'obb'"):
         m.track(np.zeros((32, 32, 3), np.uint8))
 
 
