@@ -36,6 +36,7 @@ FIXTURES = [
     ("mobilesam", "tiny", "mobilesam-tiny"),
     ("depth_anything", "s", "depth_anything-s"),
     ("birefnet", "t", "birefnet-t"),
+    ("feynobg", "l", "feynobg-l"),
     ("ppocr", "t", "ppocr-t-det"),
     ("ppocr", "t", "ppocr-t-rec"),
     ("yolo1", "t", "yolo1-t"),
@@ -43,6 +44,12 @@ FIXTURES = [
     ("yolo3", "t", "yolo3-t"),
     ("yolo4", "t", "yolo4-t"),
 ]
+
+# Fixtures of large networks (seconds to fill, build and run on one core): their rows in
+# tests/unit/test_fixtures.py are marked slow (LIBREYOLO_SLOW=1 runs them). Fixture -> why.
+SLOW_FIXTURES = {
+    "feynobg-l": "262.8 M parameters (BiRefNet with a 24-block Swin-L stage): 16-35 s per row on one core",
+}
 
 # The sub-network a fixture's forward ran (its json's "forward"), where it is not the whole network.
 FIXTURE_FORWARD = {
@@ -191,6 +198,7 @@ DEPTH_GRAPH_MODELS = [
 # captured encoder, and the seam's claim that replayed encoder + eager decoder == all eager).
 MATTE_GRAPH_MODELS = [
     ("birefnet", "t"),
+    ("feynobg", "l"),
 ]
 
 # (family, size) of OCR models that must pass the GPU parity protocol (detection stage with the
@@ -224,6 +232,8 @@ VARIANT_TRAIN_GRAPH_MODELS = [
 # on the test's model instance only), and what fails today is marked xfail(strict=True), so the day
 # it passes the suite says so and the family can declare SUPPORTS_CUDA_GRAPH. Family -> why.
 GRAPH_PENDING: dict[str, str] = {}
+GRAPH_PENDING["feynobg"] = ("BiRefNet's seam and code at a 24-block stage: no GPU has run it yet "
+                            "(docs/families.md, \"Matting\")")
 # Families whose training capture is built but not declared (SUPPORTS_CUDA_GRAPH_TRAIN False): the
 # GPU training rows of tests/gpu/test_tasks_gpu.py run for them too, marked xfail(strict=False) -
 # the report shows which rows pass (XPASS) and which do not. Family -> why it is not declared.

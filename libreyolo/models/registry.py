@@ -46,6 +46,7 @@ _TABLE: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "mobilesam": (".mobilesam.model:MobileSAM", "LibreMobileSAM", ("tiny",)),
     "depth_anything": (".depth_anything.model:DepthAnything", "LibreDepthAnythingV2", ("s", "b", "l")),
     "birefnet": (".birefnet.model:BiRefNet", "LibreBiRefNet", ("t", "l")),
+    "feynobg": (".feynobg.model:FeyNobg", "LibreFeyNobg", ("l",)),
     "ppocr": (".ppocr.model:PPOCR", "LibrePPOCR", ("t",)),
     "yolo1": (".yolo1.model:Yolo1", "LibreYOLO1", ("t", "b")),
 }

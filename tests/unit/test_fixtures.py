@@ -5,11 +5,14 @@ import pytest
 import torch
 from conftest import FIXTURES_DIR
 from fill import fill_state_dict
-from rows import FIXTURE_BOUNDARY_TIES, FIXTURE_FORWARD, FIXTURE_TASK, FIXTURES, SNIFFED_AS
+from rows import FIXTURE_BOUNDARY_TIES, FIXTURE_FORWARD, FIXTURE_TASK, FIXTURES, SLOW_FIXTURES, SNIFFED_AS
 
 from libreyolo import LibreYOLO
 from libreyolo.models.registry import get_family
 from libreyolo.weights import save_checkpoint
+
+#: rows.FIXTURES, the large networks' rows (rows.SLOW_FIXTURES) marked slow
+ROWS = [pytest.param(*row, marks=pytest.mark.slow) if row[2] in SLOW_FIXTURES else row for row in FIXTURES]
 
 
 def flatten(out, prefix=""):
@@ -111,7 +114,7 @@ def assert_reproduces(out, ref_outputs, fx, sampled=None):
         assert err <= 1e-4, (name, err, "order-free, sampled")
 
 
-@pytest.mark.parametrize("family,size,name", FIXTURES)
+@pytest.mark.parametrize("family,size,name", ROWS)
 def test_network_reproduces_fixture(family, size, name):
     fx, pt, sd = load_fixture(name)
     net = get_family(family).for_task(FIXTURE_TASK.get(name)).build_network(size, fx["checkpoint_metadata"]["nc"])
@@ -127,7 +130,7 @@ def test_network_reproduces_fixture(family, size, name):
         assert out[path] == value, (path, out.get(path), value)
 
 
-@pytest.mark.parametrize("family,size,name", FIXTURES)
+@pytest.mark.parametrize("family,size,name", ROWS)
 def test_checkpoint_in_fixture_layout_loads_through_factory(tmp_path, family, size, name):
     """A LibreYOLO-layout file (metadata as in the fixture) loads unchanged and reproduces."""
     fx, pt, sd = load_fixture(name)
@@ -139,7 +142,7 @@ def test_checkpoint_in_fixture_layout_loads_through_factory(tmp_path, family, si
     assert_reproduces(out, pt["outputs"], fx, pt.get("outputs_sampled"))
 
 
-@pytest.mark.parametrize("family,size,name", FIXTURES)
+@pytest.mark.parametrize("family,size,name", ROWS)
 def test_family_and_size_sniffed_from_bare_state_dict(tmp_path, family, size, name):
     """No metadata and an anonymous file name: the state-dict keys and shapes decide."""
     _, pt, sd = load_fixture(name)

@@ -1,12 +1,14 @@
 """BiRefNet declarations (matting) and its inference stage, captured whole or split at a seam."""
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 from torch import nn
 
 from ...ops.preprocess import IMAGENET_MEAN, IMAGENET_STD, Preprocess
 from ..base import Model
-from .nn import CONFIGS, BiRefNetNet
+from .nn import CONFIGS, BiRefNetNet, SwinConfig, swin_depths
 
 
 class BiRefNet(Model):
@@ -29,6 +31,8 @@ class BiRefNet(Model):
 
     FAMILY = "birefnet"
     TASK = "matte"
+    #: size -> the Swin backbone; a family on this network with other backbones (FeyNobg) declares its own
+    CONFIGS: ClassVar[dict[str, SwinConfig]] = CONFIGS
     SIZES = tuple(CONFIGS)
     FILE_PREFIX = "LibreBiRefNet"     # the LibreYOLO checkpoint names: LibreBiRefNett.pt, ...
     DEFAULT_IMGSZ = 1024
@@ -48,8 +52,17 @@ class BiRefNet(Model):
     @classmethod
     def build_network(cls, size: str, nc: int) -> nn.Module:
         if int(nc) != 1:
-            raise ValueError(f"BiRefNet predicts one alpha matte (nc=1), got nc={nc}")
-        return BiRefNetNet(size)
+            raise ValueError(f"{cls.__name__} predicts one alpha matte (nc=1), got nc={nc}")
+        if size not in cls.CONFIGS:
+            raise ValueError(f"unknown {cls.__name__} size {size!r}; sizes: {', '.join(cls.CONFIGS)}")
+        return BiRefNetNet(cls.CONFIGS[size])
+
+    @classmethod
+    def _owns_own(cls, state_dict: dict[str, torch.Tensor]) -> bool:
+        """BiRefNet's keys with the stage depths of one of this class's sizes: families on this
+        network share every key name and differ in depth (FeyNobg: a 24-block third stage)."""
+        return super()._owns_own(state_dict) and \
+            swin_depths(state_dict) in {c.depths for c in cls.CONFIGS.values()}
 
     def infer(self, x: torch.Tensor) -> torch.Tensor:
         """(B, 3, S, S) normalized RGB -> float32 matte logits (B, 1, S, S), the whole network."""

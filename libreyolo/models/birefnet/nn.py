@@ -387,15 +387,35 @@ class Decoder(nn.Module):
         return self.conv_out1(torch.cat((p1, self.ipt_blk1(x)), 1))
 
 
+def swin_depths(state_dict) -> tuple[int, ...]:
+    """The number of blocks of each backbone stage a checkpoint in this layout holds (``bb.layers.i.
+    blocks.j``), read from its keys: the one thing that tells BiRefNet's and FeyNobg's layouts apart."""
+    depth: dict[int, int] = {}
+    for key in state_dict:
+        parts = key.split(".")
+        if len(parts) > 4 and parts[:2] == ["bb", "layers"] and parts[3] == "blocks" \
+                and parts[2].isdigit() and parts[4].isdigit():
+            i = int(parts[2])
+            depth[i] = max(depth.get(i, 0), int(parts[4]) + 1)
+    return tuple(depth.get(i, 0) for i in range(max(depth, default=-1) + 1))
+
+
 # ------------------------------------------------------------------------------------ network
 class BiRefNetNet(nn.Module):
-    """The whole network (see the module docstring); ``forward`` = decoder(encoder(x))."""
+    """The whole network (see the module docstring); ``forward`` = decoder(encoder(x)).
 
-    def __init__(self, size: str):
+    ``size``: one of :data:`CONFIGS`, or a :class:`SwinConfig` (a family built on this network
+    with a backbone of its own, such as FeyNobg's deeper Swin-L; or a tiny one for tests)."""
+
+    def __init__(self, size: str | SwinConfig):
         super().__init__()
-        if size not in CONFIGS:
+        if isinstance(size, SwinConfig):
+            cfg = size
+        elif size in CONFIGS:
+            cfg = CONFIGS[size]
+        else:
             raise ValueError(f"unknown BiRefNet size {size!r}; sizes: {', '.join(CONFIGS)}")
-        self.bb = SwinTransformer(CONFIGS[size])
+        self.bb = SwinTransformer(cfg)
         channels = tuple(2 * c for c in reversed(self.bb.widths))   # both scales concatenated
         context = sum(channels[1:])
         self.squeeze_module = nn.Sequential(BasicDecBlk(channels[0] + context, channels[0]))

@@ -1,0 +1,1 @@
+"""FeyNobg (matting): BiRefNet's network with a 24-block third Swin-L stage."""
