@@ -27,9 +27,10 @@ number of target boxes for the Hungarian-matched sets, by ``boxes * groups`` for
 denoising layers. A set is supervised when its dict has either
 
 * ``"pred_masks"`` (B, Q, h, w) mask **logits** (not probabilities), or
-* ``"mask_embed"`` (B, Q, D), with ``"mask_feature"`` (B, D, h, w) in the top-level output dict:
-  the mask of query q is ``<mask_embed[q], mask_feature>`` (:func:`.mask.query_masks`), and only
-  the matched queries' masks are ever built.
+* ``"mask_embed"`` (B, Q, D), with ``"mask_feature"`` (B, D, h, w) in the set's own dict or else
+  in the top-level output dict: the mask of query q is ``<mask_embed[q], mask_feature>``
+  (:func:`.mask.query_masks`), plus ``"mask_bias"`` (a scalar tensor, found the same way) where
+  there is one, and only the matched queries' masks are ever built.
 
 Fixed shapes: per set, the ``P`` first matched queries of each image are gathered (``P`` =
 the target row count for a Hungarian-matched set, at most one query per target; the denoising
@@ -93,7 +94,10 @@ def _set_logits(out: dict, outputs: dict, sel: Tensor) -> Tensor | None:
     if "mask_embed" in out:
         e = out["mask_embed"]
         picked = e.gather(1, sel.unsqueeze(-1).expand(-1, -1, e.shape[-1])).float()
-        return torch.einsum("bpc,bchw->bphw", picked, outputs["mask_feature"].float())
+        feature = out["mask_feature"] if "mask_feature" in out else outputs["mask_feature"]
+        logits = torch.einsum("bpc,bchw->bphw", picked, feature.float())
+        bias = out["mask_bias"] if "mask_bias" in out else outputs.get("mask_bias")
+        return logits if bias is None else logits + bias.float()
     return None
 
 
@@ -102,10 +106,11 @@ def set_mask_terms(out: dict, outputs: dict, match: Tensor, limit: int, targets:
     """Summed (BCE, dice) of one output set's matched queries (not normalised); None when the
     set carries no masks.
 
-    ``out`` the set's dict, ``outputs`` the top-level dict (for ``mask_feature``), ``match``
-    (B, Q) target row or -1, ``limit`` the most matches an image can have, ``targets`` (B, M, 5)
-    ``[cls, x1, y1, x2, y2]`` in input pixels, ``gt_masks`` (B, M, H, W) the instances' bitmaps
-    (any grid covering the input), ``input_size`` (h, w) of the network input.
+    ``out`` the set's dict, ``outputs`` the top-level dict (its ``mask_feature`` and ``mask_bias``
+    serve the sets without their own), ``match`` (B, Q) target row or -1, ``limit`` the most
+    matches an image can have, ``targets`` (B, M, 5) ``[cls, x1, y1, x2, y2]`` in input pixels,
+    ``gt_masks`` (B, M, H, W) the instances' bitmaps (any grid covering the input), ``input_size``
+    (h, w) of the network input.
     """
     sel, matched = matched_queries(match, limit)
     logits = _set_logits(out, outputs, sel)

@@ -22,8 +22,12 @@ class ECSeg(EC):
     input (:mod:`.seg_nn`).
 
     Built for ``task="segment"`` (``LibreYOLO.new("ec", "s", task="segment")``, ``ec-s-seg``) or
-    from a checkpoint whose ``task`` is ``segment`` (or whose keys have the mask head). Inference
-    only: the mask loss is not implemented. CUDA-graph predict is not declared until its GPU run
+    from a checkpoint whose ``task`` is ``segment`` (or whose keys have the mask head). Trains on
+    the segment task's datasets (YOLO-seg polygons, COCO, ``shapes-inst``) with the D-FINE
+    criterion plus the mask terms (:class:`~..detr_common.mask_loss.DetrMaskLoss`: BCE and dice of
+    every decoder layer's and denoising layer's matched queries on the 160 x 160 grid, cut to the
+    instance's box), each layer's mask made with its own number of head blocks as in the original.
+    The training seam (:meth:`train_seam`) is not declared until its GPU rows pass
     (docs/families.md gives the command).
     """
 
@@ -31,7 +35,10 @@ class ECSeg(EC):
     #: the size whose layout is pinned by a fixture (the other sizes' mask heads are unverified)
     SIZES = ("s",)
     TASK_VARIANTS: ClassVar[dict[str, str]] = {"detect": ".ec.model:EC", "pose": ".ec.pose:ECPose"}
-    # predict's graph passed the GPU parity protocol (docs/families.md); no training (no mask loss yet)
+    #: the DETR recipe's optimizer settings (the segment task has no mosaic or DETR augmentation policy)
+    TRAIN_DEFAULTS: ClassVar[dict[str, Any]] = {"optimizer": "AdamW", "lr0": 1e-4, "weight_decay": 1e-4,
+                                                "clip_grad": 0.1}
+    # predict's graph passed the GPU parity protocol (docs/families.md); the training seam has not
     SUPPORTS_CUDA_GRAPH = True
     SUPPORTS_CUDA_GRAPH_TRAIN_SEAM = False
     SIGNATURE_KEYS = EC.SIGNATURE_KEYS + (SEG_HEAD_KEY,
@@ -62,6 +69,23 @@ class ECSeg(EC):
         bias = self.model.mask_head.bias.to(device=feature.device, dtype=feature.dtype)
         return torch.einsum("nc,chw->nhw", embed.to(feature.dtype), feature) + bias
 
-    def train(self, **kwargs: Any) -> dict:
-        raise NotImplementedError("training is not implemented for EC segmentation (inference only: "
-                                  "its mask loss is not written)")
+    def build_loss(self) -> nn.Module:
+        """EC's detection criterion (D-FINE's: :meth:`~..detr_common.model.DetrModel.build_loss`)
+        plus the mask terms, with their default weights (BCE 1, dice 1) and box crop."""
+        from ..detr_common.mask_loss import DetrMaskLoss
+        return DetrMaskLoss(super().build_loss())
+
+    def train_forward(self, net: nn.Module, x: torch.Tensor, targets: torch.Tensor | None = None,
+                      mask: torch.Tensor | None = None, gt_masks: torch.Tensor | None = None) -> Any:
+        """As the detector's (the boxes feed query denoising); the bitmaps (the segment task's
+        third target) are the loss's only. The output carries every layer's mask factors
+        (:class:`~.seg_nn.ECSegNet`)."""
+        return super().train_forward(net, x, targets, mask)
+
+    def train_seam(self, net: nn.Module) -> nn.Module | None:
+        """Backbone + encoder + the mask head's spatial side (:class:`~.seg_nn.ECSegFront`):
+        fixed-shape for a given image size; the decoder, the query side of the head, the matcher
+        and the losses stay eager. Not declared (``SUPPORTS_CUDA_GRAPH_TRAIN_SEAM`` is False)
+        until its GPU rows pass (docs/families.md)."""
+        from .seg_nn import ECSegFront
+        return ECSegFront(net)
