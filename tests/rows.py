@@ -1,4 +1,5 @@
 """Registry-parametrized test rows: adding a family adds rows here, not new test files."""
+import pytest
 
 # (family, size, fixture name) for every architecture fixture a family reproduces.
 FIXTURES = [
@@ -35,6 +36,9 @@ FIXTURES = [
     ("segformer", "b0", "segformer-b0"),
     ("mobilesam", "tiny", "mobilesam-tiny"),
     ("depth_anything", "s", "depth_anything-s"),
+    ("zipdepth", "b", "zipdepth-b"),
+    # 334 M parameters: each of its rows fills and loads ~1.3 GB (about a minute on two cores)
+    pytest.param("depth_anything3", "l", "depth_anything3-l", marks=pytest.mark.slow),
     ("birefnet", "t", "birefnet-t"),
     ("ppocr", "t", "ppocr-t-det"),
     ("ppocr", "t", "ppocr-t-rec"),
@@ -185,6 +189,8 @@ SEGMENT_PROMPT_GRAPH_MODELS = [
 # before SUPPORTS_CUDA_GRAPH flips. No training rows: the family does not train.
 DEPTH_GRAPH_MODELS = [
     ("depth_anything", "s"),
+    ("zipdepth", "b"),
+    ("depth_anything3", "l"),
 ]
 
 # (family, size) of matting models that must pass the GPU parity protocol (with a predict seam: the
@@ -224,6 +230,8 @@ VARIANT_TRAIN_GRAPH_MODELS = [
 # on the test's model instance only), and what fails today is marked xfail(strict=True), so the day
 # it passes the suite says so and the family can declare SUPPORTS_CUDA_GRAPH. Family -> why.
 GRAPH_PENDING: dict[str, str] = {}
+GRAPH_PENDING["zipdepth"] = "no GPU run yet (the command: docs/families.md, ZipDepth)"
+GRAPH_PENDING["depth_anything3"] = "no GPU run yet (the command: docs/families.md, Depth Anything 3)"
 # Families whose training capture is built but not declared (SUPPORTS_CUDA_GRAPH_TRAIN False): the
 # GPU training rows of tests/gpu/test_tasks_gpu.py run for them too, marked xfail(strict=False) -
 # the report shows which rows pass (XPASS) and which do not. Family -> why it is not declared.
