@@ -35,6 +35,9 @@ FIXTURES = [
     ("segformer", "b0", "segformer-b0"),
     ("mobilesam", "tiny", "mobilesam-tiny"),
     ("depth_anything", "s", "depth_anything-s"),
+    ("zipdepth", "b", "zipdepth-b"),
+    # 334 M parameters: each of its rows fills and loads ~1.3 GB (about a minute on two cores)
+    ("depth_anything3", "l", "depth_anything3-l"),
     ("birefnet", "t", "birefnet-t"),
     ("feynobg", "l", "feynobg-l"),
     ("ppocr", "t", "ppocr-t-det"),
@@ -49,6 +52,7 @@ FIXTURES = [
 # tests/unit/test_fixtures.py are marked slow (LIBREYOLO_SLOW=1 runs them). Fixture -> why.
 SLOW_FIXTURES = {
     "feynobg-l": "262.8 M parameters (BiRefNet with a 24-block Swin-L stage): 16-35 s per row on one core",
+    "depth_anything3-l": "334.2 M parameters (ViT-L/14 + DPT): about 40 s per row on one core",
 }
 
 # The sub-network a fixture's forward ran (its json's "forward"), where it is not the whole network.
@@ -192,7 +196,10 @@ SEGMENT_PROMPT_GRAPH_MODELS = [
 # before SUPPORTS_CUDA_GRAPH flips. No training rows: the family does not train.
 DEPTH_GRAPH_MODELS = [
     ("depth_anything", "s"),
+    ("depth_anything3", "l"),
 ]
+# Not in DEPTH_GRAPH_MODELS: zipdepth, whose network takes multiples of 32 while these rows probe the
+# raw network at 518 (IMGSZ in tests/gpu/test_tasks_gpu.py); its GPU command is in docs/families.md.
 
 # (family, size) of matting models that must pass the GPU parity protocol (with a predict seam: the
 # captured encoder, and the seam's claim that replayed encoder + eager decoder == all eager).
@@ -234,6 +241,7 @@ VARIANT_TRAIN_GRAPH_MODELS = [
 GRAPH_PENDING: dict[str, str] = {}
 GRAPH_PENDING["feynobg"] = ("BiRefNet's seam and code at a 24-block stage: no GPU has run it yet "
                             "(docs/families.md, \"Matting\")")
+GRAPH_PENDING["depth_anything3"] = "no GPU run yet (the command: docs/families.md, Depth Anything 3)"
 # Families whose training capture is built but not declared (SUPPORTS_CUDA_GRAPH_TRAIN False): the
 # GPU training rows of tests/gpu/test_tasks_gpu.py run for them too, marked xfail(strict=False) -
 # the report shows which rows pass (XPASS) and which do not. Family -> why it is not declared.

@@ -45,6 +45,8 @@ _TABLE: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "segformer": (".segformer.model:Segformer", "LibreSegformer", ("b0", "b1", "b2", "b3", "b4", "b5")),
     "mobilesam": (".mobilesam.model:MobileSAM", "LibreMobileSAM", ("tiny",)),
     "depth_anything": (".depth_anything.model:DepthAnything", "LibreDepthAnythingV2", ("s", "b", "l")),
+    "depth_anything3": (".depth_anything3.model:DepthAnything3", "LibreDepthAnything3", ("l",)),
+    "zipdepth": (".zipdepth.model:ZipDepth", "LibreZipDepth", ("b",)),
     "birefnet": (".birefnet.model:BiRefNet", "LibreBiRefNet", ("t", "l")),
     "feynobg": (".feynobg.model:FeyNobg", "LibreFeyNobg", ("l",)),
     "ppocr": (".ppocr.model:PPOCR", "LibrePPOCR", ("t",)),

@@ -11,7 +11,46 @@ from ..base import Model
 from .nn import CONFIGS, PATCH, DepthAnythingNet
 
 
-class DepthAnything(Model):
+class DepthFamily(Model):
+    """What the depth families share (Depth Anything V2, Depth Anything 3, ZipDepth): one output
+    channel named ``depth``, :meth:`infer` = the network's float32 map, and the training recipe
+    plumbing - ``TRAIN_DEFAULTS`` for trained weights, ``SCRATCH_LR0`` (when set) from random ones,
+    and a nominal batch equal to the batch (the task's loss is a per-image mean)."""
+
+    TASK = "depth"
+    #: lr0 from random weights (None: the recipe's own)
+    SCRATCH_LR0: float | None = None
+
+    def __init__(self, net: nn.Module, *, nc: int = 1, names: Any = None, **kwargs: Any):
+        # one output channel, whatever a caller's generic default (nc=80) says
+        super().__init__(net, nc=1, names=names if names is not None else {0: "depth"}, **kwargs)
+
+    @classmethod
+    def nc_from_state_dict(cls, state_dict: dict[str, torch.Tensor]) -> int | None:
+        return 1
+
+    def train_defaults(self) -> dict[str, Any]:
+        """The recipe for trained weights, ``SCRATCH_LR0`` from random ones; at this model's input
+        size and with the nominal batch equal to the batch (set in :meth:`train`)."""
+        d = {**self.TRAIN_DEFAULTS, "imgsz": self.imgsz}
+        if not self.trained and self.SCRATCH_LR0 is not None:
+            d["lr0"] = self.SCRATCH_LR0
+        return d
+
+    def train(self, **kwargs: Any) -> dict:
+        """Train as :meth:`Model.train`; ``nbs`` defaults to ``batch`` (the loss is a per-image mean)."""
+        if kwargs.get("nbs") is None:
+            from ...engine.config import RunConfig
+            batch = kwargs.get("batch")
+            kwargs["nbs"] = int(batch if batch is not None else RunConfig.batch)
+        return super().train(**kwargs)
+
+    def infer(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, 3, S, S) RGB in [0, 1] -> float32 relative inverse depth (B, 1, S, S), >= 0."""
+        return self.model(x).float()
+
+
+class DepthAnything(DepthFamily):
     """Depth Anything V2 (DINOv2 ViT-S/B/L encoder + DPT head), sizes s, b, l, task ``depth``.
 
     The network takes RGB in [0, 1] and applies the ImageNet mean / std itself, so the shared
@@ -26,7 +65,6 @@ class DepthAnything(Model):
     """
 
     FAMILY = "depth_anything"
-    TASK = "depth"
     SUPPORTS_CUDA_GRAPH = True   # GPU parity: DEPTH_GRAPH_MODELS in tests/gpu/test_tasks_gpu.py (docs/families.md)
     SIZES = tuple(CONFIGS)
     FILE_PREFIX = "LibreDepthAnythingV2"   # the LibreYOLO checkpoint names: LibreDepthAnythingV2s.pt, ...
@@ -51,19 +89,11 @@ class DepthAnything(Model):
     #: lr0 from random weights (the rest of the recipe unchanged); see docs/families.md
     SCRATCH_LR0 = 3e-4
 
-    def __init__(self, net: nn.Module, *, nc: int = 1, names: Any = None, **kwargs: Any):
-        # one output channel, whatever a caller's generic default (nc=80) says
-        super().__init__(net, nc=1, names=names if names is not None else {0: "depth"}, **kwargs)
-
     @classmethod
     def build_network(cls, size: str, nc: int = 1) -> nn.Module:
         if size not in CONFIGS:
             raise ValueError(f"unknown size {size!r} for {cls.FAMILY}; sizes: {', '.join(cls.SIZES)}")
         return DepthAnythingNet(size)
-
-    @classmethod
-    def nc_from_state_dict(cls, state_dict: dict[str, torch.Tensor]) -> int | None:
-        return 1
 
     #: the bias the last 1x1 conv starts with when training from random weights (see below)
     OUTPUT_BIAS = 1.0
@@ -79,22 +109,3 @@ class DepthAnything(Model):
             conv.bias.fill_(self.OUTPUT_BIAS)
         return 1
 
-    def train_defaults(self) -> dict[str, Any]:
-        """The fine-tuning recipe for trained weights, ``SCRATCH_LR0`` from random ones; at this
-        model's input size and with the nominal batch equal to the batch (set in :meth:`train`)."""
-        d = {**self.TRAIN_DEFAULTS, "imgsz": self.imgsz}
-        if not self.trained:
-            d["lr0"] = self.SCRATCH_LR0
-        return d
-
-    def train(self, **kwargs: Any) -> dict:
-        """Train as :meth:`Model.train`; ``nbs`` defaults to ``batch`` (the loss is a per-image mean)."""
-        if kwargs.get("nbs") is None:
-            from ...engine.config import RunConfig
-            batch = kwargs.get("batch")
-            kwargs["nbs"] = int(batch if batch is not None else RunConfig.batch)
-        return super().train(**kwargs)
-
-    def infer(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, 3, S, S) RGB in [0, 1] -> float32 relative inverse depth (B, 1, S, S), >= 0."""
-        return self.model(x).float()

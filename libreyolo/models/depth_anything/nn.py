@@ -82,18 +82,22 @@ class DinoViT(nn.Module):
     """The DINOv2-style ViT encoder (see the module docstring); :meth:`forward` returns the
     normalized patch tokens (B, N, C) of the requested blocks."""
 
-    def __init__(self, cfg: DepthAnythingConfig):
+    def __init__(self, cfg: DepthAnythingConfig, *, mask_token: bool = True, norm_eps: float = 1e-6):
+        """``mask_token``: the layout holds DINOv2's (unused) mask token; ``norm_eps``: the closing
+        norm's epsilon (the blocks' norms keep 1e-6). Depth Anything 3 has no mask token and
+        closes with a default ``nn.LayerNorm`` (1e-5)."""
         super().__init__()
         from timm.models.vision_transformer import Block
         dim = cfg.embed_dim
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
         self.pos_embed = nn.Parameter(torch.zeros(1, NATIVE_GRID * NATIVE_GRID + 1, dim))
-        self.mask_token = nn.Parameter(torch.zeros(1, dim))
+        if mask_token:
+            self.mask_token = nn.Parameter(torch.zeros(1, dim))
         self.patch_embed = PatchEmbed(dim)
         norm = partial(nn.LayerNorm, eps=1e-6)
         self.blocks = nn.ModuleList([Block(dim, cfg.heads, mlp_ratio=4.0, qkv_bias=True, init_values=1.0,
                                            norm_layer=norm) for _ in range(cfg.depth)])
-        self.norm = norm(dim)
+        self.norm = nn.LayerNorm(dim, eps=norm_eps)
         nn.init.trunc_normal_(self.pos_embed, std=0.02)
         nn.init.normal_(self.cls_token, std=1e-6)
 
@@ -173,15 +177,22 @@ class Scratch(nn.Module):
 class DPTHead(nn.Module):
     """The DPT decoder (see the module docstring)."""
 
-    def __init__(self, dim: int, features: int, out_channels: tuple[int, int, int, int]):
+    def __init__(self, dim: int, features: int, out_channels: tuple[int, int, int, int],
+                 scratch: nn.Module | None = None):
+        """``scratch``: the fusion and output part (default: Depth Anything V2's :class:`Scratch`)."""
         super().__init__()
         self.projects = nn.ModuleList([nn.Conv2d(dim, c, 1) for c in out_channels])
         c0, c1, _, c3 = out_channels
         self.resize_layers = nn.ModuleList([nn.ConvTranspose2d(c0, c0, 4, 4), nn.ConvTranspose2d(c1, c1, 2, 2),
                                             nn.Identity(), nn.Conv2d(c3, c3, 3, 2, 1)])
-        self.scratch = Scratch(out_channels, features)
+        self.scratch = Scratch(out_channels, features) if scratch is None else scratch
 
     def forward(self, tokens: list[torch.Tensor], gh: int, gw: int) -> torch.Tensor:
+        return self.scratch.output_conv2(self.features(tokens, gh, gw))
+
+    def features(self, tokens: list[torch.Tensor], gh: int, gw: int) -> torch.Tensor:
+        """Everything before ``output_conv2``: the fused map after ``output_conv1``, resized to
+        the input size (B, features / 2, 14 gh, 14 gw)."""
         maps = []
         for i, t in enumerate(tokens):
             x = t.transpose(1, 2).reshape(t.shape[0], t.shape[-1], gh, gw)
@@ -193,8 +204,7 @@ class DPTHead(nn.Module):
         p = s.refinenet2(p, l2, size=tuple(l1.shape[-2:]))
         p = s.refinenet1(p, l1)
         out = s.output_conv1(p)
-        out = F.interpolate(out, size=(gh * PATCH, gw * PATCH), mode="bilinear", align_corners=True)
-        return s.output_conv2(out)
+        return F.interpolate(out, size=(gh * PATCH, gw * PATCH), mode="bilinear", align_corners=True)
 
 
 class DepthAnythingNet(nn.Module):

@@ -1,0 +1,1 @@
+"""Depth Anything 3 (monocular relative depth: DA3-Mono)."""

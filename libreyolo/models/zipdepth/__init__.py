@@ -1,0 +1,1 @@
+"""ZipDepth (lightweight monocular relative depth, re-parameterizable CNN)."""
