@@ -42,6 +42,8 @@ FIXTURES = [
     ("yolo2", "t", "yolo2-t"),
     ("yolo3", "t", "yolo3-t"),
     ("yolo4", "t", "yolo4-t"),
+    ("pidnet", "s", "pidnet-s"),
+    ("lingbotvision", "s", "lingbotvision-s"),
 ]
 
 # The sub-network a fixture's forward ran (its json's "forward"), where it is not the whole network.
@@ -258,6 +260,8 @@ ONNX_MODELS = [
     ("yolo2", "t"),
     ("yolo3", "t"),
     ("yolo4", "t"),
+    ("pidnet", "s"),
+    ("lingbotvision", "s"),
 ]
 # Not in ONNX_MODELS: yolo9_p2. It exports (static and dynamic), but under the fill weights its
 # stride-4 level holds many anchors of exactly equal score, and eager and onnxruntime break those

@@ -48,6 +48,8 @@ _TABLE: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "birefnet": (".birefnet.model:BiRefNet", "LibreBiRefNet", ("t", "l")),
     "ppocr": (".ppocr.model:PPOCR", "LibrePPOCR", ("t",)),
     "yolo1": (".yolo1.model:Yolo1", "LibreYOLO1", ("t", "b")),
+    "pidnet": (".pidnet.model:Pidnet", "LibrePIDNet", ("s", "m", "l")),
+    "lingbotvision": (".lingbotvision.model:LingBotVision", "LibreLingBotVision", ("s", "b", "l", "g")),
 }
 
 
