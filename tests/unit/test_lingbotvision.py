@@ -103,7 +103,7 @@ def test_predict_stretches_and_maps_the_argmax_back():
 def test_recipe_is_the_linear_probe_for_trained_weights_only():
     m = LibreYOLO.new("lingbotvision", "s", nc=6, device="cpu")
     d = m.train_defaults()
-    assert d["optimizer"] == "AdamW" and d["lr0"] == m.SCRATCH_LR0 and "freeze" not in d and d["cos_lr"]
+    assert d["optimizer"] == "AdamW" and d["lr0"] == 1e-3 and "freeze" not in d and d["cos_lr"]
     m.trained = True
     d = m.train_defaults()
     assert d["lr0"] == 1e-3 and d["freeze"] == "backbone" and d["color_jitter"] == 0.0

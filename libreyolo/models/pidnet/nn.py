@@ -17,7 +17,8 @@ Three branches from one stem (``conv1``: two stride-2 3x3 convs with bias, Batch
 ``dfm`` (Light-Bag for s and m, Bag for l) fuses them: ``sigmoid(D)`` weighs detail (P) against
 context (I); ``final_layer`` (BN, ReLU, 3x3 conv, BN, ReLU, 1x1 conv) gives the class logits at
 1/8 of the input. Every resize inside the network is bilinear with ``align_corners=False`` (the
-original's ``algc``), every BatchNorm keeps PyTorch's eps 1e-5, momentum 0.1.
+original's ``algc``; through ``ops.interpolate.resize_bilinear``: the same forward, a deterministic
+backward), every BatchNorm keeps PyTorch's eps 1e-5, momentum 0.1.
 
 Training adds the original's two auxiliary heads (:meth:`PIDNetNet.add_aux_heads`):
 ``seghead_p`` (class logits from the P branch after ``pag3``) and ``seghead_d`` (one boundary logit
@@ -37,6 +38,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from ...ops.interpolate import resize_bilinear
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -61,7 +64,9 @@ CONFIGS: dict[str, PIDNetConfig] = {
 
 
 def _up(x: torch.Tensor, size) -> torch.Tensor:
-    return F.interpolate(x, size=size, mode="bilinear", align_corners=False)
+    """Bilinear resize, ``align_corners=False``: ``F.interpolate``'s forward with a deterministic
+    backward (``ops.interpolate``)."""
+    return resize_bilinear(x, tuple(size))
 
 
 def _conv_bn(c_in: int, c_out: int, k: int = 1, stride: int = 1) -> nn.Sequential:
