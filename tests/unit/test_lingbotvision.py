@@ -111,7 +111,7 @@ def test_recipe_is_the_linear_probe_for_trained_weights_only():
 
 @pytest.mark.slow
 def test_two_epochs_on_shapes_seg_beat_the_untrained_model(tmp_path):
-    """Two epochs of cross-entropy on the upsampled logits (about 30 s here): the validation mIoU
+    """Two epochs of cross-entropy on the upsampled logits: the validation mIoU
     rises above the untrained model's; the checkpoint loads and predicts."""
     yaml = make_shapes_seg_dataset(tmp_path / "ds", n_train=16, n_val=8, imgsz=64, seed=0)
     m = LibreYOLO.new("lingbotvision", "s", nc=6, device="cpu", seed=0)

@@ -218,7 +218,7 @@ def test_train_adds_training_heads_seeded_by_the_run(monkeypatch):
 
 @pytest.mark.slow
 def test_two_epochs_on_shapes_seg_beat_the_untrained_model(tmp_path):
-    """Two epochs with the boundary-aware loss on the built-in set's kind of data (about 15 s here):
+    """Two epochs with the boundary-aware loss on the built-in set's kind of data:
     the loss falls, the validation mIoU rises above the untrained model's, the checkpoints hold
     the training heads and load with them, the CLI validates them."""
     yaml = make_shapes_seg_dataset(tmp_path / "ds", n_train=16, n_val=8, imgsz=64, seed=0)
