@@ -46,6 +46,8 @@ FIXTURES = [
     ("yolo2", "t", "yolo2-t"),
     ("yolo3", "t", "yolo3-t"),
     ("yolo4", "t", "yolo4-t"),
+    ("pidnet", "s", "pidnet-s"),
+    ("lingbotvision", "s", "lingbotvision-s"),
 ]
 
 # Fixtures of large networks (seconds to fill, build and run on one core): their rows in
@@ -276,6 +278,8 @@ ONNX_MODELS = [
     ("yolo2", "t"),
     ("yolo3", "t"),
     ("yolo4", "t"),
+    ("pidnet", "s"),
+    ("lingbotvision", "s"),
 ]
 # Not in ONNX_MODELS: yolo9_p2. It exports (static and dynamic), but under the fill weights its
 # stride-4 level holds many anchors of exactly equal score, and eager and onnxruntime break those

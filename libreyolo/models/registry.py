@@ -51,6 +51,8 @@ _TABLE: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "feynobg": (".feynobg.model:FeyNobg", "LibreFeyNobg", ("l",)),
     "ppocr": (".ppocr.model:PPOCR", "LibrePPOCR", ("t",)),
     "yolo1": (".yolo1.model:Yolo1", "LibreYOLO1", ("t", "b")),
+    "pidnet": (".pidnet.model:Pidnet", "LibrePIDNet", ("s", "m", "l")),
+    "lingbotvision": (".lingbotvision.model:LingBotVision", "LibreLingBotVision", ("s", "b", "l", "g")),
 }
 
 

@@ -1,0 +1,1 @@
+"""LingBot-Vision semantic-segmentation family (network in ``nn``)."""

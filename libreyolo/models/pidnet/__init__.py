@@ -1,0 +1,1 @@
+"""PIDNet semantic-segmentation family (network in ``nn``, training loss in ``loss``)."""
