@@ -22,7 +22,10 @@ _LAZY = {"LibreYOLO": (".factory", "LibreYOLO"), "SAMPLE_IMAGE": (".assets", "SA
 _FAMILY_NAMES = ("LibreYOLO9", "LibreYOLOX", "LibreYOLO7", "LibreRTMDet", "LibrePICODET", "LibreRTDETR",
                  "LibreRTDETRv2", "LibreDFINE", "LibreDEIM", "LibreDEIMv2", "LibreEC", "LibreRTDETRv4",
                  "LibreResNet", "LibreEfficientNetV2", "LibreMobileNetV4", "LibreConvNeXt", "LibreSegformer",
-                 "LibreMobileSAM", "LibreDepthAnythingV2", "LibreBiRefNet", "LibrePPOCR")
+                 "LibreMobileSAM", "LibreDepthAnythingV2", "LibreBiRefNet", "LibrePPOCR", "LibreYOLO9P2",
+                 "LibreYOLO9E2E", "LibreYOLO1", "LibreYOLO2", "LibreYOLO3", "LibreYOLO4", "LibrePPYOLOE",
+                 "LibreYOLONAS", "LibreDepthAnything3", "LibreZipDepth", "LibreFeyNobg", "LibrePIDNet",
+                 "LibreLingBotVision")
 _RESULT_NAMES = ("Results", "Boxes", "Probs", "SemanticMask", "DepthMap", "Matte", "OCRRegions", "Masks",
                  "Keypoints")
 
@@ -30,7 +33,9 @@ __all__ = ["LibreYOLO", "SAMPLE_IMAGE", "list_models", "__version__",
            "LibreYOLO9", "LibreYOLOX", "LibreYOLO7", "LibreRTMDet", "LibrePICODET", "LibreRTDETR", "LibreRTDETRv2",
            "LibreDFINE", "LibreDEIM", "LibreDEIMv2", "LibreEC", "LibreRTDETRv4", "LibreResNet", "LibreEfficientNetV2",
            "LibreMobileNetV4", "LibreConvNeXt", "LibreSegformer", "LibreMobileSAM", "LibreDepthAnythingV2",
-           "LibreBiRefNet", "LibrePPOCR",
+           "LibreBiRefNet", "LibrePPOCR", "LibreYOLO9P2", "LibreYOLO9E2E", "LibreYOLO1", "LibreYOLO2", "LibreYOLO3",
+           "LibreYOLO4", "LibrePPYOLOE", "LibreYOLONAS", "LibreDepthAnything3", "LibreZipDepth", "LibreFeyNobg",
+           "LibrePIDNet", "LibreLingBotVision",
            "Results", "Boxes", "Probs", "SemanticMask", "DepthMap", "Matte", "OCRRegions", "Masks", "Keypoints"]
 
 

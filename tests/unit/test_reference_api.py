@@ -51,6 +51,13 @@ def test_every_offered_top_level_name_imports():
         _ = libreyolo.LibreSAM3   # a family not offered here: an AttributeError, as any unknown name
 
 
+def test_every_family_has_its_top_level_name():
+    """A new family's file prefix (its LibreYOLO 1.6.0 class name) is offered at the top level."""
+    from libreyolo.models.registry import naming
+    prefixes = {prefix for prefix, _ in naming().values()}
+    assert prefixes <= set(libreyolo._FAMILY_NAMES), sorted(prefixes - set(libreyolo._FAMILY_NAMES))
+
+
 def test_factory_arguments_and_model_attributes(weights):
     model = LibreYOLO(str(weights), nb_classes=80, size="t", task="detect", device="cpu")
     assert model.nb_classes == 80 and model.task == "detect" and isinstance(model.task, str)
