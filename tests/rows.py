@@ -185,6 +185,8 @@ CLASSIFY_GRAPH_MODELS = [
 # stage with the argmax inside the graph; training step) before their SUPPORTS_CUDA_GRAPH* flags flip.
 SEMANTIC_GRAPH_MODELS = [
     ("segformer", "b0"),
+    ("pidnet", "s"),
+    ("lingbotvision", "s"),
 ]
 
 # (family, size) of promptable-segmentation models that must pass the GPU parity protocol (network,
@@ -244,6 +246,8 @@ GRAPH_PENDING: dict[str, str] = {}
 GRAPH_PENDING["feynobg"] = ("BiRefNet's seam and code at a 24-block stage: no GPU has run it yet "
                             "(docs/families.md, \"Matting\")")
 GRAPH_PENDING["depth_anything3"] = "no GPU run yet (the command: docs/families.md, Depth Anything 3)"
+GRAPH_PENDING["pidnet"] = "no GPU run yet (docs/families.md, PIDNet and LingBot-Vision)"
+GRAPH_PENDING["lingbotvision"] = "no GPU run yet (docs/families.md, PIDNet and LingBot-Vision)"
 # Families whose training capture is built but not declared (SUPPORTS_CUDA_GRAPH_TRAIN False): the
 # GPU training rows of tests/gpu/test_tasks_gpu.py run for them too, marked xfail(strict=False) -
 # the report shows which rows pass (XPASS) and which do not. Family -> why it is not declared.

@@ -21,7 +21,8 @@ timeout 200 python3 -m pytest -m cuda -p no:cacheprovider -v --tb=short -n 3 tes
   -k "yolo2 or yolo3 or yolo4" > "$OUT/train.log" 2>&1; echo "train rc=$?" >> "$OUT/train.log"
 # 4. the flagged families whose shared modules the new ones extended (outputs bitwise unchanged on
 #    the CPU): Depth Anything V2 (Depth Anything 3 shares its encoder and DPT head) and BiRefNet
-#    (FeyNobg: a SwinConfig argument), with the new families' own rows (pending: xfail strict)
+#    (FeyNobg: a SwinConfig argument), with the new families' own rows (pending: xfail strict;
+#    PIDNet and LingBot-Vision among the semantic rows)
 timeout 150 python3 -m pytest -m cuda -p no:cacheprovider -v --tb=short -n 3 tests/gpu/test_tasks_gpu.py \
-  -k "depth_anything or birefnet or feynobg" > "$OUT/dense.log" 2>&1; echo "dense rc=$?" >> "$OUT/dense.log"
+  -k "depth_anything or birefnet or feynobg or pidnet or lingbotvision or segformer" > "$OUT/dense.log" 2>&1; echo "dense rc=$?" >> "$OUT/dense.log"
 grep -hE "FAILED|passed|failed|rc=" "$OUT"/*.log | tail -30; cat "$OUT/darknet-verify.log" | grep -v UNTRAINED
