@@ -174,3 +174,10 @@ def test_tta_refused_for_a_model_of_one_input_size():
     with pytest.raises(ValueError, match=r"augment=True predicts at the sizes \[448, 384, 320\], which yolo1-t "
                                          "cannot: YOLOv1 takes a fixed 448x448 input"):
         m(np.zeros((32, 32, 3), np.uint8), augment=True)
+
+
+def test_track_takes_tiling(oracle):
+    for _ in range(3):   # a stream of frames: the tiled boxes reach the tracker
+        r = oracle.track(scene(), persist=True, imgsz=SIZE, tiling=True, overlap_ratio=0.25)[0]
+    assert torch.equal(r.boxes.data, torch.tensor([[30.0, 20.0, 60.0, 30.0, 0.75, 0.0]]))
+    assert r.boxes.id is not None and len(r.boxes.id) == 1
