@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 import tempfile
@@ -120,7 +121,8 @@ def main() -> int:
            "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
            "device": torch.cuda.get_device_name(0) if args.device.startswith("cuda") else (platform.processor()
                                                                                           or platform.machine()),
-           "threads": torch.get_num_threads(), "torch": torch.__version__}
+           "threads": torch.get_num_threads(), "load_avg_1min_end": round(os.getloadavg()[0], 2),
+           "torch": torch.__version__}
     print(json.dumps(out), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
