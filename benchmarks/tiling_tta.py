@@ -17,7 +17,7 @@ is shrunk to ``--imgsz``), each arm a plain ``model.predict`` call over the imag
   and the variants ``tiled_iou`` (IoU merge) and ``tiled_nofull`` (no full pass);
 * ``tta``: ``augment=True`` at ``--imgsz``;
 * ``plain_canvas``: predict at the canvas's own size (one pass at full resolution: what tiling
-  approximates with fixed-size inputs).
+  approximates with fixed-size inputs), and ``tta_canvas``: ``augment=True`` there.
 
 Each arm reports COCO mAP50 / mAP50-95 (``libreyolo.tasks.detect.metrics.evaluate_detections``,
 at ``conf=0.001`` as validation does) and the wall time per image. Nothing is tuned on the
@@ -49,6 +49,16 @@ def labels_px(label: Path, w: int, h: int) -> np.ndarray:
     return np.stack([c, (cx - bw / 2) * w, (cy - bh / 2) * h, (cx + bw / 2) * w, (cy + bh / 2) * h], 1)
 
 
+def cpu_name() -> str:
+    """The CPU's model name and core count (Linux), else the machine type."""
+    try:
+        names = [ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                 if ln.startswith("model name")]
+    except OSError:
+        names = []
+    return f"{names[0]} x{len(names)}" if names else platform.machine()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="yolo9-t", help="family-size of the model trained (e.g. yolo9-t, yolox-n)")
@@ -62,7 +72,7 @@ def main() -> int:
     ap.add_argument("--canvas", type=int, default=1024, help="the evaluation canvases' long side")
     ap.add_argument("--overlap", type=float, default=0.2)
     ap.add_argument("--arms", nargs="+", default=["plain", "tiled", "tiled_iou", "tiled_nofull", "tta",
-                                                   "plain_canvas"])
+                                                   "plain_canvas", "tta_canvas"])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
@@ -99,7 +109,8 @@ def main() -> int:
     arms = {"plain": dict(imgsz=s), "tiled": dict(imgsz=s, tiling=True, overlap_ratio=args.overlap),
             "tiled_iou": dict(imgsz=s, tiling=True, overlap_ratio=args.overlap, tile_merge="iou"),
             "tiled_nofull": dict(imgsz=s, tiling=True, overlap_ratio=args.overlap, tile_full=False),
-            "tta": dict(imgsz=s, augment=True), "plain_canvas": dict(imgsz=args.canvas)}
+            "tta": dict(imgsz=s, augment=True), "plain_canvas": dict(imgsz=args.canvas),
+            "tta_canvas": dict(imgsz=args.canvas, augment=True)}
     rows = {}
     for name in args.arms:
         opts = arms[name]
@@ -119,8 +130,7 @@ def main() -> int:
                                                                           round(max(sides), 1)],
            "arms": rows, "command": " ".join([Path(sys.executable).name, *sys.argv]),
            "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
-           "device": torch.cuda.get_device_name(0) if args.device.startswith("cuda") else (platform.processor()
-                                                                                          or platform.machine()),
+           "device": torch.cuda.get_device_name(0) if args.device.startswith("cuda") else cpu_name(),
            "threads": torch.get_num_threads(), "load_avg_1min_end": round(os.getloadavg()[0], 2),
            "torch": torch.__version__}
     print(json.dumps(out), flush=True)
