@@ -61,7 +61,8 @@ class ShapesStyle:
     ``max_hidden``: the fraction of an earlier shape a new one may hide (0: shapes never
     overlap); ``backgrounds``: the kinds drawn from (see :data:`BACKGROUNDS`); ``grain``: the
     probability of pixel noise on a background; ``max_tilt``: the largest rotation of
-    non-circles, in degrees.
+    non-circles, in degrees; ``extent_px``: the size range in pixels instead, whatever the
+    image's size (small-object sets: the same objects on small and large canvases).
     """
 
     objects: tuple[int, int] = (1, 6)
@@ -70,6 +71,7 @@ class ShapesStyle:
     backgrounds: tuple[str, ...] = BACKGROUNDS
     grain: float = 0.5
     max_tilt: float = 20.0
+    extent_px: tuple[float, float] | None = None
 
     def __post_init__(self) -> None:
         lo, hi = self.objects
@@ -87,14 +89,30 @@ class ShapesStyle:
                              f"got {self.backgrounds}")
         if not 0.0 <= self.grain <= 1.0:
             raise ValueError(f"ShapesStyle.grain must be a probability, got {self.grain}")
+        if self.extent_px is not None and not 4.0 <= self.extent_px[0] <= self.extent_px[1]:
+            raise ValueError(f"ShapesStyle.extent_px must be (smallest, largest) pixels with 4 <= smallest <= "
+                             f"largest, got {self.extent_px}")
+
+    def fields(self) -> dict:
+        """The style's fields as the manifest and a custom style's name record them (``extent_px``
+        only when set, so the styles made before it keep their manifests and names)."""
+        out = asdict(self)
+        if out["extent_px"] is None:
+            del out["extent_px"]
+        return out
 
 
 #: Named styles. ``default`` is the ``shapes`` set; ``easy`` is the demo's: 3 to 6 well-separated
-#: shapes of 18% to 40% of the short side on flat, gradient or smooth-noise backgrounds.
+#: shapes of 18% to 40% of the short side on flat, gradient or smooth-noise backgrounds; ``small``
+#: is the small-object set (sliced inference, test-time augmentation): 4 to 12 well-separated
+#: shapes of 6 to 32 pixels whatever the canvas, on calm backgrounds - on a large canvas
+#: (``imgsz=1280``) they are a few pixels once the image is shrunk to a network's input.
 SHAPES_STYLES: dict[str, ShapesStyle] = {
     "default": ShapesStyle(),
     "easy": ShapesStyle(objects=(3, 6), extent=(0.18, 0.40), max_hidden=0.0,
                         backgrounds=("flat", "gradient", "noise"), grain=0.3, max_tilt=20.0),
+    "small": ShapesStyle(objects=(4, 12), extent=(0.02, 0.1), max_hidden=0.0,
+                         backgrounds=("flat", "gradient", "noise"), grain=0.3, max_tilt=20.0, extent_px=(6.0, 32.0)),
 }
 
 
@@ -127,7 +145,7 @@ def make_shapes_dataset(
     style_name, style = _style(style)
     params = sized_params(_VERSION, n_train, n_val, imgsz, seed)
     if style_name != "default":  # the default set keeps the manifest (and folder) it always had
-        params["style"] = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(style).items()}
+        params["style"] = {k: list(v) if isinstance(v, tuple) else v for k, v in style.fields().items()}
     tag = _VERSION if style_name == "default" else f"{_VERSION}-{style_name}"
     root = cache_root(root, f"{tag}-{n_train}-{n_val}-{imgsz}-{seed}")
     return build_once(root, params, "shapes", functools.partial(_generate, style=style),
@@ -146,7 +164,7 @@ def _style(style: ShapesStyle | str) -> tuple[str, ShapesStyle]:
     for name, known in SHAPES_STYLES.items():
         if style == known:
             return name, known
-    digest = hashlib.sha256(json.dumps(asdict(style), sort_keys=True).encode()).hexdigest()[:10]
+    digest = hashlib.sha256(json.dumps(style.fields(), sort_keys=True).encode()).hexdigest()[:10]
     return f"custom{digest}", style
 
 
@@ -211,7 +229,7 @@ def render_shapes_labelled(
     for _ in range(int(rng.integers(lo, hi + 1))):
         for _attempt in range(25):
             cls = int(rng.integers(len(SHAPE_NAMES)))
-            extent = rng.uniform(*style.extent) * short
+            extent = rng.uniform(*style.extent_px) if style.extent_px else rng.uniform(*style.extent) * short
             mask = shape_mask(rng, cls, extent, width, height, style.max_tilt)
             area = int(mask.sum())
             if area < 16:

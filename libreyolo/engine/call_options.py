@@ -91,17 +91,6 @@ def _opset(name: str, value: Any) -> int:
     return check_int(name, value, MIN_OPSET)
 
 
-def _planned(what: str) -> Any:
-    """The check of an option LibreYOLO 1.6.0 has and this library plans: refused when asked for."""
-    def check(name: str, value: Any) -> Any:
-        from ..options import parse_bool
-        if value is None or (name != "overlap_ratio" and not parse_bool(name, value)):
-            return None if value is None else False
-        raise OptionError(f"{name}: {what} is planned (with the ecosystem work: sliced inference and test-time "
-                          f"augmentation) and not offered yet; leave {name} out")
-    return check
-
-
 def _output_format(name: str, value: Any) -> Any:
     from ..options import check_choice
     return None if value is None else check_choice(name, str(value).lower().lstrip("."), ("jpg", "jpeg", "png",
@@ -152,12 +141,18 @@ class PredictOptions:
                          cli=False)
     half: Any = option(None, "accepted and ignored, as LibreYOLO 1.6.0 does (a warning says so); the half path "
                              "is precision=fp16", Bool(none=True), cli=False)
-    augment: Any = option(None, "test-time augmentation: planned, refused for now",
-                          Custom(_planned("test-time augmentation"), "false", none=True), cli=False)
-    tiling: Any = option(None, "sliced (tiled) inference of large images: planned, refused for now",
-                         Custom(_planned("sliced (tiled) inference"), "false", none=True), cli=False)
-    overlap_ratio: Any = option(None, "the tiles' overlap of sliced inference: planned, refused for now",
-                                Custom(_planned("sliced (tiled) inference"), "nothing", none=True), cli=False)
+    augment: bool = option(False, "detection: test-time augmentation, the image at 1, 0.83 (flipped) and 0.67 of "
+                                  "imgsz, the boxes merged", Bool())
+    tiling: bool = option(False, "detection: sliced inference of large images, overlapping tiles of tile pixels "
+                                 "each predicted at imgsz, the boxes merged", Bool())
+    tile: Any = option(None, "with tiling: the tiles' side in the image's pixels (default: imgsz)",
+                       Int(1, none=True))
+    overlap_ratio: float = option(0.2, "with tiling: neighbouring tiles overlap by this fraction of a tile",
+                                  Float(0.0, 1.0, max_inclusive=False))
+    tile_full: bool = option(True, "with tiling: also predict the whole image at imgsz and merge its boxes (SAHI's "
+                                   "full pass)", Bool())
+    tile_merge: str = option("ios", "with tiling: boxes of one object merged by ios (intersection over the smaller "
+                                    "box, SAHI's) or iou, above the iou threshold", Choice("ios", "iou"))
     verbose: bool = option(False, "a progress bar", Bool())
     profile: bool = option(False, "synchronize between the stages so that Results.speed is exact", Bool())
     stream: bool = option(False, "yield the results one step at a time (constant memory; files decoded lazily)",

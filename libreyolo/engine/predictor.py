@@ -37,6 +37,7 @@ from .call_options import TRACK_CONF, PredictOptions
 from .fastpath import HalfNetwork, arm_name, check_contract, half_network, is_current, resolve, to_float32
 from .paths import UniqueNames, next_run_dir, save_folder, save_name, task_project
 from .predict_video import Viewer, declared_frames, video_chunks, video_stem
+from .sliced import SlicedPlan, sliced_plan
 from .staging import Chunk, StagedUploads, chunked
 
 log = logging.getLogger(__name__)
@@ -164,6 +165,8 @@ class Predictor(StagedUploads):
         ``half``: the half / fast path's network (None: fp32). ``stacked``: the same images
         already as one contiguous (B, H, W, 3) tensor (the staged upload lands them so), used
         instead of stacking them again: the same bytes, so the same stage outputs."""
+        if isinstance(plan, SlicedPlan):   # tiles or augmented views, each pass through here (engine.sliced)
+            return plan.run(self, images, size, mode, amp_dtype, repeating, half, stacked)
         runner = self.model.runner
         net, from_u8 = self._stage_fns(size, plan, half)
         prep = self.model.preprocess
@@ -305,6 +308,10 @@ class Predictor(StagedUploads):
         Images are predicted chunk by chunk (``batch`` each); with more than one chunk the next
         chunk's upload or decode overlaps this chunk's stage (:meth:`_steps`), and the outputs
         are those of each chunk run alone.
+        ``tiling=True`` (sliced inference of large images: ``tile``, ``overlap_ratio``,
+        ``tile_full``, ``tile_merge``) and ``augment=True`` (test-time augmentation) run each
+        chunk as several passes of the same stage, merged: :mod:`libreyolo.engine.sliced`
+        (detection models).
         The task's own options (detection: ``conf``, ``iou``, ``max_det``, ``max_nms`` - the
         candidates per image that enter NMS -, ``classes``, ``agnostic_nms``) follow.
         """
@@ -328,6 +335,8 @@ class Predictor(StagedUploads):
             raise ValueError(f"amp and precision={precision!r} exclude each other: the half path runs a half "
                              "copy of the network without autocast; pass one of them")
         plan.half = self._half(precision, fast, verify=False)   # checked after the first launch (_steps)
+        if o.tiling or o.augment:   # sliced inference / test-time augmentation around the task's plan
+            plan = sliced_plan(self, plan, o, size)
         if not m.trained and not getattr(m, "_warned_untrained", False):
             log.warning("%s-%s is UNTRAINED (random weights): its predictions are meaningless",
                         m.FAMILY, m.size)

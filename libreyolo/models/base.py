@@ -773,9 +773,15 @@ class Model:
             device: move the model to this device before predicting (e.g. cpu, cuda:0)
             half: accepted and ignored, as LibreYOLO 1.6.0 does (a warning says so); the half path is
                 precision=fp16
-            augment: test-time augmentation: planned, refused for now
-            tiling: sliced (tiled) inference of large images: planned, refused for now
-            overlap_ratio: the tiles' overlap of sliced inference: planned, refused for now
+            augment: detection: test-time augmentation, the image at 1, 0.83 (flipped) and 0.67 of imgsz, the
+                boxes merged
+            tiling: detection: sliced inference of large images, overlapping tiles of tile pixels each predicted at
+                imgsz, the boxes merged
+            tile: with tiling: the tiles' side in the image's pixels (default: imgsz)
+            overlap_ratio: with tiling: neighbouring tiles overlap by this fraction of a tile
+            tile_full: with tiling: also predict the whole image at imgsz and merge its boxes (SAHI's full pass)
+            tile_merge: with tiling: boxes of one object merged by ios (intersection over the smaller box, SAHI's)
+                or iou, above the iou threshold
             verbose: a progress bar
             profile: synchronize between the stages so that Results.speed is exact
             stream: yield the results one step at a time (constant memory; files decoded lazily)

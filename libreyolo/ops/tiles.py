@@ -1,11 +1,15 @@
 """Sliced (tiled) inference geometry and the merge of detections across tiles.
 
-An image larger than the network's input is cut into fixed-size, overlapping tiles (SAHI's
-sliced prediction). Every tile has the same shape - edge tiles are padded, not shrunk - so one
-captured stage serves them all. :func:`tile_origins` places the tiles, :func:`cut_tiles` cuts
-and pads them as one batch, and :func:`merge_tiles` shifts each tile's boxes back to image
-coordinates and merges them (and a full-image pass, if given) with class-aware NMS on the
-tensors' device.
+An image larger than a tile is cut into overlapping tiles (SAHI's sliced prediction). Every tile
+of an image has the same shape - the last tile of a row or column is moved back to end at the
+image's edge rather than padded or shrunk - so the tiles go through the predict stage as one
+fixed-shape batch (one captured graph). An image no larger than a tile along an axis has tiles of
+its own extent along that axis. :func:`tile_origins` places the tiles, :func:`cut_tiles` cuts
+them as one batch, :func:`shift_to_image` maps each tile's boxes back to image pixels and
+:func:`merge_detections` merges the union (tiles, a full-image pass, augmented views) with
+class-aware NMS on the tensors' device: by IoU (torchvision's ``batched_nms``) or by IoS, the
+intersection over the smaller box (SAHI's metric for tiles: a box cut by a tile's edge is
+mostly inside the whole one, with a low IoU).
 """
 from __future__ import annotations
 
@@ -13,15 +17,19 @@ import math
 
 import torch
 
-__all__ = ["check_tiling", "cut_tiles", "merge_tiles", "tile_origins"]
+from ..device import require_torch_pair
+
+__all__ = ["MATCH_METRICS", "check_tiling", "cut_tiles", "merge_detections", "shift_to_image", "tile_origins",
+           "tile_shape"]
+
+#: how :func:`merge_detections` matches two boxes of one object
+MATCH_METRICS = ("iou", "ios")
 
 
-def check_tiling(tile_size: int, overlap_ratio: float, stride: int = 1) -> None:
+def check_tiling(tile_size: int, overlap_ratio: float) -> None:
     """One clear ValueError for a tile size or overlap ratio tiling cannot use."""
     if isinstance(tile_size, bool) or not isinstance(tile_size, int) or tile_size < 1:
-        raise ValueError(f"tile_size: expected a positive integer, got {tile_size!r}")
-    if stride > 1 and tile_size % stride:
-        raise ValueError(f"tile_size: {tile_size} is not a multiple of the model's stride {stride}")
+        raise ValueError(f"tile: expected a positive integer, got {tile_size!r}")
     if isinstance(overlap_ratio, bool) or not isinstance(overlap_ratio, (int, float)) \
             or not 0.0 <= overlap_ratio < 1.0:
         raise ValueError(f"overlap_ratio: expected a number in [0, 1), got {overlap_ratio!r}")
@@ -43,45 +51,83 @@ def tile_origins(height: int, width: int, tile_size: int, overlap_ratio: float) 
     return [(y, x) for y in _starts(height, tile_size, step) for x in _starts(width, tile_size, step)]
 
 
-def cut_tiles(image: torch.Tensor, origins: list[tuple[int, int]], tile_size: int,
-              pad_value: float = 0.0) -> torch.Tensor:
-    """The tiles of a (C, H, W) image as one (N, C, tile_size, tile_size) batch; parts past the
-    image's right or bottom edge are ``pad_value``."""
-    c = image.shape[0]
-    out = image.new_full((len(origins), c, tile_size, tile_size), pad_value)
-    for i, (y, x) in enumerate(origins):
-        crop = image[:, y:y + tile_size, x:x + tile_size]
-        out[i, :, :crop.shape[1], :crop.shape[2]] = crop
+def tile_shape(height: int, width: int, tile_size: int) -> tuple[int, int]:
+    """(height, width) of every tile of an image: ``tile_size``, or the image's own extent along
+    an axis where it is smaller."""
+    return min(int(height), tile_size), min(int(width), tile_size)
+
+
+def cut_tiles(image: torch.Tensor, origins: list[tuple[int, int]], shape: tuple[int, int]) -> torch.Tensor:
+    """The tiles of an (H, W, C) image as one contiguous (N, th, tw, C) batch (``shape``: (th, tw),
+    from :func:`tile_shape`; each tile lies inside the image)."""
+    th, tw = shape
+    h, w = int(image.shape[0]), int(image.shape[1])
+    for y, x in origins:
+        if y < 0 or x < 0 or y + th > h or x + tw > w:
+            raise ValueError(f"cut_tiles: a {th}x{tw} tile at (y={y}, x={x}) leaves the {h}x{w} image")
+    return torch.stack([image[y:y + th, x:x + tw] for y, x in origins])
+
+
+def shift_to_image(dets: torch.Tensor, tile_index: torch.Tensor, origins: list[tuple[int, int]]) -> torch.Tensor:
+    """Detections (K, 6) ``[x1, y1, x2, y2, conf, cls]`` in their tiles' pixels -> the image's
+    pixels (a new tensor); ``tile_index`` (K,) says whose tile each row is."""
+    xy = torch.tensor([[x, y, x, y] for y, x in origins], dtype=dets.dtype, device=dets.device)
+    out = dets.clone()
+    out[:, :4] += xy[tile_index.long()]
     return out
 
 
-def merge_tiles(per_tile: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], origins: list[tuple[int, int]],
-                *, image_size: tuple[int, int], iou: float = 0.45, max_det: int = 300, agnostic: bool = False,
-                full: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None):
-    """Merge the detections of the tiles (and of a full-image pass) into one image's.
+def _ios_keep(boxes: torch.Tensor, groups: torch.Tensor, threshold: float) -> torch.Tensor:
+    """Greedy NMS by IoS over score-sorted boxes: the kept indices, ascending. Box i is dropped
+    when a kept box of higher score in its group covers more than ``threshold`` of the smaller of
+    the two. Per group, solved as the fixed point of ``keep[i] = not any(keep[j] and match[j, i]
+    for j < i)`` - the greedy pass's unique solution, reached from all-kept in at most as many
+    rounds as the longest chain of matches - so it runs as a few tensor ops on the device."""
+    kept = []
+    for g in groups.unique():
+        idx = (groups == g).nonzero().squeeze(1)
+        b = boxes[idx]
+        area = (b[:, 2] - b[:, 0]).clamp(min=0) * (b[:, 3] - b[:, 1]).clamp(min=0)
+        inter = (torch.minimum(b[:, None, 2:], b[None, :, 2:]) - torch.maximum(b[:, None, :2], b[None, :, :2])
+                 ).clamp(min=0).prod(-1)
+        smaller = torch.minimum(area[:, None], area[None, :]).clamp(min=1e-9)
+        match = (inter / smaller > threshold).triu(1)   # j suppresses i only for j < i
+        keep = torch.ones(len(idx), dtype=torch.bool, device=boxes.device)
+        for _ in range(len(idx)):
+            new = ~(match & keep[:, None]).any(0)
+            if torch.equal(new, keep):
+                break
+            keep = new
+        kept.append(idx[keep])
+    return torch.cat(kept).sort().values
 
-    ``per_tile`` holds, per tile, (boxes xyxy in the tile's pixels, scores, classes). Boxes are
-    shifted by their tile's origin, clipped to ``image_size`` (height, width), and the union goes
-    through class-aware NMS (``agnostic``: across classes), best ``max_det`` kept, by score.
-    Returns (boxes, scores, classes) on the inputs' device.
+
+def merge_detections(dets: torch.Tensor, *, image_size: tuple[int, int], iou: float = 0.45, max_det: int = 300,
+                     agnostic: bool = False, metric: str = "iou") -> torch.Tensor:
+    """One image's detections (K, 6) ``[x1, y1, x2, y2, conf, cls]`` from several passes (tiles
+    already shifted to image pixels, a full-image pass, augmented views) -> the merged (k, 6),
+    best first, on ``dets``' device.
+
+    Boxes are clipped to ``image_size`` (height, width); a box matching a better one of its class
+    (``agnostic``: of any class) by more than ``iou`` is dropped, the match measured by ``metric``:
+    ``"iou"`` (torchvision's ``batched_nms``) or ``"ios"`` (intersection over the smaller box).
+    At most ``max_det`` are kept.
     """
-    from torchvision.ops import batched_nms
-
-    if len(per_tile) != len(origins):
-        raise ValueError(f"merge_tiles: {len(per_tile)} tiles' detections for {len(origins)} origins")
-    boxes, scores, classes = [], [], []
-    for (b, s, c), (y, x) in zip(per_tile, origins):
-        boxes.append(b + b.new_tensor([x, y, x, y]))
-        scores.append(s)
-        classes.append(c)
-    if full is not None:
-        boxes.append(full[0])
-        scores.append(full[1])
-        classes.append(full[2])
-    b = torch.cat(boxes)
-    s = torch.cat(scores)
-    c = torch.cat(classes)
+    if metric not in MATCH_METRICS:
+        raise ValueError(f"merge metric must be one of {', '.join(MATCH_METRICS)}, got {metric!r}")
     h, w = image_size
-    b = torch.stack([b[:, 0].clamp(0, w), b[:, 1].clamp(0, h), b[:, 2].clamp(0, w), b[:, 3].clamp(0, h)], 1)
-    keep = batched_nms(b.float(), s.float(), torch.zeros_like(c) if agnostic else c, iou)[:max_det]
-    return b[keep], s[keep], c[keep]
+    dets = dets.float()
+    b = torch.stack([dets[:, 0].clamp(0, w), dets[:, 1].clamp(0, h), dets[:, 2].clamp(0, w),
+                     dets[:, 3].clamp(0, h)], 1)
+    dets = torch.cat([b, dets[:, 4:6]], 1)
+    if dets.shape[0] == 0:
+        return dets
+    groups = torch.zeros_like(dets[:, 5]) if agnostic else dets[:, 5]
+    if metric == "iou":
+        require_torch_pair()   # one message naming both versions, not torchvision's own
+        from torchvision.ops import batched_nms
+        keep = batched_nms(b, dets[:, 4], groups, iou)
+    else:
+        order = dets[:, 4].argsort(descending=True, stable=True)
+        keep = order[_ios_keep(b[order], groups[order], iou)]
+    return dets[keep[:max_det]]

@@ -1,9 +1,11 @@
 """Test-time augmentation geometry: the views' input sizes and boxes mapped back.
 
-The views are Ultralytics': the image at the model's size, a horizontal flip, and two smaller
-scales (0.83 and 0.67 of the size, rounded up to the stride) so that each scale is one fixed
-input shape (one captured stage per scale). Their detections, mapped back to the original
-image, are merged with class-aware NMS (:func:`libreyolo.ops.tiles.merge_tiles` with no shift).
+The views are Ultralytics': the image at the model's size, at 0.83 of it flipped left-right,
+and at 0.67 of it (:data:`TTA_VIEWS`), each size rounded up to the stride so that each view is
+one fixed input shape (one captured stage per view). Their detections, mapped back to the
+original image (the stage maps each view's boxes to the image's pixels; :func:`unflip_boxes`
+undoes the flip), are merged with class-aware NMS
+(:func:`libreyolo.ops.tiles.merge_detections`).
 """
 from __future__ import annotations
 
@@ -11,21 +13,25 @@ import math
 
 import torch
 
-__all__ = ["TTA_SCALES", "tta_sizes", "unflip_boxes"]
+__all__ = ["TTA_VIEWS", "tta_views", "unflip_boxes"]
 
-#: the extra scales of test-time augmentation, as fractions of the model's input size
-TTA_SCALES = (0.83, 0.67)
+#: the views of test-time augmentation: (scale of the model's input size, flipped left-right)
+TTA_VIEWS: tuple[tuple[float, bool], ...] = ((1.0, False), (0.83, True), (0.67, False))
 
 
-def tta_sizes(imgsz: int, stride: int) -> list[int]:
-    """The input sizes of the views: ``imgsz`` then each of :data:`TTA_SCALES`, rounded up to ``stride``."""
+def tta_views(imgsz: int, stride: int, views: tuple[tuple[float, bool], ...] = TTA_VIEWS) -> list[tuple[int, bool]]:
+    """(input size, flipped) of each view: ``imgsz`` times its scale, rounded up to ``stride``."""
     if imgsz < 1 or stride < 1:
-        raise ValueError(f"tta_sizes: imgsz and stride must be positive, got {imgsz} and {stride}")
-    return [imgsz] + [max(stride, math.ceil(imgsz * s / stride) * stride) for s in TTA_SCALES]
+        raise ValueError(f"tta_views: imgsz and stride must be positive, got {imgsz} and {stride}")
+    for scale, _ in views:
+        if not 0.0 < scale:
+            raise ValueError(f"tta_views: a view's scale must be positive, got {scale}")
+    return [(max(stride, math.ceil(imgsz * scale / stride) * stride), bool(flip)) for scale, flip in views]
 
 
 def unflip_boxes(boxes: torch.Tensor, width: int | float) -> torch.Tensor:
-    """xyxy boxes found on a horizontally flipped image of ``width`` pixels, in the original's coordinates."""
+    """xyxy boxes (the first four columns) found on a left-right flipped image of ``width``
+    pixels, in the original's coordinates (a new tensor; other columns kept)."""
     out = boxes.clone()
     out[..., 0] = width - boxes[..., 2]
     out[..., 2] = width - boxes[..., 0]
