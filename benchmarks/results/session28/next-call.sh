@@ -25,4 +25,8 @@ timeout 200 python3 -m pytest -m cuda -p no:cacheprovider -v --tb=short -n 3 tes
 #    PIDNet and LingBot-Vision among the semantic rows)
 timeout 150 python3 -m pytest -m cuda -p no:cacheprovider -v --tb=short -n 3 tests/gpu/test_tasks_gpu.py \
   -k "depth_anything or birefnet or feynobg or pidnet or lingbotvision or segformer" > "$OUT/dense.log" 2>&1; echo "dense rc=$?" >> "$OUT/dense.log"
+# 5. tiled / test-time-augmented predict on CUDA (engine/sliced.py): graph == eager, one graph per
+#    tile batch, the CPU's boxes
+timeout 120 python3 -m pytest -m cuda -p no:cacheprovider -v --tb=short tests/gpu/test_sliced_gpu.py \
+  > "$OUT/sliced.log" 2>&1; echo "sliced rc=$?" >> "$OUT/sliced.log"
 grep -hE "FAILED|passed|failed|rc=" "$OUT"/*.log | tail -30; cat "$OUT/darknet-verify.log" | grep -v UNTRAINED
