@@ -232,7 +232,9 @@ def test_the_runs_timing_accounts_for_its_wall_and_names_the_checkpoint_wait(dat
     assert {"LoggingHook", "CheckpointHook", "loaders"} <= end.keys(), end
     assert sum(between.values()) == pytest.approx(timing["between_s"], abs=0.05), timing
     assert sum(end.values()) == pytest.approx(timing["end_s"], abs=0.05), timing
-    assert end["CheckpointHook"] >= 0.3 and between["CheckpointHook"] < 0.3, timing
+    # the write sleeps 1 s: the end holds it, the epochs' ends only hand the write over (their
+    # bound leaves room for a loaded machine)
+    assert end["CheckpointHook"] >= 0.3 and between["CheckpointHook"] < 0.7, timing
     line = T.timing_line(timing)
     assert "end " in line and "checkpoint " in line, line
     # validation by part: on the CPU every part is synchronous, so they are disjoint pieces of it
