@@ -949,7 +949,7 @@ COMMANDS: dict[str, tuple[Callable[[dict], int], dict, str]] = {
     "predict": (cmd_predict, PREDICT, "detect objects in images or videos and save annotated pictures/videos"),
     "track": (cmd_track, TRACK, "detect and track objects in a video, camera or stream (ids on the boxes)"),
     "verify": (cmd_verify, VERIFY, "run the CUDA-graph parity protocol on this GPU"),
-    "export": (cmd_export, EXPORT, "write the model as ONNX (with its post-processing) for other runtimes"),
+    "export": (cmd_export, EXPORT, "write the model as ONNX or OpenVINO (with its post-processing) for other runtimes"),
     "bench": (cmd_bench, BENCH, "measure eager vs graphed forward and end-to-end predict (source=clip.mp4: on "
                                 "a video's frames)"),
     "info": (cmd_info, INFO, "families, sizes, tasks, graph support, torch/CUDA versions"),

@@ -34,7 +34,9 @@ class LibreYOLO:
       cache (``$HF_ENDPOINT`` is honoured) and loaded as above, its metadata deciding the family
       (:mod:`libreyolo.hub`; ``model.push_to_hub("owner/repo")`` is the other way).
     * A ``.onnx`` file written by ``model.export(format="onnx")`` loads as an
-      :class:`~libreyolo.export.onnx_model.OnnxModel` (onnxruntime; same predict API and Results).
+      :class:`~libreyolo.export.onnx_model.OnnxModel` (onnxruntime; same predict API and Results);
+      a directory written by ``model.export(format="openvino")`` (or its ``.xml``) as an
+      :class:`~libreyolo.export.openvino_model.OpenvinoModel` (OpenVINO's CPU plugin).
     * ``nc`` is checked against a checkpoint's (or an ONNX file's) own class count: a different
       one raises, saying how to re-head (``model.reset_classes(nc)``); it never re-heads silently.
     * A bare family/size name without extension (``"yolo9t"``, ``"yolo9-s"``) builds an
@@ -86,11 +88,16 @@ class LibreYOLO:
         if imgsz is not None:   # checked before anything is loaded (0 is not 'the default')
             from .options import check_imgsz
             imgsz = check_imgsz(imgsz)
-        if path.suffix.lower() == ".onnx":   # an export of ours: run by onnxruntime (libreyolo/export)
-            from .export.onnx_model import OnnxModel
-            onnx = OnnxModel(path, device=device)
+        from .export.openvino import is_openvino_path
+        if path.suffix.lower() == ".onnx" or is_openvino_path(path):   # an export of ours (libreyolo/export)
+            if path.suffix.lower() == ".onnx":   # run by onnxruntime
+                from .export.onnx_model import OnnxModel
+                onnx = OnnxModel(path, device=device)
+            else:   # an OpenVINO IR (its directory or .xml), run by OpenVINO's CPU plugin
+                from .export.openvino_model import OpenvinoModel
+                onnx = OpenvinoModel(path, device=device)
             if nc is not None and nc != onnx.nc:
-                raise ValueError(f"nc={nc}, but the ONNX model '{path}' has {onnx.nc} classes, fixed when it was "
+                raise ValueError(f"nc={nc}, but the {onnx.KIND} model '{path}' has {onnx.nc} classes, fixed when it was "
                                  f"exported: export again from a model with {nc} classes (or leave nc out)")
             _check_size(size, onnx.size, onnx, str(path))
             _check_task(task, onnx)

@@ -258,12 +258,13 @@ class ExportOptions:
     """``model.export``: the format and its options (see :func:`libreyolo.export.onnx.export_onnx`)."""
 
     format: str = option("onnx", "export format", Choice(*FORMATS))
-    file: Any = option(None, "where to write (default: beside the checkpoint, same name, .onnx or .torchscript)",
-                       Text("path"))
+    file: Any = option(None, "where to write (default: beside the checkpoint, same name, .onnx or .torchscript; "
+                             "openvino: a <name>_openvino_model directory)", Text("path"))
     imgsz: Any = option(None, "input size (default: the model's)", _IMGSZ)
     batch: int = option(1, "batch size of a static graph", Int(1))
     dynamic: bool = option(False, "symbolic batch, height and width", Bool())
-    half: bool = option(False, "float16 weights (onnxruntime's CPU fp16 kernels are limited)", Bool())
+    half: bool = option(False, "float16 weights (onnxruntime's CPU fp16 kernels are limited; openvino: refused)",
+                        Bool())
     simplify: bool = option(False, "run onnxscript's optimizer over the graph", Bool())
     opset: Any = option(None, "ONNX opset (default 17)", Custom(_opset, "integer >= 11", none=True))
     max_det: int = option(300, "detection, segment, obb: instances per image (rows of the output)",

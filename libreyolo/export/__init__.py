@@ -4,7 +4,9 @@
 task's final outputs (detections, top-k classes, a class map) with the model's metadata in its
 ``metadata_props``; ``LibreYOLO("model.onnx")`` loads such a file as an
 :class:`~libreyolo.export.onnx_model.OnnxModel`, which runs it through onnxruntime behind the same
-predict API and Results. See docs/export.md.
+predict API and Results. ``format="openvino"`` converts that graph to an OpenVINO IR directory,
+which ``LibreYOLO(dir)`` loads as an :class:`~libreyolo.export.openvino_model.OpenvinoModel`
+(OpenVINO's CPU plugin). See docs/export.md.
 """
 from __future__ import annotations
 
@@ -12,14 +14,15 @@ from pathlib import Path
 from typing import Any
 
 #: the formats ``model.export`` writes
-FORMATS = ("onnx", "torchscript")
+FORMATS = ("onnx", "torchscript", "openvino")
 
 
 def export_model(model: Any, format: str = "onnx", **kwargs: Any) -> Path:
     """Export ``model`` (a :class:`~libreyolo.models.base.Model`) to ``format``; returns the file written.
 
     ``kwargs`` are the format's options (ONNX: :func:`libreyolo.export.onnx.export_onnx`;
-    TorchScript, the traced network only: :func:`libreyolo.export.torchscript.export_torchscript`).
+    TorchScript, the traced network only: :func:`libreyolo.export.torchscript.export_torchscript`;
+    OpenVINO: :func:`libreyolo.export.openvino.export_openvino`, the ONNX options).
     """
     fmt = str(format).strip().lower()
     if fmt not in FORMATS:
@@ -31,5 +34,8 @@ def export_model(model: Any, format: str = "onnx", **kwargs: Any) -> Path:
                              "network) takes file, imgsz and batch")
         from .torchscript import export_torchscript
         return export_torchscript(model, **kwargs)
+    if fmt == "openvino":   # the ONNX graph, converted by OpenVINO's ONNX frontend
+        from .openvino import export_openvino
+        return export_openvino(model, **kwargs)
     from .onnx import export_onnx
     return export_onnx(model, **kwargs)

@@ -102,6 +102,9 @@ class OnnxModel:
 
     SUPPORTS_CUDA_GRAPH = False
     SUPPORTS_CUDA_GRAPH_TRAIN = False
+    #: the runtime that runs the graph, and the kind of file, as the messages name them
+    BACKEND = BACKEND
+    KIND = "ONNX"
 
     def __init__(self, path: str | os.PathLike, device: Any = "auto", *, threads: int | None = None):
         try:
@@ -115,6 +118,13 @@ class OnnxModel:
         if meta.get(META_FORMAT) is None:
             raise ValueError(f"{self.path} is an ONNX file but not a libreyolo export (its metadata_props have no "
                              f"'{META_FORMAT}' entry); export it with model.export(format='onnx')")
+        self._ort = ort
+        self._init_meta(meta, threads)
+        self.to(device)
+
+    def _init_meta(self, meta: dict[str, str], threads: int | None) -> None:
+        """The model's attributes from the exporter's metadata (strings, as ``read_metadata`` gives them);
+        shared with the runtimes that load the same graph (:mod:`libreyolo.export.openvino_model`)."""
         # the file's metadata, with the JSON entries the tasks read from a model's meta decoded
         # (pose: its skeleton)
         self.meta = {**meta, **{k: json.loads(meta[k]) for k in ("skeleton",) if k in meta}}
@@ -136,8 +146,6 @@ class OnnxModel:
         self.topk = int(meta.get("topk", 0)) or None
         self.source = str(self.path)
         self.threads = threads
-        self._ort = ort
-        self.to(device)
 
     # -------------------------------------------------------------------- plumbing
     @property
@@ -174,6 +182,10 @@ class OnnxModel:
         self.output_names = [o.name for o in self.session.get_outputs()]
         return self
 
+    def _run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        """One run of the graph: its outputs in ``output_names`` order."""
+        return self.session.run(None, feeds)
+
     def cpu(self) -> OnnxModel:
         return self.to("cpu")
 
@@ -185,7 +197,7 @@ class OnnxModel:
     def info(self, verbose: bool = True) -> dict:
         """Family, task, input size, batch, providers and the graph's inputs and outputs."""
         d = {"family": self.FAMILY, "size": self.size, "task": self.TASK, "nc": self.nc, "imgsz": self.imgsz,
-             "batch": self.batch, "dynamic": self.dynamic, "half": self.half, "backend": BACKEND,
+             "batch": self.batch, "dynamic": self.dynamic, "half": self.half, "backend": self.BACKEND,
              "providers": list(self.providers), "inputs": self.input_names, "outputs": self.output_names,
              "file": str(self.path)}
         if verbose:
@@ -193,12 +205,12 @@ class OnnxModel:
         return d
 
     def graph_info(self) -> dict:
-        """No CUDA graphs here (onnxruntime runs the file); the shape of ``Model.graph_info()``."""
-        return {"family": self.FAMILY, "backend": BACKEND, "mode": False, "graphs": [], "replays": 0,
+        """No CUDA graphs here (the runtime runs the file); the shape of ``Model.graph_info()``."""
+        return {"family": self.FAMILY, "backend": self.BACKEND, "mode": False, "graphs": [], "replays": 0,
                 "fallbacks": [], "device": str(self.device)}
 
     def _no(self, what: str):
-        raise NotImplementedError(f"{what} is not available for an ONNX model ({self.path.name}, run by {BACKEND}): "
+        raise NotImplementedError(f"{what} is not available for an {self.KIND} model ({self.path.name}, run by {self.BACKEND}): "
                                   "use the PyTorch checkpoint it was exported from")
 
     def train(self, **kwargs: Any):
@@ -236,10 +248,10 @@ class OnnxModel:
         from ..graphs.runner import normalize_mode
         from ..options import check_imgsz, check_int, parse_amp, parse_bool
         if normalize_mode(cuda_graph) is True:
-            raise NotImplementedError(f"cuda_graph=True needs the PyTorch engine; {self.path.name} is an ONNX model "
-                                      f"run by {BACKEND} (use cuda_graph=False, or the .pt checkpoint)")
+            raise NotImplementedError(f"cuda_graph=True needs the PyTorch engine; {self.path.name} is an {self.KIND} model "
+                                      f"run by {self.BACKEND} (use cuda_graph=False, or the .pt checkpoint)")
         if parse_amp(amp) is not None:
-            raise NotImplementedError(f"amp is fixed when an ONNX model is exported ({self.path.name}: "
+            raise NotImplementedError(f"amp is fixed when an {self.KIND} model is exported ({self.path.name}: "
                                       f"{'float16' if self.half else 'float32'}); export with half=True for float16")
         unknown = sorted(set(task_opts) - set(self.task_def.predict_defaults))
         if unknown:
@@ -275,7 +287,7 @@ class OnnxModel:
         progress = None
         if verbose or len(items) > 32:
             from tqdm import tqdm
-            progress = tqdm(total=len(items), desc=f"predict {self.FAMILY}-{self.size} (onnx)", unit="img",
+            progress = tqdm(total=len(items), desc=f"predict {self.FAMILY}-{self.size} ({self.KIND.lower()})", unit="img",
                             disable=not verbose and len(items) <= 32)
         results = []
         for start in range(0, len(items), batch):
@@ -283,7 +295,7 @@ class OnnxModel:
             t0 = time.perf_counter()
             x = self._inputs(chunk, size, batch)
             t1 = time.perf_counter()
-            outs = self.session.run(None, {"images": x, **feeds})
+            outs = self._run({"images": x, **feeds})
             t2 = time.perf_counter()
             speed = {"load": None, "preprocess": (t1 - t0) * 1e3 / len(chunk),
                      "inference": (t2 - t1) * 1e3 / len(chunk)}
