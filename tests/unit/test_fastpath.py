@@ -578,6 +578,7 @@ def test_contract_merge_keeps_a_familys_arms_unless_measured_again():
 
 
 # ------------------------------------------------------------- ahead of time (AOTInductor)
+@pytest.mark.slow   # builds AOTInductor packages with the C++ compiler: minutes on two cores
 def test_aot_package_built_once_loaded_after_and_keyed_by_the_weights(monkeypatch, tmp_path, image, caplog):
     """fast="aot" on the CPU (inductor's C++ backend; predict itself refuses fast on the CPU):
     the first call exports and compiles a package into <cache>/aot/torch-<version> and logs that
@@ -669,6 +670,7 @@ os._exit(0)
 """
 
 
+@pytest.mark.slow   # builds AOTInductor packages with the C++ compiler: minutes on two cores
 def test_aot_package_loaded_by_a_second_process(tmp_path):
     """fast="aot" in two fresh processes over one LIBREYOLO_CACHE_DIR: the first builds the package,
     the second loads it (builds none, imports no dynamo: the warm start's point) and computes
