@@ -1100,7 +1100,12 @@ def entry() -> None:
         if type(exc).__name__ != "TrainingInterrupted":   # a training run logged its own line
             print("libreyolo: interrupted", file=sys.stderr)
         rc = 130
-    for thread in threading.enumerate():   # what a normal exit waits for, too
+    # what a normal exit does: first wake the idle workers of concurrent.futures' thread pools (a
+    # library's executor - OpenVINO's telemetry sender, started by importing openvino - waits for
+    # work until this hook of the interpreter's exit runs), then wait for every non-daemon thread
+    from concurrent.futures import thread as futures_thread
+    futures_thread._python_exit()
+    for thread in threading.enumerate():
         if thread is not threading.main_thread() and not thread.daemon:
             thread.join()
     atexit._run_exitfuncs()
