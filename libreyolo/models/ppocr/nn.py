@@ -22,7 +22,10 @@ both networks are CUDA-graph safe.
 :meth:`PPOCRNet.fuse` re-parameterizes for inference: each learnable re-parameterizable layer's
 branches (BatchNorms folded, the 1x1 kernel and the identity placed at the kxk centre) and its
 learnable affine are summed into one conv with bias - the transform PaddleOCR's inference
-export applies - and every other conv + BatchNorm pair is folded. The fused network computes the
+export applies - and every other conv + BatchNorm pair is folded; each conv followed by an
+activation becomes a :class:`ConvAct`, which on the CPU (float32, no autograd, not tracing) runs
+as one oneDNN primitive with the activation as a post-op - the output written once instead of
+twice - and elsewhere as the conv then the activation in place. The fused network computes the
 same function up to float32 rounding.
 """
 from __future__ import annotations
@@ -122,25 +125,94 @@ def fold_conv(conv: Any, bn: Any) -> Any:
     return out.requires_grad_(False)
 
 
+_ONEDNN: dict[str, Any] = {}
+
+
+def _onednn_ops() -> tuple[Any, Any] | None:
+    """oneDNN's fused conv + activation operators (``torch.ops.mkldnn._convolution_pointwise`` and
+    its transposed twin, the ones inductor emits for CPU convs) once a probe showed that they run
+    and equal the conv then the activation; None where this torch build has no such operators."""
+    if "ops" not in _ONEDNN:
+        ops = None
+        try:
+            if torch.backends.mkldnn.is_available():
+                conv = torch.ops.mkldnn._convolution_pointwise.default
+                convt = torch.ops.mkldnn._convolution_transpose_pointwise.default
+                g = torch.Generator().manual_seed(0)
+                x, w, b = torch.randn(1, 4, 6, 6, generator=g), torch.randn(4, 4, 3, 3, generator=g), torch.randn(4)
+                y = conv(x, w, b, [1, 1], [1, 1], [1, 1], 1, "hardswish", [], "")
+                yt = convt(x, w[:, :, :2, :2].contiguous(), b, [0, 0], [0, 0], [2, 2], [1, 1], 1, "relu", [], "")
+                if torch.allclose(y, F.hardswish(F.conv2d(x, w, b, padding=1)), atol=1e-5) and torch.allclose(
+                        yt, F.relu(F.conv_transpose2d(x, w[:, :, :2, :2], b, 2)), atol=1e-5):
+                    ops = (conv, convt)
+        except (AttributeError, RuntimeError, NotImplementedError):
+            ops = None
+        _ONEDNN["ops"] = ops
+    return _ONEDNN["ops"]
+
+
+def _tracing() -> bool:
+    """Inside torch.jit / FX / dynamo / ONNX-export tracing: only standard operators there."""
+    fx = getattr(torch.fx._symbolic_trace, "is_fx_symbolic_tracing", None)
+    return bool(torch.jit.is_scripting() or torch.jit.is_tracing() or torch.compiler.is_compiling()
+                or torch.onnx.is_in_onnx_export() or (fx is not None and fx()))
+
+
+#: the activations a :class:`ConvAct` applies (oneDNN's post-op names), in place after a plain conv
+_ACTS = {"none": lambda y: y, "relu": lambda y: F.relu(y, inplace=True),
+         "hardswish": lambda y: F.hardswish(y, inplace=True), "sigmoid": lambda y: y.sigmoid_(),
+         "swish": lambda y: F.silu(y, inplace=True)}
+
+
+class ConvAct(nn.Module):
+    """A conv (or transposed conv) with bias followed by an activation (``none``, ``relu``,
+    ``hardswish``, ``sigmoid`` or ``swish`` = SiLU): the inference form :meth:`PPOCRNet.fuse`
+    builds. On the CPU in float32 (no autograd, not tracing, oneDNN enabled) one oneDNN primitive
+    with the activation as a post-op; elsewhere the conv, then the activation in place on its
+    fresh output. Both compute the same values up to float32 rounding."""
+
+    def __init__(self, conv: nn.Conv2d | nn.ConvTranspose2d, act: str):
+        super().__init__()
+        if act not in _ACTS:
+            raise ValueError(f"ConvAct: unknown activation {act!r} (one of {', '.join(_ACTS)})")
+        self.conv = conv
+        self.act = act
+        self.transposed = isinstance(conv, nn.ConvTranspose2d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        c: Any = self.conv
+        w = c.weight
+        if (x.device.type == "cpu" and x.dtype == torch.float32 and w.dtype == torch.float32
+                and torch.backends.mkldnn.enabled
+                and not (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad))
+                and not _tracing()):
+            ops = _onednn_ops()
+            if ops is not None:
+                if self.transposed:
+                    return ops[1](x, w, c.bias, list(c.padding), list(c.output_padding), list(c.stride),
+                                  list(c.dilation), c.groups, self.act, [], "")
+                return ops[0](x, w, c.bias, list(c.padding), list(c.stride), list(c.dilation), c.groups,
+                              self.act, [], "")
+        return _ACTS[self.act](c(x))
+
+
 class Act(nn.Module):
-    """Hard-swish followed by a learnable affine."""
+    """Hard-swish followed by a learnable affine. In the fused network the hard-swish is the conv's
+    post-op (:class:`ConvAct`) and :meth:`affine_` applies the affine in place, or nothing once
+    it is folded into the next conv (``lab`` None)."""
 
     def __init__(self):
         super().__init__()
         self.act = nn.Hardswish()
         self.lab = Affine()
-        self.fused = False   # fuse(): in place, the affine as one addcmul, or folded away (lab None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.fused:
-            return self.lab(self.act(x))
-        x = F.hardswish(x, inplace=True)   # x: the conv's fresh output
-        return x if self.lab is None else torch.addcmul(self.lab.bias, x, self.lab.scale)
+        return self.lab(self.act(x))
 
-    def fuse(self) -> None:
-        """Inference form: hard-swish in place, the affine in one pass (same values up to float32
-        rounding)."""
-        self.fused = True
+    def affine_(self, x: torch.Tensor) -> torch.Tensor:
+        """``scale * x + bias`` in place on ``x`` (a conv's fresh output) in one pass."""
+        lab = self.lab
+        return x if lab is None else torch.addcmul(lab.bias, x, lab.scale, out=x)
 
 
 class RepLayer(nn.Module):
@@ -155,12 +227,12 @@ class RepLayer(nn.Module):
         self.conv_1x1 = ConvBN(cin, cout, 1, stride, groups) if k > 1 else None
         self.lab = Affine()
         self.act = Act()
-        self.fused: nn.Conv2d | None = None   # set by fuse()
+        self.fused: ConvAct | None = None   # set by fuse(): the merged conv, its hard-swish a post-op
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.fused is not None:
             out = self.fused(x)
-            return out if self.stride == 2 else self.act(out)
+            return out if self.stride == 2 else self.act.affine_(out)
         out = self.identity(x) if self.identity is not None else 0
         if self.conv_1x1 is not None:
             out = out + self.conv_1x1(x)
@@ -172,7 +244,8 @@ class RepLayer(nn.Module):
     @torch.no_grad()
     def fuse(self) -> None:
         """Sum the branches into one kxk conv with bias (each BatchNorm folded; the 1x1 kernel and
-        the identity placed at the kernel's centre) and fold the learnable affine into it."""
+        the identity placed at the kernel's centre), fold the learnable affine into it and make the
+        activation's hard-swish its post-op (:class:`ConvAct`; none after a stride-2 layer)."""
         if self.fused is not None:
             return
         ref: Any = self.conv_kxk[0].conv
@@ -204,7 +277,7 @@ class RepLayer(nn.Module):
                           bias=True).to(ref.weight)
         fused.weight.copy_(weight * self.lab.scale)
         fused.bias.copy_(bias * self.lab.scale + self.lab.bias)
-        self.fused = fused.requires_grad_(False)
+        self.fused = ConvAct(fused.requires_grad_(False), "none" if self.stride == 2 else "hardswish")
         del self.identity, self.conv_kxk, self.conv_1x1, self.lab
 
 
@@ -246,7 +319,7 @@ class LCNetV3Block(nn.Module):
         if act.lab is None:
             return
         s, t = act.lab.scale, act.lab.bias
-        conv: Any = pw.fused
+        conv: Any = pw.fused.conv
         conv.bias.add_(t * conv.weight.sum((1, 2, 3)))
         conv.weight.mul_(s)
         act.lab = None
@@ -286,20 +359,25 @@ class PPLCNetV3(nn.Module):
 # ----------------------------------------------------------------------------- detection
 class NeckSE(nn.Module):
     """The neck's squeeze-excitation: global mean -> 1x1 -> ReLU -> 1x1 -> hard-sigmoid
-    ``clip(0.2 x + 0.5, 0, 1)`` (slope 0.2, not hard-sigmoid's usual 1/6)."""
+    ``clip(0.2 x + 0.5, 0, 1)`` (slope 0.2, not hard-sigmoid's usual 1/6); :meth:`gate` is the
+    per-channel factor alone."""
 
     def __init__(self, c: int, reduction: int = 4):
         super().__init__()
         self.conv1 = nn.Conv2d(c, c // reduction, 1)
         self.conv2 = nn.Conv2d(c // reduction, c, 1)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def gate(self, x: torch.Tensor) -> torch.Tensor:
         s = self.conv2(F.relu(self.conv1(x.mean((2, 3), keepdim=True))))
-        return x * (0.2 * s + 0.5).clamp(0.0, 1.0)
+        return (0.2 * s + 0.5).clamp(0.0, 1.0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.gate(x)
 
 
 class RSELayer(nn.Module):
-    """Conv (no bias) then a residual squeeze-excitation: ``y + se(y)``."""
+    """Conv (no bias) then a residual squeeze-excitation: ``y + se(y)``, computed as
+    ``y * (1 + gate)`` (one pass over the map instead of two; equal up to float32 rounding)."""
 
     def __init__(self, cin: int, cout: int, k: int):
         super().__init__()
@@ -308,12 +386,25 @@ class RSELayer(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.in_conv(x)
-        return y + self.se_block(y)
+        return y * (self.se_block.gate(y) + 1.0)
+
+
+def _nearest_view(x: torch.Tensor, f: int) -> torch.Tensor:
+    """(B, C, H, W) -> the (B, C, H/f, f, W/f, f) view whose element [.., i, a, j, b] is pixel
+    (f i + a, f j + b): a nearest upsampling by ``f`` of a (B, C, H/f, 1, W/f, 1) map broadcasts
+    into it without being materialized."""
+    b, c, h, w = x.shape
+    return x.unflatten(3, (w // f, f)).unflatten(2, (h // f, f))
 
 
 class RSEFPN(nn.Module):
     """Top-down FPN over the four backbone maps (nearest 2x upsampling, sums), each level reduced
-    to a quarter width by a 3x3 RSE layer, upsampled to 1/4 and concatenated (deepest first)."""
+    to a quarter width by a 3x3 RSE layer, upsampled to 1/4 and concatenated (deepest first).
+
+    No upsampled map is materialized: each top-down sum adds the coarser map broadcast over 2x2
+    blocks in place into the finer one, and each level is written broadcast over its blocks
+    straight into its channels of the concatenated output (same values as interpolate + add +
+    cat, exactly)."""
 
     def __init__(self, in_channels: list[int], out_channels: int):
         super().__init__()
@@ -326,14 +417,24 @@ class RSEFPN(nn.Module):
         in4 = self.ins_conv[2](c4)
         in3 = self.ins_conv[1](c3)
         in2 = self.ins_conv[0](c2)
-        out4 = in4 + F.interpolate(in5, scale_factor=2, mode="nearest")
-        out3 = in3 + F.interpolate(out4, scale_factor=2, mode="nearest")
-        out2 = in2 + F.interpolate(out3, scale_factor=2, mode="nearest")
-        p5 = F.interpolate(self.inp_conv[3](in5), scale_factor=8, mode="nearest")
-        p4 = F.interpolate(self.inp_conv[2](out4), scale_factor=4, mode="nearest")
-        p3 = F.interpolate(self.inp_conv[1](out3), scale_factor=2, mode="nearest")
-        p2 = self.inp_conv[0](out2)
-        return torch.cat([p5, p4, p3, p2], 1)
+        up = (slice(None), slice(None), slice(None), None, slice(None), None)   # (B, C, h, 1, w, 1)
+        out4 = in4
+        _nearest_view(out4, 2).add_(in5[up])   # in4 + nearest2x(in5), in place (in4 is fresh)
+        out3 = in3
+        _nearest_view(out3, 2).add_(out4[up])
+        out2 = in2
+        _nearest_view(out2, 2).add_(out3[up])
+        # the levels in the reference's order (deepest first: scripts/convert_rapidocr.py maps
+        # weights by call order), each written into its channels of the concatenated map
+        b, _, h, w = out2.shape
+        c = self.inp_conv[0].in_conv.out_channels
+        fmt = torch.channels_last if out2.is_contiguous(memory_format=torch.channels_last) else torch.contiguous_format
+        out = torch.empty((b, 4 * c, h, w), dtype=out2.dtype, device=out2.device, memory_format=fmt)
+        for i, (conv, src, f) in enumerate(((self.inp_conv[3], in5, 8), (self.inp_conv[2], out4, 4),
+                                            (self.inp_conv[1], out3, 2))):
+            _nearest_view(out[:, i * c:(i + 1) * c], f).copy_(conv(src)[up])
+        out[:, 3 * c:].copy_(self.inp_conv[0](out2))
+        return out
 
 
 class DBBranch(nn.Module):
@@ -349,6 +450,8 @@ class DBBranch(nn.Module):
         self.conv3 = nn.ConvTranspose2d(c // 4, 1, 2, 2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if isinstance(self.conv1, ConvAct):   # fused: each activation the conv's post-op
+            return self.conv3(self.conv2(self.conv1(x)))
         x = self.conv1(x)
         x = F.relu(x if self.conv_bn1 is None else self.conv_bn1(x))
         x = self.conv2(x)
@@ -357,10 +460,16 @@ class DBBranch(nn.Module):
 
     @torch.no_grad()
     def fuse(self) -> None:
-        """Fold both BatchNorms into the convs before them."""
+        """Fold both BatchNorms into the convs before them; each conv and its activation become
+        a :class:`ConvAct`."""
+        if isinstance(self.conv1, ConvAct):
+            return
         if self.conv_bn1 is not None:
             self.conv1, self.conv_bn1 = fold_conv(self.conv1, self.conv_bn1), None
             self.conv2, self.conv_bn2 = fold_conv(self.conv2, self.conv_bn2), None
+        self.conv1 = ConvAct(self.conv1, "relu")
+        self.conv2 = ConvAct(self.conv2, "relu")
+        self.conv3 = ConvAct(self.conv3.requires_grad_(False), "sigmoid")
 
 
 class DBHead(nn.Module):
@@ -399,14 +508,16 @@ class ConvBNSiLU(nn.Module):
         self.norm = nn.BatchNorm2d(cout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if isinstance(self.conv, ConvAct):   # fused: the SiLU is the conv's post-op
+            return self.conv(x)
         x = self.conv(x)
         return F.silu(x if self.norm is None else self.norm(x))
 
     @torch.no_grad()
     def fuse(self) -> None:
-        """Fold the BatchNorm into the conv."""
+        """Fold the BatchNorm into the conv, the SiLU its post-op (:class:`ConvAct`)."""
         if self.norm is not None:
-            self.conv, self.norm = fold_conv(self.conv, self.norm), None
+            self.conv, self.norm = ConvAct(fold_conv(self.conv, self.norm), "swish"), None
 
 
 class GlobalAttention(nn.Module):
@@ -546,7 +657,7 @@ class PPOCRNet(nn.Module):
             if isinstance(m, RepLayer):
                 m.fuse()
         for m in list(self.modules()):
-            if isinstance(m, (ConvBN, ConvBNSiLU, DBBranch, Act)):
+            if isinstance(m, (ConvBN, ConvBNSiLU, DBBranch)):
                 m.fuse()
         for m in list(self.modules()):
             if isinstance(m, LCNetV3Block):
