@@ -437,9 +437,23 @@ class RSEFPN(nn.Module):
         return out
 
 
+def _deconv_as_1x1(weight: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A 2x2 stride-2 transposed conv (weight (in, out, 2, 2)) as a 1x1 conv to ``4 * out``
+    channels, phase-major: channel ``(2a + b) * out + o`` is output channel ``o`` at offset (a, b)
+    of each 2x2 block (the same products and sums; the transposed conv's blocks do not overlap)."""
+    cin, cout = weight.shape[:2]
+    w = weight.permute(2, 3, 1, 0).reshape(4 * cout, cin, 1, 1)
+    return w.contiguous(), bias.repeat(4)
+
+
 class DBBranch(nn.Module):
     """3x3 conv + BN + ReLU, 2x2 stride-2 transposed conv + BN + ReLU, 2x2 stride-2 transposed conv
-    to one channel, sigmoid: a 1/4-resolution feature map -> a full-resolution probability map."""
+    to one channel, sigmoid: a 1/4-resolution feature map -> a full-resolution probability map.
+
+    Fused (:meth:`fuse`): both transposed convs run at the 1/4 resolution as 1x1 convs - the first
+    to its four 2x2 phases (ReLU a post-op), the second from each phase to the 4x4 block of the
+    output it covers (sigmoid a post-op) - and one pixel shuffle lays the 16 phases out at full
+    resolution: no intermediate map at 1/2 resolution, no transposed conv."""
 
     def __init__(self, c: int):
         super().__init__()
@@ -451,7 +465,7 @@ class DBBranch(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if isinstance(self.conv1, ConvAct):   # fused: each activation the conv's post-op
-            return self.conv3(self.conv2(self.conv1(x)))
+            return F.pixel_shuffle(self.conv3(self.conv2(self.conv1(x))), 4)
         x = self.conv1(x)
         x = F.relu(x if self.conv_bn1 is None else self.conv_bn1(x))
         x = self.conv2(x)
@@ -460,16 +474,39 @@ class DBBranch(nn.Module):
 
     @torch.no_grad()
     def fuse(self) -> None:
-        """Fold both BatchNorms into the convs before them; each conv and its activation become
-        a :class:`ConvAct`."""
+        """Fold both BatchNorms into the convs before them, turn the transposed convs into 1x1
+        convs at the 1/4 resolution (see the class docstring), each conv and its activation a
+        :class:`ConvAct`."""
         if isinstance(self.conv1, ConvAct):
             return
         if self.conv_bn1 is not None:
             self.conv1, self.conv_bn1 = fold_conv(self.conv1, self.conv_bn1), None
             self.conv2, self.conv_bn2 = fold_conv(self.conv2, self.conv_bn2), None
+        c2: Any = self.conv2
+        c3: Any = self.conv3
+        mid, out = c2.out_channels, c3.out_channels
+        w2, b2 = _deconv_as_1x1(c2.weight, c2.bias)               # (4 mid, in): phase p = 2a + b
+        # the second transposed conv from each phase (a, b) of the first: output channel o at
+        # offset (c, d) of the 2x2 block lands at (2a + c, 2b + d) of the 4x4 block, pixel
+        # shuffle's channel o * 16 + (2a + c) * 4 + (2b + d)
+        w3 = torch.zeros(out * 16, 4 * mid, 1, 1, dtype=c3.weight.dtype, device=c3.weight.device)
+        for a in range(2):
+            for b in range(2):
+                for c in range(2):
+                    for d in range(2):
+                        k = torch.arange(out, device=w3.device) * 16 + (2 * a + c) * 4 + (2 * b + d)
+                        src = (2 * a + b) * mid
+                        w3[k, src:src + mid, 0, 0] = c3.weight[:, :, c, d].t()
+        b3 = c3.bias.repeat_interleave(16)
+        conv2 = nn.Conv2d(c2.in_channels, 4 * mid, 1).to(c2.weight)
+        conv3 = nn.Conv2d(4 * mid, out * 16, 1).to(c3.weight)
+        conv2.weight.copy_(w2)
+        conv2.bias.copy_(b2)
+        conv3.weight.copy_(w3)
+        conv3.bias.copy_(b3)
         self.conv1 = ConvAct(self.conv1, "relu")
-        self.conv2 = ConvAct(self.conv2, "relu")
-        self.conv3 = ConvAct(self.conv3.requires_grad_(False), "sigmoid")
+        self.conv2 = ConvAct(conv2.requires_grad_(False), "relu")
+        self.conv3 = ConvAct(conv3.requires_grad_(False), "sigmoid")
 
 
 class DBHead(nn.Module):
