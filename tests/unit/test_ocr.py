@@ -133,6 +133,24 @@ def test_fused_network_equals_the_unfused_one_within_fp32_rounding(channels_last
     assert (ra - rb).abs().max().item() < 1e-4 and torch.equal(ra.argmax(-1), rb.argmax(-1))
 
 
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_fpn_without_autograd_equals_its_reference_operators(channels_last):
+    """The FPN's one-pass form (no materialized upsampling, RSE products written once) computes
+    what RSE + interpolate + add + cat compute (the form autograd runs)."""
+    from libreyolo.models.ppocr.nn import RSEFPN
+    torch.manual_seed(3)
+    fpn = RSEFPN([16, 24, 56, 480], 96).eval()
+    feats = [torch.randn(2, c, 64 // s, 96 // s) for c, s in zip([16, 24, 56, 480], [4, 8, 16, 32])]
+    if channels_last:
+        feats = [f.contiguous(memory_format=torch.channels_last) for f in feats]
+    ref = fpn(feats)   # autograd on: the reference operators
+    with torch.no_grad():
+        out = fpn(feats)
+    assert ref.requires_grad and out.shape == ref.shape == (2, 96, 16, 24)
+    assert out.is_contiguous(memory_format=torch.channels_last) == channels_last
+    assert (out - ref).abs().max().item() < 1e-5 * ref.abs().max().item()
+
+
 def test_conv_act_onednn_path_equals_the_plain_conv_then_activation():
     import copy
 

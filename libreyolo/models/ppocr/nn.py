@@ -384,9 +384,14 @@ class RSELayer(nn.Module):
         self.in_conv = nn.Conv2d(cin, cout, k, padding=k // 2, bias=False)
         self.se_block = NeckSE(cout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def parts(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The conv's output ``y`` and the per-channel factor ``1 + gate`` (B, C, 1, 1)."""
         y = self.in_conv(x)
-        return y * (self.se_block.gate(y) + 1.0)
+        return y, self.se_block.gate(y) + 1.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y, factor = self.parts(x)
+        return y * factor
 
 
 def _nearest_view(x: torch.Tensor, f: int) -> torch.Tensor:
@@ -401,10 +406,11 @@ class RSEFPN(nn.Module):
     """Top-down FPN over the four backbone maps (nearest 2x upsampling, sums), each level reduced
     to a quarter width by a 3x3 RSE layer, upsampled to 1/4 and concatenated (deepest first).
 
-    No upsampled map is materialized: each top-down sum adds the coarser map broadcast over 2x2
-    blocks in place into the finer one, and each level is written broadcast over its blocks
-    straight into its channels of the concatenated output (same values as interpolate + add +
-    cat, exactly)."""
+    Without autograd no upsampled map is materialized and no RSE output is written twice: each
+    top-down sum is one ``addcmul`` of the coarser map broadcast over 2x2 blocks and the RSE's
+    conv output times its factor, and each level's RSE product is written broadcast over its
+    blocks straight into its channels of the concatenated output (the same values as RSE,
+    interpolate, add and cat, up to float32 rounding). With autograd: those operators."""
 
     def __init__(self, in_channels: list[int], out_channels: int):
         super().__init__()
@@ -412,29 +418,51 @@ class RSEFPN(nn.Module):
         self.inp_conv = nn.ModuleList(RSELayer(out_channels, out_channels // 4, 3) for _ in in_channels)
 
     def forward(self, feats: list[torch.Tensor]) -> torch.Tensor:
+        if torch.is_grad_enabled():
+            return self._reference(feats)
+        c2, c3, c4, c5 = feats
+        # the convs in the reference's order (scripts/convert_rapidocr.py maps weights by call order)
+        y5, g5 = self.ins_conv[3].parts(c5)
+        y4, g4 = self.ins_conv[2].parts(c4)
+        y3, g3 = self.ins_conv[1].parts(c3)
+        y2, g2 = self.ins_conv[0].parts(c2)
+        up = (slice(None), slice(None), slice(None), None, slice(None), None)   # (B, C, h, 1, w, 1)
+        in5 = y5 * g5
+        out4 = torch.empty_like(y4)   # in4 + nearest2x(in5) with in4 = y4 * g4, in one pass
+        torch.addcmul(in5[up], _nearest_view(y4, 2), g4[up], out=_nearest_view(out4, 2))
+        out3 = torch.empty_like(y3)
+        torch.addcmul(out4[up], _nearest_view(y3, 2), g3[up], out=_nearest_view(out3, 2))
+        out2 = torch.empty_like(y2)
+        torch.addcmul(out3[up], _nearest_view(y2, 2), g2[up], out=_nearest_view(out2, 2))
+        b, _, h, w = out2.shape
+        c = self.inp_conv[0].in_conv.out_channels
+        fmt = torch.channels_last if out2.is_contiguous(memory_format=torch.channels_last) else torch.contiguous_format
+        out = torch.empty((b, 4 * c, h, w), dtype=out2.dtype, device=out2.device, memory_format=fmt)
+        for i, (layer, src, f) in enumerate(((self.inp_conv[3], in5, 8), (self.inp_conv[2], out4, 4),
+                                             (self.inp_conv[1], out3, 2), (self.inp_conv[0], out2, 1))):
+            y, g = layer.parts(src)
+            dst = out[:, i * c:(i + 1) * c]
+            if f == 1:
+                torch.mul(y, g, out=dst)
+            else:
+                view = _nearest_view(dst, f)
+                torch.mul(y[up].expand(view.shape), g[up], out=view)
+        return out
+
+    def _reference(self, feats: list[torch.Tensor]) -> torch.Tensor:
         c2, c3, c4, c5 = feats
         in5 = self.ins_conv[3](c5)
         in4 = self.ins_conv[2](c4)
         in3 = self.ins_conv[1](c3)
         in2 = self.ins_conv[0](c2)
-        up = (slice(None), slice(None), slice(None), None, slice(None), None)   # (B, C, h, 1, w, 1)
-        out4 = in4
-        _nearest_view(out4, 2).add_(in5[up])   # in4 + nearest2x(in5), in place (in4 is fresh)
-        out3 = in3
-        _nearest_view(out3, 2).add_(out4[up])
-        out2 = in2
-        _nearest_view(out2, 2).add_(out3[up])
-        # the levels in the reference's order (deepest first: scripts/convert_rapidocr.py maps
-        # weights by call order), each written into its channels of the concatenated map
-        b, _, h, w = out2.shape
-        c = self.inp_conv[0].in_conv.out_channels
-        fmt = torch.channels_last if out2.is_contiguous(memory_format=torch.channels_last) else torch.contiguous_format
-        out = torch.empty((b, 4 * c, h, w), dtype=out2.dtype, device=out2.device, memory_format=fmt)
-        for i, (conv, src, f) in enumerate(((self.inp_conv[3], in5, 8), (self.inp_conv[2], out4, 4),
-                                            (self.inp_conv[1], out3, 2))):
-            _nearest_view(out[:, i * c:(i + 1) * c], f).copy_(conv(src)[up])
-        out[:, 3 * c:].copy_(self.inp_conv[0](out2))
-        return out
+        out4 = in4 + F.interpolate(in5, scale_factor=2, mode="nearest")
+        out3 = in3 + F.interpolate(out4, scale_factor=2, mode="nearest")
+        out2 = in2 + F.interpolate(out3, scale_factor=2, mode="nearest")
+        p5 = F.interpolate(self.inp_conv[3](in5), scale_factor=8, mode="nearest")
+        p4 = F.interpolate(self.inp_conv[2](out4), scale_factor=4, mode="nearest")
+        p3 = F.interpolate(self.inp_conv[1](out3), scale_factor=2, mode="nearest")
+        p2 = self.inp_conv[0](out2)
+        return torch.cat([p5, p4, p3, p2], 1)
 
 
 def _deconv_as_1x1(weight: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
