@@ -151,6 +151,26 @@ def test_fpn_without_autograd_equals_its_reference_operators(channels_last):
     assert (out - ref).abs().max().item() < 1e-5 * ref.abs().max().item()
 
 
+@pytest.mark.parametrize("k,stride,groups,hw", [(3, 2, 8, (12, 20)), (5, 2, 8, (13, 21)), (5, 2, 8, (12, 20)),
+                                               (3, 1, 1, (7, 9)), (5, 1, 8, (6, 5)), (3, 2, 1, (2, 3))])
+def test_an_input_affine_folds_into_a_zero_padded_conv_with_its_border(k, stride, groups, hw):
+    """conv(pad0(s x + t)) == conv_sW(pad0 x) + t sum(W) + PaddedInputAffine's border term."""
+    import torch.nn.functional as F
+
+    from libreyolo.models.ppocr.nn import PaddedInputAffine
+    g = torch.Generator().manual_seed(k * 10 + stride)
+    x = torch.randn(2, 8, *hw, generator=g, dtype=torch.float64)
+    w = torch.randn(8, 8 // groups, k, k, generator=g, dtype=torch.float64)
+    b = torch.randn(8, generator=g, dtype=torch.float64)
+    s, t = torch.tensor([0.7], dtype=torch.float64), torch.tensor([-1.3], dtype=torch.float64)
+    p = k // 2
+    ref = F.conv2d(s * x + t, w, b, stride, p, 1, groups)
+    out = F.conv2d(x, w * s, b + t * w.sum((1, 2, 3)), stride, p, 1, groups)
+    assert (out - ref).abs().max().item() > 0.1   # the border term is needed
+    PaddedInputAffine(t * w.sum(1), (stride, stride), (p, p))(out, hw)
+    assert (out - ref).abs().max().item() < 1e-10
+
+
 def test_conv_act_onednn_path_equals_the_plain_conv_then_activation():
     import copy
 

@@ -30,6 +30,7 @@ same function up to float32 rounding.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -215,6 +216,67 @@ class Act(nn.Module):
         return x if lab is None else torch.addcmul(lab.bias, x, lab.scale, out=x)
 
 
+@functools.lru_cache(maxsize=256)
+def _outside_taps(n_out: int, size: int, k: int, stride: int, pad: int) -> tuple[tuple[int, int, int], ...]:
+    """Along one axis of a zero-padded conv: ``(i, lo, hi)`` for each output index ``i`` whose
+    window reaches into the padding - its taps ``[0, lo)`` and ``[hi, k)`` fall outside the input
+    of ``size`` - only the first and last few indices."""
+    out = []
+    for i in sorted(set(range(min(n_out, pad // stride + 2))) | set(range(max(0, n_out - k // stride - 2), n_out))):
+        start = stride * i - pad
+        lo, hi = max(0, -start), min(k, size - start)
+        if lo > 0 or hi < k:
+            out.append((i, lo, hi))
+    return tuple(out)
+
+
+class PaddedInputAffine(nn.Module):
+    """The border term of an input affine folded into a zero-padded conv.
+
+    For scalars ``s, t``: ``conv_W(pad0(s x + t)) = conv_sW(pad0(x)) + t * sum(W)`` wherever the
+    conv's window lies inside the input; where it reaches into the padding, the taps outside saw
+    zeros, not ``t``, so ``t`` times those taps' weights comes off again. The folded conv carries
+    ``s W`` and the bias ``b + t * sum(W)``; this module then subtracts, in place on the conv's
+    output, ``t`` times the sum of the outside taps at each border position - a few thin strips,
+    whose per-channel sums are tabulated per pattern of outside taps (``v = t * W`` summed over
+    the input channels of each output channel)."""
+
+    def __init__(self, v: torch.Tensor, stride: tuple[int, int], padding: tuple[int, int]):
+        super().__init__()
+        o, kh, kw = v.shape
+        self.stride, self.padding, self.kernel = tuple(stride), tuple(padding), (kh, kw)
+        rows, cols = v.sum(2), v.sum(1)   # (O, kh), (O, kw)
+        rtab = torch.zeros(kh + 1, kh + 1, o, dtype=v.dtype, device=v.device)
+        ctab = torch.zeros(kw + 1, kw + 1, o, dtype=v.dtype, device=v.device)
+        btab = torch.zeros((kh + 1) ** 2, (kw + 1) ** 2, o, dtype=v.dtype, device=v.device)   # 3-D: no memory format
+        for lo in range(kh + 1):
+            for hi in range(lo, kh + 1):
+                rtab[lo, hi] = rows[:, :lo].sum(1) + rows[:, hi:].sum(1)
+                out_r = v[:, list(range(lo)) + list(range(hi, kh))]
+                for clo in range(kw + 1):
+                    for chi in range(clo, kw + 1):
+                        btab[lo * (kh + 1) + hi, clo * (kw + 1) + chi] = out_r[:, :, list(range(clo)) + list(range(chi, kw))].sum((1, 2))
+        for lo in range(kw + 1):
+            for hi in range(lo, kw + 1):
+                ctab[lo, hi] = cols[:, :lo].sum(1) + cols[:, hi:].sum(1)
+        self.register_buffer("rtab", rtab, persistent=False)
+        self.register_buffer("ctab", ctab, persistent=False)
+        self.register_buffer("btab", btab, persistent=False)
+
+    def forward(self, out: torch.Tensor, in_hw: tuple[int, int]) -> torch.Tensor:
+        (kh, kw), (sh, sw), (ph, pw) = self.kernel, self.stride, self.padding
+        rows = _outside_taps(out.shape[-2], int(in_hw[0]), kh, sh, ph)
+        cols = _outside_taps(out.shape[-1], int(in_hw[1]), kw, sw, pw)
+        for i, lo, hi in rows:
+            out[:, :, i, :].sub_(self.rtab[lo, hi].view(1, -1, 1))
+        for j, lo, hi in cols:
+            out[:, :, :, j].sub_(self.ctab[lo, hi].view(1, -1, 1))
+        for i, lo, hi in rows:   # taps outside both ways came off twice: once back
+            for j, clo, chi in cols:
+                out[:, :, i, j].add_(self.btab[lo * (kh + 1) + hi, clo * (kw + 1) + chi].view(1, -1))
+        return out
+
+
 class RepLayer(nn.Module):
     """Sum of ``branches`` kxk conv+BN, a 1x1 conv+BN (k > 1) and a BN identity (same width, stride
     1), then a learnable affine and (unless the stride is 2) :class:`Act`."""
@@ -228,10 +290,13 @@ class RepLayer(nn.Module):
         self.lab = Affine()
         self.act = Act()
         self.fused: ConvAct | None = None   # set by fuse(): the merged conv, its hard-swish a post-op
+        self.in_affine: PaddedInputAffine | None = None   # set by fold_input_affine()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.fused is not None:
             out = self.fused(x)
+            if self.in_affine is not None:
+                out = self.in_affine(out, x.shape[-2:])
             return out if self.stride == 2 else self.act.affine_(out)
         out = self.identity(x) if self.identity is not None else 0
         if self.conv_1x1 is not None:
@@ -279,6 +344,20 @@ class RepLayer(nn.Module):
         fused.bias.copy_(bias * self.lab.scale + self.lab.bias)
         self.fused = ConvAct(fused.requires_grad_(False), "none" if self.stride == 2 else "hardswish")
         del self.identity, self.conv_kxk, self.conv_1x1, self.lab
+
+    @torch.no_grad()
+    def fold_input_affine(self, s: torch.Tensor, t: torch.Tensor) -> bool:
+        """After :meth:`fuse` of a stride-2 layer (a linear output): take the affine ``s x + t``
+        (scalars) of its input into the conv - ``s W``, ``b + t sum(W)`` and a
+        :class:`PaddedInputAffine` for the border. False (nothing done) for another layer."""
+        if self.fused is None or self.stride != 2 or self.in_affine is not None:
+            return False
+        conv: Any = self.fused.conv
+        w = conv.weight
+        self.in_affine = PaddedInputAffine(t * w.sum(1), conv.stride, conv.padding)
+        conv.bias.add_(t * w.sum((1, 2, 3)))
+        w.mul_(s)
+        return True
 
 
 class SE(nn.Module):
@@ -345,6 +424,32 @@ class PPLCNetV3(nn.Module):
         else:
             self.out_channels = make_divisible(512 * scale)
 
+    @torch.no_grad()
+    def fold_stage_affines(self) -> None:
+        """After :meth:`RepLayer.fuse` (detection backbone): the activation affine ending each stage
+        folded into every conv that reads it - the stage's 1x1 projection (exactly, no padding)
+        and the next stage's first depthwise conv, whose stride 2 leaves its output linear (with
+        :class:`PaddedInputAffine` for the border) - so no pass over a stage's output applies it."""
+        if not self.det:
+            return
+        stages = [self.blocks2, self.blocks3, self.blocks4, self.blocks5, self.blocks6]
+        for i, stage in enumerate(stages):
+            pw: Any = stage[-1].pw_conv
+            lab = pw.act.lab if pw.fused is not None else None
+            nxt: Any = stages[i + 1][0].dw_conv if i + 1 < len(stages) else None
+            if lab is None or (nxt is not None and (nxt.fused is None or nxt.stride != 2 or nxt.in_affine is not None)):
+                continue
+            s, t = lab.scale, lab.bias
+            if i >= 1:   # blocks3..6 feed a projection
+                proj: Any = self.layer_list[i - 1]
+                if proj.bias is None:
+                    continue
+                proj.bias.add_(t * proj.weight.sum((1, 2, 3)))
+                proj.weight.mul_(s)
+            if nxt is not None:
+                nxt.fold_input_affine(s, t)
+            pw.act.lab = None
+
     def forward(self, x: torch.Tensor):
         x = self.blocks2(self.conv1(x))
         outs = []
@@ -410,7 +515,8 @@ class RSEFPN(nn.Module):
     top-down sum is one ``addcmul`` of the coarser map broadcast over 2x2 blocks and the RSE's
     conv output times its factor, and each level's RSE product is written broadcast over its
     blocks straight into its channels of the concatenated output (the same values as RSE,
-    interpolate, add and cat, up to float32 rounding). With autograd: those operators."""
+    interpolate, add and cat, up to float32 rounding). With autograd, or tracing for an export:
+    those operators."""
 
     def __init__(self, in_channels: list[int], out_channels: int):
         super().__init__()
@@ -418,7 +524,7 @@ class RSEFPN(nn.Module):
         self.inp_conv = nn.ModuleList(RSELayer(out_channels, out_channels // 4, 3) for _ in in_channels)
 
     def forward(self, feats: list[torch.Tensor]) -> torch.Tensor:
-        if torch.is_grad_enabled():
+        if torch.is_grad_enabled() or _tracing():   # autograd, export: the reference operators
             return self._reference(feats)
         c2, c3, c4, c5 = feats
         # the convs in the reference's order (scripts/convert_rapidocr.py maps weights by call order)
@@ -727,4 +833,7 @@ class PPOCRNet(nn.Module):
         for m in list(self.modules()):
             if isinstance(m, LCNetV3Block):
                 m.fold_act_affine()
+        for m in list(self.modules()):
+            if isinstance(m, PPLCNetV3):
+                m.fold_stage_affines()
         return self
