@@ -87,6 +87,111 @@ def test_ctc_greedy_drops_blanks_repeats_and_steps_past_the_width():
     assert not keep[1].any() and score[1].item() == 0.0        # an empty row (width 0)
 
 
+# ------------------------------------------------------------------------------------ fuse()
+def _randomized_net(seed=0):
+    """A PP-OCR network whose BatchNorm statistics, affines and biases are all non-trivial, so that
+    every fold of fuse() changes numbers."""
+    from libreyolo.models.ppocr.nn import Affine, PPOCRNet
+    torch.manual_seed(seed)
+    net = PPOCRNet("t", num_classes=97).eval()
+    with torch.no_grad():
+        for m in net.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.running_mean.normal_(0, 0.2)
+                m.running_var.uniform_(0.5, 1.5)
+                m.weight.normal_(1, 0.2)
+                m.bias.normal_(0, 0.2)
+            elif isinstance(m, Affine):
+                m.scale.uniform_(0.6, 1.4)
+                m.bias.normal_(0, 0.2)
+            elif isinstance(m, (torch.nn.Conv2d, torch.nn.ConvTranspose2d)) and m.bias is not None:
+                m.bias.normal_(0, 0.1)
+    return net
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_fused_network_equals_the_unfused_one_within_fp32_rounding(channels_last):
+    import copy
+
+    from libreyolo.models.ppocr.nn import ConvAct
+    net = _randomized_net()
+    fused = copy.deepcopy(net).fuse()
+    assert fused.fuse() is fused   # idempotent
+    assert not any(isinstance(m, (torch.nn.BatchNorm2d, torch.nn.ConvTranspose2d)) for m in fused.modules())
+    assert sum(isinstance(m, ConvAct) for m in fused.modules()) > 50
+    g = torch.Generator().manual_seed(1)
+    x, lines = torch.randn(2, 3, 64, 96, generator=g), torch.randn(2, 3, 48, 64, generator=g)
+    if channels_last:
+        fused = fused.to(memory_format=torch.channels_last)
+        x, lines = (t.contiguous(memory_format=torch.channels_last) for t in (x, lines))
+    with torch.no_grad():
+        a, b = net.det(x), fused.det(x)
+        ra, rb = net.rec(lines), fused.rec(lines)
+    assert a.shape == b.shape == (2, 1, 64, 96) and ra.shape == rb.shape
+    assert (a - b).abs().max().item() < 1e-5 and 0.01 < a.std().item()   # a map that varies
+    # float32 rounding of differently ordered sums, through the SVTR blocks and a softmax
+    assert (ra - rb).abs().max().item() < 1e-4 and torch.equal(ra.argmax(-1), rb.argmax(-1))
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_fpn_without_autograd_equals_its_reference_operators(channels_last):
+    """The FPN's one-pass form (no materialized upsampling, RSE products written once) computes
+    what RSE + interpolate + add + cat compute (the form autograd runs)."""
+    from libreyolo.models.ppocr.nn import RSEFPN
+    torch.manual_seed(3)
+    fpn = RSEFPN([16, 24, 56, 480], 96).eval()
+    feats = [torch.randn(2, c, 64 // s, 96 // s) for c, s in zip([16, 24, 56, 480], [4, 8, 16, 32])]
+    if channels_last:
+        feats = [f.contiguous(memory_format=torch.channels_last) for f in feats]
+    ref = fpn(feats)   # autograd on: the reference operators
+    with torch.no_grad():
+        out = fpn(feats)
+    assert ref.requires_grad and out.shape == ref.shape == (2, 96, 16, 24)
+    assert out.is_contiguous(memory_format=torch.channels_last) == channels_last
+    assert (out - ref).abs().max().item() < 1e-5 * ref.abs().max().item()
+
+
+@pytest.mark.parametrize("k,stride,groups,hw", [(3, 2, 8, (12, 20)), (5, 2, 8, (13, 21)), (5, 2, 8, (12, 20)),
+                                               (3, 1, 1, (7, 9)), (5, 1, 8, (6, 5)), (3, 2, 1, (2, 3))])
+def test_an_input_affine_folds_into_a_zero_padded_conv_with_its_border(k, stride, groups, hw):
+    """conv(pad0(s x + t)) == conv_sW(pad0 x) + t sum(W) + PaddedInputAffine's border term."""
+    import torch.nn.functional as F
+
+    from libreyolo.models.ppocr.nn import PaddedInputAffine
+    g = torch.Generator().manual_seed(k * 10 + stride)
+    x = torch.randn(2, 8, *hw, generator=g, dtype=torch.float64)
+    w = torch.randn(8, 8 // groups, k, k, generator=g, dtype=torch.float64)
+    b = torch.randn(8, generator=g, dtype=torch.float64)
+    s, t = torch.tensor([0.7], dtype=torch.float64), torch.tensor([-1.3], dtype=torch.float64)
+    p = k // 2
+    ref = F.conv2d(s * x + t, w, b, stride, p, 1, groups)
+    out = F.conv2d(x, w * s, b + t * w.sum((1, 2, 3)), stride, p, 1, groups)
+    assert (out - ref).abs().max().item() > 0.1   # the border term is needed
+    PaddedInputAffine(t * w.sum(1), (stride, stride), (p, p))(out, hw)
+    assert (out - ref).abs().max().item() < 1e-10
+
+
+def test_conv_act_onednn_path_equals_the_plain_conv_then_activation():
+    import copy
+
+    from libreyolo.models.ppocr.nn import ConvAct, _onednn_ops
+    g = torch.Generator().manual_seed(2)
+    cases = [(torch.nn.Conv2d(8, 8, 5, 2, 2, groups=8), "hardswish"), (torch.nn.Conv2d(8, 16, 1), "swish"),
+             (torch.nn.Conv2d(8, 4, 3, padding=1), "relu"), (torch.nn.ConvTranspose2d(8, 4, 2, 2), "sigmoid"),
+             (torch.nn.Conv2d(8, 8, 3, padding=1), "none")]
+    x = torch.randn(2, 8, 12, 20, generator=g)
+    for conv, act in cases:
+        m = ConvAct(conv.requires_grad_(False), act)
+        m64 = ConvAct(copy.deepcopy(conv).double(), act)
+        with torch.no_grad():
+            fast = m(x)   # oneDNN's primitive with the activation as a post-op where this torch has it
+            slow = m64(x.double()).float()   # float64: the plain conv, then the activation
+        assert fast.shape == slow.shape and (fast - slow).abs().max().item() < 1e-5, act
+    assert _onednn_ops() is None or len(_onednn_ops()) == 2
+    with pytest.raises(ValueError, match="unknown activation"):
+        ConvAct(torch.nn.Conv2d(1, 1, 1), "gelu6")
+
+
 # ----------------------------------------------------------------------------- DB post-process
 def _map_with_rects(rects, h=64, w=96):
     prob = np.full((h, w), 0.05, np.float32)
@@ -114,6 +219,93 @@ def test_db_boxes_drop_low_scores_and_tiny_regions_and_empty_maps():
     empty = np.zeros((64, 96), np.uint8)
     out = db_boxes(empty, prob, (64, 96), 0.6, 1.5, 1000)
     assert out.quads.shape == (0, 4, 2) and out.scores.shape == (0,)
+
+
+def _reference_db_boxes(bitmap, prob, orig_hw, box_thresh, unclip_ratio, max_lines, dilate=False, mode="fast"):
+    """The DB post-process one contour at a time, each step as PaddleOCR writes it (the reference
+    the batched implementation must equal)."""
+    import cv2
+
+    from libreyolo.tasks.ocr.postprocess import MIN_SIZE, box_score, contour_score, mini_box, unclip
+    if dilate:
+        bitmap = cv2.dilate(bitmap, np.ones((2, 2), np.uint8))
+    mh, mw = bitmap.shape
+    oh, ow = orig_hw
+    contours, _ = cv2.findContours(bitmap, cv2.RETR_LIST, cv2.CHAIN_APPROX_SIMPLE)
+    quads, scores = [], []
+    for contour in contours:
+        if len(quads) >= max_lines:
+            break
+        quad, short = mini_box(contour)
+        if short < MIN_SIZE:
+            continue
+        score = box_score(prob, quad) if mode == "fast" else contour_score(prob, contour)
+        if box_thresh > score:
+            continue
+        grown = unclip(quad, unclip_ratio)
+        if grown is None:
+            continue
+        quad, short = mini_box(grown)
+        if short < MIN_SIZE + 2:
+            continue
+        quad[:, 0] = np.clip(np.round(quad[:, 0] / mw * ow), 0, ow)
+        quad[:, 1] = np.clip(np.round(quad[:, 1] / mh * oh), 0, oh)
+        pts = quad.astype(np.int32).astype(np.float32)
+        pts = pts[np.argsort(pts[:, 0], kind="stable")]
+        left, right = pts[:2], pts[2:]
+        tl, bl = left[np.argsort(left[:, 1], kind="stable")]
+        tr, br = right[np.argsort(right[:, 1], kind="stable")]
+        quad = np.stack([tl, tr, br, bl]).astype(np.float32)
+        quad[:, 0] = np.minimum(np.maximum(quad[:, 0], 0), ow - 1).astype(np.int32)
+        quad[:, 1] = np.minimum(np.maximum(quad[:, 1], 0), oh - 1).astype(np.int32)
+        if int(np.linalg.norm(quad[0] - quad[1])) <= MIN_SIZE or int(np.linalg.norm(quad[0] - quad[3])) <= MIN_SIZE:
+            continue
+        quads.append(quad)
+        scores.append(score)
+    if not quads:
+        return np.zeros((0, 4, 2), np.float32), np.zeros((0,), np.float32)
+    return np.stack(quads).astype(np.float32), np.asarray(scores, np.float32)
+
+
+def _known_map(seed, h=160, w=224):
+    """A probability map with rotated bars, blobs, thin and tiny regions and regions cut by the
+    border: every branch of the post-process is taken."""
+    import cv2
+    g = np.random.default_rng(seed)
+    prob = (g.random((h, w)) * 0.2).astype(np.float32)
+    for _ in range(14):
+        cx, cy = g.uniform(-10, w + 10), g.uniform(-10, h + 10)
+        size = (g.uniform(1, 70), g.uniform(1, 16))
+        pts = cv2.boxPoints(((cx, cy), size, g.uniform(-30, 30))).astype(np.int32)
+        cv2.fillPoly(prob, [pts], float(g.uniform(0.35, 1.0)))
+    return prob
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("dilate,mode,max_lines", [(False, "fast", 1000), (True, "fast", 1000), (False, "slow", 1000),
+                                                   (False, "fast", 3), (True, "fast", 1)])
+def test_db_boxes_equal_the_step_by_step_reference_on_known_maps(seed, dilate, mode, max_lines):
+    prob = _known_map(seed)
+    bitmap = (prob > 0.3).astype(np.uint8)
+    for orig in ((160, 224), (331, 467)):
+        ours = db_boxes(bitmap, prob, orig, 0.5, 1.6, max_lines, dilate=dilate, score_mode=mode)
+        ref_q, ref_s = _reference_db_boxes(bitmap, prob, orig, 0.5, 1.6, max_lines, dilate, mode)
+        assert len(ref_q) > 0 and ours.quads.dtype == np.float32 and ours.scores.dtype == np.float32
+        assert np.array_equal(ours.quads, ref_q) and np.array_equal(ours.scores, ref_s)
+
+
+def test_a_blank_map_skips_the_contour_search(monkeypatch):
+    import cv2
+
+    def no_search(*a, **k):
+        raise AssertionError("findContours called on a map with nothing above the threshold")
+    monkeypatch.setattr(cv2, "findContours", no_search)
+    prob = np.full((608, 800), 0.01, np.float32)
+    out = db_boxes((prob > 0.3).astype(np.uint8), prob, (600, 800), 0.6, 2.0, 1000)
+    assert out.quads.shape == (0, 4, 2) and out.scores.shape == (0,)
+    with pytest.raises(AssertionError, match="findContours"):   # the probe bites where there is text
+        prob[10:30, 10:90] = 0.9
+        db_boxes((prob > 0.3).astype(np.uint8), prob, (600, 800), 0.6, 2.0, 1000)
 
 
 def test_host_seam_output_shape_depends_on_the_image():

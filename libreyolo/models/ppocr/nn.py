@@ -22,11 +22,15 @@ both networks are CUDA-graph safe.
 :meth:`PPOCRNet.fuse` re-parameterizes for inference: each learnable re-parameterizable layer's
 branches (BatchNorms folded, the 1x1 kernel and the identity placed at the kxk centre) and its
 learnable affine are summed into one conv with bias - the transform PaddleOCR's inference
-export applies - and every other conv + BatchNorm pair is folded. The fused network computes the
+export applies - and every other conv + BatchNorm pair is folded; each conv followed by an
+activation becomes a :class:`ConvAct`, which on the CPU (float32, no autograd, not tracing) runs
+as one oneDNN primitive with the activation as a post-op - the output written once instead of
+twice - and elsewhere as the conv then the activation in place. The fused network computes the
 same function up to float32 rounding.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -122,25 +126,155 @@ def fold_conv(conv: Any, bn: Any) -> Any:
     return out.requires_grad_(False)
 
 
+_ONEDNN: dict[str, Any] = {}
+
+
+def _onednn_ops() -> tuple[Any, Any] | None:
+    """oneDNN's fused conv + activation operators (``torch.ops.mkldnn._convolution_pointwise`` and
+    its transposed twin, the ones inductor emits for CPU convs) once a probe showed that they run
+    and equal the conv then the activation; None where this torch build has no such operators."""
+    if "ops" not in _ONEDNN:
+        ops = None
+        try:
+            if torch.backends.mkldnn.is_available():
+                conv = torch.ops.mkldnn._convolution_pointwise.default
+                convt = torch.ops.mkldnn._convolution_transpose_pointwise.default
+                g = torch.Generator().manual_seed(0)
+                x, w, b = torch.randn(1, 4, 6, 6, generator=g), torch.randn(4, 4, 3, 3, generator=g), torch.randn(4)
+                y = conv(x, w, b, [1, 1], [1, 1], [1, 1], 1, "hardswish", [], "")
+                yt = convt(x, w[:, :, :2, :2].contiguous(), b, [0, 0], [0, 0], [2, 2], [1, 1], 1, "relu", [], "")
+                if torch.allclose(y, F.hardswish(F.conv2d(x, w, b, padding=1)), atol=1e-5) and torch.allclose(
+                        yt, F.relu(F.conv_transpose2d(x, w[:, :, :2, :2], b, 2)), atol=1e-5):
+                    ops = (conv, convt)
+        except (AttributeError, RuntimeError, NotImplementedError):
+            ops = None
+        _ONEDNN["ops"] = ops
+    return _ONEDNN["ops"]
+
+
+def _tracing() -> bool:
+    """Inside torch.jit / FX / dynamo / ONNX-export tracing: only standard operators there."""
+    fx = getattr(torch.fx._symbolic_trace, "is_fx_symbolic_tracing", None)
+    return bool(torch.jit.is_scripting() or torch.jit.is_tracing() or torch.compiler.is_compiling()
+                or torch.onnx.is_in_onnx_export() or (fx is not None and fx()))
+
+
+#: the activations a :class:`ConvAct` applies (oneDNN's post-op names), in place after a plain conv
+_ACTS = {"none": lambda y: y, "relu": lambda y: F.relu(y, inplace=True),
+         "hardswish": lambda y: F.hardswish(y, inplace=True), "sigmoid": lambda y: y.sigmoid_(),
+         "swish": lambda y: F.silu(y, inplace=True)}
+
+
+class ConvAct(nn.Module):
+    """A conv (or transposed conv) with bias followed by an activation (``none``, ``relu``,
+    ``hardswish``, ``sigmoid`` or ``swish`` = SiLU): the inference form :meth:`PPOCRNet.fuse`
+    builds. On the CPU in float32 (no autograd, not tracing, oneDNN enabled) one oneDNN primitive
+    with the activation as a post-op; elsewhere the conv, then the activation in place on its
+    fresh output. Both compute the same values up to float32 rounding."""
+
+    def __init__(self, conv: nn.Conv2d | nn.ConvTranspose2d, act: str):
+        super().__init__()
+        if act not in _ACTS:
+            raise ValueError(f"ConvAct: unknown activation {act!r} (one of {', '.join(_ACTS)})")
+        self.conv = conv
+        self.act = act
+        self.transposed = isinstance(conv, nn.ConvTranspose2d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        c: Any = self.conv
+        w = c.weight
+        if (x.device.type == "cpu" and x.dtype == torch.float32 and w.dtype == torch.float32
+                and torch.backends.mkldnn.enabled
+                and not (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad))
+                and not _tracing()):
+            ops = _onednn_ops()
+            if ops is not None:
+                if self.transposed:
+                    return ops[1](x, w, c.bias, list(c.padding), list(c.output_padding), list(c.stride),
+                                  list(c.dilation), c.groups, self.act, [], "")
+                return ops[0](x, w, c.bias, list(c.padding), list(c.stride), list(c.dilation), c.groups,
+                              self.act, [], "")
+        return _ACTS[self.act](c(x))
+
+
 class Act(nn.Module):
-    """Hard-swish followed by a learnable affine."""
+    """Hard-swish followed by a learnable affine. In the fused network the hard-swish is the conv's
+    post-op (:class:`ConvAct`) and :meth:`affine_` applies the affine in place, or nothing once
+    it is folded into the next conv (``lab`` None)."""
 
     def __init__(self):
         super().__init__()
         self.act = nn.Hardswish()
         self.lab = Affine()
-        self.fused = False   # fuse(): in place, the affine as one addcmul, or folded away (lab None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.fused:
-            return self.lab(self.act(x))
-        x = F.hardswish(x, inplace=True)   # x: the conv's fresh output
-        return x if self.lab is None else torch.addcmul(self.lab.bias, x, self.lab.scale)
+        return self.lab(self.act(x))
 
-    def fuse(self) -> None:
-        """Inference form: hard-swish in place, the affine in one pass (same values up to float32
-        rounding)."""
-        self.fused = True
+    def affine_(self, x: torch.Tensor) -> torch.Tensor:
+        """``scale * x + bias`` in place on ``x`` (a conv's fresh output) in one pass."""
+        lab = self.lab
+        return x if lab is None else torch.addcmul(lab.bias, x, lab.scale, out=x)
+
+
+@functools.lru_cache(maxsize=256)
+def _outside_taps(n_out: int, size: int, k: int, stride: int, pad: int) -> tuple[tuple[int, int, int], ...]:
+    """Along one axis of a zero-padded conv: ``(i, lo, hi)`` for each output index ``i`` whose
+    window reaches into the padding - its taps ``[0, lo)`` and ``[hi, k)`` fall outside the input
+    of ``size`` - only the first and last few indices."""
+    out = []
+    for i in sorted(set(range(min(n_out, pad // stride + 2))) | set(range(max(0, n_out - k // stride - 2), n_out))):
+        start = stride * i - pad
+        lo, hi = max(0, -start), min(k, size - start)
+        if lo > 0 or hi < k:
+            out.append((i, lo, hi))
+    return tuple(out)
+
+
+class PaddedInputAffine(nn.Module):
+    """The border term of an input affine folded into a zero-padded conv.
+
+    For scalars ``s, t``: ``conv_W(pad0(s x + t)) = conv_sW(pad0(x)) + t * sum(W)`` wherever the
+    conv's window lies inside the input; where it reaches into the padding, the taps outside saw
+    zeros, not ``t``, so ``t`` times those taps' weights comes off again. The folded conv carries
+    ``s W`` and the bias ``b + t * sum(W)``; this module then subtracts, in place on the conv's
+    output, ``t`` times the sum of the outside taps at each border position - a few thin strips,
+    whose per-channel sums are tabulated per pattern of outside taps (``v = t * W`` summed over
+    the input channels of each output channel)."""
+
+    def __init__(self, v: torch.Tensor, stride: tuple[int, int], padding: tuple[int, int]):
+        super().__init__()
+        o, kh, kw = v.shape
+        self.stride, self.padding, self.kernel = tuple(stride), tuple(padding), (kh, kw)
+        rows, cols = v.sum(2), v.sum(1)   # (O, kh), (O, kw)
+        rtab = torch.zeros(kh + 1, kh + 1, o, dtype=v.dtype, device=v.device)
+        ctab = torch.zeros(kw + 1, kw + 1, o, dtype=v.dtype, device=v.device)
+        btab = torch.zeros((kh + 1) ** 2, (kw + 1) ** 2, o, dtype=v.dtype, device=v.device)   # 3-D: no memory format
+        for lo in range(kh + 1):
+            for hi in range(lo, kh + 1):
+                rtab[lo, hi] = rows[:, :lo].sum(1) + rows[:, hi:].sum(1)
+                out_r = v[:, list(range(lo)) + list(range(hi, kh))]
+                for clo in range(kw + 1):
+                    for chi in range(clo, kw + 1):
+                        btab[lo * (kh + 1) + hi, clo * (kw + 1) + chi] = out_r[:, :, list(range(clo)) + list(range(chi, kw))].sum((1, 2))
+        for lo in range(kw + 1):
+            for hi in range(lo, kw + 1):
+                ctab[lo, hi] = cols[:, :lo].sum(1) + cols[:, hi:].sum(1)
+        self.register_buffer("rtab", rtab, persistent=False)
+        self.register_buffer("ctab", ctab, persistent=False)
+        self.register_buffer("btab", btab, persistent=False)
+
+    def forward(self, out: torch.Tensor, in_hw: tuple[int, int]) -> torch.Tensor:
+        (kh, kw), (sh, sw), (ph, pw) = self.kernel, self.stride, self.padding
+        rows = _outside_taps(out.shape[-2], int(in_hw[0]), kh, sh, ph)
+        cols = _outside_taps(out.shape[-1], int(in_hw[1]), kw, sw, pw)
+        for i, lo, hi in rows:
+            out[:, :, i, :].sub_(self.rtab[lo, hi].view(1, -1, 1))
+        for j, lo, hi in cols:
+            out[:, :, :, j].sub_(self.ctab[lo, hi].view(1, -1, 1))
+        for i, lo, hi in rows:   # taps outside both ways came off twice: once back
+            for j, clo, chi in cols:
+                out[:, :, i, j].add_(self.btab[lo * (kh + 1) + hi, clo * (kw + 1) + chi].view(1, -1))
+        return out
 
 
 class RepLayer(nn.Module):
@@ -155,12 +289,15 @@ class RepLayer(nn.Module):
         self.conv_1x1 = ConvBN(cin, cout, 1, stride, groups) if k > 1 else None
         self.lab = Affine()
         self.act = Act()
-        self.fused: nn.Conv2d | None = None   # set by fuse()
+        self.fused: ConvAct | None = None   # set by fuse(): the merged conv, its hard-swish a post-op
+        self.in_affine: PaddedInputAffine | None = None   # set by fold_input_affine()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.fused is not None:
             out = self.fused(x)
-            return out if self.stride == 2 else self.act(out)
+            if self.in_affine is not None:
+                out = self.in_affine(out, x.shape[-2:])
+            return out if self.stride == 2 else self.act.affine_(out)
         out = self.identity(x) if self.identity is not None else 0
         if self.conv_1x1 is not None:
             out = out + self.conv_1x1(x)
@@ -172,7 +309,8 @@ class RepLayer(nn.Module):
     @torch.no_grad()
     def fuse(self) -> None:
         """Sum the branches into one kxk conv with bias (each BatchNorm folded; the 1x1 kernel and
-        the identity placed at the kernel's centre) and fold the learnable affine into it."""
+        the identity placed at the kernel's centre), fold the learnable affine into it and make the
+        activation's hard-swish its post-op (:class:`ConvAct`; none after a stride-2 layer)."""
         if self.fused is not None:
             return
         ref: Any = self.conv_kxk[0].conv
@@ -204,8 +342,22 @@ class RepLayer(nn.Module):
                           bias=True).to(ref.weight)
         fused.weight.copy_(weight * self.lab.scale)
         fused.bias.copy_(bias * self.lab.scale + self.lab.bias)
-        self.fused = fused.requires_grad_(False)
+        self.fused = ConvAct(fused.requires_grad_(False), "none" if self.stride == 2 else "hardswish")
         del self.identity, self.conv_kxk, self.conv_1x1, self.lab
+
+    @torch.no_grad()
+    def fold_input_affine(self, s: torch.Tensor, t: torch.Tensor) -> bool:
+        """After :meth:`fuse` of a stride-2 layer (a linear output): take the affine ``s x + t``
+        (scalars) of its input into the conv - ``s W``, ``b + t sum(W)`` and a
+        :class:`PaddedInputAffine` for the border. False (nothing done) for another layer."""
+        if self.fused is None or self.stride != 2 or self.in_affine is not None:
+            return False
+        conv: Any = self.fused.conv
+        w = conv.weight
+        self.in_affine = PaddedInputAffine(t * w.sum(1), conv.stride, conv.padding)
+        conv.bias.add_(t * w.sum((1, 2, 3)))
+        w.mul_(s)
+        return True
 
 
 class SE(nn.Module):
@@ -246,7 +398,7 @@ class LCNetV3Block(nn.Module):
         if act.lab is None:
             return
         s, t = act.lab.scale, act.lab.bias
-        conv: Any = pw.fused
+        conv: Any = pw.fused.conv
         conv.bias.add_(t * conv.weight.sum((1, 2, 3)))
         conv.weight.mul_(s)
         act.lab = None
@@ -272,6 +424,32 @@ class PPLCNetV3(nn.Module):
         else:
             self.out_channels = make_divisible(512 * scale)
 
+    @torch.no_grad()
+    def fold_stage_affines(self) -> None:
+        """After :meth:`RepLayer.fuse` (detection backbone): the activation affine ending each stage
+        folded into every conv that reads it - the stage's 1x1 projection (exactly, no padding)
+        and the next stage's first depthwise conv, whose stride 2 leaves its output linear (with
+        :class:`PaddedInputAffine` for the border) - so no pass over a stage's output applies it."""
+        if not self.det:
+            return
+        stages = [self.blocks2, self.blocks3, self.blocks4, self.blocks5, self.blocks6]
+        for i, stage in enumerate(stages):
+            pw: Any = stage[-1].pw_conv
+            lab = pw.act.lab if pw.fused is not None else None
+            nxt: Any = stages[i + 1][0].dw_conv if i + 1 < len(stages) else None
+            if lab is None or (nxt is not None and (nxt.fused is None or nxt.stride != 2 or nxt.in_affine is not None)):
+                continue
+            s, t = lab.scale, lab.bias
+            if i >= 1:   # blocks3..6 feed a projection
+                proj: Any = self.layer_list[i - 1]
+                if proj.bias is None:
+                    continue
+                proj.bias.add_(t * proj.weight.sum((1, 2, 3)))
+                proj.weight.mul_(s)
+            if nxt is not None:
+                nxt.fold_input_affine(s, t)
+            pw.act.lab = None
+
     def forward(self, x: torch.Tensor):
         x = self.blocks2(self.conv1(x))
         outs = []
@@ -286,34 +464,59 @@ class PPLCNetV3(nn.Module):
 # ----------------------------------------------------------------------------- detection
 class NeckSE(nn.Module):
     """The neck's squeeze-excitation: global mean -> 1x1 -> ReLU -> 1x1 -> hard-sigmoid
-    ``clip(0.2 x + 0.5, 0, 1)`` (slope 0.2, not hard-sigmoid's usual 1/6)."""
+    ``clip(0.2 x + 0.5, 0, 1)`` (slope 0.2, not hard-sigmoid's usual 1/6); :meth:`gate` is the
+    per-channel factor alone."""
 
     def __init__(self, c: int, reduction: int = 4):
         super().__init__()
         self.conv1 = nn.Conv2d(c, c // reduction, 1)
         self.conv2 = nn.Conv2d(c // reduction, c, 1)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def gate(self, x: torch.Tensor) -> torch.Tensor:
         s = self.conv2(F.relu(self.conv1(x.mean((2, 3), keepdim=True))))
-        return x * (0.2 * s + 0.5).clamp(0.0, 1.0)
+        return (0.2 * s + 0.5).clamp(0.0, 1.0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.gate(x)
 
 
 class RSELayer(nn.Module):
-    """Conv (no bias) then a residual squeeze-excitation: ``y + se(y)``."""
+    """Conv (no bias) then a residual squeeze-excitation: ``y + se(y)``, computed as
+    ``y * (1 + gate)`` (one pass over the map instead of two; equal up to float32 rounding)."""
 
     def __init__(self, cin: int, cout: int, k: int):
         super().__init__()
         self.in_conv = nn.Conv2d(cin, cout, k, padding=k // 2, bias=False)
         self.se_block = NeckSE(cout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def parts(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The conv's output ``y`` and the per-channel factor ``1 + gate`` (B, C, 1, 1)."""
         y = self.in_conv(x)
-        return y + self.se_block(y)
+        return y, self.se_block.gate(y) + 1.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y, factor = self.parts(x)
+        return y * factor
+
+
+def _nearest_view(x: torch.Tensor, f: int) -> torch.Tensor:
+    """(B, C, H, W) -> the (B, C, H/f, f, W/f, f) view whose element [.., i, a, j, b] is pixel
+    (f i + a, f j + b): a nearest upsampling by ``f`` of a (B, C, H/f, 1, W/f, 1) map broadcasts
+    into it without being materialized."""
+    b, c, h, w = x.shape
+    return x.unflatten(3, (w // f, f)).unflatten(2, (h // f, f))
 
 
 class RSEFPN(nn.Module):
     """Top-down FPN over the four backbone maps (nearest 2x upsampling, sums), each level reduced
-    to a quarter width by a 3x3 RSE layer, upsampled to 1/4 and concatenated (deepest first)."""
+    to a quarter width by a 3x3 RSE layer, upsampled to 1/4 and concatenated (deepest first).
+
+    Without autograd no upsampled map is materialized and no RSE output is written twice: each
+    top-down sum is one ``addcmul`` of the coarser map broadcast over 2x2 blocks and the RSE's
+    conv output times its factor, and each level's RSE product is written broadcast over its
+    blocks straight into its channels of the concatenated output (the same values as RSE,
+    interpolate, add and cat, up to float32 rounding). With autograd, or tracing for an export:
+    those operators."""
 
     def __init__(self, in_channels: list[int], out_channels: int):
         super().__init__()
@@ -321,6 +524,38 @@ class RSEFPN(nn.Module):
         self.inp_conv = nn.ModuleList(RSELayer(out_channels, out_channels // 4, 3) for _ in in_channels)
 
     def forward(self, feats: list[torch.Tensor]) -> torch.Tensor:
+        if torch.is_grad_enabled() or _tracing():   # autograd, export: the reference operators
+            return self._reference(feats)
+        c2, c3, c4, c5 = feats
+        # the convs in the reference's order (scripts/convert_rapidocr.py maps weights by call order)
+        y5, g5 = self.ins_conv[3].parts(c5)
+        y4, g4 = self.ins_conv[2].parts(c4)
+        y3, g3 = self.ins_conv[1].parts(c3)
+        y2, g2 = self.ins_conv[0].parts(c2)
+        up = (slice(None), slice(None), slice(None), None, slice(None), None)   # (B, C, h, 1, w, 1)
+        in5 = y5 * g5
+        out4 = torch.empty_like(y4)   # in4 + nearest2x(in5) with in4 = y4 * g4, in one pass
+        torch.addcmul(in5[up], _nearest_view(y4, 2), g4[up], out=_nearest_view(out4, 2))
+        out3 = torch.empty_like(y3)
+        torch.addcmul(out4[up], _nearest_view(y3, 2), g3[up], out=_nearest_view(out3, 2))
+        out2 = torch.empty_like(y2)
+        torch.addcmul(out3[up], _nearest_view(y2, 2), g2[up], out=_nearest_view(out2, 2))
+        b, _, h, w = out2.shape
+        c = self.inp_conv[0].in_conv.out_channels
+        fmt = torch.channels_last if out2.is_contiguous(memory_format=torch.channels_last) else torch.contiguous_format
+        out = torch.empty((b, 4 * c, h, w), dtype=out2.dtype, device=out2.device, memory_format=fmt)
+        for i, (layer, src, f) in enumerate(((self.inp_conv[3], in5, 8), (self.inp_conv[2], out4, 4),
+                                             (self.inp_conv[1], out3, 2), (self.inp_conv[0], out2, 1))):
+            y, g = layer.parts(src)
+            dst = out[:, i * c:(i + 1) * c]
+            if f == 1:
+                torch.mul(y, g, out=dst)
+            else:
+                view = _nearest_view(dst, f)
+                torch.mul(y[up].expand(view.shape), g[up], out=view)
+        return out
+
+    def _reference(self, feats: list[torch.Tensor]) -> torch.Tensor:
         c2, c3, c4, c5 = feats
         in5 = self.ins_conv[3](c5)
         in4 = self.ins_conv[2](c4)
@@ -336,9 +571,23 @@ class RSEFPN(nn.Module):
         return torch.cat([p5, p4, p3, p2], 1)
 
 
+def _deconv_as_1x1(weight: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A 2x2 stride-2 transposed conv (weight (in, out, 2, 2)) as a 1x1 conv to ``4 * out``
+    channels, phase-major: channel ``(2a + b) * out + o`` is output channel ``o`` at offset (a, b)
+    of each 2x2 block (the same products and sums; the transposed conv's blocks do not overlap)."""
+    cin, cout = weight.shape[:2]
+    w = weight.permute(2, 3, 1, 0).reshape(4 * cout, cin, 1, 1)
+    return w.contiguous(), bias.repeat(4)
+
+
 class DBBranch(nn.Module):
     """3x3 conv + BN + ReLU, 2x2 stride-2 transposed conv + BN + ReLU, 2x2 stride-2 transposed conv
-    to one channel, sigmoid: a 1/4-resolution feature map -> a full-resolution probability map."""
+    to one channel, sigmoid: a 1/4-resolution feature map -> a full-resolution probability map.
+
+    Fused (:meth:`fuse`): both transposed convs run at the 1/4 resolution as 1x1 convs - the first
+    to its four 2x2 phases (ReLU a post-op), the second from each phase to the 4x4 block of the
+    output it covers (sigmoid a post-op) - and one pixel shuffle lays the 16 phases out at full
+    resolution: no intermediate map at 1/2 resolution, no transposed conv."""
 
     def __init__(self, c: int):
         super().__init__()
@@ -349,6 +598,8 @@ class DBBranch(nn.Module):
         self.conv3 = nn.ConvTranspose2d(c // 4, 1, 2, 2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if isinstance(self.conv1, ConvAct):   # fused: each activation the conv's post-op
+            return F.pixel_shuffle(self.conv3(self.conv2(self.conv1(x))), 4)
         x = self.conv1(x)
         x = F.relu(x if self.conv_bn1 is None else self.conv_bn1(x))
         x = self.conv2(x)
@@ -357,10 +608,39 @@ class DBBranch(nn.Module):
 
     @torch.no_grad()
     def fuse(self) -> None:
-        """Fold both BatchNorms into the convs before them."""
+        """Fold both BatchNorms into the convs before them, turn the transposed convs into 1x1
+        convs at the 1/4 resolution (see the class docstring), each conv and its activation a
+        :class:`ConvAct`."""
+        if isinstance(self.conv1, ConvAct):
+            return
         if self.conv_bn1 is not None:
             self.conv1, self.conv_bn1 = fold_conv(self.conv1, self.conv_bn1), None
             self.conv2, self.conv_bn2 = fold_conv(self.conv2, self.conv_bn2), None
+        c2: Any = self.conv2
+        c3: Any = self.conv3
+        mid, out = c2.out_channels, c3.out_channels
+        w2, b2 = _deconv_as_1x1(c2.weight, c2.bias)               # (4 mid, in): phase p = 2a + b
+        # the second transposed conv from each phase (a, b) of the first: output channel o at
+        # offset (c, d) of the 2x2 block lands at (2a + c, 2b + d) of the 4x4 block, pixel
+        # shuffle's channel o * 16 + (2a + c) * 4 + (2b + d)
+        w3 = torch.zeros(out * 16, 4 * mid, 1, 1, dtype=c3.weight.dtype, device=c3.weight.device)
+        for a in range(2):
+            for b in range(2):
+                for c in range(2):
+                    for d in range(2):
+                        k = torch.arange(out, device=w3.device) * 16 + (2 * a + c) * 4 + (2 * b + d)
+                        src = (2 * a + b) * mid
+                        w3[k, src:src + mid, 0, 0] = c3.weight[:, :, c, d].t()
+        b3 = c3.bias.repeat_interleave(16)
+        conv2 = nn.Conv2d(c2.in_channels, 4 * mid, 1).to(c2.weight)
+        conv3 = nn.Conv2d(4 * mid, out * 16, 1).to(c3.weight)
+        conv2.weight.copy_(w2)
+        conv2.bias.copy_(b2)
+        conv3.weight.copy_(w3)
+        conv3.bias.copy_(b3)
+        self.conv1 = ConvAct(self.conv1, "relu")
+        self.conv2 = ConvAct(conv2.requires_grad_(False), "relu")
+        self.conv3 = ConvAct(conv3.requires_grad_(False), "sigmoid")
 
 
 class DBHead(nn.Module):
@@ -399,14 +679,16 @@ class ConvBNSiLU(nn.Module):
         self.norm = nn.BatchNorm2d(cout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if isinstance(self.conv, ConvAct):   # fused: the SiLU is the conv's post-op
+            return self.conv(x)
         x = self.conv(x)
         return F.silu(x if self.norm is None else self.norm(x))
 
     @torch.no_grad()
     def fuse(self) -> None:
-        """Fold the BatchNorm into the conv."""
+        """Fold the BatchNorm into the conv, the SiLU its post-op (:class:`ConvAct`)."""
         if self.norm is not None:
-            self.conv, self.norm = fold_conv(self.conv, self.norm), None
+            self.conv, self.norm = ConvAct(fold_conv(self.conv, self.norm), "swish"), None
 
 
 class GlobalAttention(nn.Module):
@@ -546,9 +828,12 @@ class PPOCRNet(nn.Module):
             if isinstance(m, RepLayer):
                 m.fuse()
         for m in list(self.modules()):
-            if isinstance(m, (ConvBN, ConvBNSiLU, DBBranch, Act)):
+            if isinstance(m, (ConvBN, ConvBNSiLU, DBBranch)):
                 m.fuse()
         for m in list(self.modules()):
             if isinstance(m, LCNetV3Block):
                 m.fold_act_affine()
+        for m in list(self.modules()):
+            if isinstance(m, PPLCNetV3):
+                m.fold_stage_affines()
         return self

@@ -48,14 +48,24 @@ def _pyclipper():
     return pyclipper
 
 
+def order_quads(quads: np.ndarray) -> np.ndarray:
+    """(n, 4, 2) corners -> each quad's top-left, top-right, bottom-right, bottom-left: the two
+    leftmost (by x, stable) are the left side, each side's upper corner first (stable: a tie keeps
+    the x order) - PaddleOCR's ``order_points_clockwise``, for all quads at once."""
+    quads = np.asarray(quads, dtype=np.float32).reshape(-1, 4, 2)
+    idx = np.argsort(quads[:, :, 0], axis=1, kind="stable")
+    pts = np.take_along_axis(quads, idx[:, :, None], axis=1)
+    out = np.empty_like(pts)
+    for side, (upper, lower) in ((pts[:, :2], (0, 3)), (pts[:, 2:], (1, 2))):
+        swap = (side[:, 1, 1] < side[:, 0, 1])[:, None]
+        out[:, upper] = np.where(swap, side[:, 1], side[:, 0])
+        out[:, lower] = np.where(swap, side[:, 0], side[:, 1])
+    return out
+
+
 def order_quad(points: np.ndarray) -> np.ndarray:
-    """Four corners -> top-left, top-right, bottom-right, bottom-left: the two leftmost (by x) are
-    the left side, each side's upper corner first (PaddleOCR's ``order_points_clockwise``)."""
-    pts = points[np.argsort(points[:, 0], kind="stable")]
-    left, right = pts[:2], pts[2:]
-    tl, bl = left[np.argsort(left[:, 1], kind="stable")]
-    tr, br = right[np.argsort(right[:, 1], kind="stable")]
-    return np.stack([tl, tr, br, bl]).astype(np.float32)
+    """Four corners -> top-left, top-right, bottom-right, bottom-left (:func:`order_quads` of one)."""
+    return order_quads(points)[0]
 
 
 def mini_box(points: np.ndarray) -> tuple[np.ndarray, float]:
@@ -76,10 +86,11 @@ def box_score(prob: np.ndarray, quad: np.ndarray) -> float:
     bounding box, masked by the quad filled at its corners truncated to integers)."""
     cv2 = _cv2()
     h, w = prob.shape
-    x0 = int(np.clip(np.floor(quad[:, 0].min()).astype(np.int32), 0, w - 1))
-    x1 = int(np.clip(np.ceil(quad[:, 0].max()).astype(np.int32), 0, w - 1))
-    y0 = int(np.clip(np.floor(quad[:, 1].min()).astype(np.int32), 0, h - 1))
-    y1 = int(np.clip(np.ceil(quad[:, 1].max()).astype(np.int32), 0, h - 1))
+    xs, ys = quad[:, 0].tolist(), quad[:, 1].tolist()   # Python floats: scalar clipping without numpy's overhead
+    x0 = min(max(math.floor(min(xs)), 0), w - 1)
+    x1 = min(max(math.ceil(max(xs)), 0), w - 1)
+    y0 = min(max(math.floor(min(ys)), 0), h - 1)
+    y1 = min(max(math.ceil(max(ys)), 0), h - 1)
     mask = np.zeros((y1 - y0 + 1, x1 - x0 + 1), dtype=np.uint8)
     local = quad.astype(np.float32).copy()
     local[:, 0] -= x0
@@ -143,13 +154,28 @@ def db_boxes(bitmap: np.ndarray, prob: np.ndarray, orig_hw: tuple[int, int], box
     cv2 = _cv2()
     if dilate:
         bitmap = cv2.dilate(bitmap, DILATE_KERNEL)
+    empty = DBBoxes(np.zeros((0, 4, 2), np.float32), np.zeros((0,), np.float32))
+    if not bitmap.any():   # nothing passed the threshold (a blank page): no contour search
+        return empty
     mh, mw = bitmap.shape
-    oh, ow = orig_hw
     contours, _ = cv2.findContours(bitmap, cv2.RETR_LIST, cv2.CHAIN_APPROX_SIMPLE)
-    quads, scores = [], []
+    kept_q: list[np.ndarray] = []
+    kept_s: list[np.ndarray] = []
+    pending_q: list[np.ndarray] = []
+    pending_s: list[float] = []
+
+    def flush() -> int:
+        """Map the pending boxes back and filter them (all at once); returns how many are kept."""
+        if pending_q:
+            q, keep = _map_back(np.stack(pending_q), (mh, mw), orig_hw)
+            kept_q.append(q)
+            kept_s.append(np.asarray(pending_s, np.float32)[keep])
+            pending_q.clear()
+            pending_s.clear()
+        return sum(len(k) for k in kept_s)
+
+    n_kept = 0
     for contour in contours:
-        if len(quads) >= max_lines:
-            break
         quad, short = mini_box(contour)
         if short < MIN_SIZE:
             continue
@@ -162,18 +188,34 @@ def db_boxes(bitmap: np.ndarray, prob: np.ndarray, orig_hw: tuple[int, int], box
         quad, short = mini_box(grown)
         if short < MIN_SIZE + 2:
             continue
-        quad[:, 0] = np.clip(np.round(quad[:, 0] / mw * ow), 0, ow)
-        quad[:, 1] = np.clip(np.round(quad[:, 1] / mh * oh), 0, oh)
-        quad = order_quad(quad.astype(np.int32).astype(np.float32))
-        quad[:, 0] = np.minimum(np.maximum(quad[:, 0], 0), ow - 1).astype(np.int32)
-        quad[:, 1] = np.minimum(np.maximum(quad[:, 1], 0), oh - 1).astype(np.int32)
-        if int(np.linalg.norm(quad[0] - quad[1])) <= MIN_SIZE or int(np.linalg.norm(quad[0] - quad[3])) <= MIN_SIZE:
-            continue
-        quads.append(quad)
-        scores.append(score)
-    if not quads:
-        return DBBoxes(np.zeros((0, 4, 2), np.float32), np.zeros((0,), np.float32))
-    return DBBoxes(np.stack(quads).astype(np.float32), np.asarray(scores, np.float32))
+        pending_q.append(quad)
+        pending_s.append(score)
+        if n_kept + len(pending_q) >= max_lines:   # enough candidates: the last filter decides
+            n_kept = flush()
+            if n_kept >= max_lines:
+                break
+    if flush() == 0:
+        return empty
+    return DBBoxes(np.concatenate(kept_q)[:max_lines], np.concatenate(kept_s)[:max_lines])
+
+
+def _map_back(quads: np.ndarray, map_hw: tuple[int, int], orig_hw: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """(n, 4, 2) quads in map pixels -> (kept quads in original-image pixels, keep mask (n,)):
+    each axis scaled to the image and rounded, clipped to [0, side], truncated to integers,
+    corners ordered (:func:`order_quads`), clipped to [0, side - 1], and quads with a side of 3
+    pixels or less dropped (PaddleOCR's ``filter_tag_det_res``), all boxes at once."""
+    mh, mw = map_hw
+    oh, ow = orig_hw
+    q = quads.astype(np.float32).copy()
+    q[..., 0] = np.clip(np.round(q[..., 0] / mw * ow), 0, ow)
+    q[..., 1] = np.clip(np.round(q[..., 1] / mh * oh), 0, oh)
+    q = order_quads(q.astype(np.int32).astype(np.float32))
+    q[..., 0] = np.minimum(np.maximum(q[..., 0], 0), ow - 1).astype(np.int32)
+    q[..., 1] = np.minimum(np.maximum(q[..., 1], 0), oh - 1).astype(np.int32)
+    top = np.sqrt(((q[:, 0] - q[:, 1]) ** 2).sum(-1)).astype(np.int64)
+    left = np.sqrt(((q[:, 0] - q[:, 3]) ** 2).sum(-1)).astype(np.int64)
+    keep = (top > MIN_SIZE) & (left > MIN_SIZE)
+    return q[keep], keep
 
 
 def reading_order(quads: np.ndarray, line_tol: float = 10.0) -> np.ndarray:
