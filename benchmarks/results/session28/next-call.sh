@@ -29,4 +29,8 @@ timeout 150 python3 -m pytest -m cuda -p no:cacheprovider -v --tb=short -n 3 tes
 #    tile batch, the CPU's boxes
 timeout 120 python3 -m pytest -m cuda -p no:cacheprovider -v --tb=short tests/gpu/test_sliced_gpu.py \
   > "$OUT/sliced.log" 2>&1; echo "sliced rc=$?" >> "$OUT/sliced.log"
+# 6. PP-OCR's fused copy after the CPU speed work (ConvAct, the folded affines, the DB head's
+#    pixel shuffle, the FPN without autograd): its GPU rows, not re-proven since
+timeout 150 python3 -m pytest -m cuda -p no:cacheprovider -v --tb=short tests/gpu/test_ocr_gpu.py \
+  tests/gpu/test_tasks_gpu.py -k "ppocr or ocr" > "$OUT/ocr.log" 2>&1; echo "ocr rc=$?" >> "$OUT/ocr.log"
 grep -hE "FAILED|passed|failed|rc=" "$OUT"/*.log | tail -30; cat "$OUT/darknet-verify.log" | grep -v UNTRAINED
