@@ -2,8 +2,9 @@
 onnxruntime's session of the same ONNX file (PP-OCRv4 mobile from the ``rapidocr_onnxruntime``
 wheel, converted by ``scripts/convert_rapidocr.py``), on the same input, in one process.
 
-For each thread count the two engines alternate run by run (``--runs`` timed runs after
-``--warmup``); the wall times are medians, and so is each operator category's time: torch's from
+For each thread count the engines alternate run by run, the order rotated each run, each timed
+or profiled run after an untimed lead-in run of the same engine (``--runs`` timed runs after
+``--warmup``; the lead-in absorbs the previous engine's still-spinning worker threads); the wall times are medians, and so is each operator category's time: torch's from
 ``torch.profiler`` (top-level operators' total CPU time), onnxruntime's from its own profiling
 (node kernel times). Convolutions are split by kind (depthwise 3x3 / 5x5, pointwise 1x1, dense
 kxk, transposed) from their weights' shapes on both sides. ``--baseline DIR``: another checkout's
@@ -160,24 +161,27 @@ def main() -> None:
                 sess_p.run(None, feed)
             wall = {k: [] for k in [*nets, "onnxruntime"]}
             cats = {k: [] for k in [*nets, "onnxruntime"]}
-            for _ in range(args.runs):
-                for k, net in nets.items():
+            calls = {**{k: (lambda n=net: n(xt)) for k, net in nets.items()},
+                     "onnxruntime": lambda: sess.run(None, feed)}
+            names = list(calls)
+            for i in range(args.runs):
+                for k in names[i % len(names):] + names[:i % len(names)]:   # no engine always after another
+                    calls[k]()   # lead-in
                     t = time.perf_counter()
-                    net(xt)
+                    calls[k]()
                     wall[k].append(time.perf_counter() - t)
-                t = time.perf_counter()
-                sess.run(None, feed)
-                wall["onnxruntime"].append(time.perf_counter() - t)
-                for k, net in nets.items():
+                for k in names[i % len(names):] + names[:i % len(names)]:   # the profiled runs, rotated too
+                    calls[k]()   # lead-in
+                    if k == "onnxruntime":
+                        sess_p.run(None, feed)
+                        cats[k].append(ort_categories(sess_p.end_profiling()))
+                        sess_p = ort.InferenceSession(str(det_path), so_p, providers=["CPUExecutionProvider"])
+                        sess_p.run(None, feed)   # warm the new session (the profile keeps the last run only)
+                        continue
                     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
                                                 record_shapes=True) as prof:
-                        net(xt)
+                        nets[k](xt)
                     cats[k].append(torch_categories(prof))
-                sess_p.run(None, feed)
-                path = sess_p.end_profiling()
-                cats["onnxruntime"].append(ort_categories(path))
-                sess_p = ort.InferenceSession(str(det_path), so_p, providers=["CPUExecutionProvider"])
-                sess_p.run(None, feed)   # warm the new session (the profile keeps the last run only)
 
         def med(rows):
             keys = sorted({k for r in rows for k in r})
