@@ -2,11 +2,14 @@
 onnxruntime's session of the same ONNX file (PP-OCRv4 mobile from the ``rapidocr_onnxruntime``
 wheel, converted by ``scripts/convert_rapidocr.py``), on the same input, in one process.
 
-For each thread count the two engines alternate run by run (``--runs`` timed runs after
-``--warmup``); the wall times are medians, and so is each operator category's time: torch's from
+For each thread count the engines alternate run by run, the order rotated each run, each timed
+or profiled run after an untimed lead-in run of the same engine (``--runs`` timed runs after
+``--warmup``; the lead-in absorbs the previous engine's still-spinning worker threads); the wall times are medians, and so is each operator category's time: torch's from
 ``torch.profiler`` (top-level operators' total CPU time), onnxruntime's from its own profiling
 (node kernel times). Convolutions are split by kind (depthwise 3x3 / 5x5, pointwise 1x1, dense
-kxk, transposed) from their weights' shapes on both sides.
+kxk, transposed) from their weights' shapes on both sides. ``--baseline DIR``: another checkout's
+fused detector (DIR/libreyolo, as in ``ocr_vs_rapidocr.py``) timed and profiled in the same
+alternation (before/after under the same load).
 
     OMP_NUM_THREADS=2 python scripts/ocr_det_profile.py --threads 1 2 --runs 10 --hw 416 960
 """
@@ -106,6 +109,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--hw", type=int, nargs=2, default=[416, 960], help="the detector input (multiples of 32)")
     ap.add_argument("--contiguous", action="store_true", help="our input in NCHW (default: channels-last)")
+    ap.add_argument("--baseline", type=Path, help="another checkout's root: its fused detector as a third engine")
     ap.add_argument("--json", type=Path, help="also write the numbers here")
     args = ap.parse_args()
 
@@ -114,9 +118,17 @@ def main() -> None:
     conv = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(conv)
     from libreyolo.models.ppocr.model import PPOCR
-    model = PPOCR.from_checkpoint(conv.convert(), device="cpu", source="rapidocr v4 (converted)")
+    ckpt = conv.convert()
+    model = PPOCR.from_checkpoint(ckpt, device="cpu", source="rapidocr v4 (converted)")
     model._refresh_fused()
-    net = model._net().det
+    nets = {"ours": model._net().det}
+    if args.baseline is not None:
+        spec = importlib.util.spec_from_file_location("ocr_vs_rapidocr", ROOT / "scripts" / "ocr_vs_rapidocr.py")
+        ovr = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(ovr)
+        base = ovr.baseline_ppocr(args.baseline).from_checkpoint(ckpt, device="cpu", source="rapidocr v4 (converted)")
+        base._refresh_fused()
+        nets["base"] = base._net().det
     det_path, _ = conv.wheel_models()
 
     g = torch.Generator().manual_seed(0)
@@ -124,8 +136,9 @@ def main() -> None:
     xn = x.numpy().copy()
     xt = x if args.contiguous else x.contiguous(memory_format=torch.channels_last)
     report = {"meta": {"torch": torch.__version__, "onnxruntime": ort.__version__, "hw": args.hw,
-                       "runs": args.runs, "date": time.strftime("%Y-%m-%d", time.gmtime()),
-                       "load": os.getloadavg()}, "threads": {}}
+                       "runs": args.runs, "baseline": str(args.baseline) if args.baseline else None,
+                       "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "(unset)"),
+                       "date": time.strftime("%Y-%m-%d", time.gmtime()), "load": os.getloadavg()}, "threads": {}}
     for th in args.threads:
         torch.set_num_threads(th)
         tmp = tempfile.mkdtemp()
@@ -142,42 +155,51 @@ def main() -> None:
         feed = {sess.get_inputs()[0].name: xn}
         with torch.inference_mode():
             for _ in range(args.warmup):
-                net(xt)
-                sess.run(None, feed)
-                sess_p.run(None, feed)
-            wall_t, wall_o, cats_t, cats_o = [], [], [], []
-            for _ in range(args.runs):
-                t = time.perf_counter()
-                net(xt)
-                wall_t.append(time.perf_counter() - t)
-                t = time.perf_counter()
-                sess.run(None, feed)
-                wall_o.append(time.perf_counter() - t)
-                with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
+                for net in nets.values():
                     net(xt)
-                cats_t.append(torch_categories(prof))
+                sess.run(None, feed)
                 sess_p.run(None, feed)
-                path = sess_p.end_profiling()
-                cats_o.append(ort_categories(path))
-                sess_p = ort.InferenceSession(str(det_path), so_p, providers=["CPUExecutionProvider"])
-                sess_p.run(None, feed)   # warm the new session (the profile keeps the last run only)
+            wall = {k: [] for k in [*nets, "onnxruntime"]}
+            cats = {k: [] for k in [*nets, "onnxruntime"]}
+            calls = {**{k: (lambda n=net: n(xt)) for k, net in nets.items()},
+                     "onnxruntime": lambda: sess.run(None, feed)}
+            names = list(calls)
+            for i in range(args.runs):
+                for k in names[i % len(names):] + names[:i % len(names)]:   # no engine always after another
+                    calls[k]()   # lead-in
+                    t = time.perf_counter()
+                    calls[k]()
+                    wall[k].append(time.perf_counter() - t)
+                for k in names[i % len(names):] + names[:i % len(names)]:   # the profiled runs, rotated too
+                    calls[k]()   # lead-in
+                    if k == "onnxruntime":
+                        sess_p.run(None, feed)
+                        cats[k].append(ort_categories(sess_p.end_profiling()))
+                        sess_p = ort.InferenceSession(str(det_path), so_p, providers=["CPUExecutionProvider"])
+                        sess_p.run(None, feed)   # warm the new session (the profile keeps the last run only)
+                        continue
+                    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                                record_shapes=True) as prof:
+                        nets[k](xt)
+                    cats[k].append(torch_categories(prof))
 
         def med(rows):
             keys = sorted({k for r in rows for k in r})
             return {k: round(statistics.median(r.get(k, 0.0) for r in rows), 2) for k in keys}
 
-        rt, ro = med(cats_t), med(cats_o)
-        entry = {"ours_ms": round(1000 * statistics.median(wall_t), 1),
-                 "onnxruntime_ms": round(1000 * statistics.median(wall_o), 1),
-                 "ours_categories_ms": rt, "onnxruntime_categories_ms": ro}
+        entry = {f"{k}_ms": round(1000 * statistics.median(v), 1) for k, v in wall.items()}
+        entry.update({f"{k}_categories_ms": med(v) for k, v in cats.items()})
+        entry["load_after"] = round(os.getloadavg()[0], 2)
         report["threads"][th] = entry
-        print(f"\n== {th} thread(s), input {args.hw}: ours {entry['ours_ms']} ms, onnxruntime "
-              f"{entry['onnxruntime_ms']} ms (medians of {args.runs}; load {os.getloadavg()[0]:.1f})")
-        keys = sorted(set(rt) | set(ro), key=lambda k: -max(rt.get(k, 0), ro.get(k, 0)))
-        print(f"{'category':44s} {'ours ms':>9s} {'ort ms':>9s}")
-        for k in keys:
-            print(f"{k[:44]:44s} {rt.get(k, 0):9.2f} {ro.get(k, 0):9.2f}")
-        print(f"{'sum':44s} {sum(rt.values()):9.2f} {sum(ro.values()):9.2f}")
+        engines = list(wall)
+        print(f"\n== {th} thread(s), input {args.hw}: " + ", ".join(f"{k} {entry[k + '_ms']} ms" for k in engines)
+              + f" (medians of {args.runs}; load {os.getloadavg()[0]:.1f})")
+        tabs = [entry[f"{k}_categories_ms"] for k in engines]
+        keys = sorted(set().union(*tabs), key=lambda c: -max(t.get(c, 0) for t in tabs))
+        print(f"{'category':44s}" + "".join(f" {k[:12]:>12s}" for k in engines))
+        for c in keys:
+            print(f"{c[:44]:44s}" + "".join(f" {t.get(c, 0):12.2f}" for t in tabs))
+        print(f"{'sum':44s}" + "".join(f" {sum(t.values()):12.2f}" for t in tabs))
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))
 

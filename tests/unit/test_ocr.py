@@ -133,6 +133,19 @@ def test_fused_network_equals_the_unfused_one_within_fp32_rounding(channels_last
     assert (ra - rb).abs().max().item() < 1e-4 and torch.equal(ra.argmax(-1), rb.argmax(-1))
 
 
+def test_the_fused_network_also_runs_with_autograd_on():
+    """Outside no_grad (a caller's own ``model.infer``) the fused network runs out of place and
+    gives what it gives without autograd."""
+    import copy
+    fused = copy.deepcopy(_randomized_net()).fuse()
+    x = torch.randn(1, 3, 64, 96, generator=torch.Generator().manual_seed(5))
+    lines = torch.randn(2, 3, 48, 64, generator=torch.Generator().manual_seed(6))
+    a, ra = fused.det(x), fused.rec(lines)   # autograd on: no in-place / out= on recorded tensors
+    with torch.no_grad():
+        b, rb = fused.det(x), fused.rec(lines)
+    assert a.requires_grad and (a - b).abs().max().item() < 1e-5 and (ra - rb).abs().max().item() < 1e-5
+
+
 @pytest.mark.parametrize("channels_last", [False, True])
 def test_fpn_without_autograd_equals_its_reference_operators(channels_last):
     """The FPN's one-pass form (no materialized upsampling, RSE products written once) computes

@@ -159,10 +159,17 @@ def _tracing() -> bool:
                 or torch.onnx.is_in_onnx_export() or (fx is not None and fx()))
 
 
-#: the activations a :class:`ConvAct` applies (oneDNN's post-op names), in place after a plain conv
-_ACTS = {"none": lambda y: y, "relu": lambda y: F.relu(y, inplace=True),
-         "hardswish": lambda y: F.hardswish(y, inplace=True), "sigmoid": lambda y: y.sigmoid_(),
-         "swish": lambda y: F.silu(y, inplace=True)}
+def _autograd(*tensors: torch.Tensor) -> bool:
+    """Whether autograd records an operation on these tensors (then no in-place or ``out=``)."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
+#: the activations a :class:`ConvAct` applies (oneDNN's post-op names) after a plain conv, in place
+#: on its fresh output (``inplace`` False under autograd)
+_ACTS = {"none": lambda y, inplace: y, "relu": lambda y, inplace: F.relu(y, inplace=inplace),
+         "hardswish": lambda y, inplace: F.hardswish(y, inplace=inplace),
+         "sigmoid": lambda y, inplace: y.sigmoid_() if inplace else y.sigmoid(),
+         "swish": lambda y, inplace: F.silu(y, inplace=inplace)}
 
 
 class ConvAct(nn.Module):
@@ -184,9 +191,7 @@ class ConvAct(nn.Module):
         c: Any = self.conv
         w = c.weight
         if (x.device.type == "cpu" and x.dtype == torch.float32 and w.dtype == torch.float32
-                and torch.backends.mkldnn.enabled
-                and not (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad))
-                and not _tracing()):
+                and torch.backends.mkldnn.enabled and not _autograd(x, w) and not _tracing()):
             ops = _onednn_ops()
             if ops is not None:
                 if self.transposed:
@@ -194,7 +199,8 @@ class ConvAct(nn.Module):
                                   list(c.dilation), c.groups, self.act, [], "")
                 return ops[0](x, w, c.bias, list(c.padding), list(c.stride), list(c.dilation), c.groups,
                               self.act, [], "")
-        return _ACTS[self.act](c(x))
+        y = c(x)
+        return _ACTS[self.act](y, not _autograd(y))
 
 
 class Act(nn.Module):
@@ -211,9 +217,14 @@ class Act(nn.Module):
         return self.lab(self.act(x))
 
     def affine_(self, x: torch.Tensor) -> torch.Tensor:
-        """``scale * x + bias`` in place on ``x`` (a conv's fresh output) in one pass."""
+        """``scale * x + bias`` in one pass, in place on ``x`` (a conv's fresh output) unless
+        autograd records it."""
         lab = self.lab
-        return x if lab is None else torch.addcmul(lab.bias, x, lab.scale, out=x)
+        if lab is None:
+            return x
+        if _autograd(x, lab.scale, lab.bias):
+            return torch.addcmul(lab.bias, x, lab.scale)
+        return torch.addcmul(lab.bias, x, lab.scale, out=x)
 
 
 @functools.lru_cache(maxsize=256)
