@@ -168,6 +168,10 @@ def test_zero_shot_validation_on_a_classification_set(tmp_path):
     metrics = m.val(data=str(yaml), batch=6, workers=0)
     assert 0.0 <= metrics["top1"] <= 1.0 and m.nc == 6
     assert m.prompts()[0] == "a photo of a circle."
+    # fine-tuning the classify model: cross-entropy of each image against the class prompts
+    res = m.train(data=str(yaml), epochs=1, batch=6, lr0=1e-3, workers=0, project=str(tmp_path), name="cls",
+                  plots=False, verbose=False)
+    assert 0.0 <= res["best_metrics"]["top1"] <= 1.0
 
 
 @pytest.mark.parametrize("family", FAMILIES)

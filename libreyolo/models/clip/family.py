@@ -197,7 +197,8 @@ class ImageTextModel(Model):
         return self.logits(self.image_embedding(x, net), head, net)
 
     def val_loss_outputs(self, net: nn.Module, out: Any, x: torch.Tensor, *targets: torch.Tensor) -> Any:
-        return out
+        """``out`` is the network's output (the image features): the logits against the class head."""
+        return self.logits(F.normalize(out.float(), dim=-1), self.class_head(net), net)
 
     def train(self, **kwargs: Any) -> dict:
         """Fine-tune (see :meth:`Model.train`); the recipe is ``TRAIN_DEFAULTS`` at the towers'
