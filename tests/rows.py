@@ -48,6 +48,8 @@ FIXTURES = [
     ("yolo4", "t", "yolo4-t"),
     ("pidnet", "s", "pidnet-s"),
     ("lingbotvision", "s", "lingbotvision-s"),
+    ("clip", "b32", "clip-b32"),
+    ("siglip2", "b16", "siglip2-b16"),
 ]
 
 # Fixtures of large networks (seconds to fill, build and run on one core): their rows in
@@ -55,6 +57,9 @@ FIXTURES = [
 SLOW_FIXTURES = {
     "feynobg-l": "262.8 M parameters (BiRefNet with a 24-block Swin-L stage): 16-35 s per row on one core",
     "depth_anything3-l": "334.2 M parameters (ViT-L/14 + DPT): about 40 s per row on one core",
+    "clip-b32": "151.3 M parameters (both towers): 5-10 s per row on one core; tests/unit/test_embed.py checks "
+                "the towers' parity with the image tower's fixture entries loaded alone",
+    "siglip2-b16": "375.2 M parameters (a 256,000-token embedding): 16-30 s per row on one core",
 }
 
 # The sub-network a fixture's forward ran (its json's "forward"), where it is not the whole network.
@@ -248,6 +253,8 @@ GRAPH_PENDING["feynobg"] = ("BiRefNet's seam and code at a 24-block stage: no GP
 GRAPH_PENDING["depth_anything3"] = "no GPU run yet (the command: docs/families.md, Depth Anything 3)"
 GRAPH_PENDING["pidnet"] = "no GPU run yet (docs/families.md, PIDNet and LingBot-Vision)"
 GRAPH_PENDING["lingbotvision"] = "no GPU run yet (docs/families.md, PIDNet and LingBot-Vision)"
+GRAPH_PENDING["clip"] = "no GPU run yet (docs/families.md, CLIP and SigLIP 2)"
+GRAPH_PENDING["siglip2"] = "no GPU run yet (docs/families.md, CLIP and SigLIP 2)"
 # Families whose training capture is built but not declared (SUPPORTS_CUDA_GRAPH_TRAIN False): the
 # GPU training rows of tests/gpu/test_tasks_gpu.py run for them too, marked xfail(strict=False) -
 # the report shows which rows pass (XPASS) and which do not. Family -> why it is not declared.

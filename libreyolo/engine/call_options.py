@@ -181,6 +181,9 @@ class PredictOptions:
     agnostic_nms: bool = option(False, "detection, segment, obb: NMS across classes", Bool(),
                                 tasks=("detect", "segment", "obb"))
     topk: int = option(5, "classification: classes returned per image", Int(1), tasks=("classify",))
+    prompts: Any = option(None, "classification with a text tower (CLIP, SigLIP 2): zero-shot classes, text "
+                                "prompts separated by commas, e.g. 'a cat,a dog'", Text("prompts"),
+                          tasks=("classify",))
     det_thresh: float = option(0.3, "ocr: text-pixel threshold of the detector's map", Fraction(), tasks=("ocr",))
     box_thresh: float = option(0.6, "ocr: mean score a text box needs", Fraction(), tasks=("ocr",))
     unclip_ratio: float = option(2.0, "ocr: how far a text box is grown", Float(0.0), tasks=("ocr",))

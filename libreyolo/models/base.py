@@ -798,6 +798,8 @@ class Model:
             classes: detection: only these classes, ids or names, e.g. 0,2 or person,car
             agnostic_nms: detection: NMS across classes
             topk: classification: classes returned per image
+            prompts: classification with a text tower (CLIP, SigLIP 2): zero-shot classes, text prompts
+                separated by commas, e.g. 'a cat,a dog'
             det_thresh: ocr: text-pixel threshold of the detector's map
             box_thresh: ocr: mean score a text box needs
             unclip_ratio: ocr: how far a text box is grown

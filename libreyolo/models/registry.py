@@ -53,6 +53,8 @@ _TABLE: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "yolo1": (".yolo1.model:Yolo1", "LibreYOLO1", ("t", "b")),
     "pidnet": (".pidnet.model:Pidnet", "LibrePIDNet", ("s", "m", "l")),
     "lingbotvision": (".lingbotvision.model:LingBotVision", "LibreLingBotVision", ("s", "b", "l", "g")),
+    "clip": (".clip.model:CLIP", "LibreCLIP", ("b32", "b16", "l14")),
+    "siglip2": (".siglip2.model:SigLIP2", "LibreSigLIP2", ("b16", "so400m")),
 }
 
 
@@ -76,6 +78,7 @@ def get_family(name: str) -> type[Model]:
 #: a name's suffix naming a family's task variant ('ec-s-pose'), as the fixtures and the original
 #: works name them, and the task it stands for
 TASK_SUFFIXES = {"pose": "pose", "seg": "segment", "obb": "obb"}
+TASK_SUFFIXES.update(cls="classify", embed="embed")   # LibreCLIPb32-cls.pt, clip-b32-embed
 
 
 def parse_spec(text: str) -> tuple[type[Model], str] | None:

@@ -35,6 +35,7 @@ SAMPLES: dict[str, tuple[Any, Any]] = {
     "file": ("m.onnx", None),
     "points": ("10,20", None),
     "labels": ("1", None),
+    "prompts": ("a cat,a dog", None),
     "boxes": ("1,2,30,40", None),
     "cache": ("ram", "sometimes"),
     "freeze": (3, -1),

@@ -51,9 +51,13 @@ class ClassifyPlan(PredictPlan):
         self.nc = int(model.nc)
         self.k = min(int(k), self.nc)
         self.tag = ("topk", self.k)
+        # a family whose classes are scored one by one (SigLIP 2's text prompts): a sigmoid per class
+        self.sigmoid = getattr(model, "PROBS", "softmax") == "sigmoid"
+        if self.sigmoid:
+            self.tag += ("sigmoid",)
 
     def finish(self, logits: torch.Tensor, *extra: torch.Tensor) -> torch.Tensor:
-        probs = logits.float().softmax(-1)
+        probs = logits.float().sigmoid() if self.sigmoid else logits.float().softmax(-1)
         conf, idx = probs.topk(self.k, dim=-1)
         return torch.cat((probs, conf, idx.to(probs.dtype)), 1)   # ids < 2**24 are exact in float32
 
@@ -110,14 +114,27 @@ class ClassifyLoss(nn.Module):
         return loss, loss.detach().reshape(1)
 
 
+def set_prompts(model, prompts) -> None:
+    """``prompts`` (a list, or text with the prompts separated by commas) become ``model``'s
+    classes (its ``set_classes``; unchanged prompts are not encoded again)."""
+    items = [p.strip() for p in prompts.split(",")] if isinstance(prompts, str) else prompts
+    if getattr(model, "set_classes", None) is None:
+        raise ValueError(f"prompts= needs a model with a text tower (CLIP, SigLIP 2); {model.FAMILY} classifies "
+                         "into its trained classes")
+    if list(model.names.values()) != list(items) or getattr(model, "_prompts", None) is None:
+        model.set_classes(items)
+
+
 class ClassifyTask(Task):
     name = "classify"
     primary_metric = "top1"
     Options = ClassifyOptions
-    predict_defaults = {"topk": 5}
+    predict_defaults = {"topk": 5, "prompts": None}
 
     def plan(self, model, size, constants, **opts) -> ClassifyPlan:
         o = {**self.predict_defaults, **opts}
+        if o["prompts"] is not None:   # zero-shot classes of a model with a text tower (CLIP, SigLIP 2)
+            set_prompts(model, o["prompts"])
         try:
             k = int(o["topk"])
         except (TypeError, ValueError):
