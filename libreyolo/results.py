@@ -329,6 +329,7 @@ class Results:
 
     #: the task fields besides ``boxes``, in drawing order (masks under labels)
     FIELDS = ("alpha", "masks", "depth", "probs", "texts", "keypoints", "obb")
+    FIELDS += ("panoptic",)   # the panoptic task's segment map (tasks/panoptic)
     #: image formats :meth:`save` can write a cut-out (RGBA) to
     RGBA_FORMATS = ("PNG", "WEBP", "TIFF")
 
@@ -347,6 +348,7 @@ class Results:
         texts: Any = None,
         keypoints: Any = None,
         obb: Any = None,
+        panoptic: Any = None,
     ):
         self.orig_img: np.ndarray = _to_numpy_image(orig_img)
         self.orig_shape: tuple[int, int] = (int(self.orig_img.shape[0]), int(self.orig_img.shape[1]))
@@ -361,6 +363,7 @@ class Results:
         self.texts = texts
         self.keypoints = keypoints
         self.obb = obb
+        self.panoptic = panoptic
         self.saved_to: str | None = None   # set by predict(save=True)
         self.save_dir: str | None = None   # the folder predict(save=True) wrote into
         # video frames (set by predict): position in the source, seconds since its first frame,
