@@ -48,6 +48,9 @@ FIXTURES = [
     ("yolo4", "t", "yolo4-t"),
     ("pidnet", "s", "pidnet-s"),
     ("lingbotvision", "s", "lingbotvision-s"),
+    ("eomt", "s", "eomt-s"),
+    ("eomt", "s", "eomt-s-seg"),
+    ("eomt", "s", "eomt-s-panoptic"),
 ]
 
 # Fixtures of large networks (seconds to fill, build and run on one core): their rows in
@@ -55,6 +58,10 @@ FIXTURES = [
 SLOW_FIXTURES = {
     "feynobg-l": "262.8 M parameters (BiRefNet with a 24-block Swin-L stage): 16-35 s per row on one core",
     "depth_anything3-l": "334.2 M parameters (ViT-L/14 + DPT): about 40 s per row on one core",
+    "eomt-s": "23.7 M parameters at 512 (1,129 tokens) and a 150 x 100 x 512 x 512 semantic sum: 3.7-7.4 s "
+              "per row on one core (tests/unit/test_eomt.py: the fast small-config rows of each head)",
+    "eomt-s-seg": "23.9 M parameters at 640 (1,705 tokens), masks upsampled to 100 x 640 x 640: 1.7-6.5 s per row",
+    "eomt-s-panoptic": "23.9 M parameters at 640 (1,705 tokens), masks upsampled to 100 x 640 x 640: 2-7.2 s per row",
 }
 
 # The sub-network a fixture's forward ran (its json's "forward"), where it is not the whole network.
@@ -72,6 +79,8 @@ FIXTURE_TASK = {
     "rtdetrv2-n-obb": "obb",
     "yolonas-n-pose": "pose",
     "yolonas-s-obb": "obb",
+    "eomt-s-seg": "segment",
+    "eomt-s-panoptic": "panoptic",
 }
 
 # Fixtures whose top-k query selection has an exact tie at its boundary (their README and
@@ -229,6 +238,7 @@ VARIANT_GRAPH_MODELS = [
     ("dfine", "n", "segment"),
     ("yolonas", "s", "obb"),
     ("ec", "s", "segment"),
+    ("eomt", "s", "segment"),   # EoMT's segment variant at its native 640 (the others: docs/families.md, EoMT)
 ]
 
 # (family, size, task) variants whose whole training step is fixed-shape: their training rows in
@@ -248,6 +258,7 @@ GRAPH_PENDING["feynobg"] = ("BiRefNet's seam and code at a 24-block stage: no GP
 GRAPH_PENDING["depth_anything3"] = "no GPU run yet (the command: docs/families.md, Depth Anything 3)"
 GRAPH_PENDING["pidnet"] = "no GPU run yet (docs/families.md, PIDNet and LingBot-Vision)"
 GRAPH_PENDING["lingbotvision"] = "no GPU run yet (docs/families.md, PIDNet and LingBot-Vision)"
+GRAPH_PENDING["eomt"] = "no GPU run yet (the commands: docs/families.md, EoMT)"
 # Families whose training capture is built but not declared (SUPPORTS_CUDA_GRAPH_TRAIN False): the
 # GPU training rows of tests/gpu/test_tasks_gpu.py run for them too, marked xfail(strict=False) -
 # the report shows which rows pass (XPASS) and which do not. Family -> why it is not declared.

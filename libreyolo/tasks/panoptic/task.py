@@ -37,6 +37,9 @@ COCO_PANOPTIC_NC, COCO_PANOPTIC_THINGS = 133, 80
 def thing_ids(model) -> list[int]:
     """The classes of ``model`` that are things (see the module docstring)."""
     ids = (getattr(model, "meta", None) or {}).get("thing_class_ids")
+    if isinstance(ids, str):   # an ONNX export's metadata holds it as JSON
+        import json
+        ids = json.loads(ids)
     if ids is not None:
         return sorted({int(i) for i in ids})
     if model.nc == COCO_PANOPTIC_NC:
