@@ -183,23 +183,22 @@ def test_onnx_export_matches_eager_per_head(tmp_path, task, nc, kw):
     """Semantic and segment through the tasks' graphs; panoptic as the network's raw outputs
     (the merge runs after the graph, as after eager predict's stage)."""
     pytest.importorskip("onnxruntime")
-    if True:
-        m = small(task, nc)
-        if task == "panoptic":
-            m.meta["thing_class_ids"] = [0, 1, 2, 3, 4]
-        o = LibreYOLO(str(m.export(format="onnx", file=tmp_path / f"{task}.onnx")), device="cpu")
-        a, b = m(SAMPLE_IMAGE, **kw), o(SAMPLE_IMAGE, **kw)
-        if task == "semantic":
-            assert torch.equal(torch.as_tensor(a.masks.data), torch.as_tensor(b.masks.data))
-        elif task == "segment":
-            assert len(a.boxes) == len(b.boxes)
-            assert np.abs(a.boxes.conf.numpy() - b.boxes.conf.numpy()).max() < 1e-5
-            same = (torch.as_tensor(a.masks.data) == torch.as_tensor(b.masks.data)).float().mean()
-            assert same > 0.9999
-        else:
-            assert o.meta["thing_class_ids"] == "[0, 1, 2, 3, 4]"
-            assert torch.equal(torch.as_tensor(a.panoptic.data), torch.as_tensor(b.panoptic.data))
-            assert a.panoptic.segments == b.panoptic.segments
+    m = small(task, nc)
+    if task == "panoptic":
+        m.meta["thing_class_ids"] = [0, 1, 2, 3, 4]
+    o = LibreYOLO(str(m.export(format="onnx", file=tmp_path / f"{task}.onnx")), device="cpu")
+    a, b = m(SAMPLE_IMAGE, **kw), o(SAMPLE_IMAGE, **kw)
+    if task == "semantic":
+        assert torch.equal(torch.as_tensor(a.masks.data), torch.as_tensor(b.masks.data))
+    elif task == "segment":
+        assert len(a.boxes) == len(b.boxes)
+        assert np.abs(a.boxes.conf.numpy() - b.boxes.conf.numpy()).max() < 1e-5
+        same = (torch.as_tensor(a.masks.data) == torch.as_tensor(b.masks.data)).float().mean()
+        assert same > 0.9999
+    else:
+        assert o.meta["thing_class_ids"] == "[0, 1, 2, 3, 4]"
+        assert torch.equal(torch.as_tensor(a.panoptic.data), torch.as_tensor(b.panoptic.data))
+        assert a.panoptic.segments == b.panoptic.segments
 
 
 @pytest.mark.parametrize("task,data", [("semantic", "shapes-seg"), ("segment", "shapes-inst")])

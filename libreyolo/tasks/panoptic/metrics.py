@@ -28,7 +28,11 @@ def target_pairs(classes: torch.Tensor, valid: torch.Tensor, masks: torch.Tensor
 
 def panoptic_quality(things: Sequence[int], stuff: Sequence[int]):
     """torchmetrics' metric returning PQ, SQ, RQ per class (things first, then stuff)."""
-    from torchmetrics.detection import PanopticQuality
+    try:
+        from torchmetrics.detection import PanopticQuality
+    except ImportError as e:
+        raise ModuleNotFoundError("panoptic validation computes PQ with torchmetrics, which is not installed: "
+                                  "pip install 'libreyolo-graphs[panoptic]' (or pip install torchmetrics)") from e
     return PanopticQuality(things=set(things), stuffs=set(stuff), allow_unknown_preds_category=True,
                            return_sq_and_rq=True, return_per_class=True)
 

@@ -18,7 +18,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from ...data.builtin import PairedSet
-from ..segment.data import SHAPES_INST_NAMES, _regular, rasterize
+from ..segment.data import SHAPES_INST_NAMES, rasterize
 
 __all__ = ["SHAPES_PANOPTIC_NAMES", "SHAPES_PANOPTIC_THINGS", "draw_panoptic", "make_shapes_panoptic_dataset"]
 
@@ -27,6 +27,14 @@ SHAPES_PANOPTIC_NAMES: tuple[str, ...] = (*SHAPES_INST_NAMES, *STUFF_NAMES)
 SHAPES_PANOPTIC_THINGS: tuple[int, ...] = tuple(range(len(SHAPES_INST_NAMES)))
 _VERSION = "shapes-panoptic-v1"
 _STUFF_BASE = {0: (110, 170, 235), 1: (120, 95, 60), 2: (30, 70, 150)}   # sky, ground, water
+
+
+def _regular(n: int, r: float, cx: float, cy: float, angle: float, star: bool = False) -> np.ndarray:
+    """The (k, 2) vertices of a regular n-gon (a star: 2n vertices, every other one at 0.45 r)."""
+    k = 2 * n if star else n
+    t = angle + np.arange(k) * 2 * np.pi / k
+    rad = np.where(np.arange(k) % 2 == 1, r * 0.45, r) if star else np.full(k, r)
+    return np.stack((cx + rad * np.cos(t), cy + rad * np.sin(t)), 1)
 
 
 def _texture(rng: np.random.Generator, h: int, w: int, base: tuple[int, int, int]) -> np.ndarray:
