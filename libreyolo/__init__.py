@@ -27,8 +27,10 @@ _FAMILY_NAMES = ("LibreYOLO9", "LibreYOLOX", "LibreYOLO7", "LibreRTMDet", "Libre
                  "LibreYOLONAS", "LibreDepthAnything3", "LibreZipDepth", "LibreFeyNobg", "LibrePIDNet",
                  "LibreLingBotVision")
 _FAMILY_NAMES += ("LibreCLIP", "LibreSigLIP2")
+_FAMILY_NAMES += ("LibreEoMT",)
 _RESULT_NAMES = ("Results", "Boxes", "Probs", "SemanticMask", "DepthMap", "Matte", "OCRRegions", "Masks",
                  "Keypoints")
+_RESULT_NAMES += ("PanopticSegmentation",)
 
 __all__ = ["LibreYOLO", "SAMPLE_IMAGE", "list_models", "__version__",
            "LibreYOLO9", "LibreYOLOX", "LibreYOLO7", "LibreRTMDet", "LibrePICODET", "LibreRTDETR", "LibreRTDETRv2",
@@ -39,6 +41,7 @@ __all__ = ["LibreYOLO", "SAMPLE_IMAGE", "list_models", "__version__",
            "LibrePIDNet", "LibreLingBotVision",
            "LibreCLIP", "LibreSigLIP2",
            "Results", "Boxes", "Probs", "SemanticMask", "DepthMap", "Matte", "OCRRegions", "Masks", "Keypoints"]
+__all__ += ["LibreEoMT", "PanopticSegmentation"]
 
 
 def __getattr__(name: str):

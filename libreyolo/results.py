@@ -330,6 +330,7 @@ class Results:
     #: the task fields besides ``boxes``, in drawing order (masks under labels)
     FIELDS = ("alpha", "masks", "depth", "probs", "texts", "keypoints", "obb")
     FIELDS += ("embedding",)   # embed: the image embedding (tasks/embed)
+    FIELDS += ("panoptic",)   # the panoptic task's segment map (tasks/panoptic)
     #: image formats :meth:`save` can write a cut-out (RGBA) to
     RGBA_FORMATS = ("PNG", "WEBP", "TIFF")
 
@@ -349,6 +350,7 @@ class Results:
         keypoints: Any = None,
         obb: Any = None,
         embedding: Any = None,
+        panoptic: Any = None,
     ):
         self.orig_img: np.ndarray = _to_numpy_image(orig_img)
         self.orig_shape: tuple[int, int] = (int(self.orig_img.shape[0]), int(self.orig_img.shape[1]))
@@ -364,6 +366,7 @@ class Results:
         self.keypoints = keypoints
         self.obb = obb
         self.embedding = embedding
+        self.panoptic = panoptic
         self.saved_to: str | None = None   # set by predict(save=True)
         self.save_dir: str | None = None   # the folder predict(save=True) wrote into
         # video frames (set by predict): position in the source, seconds since its first frame,

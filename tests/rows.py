@@ -50,6 +50,9 @@ FIXTURES = [
     ("lingbotvision", "s", "lingbotvision-s"),
     ("clip", "b32", "clip-b32"),
     ("siglip2", "b16", "siglip2-b16"),
+    ("eomt", "s", "eomt-s"),
+    ("eomt", "s", "eomt-s-seg"),
+    ("eomt", "s", "eomt-s-panoptic"),
 ]
 
 # Fixtures of large networks (seconds to fill, build and run on one core): their rows in
@@ -60,6 +63,10 @@ SLOW_FIXTURES = {
     "clip-b32": "151.3 M parameters (both towers): 5-10 s per row on one core; tests/unit/test_embed.py checks "
                 "the towers' parity with the image tower's fixture entries loaded alone",
     "siglip2-b16": "375.2 M parameters (a 256,000-token embedding): 16-30 s per row on one core",
+    "eomt-s": "23.7 M parameters at 512 (1,129 tokens) and a 150 x 100 x 512 x 512 semantic sum: 3.7-7.4 s "
+              "per row on one core (tests/unit/test_eomt.py: the fast small-config rows of each head)",
+    "eomt-s-seg": "23.9 M parameters at 640 (1,705 tokens), masks upsampled to 100 x 640 x 640: 1.7-6.5 s per row",
+    "eomt-s-panoptic": "23.9 M parameters at 640 (1,705 tokens), masks upsampled to 100 x 640 x 640: 2-7.2 s per row",
 }
 
 # The sub-network a fixture's forward ran (its json's "forward"), where it is not the whole network.
@@ -77,6 +84,8 @@ FIXTURE_TASK = {
     "rtdetrv2-n-obb": "obb",
     "yolonas-n-pose": "pose",
     "yolonas-s-obb": "obb",
+    "eomt-s-seg": "segment",
+    "eomt-s-panoptic": "panoptic",
 }
 
 # Fixtures whose top-k query selection has an exact tie at its boundary (their README and
@@ -234,6 +243,7 @@ VARIANT_GRAPH_MODELS = [
     ("dfine", "n", "segment"),
     ("yolonas", "s", "obb"),
     ("ec", "s", "segment"),
+    ("eomt", "s", "segment"),   # EoMT's segment variant at its native 640 (the others: docs/families.md, EoMT)
 ]
 
 # (family, size, task) variants whose whole training step is fixed-shape: their training rows in
@@ -255,6 +265,7 @@ GRAPH_PENDING["pidnet"] = "no GPU run yet (docs/families.md, PIDNet and LingBot-
 GRAPH_PENDING["lingbotvision"] = "no GPU run yet (docs/families.md, PIDNet and LingBot-Vision)"
 GRAPH_PENDING["clip"] = "no GPU run yet (docs/families.md, CLIP and SigLIP 2)"
 GRAPH_PENDING["siglip2"] = "no GPU run yet (docs/families.md, CLIP and SigLIP 2)"
+GRAPH_PENDING["eomt"] = "no GPU run yet (the commands: docs/families.md, EoMT)"
 # Families whose training capture is built but not declared (SUPPORTS_CUDA_GRAPH_TRAIN False): the
 # GPU training rows of tests/gpu/test_tasks_gpu.py run for them too, marked xfail(strict=False) -
 # the report shows which rows pass (XPASS) and which do not. Family -> why it is not declared.

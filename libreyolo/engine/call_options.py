@@ -198,6 +198,12 @@ class PredictOptions:
                         tasks=("segment-prompt",))
     multimask: bool = option(True, "segment-prompt: three candidate masks, as SAM gives, or one", Bool(),
                              tasks=("segment-prompt",))
+    threshold: float = option(0.8, "panoptic: class probability a query needs to make a segment", Fraction(),
+                              tasks=("panoptic",))
+    mask_threshold: float = option(0.5, "panoptic: mask probability of a segment's pixels", Fraction(),
+                                   tasks=("panoptic",))
+    overlap_threshold: float = option(0.8, "panoptic: share of its own mask a query must win (else it is dropped "
+                                           "as occluded)", Fraction(), tasks=("panoptic",))
 
     @classmethod
     def task_names(cls) -> set[str]:

@@ -382,6 +382,7 @@ class RawGraph(nn.Module):
 
 #: the tasks exported as :class:`RawGraph` (the network's outputs; the rest of the stage on the host)
 RAW_TASKS = ("pose",)
+RAW_TASKS += ("panoptic",)   # EoMT's query logits: the merge runs on the host, as after eager predict's stage
 
 
 class SemanticGraph(nn.Module):
@@ -673,6 +674,8 @@ def _metadata(model, size, batch, dynamic, half, opset, max_det, max_nms, agnost
     elif model.TASK == "pose" and (getattr(model, "meta", None) or {}).get("skeleton") is not None:
         # a trained model's keypoint layout (its dataset's limbs), which Results.keypoints draws
         meta["skeleton"] = json.dumps([[int(i) for i in pair] for pair in model.meta["skeleton"]])
+    if model.TASK == "panoptic" and (getattr(model, "meta", None) or {}).get("thing_class_ids") is not None:
+        meta["thing_class_ids"] = json.dumps([int(i) for i in model.meta["thing_class_ids"]])   # which are things
     return meta
 
 

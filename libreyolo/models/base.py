@@ -614,6 +614,8 @@ class Model:
             val_conf: detection: confidence threshold of validation
             val_iou: detection: NMS IoU threshold of validation
             max_det: detection: detections kept per image in validation
+            val_mask_threshold: panoptic: mask probability of a segment's pixels in validation
+            val_overlap: panoptic: share of its own mask a query must win in validation
             label_smoothing: classification: eps of the smoothed targets (cross-entropy with label smoothing)
             auto_augment: classification: trivialaugment, randaugment or none (long ImageNet-style runs: on)
             cutmix: classification: CutMix's Beta alpha, 0 = off (ImageNet recipes: 1.0)
@@ -810,6 +812,9 @@ class Model:
             labels: segment-prompt: one label per point, 1 foreground / 0 background, e.g. 1,0
             boxes: segment-prompt: boxes x1,y1,x2,y2;... in pixels
             multimask: segment-prompt: three candidate masks, as SAM gives, or one
+            threshold: panoptic: class probability a query needs to make a segment
+            mask_threshold: panoptic: mask probability of a segment's pixels
+            overlap_threshold: panoptic: share of its own mask a query must win (else it is dropped as occluded)
             on_results: called as on_results(result, item) for each Results before it is saved, shown or
                 returned
 

@@ -55,6 +55,7 @@ _TABLE: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "lingbotvision": (".lingbotvision.model:LingBotVision", "LibreLingBotVision", ("s", "b", "l", "g")),
     "clip": (".clip.model:CLIP", "LibreCLIP", ("b32", "b16", "l14")),
     "siglip2": (".siglip2.model:SigLIP2", "LibreSigLIP2", ("b16", "so400m")),
+    "eomt": (".eomt.model:Eomt", "LibreEoMT", ("s", "b", "l")),
 }
 
 
@@ -79,6 +80,7 @@ def get_family(name: str) -> type[Model]:
 #: works name them, and the task it stands for
 TASK_SUFFIXES = {"pose": "pose", "seg": "segment", "obb": "obb"}
 TASK_SUFFIXES.update(cls="classify", embed="embed")   # LibreCLIPb32-cls.pt, clip-b32-embed
+TASK_SUFFIXES["panoptic"] = "panoptic"   # EoMT's panoptic checkpoints: LibreEoMTs-panoptic.pt
 
 
 def parse_spec(text: str) -> tuple[type[Model], str] | None:

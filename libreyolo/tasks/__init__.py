@@ -26,6 +26,7 @@ _TASK_CLASSES = {
     "segment": ".segment:SegmentTask",
     "obb": ".obb:ObbTask",
     "embed": ".embed:EmbedTask",
+    "panoptic": ".panoptic:PanopticTask",
 }
 
 #: name -> the task's one Task object, made at first use

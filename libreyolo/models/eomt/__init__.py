@@ -1,0 +1,1 @@
+"""EoMT: the Encoder-only Mask Transformer (semantic, instance and panoptic segmentation)."""
