@@ -25,7 +25,8 @@ _FAMILY_NAMES = ("LibreYOLO9", "LibreYOLOX", "LibreYOLO7", "LibreRTMDet", "Libre
                  "LibreMobileSAM", "LibreDepthAnythingV2", "LibreBiRefNet", "LibrePPOCR", "LibreYOLO9P2",
                  "LibreYOLO9E2E", "LibreYOLO1", "LibreYOLO2", "LibreYOLO3", "LibreYOLO4", "LibrePPYOLOE",
                  "LibreYOLONAS", "LibreDepthAnything3", "LibreZipDepth", "LibreFeyNobg", "LibrePIDNet",
-                 "LibreLingBotVision")
+                 "LibreLingBotVision",
+                 "LibreNAFNet", "LibreRealESRGAN", "LibreSwinIR")
 _RESULT_NAMES = ("Results", "Boxes", "Probs", "SemanticMask", "DepthMap", "Matte", "OCRRegions", "Masks",
                  "Keypoints")
 
@@ -36,6 +37,7 @@ __all__ = ["LibreYOLO", "SAMPLE_IMAGE", "list_models", "__version__",
            "LibreBiRefNet", "LibrePPOCR", "LibreYOLO9P2", "LibreYOLO9E2E", "LibreYOLO1", "LibreYOLO2", "LibreYOLO3",
            "LibreYOLO4", "LibrePPYOLOE", "LibreYOLONAS", "LibreDepthAnything3", "LibreZipDepth", "LibreFeyNobg",
            "LibrePIDNet", "LibreLingBotVision",
+           "LibreNAFNet", "LibreRealESRGAN", "LibreSwinIR",
            "Results", "Boxes", "Probs", "SemanticMask", "DepthMap", "Matte", "OCRRegions", "Masks", "Keypoints"]
 
 

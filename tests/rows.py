@@ -48,6 +48,9 @@ FIXTURES = [
     ("yolo4", "t", "yolo4-t"),
     ("pidnet", "s", "pidnet-s"),
     ("lingbotvision", "s", "lingbotvision-s"),
+    ("nafnet", "s", "nafnet-s"),
+    ("realesrgan", "x4t", "realesrgan-x4t"),
+    ("swinir", "s", "swinir-s"),
 ]
 
 # Fixtures of large networks (seconds to fill, build and run on one core): their rows in

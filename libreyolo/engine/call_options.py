@@ -195,6 +195,10 @@ class PredictOptions:
                         tasks=("segment-prompt",))
     multimask: bool = option(True, "segment-prompt: three candidate masks, as SAM gives, or one", Bool(),
                              tasks=("segment-prompt",))
+    tile_overlap: int = option(16, "restore: pixels the tiles (imgsz a side) overlap their neighbours by, blended "
+                                   "across", Int(0), tasks=("restore",))
+    tile_batch: int = option(4, "restore: tiles per forward (the last batch filled up: one shape)", Int(1),
+                             tasks=("restore",))
 
     @classmethod
     def task_names(cls) -> set[str]:

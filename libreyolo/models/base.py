@@ -623,6 +623,8 @@ class Model:
             color_jitter: semantic segmentation: brightness / contrast / saturation in [1 - s, 1 + s], hue +- s / 4;
                 depth: brightness / contrast / saturation jitter strength
             ignore_index: semantic segmentation: mask value that is not a class (default: the dataset's, else 255)
+            flipud: restore: probability of an up-down flip of a training patch pair (fliplr: of a left-right one)
+            rot90: restore: probability of a 90-degree turn of a training patch pair
             callbacks: hooks for this run, HookBase objects or {event: fn} dicts
 
         Returns:
@@ -808,6 +810,8 @@ class Model:
             labels: segment-prompt: one label per point, 1 foreground / 0 background, e.g. 1,0
             boxes: segment-prompt: boxes x1,y1,x2,y2;... in pixels
             multimask: segment-prompt: three candidate masks, as SAM gives, or one
+            tile_overlap: restore: pixels the tiles (imgsz a side) overlap their neighbours by, blended across
+            tile_batch: restore: tiles per forward (the last batch filled up: one shape)
             on_results: called as on_results(result, item) for each Results before it is saved, shown or
                 returned
 

@@ -53,6 +53,9 @@ _TABLE: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "yolo1": (".yolo1.model:Yolo1", "LibreYOLO1", ("t", "b")),
     "pidnet": (".pidnet.model:Pidnet", "LibrePIDNet", ("s", "m", "l")),
     "lingbotvision": (".lingbotvision.model:LingBotVision", "LibreLingBotVision", ("s", "b", "l", "g")),
+    "nafnet": (".nafnet.model:NAFNet", "LibreNAFNet", ("s", "l")),
+    "realesrgan": (".realesrgan.model:RealESRGAN", "LibreRealESRGAN", ("x4", "x2", "x4t")),
+    "swinir": (".swinir.model:SwinIR", "LibreSwinIR", ("s", "m", "l")),
 }
 
 
