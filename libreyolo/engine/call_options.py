@@ -195,8 +195,9 @@ class PredictOptions:
                         tasks=("segment-prompt",))
     multimask: bool = option(True, "segment-prompt: three candidate masks, as SAM gives, or one", Bool(),
                              tasks=("segment-prompt",))
-    tile_overlap: int = option(16, "restore: pixels the tiles (imgsz a side) overlap their neighbours by, blended "
-                                   "across", Int(0), tasks=("restore",))
+    tile_overlap: Any = option(None, "restore: pixels the tiles (imgsz a side) overlap their neighbours by, blended "
+                                     "across (default: 16, at most a quarter of imgsz)", Int(0, none=True),
+                               tasks=("restore",))
     tile_batch: int = option(4, "restore: tiles per forward (the last batch filled up: one shape)", Int(1),
                              tasks=("restore",))
 

@@ -811,6 +811,7 @@ class Model:
             boxes: segment-prompt: boxes x1,y1,x2,y2;... in pixels
             multimask: segment-prompt: three candidate masks, as SAM gives, or one
             tile_overlap: restore: pixels the tiles (imgsz a side) overlap their neighbours by, blended across
+                (default: 16, at most a quarter of imgsz)
             tile_batch: restore: tiles per forward (the last batch filled up: one shape)
             on_results: called as on_results(result, item) for each Results before it is saved, shown or
                 returned

@@ -24,6 +24,9 @@ class NAFNet(RestoreFamily):
     DEFAULT_IMGSZ = DEFAULT_TRAIN_SIZE
     STRIDE = 16
     SIGNATURE_KEYS = ("intro.weight", "ending.weight", "middle_blks.0.beta", "downs.0.weight")
+    #: NAFNet's recipe: AdamW at lr 1e-3 without weight decay, cosine decay (upstream: to 1e-7, betas
+    #: (0.9, 0.9); here the trainer's lrf and momentum-as-beta1 0.9), no warm-up
+    TRAIN_DEFAULTS = {**RestoreFamily.TRAIN_DEFAULTS, "lr0": 1e-3}
 
     @classmethod
     def build_network(cls, size: str, nc: int = 1) -> nn.Module:

@@ -172,6 +172,9 @@ def check_pairs(data: RestoreData, scale: int, imgsz: int) -> dict[str, list[Res
     out = {}
     for split in ("train", "val"):
         folder = getattr(data, split)
+        if split == "val" and folder == data.train:   # one paired folder for both: checked once
+            out[split] = out["train"]
+            continue
         pairs = pairs_for(folder, scale)
         if not pairs:
             problems.extend([f"'{split}' has no images in {problems.rel(lq_folder(folder, scale))} and "

@@ -3,7 +3,7 @@ super-resolution (Real-ESRGAN, SwinIR), the picture as the result.
 
 Predict (:class:`RestorePlan`): the network runs at the image's own resolution, on tiles of
 ``imgsz`` x ``imgsz`` pixels. Each image is cut into tiles that overlap their neighbours by
-``tile_overlap`` pixels (the last tile of a row or column moved back to end at the image's edge;
+``tile_overlap`` pixels (default 16, or a quarter of the tile when that is less) (the last tile of a row or column moved back to end at the image's edge;
 an image smaller than a tile reflect-padded up to it), and the tiles go through the predict stage
 ``tile_batch`` at a time - a last, shorter batch filled up with copies of its last tile - so every
 forward has one shape: with ``cuda_graph`` one captured graph serves every image of every size.
@@ -34,7 +34,8 @@ from ...options import Fraction, check_fields, option
 from ..base import Evaluator, PredictPlan, Task, TaskOptions, host_views
 from .results import RestoredImage
 
-#: predict's defaults: the tiles' overlap (pixels of the image) and how many go through one forward
+#: predict's defaults: the tiles' overlap (pixels of the image; at most a quarter of a tile) and how
+#: many go through one forward
 TILE_OVERLAP = 16
 TILE_BATCH = 4
 
@@ -219,13 +220,15 @@ class RestoreTask(Task):
     name = "restore"
     primary_metric = "psnr"
     Options = RestoreOptions
-    predict_defaults: dict = {"tile_overlap": TILE_OVERLAP, "tile_batch": TILE_BATCH}
+    predict_defaults: dict = {"tile_overlap": None, "tile_batch": TILE_BATCH}
 
-    def plan(self, model, size, constants, tile_overlap: int = TILE_OVERLAP, tile_batch: int = TILE_BATCH,
+    def plan(self, model, size, constants, tile_overlap: int | None = None, tile_batch: int = TILE_BATCH,
              **opts) -> RestorePlan:
         if opts:
             raise TypeError(f"unknown restore predict option(s): {', '.join(sorted(opts))}")
         from ...options import check_int
+        if tile_overlap is None:
+            tile_overlap = min(TILE_OVERLAP, size // 4)
         overlap = check_int("tile_overlap", tile_overlap, 0)
         tile_batch = check_int("tile_batch", tile_batch, 1)
         if 2 * overlap >= size:
