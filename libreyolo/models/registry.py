@@ -79,6 +79,7 @@ def get_family(name: str) -> type[Model]:
 #: a name's suffix naming a family's task variant ('ec-s-pose'), as the fixtures and the original
 #: works name them, and the task it stands for
 TASK_SUFFIXES = {"pose": "pose", "seg": "segment", "obb": "obb"}
+TASK_SUFFIXES["restore"] = "restore"   # LibreYOLO 1.6.0's restore checkpoints: LibreNAFNets-restore.pt
 
 
 def parse_spec(text: str) -> tuple[type[Model], str] | None:

@@ -120,6 +120,8 @@ def test_predict_gives_the_picture_at_the_output_scale(family, size, imgsz, tmp_
     assert r.image.shape == (19 * scale, 29 * scale) and r.image.data.dtype == torch.uint8
     assert r.restored is r.image and r.image.scale == scale
     assert r.summary() == {"shape": [19 * scale, 29 * scale], "scale": scale}
+    assert json.loads(r.to_json()) == r.summary()
+    assert isinstance(r.numpy().image.data, np.ndarray) and np.array_equal(r.cpu().image.array, r.image.array)
     plot = r.plot()
     assert plot.shape == (19 * scale, 2 * 29 * scale + 4, 3)
     assert np.array_equal(plot[:, -29 * scale:], r.image.array)        # the restored picture on the right
@@ -127,6 +129,18 @@ def test_predict_gives_the_picture_at_the_output_scale(family, size, imgsz, tmp_
     assert saved.size == (29 * scale, 19 * scale) and np.array_equal(np.asarray(saved), r.image.array)
     assert r.save_suffix == ".png"
     assert np.array_equal(np.asarray(Image.open(r.image.save(tmp_path / "pic.png"))), r.image.array)
+
+
+def test_reference_names_resolve():
+    """LibreYOLO 1.6.0's restore file names (``-restore`` suffix) and its class names."""
+    import libreyolo
+    from libreyolo.models.registry import parse_spec
+    assert [(c.FAMILY, s) for c, s in map(parse_spec, ("LibreNAFNets-restore.pt", "LibreRealESRGANx4t-restore.pt",
+                                                       "LibreSwinIRm-restore.pt", "realesrgan-x2"))] == \
+        [("nafnet", "s"), ("realesrgan", "x4t"), ("swinir", "m"), ("realesrgan", "x2")]
+    assert isinstance(_model("swinir", "s", 16), libreyolo.LibreSwinIR)
+    m = libreyolo.LibreNAFNet(None, size="s", device="cpu")
+    assert (m.FAMILY, m.restore_scale, m.TASK) == ("nafnet", 1, "restore")
 
 
 def test_bad_predict_options_are_refused():
