@@ -28,6 +28,7 @@ _FAMILY_NAMES = ("LibreYOLO9", "LibreYOLOX", "LibreYOLO7", "LibreRTMDet", "Libre
                  "LibreLingBotVision")
 _FAMILY_NAMES += ("LibreCLIP", "LibreSigLIP2")
 _FAMILY_NAMES += ("LibreEoMT",)
+_FAMILY_NAMES += ("LibreNAFNet", "LibreRealESRGAN", "LibreSwinIR")
 _RESULT_NAMES = ("Results", "Boxes", "Probs", "SemanticMask", "DepthMap", "Matte", "OCRRegions", "Masks",
                  "Keypoints")
 _RESULT_NAMES += ("PanopticSegmentation",)
@@ -40,6 +41,7 @@ __all__ = ["LibreYOLO", "SAMPLE_IMAGE", "list_models", "__version__",
            "LibreYOLO4", "LibrePPYOLOE", "LibreYOLONAS", "LibreDepthAnything3", "LibreZipDepth", "LibreFeyNobg",
            "LibrePIDNet", "LibreLingBotVision",
            "LibreCLIP", "LibreSigLIP2",
+           "LibreNAFNet", "LibreRealESRGAN", "LibreSwinIR",
            "Results", "Boxes", "Probs", "SemanticMask", "DepthMap", "Matte", "OCRRegions", "Masks", "Keypoints"]
 __all__ += ["LibreEoMT", "PanopticSegmentation"]
 

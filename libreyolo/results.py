@@ -331,6 +331,7 @@ class Results:
     FIELDS = ("alpha", "masks", "depth", "probs", "texts", "keypoints", "obb")
     FIELDS += ("embedding",)   # embed: the image embedding (tasks/embed)
     FIELDS += ("panoptic",)   # the panoptic task's segment map (tasks/panoptic)
+    FIELDS += ("image",)   # restore: the restored picture (tasks/restore/results.py)
     #: image formats :meth:`save` can write a cut-out (RGBA) to
     RGBA_FORMATS = ("PNG", "WEBP", "TIFF")
 
@@ -351,6 +352,7 @@ class Results:
         obb: Any = None,
         embedding: Any = None,
         panoptic: Any = None,
+        image: Any = None,
     ):
         self.orig_img: np.ndarray = _to_numpy_image(orig_img)
         self.orig_shape: tuple[int, int] = (int(self.orig_img.shape[0]), int(self.orig_img.shape[1]))
@@ -367,6 +369,7 @@ class Results:
         self.obb = obb
         self.embedding = embedding
         self.panoptic = panoptic
+        self.image = image
         self.saved_to: str | None = None   # set by predict(save=True)
         self.save_dir: str | None = None   # the folder predict(save=True) wrote into
         # video frames (set by predict): position in the source, seconds since its first frame,
@@ -399,6 +402,8 @@ class Results:
                      doc="``alpha`` under LibreYOLO 1.6.0's name")
     ocr = property(lambda self: self.texts, lambda self, v: setattr(self, "texts", v),
                    doc="``texts`` under LibreYOLO 1.6.0's name")
+    restored = property(lambda self: self.image, lambda self, v: setattr(self, "image", v),
+                        doc="``image`` (restore) under LibreYOLO 1.6.0's name")
 
     def __len__(self) -> int:
         if self.boxes is None and self.obb is not None:   # oriented boxes stand in for boxes
@@ -562,9 +567,15 @@ class Results:
         """The task field that saves as a cut-out (one with ``rgba(image)``: matting), or None."""
         return next((v for _, v in self._fields() if hasattr(v, "rgba")), None)
 
+    def _picture_field(self) -> Any:
+        """The task field that saves as a picture of its own (restore: the restored image), or None."""
+        return next((v for _, v in self._fields() if getattr(v, "SAVES_ITSELF", False)), None)
+
     @property
     def save_suffix(self) -> str:
         """The file suffix :meth:`save` writes by default: ``.png`` for a cut-out, else ``.jpg``."""
+        if self._picture_field() is not None:   # restore: the restored picture, lossless
+            return ".png"
         return ".png" if self._cutout_field() is not None else ".jpg"
 
     def _default_filename(self) -> str:
@@ -584,6 +595,9 @@ class Results:
         fmt = Image.registered_extensions().get(path.suffix.lower())
         if fmt is None:
             raise ValueError(f"cannot save '{path}': unknown image format for suffix '{path.suffix}'")
+        picture = self._picture_field()
+        if picture is not None:   # restore: the restored picture itself (plot() shows it beside the input)
+            return picture.save(path)
         cutout = self._cutout_field()
         if cutout is not None and fmt not in self.RGBA_FORMATS:
             raise ValueError(f"cannot save '{path}': a matte is saved as an RGBA cut-out, which {fmt} cannot "

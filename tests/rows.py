@@ -53,6 +53,9 @@ FIXTURES = [
     ("eomt", "s", "eomt-s"),
     ("eomt", "s", "eomt-s-seg"),
     ("eomt", "s", "eomt-s-panoptic"),
+    ("nafnet", "s", "nafnet-s"),
+    ("realesrgan", "x4t", "realesrgan-x4t"),
+    ("swinir", "s", "swinir-s"),
 ]
 
 # Fixtures of large networks (seconds to fill, build and run on one core): their rows in
@@ -266,6 +269,18 @@ GRAPH_PENDING["lingbotvision"] = "no GPU run yet (docs/families.md, PIDNet and L
 GRAPH_PENDING["clip"] = "no GPU run yet (docs/families.md, CLIP and SigLIP 2)"
 GRAPH_PENDING["siglip2"] = "no GPU run yet (docs/families.md, CLIP and SigLIP 2)"
 GRAPH_PENDING["eomt"] = "no GPU run yet (the commands: docs/families.md, EoMT)"
+# (family, size) of restoration models that must pass the GPU parity protocol (the network on imgsz
+# tiles, the uint8 tile stage) and graph predict == eager (tiles blended) before SUPPORTS_CUDA_GRAPH
+# flips; tests/gpu/test_tasks_gpu.py. No training rows: the training capture is not built for them.
+RESTORE_GRAPH_MODELS = [
+    ("nafnet", "s"),
+    ("realesrgan", "x4t"),
+    ("realesrgan", "x2"),
+    ("swinir", "s"),
+]
+GRAPH_PENDING["nafnet"] = "no GPU run yet (docs/families.md, Restoration: NAFNet, Real-ESRGAN, SwinIR)"
+GRAPH_PENDING["realesrgan"] = "no GPU run yet (docs/families.md, Restoration: NAFNet, Real-ESRGAN, SwinIR)"
+GRAPH_PENDING["swinir"] = "no GPU run yet (docs/families.md, Restoration: NAFNet, Real-ESRGAN, SwinIR)"
 # Families whose training capture is built but not declared (SUPPORTS_CUDA_GRAPH_TRAIN False): the
 # GPU training rows of tests/gpu/test_tasks_gpu.py run for them too, marked xfail(strict=False) -
 # the report shows which rows pass (XPASS) and which do not. Family -> why it is not declared.
@@ -307,6 +322,9 @@ ONNX_MODELS = [
 # stride-4 level holds many anchors of exactly equal score, and eager and onnxruntime break those
 # ties in another order, so NMS keeps other (equal-score, shifted) boxes and the one-to-one match
 # of this test cannot hold.
+# Not in ONNX_MODELS, TRAIN_MODELS, SMALL_MODELS: nafnet, realesrgan, swinir (restore): their export is the
+# network on one batch of tiles (no detection output), trained on paired images; their ONNX parity, two-epoch
+# training and predict checks are in tests/unit/test_restore.py.
 # Not in ONNX_MODELS, TRAIN_MODELS, SMALL_MODELS: yolo1, whose input is fixed at 448 (these rows run
 # at 64-160 px); its ONNX parity, trainer run and predict checks are in tests/unit/test_yolo1.py.
 # Families whose traced graph fixes a size-dependent shape (their decoder's anchor grid), so the

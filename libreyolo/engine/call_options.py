@@ -204,6 +204,11 @@ class PredictOptions:
                                    tasks=("panoptic",))
     overlap_threshold: float = option(0.8, "panoptic: share of its own mask a query must win (else it is dropped "
                                            "as occluded)", Fraction(), tasks=("panoptic",))
+    tile_overlap: Any = option(None, "restore: pixels the tiles (imgsz a side) overlap their neighbours by, blended "
+                                     "across (default: 16, at most a quarter of imgsz)", Int(0, none=True),
+                               tasks=("restore",))
+    tile_batch: int = option(4, "restore: tiles per forward (the last batch filled up: one shape)", Int(1),
+                             tasks=("restore",))
 
     @classmethod
     def task_names(cls) -> set[str]:

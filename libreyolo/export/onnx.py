@@ -518,6 +518,9 @@ def _graph_for(model, net, size, batch, half, max_det, max_nms, agnostic, topk):
         names = [f"out{i}" for i in range(n)]
         axes.update({name: {0: "batch"} for name in names})
         return g, (x,), ["images"], names, axes
+    if task == "restore":   # the network on one batch of tiles, clamped (tasks/restore/export.py)
+        from ..tasks.restore.export import restore_graph
+        return restore_graph(model, net, x, half, axes)
     raise OnnxExportError(f"ONNX export does not know the {task!r} task of {model.FAMILY}")
 
 
@@ -600,6 +603,8 @@ def _agree(task: str, ref: list, got: list, np) -> bool:
         return bool(np.abs(ref[0] - got[0]).max() <= 1e-3 and (ref[2][:, 0] == got[2][:, 0]).all())
     if task == "semantic":
         return bool((ref[0] == got[0]).mean() >= 0.99)
+    if task == "restore":   # the restored pictures, in [0, 1]
+        return bool(np.abs(ref[0] - got[0]).max() <= 1e-3)
     if task in RAW_TASKS:   # the family's candidates sorted by score (out1): the same scores
         return bool(np.abs(np.sort(ref[1], 1) - np.sort(got[1], 1)).max() <= 1e-3)
     # dets rows [*box, score, class] (box: 4 corners' coordinates, or a rotated box's 5 values)
@@ -671,6 +676,8 @@ def _metadata(model, size, batch, dynamic, half, opset, max_det, max_nms, agnost
             meta["max_nms"] = str(max_nms)
     elif model.TASK == "classify":
         meta["topk"] = str(topk)
+    elif model.TASK == "restore":   # output pixels per input pixel
+        meta["scale"] = str(model.scale)
     elif model.TASK == "pose" and (getattr(model, "meta", None) or {}).get("skeleton") is not None:
         # a trained model's keypoint layout (its dataset's limbs), which Results.keypoints draws
         meta["skeleton"] = json.dumps([[int(i) for i in pair] for pair in model.meta["skeleton"]])

@@ -253,6 +253,11 @@ class OnnxModel:
         if parse_amp(amp) is not None:
             raise NotImplementedError(f"amp is fixed when an {self.KIND} model is exported ({self.path.name}: "
                                       f"{'float16' if self.half else 'float32'}); export with half=True for float16")
+        if self.TASK == "restore":   # the export is the network on one batch of tiles (tasks/restore/export.py)
+            raise NotImplementedError(f"{self.path.name} is a restore export: the network on a batch of "
+                                      f"{self.imgsz}x{self.imgsz} tiles (input 'images' in [0, 1], output 'restored'); "
+                                      "run it with onnxruntime per tile, or predict with the .pt checkpoint, which "
+                                      "tiles and blends whole images")
         unknown = sorted(set(task_opts) - set(self.task_def.predict_defaults))
         if unknown:
             raise TypeError(f"unknown predict option(s) {', '.join(unknown)} for a {self.TASK} model; known: imgsz, "

@@ -625,6 +625,8 @@ class Model:
             color_jitter: semantic segmentation: brightness / contrast / saturation in [1 - s, 1 + s], hue +- s / 4;
                 depth: brightness / contrast / saturation jitter strength
             ignore_index: semantic segmentation: mask value that is not a class (default: the dataset's, else 255)
+            flipud: restore: probability of an up-down flip of a training patch pair (fliplr: of a left-right one)
+            rot90: restore: probability of a 90-degree turn of a training patch pair
             callbacks: hooks for this run, HookBase objects or {event: fn} dicts
 
         Returns:
@@ -815,6 +817,9 @@ class Model:
             threshold: panoptic: class probability a query needs to make a segment
             mask_threshold: panoptic: mask probability of a segment's pixels
             overlap_threshold: panoptic: share of its own mask a query must win (else it is dropped as occluded)
+            tile_overlap: restore: pixels the tiles (imgsz a side) overlap their neighbours by, blended across
+                (default: 16, at most a quarter of imgsz)
+            tile_batch: restore: tiles per forward (the last batch filled up: one shape)
             on_results: called as on_results(result, item) for each Results before it is saved, shown or
                 returned
 

@@ -56,6 +56,9 @@ _TABLE: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "clip": (".clip.model:CLIP", "LibreCLIP", ("b32", "b16", "l14")),
     "siglip2": (".siglip2.model:SigLIP2", "LibreSigLIP2", ("b16", "so400m")),
     "eomt": (".eomt.model:Eomt", "LibreEoMT", ("s", "b", "l")),
+    "nafnet": (".nafnet.model:NAFNet", "LibreNAFNet", ("s", "l")),
+    "realesrgan": (".realesrgan.model:RealESRGAN", "LibreRealESRGAN", ("x4", "x2", "x4t")),
+    "swinir": (".swinir.model:SwinIR", "LibreSwinIR", ("s", "m", "l")),
 }
 
 
@@ -81,6 +84,7 @@ def get_family(name: str) -> type[Model]:
 TASK_SUFFIXES = {"pose": "pose", "seg": "segment", "obb": "obb"}
 TASK_SUFFIXES.update(cls="classify", embed="embed")   # LibreCLIPb32-cls.pt, clip-b32-embed
 TASK_SUFFIXES["panoptic"] = "panoptic"   # EoMT's panoptic checkpoints: LibreEoMTs-panoptic.pt
+TASK_SUFFIXES["restore"] = "restore"   # LibreYOLO 1.6.0's restore checkpoints: LibreNAFNets-restore.pt
 
 
 def parse_spec(text: str) -> tuple[type[Model], str] | None:

@@ -27,6 +27,7 @@ _TASK_CLASSES = {
     "obb": ".obb:ObbTask",
     "embed": ".embed:EmbedTask",
     "panoptic": ".panoptic:PanopticTask",
+    "restore": ".restore:RestoreTask",
 }
 
 #: name -> the task's one Task object, made at first use

@@ -29,6 +29,7 @@ GROUPS = [getattr(rows, name, []) for name in ("CLASSIFY_GRAPH_MODELS", "SEMANTI
                                                "SEGMENT_PROMPT_GRAPH_MODELS", "DEPTH_GRAPH_MODELS",
                                                "MATTE_GRAPH_MODELS", "OCR_GRAPH_MODELS",
                                                "VARIANT_GRAPH_MODELS")]
+GROUPS.append(getattr(rows, "RESTORE_GRAPH_MODELS", []))   # restore: the tile stage, blended pictures
 MODELS = [spec for group in GROUPS for spec in group]
 
 
@@ -55,6 +56,7 @@ FIELD = {"classify": "probs", "semantic": "masks", "segment-prompt": "masks", "d
          "ocr": "texts", "segment": "masks", "pose": "keypoints", "obb": "obb"}
 DATA_OF: dict = {}   # task -> its built-in training data, once resolved (task_batches)
 OPTS = {"segment-prompt": {"points": "center"}}   # predict options a task needs (a prompt)
+IMGSZ["restore"], FIELD["restore"] = 64, "image"   # restore: 64 px tiles, Results.image
 
 
 def ids(spec):

@@ -24,6 +24,7 @@ MODEL_OF = {"detect": "yolo9t", "classify": "resnet18", "semantic": "segformer-b
             "segment-prompt": "mobilesam-tiny", "matte": "birefnet-t", "ocr": "ppocr-t", "pose": "ec-s-pose",
             "segment": "rtmdet-t-seg", "obb": "rtdetrv2-n-obb"}
 MODEL_OF["panoptic"] = "eomt-s-panoptic"
+MODEL_OF["restore"] = "nafnet-s"
 
 #: (valid, invalid) of the options whose check is their own; invalid None: the option takes any text
 SAMPLES: dict[str, tuple[Any, Any]] = {

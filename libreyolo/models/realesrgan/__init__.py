@@ -1,0 +1,1 @@
+"""Real-ESRGAN super-resolution (x2, x4, and the compact x4t): networks in ``nn``."""
