@@ -53,6 +53,8 @@ _TABLE: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "yolo1": (".yolo1.model:Yolo1", "LibreYOLO1", ("t", "b")),
     "pidnet": (".pidnet.model:Pidnet", "LibrePIDNet", ("s", "m", "l")),
     "lingbotvision": (".lingbotvision.model:LingBotVision", "LibreLingBotVision", ("s", "b", "l", "g")),
+    "sam2": (".sam2.model:Sam2", "LibreSAM2", ("tiny", "small", "base-plus", "large")),
+    "edgetam": (".edgetam.model:EdgeTAM", "LibreEdgeTAM", ("edge",)),
 }
 
 
