@@ -158,6 +158,56 @@ class Sam2Family(MobileSAM):
         (the image was stretched to the frame; transformers' ``post_process_masks``)."""
         return F.interpolate(low, hw, mode="bilinear", align_corners=False) > 0.0
 
+    # ------------------------------------------------------------ verification
+    def verify_cases(self, size: int, batch: int, source_hw: tuple[int, int]) -> list[tuple]:
+        """(name, fn, probe A, probe B) of the parity protocol: the network (embedding and a
+        two-point decode), the image stage from uint8 images, the prompt stage (decoder and the
+        masks at ``source_hw``), ``batch`` images each; with the memory, the video step at a full
+        bank (7 memories, 16 pointers) and the frame stage, one object on one frame (the step runs
+        per object, as transformers' does: its best-mask selection is written for one)."""
+        from ...tasks.segment_prompt.predictor import PromptPredictor
+        dev, net, frame = self.device, self.model, int(self.model.frame)
+        g = torch.Generator().manual_seed(2024)
+        h, w = source_hw
+        r = lambda *shape: torch.rand(shape, generator=g)   # noqa: E731
+        lab = torch.tensor([[1.0, 0.0]]).expand(batch, 2).contiguous().to(dev)
+
+        def network(x, p, lb):
+            return net.decode(*net.embed(x), p, lb, None, True)
+
+        xa, xb = torch.randn((batch, 3, frame, frame), generator=g).to(dev), (2 * r(batch, 3, frame, frame) - 1).to(dev)
+        pa, pb = (frame * r(batch, 2, 2)).to(dev), (frame / 4 + frame / 4 * r(batch, 2, 2)).to(dev)
+        ua = torch.randint(0, 256, (batch, h, w, 3), generator=g, dtype=torch.uint8).to(dev)
+        ub = torch.randint(90, 140, (batch, h, w, 3), generator=g, dtype=torch.uint8).to(dev)
+        with torch.no_grad():
+            ea, eb = net.embed(xa), net.embed(xb)
+
+        def packed(lo, hi):   # 2 points (x, y), their labels, 1 box, in the frame
+            p = lo + (hi - lo) * r(batch, 2, 2)
+            box = torch.cat([p.min(1).values, p.max(1).values], 1)
+            return torch.cat([p.reshape(batch, 4), torch.tensor([[1.0, 0.0]]).expand(batch, 2), box], 1).to(dev)
+        pred = PromptPredictor(self)
+        prompt = pred.prompt_stage(frame, (frame, frame), (h, w), 2, 1, True)
+        cases = [("network", network, (xa, pa, lab), (xb, pb, lab)),
+                 (f"image-stage {h}x{w}->{frame}", pred.encoder_stage(frame), (ua,), (ub,)),
+                 (f"prompt-stage {h}x{w}", prompt, (*ea, packed(0, frame)), (*eb, packed(10, frame / 2)))]
+        if self.has_video:
+            from ...tasks.segment_prompt.video import VideoPropagator
+            prop = VideoPropagator(self, [])
+            with torch.no_grad():
+                fa, fb = net.frame_features(xa[:1]), net.frame_features(xb[:1])
+                mem = net.track_step(*fa, None, None, None, None, pa[:1], lab[:1].long(), True)[3:]
+            hw = mem[0].shape[0]
+
+            def bank(scale):   # 7 remembered frames and 16 object pointers of one object
+                m = (scale * torch.randn((7 * hw, 1, mem[0].shape[-1]), generator=g)).to(dev)
+                return (m.to(mem[0].dtype), torch.randn(m.shape, generator=g).to(dev),
+                        torch.randn((16, 1, 1, net.hidden_dim), generator=g).to(dev),
+                        torch.tensor([20.0] + [float(d) for d in range(1, 16)], device=dev))
+            cases += [("video-step (full bank)", prop._track_stage(), (*fa, *bank(1.0)), (*fb, *bank(0.5))),
+                      (f"video-frame-stage {h}x{w}", prop._frame_stage(), (ua[:1],), (ub[:1],))]
+        return cases
+
     # ------------------------------------------------------------------- video
     def track(self, source: Any, **kwargs: Any) -> Any:
         """Propagate prompted objects through a video: ``model.track("clip.mp4", points=[[x, y]],
