@@ -29,6 +29,7 @@ _FAMILY_NAMES = ("LibreYOLO9", "LibreYOLOX", "LibreYOLO7", "LibreRTMDet", "Libre
 _FAMILY_NAMES += ("LibreCLIP", "LibreSigLIP2")
 _FAMILY_NAMES += ("LibreEoMT",)
 _FAMILY_NAMES += ("LibreNAFNet", "LibreRealESRGAN", "LibreSwinIR")
+_FAMILY_NAMES += ("LibreSAM2", "LibreEdgeTAM")
 _RESULT_NAMES = ("Results", "Boxes", "Probs", "SemanticMask", "DepthMap", "Matte", "OCRRegions", "Masks",
                  "Keypoints")
 _RESULT_NAMES += ("PanopticSegmentation",)
@@ -44,6 +45,7 @@ __all__ = ["LibreYOLO", "SAMPLE_IMAGE", "list_models", "__version__",
            "LibreNAFNet", "LibreRealESRGAN", "LibreSwinIR",
            "Results", "Boxes", "Probs", "SemanticMask", "DepthMap", "Matte", "OCRRegions", "Masks", "Keypoints"]
 __all__ += ["LibreEoMT", "PanopticSegmentation"]
+__all__ += ["LibreSAM2", "LibreEdgeTAM"]
 
 
 def __getattr__(name: str):

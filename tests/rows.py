@@ -56,6 +56,8 @@ FIXTURES = [
     ("nafnet", "s", "nafnet-s"),
     ("realesrgan", "x4t", "realesrgan-x4t"),
     ("swinir", "s", "swinir-s"),
+    ("sam2", "tiny", "sam2-tiny"),
+    ("edgetam", "edge", "edgetam-edge"),
 ]
 
 # Fixtures of large networks (seconds to fill, build and run on one core): their rows in
@@ -70,6 +72,10 @@ SLOW_FIXTURES = {
               "per row on one core (tests/unit/test_eomt.py: the fast small-config rows of each head)",
     "eomt-s-seg": "23.9 M parameters at 640 (1,705 tokens), masks upsampled to 100 x 640 x 640: 1.7-6.5 s per row",
     "eomt-s-panoptic": "23.9 M parameters at 640 (1,705 tokens), masks upsampled to 100 x 640 x 640: 2-7.2 s per row",
+    "sam2-tiny": "the fixed 1024x1024 frame through Hiera-tiny: about 13 s per row on one core "
+                 "(tests/unit/test_sam2.py runs the same code at a 256 frame)",
+    "edgetam-edge": "the fixed 1024x1024 frame through RepViT-M1: about 6 s per row on one core "
+                    "(tests/unit/test_sam2.py runs the same code at a 256 frame)",
 }
 
 # The sub-network a fixture's forward ran (its json's "forward"), where it is not the whole network.
@@ -210,6 +216,8 @@ SEMANTIC_GRAPH_MODELS = [
 # image stage, prompt stage with the mask post-processing) before SUPPORTS_CUDA_GRAPH flips.
 SEGMENT_PROMPT_GRAPH_MODELS = [
     ("mobilesam", "tiny"),
+    ("sam2", "tiny"),
+    ("edgetam", "edge"),
 ]
 
 # (family, size) of depth models that must pass the GPU parity protocol (predict stage: stretch to
@@ -281,6 +289,8 @@ RESTORE_GRAPH_MODELS = [
 GRAPH_PENDING["nafnet"] = "no GPU run yet (docs/families.md, Restoration: NAFNet, Real-ESRGAN, SwinIR)"
 GRAPH_PENDING["realesrgan"] = "no GPU run yet (docs/families.md, Restoration: NAFNet, Real-ESRGAN, SwinIR)"
 GRAPH_PENDING["swinir"] = "no GPU run yet (docs/families.md, Restoration: NAFNet, Real-ESRGAN, SwinIR)"
+GRAPH_PENDING["sam2"] = "no GPU run yet (docs/families.md, SAM 2 and EdgeTAM: the command)"
+GRAPH_PENDING["edgetam"] = "no GPU run yet (docs/families.md, SAM 2 and EdgeTAM: the command)"
 # Families whose training capture is built but not declared (SUPPORTS_CUDA_GRAPH_TRAIN False): the
 # GPU training rows of tests/gpu/test_tasks_gpu.py run for them too, marked xfail(strict=False) -
 # the report shows which rows pass (XPASS) and which do not. Family -> why it is not declared.

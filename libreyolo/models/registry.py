@@ -59,6 +59,8 @@ _TABLE: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "nafnet": (".nafnet.model:NAFNet", "LibreNAFNet", ("s", "l")),
     "realesrgan": (".realesrgan.model:RealESRGAN", "LibreRealESRGAN", ("x4", "x2", "x4t")),
     "swinir": (".swinir.model:SwinIR", "LibreSwinIR", ("s", "m", "l")),
+    "sam2": (".sam2.model:Sam2", "LibreSAM2", ("tiny", "small", "base-plus", "large")),
+    "edgetam": (".edgetam.model:EdgeTAM", "LibreEdgeTAM", ("edge",)),
 }
 
 

@@ -30,7 +30,6 @@ import torch.nn.functional as F
 
 from ...data.sources import SourceItem, load_sources, parse_color
 from ...graphs.runner import normalize_mode
-from ...ops.preprocess import long_side_size
 from ...options import check_imgsz, check_int, parse_amp, parse_bool
 from .prompts import Prompt, pack, parse_prompt, unpack
 
@@ -42,11 +41,21 @@ class ImageState:
     """The current image of a predictor: its embedding on the device and its geometry."""
 
     item: SourceItem
-    embedding: torch.Tensor      # (1, 256, size/16, size/16)
+    embedding: Any               # (1, 256, size/16, size/16), or a tuple of such maps (SAM 2: + skip features)
     size: int                    # the network's frame
     hw: tuple[int, int]          # original (h, w)
     resized: tuple[int, int]     # (h', w') in the frame
     amp_dtype: torch.dtype | None
+
+
+def _parts(embedding: Any) -> tuple:
+    """An image embedding as the tuple of tensors a stage takes (one map, or SAM 2's three)."""
+    return tuple(embedding) if isinstance(embedding, (tuple, list)) else (embedding,)
+
+
+def _whole(parts: tuple) -> Any:
+    """The inverse of :func:`_parts`: one map stays a tensor."""
+    return parts[0] if len(parts) == 1 else tuple(parts)
 
 
 def postprocess_masks(low: torch.Tensor, size: int, resized: tuple[int, int], hw: tuple[int, int]) -> torch.Tensor:
@@ -79,11 +88,14 @@ class PromptPredictor:
         """(embeddings (B, 256, s, s), packed prompts (B, 3P + 4K)) -> (masks (B, M, h, w) bool,
         scores (B, M) float32)."""
         model = self.model
+        # a family whose image is stretched to the frame (SAM 2) upsamples its logits its own way
+        post = getattr(model, "postprocess_masks", postprocess_masks)
 
-        def stage(embedding, packed):
+        def stage(*args):
+            *embedding, packed = args
             pts, lab, boxes = unpack(packed, n_points, n_boxes)
-            low, iou = model.decode(embedding, pts, lab, boxes, multimask, size)
-            return postprocess_masks(low, size, resized, hw), iou.float()
+            low, iou = model.decode(_whole(tuple(embedding)), pts, lab, boxes, multimask, size)
+            return post(low, size, resized, hw), iou.float()
         return stage
 
     @staticmethod
@@ -128,8 +140,9 @@ class PromptPredictor:
             u8 = torch.stack([self._upload(it.image) for it in group])
             with torch.no_grad(), self._autocast(amp_dtype):
                 emb = self.model.runner(key, fn, (u8,), mode)
-            resized = long_side_size(hw[0], hw[1], size)
-            states += [ImageState(it, emb[i:i + 1], size, hw, resized, amp_dtype) for i, it in enumerate(group)]
+            resized = self.model.preprocess.input_hw(hw[0], hw[1], size)
+            states += [ImageState(it, _whole(tuple(e[i:i + 1] for e in _parts(emb))), size, hw, resized, amp_dtype)
+                       for i, it in enumerate(group)]
             start = end
         return states
 
@@ -166,7 +179,8 @@ class PromptPredictor:
         fn = self.prompt_stage(state.size, state.resized, state.hw, *counts, multimask)
         key = self._prompt_key(state.size, state.resized, state.hw, counts, multimask)
         with torch.no_grad(), self._autocast(state.amp_dtype):
-            masks, scores = self.model.runner(key, fn, (state.embedding, packed), mode, constant=(0,))
+            parts = _parts(state.embedding)
+            masks, scores = self.model.runner(key, fn, (*parts, packed), mode, constant=tuple(range(len(parts))))
         speed = {**speed, "prompt": (time.perf_counter() - t0) * 1e3}
         return Results(state.item.image, state.item.name, self.model.names, None, speed=speed,
                        masks=PromptMasks(masks[0], scores[0], p.points, p.labels, p.boxes))
@@ -242,11 +256,11 @@ class PromptPredictor:
             info = {"image": m.runner.capture(self._encoder_key(size), self.encoder_stage(size), (u8,))}
             if points is not None or boxes is not None:
                 emb = self.encoder_stage(size)(u8[:1])
-                resized = long_side_size(hw[0], hw[1], size)
+                resized = m.preprocess.input_hw(hw[0], hw[1], size)
                 p = parse_prompt(points, labels, boxes).for_image(*hw)
                 counts = (len(p.points), len(p.boxes))
                 packed = torch.from_numpy(pack(p, *hw, *resized)).to(m.device)
                 mm = parse_bool("multimask", multimask)
                 info["prompt"] = m.runner.capture(self._prompt_key(size, resized, hw, counts, mm),
-                                                   self.prompt_stage(size, resized, hw, *counts, mm), (emb, packed))
+                                                   self.prompt_stage(size, resized, hw, *counts, mm), (*_parts(emb), packed))
         return info

@@ -41,6 +41,9 @@ class SegmentPromptTask(Task):
         """(name, fn, probe A, probe B) of the parity protocol: the network (embedding and a
         three-point decode), the image stage from uint8 images and the prompt stage (decoder and
         mask post-processing to ``source_hw``), each on ``batch`` images / prompts."""
+        own = getattr(model, "verify_cases", None)
+        if own is not None:   # a family with other stages (SAM 2, EdgeTAM: three maps, the video step)
+            return own(size, batch, source_hw)
         from ...ops.preprocess import long_side_size
         from .predictor import PromptPredictor
         dev, net = model.device, model.model

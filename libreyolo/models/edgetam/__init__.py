@@ -1,0 +1,1 @@
+"""EdgeTAM promptable-segmentation family (transformers network in ``nn``)."""

@@ -1,0 +1,1 @@
+"""SAM 2 promptable-segmentation family, images and video (transformers networks in ``nn``)."""
