@@ -25,9 +25,9 @@ _FAMILY_NAMES = ("LibreYOLO9", "LibreYOLOX", "LibreYOLO7", "LibreRTMDet", "Libre
                  "LibreMobileSAM", "LibreDepthAnythingV2", "LibreBiRefNet", "LibrePPOCR", "LibreYOLO9P2",
                  "LibreYOLO9E2E", "LibreYOLO1", "LibreYOLO2", "LibreYOLO3", "LibreYOLO4", "LibrePPYOLOE",
                  "LibreYOLONAS", "LibreDepthAnything3", "LibreZipDepth", "LibreFeyNobg", "LibrePIDNet",
-                 "LibreLingBotVision")
+                 "LibreLingBotVision", "LibreFOMO")
 _RESULT_NAMES = ("Results", "Boxes", "Probs", "SemanticMask", "DepthMap", "Matte", "OCRRegions", "Masks",
-                 "Keypoints")
+                 "Keypoints", "Points")
 
 __all__ = ["LibreYOLO", "SAMPLE_IMAGE", "list_models", "__version__",
            "LibreYOLO9", "LibreYOLOX", "LibreYOLO7", "LibreRTMDet", "LibrePICODET", "LibreRTDETR", "LibreRTDETRv2",
@@ -35,8 +35,9 @@ __all__ = ["LibreYOLO", "SAMPLE_IMAGE", "list_models", "__version__",
            "LibreMobileNetV4", "LibreConvNeXt", "LibreSegformer", "LibreMobileSAM", "LibreDepthAnythingV2",
            "LibreBiRefNet", "LibrePPOCR", "LibreYOLO9P2", "LibreYOLO9E2E", "LibreYOLO1", "LibreYOLO2", "LibreYOLO3",
            "LibreYOLO4", "LibrePPYOLOE", "LibreYOLONAS", "LibreDepthAnything3", "LibreZipDepth", "LibreFeyNobg",
-           "LibrePIDNet", "LibreLingBotVision",
-           "Results", "Boxes", "Probs", "SemanticMask", "DepthMap", "Matte", "OCRRegions", "Masks", "Keypoints"]
+           "LibrePIDNet", "LibreLingBotVision", "LibreFOMO",
+           "Results", "Boxes", "Probs", "SemanticMask", "DepthMap", "Matte", "OCRRegions", "Masks", "Keypoints",
+           "Points"]
 
 
 def __getattr__(name: str):

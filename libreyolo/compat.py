@@ -120,4 +120,5 @@ RESULT_TYPES: dict[str, tuple[str, str]] = {
     "OCRRegions": (".tasks.ocr.results", "TextLines"),
     "Masks": (".tasks.segment_prompt.results", "PromptMasks"),
     "Keypoints": (".tasks.pose.results", "Keypoints"),
+    "Points": (".tasks.point.results", "Points"),
 }

@@ -319,7 +319,8 @@ class Results:
 
     Tasks other than detection fill their own field instead of ``boxes`` (``probs`` for
     classification, ``masks`` for semantic segmentation, ``depth`` for depth estimation, ``alpha`` for
-    matting, ``texts`` for OCR, ``keypoints`` for pose, next to ``boxes``; instance segmentation
+    matting, ``texts`` for OCR, ``keypoints`` for pose, next to ``boxes``; ``points`` for point
+    detection; instance segmentation
     fills ``masks`` beside the boxes; ``obb`` for oriented boxes; LibreYOLO 1.6.0's names
     ``semantic_mask``, ``depth_map``, ``matte`` and ``ocr`` are the same fields). Such a field is an
     object of the task's result type (``libreyolo/tasks/<task>/``) with ``plot_on(image, names) -> image``,
@@ -329,6 +330,7 @@ class Results:
 
     #: the task fields besides ``boxes``, in drawing order (masks under labels)
     FIELDS = ("alpha", "masks", "depth", "probs", "texts", "keypoints", "obb")
+    FIELDS += ("points",)   # point detection (tasks/point): object centres
     #: image formats :meth:`save` can write a cut-out (RGBA) to
     RGBA_FORMATS = ("PNG", "WEBP", "TIFF")
 
@@ -347,6 +349,7 @@ class Results:
         texts: Any = None,
         keypoints: Any = None,
         obb: Any = None,
+        points: Any = None,
     ):
         self.orig_img: np.ndarray = _to_numpy_image(orig_img)
         self.orig_shape: tuple[int, int] = (int(self.orig_img.shape[0]), int(self.orig_img.shape[1]))
@@ -361,6 +364,7 @@ class Results:
         self.texts = texts
         self.keypoints = keypoints
         self.obb = obb
+        self.points = points
         self.saved_to: str | None = None   # set by predict(save=True)
         self.save_dir: str | None = None   # the folder predict(save=True) wrote into
         # video frames (set by predict): position in the source, seconds since its first frame,

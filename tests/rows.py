@@ -48,6 +48,7 @@ FIXTURES = [
     ("yolo4", "t", "yolo4-t"),
     ("pidnet", "s", "pidnet-s"),
     ("lingbotvision", "s", "lingbotvision-s"),
+    ("fomo", "s", "fomo-s"),
 ]
 
 # Fixtures of large networks (seconds to fill, build and run on one core): their rows in
@@ -205,6 +206,13 @@ DEPTH_GRAPH_MODELS = [
 # Not in DEPTH_GRAPH_MODELS: zipdepth, whose network takes multiples of 32 while these rows probe the
 # raw network at 518 (IMGSZ in tests/gpu/test_tasks_gpu.py); its GPU command is in docs/families.md.
 
+# (family, size) of point-detection models that must pass the GPU parity protocol (predict stage: the
+# stretch, the network and the peaks' max-pool and top-k inside the graph) and the training-step rows
+# (tests/gpu/test_tasks_gpu.py) before their SUPPORTS_CUDA_GRAPH* flags flip.
+POINT_GRAPH_MODELS = [
+    ("fomo", "s"),
+]
+
 # (family, size) of matting models that must pass the GPU parity protocol (with a predict seam: the
 # captured encoder, and the seam's claim that replayed encoder + eager decoder == all eager).
 MATTE_GRAPH_MODELS = [
@@ -248,10 +256,12 @@ GRAPH_PENDING["feynobg"] = ("BiRefNet's seam and code at a 24-block stage: no GP
 GRAPH_PENDING["depth_anything3"] = "no GPU run yet (the command: docs/families.md, Depth Anything 3)"
 GRAPH_PENDING["pidnet"] = "no GPU run yet (docs/families.md, PIDNet and LingBot-Vision)"
 GRAPH_PENDING["lingbotvision"] = "no GPU run yet (docs/families.md, PIDNet and LingBot-Vision)"
+GRAPH_PENDING["fomo"] = "no GPU run yet (docs/families.md, FOMO)"
 # Families whose training capture is built but not declared (SUPPORTS_CUDA_GRAPH_TRAIN False): the
 # GPU training rows of tests/gpu/test_tasks_gpu.py run for them too, marked xfail(strict=False) -
 # the report shows which rows pass (XPASS) and which do not. Family -> why it is not declared.
 TRAIN_PENDING: dict[str, str] = {}
+TRAIN_PENDING["fomo"] = "no GPU run yet; its step is fixed-shape (centroid grid targets) (docs/families.md, FOMO)"
 # Detection families whose half / fast path scripts/fast_contract.py has not measured on a GPU yet
 # (predict refuses precision="fp16"/"bf16" for them as unmeasured); a family leaves this table once
 # libreyolo/assets/fast_contract.json holds its figures. Family -> why.
@@ -284,6 +294,7 @@ ONNX_MODELS = [
     ("yolo4", "t"),
     ("pidnet", "s"),
     ("lingbotvision", "s"),
+    ("fomo", "s"),
 ]
 # Not in ONNX_MODELS: yolo9_p2. It exports (static and dynamic), but under the fill weights its
 # stride-4 level holds many anchors of exactly equal score, and eager and onnxruntime break those

@@ -623,6 +623,9 @@ class Model:
             color_jitter: semantic segmentation: brightness / contrast / saturation in [1 - s, 1 + s], hue +- s / 4;
                 depth: brightness / contrast / saturation jitter strength
             ignore_index: semantic segmentation: mask value that is not a class (default: the dataset's, else 255)
+            val_radius: point: a prediction within this many pixels of the network input from a labelled point
+                of its class matches it (12: 1.5 cells of FOMO's 8-pixel grid)
+            val_nms_radius: point: cells within which validation keeps one peak per class (predict's nms_radius)
             callbacks: hooks for this run, HookBase objects or {event: fn} dicts
 
         Returns:
@@ -808,6 +811,8 @@ class Model:
             labels: segment-prompt: one label per point, 1 foreground / 0 background, e.g. 1,0
             boxes: segment-prompt: boxes x1,y1,x2,y2;... in pixels
             multimask: segment-prompt: three candidate masks, as SAM gives, or one
+            nms_radius: point: a peak of the centroid map must be its class's largest within this many cells (0:
+                every cell above conf)
             on_results: called as on_results(result, item) for each Results before it is saved, shown or
                 returned
 

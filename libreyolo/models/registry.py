@@ -53,6 +53,7 @@ _TABLE: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "yolo1": (".yolo1.model:Yolo1", "LibreYOLO1", ("t", "b")),
     "pidnet": (".pidnet.model:Pidnet", "LibrePIDNet", ("s", "m", "l")),
     "lingbotvision": (".lingbotvision.model:LingBotVision", "LibreLingBotVision", ("s", "b", "l", "g")),
+    "fomo": (".fomo.model:Fomo", "LibreFOMO", ("s", "m", "l")),
 }
 
 
@@ -76,6 +77,7 @@ def get_family(name: str) -> type[Model]:
 #: a name's suffix naming a family's task variant ('ec-s-pose'), as the fixtures and the original
 #: works name them, and the task it stands for
 TASK_SUFFIXES = {"pose": "pose", "seg": "segment", "obb": "obb"}
+TASK_SUFFIXES["point"] = "point"   # LibreYOLO 1.6.0 names FOMO checkpoints LibreFOMOs-point.pt
 
 
 def parse_spec(text: str) -> tuple[type[Model], str] | None:

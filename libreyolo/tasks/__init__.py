@@ -25,6 +25,7 @@ _TASK_CLASSES = {
     "pose": ".pose:PoseTask",
     "segment": ".segment:SegmentTask",
     "obb": ".obb:ObbTask",
+    "point": ".point:PointTask",
 }
 
 #: name -> the task's one Task object, made at first use

@@ -23,6 +23,7 @@ from libreyolo.tasks import TASKS, get_task
 MODEL_OF = {"detect": "yolo9t", "classify": "resnet18", "semantic": "segformer-b0", "depth": "depth_anything-s",
             "segment-prompt": "mobilesam-tiny", "matte": "birefnet-t", "ocr": "ppocr-t", "pose": "ec-s-pose",
             "segment": "rtmdet-t-seg", "obb": "rtdetrv2-n-obb"}
+MODEL_OF["point"] = "fomo-s"
 
 #: (valid, invalid) of the options whose check is their own; invalid None: the option takes any text
 SAMPLES: dict[str, tuple[Any, Any]] = {
