@@ -401,6 +401,8 @@ class Results:
     def __len__(self) -> int:
         if self.boxes is None and self.obb is not None:   # oriented boxes stand in for boxes
             return len(self.obb)
+        if self.boxes is None and self.points is not None:   # as do points (the point task)
+            return len(self.points)
         return 0 if self.boxes is None else len(self.boxes)
 
     def __getitem__(self, index: Any) -> Any:

@@ -66,6 +66,9 @@ def test_sizes_are_librefomos():
     assert {s: c.imgsz for s, c in CONFIGS.items()} == {"s": 96, "m": 192, "l": 224}
     assert [make_divisible(v) for v in (11.2, 5.6, 8.4, 12.0, 32.0)] == [16, 8, 8, 16, 32]
     assert FomoNet("l", 1).head.in_channels == 192 and FomoNet("m", 4).head.out_channels == 5
+    with torch.no_grad():   # each size at its native input: a 1/8 grid
+        for s, side in (("m", 192), ("l", 224)):
+            assert FomoNet(s, 2).eval()(torch.rand(1, 3, side, side)).shape == (1, 3, side // 8, side // 8)
     with pytest.raises(ValueError, match="unknown FOMO size 'x'"):
         FomoNet("x")
 
@@ -170,7 +173,7 @@ def test_points_result_plot_save_json(model, tmp_path):
     assert np.allclose(r.points.xyn.numpy(), [[0.125, 1 / 3], [0.75, 0.5]])
     path = r.save(tmp_path / "p.png")
     assert Image.open(path).size == (80, 60)
-    assert len(r.points[0]) == 1 and isinstance(r.numpy().points.data, np.ndarray) and len(r.cpu().points) == 2
+    assert len(r) == 2 and len(r.points[0]) == 1 and isinstance(r.numpy().points.data, np.ndarray) and len(r.cpu().points) == 2
     with pytest.raises(ValueError, match=r"\(n, 4\)"):
         Points(torch.zeros(2, 3), (1, 1))
     live = model(SAMPLE_IMAGE, conf=0.5)
