@@ -316,7 +316,7 @@ def test_onnx_export_matches_eager(model, tmp_path):
 # ------------------------------------------------------------------------------------------ training
 
 def test_one_short_epoch_writes_a_point_run(dataset, tmp_path):
-    """The mechanics, fast: one epoch of two batches; the run's checkpoint, results.csv columns."""
+    """The run's files: one epoch of two batches; the checkpoint, results.csv's columns."""
     root = make_shapes_point_dataset(tmp_path / "tiny", n_train=16, n_val=8, seed=1)
     m = LibreYOLO.new("fomo", "s", nc=2, device="cpu", seed=0)
     out = m.train(data=str(root), epochs=1, batch=8, workers=0, project=str(tmp_path / "runs"), name="t",
@@ -328,7 +328,6 @@ def test_one_short_epoch_writes_a_point_run(dataset, tmp_path):
     assert "f1" in json.dumps(out, default=str)
 
 
-@pytest.mark.slow   # about 10 s on one core
 def test_two_epochs_on_shapes_point_raise_f1(dataset, tmp_path):
     torch.manual_seed(0)
     data = str(dataset)
