@@ -26,6 +26,7 @@ _FAMILY_NAMES = ("LibreYOLO9", "LibreYOLOX", "LibreYOLO7", "LibreRTMDet", "Libre
                  "LibreYOLO9E2E", "LibreYOLO1", "LibreYOLO2", "LibreYOLO3", "LibreYOLO4", "LibrePPYOLOE",
                  "LibreYOLONAS", "LibreDepthAnything3", "LibreZipDepth", "LibreFeyNobg", "LibrePIDNet",
                  "LibreLingBotVision")
+_FAMILY_NAMES += ("LibreFOMO",)
 _FAMILY_NAMES += ("LibreCLIP", "LibreSigLIP2")
 _FAMILY_NAMES += ("LibreEoMT",)
 _FAMILY_NAMES += ("LibreNAFNet", "LibreRealESRGAN", "LibreSwinIR")
@@ -33,6 +34,7 @@ _FAMILY_NAMES += ("LibreSAM2", "LibreEdgeTAM")
 _RESULT_NAMES = ("Results", "Boxes", "Probs", "SemanticMask", "DepthMap", "Matte", "OCRRegions", "Masks",
                  "Keypoints")
 _RESULT_NAMES += ("PanopticSegmentation",)
+_RESULT_NAMES += ("Points",)
 
 __all__ = ["LibreYOLO", "SAMPLE_IMAGE", "list_models", "__version__",
            "LibreYOLO9", "LibreYOLOX", "LibreYOLO7", "LibreRTMDet", "LibrePICODET", "LibreRTDETR", "LibreRTDETRv2",
@@ -46,6 +48,7 @@ __all__ = ["LibreYOLO", "SAMPLE_IMAGE", "list_models", "__version__",
            "Results", "Boxes", "Probs", "SemanticMask", "DepthMap", "Matte", "OCRRegions", "Masks", "Keypoints"]
 __all__ += ["LibreEoMT", "PanopticSegmentation"]
 __all__ += ["LibreSAM2", "LibreEdgeTAM"]
+__all__ += ["LibreFOMO", "Points"]
 
 
 def __getattr__(name: str):

@@ -121,4 +121,5 @@ RESULT_TYPES: dict[str, tuple[str, str]] = {
     "Masks": (".tasks.segment_prompt.results", "PromptMasks"),
     "Keypoints": (".tasks.pose.results", "Keypoints"),
     "PanopticSegmentation": (".tasks.panoptic.results", "PanopticSegmentation"),
+    "Points": (".tasks.point.results", "Points"),
 }

@@ -319,7 +319,8 @@ class Results:
 
     Tasks other than detection fill their own field instead of ``boxes`` (``probs`` for
     classification, ``masks`` for semantic segmentation, ``depth`` for depth estimation, ``alpha`` for
-    matting, ``texts`` for OCR, ``keypoints`` for pose, next to ``boxes``; instance segmentation
+    matting, ``texts`` for OCR, ``keypoints`` for pose, next to ``boxes``; ``points`` for point
+    detection; instance segmentation
     fills ``masks`` beside the boxes; ``obb`` for oriented boxes; LibreYOLO 1.6.0's names
     ``semantic_mask``, ``depth_map``, ``matte`` and ``ocr`` are the same fields). Such a field is an
     object of the task's result type (``libreyolo/tasks/<task>/``) with ``plot_on(image, names) -> image``,
@@ -332,6 +333,7 @@ class Results:
     FIELDS += ("embedding",)   # embed: the image embedding (tasks/embed)
     FIELDS += ("panoptic",)   # the panoptic task's segment map (tasks/panoptic)
     FIELDS += ("image",)   # restore: the restored picture (tasks/restore/results.py)
+    FIELDS += ("points",)   # point detection (tasks/point): object centres
     #: image formats :meth:`save` can write a cut-out (RGBA) to
     RGBA_FORMATS = ("PNG", "WEBP", "TIFF")
 
@@ -353,6 +355,7 @@ class Results:
         embedding: Any = None,
         panoptic: Any = None,
         image: Any = None,
+        points: Any = None,
     ):
         self.orig_img: np.ndarray = _to_numpy_image(orig_img)
         self.orig_shape: tuple[int, int] = (int(self.orig_img.shape[0]), int(self.orig_img.shape[1]))
@@ -370,6 +373,7 @@ class Results:
         self.embedding = embedding
         self.panoptic = panoptic
         self.image = image
+        self.points = points
         self.saved_to: str | None = None   # set by predict(save=True)
         self.save_dir: str | None = None   # the folder predict(save=True) wrote into
         # video frames (set by predict): position in the source, seconds since its first frame,
@@ -408,6 +412,8 @@ class Results:
     def __len__(self) -> int:
         if self.boxes is None and self.obb is not None:   # oriented boxes stand in for boxes
             return len(self.obb)
+        if self.boxes is None and self.points is not None:   # as do points (the point task)
+            return len(self.points)
         return 0 if self.boxes is None else len(self.boxes)
 
     def __getitem__(self, index: Any) -> Any:

@@ -13,6 +13,7 @@ from libreyolo.ops.letterbox import inverse_params
 
 #: classes of the classification / segmentation models built here (detection keeps COCO's 80)
 SMALL_NC = {"classify": 10, "semantic": 8}
+SMALL_NC["point"] = 3
 #: the tolerances of the parity claim (fp32): box corners in the network's canvas pixels, scores
 BOX_TOL_PX = 1e-3
 SCORE_TOL = 1e-4
@@ -104,6 +105,14 @@ def compare(model, onnx_model, images, imgsz: int, **opts) -> list[dict]:
                                  model.preprocess.resize)
             assert r["n"] > 0 and r["tie_swaps"] <= max(1, r["n"] // 10), r
             assert r["box_canvas"] <= BOX_TOL_PX and r["score"] <= SCORE_TOL, r
+        elif model.TASK == "point":   # the same peaks: cell centres, classes and scores
+            low = model.predict(img, imgsz=imgsz, conf=0.0, **opts)
+            conf = pick_conf(low.points.conf.numpy())
+            e, o = (m.predict(img, imgsz=imgsz, conf=conf, **opts).points.data.numpy() for m in (model, onnx_model))
+            assert len(e) == len(o), (len(e), len(o))
+            e, o = (a[np.lexsort((a[:, 0], a[:, 1]))] for a in (e, o))   # equal scores: either order
+            r = {"n": len(e), "xy": float(np.abs(e[:, :2] - o[:, :2]).max()), "score": float(np.abs(e[:, 2] - o[:, 2]).max())}
+            assert (e[:, 3] == o[:, 3]).all() and r["xy"] <= BOX_TOL_PX and r["score"] <= SCORE_TOL, r
         elif model.TASK == "classify":
             e, o = model.predict(img, imgsz=imgsz).probs, onnx_model.predict(img, imgsz=imgsz).probs
             r = {"n": len(e.top5), "score": float((e.data - o.data).abs().max()), "top5": e.top5}

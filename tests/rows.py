@@ -58,6 +58,7 @@ FIXTURES = [
     ("swinir", "s", "swinir-s"),
     ("sam2", "tiny", "sam2-tiny"),
     ("edgetam", "edge", "edgetam-edge"),
+    ("fomo", "s", "fomo-s"),
 ]
 
 # Fixtures of large networks (seconds to fill, build and run on one core): their rows in
@@ -230,6 +231,13 @@ DEPTH_GRAPH_MODELS = [
 # Not in DEPTH_GRAPH_MODELS: zipdepth, whose network takes multiples of 32 while these rows probe the
 # raw network at 518 (IMGSZ in tests/gpu/test_tasks_gpu.py); its GPU command is in docs/families.md.
 
+# (family, size) of point-detection models that must pass the GPU parity protocol (predict stage: the
+# stretch, the network and the peaks' max-pool and top-k inside the graph) and the training-step rows
+# (tests/gpu/test_tasks_gpu.py) before their SUPPORTS_CUDA_GRAPH* flags flip.
+POINT_GRAPH_MODELS = [
+    ("fomo", "s"),
+]
+
 # (family, size) of matting models that must pass the GPU parity protocol (with a predict seam: the
 # captured encoder, and the seam's claim that replayed encoder + eager decoder == all eager).
 MATTE_GRAPH_MODELS = [
@@ -291,10 +299,12 @@ GRAPH_PENDING["realesrgan"] = "no GPU run yet (docs/families.md, Restoration: NA
 GRAPH_PENDING["swinir"] = "no GPU run yet (docs/families.md, Restoration: NAFNet, Real-ESRGAN, SwinIR)"
 GRAPH_PENDING["sam2"] = "no GPU run yet (docs/families.md, SAM 2 and EdgeTAM: the command)"
 GRAPH_PENDING["edgetam"] = "no GPU run yet (docs/families.md, SAM 2 and EdgeTAM: the command)"
+GRAPH_PENDING["fomo"] = "no GPU run yet (docs/families.md, FOMO)"
 # Families whose training capture is built but not declared (SUPPORTS_CUDA_GRAPH_TRAIN False): the
 # GPU training rows of tests/gpu/test_tasks_gpu.py run for them too, marked xfail(strict=False) -
 # the report shows which rows pass (XPASS) and which do not. Family -> why it is not declared.
 TRAIN_PENDING: dict[str, str] = {}
+TRAIN_PENDING["fomo"] = "no GPU run yet; its step is fixed-shape (centroid grid targets) (docs/families.md, FOMO)"
 # Detection families whose half / fast path scripts/fast_contract.py has not measured on a GPU yet
 # (predict refuses precision="fp16"/"bf16" for them as unmeasured); a family leaves this table once
 # libreyolo/assets/fast_contract.json holds its figures. Family -> why.
@@ -327,6 +337,7 @@ ONNX_MODELS = [
     ("yolo4", "t"),
     ("pidnet", "s"),
     ("lingbotvision", "s"),
+    ("fomo", "s"),
 ]
 # Not in ONNX_MODELS: yolo9_p2. It exports (static and dynamic), but under the fill weights its
 # stride-4 level holds many anchors of exactly equal score, and eager and onnxruntime break those

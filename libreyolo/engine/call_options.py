@@ -166,18 +166,18 @@ class PredictOptions:
     threads: Any = option(None, "torch's intra-op threads on the CPU (default: from the cores this process can "
                                 "get: affinity, cgroup quota, load; also LIBREYOLO_THREADS)", Int(1, none=True))
     # ---- the tasks' own options
-    conf: float = option(0.25, "detection, pose, segment, obb: confidence threshold", Fraction(),
-                         tasks=("detect", "pose", "segment", "obb"))
+    conf: float = option(0.25, "detection, pose, segment, obb, point: confidence threshold", Fraction(),
+                         tasks=("detect", "pose", "segment", "obb", "point"))
     iou: float = option(0.45, "detection, pose, segment, obb: NMS IoU threshold (pose: the dense families, e.g. "
                               "YOLO-NAS-Pose)", Fraction(), tasks=("detect", "pose", "segment", "obb"))
-    max_det: int = option(300, "detection, pose, segment, obb: detections kept per image (an ONNX model: its "
-                               "exported max_det)", Custom(_max_det, f"integer in [1, {MAX_DET}]"),
-                          tasks=("detect", "pose", "segment", "obb"))
+    max_det: int = option(300, "detection, pose, segment, obb, point: detections kept per image (an ONNX model: "
+                               "its exported max_det)", Custom(_max_det, f"integer in [1, {MAX_DET}]"),
+                          tasks=("detect", "pose", "segment", "obb", "point"))
     max_nms: int = option(1000, "detection, segment: candidates per image entering NMS (default 1000, or max_det "
                                 "when larger)", Int(1), tasks=("detect", "segment"))
-    classes: Any = option(None, "detection, pose, segment, obb: only these classes, ids or names, e.g. 0,2 or "
-                                "person,car", Custom(check_classes_text, "class ids or names", none=True),
-                          tasks=("detect", "pose", "segment", "obb"))
+    classes: Any = option(None, "detection, pose, segment, obb, point: only these classes, ids or names, e.g. 0,2 "
+                                "or person,car", Custom(check_classes_text, "class ids or names", none=True),
+                          tasks=("detect", "pose", "segment", "obb", "point"))
     agnostic_nms: bool = option(False, "detection, segment, obb: NMS across classes", Bool(),
                                 tasks=("detect", "segment", "obb"))
     topk: int = option(5, "classification: classes returned per image", Int(1), tasks=("classify",))
@@ -209,6 +209,8 @@ class PredictOptions:
                                tasks=("restore",))
     tile_batch: int = option(4, "restore: tiles per forward (the last batch filled up: one shape)", Int(1),
                              tasks=("restore",))
+    nms_radius: int = option(1, "point: a peak of the centroid map must be its class's largest within this many "
+                                "cells (0: every cell above conf)", Int(0), tasks=("point",))
 
     @classmethod
     def task_names(cls) -> set[str]:

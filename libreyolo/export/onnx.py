@@ -41,6 +41,10 @@ What it returns, per task
       (B, K), keypoints (B, K, N, 2), visibility (B, K, N) where the family predicts it), float32;
       the loader runs the pose task's own filter, NMS (the dense families only: the ``nms``
       metadata) and mapping back on the host.
+    * point: the family's ``infer`` output ``out0``, the centroid-map logits (B, 1 + nc, S/8,
+      S/8); the loader runs the point task's own peak stage (softmax, per-class max-pool peaks,
+      top ``max_det``), threshold and mapping back on the host, so ``conf``, ``max_det`` and
+      ``nms_radius`` stay predict-time options.
     * semantic: ``class_map`` (B, S, S), the argmax, in the dtype eager predict uses (uint8 up to
       256 classes).
 
@@ -383,6 +387,7 @@ class RawGraph(nn.Module):
 #: the tasks exported as :class:`RawGraph` (the network's outputs; the rest of the stage on the host)
 RAW_TASKS = ("pose",)
 RAW_TASKS += ("panoptic",)   # EoMT's query logits: the merge runs on the host, as after eager predict's stage
+RAW_TASKS += ("point",)   # FOMO's centroid-map logits; the host runs the point task's peak stage
 
 
 class SemanticGraph(nn.Module):
@@ -603,7 +608,7 @@ def _agree(task: str, ref: list, got: list, np) -> bool:
         return bool(np.abs(ref[0] - got[0]).max() <= 1e-3 and (ref[2][:, 0] == got[2][:, 0]).all())
     if task == "semantic":
         return bool((ref[0] == got[0]).mean() >= 0.99)
-    if task == "restore":   # the restored pictures, in [0, 1]
+    if task in ("restore", "point"):   # restore: the pictures in [0, 1]; point: the centroid-map logits (out0)
         return bool(np.abs(ref[0] - got[0]).max() <= 1e-3)
     if task in RAW_TASKS:   # the family's candidates sorted by score (out1): the same scores
         return bool(np.abs(np.sort(ref[1], 1) - np.sort(got[1], 1)).max() <= 1e-3)

@@ -627,6 +627,9 @@ class Model:
             ignore_index: semantic segmentation: mask value that is not a class (default: the dataset's, else 255)
             flipud: restore: probability of an up-down flip of a training patch pair (fliplr: of a left-right one)
             rot90: restore: probability of a 90-degree turn of a training patch pair
+            val_radius: point: a prediction within this many pixels of the network input from a labelled point
+                of its class matches it (12: 1.5 cells of FOMO's 8-pixel grid)
+            val_nms_radius: point: cells within which validation keeps one peak per class (predict's nms_radius)
             callbacks: hooks for this run, HookBase objects or {event: fn} dicts
 
         Returns:
@@ -820,6 +823,8 @@ class Model:
             tile_overlap: restore: pixels the tiles (imgsz a side) overlap their neighbours by, blended across
                 (default: 16, at most a quarter of imgsz)
             tile_batch: restore: tiles per forward (the last batch filled up: one shape)
+            nms_radius: point: a peak of the centroid map must be its class's largest within this many cells (0:
+                every cell above conf)
             on_results: called as on_results(result, item) for each Results before it is saved, shown or
                 returned
 

@@ -61,6 +61,7 @@ _TABLE: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "swinir": (".swinir.model:SwinIR", "LibreSwinIR", ("s", "m", "l")),
     "sam2": (".sam2.model:Sam2", "LibreSAM2", ("tiny", "small", "base-plus", "large")),
     "edgetam": (".edgetam.model:EdgeTAM", "LibreEdgeTAM", ("edge",)),
+    "fomo": (".fomo.model:Fomo", "LibreFOMO", ("s", "m", "l")),
 }
 
 
@@ -87,6 +88,7 @@ TASK_SUFFIXES = {"pose": "pose", "seg": "segment", "obb": "obb"}
 TASK_SUFFIXES.update(cls="classify", embed="embed")   # LibreCLIPb32-cls.pt, clip-b32-embed
 TASK_SUFFIXES["panoptic"] = "panoptic"   # EoMT's panoptic checkpoints: LibreEoMTs-panoptic.pt
 TASK_SUFFIXES["restore"] = "restore"   # LibreYOLO 1.6.0's restore checkpoints: LibreNAFNets-restore.pt
+TASK_SUFFIXES["point"] = "point"   # LibreYOLO 1.6.0 names FOMO checkpoints LibreFOMOs-point.pt
 
 
 def parse_spec(text: str) -> tuple[type[Model], str] | None:

@@ -28,6 +28,7 @@ _TASK_CLASSES = {
     "embed": ".embed:EmbedTask",
     "panoptic": ".panoptic:PanopticTask",
     "restore": ".restore:RestoreTask",
+    "point": ".point:PointTask",
 }
 
 #: name -> the task's one Task object, made at first use

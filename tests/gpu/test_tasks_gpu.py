@@ -3,8 +3,8 @@ segmentation, depth, matting, OCR, and the task variants of detection families: 
 segmentation, pose, oriented boxes), on a GPU.
 
 Parametrized over rows.CLASSIFY_GRAPH_MODELS, SEMANTIC_GRAPH_MODELS, SEGMENT_PROMPT_GRAPH_MODELS,
-DEPTH_GRAPH_MODELS, MATTE_GRAPH_MODELS, OCR_GRAPH_MODELS and VARIANT_GRAPH_MODELS ((family, size,
-task) rows; their training rows: VARIANT_TRAIN_GRAPH_MODELS): the parity protocol
+DEPTH_GRAPH_MODELS, MATTE_GRAPH_MODELS, OCR_GRAPH_MODELS, POINT_GRAPH_MODELS and VARIANT_GRAPH_MODELS
+((family, size, task) rows; their training rows: VARIANT_TRAIN_GRAPH_MODELS): the parity protocol
 on the predict stages, predict with graphs equal to eager, and training capture (step-0 loss and
 BatchNorm buffers bitwise, the whole step with the update, a 20-step curve within eager's noise,
 the trainer replaying the captured step). A family may declare SUPPORTS_CUDA_GRAPH* only after
@@ -30,6 +30,7 @@ GROUPS = [getattr(rows, name, []) for name in ("CLASSIFY_GRAPH_MODELS", "SEMANTI
                                                "MATTE_GRAPH_MODELS", "OCR_GRAPH_MODELS",
                                                "VARIANT_GRAPH_MODELS")]
 GROUPS.append(getattr(rows, "RESTORE_GRAPH_MODELS", []))   # restore: the tile stage, blended pictures
+GROUPS.append(getattr(rows, "POINT_GRAPH_MODELS", []))   # point detection (FOMO)
 MODELS = [spec for group in GROUPS for spec in group]
 
 
@@ -57,6 +58,7 @@ FIELD = {"classify": "probs", "semantic": "masks", "segment-prompt": "masks", "d
 DATA_OF: dict = {}   # task -> its built-in training data, once resolved (task_batches)
 OPTS = {"segment-prompt": {"points": "center"}}   # predict options a task needs (a prompt)
 IMGSZ["restore"], FIELD["restore"] = 64, "image"   # restore: 64 px tiles, Results.image
+DATA["point"], IMGSZ["point"], FIELD["point"] = "shapes-point", 96, "points"
 
 
 def ids(spec):

@@ -25,6 +25,7 @@ MODEL_OF = {"detect": "yolo9t", "classify": "resnet18", "semantic": "segformer-b
             "segment": "rtmdet-t-seg", "obb": "rtdetrv2-n-obb"}
 MODEL_OF["panoptic"] = "eomt-s-panoptic"
 MODEL_OF["restore"] = "nafnet-s"
+MODEL_OF["point"] = "fomo-s"
 
 #: (valid, invalid) of the options whose check is their own; invalid None: the option takes any text
 SAMPLES: dict[str, tuple[Any, Any]] = {
