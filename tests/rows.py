@@ -48,6 +48,9 @@ FIXTURES = [
     ("yolo4", "t", "yolo4-t"),
     ("pidnet", "s", "pidnet-s"),
     ("lingbotvision", "s", "lingbotvision-s"),
+    # SAM ViT-B runs at its fixed 1024 frame: about a minute per forward on one core (slow rows)
+    ("sam", "base", "sam-base"),
+    ("picosam3", "pico", "picosam3-pico"),
 ]
 
 # Fixtures of large networks (seconds to fill, build and run on one core): their rows in
@@ -55,6 +58,8 @@ FIXTURES = [
 SLOW_FIXTURES = {
     "feynobg-l": "262.8 M parameters (BiRefNet with a 24-block Swin-L stage): 16-35 s per row on one core",
     "depth_anything3-l": "334.2 M parameters (ViT-L/14 + DPT): about 40 s per row on one core",
+    "sam-base": "SAM ViT-B at its fixed 1024x1024 frame: about 60 s per forward on one core (fast twin: "
+                "tests/unit/test_sam.py on a small config)",
 }
 
 # The sub-network a fixture's forward ran (its json's "forward"), where it is not the whole network.
@@ -193,6 +198,8 @@ SEMANTIC_GRAPH_MODELS = [
 # image stage, prompt stage with the mask post-processing) before SUPPORTS_CUDA_GRAPH flips.
 SEGMENT_PROMPT_GRAPH_MODELS = [
     ("mobilesam", "tiny"),
+    ("sam", "base"),
+    ("picosam3", "pico"),
 ]
 
 # (family, size) of depth models that must pass the GPU parity protocol (predict stage: stretch to
@@ -248,6 +255,9 @@ GRAPH_PENDING["feynobg"] = ("BiRefNet's seam and code at a 24-block stage: no GP
 GRAPH_PENDING["depth_anything3"] = "no GPU run yet (the command: docs/families.md, Depth Anything 3)"
 GRAPH_PENDING["pidnet"] = "no GPU run yet (docs/families.md, PIDNet and LingBot-Vision)"
 GRAPH_PENDING["lingbotvision"] = "no GPU run yet (docs/families.md, PIDNet and LingBot-Vision)"
+GRAPH_PENDING["sam"] = ("transformers' SAM modules: no GPU run yet (the command: docs/families.md, "
+                        "\"Promptable segmentation (SAM, PicoSAM3)\")")
+GRAPH_PENDING["picosam3"] = "no GPU run yet (docs/families.md, \"Promptable segmentation (SAM, PicoSAM3)\")"
 # Families whose training capture is built but not declared (SUPPORTS_CUDA_GRAPH_TRAIN False): the
 # GPU training rows of tests/gpu/test_tasks_gpu.py run for them too, marked xfail(strict=False) -
 # the report shows which rows pass (XPASS) and which do not. Family -> why it is not declared.

@@ -195,6 +195,19 @@ class PredictOptions:
                         tasks=("segment-prompt",))
     multimask: bool = option(True, "segment-prompt: three candidate masks, as SAM gives, or one", Bool(),
                              tasks=("segment-prompt",))
+    prompts: Any = option(None, "segment-prompt: 'grid' for automatic mask generation (every object; also "
+                                "what a Python call without a prompt does)", Choice("grid", none=True),
+                          tasks=("segment-prompt",))
+    points_per_side: int = option(32, "segment-prompt, prompts=grid: grid points per side", Int(1),
+                                  tasks=("segment-prompt",))
+    points_per_batch: int = option(64, "segment-prompt, prompts=grid: grid points decoded together", Int(1),
+                                   tasks=("segment-prompt",))
+    pred_iou_thresh: float = option(0.88, "segment-prompt, prompts=grid: predicted IoU a mask needs", Fraction(),
+                                    tasks=("segment-prompt",))
+    stability_score_thresh: float = option(0.95, "segment-prompt, prompts=grid: stability score a mask needs",
+                                           Fraction(), tasks=("segment-prompt",))
+    box_nms_thresh: float = option(0.7, "segment-prompt, prompts=grid: NMS IoU threshold between masks' boxes",
+                                   Fraction(), tasks=("segment-prompt",))
 
     @classmethod
     def task_names(cls) -> set[str]:

@@ -808,6 +808,13 @@ class Model:
             labels: segment-prompt: one label per point, 1 foreground / 0 background, e.g. 1,0
             boxes: segment-prompt: boxes x1,y1,x2,y2;... in pixels
             multimask: segment-prompt: three candidate masks, as SAM gives, or one
+            prompts: segment-prompt: 'grid' for automatic mask generation (every object; also what a call
+                without a prompt does)
+            points_per_side: segment-prompt, prompts=grid: grid points per side
+            points_per_batch: segment-prompt, prompts=grid: grid points decoded together
+            pred_iou_thresh: segment-prompt, prompts=grid: predicted IoU a mask needs
+            stability_score_thresh: segment-prompt, prompts=grid: stability score a mask needs
+            box_nms_thresh: segment-prompt, prompts=grid: NMS IoU threshold between masks' boxes
             on_results: called as on_results(result, item) for each Results before it is saved, shown or
                 returned
 
