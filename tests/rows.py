@@ -48,7 +48,7 @@ FIXTURES = [
     ("yolo4", "t", "yolo4-t"),
     ("pidnet", "s", "pidnet-s"),
     ("lingbotvision", "s", "lingbotvision-s"),
-    # SAM ViT-B runs at its fixed 1024 frame: about a minute per forward on one core (slow rows)
+    # SAM ViT-B runs at its fixed 1024 frame: a minute or two per row on one core (slow rows)
     ("sam", "base", "sam-base"),
     ("picosam3", "pico", "picosam3-pico"),
 ]
@@ -58,7 +58,7 @@ FIXTURES = [
 SLOW_FIXTURES = {
     "feynobg-l": "262.8 M parameters (BiRefNet with a 24-block Swin-L stage): 16-35 s per row on one core",
     "depth_anything3-l": "334.2 M parameters (ViT-L/14 + DPT): about 40 s per row on one core",
-    "sam-base": "SAM ViT-B at its fixed 1024x1024 frame: about 60 s per forward on one core (fast twin: "
+    "sam-base": "SAM ViT-B at its fixed 1024x1024 frame: 15-115 s per row on one core (fast twin: "
                 "tests/unit/test_sam.py on a small config)",
 }
 

@@ -108,6 +108,9 @@ class SAM(PromptModel):
             raise ValueError(f"unknown SAM size {size!r}; sizes: {', '.join(cls.SIZES)}")
         return SamNet(sam_config(size))
 
+    def __init__(self, net: nn.Module, *, imgsz: int | None = None, **kw):
+        super().__init__(net, imgsz=net.img_size if imgsz is None else imgsz, **kw)
+
     @property
     def imgsz(self) -> int:
         """The frame (fixed by the network: its ViT's position embedding)."""

@@ -120,15 +120,20 @@ def grid_stage(model, size: int, resized: tuple[int, int], hw: tuple[int, int], 
     return stage
 
 
+def check_family(model) -> None:
+    """A family prompted by boxes only (PicoSAM3) has no point grid: one error naming it."""
+    if not getattr(model, "GRID_PROMPTS", True):
+        raise ValueError(f"{model.FAMILY} takes box prompts only: automatic mask generation (prompts='grid', or "
+                         "no prompt) needs a point-promptable family (sam, mobilesam)")
+
+
 def generate(predictor, state, opts: AMGOptions, mode, speed: dict):
     """The automatic masks of ``state``'s image (an :class:`~.predictor.ImageState`) -> Results."""
     from torchvision.ops import batched_nms
 
     from ...results import Results
     model = predictor.model
-    if not getattr(model, "GRID_PROMPTS", True):
-        raise ValueError(f"{model.FAMILY} takes box prompts only: automatic mask generation (prompts='grid', or "
-                         "no prompt) needs a point-promptable family (sam, mobilesam)")
+    check_family(model)
     t0 = time.perf_counter()
     h, w = state.hw
     rh, rw = state.resized

@@ -201,12 +201,14 @@ class PromptPredictor:
         :class:`~.amg.AutoMasks` (every mask found, with areas and scores).
         """
         m = self.model
-        from .amg import GRID, AMGOptions, generate
+        from .amg import GRID, AMGOptions, check_family, generate
         if prompts is not None and prompts != GRID:
             raise ValueError(f"prompts must be {GRID!r} (automatic mask generation) or left out, got {prompts!r}")
         grid = prompts == GRID or (points is None and labels is None and boxes is None)
         if grid and (points is not None or labels is not None or boxes is not None):
             raise ValueError(f"prompts={GRID!r} makes its own point grid: leave points, labels and boxes out")
+        if grid:
+            check_family(m)
         amg = AMGOptions.parse(points_per_side, points_per_batch, pred_iou_thresh, stability_score_thresh,
                                box_nms_thresh) if grid else None
         prompt = None if grid else parse_prompt(points, labels, boxes)
