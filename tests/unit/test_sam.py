@@ -172,3 +172,20 @@ def test_family_is_named_and_sniffed():
         sd = SAM.build_network("large").state_dict()
     assert SAM.owns_state_dict(sd) and SAM.sniff_size(sd, 1) == "large"
     assert LibreYOLO.__module__   # the factory is importable without building anything
+
+
+def test_a_transformers_state_dict_with_the_tie_stored_once_loads(tmp_path, monkeypatch):
+    """transformers' save_pretrained writes SamModel's tied Fourier matrix once (under
+    shared_image_embedding): such a state dict loads, the prompt encoder's entry filled from it."""
+    from safetensors.torch import save_file
+    net = small_net(seed=3)
+    monkeypatch.setattr(SAM, "build_network", classmethod(lambda cls, size, nc=1: small_net()))
+    sd = {k: v for k, v in net.state_dict().items() if k not in SAM.TIED}
+    save_file({k: v.contiguous() for k, v in sd.items()}, tmp_path / "model.safetensors",
+              metadata={"format": "pt"})
+    m = SAM.from_checkpoint({"model": sd, "size": "base", "imgsz": SIZE}, device="cpu")
+    assert torch.equal(m.model.prompt_encoder.shared_embedding.positional_embedding,
+                       net.shared_image_embedding.positional_embedding)
+    m2 = LibreYOLO(str(tmp_path / "model.safetensors"), device="cpu", size="base")
+    assert m2.FAMILY == "sam" and all(torch.equal(a, b) for a, b in zip(m2.model.state_dict().values(),
+                                                                        net.state_dict().values()))

@@ -100,6 +100,19 @@ class SAM(PromptModel):
     SIGNATURE_KEYS = ("shared_image_embedding.positional_embedding", "vision_encoder.pos_embed",
                       "vision_encoder.layers.0.attn.rel_pos_h", "mask_decoder.upscale_conv1.weight")
 
+    #: entries that hold one tensor under two names (SamModel's tie): a transformers snapshot
+    #: (``model.safetensors``) stores such a tensor once, under the second name
+    TIED = {"prompt_encoder.shared_embedding.positional_embedding": "shared_image_embedding.positional_embedding"}
+
+    @classmethod
+    def from_checkpoint(cls, ckpt: dict, **kw: Any) -> Model:
+        """A checkpoint, or a transformers SAM state dict whose tied entry is stored once."""
+        sd = ckpt["model"]
+        tied = {k: sd[v] for k, v in cls.TIED.items() if k not in sd and v in sd}
+        if tied:
+            ckpt = {**ckpt, "model": {**sd, **tied}}
+        return super().from_checkpoint(ckpt, **kw)
+
     @classmethod
     def build_network(cls, size: str, nc: int = 1) -> nn.Module:
         """The network (transformers' modules at the original release's size); ``nc`` is ignored."""
