@@ -134,6 +134,9 @@ def test_generator_keeps_one_mask_per_object(image):
     # with no stability threshold the empty masks still never pass: their score is 0 / 0
     loose = m(prompts="grid", points_per_side=16, stability_score_thresh=0.0).masks
     assert len(loose) == 2, "empty masks have a NaN stability score and never pass"
+    none = m(prompts="grid", points_per_side=2, pred_iou_thresh=1.0)      # nothing passes: an empty result
+    assert none.masks.data.shape == (0, 90, 160) and json.loads(none.to_json()) == []
+    assert none.plot().shape == image.shape and none.masks.numpy().xyxy.shape == (0, 4)
 
 
 def test_grid_stage_runs_eager_until_proven_on_a_gpu(image):

@@ -236,7 +236,7 @@ class AutoMasks(PromptMasks):
             raise ValueError(f"image of shape {tuple(image.shape)} does not match the masks {self.orig_shape}")
         data = self._data.detach().cpu().numpy() if isinstance(self._data, torch.Tensor) else np.asarray(self._data)
         out = image.copy()
-        order = [int(index)] if index is not None else list(np.argsort(-data.reshape(len(data), -1).sum(1)))
+        order = [int(index)] if index is not None else list(np.argsort(-data.sum((1, 2))))
         for i in order:
             m = data[i].astype(bool)
             color = np.array(PALETTE[i % len(PALETTE)], dtype=np.float32)
