@@ -31,6 +31,7 @@ _FAMILY_NAMES += ("LibreCLIP", "LibreSigLIP2")
 _FAMILY_NAMES += ("LibreEoMT",)
 _FAMILY_NAMES += ("LibreNAFNet", "LibreRealESRGAN", "LibreSwinIR")
 _FAMILY_NAMES += ("LibreSAM2", "LibreEdgeTAM")
+_FAMILY_NAMES += ("LibreSAM1", "LibrePicoSAM3")
 _RESULT_NAMES = ("Results", "Boxes", "Probs", "SemanticMask", "DepthMap", "Matte", "OCRRegions", "Masks",
                  "Keypoints")
 _RESULT_NAMES += ("PanopticSegmentation",)
@@ -49,6 +50,7 @@ __all__ = ["LibreYOLO", "SAMPLE_IMAGE", "list_models", "__version__",
 __all__ += ["LibreEoMT", "PanopticSegmentation"]
 __all__ += ["LibreSAM2", "LibreEdgeTAM"]
 __all__ += ["LibreFOMO", "Points"]
+__all__ += ["LibreSAM1", "LibrePicoSAM3"]
 
 
 def __getattr__(name: str):

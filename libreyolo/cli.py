@@ -312,7 +312,8 @@ def cmd_predict(opts: Parsed, track: bool = False) -> int:
     if getattr(model, "TASK", None) == "segment-prompt":   # the prompt (one per image)
         from .tasks.segment_prompt.prompts import parse_cli
         try:
-            prompt = parse_cli(kw.pop("points", None), kw.pop("labels", None), kw.pop("boxes", None))
+            prompt = parse_cli(kw.pop("points", None), kw.pop("labels", None), kw.pop("boxes", None),
+                               grid=kw.get("prompts") is not None)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
         kw.update(prompt)

@@ -59,6 +59,9 @@ FIXTURES = [
     ("sam2", "tiny", "sam2-tiny"),
     ("edgetam", "edge", "edgetam-edge"),
     ("fomo", "s", "fomo-s"),
+    # SAM ViT-B runs at its fixed 1024 frame: a minute or two per row on one core (slow rows)
+    ("sam", "base", "sam-base"),
+    ("picosam3", "pico", "picosam3-pico"),
 ]
 
 # Fixtures of large networks (seconds to fill, build and run on one core): their rows in
@@ -77,6 +80,8 @@ SLOW_FIXTURES = {
                  "(tests/unit/test_sam2.py runs the same code at a 256 frame)",
     "edgetam-edge": "the fixed 1024x1024 frame through RepViT-M1: about 6 s per row on one core "
                     "(tests/unit/test_sam2.py runs the same code at a 256 frame)",
+    "sam-base": "SAM ViT-B at its fixed 1024x1024 frame: 15-115 s per row on one core (fast twin: "
+                "tests/unit/test_sam.py on a small config)",
 }
 
 # The sub-network a fixture's forward ran (its json's "forward"), where it is not the whole network.
@@ -219,6 +224,8 @@ SEGMENT_PROMPT_GRAPH_MODELS = [
     ("mobilesam", "tiny"),
     ("sam2", "tiny"),
     ("edgetam", "edge"),
+    ("sam", "base"),
+    ("picosam3", "pico"),
 ]
 
 # (family, size) of depth models that must pass the GPU parity protocol (predict stage: stretch to
@@ -300,6 +307,9 @@ GRAPH_PENDING["swinir"] = "no GPU run yet (docs/families.md, Restoration: NAFNet
 GRAPH_PENDING["sam2"] = "no GPU run yet (docs/families.md, SAM 2 and EdgeTAM: the command)"
 GRAPH_PENDING["edgetam"] = "no GPU run yet (docs/families.md, SAM 2 and EdgeTAM: the command)"
 GRAPH_PENDING["fomo"] = "no GPU run yet (docs/families.md, FOMO)"
+GRAPH_PENDING["sam"] = ("transformers' SAM modules: no GPU run yet (the command: docs/families.md, "
+                        "\"Promptable segmentation (SAM, PicoSAM3)\")")
+GRAPH_PENDING["picosam3"] = "no GPU run yet (docs/families.md, \"Promptable segmentation (SAM, PicoSAM3)\")"
 # Families whose training capture is built but not declared (SUPPORTS_CUDA_GRAPH_TRAIN False): the
 # GPU training rows of tests/gpu/test_tasks_gpu.py run for them too, marked xfail(strict=False) -
 # the report shows which rows pass (XPASS) and which do not. Family -> why it is not declared.

@@ -182,8 +182,9 @@ class PredictOptions:
                                 tasks=("detect", "segment", "obb"))
     topk: int = option(5, "classification: classes returned per image", Int(1), tasks=("classify",))
     prompts: Any = option(None, "classification with a text tower (CLIP, SigLIP 2): zero-shot classes, text "
-                                "prompts separated by commas, e.g. 'a cat,a dog'", Text("prompts"),
-                          tasks=("classify",))
+                                "prompts separated by commas, e.g. 'a cat,a dog'; segment-prompt: 'grid' for "
+                                "automatic mask generation (every object; also what a Python call without a "
+                                "prompt does)", Text("prompts"), tasks=("classify", "segment-prompt"))
     det_thresh: float = option(0.3, "ocr: text-pixel threshold of the detector's map", Fraction(), tasks=("ocr",))
     box_thresh: float = option(0.6, "ocr: mean score a text box needs", Fraction(), tasks=("ocr",))
     unclip_ratio: float = option(2.0, "ocr: how far a text box is grown", Float(0.0), tasks=("ocr",))
@@ -211,6 +212,16 @@ class PredictOptions:
                              tasks=("restore",))
     nms_radius: int = option(1, "point: a peak of the centroid map must be its class's largest within this many "
                                 "cells (0: every cell above conf)", Int(0), tasks=("point",))
+    points_per_side: int = option(32, "segment-prompt, prompts=grid: grid points per side", Int(1),
+                                  tasks=("segment-prompt",))
+    points_per_batch: int = option(64, "segment-prompt, prompts=grid: grid points decoded together", Int(1),
+                                   tasks=("segment-prompt",))
+    pred_iou_thresh: float = option(0.88, "segment-prompt, prompts=grid: predicted IoU a mask needs", Fraction(),
+                                    tasks=("segment-prompt",))
+    stability_score_thresh: float = option(0.95, "segment-prompt, prompts=grid: stability score a mask needs",
+                                           Fraction(), tasks=("segment-prompt",))
+    box_nms_thresh: float = option(0.7, "segment-prompt, prompts=grid: NMS IoU threshold between masks' boxes",
+                                   Fraction(), tasks=("segment-prompt",))
 
     @classmethod
     def task_names(cls) -> set[str]:

@@ -806,7 +806,8 @@ class Model:
             agnostic_nms: detection: NMS across classes
             topk: classification: classes returned per image
             prompts: classification with a text tower (CLIP, SigLIP 2): zero-shot classes, text prompts
-                separated by commas, e.g. 'a cat,a dog'
+                separated by commas, e.g. 'a cat,a dog'; segment-prompt: 'grid' for automatic mask generation
+                (every object; also what a Python call without a prompt does)
             det_thresh: ocr: text-pixel threshold of the detector's map
             box_thresh: ocr: mean score a text box needs
             unclip_ratio: ocr: how far a text box is grown
@@ -825,6 +826,11 @@ class Model:
             tile_batch: restore: tiles per forward (the last batch filled up: one shape)
             nms_radius: point: a peak of the centroid map must be its class's largest within this many cells (0:
                 every cell above conf)
+            points_per_side: segment-prompt, prompts=grid: grid points per side
+            points_per_batch: segment-prompt, prompts=grid: grid points decoded together
+            pred_iou_thresh: segment-prompt, prompts=grid: predicted IoU a mask needs
+            stability_score_thresh: segment-prompt, prompts=grid: stability score a mask needs
+            box_nms_thresh: segment-prompt, prompts=grid: NMS IoU threshold between masks' boxes
             on_results: called as on_results(result, item) for each Results before it is saved, shown or
                 returned
 

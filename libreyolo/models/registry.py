@@ -44,6 +44,8 @@ _TABLE: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "convnext": (".convnext.model:ConvNeXt", "LibreConvNeXt", ("t", "s", "b", "l")),
     "segformer": (".segformer.model:Segformer", "LibreSegformer", ("b0", "b1", "b2", "b3", "b4", "b5")),
     "mobilesam": (".mobilesam.model:MobileSAM", "LibreMobileSAM", ("tiny",)),
+    "sam": (".sam.model:SAM", "LibreSAM1", ("base", "large", "huge")),
+    "picosam3": (".picosam3.model:PicoSAM3", "LibrePicoSAM3", ("pico",)),
     "depth_anything": (".depth_anything.model:DepthAnything", "LibreDepthAnythingV2", ("s", "b", "l")),
     "depth_anything3": (".depth_anything3.model:DepthAnything3", "LibreDepthAnything3", ("l",)),
     "zipdepth": (".zipdepth.model:ZipDepth", "LibreZipDepth", ("b",)),

@@ -59,6 +59,7 @@ DATA_OF: dict = {}   # task -> its built-in training data, once resolved (task_b
 OPTS = {"segment-prompt": {"points": "center"}}   # predict options a task needs (a prompt)
 IMGSZ["restore"], FIELD["restore"] = 64, "image"   # restore: 64 px tiles, Results.image
 DATA["point"], IMGSZ["point"], FIELD["point"] = "shapes-point", 96, "points"
+OPTS_OF_FAMILY = {"picosam3": {"boxes": [[40, 60, 300, 400]]}}   # box prompts only (inside every test image)
 
 
 def ids(spec):
@@ -114,7 +115,7 @@ def test_predict_with_graph_equals_eager(spec, images):
     # family batches only images of one size (a mixed batch is refused, tested on the CPU)
     mixed = 1 if model.preprocess.resize in ("cover", "limit") else 3
     for batch, imgs in ((1, images[:1]), (1, images[1:2]), (2, images[:1] * 2), (mixed, images)):
-        opts = OPTS.get(model.TASK, {})
+        opts = OPTS_OF_FAMILY.get(model.FAMILY, OPTS.get(model.TASK, {}))
         eager = model(imgs, batch=batch, imgsz=size, **opts)
         for _ in range(3):  # first use, uint8-stage capture, replay
             got = model(imgs, batch=batch, imgsz=size, cuda_graph=True, **opts)

@@ -58,13 +58,18 @@ def _whole(parts: tuple) -> Any:
     return parts[0] if len(parts) == 1 else tuple(parts)
 
 
-def postprocess_masks(low: torch.Tensor, size: int, resized: tuple[int, int], hw: tuple[int, int]) -> torch.Tensor:
-    """(B, M, s, s) low-resolution logits -> (B, M, h, w) bool masks of the original image (SAM's
-    post-processing: bilinear to the frame, crop the resized image, bilinear to (h, w), > 0)."""
+def upscale_logits(low: torch.Tensor, size: int, resized: tuple[int, int], hw: tuple[int, int]) -> torch.Tensor:
+    """(B, M, s, s) low-resolution logits -> (B, M, h, w) logits of the original image (SAM's
+    post-processing: bilinear to the frame, crop the resized image, bilinear to (h, w))."""
     x = F.interpolate(low, (size, size), mode="bilinear", align_corners=False)
     x = x[..., :resized[0], :resized[1]]
-    x = F.interpolate(x, hw, mode="bilinear", align_corners=False)
-    return x > MASK_THRESHOLD
+    return F.interpolate(x, hw, mode="bilinear", align_corners=False)
+
+
+def postprocess_masks(low: torch.Tensor, size: int, resized: tuple[int, int], hw: tuple[int, int]) -> torch.Tensor:
+    """(B, M, s, s) low-resolution logits -> (B, M, h, w) bool masks of the original image
+    (:func:`upscale_logits`, then > 0)."""
+    return upscale_logits(low, size, resized, hw) > MASK_THRESHOLD
 
 
 class PromptPredictor:
@@ -189,7 +194,9 @@ class PromptPredictor:
     def __call__(self, source: Any = None, *, imgsz: int | None = None, batch: int = 1, cuda_graph: Any = False,
                  amp: Any = False, bgr: Any = None, color_format: Any = None, verbose: bool = False,
                  profile: bool = False, points: Any = None, labels: Any = None, boxes: Any = None,
-                 multimask: Any = True, strict: Any = False) -> list:
+                 multimask: Any = True, strict: Any = False, prompts: Any = None, points_per_side: Any = 32,
+                 points_per_batch: Any = 64, pred_iou_thresh: Any = 0.88, stability_score_thresh: Any = 0.95,
+                 box_nms_thresh: Any = 0.7) -> list:
         """Masks for one prompt on each image of ``source`` (which also becomes the current image:
         the last one), or on the current image (``model.set_image``) when ``source`` is None.
 
@@ -201,9 +208,24 @@ class PromptPredictor:
         warning naming it (``strict=True``: raise instead). ``profile`` synchronizes the device
         between the stages so ``Results.speed`` (ms per image: load, encode, prompt) is exact. Saving annotated images is the model's
         (``model.predict(..., save=True)``).
+
+        No prompt at all, or ``prompts="grid"``: automatic mask generation (:mod:`.amg`, SAM's
+        ``points_per_side``, ``points_per_batch``, ``pred_iou_thresh``,
+        ``stability_score_thresh``, ``box_nms_thresh``); ``Results.masks`` is then
+        :class:`~.amg.AutoMasks` (every mask found, with areas and scores).
         """
         m = self.model
-        prompt = parse_prompt(points, labels, boxes)
+        from .amg import GRID, AMGOptions, check_family, generate
+        if prompts is not None and prompts != GRID:
+            raise ValueError(f"prompts must be {GRID!r} (automatic mask generation) or left out, got {prompts!r}")
+        grid = prompts == GRID or (points is None and labels is None and boxes is None)
+        if grid and (points is not None or labels is not None or boxes is not None):
+            raise ValueError(f"prompts={GRID!r} makes its own point grid: leave points, labels and boxes out")
+        if grid:
+            check_family(m)
+        amg = AMGOptions.parse(points_per_side, points_per_batch, pred_iou_thresh, stability_score_thresh,
+                               box_nms_thresh) if grid else None
+        prompt = None if grid else parse_prompt(points, labels, boxes)
         multimask = parse_bool("multimask", multimask)
         strict = parse_bool("strict", strict)
         mode = normalize_mode(cuda_graph)
@@ -216,7 +238,7 @@ class PromptPredictor:
             if imgsz is not None and self._size(imgsz) != st.size:
                 raise ValueError(f"the current image was embedded at imgsz={st.size}, not {imgsz}: call "
                                  "set_image again with the new size")
-            results = [self.prompt(st, prompt, multimask, mode, {})]
+            results = [generate(self, st, amg, mode, {}) if grid else self.prompt(st, prompt, multimask, mode, {})]
             sync()
         else:
             size = self._size(imgsz)
@@ -233,7 +255,9 @@ class PromptPredictor:
                 sync()
                 enc = (time.perf_counter() - t1) * 1e3 / len(chunk)
                 for st in states:
-                    results.append(self.prompt(st, prompt, multimask, mode, {"load": load, "encode": enc}))
+                    speed = {"load": load, "encode": enc}
+                    results.append(generate(self, st, amg, mode, speed) if grid
+                                   else self.prompt(st, prompt, multimask, mode, speed))
                     sync()
                 self.current = states[-1]
         return results

@@ -135,9 +135,10 @@ def unpack(packed: torch.Tensor, n_points: int, n_boxes: int):
     return pts, lab, boxes
 
 
-def parse_cli(points: str | None, labels: str | None, boxes: str | None) -> dict[str, Any]:
+def parse_cli(points: str | None, labels: str | None, boxes: str | None, grid: bool = False) -> dict[str, Any]:
     """``libreyolo predict`` text options -> predict options: ``points="x,y;x,y"``,
-    ``labels="1,0"``, ``boxes="x1,y1,x2,y2;..."``; neither points nor boxes: ``points="center"``."""
+    ``labels="1,0"``, ``boxes="x1,y1,x2,y2;..."``; neither points nor boxes: ``points="center"``
+    (unless ``grid``: ``prompts=grid`` asks for automatic masks, which take no prompt)."""
     def rows(name: str, text: str, width: int):
         out = []
         for part in text.split(";"):
@@ -160,6 +161,6 @@ def parse_cli(points: str | None, labels: str | None, boxes: str | None) -> dict
             raise ValueError(f"labels must be 0/1 separated by commas, got {labels!r}") from None
     if boxes:
         opts["boxes"] = rows("boxes", boxes, 4)
-    if "points" not in opts and "boxes" not in opts:
+    if "points" not in opts and "boxes" not in opts and not grid:
         opts["points"] = CENTER
     return opts

@@ -22,9 +22,14 @@ BENCH_PROMPT = {"points": "center"}
 class SegmentPromptTask(Task):
     name = "segment-prompt"
     primary_metric = "none"
-    predict_defaults: dict = {"points": None, "labels": None, "boxes": None, "multimask": True}
+    predict_defaults: dict = {"points": None, "labels": None, "boxes": None, "multimask": True,
+                              "prompts": None, "points_per_side": 32, "points_per_batch": 64,
+                              "pred_iou_thresh": 0.88, "stability_score_thresh": 0.95, "box_nms_thresh": 0.7}
 
     def predictor(self, model):
+        own = getattr(model, "prompt_predictor", None)   # a family whose stages differ (PicoSAM3)
+        if own is not None:
+            return own()
         from .predictor import PromptPredictor
         return PromptPredictor(model)
 
@@ -42,7 +47,7 @@ class SegmentPromptTask(Task):
         three-point decode), the image stage from uint8 images and the prompt stage (decoder and
         mask post-processing to ``source_hw``), each on ``batch`` images / prompts."""
         own = getattr(model, "verify_cases", None)
-        if own is not None:   # a family with other stages (SAM 2, EdgeTAM: three maps, the video step)
+        if own is not None:   # a family whose stages differ (SAM 2, EdgeTAM: three maps, the video step; PicoSAM3)
             return own(size, batch, source_hw)
         from ...ops.preprocess import long_side_size
         from .predictor import PromptPredictor

@@ -1,0 +1,1 @@
+"""SAM (Segment Anything, ViT-B / L / H) on transformers' modules; see model.py."""
