@@ -6,7 +6,8 @@ task's final outputs (detections, top-k classes, a class map) with the model's m
 :class:`~libreyolo.export.onnx_model.OnnxModel`, which runs it through onnxruntime behind the same
 predict API and Results. ``format="openvino"`` converts that graph to an OpenVINO IR directory,
 which ``LibreYOLO(dir)`` loads as an :class:`~libreyolo.export.openvino_model.OpenvinoModel`
-(OpenVINO's CPU plugin). See docs/export.md.
+(OpenVINO's CPU plugin). Depth, matte, OCR and promptable segmentation export too; OCR and
+promptable segmentation as two graphs (:mod:`libreyolo.export.twostage`). See docs/export.md.
 """
 from __future__ import annotations
 
