@@ -16,6 +16,8 @@ from typing import Any
 
 #: the formats ``model.export`` writes
 FORMATS = ("onnx", "torchscript", "openvino")
+#: the formats with int8 post-training quantization (``int8=True, data=...``)
+INT8_FORMATS = ("openvino",)
 
 
 def export_model(model: Any, format: str = "onnx", **kwargs: Any) -> Path:
@@ -28,6 +30,9 @@ def export_model(model: Any, format: str = "onnx", **kwargs: Any) -> Path:
     fmt = str(format).strip().lower()
     if fmt not in FORMATS:
         raise ValueError(f"export format must be one of {', '.join(FORMATS)}, got {format!r}")
+    if fmt not in INT8_FORMATS and ("int8" in kwargs or "data" in kwargs):
+        raise ValueError(f"int8 and data= (int8 calibration) are options of the {' and '.join(INT8_FORMATS)} "
+                         f"export, not of format={fmt!r}")
     if fmt == "torchscript":
         other = sorted(set(kwargs) - {"file", "imgsz", "batch"})
         if other:

@@ -497,7 +497,7 @@ def export_onnx(model, file: str | os.PathLike | None = None, *, imgsz: int | No
     data = proto.SerializeToString()
     if dynamic:
         _check_dynamic(model, graph, data, size, in_names, inputs[1:])
-    _write_atomic(data, path)   # after the second graph: a reader that finds this file finds both
+    write_atomic(data, path)   # after the second graph: a reader that finds this file finds both
     log.info("exported %s-%s to %s (%.1f s, %.1f MB)", model.FAMILY, model.size, path,
              time.perf_counter() - t0, path.stat().st_size / 1e6)
     return path
@@ -848,7 +848,7 @@ def read_metadata(path: str | os.PathLike) -> dict[str, str]:
     return {p.key: p.value for p in proto.metadata_props}
 
 
-def _write_atomic(data: bytes, path: Path) -> None:
+def write_atomic(data: bytes, path: Path) -> None:
     """``data`` to ``path`` via a temp file in the same directory, fsync and ``os.replace``; a
     failed write names ``path`` (:class:`libreyolo.atomic.FileWriteError`)."""
     try:
@@ -858,3 +858,6 @@ def _write_atomic(data: bytes, path: Path) -> None:
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):   # the size is known here: say it
             raise write_error(path, exc.__cause__, needed=len(data), what="export") from exc.__cause__
         raise
+
+
+_write_atomic = write_atomic   # the name tests/unit/test_atomic.py imports

@@ -41,7 +41,7 @@ BACKEND = "onnxruntime"
 _UNREADABLE = ("InvalidProtobuf", "InvalidGraph", "NoModel")
 
 
-class _Ready:
+class Ready:
     """A host tensor in the shape of the engine's HostCopy (``wait()`` gives it back)."""
 
     def __init__(self, t: torch.Tensor):
@@ -402,7 +402,7 @@ class OnnxModel:
             k = plan.k
             packed = torch.cat((torch.from_numpy(out["probs"][:n]), torch.from_numpy(out["top_conf"][:n, :k]),
                                 torch.from_numpy(out["top_class"][:n, :k]).float()), 1)
-            return plan.results(_Ready(packed), chunk, size, speed)
+            return plan.results(Ready(packed), chunk, size, speed)
         if self.TASK in RAW_TASKS:   # the network's outputs: the rest of the stage as eager predict runs it
             raw = tuple(torch.from_numpy(np.ascontiguousarray(out[name][:n])) for name in self.output_names)
             return plan.results(plan.finish(raw[0] if len(raw) == 1 else raw), chunk, size, speed)

@@ -31,8 +31,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from .onnx import OnnxExportError, _write_atomic, trace_graph
-from .onnx_model import OnnxModel, _Ready
+from .onnx import OnnxExportError, trace_graph, write_atomic
+from .onnx_model import OnnxModel, Ready
 
 #: the second graph's role per task, and the suffix of its file (``<stem><suffix>``)
 PARTS = {"ocr": ("rec", ".rec.onnx"), "segment-prompt": ("decoder", ".decoder.onnx")}
@@ -127,7 +127,7 @@ def export_second_graph(model, net: nn.Module, path: Path, *, size: int, dynamic
         entry.key, entry.value = k, v
     data = proto.SerializeToString()
     _check_probes(model, graph, data, names, probes)
-    _write_atomic(data, target)
+    write_atomic(data, target)
     return {"parts": json.dumps({role: target.name}), **extra}
 
 
@@ -165,7 +165,7 @@ class _NowRunner:
     def __call__(self, key: Any, fn, inputs, mode: Any = False, clone: bool = True, host: bool = False,
                  constant: Any = ()) -> Any:
         out = fn(*inputs)
-        return _Ready(out) if host else out
+        return Ready(out) if host else out
 
 
 def _open_part(model: OnnxModel, role: str):
@@ -213,7 +213,7 @@ class OnnxOcrModel(OnnxModel):
         n = len(chunk)
         prob = torch.from_numpy(np.ascontiguousarray(out["out0"][:n]))
         thresh = torch.tensor([plan.det_thresh], dtype=torch.float32)   # the engine's cached threshold
-        return plan.results(_Ready(plan.finish(prob, thresh)), chunk, size, speed)
+        return plan.results(Ready(plan.finish(prob, thresh)), chunk, size, speed)
 
 
 class OnnxPromptModel(OnnxModel):
