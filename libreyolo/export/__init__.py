@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 #: the formats ``model.export`` writes
-FORMATS = ("onnx", "torchscript", "openvino")
+FORMATS = ("onnx", "torchscript", "openvino", "engine")
 #: the formats with int8 post-training quantization (``int8=True, data=...``)
-INT8_FORMATS = ("openvino",)
+INT8_FORMATS = ("openvino", "engine")
 
 
 def export_model(model: Any, format: str = "onnx", **kwargs: Any) -> Path:
@@ -40,6 +40,9 @@ def export_model(model: Any, format: str = "onnx", **kwargs: Any) -> Path:
                              "network) takes file, imgsz and batch")
         from .torchscript import export_torchscript
         return export_torchscript(model, **kwargs)
+    if fmt == "engine":   # a TensorRT engine built from the ONNX graph (needs CUDA and tensorrt)
+        from .tensorrt import export_engine
+        return export_engine(model, **kwargs)
     if fmt == "openvino":   # the ONNX graph, converted by OpenVINO's ONNX frontend
         from .openvino import export_openvino
         return export_openvino(model, **kwargs)
