@@ -89,10 +89,13 @@ class LibreYOLO:
             from .options import check_imgsz
             imgsz = check_imgsz(imgsz)
         from .export.openvino import is_openvino_path
-        if path.suffix.lower() == ".onnx" or is_openvino_path(path):   # an export of ours (libreyolo/export)
+        if path.suffix.lower() in (".onnx", ".engine") or is_openvino_path(path):   # an export of ours (libreyolo/export)
             if path.suffix.lower() == ".onnx":   # run by onnxruntime
                 from .export.onnx_model import OnnxModel
                 onnx = OnnxModel(path, device=device)
+            elif path.suffix.lower() == ".engine":   # a TensorRT engine (needs CUDA and tensorrt)
+                from .export.tensorrt import TensorrtModel
+                onnx = TensorrtModel(path, device=device)
             else:   # an OpenVINO IR (its directory or .xml), run by OpenVINO's CPU plugin
                 from .export.openvino_model import OpenvinoModel
                 onnx = OpenvinoModel(path, device=device)

@@ -300,3 +300,6 @@ class ExportOptions:
                                 "max_det when larger)", Int(1, none=True))
     agnostic_nms: bool = option(False, "detection, segment, obb: NMS across classes", Bool())
     topk: int = option(5, "classification: classes the graph returns", Int(1))
+    int8: bool = option(False, "openvino, engine: int8 post-training quantization calibrated on data=", Bool())
+    data: Any = option(None, "int8's calibration set: a built-in set's name or a dataset YAML (its training images)",
+                       Text("path or name"))

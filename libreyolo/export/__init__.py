@@ -6,7 +6,8 @@ task's final outputs (detections, top-k classes, a class map) with the model's m
 :class:`~libreyolo.export.onnx_model.OnnxModel`, which runs it through onnxruntime behind the same
 predict API and Results. ``format="openvino"`` converts that graph to an OpenVINO IR directory,
 which ``LibreYOLO(dir)`` loads as an :class:`~libreyolo.export.openvino_model.OpenvinoModel`
-(OpenVINO's CPU plugin). See docs/export.md.
+(OpenVINO's CPU plugin). Depth, matte, OCR and promptable segmentation export too; OCR and
+promptable segmentation as two graphs (:mod:`libreyolo.export.twostage`). See docs/export.md.
 """
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ from pathlib import Path
 from typing import Any
 
 #: the formats ``model.export`` writes
-FORMATS = ("onnx", "torchscript", "openvino")
+FORMATS = ("onnx", "torchscript", "openvino", "engine")
+#: the formats with int8 post-training quantization (``int8=True, data=...``)
+INT8_FORMATS = ("openvino", "engine")
 
 
 def export_model(model: Any, format: str = "onnx", **kwargs: Any) -> Path:
@@ -27,6 +30,9 @@ def export_model(model: Any, format: str = "onnx", **kwargs: Any) -> Path:
     fmt = str(format).strip().lower()
     if fmt not in FORMATS:
         raise ValueError(f"export format must be one of {', '.join(FORMATS)}, got {format!r}")
+    if fmt not in INT8_FORMATS and ("int8" in kwargs or "data" in kwargs):
+        raise ValueError(f"int8 and data= (int8 calibration) are options of the {' and '.join(INT8_FORMATS)} "
+                         f"export, not of format={fmt!r}")
     if fmt == "torchscript":
         other = sorted(set(kwargs) - {"file", "imgsz", "batch"})
         if other:
@@ -34,6 +40,9 @@ def export_model(model: Any, format: str = "onnx", **kwargs: Any) -> Path:
                              "network) takes file, imgsz and batch")
         from .torchscript import export_torchscript
         return export_torchscript(model, **kwargs)
+    if fmt == "engine":   # a TensorRT engine built from the ONNX graph (needs CUDA and tensorrt)
+        from .tensorrt import export_engine
+        return export_engine(model, **kwargs)
     if fmt == "openvino":   # the ONNX graph, converted by OpenVINO's ONNX frontend
         from .openvino import export_openvino
         return export_openvino(model, **kwargs)

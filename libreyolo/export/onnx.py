@@ -87,6 +87,8 @@ log = logging.getLogger(__name__)
 
 #: opset the exported graphs use unless ``opset=`` says otherwise (NonMaxSuppression needs >= 11)
 DEFAULT_OPSET = 17
+#: the opset of networks with a deformable convolution (ONNX ``DeformConv`` is opset 19)
+DEFORM_OPSET = 19
 MIN_OPSET = 11
 #: metadata_props keys (values are strings; the JSON ones are marked in docs/export.md)
 META_FORMAT = "libreyolo_format"
@@ -384,10 +386,35 @@ class RawGraph(nn.Module):
         return tuple(t.float() if t.is_floating_point() else t for t in out)
 
 
-#: the tasks exported as :class:`RawGraph` (the network's outputs; the rest of the stage on the host)
-RAW_TASKS = ("pose",)
+#: the tasks exported as :class:`RawGraph` (the network's outputs; the rest of the stage on the host:
+#: pose's filter and NMS, depth's resize back to the image, matte's sigmoid and resize, OCR's
+#: binarization, DB boxes and the recognizer - its own graph, :mod:`libreyolo.export.twostage`)
+RAW_TASKS = ("pose", "depth", "matte", "ocr")
 RAW_TASKS += ("panoptic",)   # EoMT's query logits: the merge runs on the host, as after eager predict's stage
 RAW_TASKS += ("point",)   # FOMO's centroid-map logits; the host runs the point task's peak stage
+#: the tasks exported as two graphs, the second in a file beside the first
+#: (:mod:`libreyolo.export.twostage`): OCR's recognizer, promptable segmentation's prompt decoder
+SECOND_GRAPH_TASKS = ("ocr", "segment-prompt")
+
+
+class PromptImageGraph(nn.Module):
+    """images (B, 3, h', w'), RGB in [0, 1], the longer side the frame ``size`` -> the image
+    embeddings (B, 256, size/16, size/16): MobileSAM's image stage (``MobileSAM.infer``: the
+    network normalizes and zero-pads to the frame itself). The frame is fixed in the graph; the
+    image sides are symbolic (exported dynamic, always: the long-side resize gives every aspect
+    ratio its own shape)."""
+
+    def __init__(self, net: nn.Module, size: int):
+        super().__init__()
+        self.net, self.size = net, int(size)
+
+    def forward(self, images):
+        return self.net.embed(images * 255.0, self.size)
+
+
+def prompt_trace_width(model, size: int) -> int:
+    """The shorter side of the input the prompt encoder is traced on (the longer one: ``size``)."""
+    return max(int(model.STRIDE), size - 2 * int(model.STRIDE))
 
 
 class SemanticGraph(nn.Module):
@@ -443,28 +470,108 @@ def export_onnx(model, file: str | os.PathLike | None = None, *, imgsz: int | No
     batch = check_int("batch", batch, 1)
     dynamic, half = parse_bool("dynamic", dynamic), parse_bool("half", half)
     simplify, agnostic_nms = parse_bool("simplify", simplify), parse_bool("agnostic_nms", agnostic_nms)
-    opset = check_int("opset", DEFAULT_OPSET if opset is None else opset, MIN_OPSET)
+    if opset is not None:
+        opset = check_int("opset", opset, MIN_OPSET)
     max_det, max_nms = check_max_det(max_det, max_nms)
     topk = min(check_int("topk", topk, 1), int(model.nc))
     path = Path(file if file is not None else default_path(model)).expanduser()
     if path.suffix.lower() != ".onnx":
         raise ValueError(f"export file must end in .onnx, got {str(path)!r}")
 
-    net = copy.deepcopy(model.model).to("cpu").eval()
-    if half:
-        net = net.half()
+    net = export_network(model, half)
+    if opset is None:
+        opset = DEFORM_OPSET if uses_deform_conv(net) else DEFAULT_OPSET
+    opset = check_int("opset", opset, MIN_OPSET)
+    t0 = time.perf_counter()
+    if model.TASK in SECOND_GRAPH_TASKS:   # two graphs: the second beside the first (libreyolo/export/twostage.py)
+        from .twostage import export_second_graph
+        second = export_second_graph(model, net, path, size=size, dynamic=dynamic, half=half, opset=opset)
+    else:
+        second = {}
     graph, inputs, in_names, out_names, axes = _graph_for(model, net, size, batch, half, max_det, max_nms,
                                                           agnostic_nms, topk)
-    graph.eval()   # the exporter puts the module back into the mode it found it in
+    if model.TASK == "segment-prompt":
+        dynamic = True   # the long-side resize: every aspect ratio its own input shape
     dynamic_axes = axes if dynamic else None
-    t0 = time.perf_counter()
+    proto = trace_graph(model, graph, inputs, in_names, out_names, dynamic_axes, opset, half)
+    if simplify:
+        proto = _simplify(proto)
+    meta = _metadata(model, size, batch, dynamic, half, opset, max_det, max_nms, agnostic_nms,
+                     topk, [i.name for i in proto.graph.input], out_names)
+    _set_metadata(proto, {**meta, **second})
+    onnx.checker.check_model(proto)
+    data = proto.SerializeToString()
+    if dynamic:
+        _check_dynamic(model, graph, data, size, in_names, inputs[1:])
+    write_atomic(data, path)   # after the second graph: a reader that finds this file finds both
+    log.info("exported %s-%s to %s (%.1f s, %.1f MB)", model.FAMILY, model.size, path,
+             time.perf_counter() - t0, path.stat().st_size / 1e6)
+    return path
+
+
+def export_network(model, half: bool) -> nn.Module:
+    """The network the graph is traced from: a CPU copy in eval mode (float16 with ``half``)."""
+    net = copy.deepcopy(model.model).to("cpu").eval()
+    return net.half() if half else net
+
+
+def uses_deform_conv(net: nn.Module) -> bool:
+    """Whether the network calls ``torchvision.ops.deform_conv2d`` (BiRefNet's decoder): ONNX has
+    ``DeformConv`` from opset 19, which :func:`register_deform_conv` exports it to."""
+    import inspect
+    seen: set[type] = set()
+    for m in net.modules():
+        cls = type(m)
+        if cls in seen:
+            continue
+        seen.add(cls)
+        try:
+            if "deform_conv2d" in inspect.getsource(cls.forward):
+                return True
+        except (OSError, TypeError):
+            continue
+    return False
+
+
+_DEFORM_REGISTERED = False
+
+
+def register_deform_conv() -> None:
+    """``torchvision::deform_conv2d`` -> ONNX ``DeformConv`` (opset 19) for the TorchScript
+    exporter (torchvision registers none): the same inputs - offsets as (dy, dx) pairs per
+    kernel tap, the modulation mask, the bias - and attributes; onnxruntime and OpenVINO run it."""
+    global _DEFORM_REGISTERED
+    if _DEFORM_REGISTERED:
+        return
+    from torch.onnx import symbolic_helper as sh
+
+    @sh.parse_args("v", "v", "v", "v", "v", "i", "i", "i", "i", "i", "i", "i", "i", "b")
+    def deform_conv2d(g, x, weight, offset, mask, bias, stride_h, stride_w, pad_h, pad_w, dil_h, dil_w,
+                      groups, offset_groups, use_mask):
+        args = [x, weight, offset, bias] + ([mask] if use_mask else [])
+        return g.op("DeformConv", *args, strides_i=[stride_h, stride_w], pads_i=[pad_h, pad_w, pad_h, pad_w],
+                    dilations_i=[dil_h, dil_w], group_i=groups, offset_group_i=offset_groups)
+
+    torch.onnx.register_custom_op_symbolic("torchvision::deform_conv2d", deform_conv2d, DEFORM_OPSET)
+    _DEFORM_REGISTERED = True
+
+
+def trace_graph(model, graph: nn.Module, inputs: tuple, in_names: list[str], out_names: list[str],
+                dynamic_axes: dict | None, opset: int, half: bool = False):
+    """Trace ``graph`` with the TorchScript exporter -> the ONNX proto (unused inputs dropped);
+    a failure is one :class:`OnnxExportError` naming the family and the operator."""
+    import onnx
+    graph.eval()   # the exporter puts the module back into the mode it found it in
+    if opset >= DEFORM_OPSET:
+        register_deform_conv()
     with tempfile.TemporaryDirectory() as tmp:
         raw = Path(tmp) / "graph.onnx"
         try:
-            with warnings.catch_warnings(), torch.no_grad(), _range_in_float32(half), _mha_fastpath_off():
+            with warnings.catch_warnings(), torch.no_grad(), _range_in_float32(half), _mha_fastpath_off(), \
+                    _interpolate_sizes_as_numbers():
                 # the TorchScript exporter's deprecation notice and the tracer's warnings (Python
                 # values from shapes become constants: right for a static graph, and a dynamic one
-                # is checked below instead) would only confuse
+                # is checked instead) would only confuse
                 warnings.simplefilter("ignore")
                 torch.onnx.export(graph, inputs, str(raw), dynamo=False, opset_version=opset,
                                   input_names=in_names, output_names=out_names, dynamic_axes=dynamic_axes,
@@ -472,19 +579,7 @@ def export_onnx(model, file: str | os.PathLike | None = None, *, imgsz: int | No
         except Exception as exc:
             raise _export_error(model, opset, exc) from exc
         proto = onnx.load(str(raw))
-    proto = _drop_unused_inputs(proto)
-    if simplify:
-        proto = _simplify(proto)
-    _set_metadata(proto, _metadata(model, size, batch, dynamic, half, opset, max_det, max_nms, agnostic_nms,
-                                   topk, [i.name for i in proto.graph.input], out_names))
-    onnx.checker.check_model(proto)
-    data = proto.SerializeToString()
-    if dynamic:
-        _check_dynamic(model, graph, data, size, in_names, inputs[1:])
-    _write_atomic(data, path)
-    log.info("exported %s-%s to %s (%.1f s, %.1f MB)", model.FAMILY, model.size, path,
-             time.perf_counter() - t0, path.stat().st_size / 1e6)
-    return path
+    return _drop_unused_inputs(proto)
 
 
 def _graph_for(model, net, size, batch, half, max_det, max_nms, agnostic, topk):
@@ -516,6 +611,13 @@ def _graph_for(model, net, size, batch, half, max_det, max_nms, agnostic, topk):
         inputs = (x, torch.tensor([0.25]), torch.tensor([0.45]), torch.ones(int(model.nc)))
         axes.update(dets={0: "batch"}, num_dets={0: "batch"})
         return g, inputs, ["images", "conf_threshold", "iou_threshold", "class_mask"], ["dets", "num_dets"], axes
+    if task == "segment-prompt":   # the image encoder; the prompt decoder is the second graph
+        g = PromptImageGraph(net, size)
+        # traced on a non-square input so that the padding to the frame is in the graph (a
+        # square one takes no padding, which tracing would keep as "none")
+        x = torch.rand((batch, 3, size, prompt_trace_width(model, size)), generator=torch.Generator().manual_seed(0))
+        axes.update(embeddings={0: "batch"})
+        return g, (x,), ["images"], ["embeddings"], axes
     if task in RAW_TASKS:
         g = RawGraph(model, net, half=half)
         with torch.no_grad():
@@ -541,6 +643,35 @@ def _mha_fastpath_off():
         yield
     finally:
         torch.backends.mha.set_fastpath_enabled(before)
+
+
+@contextlib.contextmanager
+def _interpolate_sizes_as_numbers():
+    """While tracing: an ``F.interpolate`` whose ``size`` / ``scale_factor`` the tracer made
+    tensors (they were computed from an input's shape) and that the operator then refuses
+    (bicubic: "invalid combination of arguments", Depth Anything's position-embedding resize) is
+    retried with those values as Python numbers - the traced size's, a constant in the graph.
+    Only calls that fail otherwise are changed; a dynamic graph built that way is refused by the
+    dynamic check (:func:`_check_dynamic`), a static one is what eager computes at its size."""
+    import torch.nn.functional as F
+    original = F.interpolate
+
+    def number(v):
+        return v.item() if isinstance(v, torch.Tensor) else v
+
+    def interpolate(input, size=None, scale_factor=None, *args, **kwargs):
+        try:
+            return original(input, size, scale_factor, *args, **kwargs)
+        except TypeError:
+            as_num = (lambda x: None if x is None else type(x)(number(v) for v in x)
+                      if isinstance(x, (tuple, list)) else number(x))
+            return original(input, as_num(size), as_num(scale_factor), *args, **kwargs)
+
+    F.interpolate = interpolate
+    try:
+        yield
+    finally:
+        F.interpolate = original
 
 
 @contextlib.contextmanager
@@ -575,7 +706,10 @@ def _check_dynamic(model, graph: nn.Module, data: bytes, size: int, in_names: li
     import numpy as np
     import onnxruntime as ort
     s2 = size + 2 * int(model.STRIDE)
-    x = torch.rand((2, 3, s2, s2), generator=torch.Generator().manual_seed(1))
+    hw = (s2, s2)
+    if model.TASK == "segment-prompt":   # the frame is fixed: the other orientation, another side
+        hw = (size - int(model.STRIDE), size)
+    x = torch.rand((2, 3, *hw), generator=torch.Generator().manual_seed(1))
     if model.TASK in ("detect", "segment", "obb"):   # every candidate counts: a baked grid shows in the boxes
         extra = (torch.tensor([0.0]), *extra[1:])
     with torch.no_grad(), _mha_fastpath_off():
@@ -590,9 +724,9 @@ def _check_dynamic(model, graph: nn.Module, data: bytes, size: int, in_names: li
         got = sess.run(None, {n: t.numpy() for n, t in zip(in_names, (x, *extra)) if n in names})
     except Exception as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise OnnxExportError(f"{hint}; at {s2}x{s2}, batch 2, onnxruntime failed: {first}") from exc
+        raise OnnxExportError(f"{hint}; at {hw[0]}x{hw[1]}, batch 2, onnxruntime failed: {first}") from exc
     if not _agree(model.TASK, ref, got, np):
-        raise OnnxExportError(f"{hint}; at {s2}x{s2}, batch 2, its outputs differ from the PyTorch model's")
+        raise OnnxExportError(f"{hint}; at {hw[0]}x{hw[1]}, batch 2, its outputs differ from the PyTorch model's")
 
 
 def _as_tuple(out):
@@ -610,8 +744,10 @@ def _agree(task: str, ref: list, got: list, np) -> bool:
         return bool((ref[0] == got[0]).mean() >= 0.99)
     if task in ("restore", "point"):   # restore: the pictures in [0, 1]; point: the centroid-map logits (out0)
         return bool(np.abs(ref[0] - got[0]).max() <= 1e-3)
-    if task in RAW_TASKS:   # the family's candidates sorted by score (out1): the same scores
+    if task in ("pose", "panoptic"):   # the family's candidates sorted by score (out1): the same scores
         return bool(np.abs(np.sort(ref[1], 1) - np.sort(got[1], 1)).max() <= 1e-3)
+    if task in RAW_TASKS or task == "segment-prompt":   # maps / embeddings: close relative to their scale
+        return all(bool(np.abs(r - g).max() <= 1e-3 * max(1.0, float(np.abs(r).max()))) for r, g in zip(ref, got))
     # dets rows [*box, score, class] (box: 4 corners' coordinates, or a rotated box's 5 values)
     for dr, nr, dg, ng in zip(ref[0], ref[1], got[0], got[1]):
         a, b = dr[:int(nr)], dg[:int(ng)]
@@ -727,7 +863,7 @@ def read_metadata(path: str | os.PathLike) -> dict[str, str]:
     return {p.key: p.value for p in proto.metadata_props}
 
 
-def _write_atomic(data: bytes, path: Path) -> None:
+def write_atomic(data: bytes, path: Path) -> None:
     """``data`` to ``path`` via a temp file in the same directory, fsync and ``os.replace``; a
     failed write names ``path`` (:class:`libreyolo.atomic.FileWriteError`)."""
     try:
@@ -737,3 +873,6 @@ def _write_atomic(data: bytes, path: Path) -> None:
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):   # the size is known here: say it
             raise write_error(path, exc.__cause__, needed=len(data), what="export") from exc.__cause__
         raise
+
+
+_write_atomic = write_atomic   # the name tests/unit/test_atomic.py imports

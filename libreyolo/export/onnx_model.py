@@ -41,7 +41,7 @@ BACKEND = "onnxruntime"
 _UNREADABLE = ("InvalidProtobuf", "InvalidGraph", "NoModel")
 
 
-class _Ready:
+class Ready:
     """A host tensor in the shape of the engine's HostCopy (``wait()`` gives it back)."""
 
     def __init__(self, t: torch.Tensor):
@@ -106,6 +106,18 @@ class OnnxModel:
     BACKEND = BACKEND
     KIND = "ONNX"
 
+    def __new__(cls, path: str | os.PathLike | None = None, *args: Any, **kwargs: Any):
+        """``OnnxModel(path)`` of a task exported as two graphs (OCR, promptable segmentation) is
+        that task's loader (:mod:`libreyolo.export.twostage`), chosen by the file's metadata."""
+        if cls is OnnxModel and path is not None and Path(path).expanduser().is_file():
+            try:
+                task = read_metadata(Path(path).expanduser()).get("task")
+            except ValueError:
+                task = None   # an unreadable file: __init__ says so
+            from .twostage import LOADERS
+            cls = LOADERS.get(task, cls)
+        return super().__new__(cls)
+
     def __init__(self, path: str | os.PathLike, device: Any = "auto", *, threads: int | None = None):
         try:
             import onnxruntime as ort
@@ -166,21 +178,25 @@ class OnnxModel:
 
     def to(self, device: Any) -> OnnxModel:
         """(Re)open the session on ``device``'s execution providers."""
-        ort = self._ort
-        providers, self.device = _providers(device, ort.get_available_providers())
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = int(self.threads or torch.get_num_threads())
-        opts.log_severity_level = 3   # onnxruntime's own warnings (e.g. unused initializers) are not ours
-        try:
-            self.session = ort.InferenceSession(str(self.path), opts, providers=providers)
-        except Exception as exc:   # a file onnx parses but onnxruntime cannot load (a corrupt graph)
-            if type(exc).__name__ in _UNREADABLE or "Load model from" in str(exc):
-                raise unreadable_onnx(self.path, exc) from exc
-            raise   # e.g. an execution provider that fails to start: not the file's fault
+        self._providers, self.device = _providers(device, self._ort.get_available_providers())
+        self.session = self._session(self.path)
         self.providers = self.session.get_providers()
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_names = [o.name for o in self.session.get_outputs()]
         return self
+
+    def _session(self, path: Path):
+        """An onnxruntime session of ``path`` on this model's providers and threads."""
+        ort = self._ort
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = int(self.threads or torch.get_num_threads())
+        opts.log_severity_level = 3   # onnxruntime's own warnings (e.g. unused initializers) are not ours
+        try:
+            return ort.InferenceSession(str(path), opts, providers=self._providers)
+        except Exception as exc:   # a file onnx parses but onnxruntime cannot load (a corrupt graph)
+            if type(exc).__name__ in _UNREADABLE or "Load model from" in str(exc):
+                raise unreadable_onnx(path, exc) from exc
+            raise   # e.g. an execution provider that fails to start: not the file's fault
 
     def _run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         """One run of the graph: its outputs in ``output_names`` order."""
@@ -360,6 +376,12 @@ class OnnxModel:
             x = prep.resize_images(torch.stack(images), size)
         else:
             x = torch.cat([prep.resize_images(im.unsqueeze(0), size) for im in images])
+        if not self.dynamic and tuple(x.shape[-2:]) != (self.imgsz, self.imgsz):
+            # an aspect-keeping resize (depth's "cover", OCR's "limit") of a non-square image
+            raise ValueError(f"{self.path.name} was exported static at {self.imgsz}x{self.imgsz}, but this model "
+                             f"resizes keeping the aspect ratio ({prep.resize!r}) and this image's input is "
+                             f"{x.shape[-2]}x{x.shape[-1]}; predict square images, or export with dynamic=True "
+                             "where the family holds it (docs/export.md)")
         if not self.dynamic and x.shape[0] < batch:
             x = torch.cat((x, x.new_zeros((batch - x.shape[0], *x.shape[1:]))))
         return x.numpy()
@@ -385,10 +407,10 @@ class OnnxModel:
             k = plan.k
             packed = torch.cat((torch.from_numpy(out["probs"][:n]), torch.from_numpy(out["top_conf"][:n, :k]),
                                 torch.from_numpy(out["top_class"][:n, :k]).float()), 1)
-            return plan.results(_Ready(packed), chunk, size, speed)
+            return plan.results(Ready(packed), chunk, size, speed)
         if self.TASK in RAW_TASKS:   # the network's outputs: the rest of the stage as eager predict runs it
             raw = tuple(torch.from_numpy(np.ascontiguousarray(out[name][:n])) for name in self.output_names)
-            return plan.results(plan.finish(raw), chunk, size, speed)
+            return plan.results(plan.finish(raw[0] if len(raw) == 1 else raw), chunk, size, speed)
         return plan.results(torch.from_numpy(np.ascontiguousarray(out["class_map"][:n])), chunk, size, speed)
 
     def _detections(self, plan, dets: np.ndarray, counts: np.ndarray, chunk, size: int, speed: dict) -> list:

@@ -886,6 +886,8 @@ class Model:
             max_nms: detection, segment: candidates per image entering NMS (default 1000, or max_det when larger)
             agnostic_nms: detection, segment, obb: NMS across classes
             topk: classification: classes the graph returns
+            int8: openvino, engine: int8 post-training quantization calibrated on data=
+            data: int8's calibration set: a built-in set's name or a dataset YAML (its training images)
 
         Returns:
             Path: the file written.

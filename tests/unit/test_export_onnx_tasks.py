@@ -23,6 +23,7 @@ from libreyolo import SAMPLE_IMAGE, LibreYOLO
 from libreyolo.export.onnx import OnnxExportError, read_metadata
 from libreyolo.export.onnx_model import OnnxModel
 from libreyolo.ops.letterbox import inverse_params
+from libreyolo.ops.preprocess import Preprocess
 
 IMGSZ = 160
 #: the graph's mask logits against eager's (float32 rounding of the same products)
@@ -271,15 +272,20 @@ def test_padding_level_of_the_letterbox_travels(rtdetrv2_obb):
     assert json.loads(read_metadata(o.path)["preprocess"])["pad"] == 0.0
 
 
-def test_tasks_without_an_onnx_stage_are_refused(tmp_path):
-    """A task the exporter has no graph for (depth, matte, OCR, prompted segmentation) keeps a
-    clear refusal naming it."""
+def test_every_task_has_an_onnx_stage(tmp_path):
+    """Depth, matte, OCR and prompted segmentation, refused before, export too
+    (tests/unit/test_export_task_graphs.py has their parity): a toy depth network round-trips."""
     from torch import nn
 
+    from libreyolo.export.onnx import RAW_TASKS, SECOND_GRAPH_TASKS
     from libreyolo.models.base import Model
+    from libreyolo.tasks import _TASK_CLASSES
+    graphs = {"detect", "segment", "obb", "classify", "semantic", *RAW_TASKS, *SECOND_GRAPH_TASKS}
+    assert set(_TASK_CLASSES) <= graphs
 
     class ToyDepth(Model):
         FAMILY, TASK, SIZES, STRIDE, DEFAULT_IMGSZ = "toydepth", "depth", ("n",), 32, 64
+        PREPROCESS = Preprocess("stretch")
 
         @classmethod
         def build_network(cls, size, nc):
@@ -288,9 +294,9 @@ def test_tasks_without_an_onnx_stage_are_refused(tmp_path):
         def infer(self, x):
             return self.model(x).float()
     m = ToyDepth.new("n", nc=1, device="cpu", seed=0)
-    with pytest.raises(OnnxExportError, match="'depth' task"):
-        m.export(file=tmp_path / "d.onnx")
-    assert not (tmp_path / "d.onnx").exists()
+    o = LibreYOLO(m.export(file=tmp_path / "d.onnx"))
+    img = np.random.default_rng(0).integers(0, 256, (50, 70, 3), dtype=np.uint8)
+    assert np.abs(m.predict(img).depth.data.numpy() - o.predict(img).depth.data.numpy()).max() < 1e-5
 
 
 def test_self_attention_exports_without_the_fast_path(tmp_path):
