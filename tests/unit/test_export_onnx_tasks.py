@@ -281,6 +281,9 @@ def test_every_task_has_an_onnx_stage(tmp_path):
     from libreyolo.models.base import Model
     from libreyolo.tasks import _TASK_CLASSES
     graphs = {"detect", "segment", "obb", "classify", "semantic", *RAW_TASKS, *SECOND_GRAPH_TASKS}
+    # their own exporters: restore's tile network (tests/unit/test_restore.py), embed's two towers
+    # (tests/unit/test_embed.py)
+    graphs |= {"restore", "embed"}
     assert set(_TASK_CLASSES) <= graphs
 
     class ToyDepth(Model):
