@@ -422,39 +422,51 @@ def cmd_info(opts: dict) -> int:
     from . import list_models
     from .tasks import TASKS
     models = list_models()
-    tasks = {name: sorted(m["family"] for m in models if m["task"] == name) for name in TASKS}
+    # every (family, class) per task: a family's main class and its variants for other tasks
+    entries = [(m["family"], row) for m in models for row in [m, *m["variants"]]]
+    tasks = {name: sorted(f for f, row in entries if row["task"] == name) for name in TASKS}
     if opts["json"]:
         print(json.dumps({"environment": env, "tasks": tasks, "models": models}, indent=2))
         return 0
-    rows = []
-    for m in models:
-        train = ("whole step" if m["cuda_graph_train"] else
-                 "backbone+encoder" if m["cuda_graph_train_seam"] else "no (eager)")
-        rows.append((m["family"], ", ".join(m["sizes"]), m["task"], f"{m['file_prefix']}<size>.pt",
-                     ("front part (seam)" if m["cuda_graph_predict_seam"] else "yes") if m["cuda_graph"]
-                     else "no (eager)", train))
+
+    def graphs(row) -> tuple[str, str]:
+        predict = (("front part (seam)" if row["cuda_graph_predict_seam"] else "yes") if row["cuda_graph"]
+                   else "no (eager)")
+        train = ("whole step" if row["cuda_graph_train"] else
+                 "backbone+encoder" if row["cuda_graph_train_seam"] else "no (eager)")
+        return predict, train
+    from .models.registry import TASK_SUFFIXES
+    suffix = {task: s for s, task in reversed(TASK_SUFFIXES.items())}   # the first suffix of each task
+    main = {m["family"]: m["task"] for m in models}
+    prefix = {m["family"]: m["file_prefix"] for m in models}
+    rows = []   # grouped by task, in the task table's order
+    for name in TASKS:
+        for f, row in sorted(((f, r) for f, r in entries if r["task"] == name), key=lambda e: e[0]):
+            files = f"{prefix[f]}<size>.pt" if main[f] == name else f"{prefix[f]}<size>-{suffix.get(name, name)}.pt"
+            rows.append((f, ", ".join(row["sizes"]), name, files, *graphs(row)))
     cols = ("family", "sizes", "task", "checkpoint names", "predict graph", "train graph")
     # the table's width: each column's widest cell, plus rich's borders and padding (3 a column)
     if sum(max(len(r[i]) for r in rows + [cols]) for i in range(len(cols))) + 3 * len(cols) + 1 <= console.width:
-        t = Table(title="libreyolo model families")
+        t = Table(title="libreyolo model families, by task")
         for col in cols:
             t.add_column(col)
-        for row in rows:
-            t.add_row(*row)
+        for i, row in enumerate(rows):
+            t.add_row(*row, end_section=i + 1 < len(rows) and rows[i + 1][2] != row[2])
         console.print(t)
-    else:   # a narrow terminal or a pipe: one family a paragraph, nothing cut
-        console.print("[bold]libreyolo model families[/]")
+    else:   # a narrow terminal or a pipe: a heading per task, one family a paragraph, nothing cut
+        console.print("[bold]libreyolo model families, by task[/]")
         width = max(40, console.width)
-        for family, sizes, task, files, predict, train in rows:
-            text = (f"{family} ({task}): sizes {sizes}; checkpoints {files}; CUDA graph: predict {predict}, "
-                    f"train {train}")
-            console.print("\n".join(textwrap.wrap(text, width, subsequent_indent="    ", break_on_hyphens=False,
-                                                   break_long_words=False)), highlight=False, markup=False)
-    console.print("tasks:")
-    for k, v in tasks.items():   # one a paragraph, wrapped between names
-        console.print("\n".join(textwrap.wrap(f"{k}: {', '.join(v) or '-'}", max(40, console.width),
-                                               initial_indent="  ", subsequent_indent="    ",
-                                               break_long_words=False, break_on_hyphens=False)), highlight=False)
+        for name in TASKS:
+            mine = [r for r in rows if r[2] == name]
+            graphed = sum(r[4] != "no (eager)" for r in mine)
+            console.print(f"[bold]{name}[/]: {len(mine)} {'family' if len(mine) == 1 else 'families'}, "
+                          f"{graphed} with predict graphs")
+            for family, sizes, _, files, predict, train in mine:
+                text = (f"{family}: sizes {sizes}; checkpoints {files}; CUDA graph: predict {predict}, "
+                        f"train {train}")
+                console.print("\n".join(textwrap.wrap(text, width, initial_indent="  ", subsequent_indent="      ",
+                                                       break_on_hyphens=False, break_long_words=False)),
+                              highlight=False, markup=False)
     e = Table(title="environment", show_header=False)
     for k, v in env.items():
         e.add_row(k, str(v if v not in (None, []) else "-"))

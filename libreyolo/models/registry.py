@@ -155,15 +155,22 @@ def family_for_checkpoint(ckpt: dict, filename: str | None) -> tuple[type[Model]
                      f"(known families: {', '.join(FAMILIES)})")
 
 
+def _graph_row(c: type[Model]) -> dict:
+    """One class's task, sizes and graph support (the keys of :func:`list_models`' rows)."""
+    return {"sizes": list(c.SIZES), "task": c.TASK, "cuda_graph": c.SUPPORTS_CUDA_GRAPH,
+            "cuda_graph_predict_seam": c.PREDICT_SEAM, "cuda_graph_train": c.SUPPORTS_CUDA_GRAPH_TRAIN,
+            "cuda_graph_train_seam": c.SUPPORTS_CUDA_GRAPH_TRAIN_SEAM and not c.SUPPORTS_CUDA_GRAPH_TRAIN}
+
+
 def list_models() -> list[dict]:
     """Every family and size with its task and graph support.
 
     ``cuda_graph_train``: the whole training step (or forward+backward) is captured;
     ``cuda_graph_train_seam``: a fixed-shape front part is (DETRs: backbone + encoder forward and
     backward, the rest eager); ``cuda_graph_predict_seam``: predict captures a front part only
-    (BiRefNet: the encoder; the deformable-convolution decoder runs eager)."""
-    return [{"family": f, "sizes": list(c.SIZES), "task": c.TASK, "file_prefix": c.FILE_PREFIX,
-             "cuda_graph": c.SUPPORTS_CUDA_GRAPH, "cuda_graph_predict_seam": c.PREDICT_SEAM,
-             "cuda_graph_train": c.SUPPORTS_CUDA_GRAPH_TRAIN,
-             "cuda_graph_train_seam": c.SUPPORTS_CUDA_GRAPH_TRAIN_SEAM and not c.SUPPORTS_CUDA_GRAPH_TRAIN}
+    (BiRefNet: the encoder; the deformable-convolution decoder runs eager). ``variants``: the
+    family's classes for its other tasks (``task=`` of ``LibreYOLO.new``; RTMDet's instance
+    segmentation, EC's pose, ...), each with the same keys."""
+    return [{"family": f, "file_prefix": c.FILE_PREFIX, **_graph_row(c),
+             "variants": [_graph_row(v) for v in c.task_variants()]}
             for f, c in FAMILIES.items()]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -339,3 +340,24 @@ def test_errors_go_to_standard_error(tmp_path, capsys):
     captured = capsys.readouterr()
     assert "nope.png" in captured.err and "error" in captured.err
     assert "nope.png" not in captured.out
+
+
+def test_info_lists_families_per_task_with_their_graph_status(capsys):
+    """`libreyolo info` groups the families by task, a family's variants (RTMDet's instance
+    segmentation, EC's pose, EoMT's panoptic head) under their own tasks, each with its graph status."""
+    from libreyolo import cli
+    from libreyolo.models.registry import get_family
+    from libreyolo.tasks import TASKS
+    assert cli.cmd_info({"json": True}) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert set(data["tasks"]) == set(TASKS)
+    assert "rtmdet" in data["tasks"]["segment"] and "rtmdet" in data["tasks"]["detect"]
+    assert "eomt" in data["tasks"]["panoptic"] and "fomo" in data["tasks"]["point"]
+    rtmdet = next(m for m in data["models"] if m["family"] == "rtmdet")
+    seg = next(v for v in rtmdet["variants"] if v["task"] == "segment")
+    assert seg["cuda_graph"] == get_family("rtmdet").for_task("segment").SUPPORTS_CUDA_GRAPH
+    assert cli.cmd_info({"json": False}) == 0
+    text = capsys.readouterr().out
+    for name in TASKS:   # a heading (narrow output) or a table row (wide) for every task
+        assert name in text
+    assert "LibreRTMDet<size>-seg.pt" in text

@@ -75,7 +75,7 @@ def test_info_reports_a_broken_pair(monkeypatch, capsys):
 
 def test_info_fits_80_columns(monkeypatch):
     rc, text = _info(monkeypatch, 80)
-    assert rc == 0 and "yolo9 (detect): sizes t, s, m, c" in text
+    assert rc == 0 and "detect: " in text and "  yolo9: sizes t, s, m, c" in text
     assert max(len(line) for line in text.splitlines()) <= 80
     rc, wide = _info(monkeypatch, 200)
     assert rc == 0 and "checkpoint names" in wide   # a wide terminal: the table
