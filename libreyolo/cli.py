@@ -1098,6 +1098,31 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
+#: seconds the exit after Ctrl-C may take (joining threads, the exit handlers) before the process
+#: ends anyway, printing every thread's stack: a user who pressed Ctrl-C gets a prompt back
+EXIT_AFTER_INTERRUPT_S = 60.0
+
+
+def _exit_watchdog(seconds: float, rc: int) -> None:
+    """End the process with ``rc`` if it is still exiting after ``seconds`` (a thread or an exit
+    handler that does not return), printing one line and the stack of every thread (what held the
+    exit up) to stderr first."""
+    import faulthandler
+    import threading
+
+    def fire() -> None:
+        try:
+            print(f"libreyolo: still exiting {seconds:g} s after Ctrl-C; ending the process. What held it "
+                  "up (every thread's stack):", file=sys.stderr, flush=True)
+            faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        finally:
+            os._exit(rc)
+    timer = threading.Timer(seconds, fire)
+    timer.daemon = True
+    timer.name = "libreyolo-exit-watchdog"
+    timer.start()
+
+
 def entry() -> None:
     """The ``libreyolo`` program (console script and ``python -m libreyolo.cli``): :func:`main`,
     then a prompt exit. Once the command is done - its files closed, its threads joined, its
@@ -1113,6 +1138,7 @@ def entry() -> None:
         if type(exc).__name__ != "TrainingInterrupted":   # a training run logged its own line
             print("libreyolo: interrupted", file=sys.stderr)
         rc = 130
+        _exit_watchdog(EXIT_AFTER_INTERRUPT_S, rc)
     # what a normal exit does: first wake the idle workers of concurrent.futures' thread pools (a
     # library's executor - OpenVINO's telemetry sender, started by importing openvino - waits for
     # work until this hook of the interpreter's exit runs), then wait for every non-daemon thread

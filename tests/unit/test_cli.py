@@ -361,3 +361,20 @@ def test_info_lists_families_per_task_with_their_graph_status(capsys):
     for name in TASKS:   # a heading (narrow output) or a table row (wide) for every task
         assert name in text
     assert "LibreRTMDet<size>-seg.pt" in text
+
+
+def test_an_exit_held_up_after_ctrl_c_ends_anyway_with_the_threads_stacks():
+    """A thread that never finishes (a library's non-daemon worker) cannot keep the program alive
+    after Ctrl-C: after EXIT_AFTER_INTERRUPT_S the process ends with 130, printing what held it up."""
+    import subprocess
+    import sys
+    code = (
+        "import threading, libreyolo.cli as c\n"
+        "c.EXIT_AFTER_INTERRUPT_S = 1.0\n"
+        "def stuck_worker():\n    threading.Event().wait()\n"
+        "def main():\n    threading.Thread(target=stuck_worker, name='stuck').start()\n    raise KeyboardInterrupt\n"
+        "c.main = main\nc.entry()\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 130, done.stderr[-2000:]
+    assert "libreyolo: interrupted" in done.stderr and "still exiting 1 s after Ctrl-C" in done.stderr
+    assert "stuck_worker" in done.stderr and "Traceback" not in done.stderr

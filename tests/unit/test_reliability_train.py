@@ -233,6 +233,9 @@ def test_ctrl_c_of_the_cli_exits_130_with_one_line(data, tmp_path):
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 130, err[-3000:]
+    # the exit's watchdog (libreyolo.cli.EXIT_AFTER_INTERRUPT_S) ends an exit that hangs and prints
+    # every thread's stack: what held it up
+    assert "still exiting" not in err, err[-6000:]
     assert "Traceback" not in err and "Traceback" not in out, err[-3000:]
     lines = [ln for ln in (out + err).splitlines() if "training interrupted in epoch" in ln]
     assert len(lines) == 1 and f"{last} holds epoch" in lines[0] and f"resume={last}" in lines[0], err[-3000:]
