@@ -143,7 +143,7 @@ def verify_model(model, *, imgsz: int | None = None, batches: tuple[int, ...] = 
     pred = model.get_predictor()
     own = getattr(pred, "plan", None) is None   # a task predictor with its own stages: task.verify_cases
     if not own:
-        plan = pred.plan(size)                   # the task's default predict options
+        plan = verify_plan(model, pred, size)
         from_u8 = pred._stage_fns(size, plan)[1]
     prep = model.preprocess
     out: list[ParityResult] = []
@@ -181,13 +181,28 @@ def verify_model(model, *, imgsz: int | None = None, batches: tuple[int, ...] = 
     return out
 
 
+#: the confidence threshold of the "+post" cases: the task's default predict options otherwise. A
+#: threshold is an input of the captured stage (one graph serves every value), so a low one changes
+#: nothing captured; it keeps candidates in the outputs of an untrained network, whose scores all
+#: stay under predict's 0.25 for some families (YOLOv1, YOLOv2): two probes with no detection each
+#: give equal outputs, and the stale-graph check could not tell a replay that read the wrong input
+VERIFY_CONF = 0.001
+
+
+def verify_plan(model, pred, size: int):
+    """The predict plan the parity cases capture: the task's default options, ``conf`` at
+    :data:`VERIFY_CONF` where the task takes one."""
+    opts = {"conf": VERIFY_CONF} if "conf" in getattr(model.task_def, "predict_defaults", {}) else {}
+    return pred.plan(size, **opts)
+
+
 def verify_half(model, size: int, batches: tuple[int, ...], source_hw: tuple[int, int],
                 precisions: tuple[str, ...], fast: bool | str) -> list[ParityResult]:
     """The parity protocol on the half / fast path: its network stage (half NHWC input) and its
     whole predict stage (uint8 in, post-processing included), graph replay vs the same path eager."""
     from .fastpath import arm_name, half_network, parse_precision
     pred = model.get_predictor()
-    plan = pred.plan(size)
+    plan = verify_plan(model, pred, size)
     out: list[ParityResult] = []
     for p in precisions:
         p = parse_precision(p)

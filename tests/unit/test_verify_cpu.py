@@ -58,3 +58,15 @@ def test_cli_seed_covers_the_initial_weights():
     c = _load({"model": "yolox-n", "device": "cpu"}, seed=4).model.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert any(not torch.equal(a[k], c[k]) for k in a if a[k].is_floating_point())
+
+
+def test_the_post_cases_capture_the_stage_at_a_low_threshold():
+    """The "+post" parity cases run the stage with conf at VERIFY_CONF (a threshold is an input of
+    the graph, so nothing captured changes): an untrained network's candidates stay in the outputs,
+    so the two probes differ; a task without a conf keeps its defaults."""
+    from libreyolo.engine.verify import VERIFY_CONF, verify_plan
+    det = LibreYOLO.new("yolo2", "t", nc=3, device="cpu", seed=0)
+    plan = verify_plan(det, det.get_predictor(), 64)
+    assert plan.conf == VERIFY_CONF < det.task_def.predict_defaults["conf"]
+    depth = LibreYOLO.new("zipdepth", "b", device="cpu", seed=0)
+    assert verify_plan(depth, depth.get_predictor(), 64) is not None
