@@ -18,13 +18,17 @@ def build(device):
 
 
 def same_boxes(a: torch.Tensor, b: torch.Tensor, share: float = 0.95) -> bool:
-    """Most of ``a``'s boxes have a twin in ``b`` (same class, IoU above 0.99): the CPU's and the
-    GPU's float32 differ in the last bits, which can move a box across a threshold."""
+    """Most of ``a``'s boxes have a twin in ``b`` (same class; IoU above 0.99, or every corner within
+    0.05 px - an untrained network's boxes clipped at the image's edge can have no area, whose IoU
+    is 0): the CPU's and the GPU's float32 differ in the last bits, which can move a box across a
+    threshold."""
     from torchvision.ops import box_iou
     if len(a) == 0 or len(b) == 0:
         return len(a) == len(b)
-    iou = box_iou(a[:, :4].float(), b[:, :4].float()) * (a[:, None, 5] == b[None, :, 5])
-    return bool((iou.max(1).values > 0.99).float().mean() >= share)
+    same_cls = a[:, None, 5] == b[None, :, 5]
+    iou = box_iou(a[:, :4].float(), b[:, :4].float()) * same_cls
+    near = ((a[:, None, :4] - b[None, :, :4]).abs().amax(-1) <= 0.05) & same_cls
+    return bool(((iou > 0.99) | near).any(1).float().mean() >= share)
 
 
 def test_tiles_replay_one_graph_with_the_eager_numbers_and_match_the_cpu():
