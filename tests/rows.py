@@ -284,11 +284,6 @@ VARIANT_TRAIN_GRAPH_MODELS = [
 # on the test's model instance only), and what fails today is marked xfail(strict=True), so the day
 # it passes the suite says so and the family can declare SUPPORTS_CUDA_GRAPH. Family -> why.
 GRAPH_PENDING: dict[str, str] = {}
-GRAPH_PENDING["feynobg"] = ("BiRefNet's seam and code at a 24-block stage: no GPU has run it yet "
-                            "(docs/families.md, \"Matting\")")
-GRAPH_PENDING["depth_anything3"] = "no GPU run yet (the command: docs/families.md, Depth Anything 3)"
-GRAPH_PENDING["pidnet"] = "no GPU run yet (docs/families.md, PIDNet and LingBot-Vision)"
-GRAPH_PENDING["lingbotvision"] = "no GPU run yet (docs/families.md, PIDNet and LingBot-Vision)"
 GRAPH_PENDING["clip"] = "no GPU run yet (docs/families.md, CLIP and SigLIP 2)"
 GRAPH_PENDING["siglip2"] = "no GPU run yet (docs/families.md, CLIP and SigLIP 2)"
 GRAPH_PENDING["eomt"] = "no GPU run yet (the commands: docs/families.md, EoMT)"

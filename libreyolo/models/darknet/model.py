@@ -32,7 +32,7 @@ class DarknetModel(Model):
 
     TASK = "detect"
     CHANNELS_LAST = True
-    # No GPU run has proven these families' capture yet: docs/families.md has the command.
+    # Declared per family once a GPU run proves it (YOLOv3 and v4 so far: docs/families.md).
     SUPPORTS_CUDA_GRAPH = False
     SUPPORTS_CUDA_GRAPH_TRAIN = False
     DEFAULT_IMGSZ = 416

@@ -27,7 +27,7 @@ class DepthAnything3(DepthFamily):
     """
 
     FAMILY = "depth_anything3"
-    SUPPORTS_CUDA_GRAPH = False   # no GPU parity run yet: the command is in docs/families.md
+    SUPPORTS_CUDA_GRAPH = True   # the GPU parity protocol and graph predict == eager passed (docs/families.md)
     SIZES = tuple(CONFIGS)
     FILE_PREFIX = "LibreDepthAnything3"   # the LibreYOLO checkpoint names: LibreDepthAnything3l-depth.pt
     DEFAULT_IMGSZ = 504

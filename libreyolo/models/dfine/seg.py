@@ -54,7 +54,7 @@ class DfineSeg(Dfine):
                                                 "clip_grad": 0.1}
     # predict's graph passed the GPU parity protocol (docs/families.md); the training seam has not
     SUPPORTS_CUDA_GRAPH = True
-    SUPPORTS_CUDA_GRAPH_TRAIN_SEAM = False
+    SUPPORTS_CUDA_GRAPH_TRAIN_SEAM = True   # its GPU seam rows passed (docs/families.md)
     SIGNATURE_KEYS = Dfine.SIGNATURE_KEYS + ("decoder.mask_decoder.lateral.0.weight",
                                              "decoder.mask_head.layers.0.weight")
 
@@ -96,7 +96,7 @@ class DfineSeg(Dfine):
 
     def train_seam(self, net: nn.Module) -> nn.Module | None:
         """Backbone + encoder + mask decoder (:class:`~.nn.DFineSegFront`): fixed-shape for a
-        given image size; the decoder, matcher and losses stay eager. Not declared
-        (``SUPPORTS_CUDA_GRAPH_TRAIN_SEAM`` is False) until its GPU rows pass (docs/families.md)."""
+        given image size; the decoder, matcher and losses stay eager (declared: its GPU rows passed,
+        docs/families.md)."""
         from .nn import DFineSegFront
         return DFineSegFront(net)

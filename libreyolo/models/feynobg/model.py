@@ -30,15 +30,12 @@ class FeyNobg(BiRefNet):
     ``deform_conv2d`` eager). Checkpoints are told from BiRefNet's by their stage depths (the
     same key names, 24 blocks in ``bb.layers.2``).
 
-    ``SUPPORTS_CUDA_GRAPH`` stays False until the GPU rows of this family pass (its row in
-    tests/rows.py ``MATTE_GRAPH_MODELS`` / ``GRAPH_PENDING``; the command is in docs/families.md,
-    "Matting"): the seam is BiRefNet's code, but no GPU has run it at this depth.
+    Its predict seam is BiRefNet's code, proven on a GPU at this depth too (tests/rows.py
+    ``MATTE_GRAPH_MODELS``; docs/families.md, "Matting").
     """
 
     FAMILY = "feynobg"
     CONFIGS: ClassVar[dict[str, SwinConfig]] = CONFIGS
     SIZES = tuple(CONFIGS)
     FILE_PREFIX = "LibreFeyNobg"       # the LibreYOLO checkpoint names: LibreFeyNobgl.pt
-    SUPPORTS_CUDA_GRAPH = False
-    UNSUPPORTED_REASON = ("no GPU run has proven its predict seam yet (the command is in docs/families.md, "
-                          "\"Matting\")")
+    SUPPORTS_CUDA_GRAPH = True   # BiRefNet's seam: the GPU parity protocol and predict == eager passed

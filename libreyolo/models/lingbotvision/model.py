@@ -29,7 +29,7 @@ class LingBotVision(Model):
     DEFAULT_NC = 150   # ADE20K, the label set of the reference's checkpoints
     # Not declared: no GPU has run the parity protocol on this family (docs/families.md, PIDNet
     # and LingBot-Vision, gives the commands). The predict stage is written graph-safe.
-    SUPPORTS_CUDA_GRAPH = False
+    SUPPORTS_CUDA_GRAPH = True   # the GPU parity protocol and graph predict == eager passed (docs/families.md)
     SUPPORTS_CUDA_GRAPH_TRAIN = False
     SIZES = tuple(CONFIGS)
     FILE_PREFIX = "LibreLingBotVision"   # LibreLingBotVisions.pt, ...

@@ -59,7 +59,7 @@ class Yolo1(Model):
     FILE_PREFIX = "LibreYOLO1"
     # No GPU parity run yet: docs/families.md gives the commands that would declare them.
     SUPPORTS_CUDA_GRAPH = False
-    SUPPORTS_CUDA_GRAPH_TRAIN = False
+    SUPPORTS_CUDA_GRAPH_TRAIN = True   # the GPU training rows passed (docs/families.md)
     DEFAULT_IMGSZ = INPUT_SIZE
     #: the network's total downsampling (448 -> 7)
     STRIDE = INPUT_SIZE // 7

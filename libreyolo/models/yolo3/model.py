@@ -17,4 +17,7 @@ class Yolo3(DarknetModel):
     FILE_PREFIX = "LibreYOLO3"
     CFGS = {"t": YOLOV3_TINY, "b": YOLOV3, "spp": YOLOV3_SPP}
     SIZES = tuple(CFGS)
+    # the GPU parity protocol, graph predict == eager and the training rows passed (docs/families.md)
+    SUPPORTS_CUDA_GRAPH = True
+    SUPPORTS_CUDA_GRAPH_TRAIN = True
     DEFAULT_IMGSZ_BY_SIZE = {size: cfg.imgsz for size, cfg in CFGS.items()}

@@ -17,4 +17,7 @@ class Yolo4(DarknetModel):
     FILE_PREFIX = "LibreYOLO4"
     CFGS = {"t": YOLOV4_TINY, "b": YOLOV4}
     SIZES = tuple(CFGS)
+    # the GPU parity protocol, graph predict == eager and the training rows passed (docs/families.md)
+    SUPPORTS_CUDA_GRAPH = True
+    SUPPORTS_CUDA_GRAPH_TRAIN = True
     DEFAULT_IMGSZ_BY_SIZE = {size: cfg.imgsz for size, cfg in CFGS.items()}

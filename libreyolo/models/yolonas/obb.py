@@ -43,7 +43,7 @@ class YoloNASOBB(YoloNAS):
     # predict's graph (rotated NMS included) passed the GPU parity protocol (docs/families.md); the
     # training step's rows have not run on a GPU yet (the loss is fixed-shape, reads nothing on the host)
     SUPPORTS_CUDA_GRAPH = True
-    SUPPORTS_CUDA_GRAPH_TRAIN = False
+    SUPPORTS_CUDA_GRAPH_TRAIN = True   # the GPU training rows passed (docs/families.md)
     NMS = True
     DEFAULT_NC = len(DOTA_NAMES)
     DEFAULT_IMGSZ = 1024
