@@ -111,11 +111,15 @@ class OnnxModel:
         that task's loader (:mod:`libreyolo.export.twostage`), chosen by the file's metadata."""
         if cls is OnnxModel and path is not None and Path(path).expanduser().is_file():
             try:
-                task = read_metadata(Path(path).expanduser()).get("task")
+                meta = read_metadata(Path(path).expanduser())
             except ValueError:
-                task = None   # an unreadable file: __init__ says so
+                meta = {}   # an unreadable file: __init__ says so
+            task = meta.get("task")
             from .twostage import LOADERS
             cls = LOADERS.get(task, cls)
+            if "text" in json.loads(meta.get("parts") or "{}"):   # an image-text model's two towers (CLIP, SigLIP 2)
+                from .embed_model import OnnxImageTextModel
+                cls = OnnxImageTextModel
         return super().__new__(cls)
 
     def __init__(self, path: str | os.PathLike, device: Any = "auto", *, threads: int | None = None):

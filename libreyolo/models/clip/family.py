@@ -45,6 +45,18 @@ from ..base import Model
 TEMPLATE = "a photo of a {}."
 
 
+def check_prompts(prompts: Any, template: Any = None) -> tuple[str, ...]:
+    """``set_classes``' arguments checked: the prompts as a tuple (one clear error otherwise)."""
+    if isinstance(prompts, str) or not isinstance(prompts, Sequence):
+        raise TypeError(f"set_classes takes a list of prompts, e.g. ['a cat', 'a dog'], got {prompts!r}")
+    items = tuple(prompts)
+    if not items or not all(isinstance(p, str) and p.strip() for p in items):
+        raise ValueError(f"set_classes needs at least one prompt, each a non-empty string, got {list(items)!r}")
+    if template is not None and (not isinstance(template, str) or "{}" not in template):
+        raise ValueError(f"template must be a string with a {{}} placeholder, got {template!r}")
+    return items
+
+
 def _fingerprint(net: nn.Module) -> tuple:
     """What a cached text head depends on: the network and its weights (storage and in-place version)."""
     return (id(net), *((p.data_ptr(), p._version) for p in net.parameters()))
@@ -201,13 +213,7 @@ class ImageTextModel(Model):
         each before it is encoded. The text embeddings are computed now, once, and cached, by the
         text stage under ``cuda_graph`` (default: False, or the running predict call's mode)."""
         mode = self._text_mode if cuda_graph is None else normalize_mode(cuda_graph)
-        if isinstance(prompts, str) or not isinstance(prompts, Sequence):
-            raise TypeError(f"set_classes takes a list of prompts, e.g. ['a cat', 'a dog'], got {prompts!r}")
-        items = tuple(prompts)
-        if not items or not all(isinstance(p, str) and p.strip() for p in items):
-            raise ValueError(f"set_classes needs at least one prompt, each a non-empty string, got {list(items)!r}")
-        if template is not None and (not isinstance(template, str) or "{}" not in template):
-            raise ValueError(f"template must be a string with a {{}} placeholder, got {template!r}")
+        items = check_prompts(prompts, template)
         self._prompts = (items, template)
         self.nc = len(items)
         self.names = dict(enumerate(items))
