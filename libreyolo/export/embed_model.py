@@ -58,9 +58,25 @@ class OnnxImageTextModel(OnnxModel):
 
     def to(self, device: Any) -> OnnxImageTextModel:
         super().to(device)
-        from .twostage import _open_part
-        self.text_session, self.text_path = _open_part(self, "text")
+        self.text_session, self.text_path = self._open_text_graph()
         return self
+
+    def _open_text_graph(self):
+        """The text graph's session, on the image graph's providers; its file is checked to be the
+        text part the image graph names (same family, size, task)."""
+        from .onnx import read_metadata
+        parts = json.loads(self.meta.get("parts") or "{}")
+        p = self.path.with_name(parts["text"])
+        if not p.is_file():
+            raise FileNotFoundError(f"{self.path.name} needs its text graph {p.name} beside it ({str(p)!r} not "
+                                    "found); copy both files, or export again")
+        meta = read_metadata(p)
+        if (meta.get("part"), meta.get("family"), meta.get("size"), meta.get("task")) != \
+                ("text", self.FAMILY, self.size, self.meta["task"]):
+            raise ValueError(f"{p} is not the text graph of {self.path.name} (its metadata: family "
+                             f"{meta.get('family')!r}, size {meta.get('size')!r}, task {meta.get('task')!r}, part "
+                             f"{meta.get('part')!r}); export again")
+        return self._session(p), p
 
     # ------------------------------------------------------------------ text
     @property

@@ -71,6 +71,11 @@ def test_bad_calls_are_refused(tmp_path):
         o.embed_text(["a cat"], cuda_graph=True)
     with pytest.raises(NotImplementedError, match="training"):
         o.train(data="shapes-captions")
+    assert o.embedder().to("cpu").TASK == "embed"
+    other = tiny("clip", task="embed").export(file=tmp_path / "other" / "e.onnx")
+    (tmp_path / "c-text.onnx").write_bytes(other.with_name("e-text.onnx").read_bytes())
+    with pytest.raises(ValueError, match="not the text graph of c.onnx"):
+        LibreYOLO(str(path), device="cpu")
     (tmp_path / "c-text.onnx").unlink()
     with pytest.raises(FileNotFoundError, match="c-text.onnx"):
         LibreYOLO(str(path), device="cpu")
