@@ -31,6 +31,11 @@ def test_text_stage_equals_the_eager_tower(family):
     assert torch.equal(m.class_head(), eager_tower(m, ids))
     info = m.graph_info()
     assert info["text"]["eager_calls"] >= 2 and info["graphs"] == []   # the CPU: eager, no graph
+    assert torch.equal(m.embed_text(PROMPTS, cuda_graph="auto"), m.embed_text(PROMPTS))   # auto: eager here
+    with pytest.raises(NotImplementedError, match=f"'{family}' family"):   # not declared capturable
+        m.embed_text(PROMPTS, cuda_graph=True)
+    with pytest.raises(ValueError, match="cuda_graph must be"):
+        m.set_classes(PROMPTS, cuda_graph="sometimes")
 
 
 @pytest.mark.parametrize("family", FAMILIES)

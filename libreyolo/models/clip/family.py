@@ -22,10 +22,10 @@ at a bucketed token length (``TEXT_BUCKETS``: CLIP 16 / 32 / 77 - its causal tow
 end-of-text token, so the padding after it changes nothing -, SigLIP 2 its full 64, whose tower
 sees the padding), ``TEXT_CHUNK`` rows at a time; where graphs can run (a CUDA device) a last,
 shorter chunk is filled up with rows of zeros (eager too: ``cuda_graph`` changes how, not what),
-so each bucketed length is one shape - one captured graph. ``cuda_graph`` of :meth:`set_classes` / :meth:`embed_text` (and of
-predict, for the class head it encodes) picks the mode. No CUDA-graph declaration yet
-(``SUPPORTS_CUDA_GRAPH`` False): the GPU command that would prove both stages is in
-docs/families.md; :meth:`verify_cases` gives ``libreyolo verify`` the text stage's cases.
+so each bucketed length is one shape - one captured graph. ``cuda_graph`` of :meth:`set_classes`
+/ :meth:`embed_text` (and of predict, for the class head it encodes) picks the mode. No CUDA-graph
+declaration yet (``SUPPORTS_CUDA_GRAPH`` False): the GPU command that would prove both stages is
+in docs/families.md; :meth:`verify_cases` gives ``libreyolo verify`` the text stage's cases.
 """
 from __future__ import annotations
 
