@@ -351,6 +351,8 @@ ONNX_MODELS = [
 # Not in ONNX_MODELS, TRAIN_MODELS, SMALL_MODELS: nafnet, realesrgan, swinir (restore): their export is the
 # network on one batch of tiles (no detection output), trained on paired images; their ONNX parity, two-epoch
 # training and predict checks are in tests/unit/test_restore.py.
+# Their load-back (LibreYOLO("x.onnx"): the task's tiling around the session) is in tests/unit/test_restore_onnx.py;
+# CLIP's and SigLIP 2's two-tower export and its load-back in tests/unit/test_embed.py / test_embed_onnx.py.
 # Not in ONNX_MODELS, TRAIN_MODELS, SMALL_MODELS: yolo1, whose input is fixed at 448 (these rows run
 # at 64-160 px); its ONNX parity, trainer run and predict checks are in tests/unit/test_yolo1.py.
 # Families whose traced graph fixes a size-dependent shape (their decoder's anchor grid), so the

@@ -176,6 +176,11 @@ def verify_model(model, *, imgsz: int | None = None, batches: tuple[int, ...] = 
                 # further stages the task runs after the first (OCR: recognition per bucket width)
                 for name, fn, pa_, pb_ in plan.parity_stages(b, model.device):
                     out.append(check_parity(f"{model.FAMILY}-{model.size} {name} {tag} b{b}", fn, pa_, pb_, module=net))
+        family_stages = None if own else getattr(model, "verify_cases", None)
+        if family_stages is not None:   # a family's stages besides predict's (CLIP, SigLIP 2: the text tower per length)
+            with torch.no_grad(), ctx():
+                for name, fn, pa_, pb_ in family_stages(size, max(batches), tuple(source_hw)):
+                    out.append(check_parity(f"{model.FAMILY}-{model.size} {name} {tag}", fn, pa_, pb_, module=net))
     if not own:
         out.extend(verify_half(model, size, batches, source_hw, precisions, fast))
     return out

@@ -105,17 +105,26 @@ class OnnxModel:
     #: the runtime that runs the graph, and the kind of file, as the messages name them
     BACKEND = BACKEND
     KIND = "ONNX"
+    #: whether predict tiles and blends a restore export (:class:`~.restore_model.OnnxRestoreModel`)
+    TILES_RESTORE = False
 
     def __new__(cls, path: str | os.PathLike | None = None, *args: Any, **kwargs: Any):
         """``OnnxModel(path)`` of a task exported as two graphs (OCR, promptable segmentation) is
         that task's loader (:mod:`libreyolo.export.twostage`), chosen by the file's metadata."""
         if cls is OnnxModel and path is not None and Path(path).expanduser().is_file():
             try:
-                task = read_metadata(Path(path).expanduser()).get("task")
+                meta = read_metadata(Path(path).expanduser())
             except ValueError:
-                task = None   # an unreadable file: __init__ says so
+                meta = {}   # an unreadable file: __init__ says so
+            task = meta.get("task")
             from .twostage import LOADERS
             cls = LOADERS.get(task, cls)
+            if "text" in json.loads(meta.get("parts") or "{}"):   # an image-text model's two towers (CLIP, SigLIP 2)
+                from .embed_model import OnnxImageTextModel
+                cls = OnnxImageTextModel
+            elif task == "restore":   # the tile network: the restore task's tiling and blending around it
+                from .restore_model import OnnxRestoreModel
+                cls = OnnxRestoreModel
         return super().__new__(cls)
 
     def __init__(self, path: str | os.PathLike, device: Any = "auto", *, threads: int | None = None):
@@ -269,11 +278,12 @@ class OnnxModel:
         if parse_amp(amp) is not None:
             raise NotImplementedError(f"amp is fixed when an {self.KIND} model is exported ({self.path.name}: "
                                       f"{'float16' if self.half else 'float32'}); export with half=True for float16")
-        if self.TASK == "restore":   # the export is the network on one batch of tiles (tasks/restore/export.py)
+        if self.TASK == "restore" and not self.TILES_RESTORE:   # the network on one batch of tiles (tasks/restore/export.py)
             raise NotImplementedError(f"{self.path.name} is a restore export: the network on a batch of "
                                       f"{self.imgsz}x{self.imgsz} tiles (input 'images' in [0, 1], output 'restored'); "
-                                      "run it with onnxruntime per tile, or predict with the .pt checkpoint, which "
-                                      "tiles and blends whole images")
+                                      f"{self.BACKEND} does not tile it here: load the .onnx file with LibreYOLO "
+                                      "(onnxruntime, the restore task's tiling and blending), or predict with the .pt "
+                                      "checkpoint")
         unknown = sorted(set(task_opts) - set(self.task_def.predict_defaults))
         if unknown:
             raise TypeError(f"unknown predict option(s) {', '.join(unknown)} for a {self.TASK} model; known: imgsz, "

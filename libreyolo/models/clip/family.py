@@ -14,11 +14,18 @@ was trained). Without :meth:`set_classes` the head is the model's class names in
 caption pairs (:mod:`libreyolo.tasks.embed`): CLIP's symmetric cross-entropy over the batch,
 SigLIP's pairwise sigmoid loss.
 
-Text runs eager, outside predict's stage, at a bucketed token length (``TEXT_BUCKETS``: CLIP
-16 / 32 / 77 - its causal tower pools the end-of-text token, so the padding after it changes
-nothing -, SigLIP 2 its full 64, whose tower sees the padding), so text shapes come from a short
-list. No CUDA-graph declaration yet (``SUPPORTS_CUDA_GRAPH`` False): the GPU command that would
-prove it is in docs/families.md.
+Text runs outside predict's image stage, as a stage of its own (:meth:`text_stage`: the text
+tower and the L2 normalization) through the model's text graph runner (``text_runner``, a
+:class:`~libreyolo.graphs.runner.GraphRunner` of the same network: ``set_classes`` releases the
+image stage's graphs, which read the cached head, without dropping the text graphs). Prompts run
+at a bucketed token length (``TEXT_BUCKETS``: CLIP 16 / 32 / 77 - its causal tower pools the
+end-of-text token, so the padding after it changes nothing -, SigLIP 2 its full 64, whose tower
+sees the padding), ``TEXT_CHUNK`` rows at a time; where graphs can run (a CUDA device) a last,
+shorter chunk is filled up with rows of zeros (eager too: ``cuda_graph`` changes how, not what),
+so each bucketed length is one shape - one captured graph. ``cuda_graph`` of :meth:`set_classes`
+/ :meth:`embed_text` (and of predict, for the class head it encodes) picks the mode. No CUDA-graph
+declaration yet (``SUPPORTS_CUDA_GRAPH`` False): the GPU command that would prove both stages is
+in docs/families.md; :meth:`verify_cases` gives ``libreyolo verify`` the text stage's cases.
 """
 from __future__ import annotations
 
@@ -31,10 +38,23 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...graphs.runner import GraphRunner, normalize_mode
 from ..base import Model
 
 #: the prompt a class name is put in when the classes are names, not prompts (CLIP's ImageNet template)
 TEMPLATE = "a photo of a {}."
+
+
+def check_prompts(prompts: Any, template: Any = None) -> tuple[str, ...]:
+    """``set_classes``' arguments checked: the prompts as a tuple (one clear error otherwise)."""
+    if isinstance(prompts, str) or not isinstance(prompts, Sequence):
+        raise TypeError(f"set_classes takes a list of prompts, e.g. ['a cat', 'a dog'], got {prompts!r}")
+    items = tuple(prompts)
+    if not items or not all(isinstance(p, str) and p.strip() for p in items):
+        raise ValueError(f"set_classes needs at least one prompt, each a non-empty string, got {list(items)!r}")
+    if template is not None and (not isinstance(template, str) or "{}" not in template):
+        raise ValueError(f"template must be a string with a {{}} placeholder, got {template!r}")
+    return items
 
 
 def _fingerprint(net: nn.Module) -> tuple:
@@ -56,8 +76,8 @@ class ImageTextModel(Model):
     #: the network class (``nn.py``) and its tokenizer class (``libreyolo.text``)
     NET: ClassVar[type[nn.Module]]
     TOKENIZER: ClassVar[str] = ""
-    #: prompts encoded per text-tower call
-    TEXT_CHUNK: ClassVar[int] = 256
+    #: prompts encoded per text-stage call (on CUDA every call has this many rows: one graph per bucket)
+    TEXT_CHUNK: ClassVar[int] = 64
     #: fine-tuning recipe: small AdamW steps on pretrained towers, no EMA (see :meth:`train`)
     TRAIN_DEFAULTS: ClassVar[dict[str, Any]] = {
         "optimizer": "AdamW", "lr0": 1e-5, "lrf": 0.1, "momentum": 0.9, "weight_decay": 0.1,
@@ -69,7 +89,14 @@ class ImageTextModel(Model):
         self._prompts: tuple[tuple[str, ...], str | None] | None = None
         self._heads: dict = {}   # (network fingerprint, prompts) -> normalized text rows
         self._tokenizer = None
+        self._text_mode: Any = False   # predict's cuda_graph while it runs (the class head it encodes)
         super().__init__(net, **kwargs)
+
+    def _attach(self, net: nn.Module) -> None:
+        """As :meth:`Model._attach`, with the text stage's own runner on the same network."""
+        super()._attach(net)
+        self.text_runner = GraphRunner(net, self.FAMILY, self.SUPPORTS_CUDA_GRAPH,
+                                       unsupported_reason=self.UNSUPPORTED_REASON)
 
     # ------------------------------------------------------------------ network
     @classmethod
@@ -114,43 +141,85 @@ class ImageTextModel(Model):
         length = next((b for b in self.TEXT_BUCKETS if b >= used), ids.shape[1])
         return ids[:, :length].contiguous()
 
-    def encode_text_ids(self, input_ids: torch.Tensor, net: nn.Module | None = None) -> torch.Tensor:
-        """(T, L) token ids -> (T, D) L2-normalized float32 text embeddings on the device (gradients
-        flow when enabled), through ``net`` (default: the model's network), ``TEXT_CHUNK`` at a time."""
+    def text_stage(self, net: nn.Module | None = None):
+        """The text stage: (R, L) int64 token ids on the device -> (R, D) L2-normalized float32
+        text embeddings (the tower, then the normalization; fixed shapes, no host synchronisation)."""
+        net = self.model if net is None else net
+
+        def text(input_ids: torch.Tensor) -> torch.Tensor:
+            return F.normalize(net.encode_text(input_ids).float(), dim=-1)
+        return text
+
+    def text_key(self, length: int) -> tuple:
+        """The text stage's graph key at token length ``length`` (the rows are in the signature)."""
+        return (f"{self.FAMILY}-text", int(length))
+
+    def encode_text_ids(self, input_ids: torch.Tensor, net: nn.Module | None = None,
+                        cuda_graph: Any = False) -> torch.Tensor:
+        """(T, L) token ids -> (T, D) L2-normalized float32 text embeddings on the device, through
+        ``net`` (default: the model's network), ``TEXT_CHUNK`` at a time. With the model's own
+        network and gradients off, each chunk is the text stage run by ``text_runner`` under
+        ``cuda_graph`` (on CUDA a shorter chunk filled up with zero rows, whatever the mode: see
+        the module docstring); another network (training's) or gradients on: the tower eager, as it is."""
         net = self.model if net is None else net
         dev = next(net.parameters()).device
         if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.dtype != torch.long:
             raise TypeError("input_ids must be a (T, L) int64 tensor of token ids")
-        rows = [F.normalize(net.encode_text(input_ids[i:i + self.TEXT_CHUNK].to(dev)).float(), dim=-1)
-                for i in range(0, len(input_ids), self.TEXT_CHUNK)]
+        k = self.TEXT_CHUNK
+        staged = net is self.model and not torch.is_grad_enabled()
+        stage = self.text_stage(net)
+        rows = []
+        for i in range(0, len(input_ids), k):
+            ids = input_ids[i:i + k].to(dev)
+            if not staged:
+                rows.append(stage(ids))
+                continue
+            n = ids.shape[0]
+            if n < k and self.text_runner.capturer.can_capture(dev):   # CUDA: one shape per length, one graph
+                ids = torch.cat((ids, ids.new_zeros((k - n, ids.shape[1]))))
+            rows.append(self.text_runner(self.text_key(ids.shape[1]), stage, (ids,), cuda_graph)[:n])
         return torch.cat(rows) if rows else torch.zeros(0, net.embed_dim, device=dev)
 
-    def embed_text(self, texts: str | Sequence[str]) -> torch.Tensor:
+    def embed_text(self, texts: str | Sequence[str], cuda_graph: Any = False) -> torch.Tensor:
         """Texts -> (T, D) L2-normalized text embeddings (float32, on the CPU), in the space of
         :meth:`embed`'s image embeddings: ``model.embed(img) @ model.embed_text(texts).T`` are
-        cosine similarities."""
+        cosine similarities. ``cuda_graph``: the text stage's mode (False, True, "auto"; see
+        :meth:`encode_text_ids`)."""
+        mode = normalize_mode(cuda_graph)
         ids = self.tokenize(texts)
         with torch.no_grad():
-            return self.encode_text_ids(ids).cpu()
+            return self.encode_text_ids(ids, cuda_graph=mode).cpu()
+
+    def verify_cases(self, size: int, batch: int, source_hw: tuple[int, int]) -> list[tuple]:
+        """``(name, fn, probe A, probe B)`` of the parity protocol for the stages this family runs
+        besides predict's image stage (``libreyolo verify`` adds them): the text stage at each
+        bucketed length, at the ``TEXT_CHUNK`` rows it runs with on CUDA. Probe A: ids drawn over
+        the whole vocabulary; probe B: ids of the first eighth (another distribution)."""
+        dev = next(self.model.parameters()).device
+        vocab = int(self.model.config.vocab_size)
+        g = torch.Generator().manual_seed(77)
+        cases = []
+        for length in self.TEXT_BUCKETS:
+            a = torch.randint(0, vocab, (self.TEXT_CHUNK, length), generator=g)
+            b = torch.randint(0, vocab // 8, (self.TEXT_CHUNK, length), generator=g)
+            cases.append((f"text-stage L{length} rows{self.TEXT_CHUNK}", self.text_stage(), (a.to(dev),), (b.to(dev),)))
+        return cases
 
     # ------------------------------------------------------------------ classes as prompts
-    def set_classes(self, prompts: Sequence[str], template: str | None = None) -> ImageTextModel:
+    def set_classes(self, prompts: Sequence[str], template: str | None = None,
+                    cuda_graph: Any = None) -> ImageTextModel:
         """Make ``prompts`` the classes: predict gives ``Results.probs`` over them (in this order;
         ``names`` maps each index to its prompt). ``template`` (e.g. ``"a photo of a {}."``) wraps
-        each before it is encoded. The text embeddings are computed now, once, and cached."""
-        if isinstance(prompts, str) or not isinstance(prompts, Sequence):
-            raise TypeError(f"set_classes takes a list of prompts, e.g. ['a cat', 'a dog'], got {prompts!r}")
-        items = tuple(prompts)
-        if not items or not all(isinstance(p, str) and p.strip() for p in items):
-            raise ValueError(f"set_classes needs at least one prompt, each a non-empty string, got {list(items)!r}")
-        if template is not None and (not isinstance(template, str) or "{}" not in template):
-            raise ValueError(f"template must be a string with a {{}} placeholder, got {template!r}")
+        each before it is encoded. The text embeddings are computed now, once, and cached, by the
+        text stage under ``cuda_graph`` (default: False, or the running predict call's mode)."""
+        mode = self._text_mode if cuda_graph is None else normalize_mode(cuda_graph)
+        items = check_prompts(prompts, template)
         self._prompts = (items, template)
         self.nc = len(items)
         self.names = dict(enumerate(items))
-        self.runner.release()   # a captured graph would hold the previous head
+        self.runner.release()   # a captured image-stage graph would hold the previous head
         self._predictor = None
-        self.class_head()       # encode now: predict then reads the cache
+        self.class_head(cuda_graph=mode)   # encode now: predict then reads the cache
         return self
 
     def prompts(self) -> list[str]:
@@ -160,16 +229,18 @@ class ImageTextModel(Model):
         items, template = self._prompts
         return [template.format(p) for p in items] if template else list(items)
 
-    def class_head(self, net: nn.Module | None = None) -> torch.Tensor:
+    def class_head(self, net: nn.Module | None = None, cuda_graph: Any = None) -> torch.Tensor:
         """(nc, D) normalized text embeddings of the classes through ``net`` (default: the model's
-        network), cached until the prompts or the weights change."""
+        network), cached until the prompts or the weights change; encoded by the text stage under
+        ``cuda_graph`` (default: False, or the running predict call's mode)."""
         net = self.model if net is None else net
         texts = tuple(self.prompts())
         key = (_fingerprint(net), texts)
         head = self._heads.get(key)
         if head is None:
+            mode = self._text_mode if cuda_graph is None else normalize_mode(cuda_graph)
             with torch.no_grad():
-                head = self.encode_text_ids(self.tokenize(list(texts)), net)
+                head = self.encode_text_ids(self.tokenize(list(texts)), net, cuda_graph=mode)
             self._heads = {key: head}   # one head kept: the weights or prompts changed
         return head
 
@@ -181,7 +252,44 @@ class ImageTextModel(Model):
         """Normalized images -> (B, D) L2-normalized float32 image embeddings."""
         return F.normalize(((self.model if net is None else net)(x)).float(), dim=-1)
 
+    # ------------------------------------------------------------------ graphs
+    def to(self, device: Any) -> ImageTextModel:
+        before = self.device
+        super().to(device)
+        if self.device != before:
+            self.text_runner.release()
+        return self
+
+    def graph_info(self) -> dict:
+        """:meth:`Model.graph_info` with the text stage's graphs (one per bucketed length) and
+        counts added; ``text`` holds the text runner's own statistics."""
+        info = super().graph_info()
+        text = self.text_runner.info()
+        info["graphs"] = [*info["graphs"], *text["graphs"]]
+        for k in ("captures", "replays", "eager_calls", "pool_bytes"):
+            info[k] = info[k] + text[k]
+        info["text"] = text
+        return info
+
+    def release_graphs(self) -> int:
+        return super().release_graphs() + self.text_runner.release()
+
     # ------------------------------------------------------------------ predict / train hooks
+    def predict(self, source: Any, **kwargs: Any) -> Any:
+        """:meth:`Model.predict`; a class head not cached yet (or ``prompts=``) is encoded by the
+        text stage under the call's ``cuda_graph``."""
+        try:
+            mode = normalize_mode(kwargs.get("cuda_graph", False))
+        except ValueError:
+            mode = False   # predict's own option check names the bad value
+        self._text_mode = mode
+        try:
+            return super().predict(source, **kwargs)
+        finally:
+            self._text_mode = False
+
+    __call__ = predict
+
     def get_predictor(self):
         self.class_head()   # encoded before predict starts, not inside its stage
         return super().get_predictor()
