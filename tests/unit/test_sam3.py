@@ -320,3 +320,25 @@ def test_grid_of_a_family_without_logit_upsampling_is_refused_by_name(image):
     sam2 = get_family("sam2").new("tiny", device="cpu", imgsz=64, seed=0, video=False)
     with pytest.raises(ValueError, match="sam2 has no automatic mask generation yet"):
         sam2(image, prompts="grid", points_per_side=2)
+
+
+def test_export_is_refused_by_name(model):
+    with pytest.raises(NotImplementedError, match="sam3-large has no 'onnx' export yet"):
+        model.export(format="onnx")
+
+
+def test_verify_cases_run_the_parity_protocol_on_the_cpu(video_model, monkeypatch):
+    """The family's cases (network, image stage, prompt stage, the video step at a full bank, the
+    frame stage) through the parity protocol, the capture stood in by a replay: probes differ,
+    replays equal."""
+    from standin import StandInCapturer
+
+    import libreyolo.graphs.parity as parity
+    monkeypatch.setattr(parity, "CudaGraphCapturer", StandInCapturer)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    cases = video_model.task_def.verify_cases(video_model, SIZE, 1, (48, 64))
+    with torch.no_grad():
+        results = [parity.check_parity(name, fn, a, b, module=video_model.model) for name, fn, a, b in cases]
+    assert [c[0].split()[0] for c in cases] == ["network", "image-stage", "prompt-stage", "video-step",
+                                                "video-frame-stage"]
+    assert all(r.passed for r in results), [r.as_dict() for r in results]
