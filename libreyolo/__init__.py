@@ -32,6 +32,7 @@ _FAMILY_NAMES += ("LibreEoMT",)
 _FAMILY_NAMES += ("LibreNAFNet", "LibreRealESRGAN", "LibreSwinIR")
 _FAMILY_NAMES += ("LibreSAM2", "LibreEdgeTAM")
 _FAMILY_NAMES += ("LibreSAM1", "LibrePicoSAM3")
+_FAMILY_NAMES += ("LibreSAM3",)
 _RESULT_NAMES = ("Results", "Boxes", "Probs", "SemanticMask", "DepthMap", "Matte", "OCRRegions", "Masks",
                  "Keypoints")
 _RESULT_NAMES += ("PanopticSegmentation",)
@@ -51,6 +52,7 @@ __all__ += ["LibreEoMT", "PanopticSegmentation"]
 __all__ += ["LibreSAM2", "LibreEdgeTAM"]
 __all__ += ["LibreFOMO", "Points"]
 __all__ += ["LibreSAM1", "LibrePicoSAM3"]
+__all__ += ["LibreSAM3"]
 
 
 def __getattr__(name: str):

@@ -62,6 +62,8 @@ FIXTURES = [
     # SAM ViT-B runs at its fixed 1024 frame: a minute or two per row on one core (slow rows)
     ("sam", "base", "sam-base"),
     ("picosam3", "pico", "picosam3-pico"),
+    # SAM 3's tracker (458 M parameters) at its fixed 1008 frame: a slow row
+    ("sam3", "large", "sam3-large"),
 ]
 
 # Fixtures of large networks (seconds to fill, build and run on one core): their rows in
@@ -82,6 +84,8 @@ SLOW_FIXTURES = {
                     "(tests/unit/test_sam2.py runs the same code at a 256 frame)",
     "sam-base": "SAM ViT-B at its fixed 1024x1024 frame: 15-115 s per row on one core (fast twin: "
                 "tests/unit/test_sam.py on a small config)",
+    "sam3-large": "SAM 3's tracker, 458.3 M parameters (ViT-L/14, 32 blocks) at its fixed 1008x1008 frame: "
+                  "minutes per row on one core (fast twin: tests/unit/test_sam3.py on a small config)",
 }
 
 # The sub-network a fixture's forward ran (its json's "forward"), where it is not the whole network.
@@ -226,6 +230,7 @@ SEGMENT_PROMPT_GRAPH_MODELS = [
     ("edgetam", "edge"),
     ("sam", "base"),
     ("picosam3", "pico"),
+    ("sam3", "large"),
 ]
 
 # (family, size) of depth models that must pass the GPU parity protocol (predict stage: stretch to
@@ -305,6 +310,7 @@ GRAPH_PENDING["fomo"] = "no GPU run yet (docs/families.md, FOMO)"
 GRAPH_PENDING["sam"] = ("transformers' SAM modules: no GPU run yet (the command: docs/families.md, "
                         "\"Promptable segmentation (SAM, PicoSAM3)\")")
 GRAPH_PENDING["picosam3"] = "no GPU run yet (docs/families.md, \"Promptable segmentation (SAM, PicoSAM3)\")"
+GRAPH_PENDING["sam3"] = "no GPU run yet (docs/families.md, SAM 3: the command)"
 # Families whose training capture is built but not declared (SUPPORTS_CUDA_GRAPH_TRAIN False): the
 # GPU training rows of tests/gpu/test_tasks_gpu.py run for them too, marked xfail(strict=False) -
 # the report shows which rows pass (XPASS) and which do not. Family -> why it is not declared.

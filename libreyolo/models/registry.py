@@ -64,6 +64,7 @@ _TABLE: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "sam2": (".sam2.model:Sam2", "LibreSAM2", ("tiny", "small", "base-plus", "large")),
     "edgetam": (".edgetam.model:EdgeTAM", "LibreEdgeTAM", ("edge",)),
     "fomo": (".fomo.model:Fomo", "LibreFOMO", ("s", "m", "l")),
+    "sam3": (".sam3.model:Sam3", "LibreSAM3", ("large",)),
 }
 
 

@@ -60,13 +60,12 @@ def test_a_padded_prompt_gives_other_masks_on_the_gpu(spec, image):
     """Why prompt counts are not bucketed (the CPU test shows the same): SAM's padding point is
     a token the others attend to."""
     model = input_sensitive(LibreYOLO.new(spec[0], spec[1], device="cuda", seed=0))
-    net = model.model
     with torch.no_grad():
         emb = model.get_predictor().set_image(image).embedding
         pts = torch.tensor([[[400.0, 300.0], [100.0, 80.0]]], device="cuda")
         lab = torch.tensor([[1.0, 0.0]], device="cuda")
-        m0, s0 = net.decode(emb, pts, lab, None, True, 1024)
+        m0, s0 = model.decode(emb, pts, lab, None, True, model.imgsz)   # the family's call (SAM 2 / 3: three maps)
         pad_p = torch.cat([pts, torch.zeros(1, 1, 2, device="cuda")], 1)
         pad_l = torch.cat([lab, -torch.ones(1, 1, device="cuda")], 1)
-        m1, s1 = net.decode(emb, pad_p, pad_l, None, True, 1024)
+        m1, s1 = model.decode(emb, pad_p, pad_l, None, True, model.imgsz)
     assert not torch.equal(m0, m1) and (m0 - m1).abs().max() > 1e-3

@@ -60,6 +60,7 @@ OPTS = {"segment-prompt": {"points": "center"}}   # predict options a task needs
 IMGSZ["restore"], FIELD["restore"] = 64, "image"   # restore: 64 px tiles, Results.image
 DATA["point"], IMGSZ["point"], FIELD["point"] = "shapes-point", 96, "points"
 OPTS_OF_FAMILY = {"picosam3": {"boxes": [[40, 60, 300, 400]]}}   # box prompts only (inside every test image)
+IMGSZ_OF_FAMILY = {"sam3": 1008}   # a network whose fixed frame is not its task's size (SAM 3: 72 patches of 14)
 
 
 def ids(spec):
@@ -99,7 +100,8 @@ def images():
 @pytest.mark.parametrize("spec", pending(MODELS), ids=ids)
 def test_parity_protocol_fp32_and_amp_batch_1_and_8(spec):
     model = build(spec)
-    results = verify_model(model, imgsz=IMGSZ[model.TASK], batches=(1, 8), amp_dtypes=(None, model.AMP_DTYPE))
+    results = verify_model(model, imgsz=IMGSZ_OF_FAMILY.get(model.FAMILY, IMGSZ[model.TASK]), batches=(1, 8),
+                           amp_dtypes=(None, model.AMP_DTYPE))
     # a seam adds its claim per setting; a task's further stages add theirs (OCR: recognition per bucket)
     assert len(results) >= (16 if model.PREDICT_SEAM else 12)
     failed = [r.as_dict() for r in results if not r.passed]
@@ -110,7 +112,7 @@ def test_parity_protocol_fp32_and_amp_batch_1_and_8(spec):
 def test_predict_with_graph_equals_eager(spec, images):
     model = input_sensitive(build(spec))
     field = FIELD[model.TASK]
-    size = IMGSZ[model.TASK]
+    size = IMGSZ_OF_FAMILY.get(model.FAMILY, IMGSZ[model.TASK])
     # an aspect-keeping resize ("cover", "limit") gives each image size its own input: such a
     # family batches only images of one size (a mixed batch is refused, tested on the CPU)
     mixed = 1 if model.preprocess.resize in ("cover", "limit") else 3

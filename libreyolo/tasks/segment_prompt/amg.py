@@ -18,8 +18,10 @@ image embedding of the predictor's image stage:
 
 The result is :class:`AutoMasks` (``Results.masks``): the masks in NMS order (best first) with
 their predicted IoU (``scores``), stability scores, areas in pixels, boxes and the grid point
-each came from. Every promptable family with an image embedding serves it (MobileSAM, SAM);
-PicoSAM3, prompted by boxes only, refuses it.
+each came from. Every promptable family with an image embedding serves it (MobileSAM, SAM, and
+SAM 3, whose three maps and stretched frame the stage takes through ``embedding_parts`` and the family's
+``upscale_logits``); PicoSAM3, prompted by boxes only, refuses it, and so does a family that
+up-samples its masks its own way without saying how as logits (SAM 2, EdgeTAM: one error naming it).
 
 The grid stage has fixed shapes (one per image size and batch), so it can be captured like the
 prompt stage; until a GPU run proves its replay equal to eager (the command is in
@@ -108,13 +110,16 @@ def grid_stage(model, size: int, resized: tuple[int, int], hw: tuple[int, int], 
     """(embedding (1, 256, s, s), packed points (N, 3): x, y in the frame and label 1) ->
     (masks (N, 3, h, w) bool, predicted IoU (N, 3), stability (N, 3), boxes (N, 3, 4)): each
     point one prompt with SAM's three masks, post-processed as the prompt stage does."""
-    from .predictor import MASK_THRESHOLD, upscale_logits
+    from .predictor import MASK_THRESHOLD, embedding_whole, upscale_logits
+    # a family whose image is stretched to the frame (SAM 3) brings its logits to the image its own way
+    up = getattr(model, "upscale_logits", upscale_logits)
 
-    def stage(embedding, packed):
+    def stage(*args):   # the embedding's maps (one, or SAM 3's three), then the packed points
+        *embedding, packed = args
         n = packed.shape[0]
         pts, lab, _ = unpack(packed, 1, 0)
-        low, iou = model.decode(embedding.expand(n, -1, -1, -1), pts, lab, None, True, size)
-        logits = upscale_logits(low, size, resized, hw)
+        low, iou = model.decode(embedding_whole(tuple(e.expand(n, -1, -1, -1) for e in embedding)), pts, lab, None, True, size)
+        logits = up(low, size, resized, hw)
         masks = logits > MASK_THRESHOLD
         return masks, iou.float(), stability_score(logits, MASK_THRESHOLD, offset), mask_boxes(masks)
     return stage
@@ -125,6 +130,11 @@ def check_family(model) -> None:
     if not getattr(model, "GRID_PROMPTS", True):
         raise ValueError(f"{model.FAMILY} takes box prompts only: automatic mask generation (prompts='grid', or "
                          "no prompt) needs a point-promptable family (sam, mobilesam)")
+    if hasattr(model, "postprocess_masks") and not hasattr(model, "upscale_logits"):
+        # its prompt stage brings masks to the image its own way: the grid's stability score needs those logits
+        raise ValueError(f"{model.FAMILY} has no automatic mask generation yet (prompts='grid', or no prompt): its "
+                         "masks are up-sampled its own way and the grid stage needs that as logits (upscale_logits); "
+                         "give points or boxes, or use sam, sam3, mobilesam")
 
 
 def generate(predictor, state, opts: AMGOptions, mode, speed: dict):
@@ -132,6 +142,7 @@ def generate(predictor, state, opts: AMGOptions, mode, speed: dict):
     from torchvision.ops import batched_nms
 
     from ...results import Results
+    from .predictor import embedding_parts
     model = predictor.model
     check_family(model)
     t0 = time.perf_counter()
@@ -145,6 +156,7 @@ def generate(predictor, state, opts: AMGOptions, mode, speed: dict):
     run_mode = mode if GRID_GRAPH_PROVEN else False
     dev = model.device
     kept: list[tuple[torch.Tensor, ...]] = []
+    parts = embedding_parts(state.embedding)
     with torch.no_grad(), predictor._autocast(state.amp_dtype):
         for start in range(0, len(rows), n):
             chunk = rows[start:start + n]
@@ -152,7 +164,7 @@ def generate(predictor, state, opts: AMGOptions, mode, speed: dict):
             if real < n:   # one shape for every batch: the last point repeated, its copies dropped
                 chunk = np.concatenate([chunk, np.repeat(chunk[-1:], n - real, 0)])
             packed = torch.from_numpy(chunk).to(dev)
-            masks, iou, stab, boxes = model.runner(key, fn, (state.embedding, packed), run_mode, constant=(0,))
+            masks, iou, stab, boxes = model.runner(key, fn, (*parts, packed), run_mode, constant=tuple(range(len(parts))))
             pts = torch.from_numpy(grid[start:start + real]).to(dev, torch.float32)
             masks, iou, stab, boxes = (t[:real].flatten(0, 1) for t in (masks, iou, stab, boxes))
             keep = (iou > opts.pred_iou_thresh) & (stab >= opts.stability_score_thresh)

@@ -58,6 +58,10 @@ def _whole(parts: tuple) -> Any:
     return parts[0] if len(parts) == 1 else tuple(parts)
 
 
+#: the two under the names other modules use (the automatic masks' grid stage takes an embedding so)
+embedding_parts, embedding_whole = _parts, _whole
+
+
 def upscale_logits(low: torch.Tensor, size: int, resized: tuple[int, int], hw: tuple[int, int]) -> torch.Tensor:
     """(B, M, s, s) low-resolution logits -> (B, M, h, w) logits of the original image (SAM's
     post-processing: bilinear to the frame, crop the resized image, bilinear to (h, w))."""

@@ -1,4 +1,4 @@
-"""Video propagation of prompted objects (SAM 2, EdgeTAM): ``model.track(clip, points=..., frame=0)``.
+"""Video propagation of prompted objects (SAM 2, EdgeTAM, SAM 3): ``model.track(clip, points=..., frame=0)``.
 
 Each prompted object is followed through the clip by SAM 2's memory: on a frame with a prompt for
 it (points, one box, or a mask) the network segments it without memory (a conditioning frame);
@@ -8,8 +8,8 @@ a new memory. This is transformers' ``Sam2VideoModel`` in streaming mode (frames
 time, as from a camera), frame for frame: the same memory selection, the same order, the same
 modules (``tests/unit/test_sam_video.py`` compares the two on a clip).
 
-The memory bank of an object (:class:`ObjectBank`) holds every conditioning frame (SAM 2.1 keeps
-them all: ``max_cond_frame_num=-1``), the last ``num_maskmem - 1`` tracked frames' memories (6)
+The memory bank of an object (:class:`ObjectBank`) holds every conditioning frame (SAM 2.1 attends
+to them all: ``max_cond_frame_num=-1``; SAM 3's tracker to the four closest), the last ``num_maskmem - 1`` tracked frames' memories (6)
 and the last ``max_object_pointers_in_encoder - 1`` tracked frames' object pointers (15); older
 tracked frames are dropped as the clip goes on (the bank fills, then rolls). The per-frame step is
 two stages, each a tensor-in/tensor-out function run through the model's graph runner: the image
@@ -174,6 +174,25 @@ class Memory:
     pointer: torch.Tensor
 
 
+def select_cond_frames(frame: int, cond: dict[int, Memory], limit: int) -> tuple[dict[int, Memory], dict[int, Memory]]:
+    """(selected, left out) of an object's conditioning frames for ``frame``, at most ``limit``
+    of them (-1: all): the closest before, the closest at or after, then the temporally closest -
+    ``Sam2VideoModel._select_closest_cond_frames`` (SAM 2.1 keeps all; SAM 3's tracker four),
+    in its order (the order the memories are concatenated in)."""
+    if limit == -1 or len(cond) <= limit:
+        return cond, {}
+    selected: dict[int, Memory] = {}
+    before = max((t for t in cond if t < frame), default=None)
+    if before is not None:
+        selected[before] = cond[before]
+    after = min((t for t in cond if t >= frame), default=None)
+    if after is not None:
+        selected[after] = cond[after]
+    rest = sorted((t for t in cond if t not in selected), key=lambda t: abs(t - frame))[:limit - len(selected)]
+    selected.update((t, cond[t]) for t in rest)
+    return selected, {t: m for t, m in cond.items() if t not in selected}
+
+
 @dataclass
 class ObjectBank:
     """One object's memory: conditioning frames (prompted) and the recent tracked frames."""
@@ -191,13 +210,17 @@ class ObjectBank:
     def gather(self, frame: int, net) -> tuple[torch.Tensor, ...]:
         """The bank as the step's tensors for ``frame``: (memory, memory_pos, pointers, offsets),
         selected as ``Sam2VideoModel._gather_memory_frame_outputs`` / ``_get_object_pointers`` do
-        in streaming mode: every conditioning frame (temporal slot 0), the tracked frames 1..6
-        back; the pointers of the conditioning frames and of the tracked frames 1..15 back."""
+        in streaming mode: the conditioning frames (temporal slot 0; at most the config's
+        ``max_cond_frame_num``, :func:`select_cond_frames`), the tracked frames 1..6 back; the
+        pointers of the conditioning frames and of the tracked frames 1..15 back."""
         cfg = net.config
         temporal = net.memory_temporal_positional_encoding
-        picked = [(0, m) for m in self.cond.values()]
-        picked += [(off, self.recent[frame - off]) for off in range(net.num_maskmem - 1, 0, -1)
-                   if frame - off in self.recent]
+        cond, unselected = select_cond_frames(frame, self.cond, getattr(cfg, "max_cond_frame_num", -1))
+        picked = [(0, m) for m in cond.values()]
+        for off in range(net.num_maskmem - 1, 0, -1):   # a conditioning frame left out counts as a tracked one
+            m = self.recent.get(frame - off, unselected.get(frame - off))
+            if m is not None:
+                picked.append((off, m))
         memory = torch.cat([m.memory for _, m in picked], 0)
         memory_pos = torch.cat([m.memory_pos + temporal[off - 1] for off, m in picked], 0)
         offsets = [frame - t for t in self.cond if t <= frame]
