@@ -257,6 +257,10 @@ class TrackOptions(PredictOptions):
     tracker: Any = option("bytetrack", "bytetrack, botsort, ocsort or deepocsort (or, from Python, a tracker "
                                        "object)", Custom(lambda n, v: v, "bytetrack, botsort, ocsort or deepocsort"))
     persist: bool = option(False, "keep the trackers (and their ids) from the previous track call", Bool())
+    frame: int = option(0, "segment-prompt video (SAM 2, EdgeTAM): the frame the prompt (points, labels, boxes) is on",
+                        Int(0), tasks=("segment-prompt",))
+    obj_id: int = option(1, "segment-prompt video (SAM 2, EdgeTAM): the id of the prompted object", Int(0),
+                         tasks=("segment-prompt",))
 
 
 @dataclass

@@ -853,6 +853,9 @@ class Model:
             conf: confidence threshold (detections below the tracker's 0.25 only extend tracks)
             tracker: bytetrack, botsort, ocsort or deepocsort (or, from Python, a tracker object)
             persist: keep the trackers (and their ids) from the previous track call
+            frame: segment-prompt video (SAM 2, EdgeTAM, whose ``track`` follows prompted objects):
+                the frame the prompt is on
+            obj_id: segment-prompt video: the id of the prompted object
             **kwargs: every other option of :meth:`predict`
 
         Returns:

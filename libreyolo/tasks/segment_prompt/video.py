@@ -123,8 +123,8 @@ def _one(frame: Any, obj_id: Any, points: Any, labels: Any, boxes: Any, mask: An
                              f"got shape {m.shape}")
         return ObjectPrompt(frame, obj_id, mask=m.astype(bool))
     p = parse_prompt(points, labels, boxes)
-    if p.center:
-        raise ValueError("points='center' is for images; give the object's points in the frame's pixels")
+    if p.center or p.center_box:
+        raise ValueError("'center' prompts are for images; give the object's points or box in the frame's pixels")
     if len(p.boxes) > 1:
         raise ValueError(f"object {obj_id}, frame {frame}: one box per object and frame, got {len(p.boxes)}: "
                          "give each object its own prompt (prompts=[...])")
@@ -384,9 +384,11 @@ def _track(model, prompts, frames, name, fps, closer, save, save_dir, exist_ok, 
                 seen = index
                 t0 = time.perf_counter()
                 ids, masks, scores = prop.step(index, image)
-                res = Results(image, f"{name}:{index}", model.names, None,
+                res = Results(image, str(name), model.names, None,
                               speed={"track": (time.perf_counter() - t0) * 1e3},
                               masks=TrackMasks(masks, scores, ids))
+                # as predict's video Results: the source as the path, the frame's index and time
+                res.frame_index, res.timestamp = index, (index / fps if fps else None)
                 if save:
                     if writer is None:
                         from ...data.video import VideoWriter
