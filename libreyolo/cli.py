@@ -315,7 +315,8 @@ def cmd_predict(opts: Parsed, track: bool = False) -> int:
         from .tasks.segment_prompt.prompts import default_prompt, parse_cli
         try:
             prompt = parse_cli(kw.pop("points", None), kw.pop("labels", None), kw.pop("boxes", None),
-                               grid=kw.get("prompts") is not None, default=default_prompt(model))
+                               grid=kw.get("prompts") is not None,
+                               default={} if kw.get("mask_input") is not None else default_prompt(model))
         except ValueError as exc:
             raise UsageError(str(exc)) from None
         kw.update(prompt)

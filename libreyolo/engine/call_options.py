@@ -199,6 +199,11 @@ class PredictOptions:
                         tasks=("segment-prompt",))
     multimask: bool = option(True, "segment-prompt: three candidate masks, as SAM gives, or one", Bool(),
                              tasks=("segment-prompt",))
+    mask_input: Any = option(None, "segment-prompt (SAM, SAM 2, EdgeTAM): a mask prompt, alone or with points / "
+                                   "boxes: a .npy of low-resolution logits (a previous call's Results.masks.logits[i]) "
+                                   "or an image file whose non-zero pixels are the mask (Python: the array itself)",
+                             Text("a file (.npy logits, or an image of a binary mask); Python: an array or tensor"),
+                             tasks=("segment-prompt",))
     threshold: float = option(0.8, "panoptic: class probability a query needs to make a segment", Fraction(),
                               tasks=("panoptic",))
     mask_threshold: float = option(0.5, "panoptic: mask probability of a segment's pixels", Fraction(),

@@ -40,6 +40,7 @@ SAMPLES: dict[str, tuple[Any, Any]] = {
     "labels": ("1", None),
     "prompts": ("a cat,a dog", None),
     "boxes": ("1,2,30,40", None),
+    "mask_input": ("mask.png", None),
     "cache": ("ram", "sometimes"),
     "freeze": (3, -1),
     "loggers": ("tensorboard", "neptune"),

@@ -56,6 +56,8 @@ class Sam2Family(MobileSAM):
 
     FAMILY = ""
     SUPPORTS_CUDA_GRAPH = False   # pending the GPU proof: tests/rows.py GRAPH_PENDING, docs/families.md
+    #: mask prompts (``mask_input``): the prompt encoder's mask embedding, as SAM 2's image predictor
+    MASK_PROMPTS = True
     DEFAULT_IMGSZ = 1024
     STRIDE = 16
     #: stretched to the square frame (transformers' Sam2ImageProcessor: uint8 resize, antialiased
@@ -147,9 +149,11 @@ class Sam2Family(MobileSAM):
         return self.model.embed(x)
 
     def decode(self, embeddings: Any, points: torch.Tensor | None, labels: torch.Tensor | None,
-               boxes: torch.Tensor | None, multimask: bool, size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The three embedding maps + prompts in the frame -> (B, M, S/4, S/4) logits, (B, M) IoU."""
-        low, iou, _ = self.model.decode(*embeddings, points, labels, boxes, multimask)
+               boxes: torch.Tensor | None, multimask: bool, size: int,
+               mask_input: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The three embedding maps + prompts in the frame (``mask_input``: (B, 1, S/4, S/4) mask
+        logits, the prompt encoder's dense prompt) -> (B, M, S/4, S/4) logits, (B, M) IoU."""
+        low, iou, _ = self.model.decode(*embeddings, points, labels, boxes, multimask, masks=mask_input)
         return low, iou
 
     @staticmethod
@@ -188,9 +192,14 @@ class Sam2Family(MobileSAM):
             return torch.cat([p.reshape(batch, 4), torch.tensor([[1.0, 0.0]]).expand(batch, 2), box], 1).to(dev)
         pred = PromptPredictor(self)
         prompt = pred.prompt_stage(frame, (frame, frame), (h, w), 2, 1, True)
+        with_mask = pred.prompt_stage(frame, (frame, frame), (h, w), 2, 1, True, mask=True)
+        ma = (20 * r(batch, 1, frame // 4, frame // 4) - 10).to(dev)
+        mb = torch.randn((batch, 1, frame // 4, frame // 4), generator=g).to(dev)
         cases = [("network", network, (xa, pa, lab), (xb, pb, lab)),
                  (f"image-stage {h}x{w}->{frame}", pred.encoder_stage(frame), (ua,), (ub,)),
-                 (f"prompt-stage {h}x{w}", prompt, (*ea, packed(0, frame)), (*eb, packed(10, frame / 2)))]
+                 (f"prompt-stage {h}x{w}", prompt, (*ea, packed(0, frame)), (*eb, packed(10, frame / 2))),
+                 (f"prompt-stage+mask {h}x{w}", with_mask, (*ea, packed(0, frame), ma),
+                  (*eb, packed(10, frame / 2), mb))]
         if self.has_video:
             from ...tasks.segment_prompt.video import VideoPropagator
             prop = VideoPropagator(self, [])

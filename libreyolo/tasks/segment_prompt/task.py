@@ -32,7 +32,8 @@ class SegmentPromptTask(Task):
     primary_metric = "none"
     predict_defaults: dict = {"points": None, "labels": None, "boxes": None, "multimask": True,
                               "prompts": None, "points_per_side": 32, "points_per_batch": 64,
-                              "pred_iou_thresh": 0.88, "stability_score_thresh": 0.95, "box_nms_thresh": 0.7}
+                              "pred_iou_thresh": 0.88, "stability_score_thresh": 0.95, "box_nms_thresh": 0.7,
+                              "mask_input": None}
 
     def predictor(self, model):
         own = getattr(model, "prompt_predictor", None)   # a family whose stages differ (PicoSAM3)
@@ -82,9 +83,17 @@ class SegmentPromptTask(Task):
             return torch.cat([p.reshape(batch, 4), torch.tensor([[1.0, 0.0]]).expand(batch, 2), box], 1).to(dev)
         pred = PromptPredictor(model)
         stage = pred.prompt_stage(size, (rh, rw), (h, w), 2, 1, True)
-        return [("network", network, (xa, pts(0, size), lab), (xb, pts(size / 4, size / 2), lab)),
-                (f"image-stage {h}x{w}->{size}", pred.encoder_stage(size), (ua,), (ub,)),
-                (f"prompt-stage {h}x{w}", stage, (ea, packed(0, min(rh, rw))), (eb, packed(10, min(rh, rw) / 2)))]
+        cases = [("network", network, (xa, pts(0, size), lab), (xb, pts(size / 4, size / 2), lab)),
+                 (f"image-stage {h}x{w}->{size}", pred.encoder_stage(size), (ua,), (ub,)),
+                 (f"prompt-stage {h}x{w}", stage, (ea, packed(0, min(rh, rw))), (eb, packed(10, min(rh, rw) / 2)))]
+        from .predictor import takes_mask_prompts
+        if takes_mask_prompts(model):   # SAM: the prompt stage with a mask prompt (low-resolution logits)
+            with_mask = pred.prompt_stage(size, (rh, rw), (h, w), 2, 1, True, mask=True)
+            ma = (20 * torch.rand((batch, 1, size // 4, size // 4), generator=g) - 10).to(dev)
+            mb = torch.randn((batch, 1, size // 4, size // 4), generator=g).to(dev)
+            cases.append((f"prompt-stage+mask {h}x{w}", with_mask, (ea, packed(0, min(rh, rw)), ma),
+                          (eb, packed(10, min(rh, rw) / 2), mb)))
+        return cases
 
     # ------------------------------------------------------------- benchmark
     def bench_options(self, model: Any = None) -> dict[str, Any]:

@@ -68,7 +68,7 @@ class TrackMasks(PromptMasks):
         if len(self.ids) != len(self):
             raise ValueError(f"TrackMasks ids must be ({len(self)},), one per mask, got {self.ids.shape}")
 
-    def _with(self, data, scores) -> TrackMasks:
+    def _with(self, data, scores, logits=None) -> TrackMasks:
         return TrackMasks(data, scores, self.ids)
 
     def __repr__(self) -> str:
