@@ -1,9 +1,11 @@
-"""``libreyolo track`` of SAM 2 / EdgeTAM (video propagation of a prompted object) and ``libreyolo
-bench`` of every segment-prompt prompt kind (PicoSAM3 takes boxes only), on the CPU with small
-networks: SAM 2 tiny at a 64 frame on a short synthetic clip."""
+"""``libreyolo track`` of SAM 2 / EdgeTAM (video propagation of a prompted object), the video step
+with several objects batched (equal to one object at a time, bit for bit) and ``libreyolo bench``
+of every segment-prompt prompt kind (PicoSAM3 takes boxes only), on the CPU with small networks:
+SAM 2 tiny at a 64 frame (EdgeTAM at 256) on a short synthetic clip."""
 import json
 
 import pytest
+import torch
 from test_sam_video import H, W, shape_clip
 
 from libreyolo.cli import main
@@ -120,3 +122,80 @@ def test_predict_cli_defaults_to_what_the_family_takes(tmp_path):
                  f"json={tmp_path / 'r.json'}"]) == 0
     rows = json.loads((tmp_path / "r.json").read_text())[0]["detections"]
     assert len(rows) == 1   # one mask for the one (centre) box
+
+
+@pytest.mark.parametrize("family,size,imgsz,n", [("sam2", "tiny", 64, 5), ("edgetam", "edge", 256, 2)])
+def test_batched_objects_equal_one_at_a_time(family, size, imgsz, n, sam2_tiny):
+    """Objects prompted on the same frame are tracked as one batch (memory attention, and SAM 2's
+    memory encoder, on all of them at once); each object's masks, scores and new memories equal
+    the one-object-at-a-time run bit for bit. An object prompted later (other pointer offsets)
+    is its own batch."""
+    from libreyolo.models.registry import get_family
+    from libreyolo.tasks.segment_prompt.video import VideoPropagator, parse_track_prompts
+    model = sam2_tiny if family == "sam2" else get_family(family).new(size, device="cpu", imgsz=imgsz, seed=0)
+    frames, _ = shape_clip(n)
+    prompts = [{"frame": 0, "id": 1, "points": [[14, 16]]}, {"frame": 0, "id": 2, "boxes": [[30, 5, 60, 30]]},
+               {"frame": 0, "id": 4, "points": [[50, 40], [3, 3]], "labels": [1, 0]}]
+    if n > 3:
+        prompts.append({"frame": 2, "id": 3, "points": [[40, 30]]})
+    net, batches = model.model, []
+    orig = net.track_step
+
+    def spy(*a, **k):
+        batches.append(1 if a[4] is None else int(a[4].shape[1]))
+        return orig(*a, **k)
+    runs = {}
+    net.track_step = spy
+    try:
+        with torch.no_grad():
+            for batched in (True, False):
+                batches.clear()
+                prop = VideoPropagator(model, parse_track_prompts(prompts=prompts), batch_objects=batched)
+                runs[batched] = ([prop.step(i, f) for i, f in enumerate(frames)], dict(prop.banks), list(batches))
+    finally:
+        del net.track_step
+    (got, banks, calls), (ref, ref_banks, ref_calls) = runs[True], runs[False]
+    assert max(calls) == 3 and max(ref_calls) == 1 and len(calls) < len(ref_calls)
+    if n > 3:
+        assert calls[-2:] == [3, 1]   # the last frame: objects 1, 2, 4 together, object 3 alone
+    for (ids, masks, scores), (rids, rmasks, rscores) in zip(got, ref):
+        assert ids == rids and torch.equal(masks, rmasks), (ids, (masks != rmasks).flatten(1).sum(1))
+        assert torch.equal(scores, rscores), (scores, rscores)
+    for obj_id, bank in banks.items():
+        for f, mem in bank.recent.items():
+            other = ref_banks[obj_id].recent[f]
+            assert torch.equal(mem.memory, other.memory) and torch.equal(mem.pointer, other.pointer)
+            assert torch.equal(mem.memory_pos, other.memory_pos)
+
+
+def test_video_step_cases_hold_a_batch_of_objects(sam2_tiny, monkeypatch):
+    """The parity cases of the video step (what the GPU run proves before a graph flag is
+    declared) include three objects as one batch; on the CPU, the capture stood in by a replay,
+    both video-step cases pass the protocol."""
+    from standin import StandInCapturer
+
+    import libreyolo.graphs.parity as parity
+    monkeypatch.setattr(parity, "CudaGraphCapturer", StandInCapturer)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    cases = [c for c in sam2_tiny.verify_cases(64, 1, (48, 64)) if c[0].startswith("video-step")]
+    assert [c[0] for c in cases] == ["video-step (full bank)", "video-step (full bank, 3 objects)"]
+    with torch.no_grad():
+        results = [parity.check_parity(name, fn, a, b, module=sam2_tiny.model) for name, fn, a, b in cases]
+    assert all(r.passed for r in results), [r.as_dict() for r in results]
+
+
+def test_memory_attention_rows_equal_one_object_each(sam2_tiny):
+    """The batched part of the step: the memory attention of N objects (random banks of random
+    fill, pointer counts and batch sizes) gives each object the rows of its own run, bit for bit."""
+    net = sam2_tiny.model
+    for seed in range(8):
+        g = torch.Generator().manual_seed(seed)
+        n, t, k = 2 + seed % 3, 1 + seed % 7, 1 + (5 * seed) % 16
+        feats, pos = torch.randn(16, 1, 256, generator=g), torch.randn(16, 1, 256, generator=g)
+        mem, mem_pos = torch.randn(16 * t, n, 64, generator=g), torch.randn(16 * t, n, 64, generator=g)
+        ptr, offsets = torch.randn(k, n, 1, 256, generator=g), torch.arange(k, dtype=torch.float32) + 1
+        with torch.no_grad():
+            both = net.conditioned_features(feats.expand(-1, n, -1), pos.expand(-1, n, -1), mem, mem_pos, ptr, offsets)
+            for i in range(n):
+                one = net.conditioned_features(feats, pos, mem[:, i:i + 1], mem_pos[:, i:i + 1], ptr[:, i:i + 1], offsets)
+                assert torch.equal(both[i:i + 1], one), (seed, i)

@@ -166,9 +166,9 @@ class Sam2Family(MobileSAM):
     def verify_cases(self, size: int, batch: int, source_hw: tuple[int, int]) -> list[tuple]:
         """(name, fn, probe A, probe B) of the parity protocol: the network (embedding and a
         two-point decode), the image stage from uint8 images, the prompt stage (decoder and the
-        masks at ``source_hw``), ``batch`` images each; with the memory, the video step at a full
-        bank (7 memories, 16 pointers) and the frame stage, one object on one frame (the step runs
-        per object, as transformers' does: its best-mask selection is written for one)."""
+        masks at ``source_hw``, without and with a mask prompt), ``batch`` images each; with the
+        memory, the video step at a full bank (7 memories, 16 pointers) for one object and for
+        three objects tracked as one batch, and the frame stage."""
         from ...tasks.segment_prompt.predictor import PromptPredictor
         dev, net, frame = self.device, self.model, int(self.model.frame)
         g = torch.Generator().manual_seed(2024)
@@ -208,12 +208,14 @@ class Sam2Family(MobileSAM):
                 mem = net.track_step(*fa, None, None, None, None, pa[:1], lab[:1].long(), True)[3:]
             hw = mem[0].shape[0]
 
-            def bank(scale):   # 7 remembered frames and 16 object pointers of one object
-                m = (scale * torch.randn((7 * hw, 1, mem[0].shape[-1]), generator=g)).to(dev)
+            def bank(scale, n=1):   # 7 remembered frames and 16 object pointers of n objects
+                m = (scale * torch.randn((7 * hw, n, mem[0].shape[-1]), generator=g)).to(dev)
                 return (m.to(mem[0].dtype), torch.randn(m.shape, generator=g).to(dev),
-                        torch.randn((16, 1, 1, net.hidden_dim), generator=g).to(dev),
+                        torch.randn((16, n, 1, net.hidden_dim), generator=g).to(dev),
                         torch.tensor([20.0] + [float(d) for d in range(1, 16)], device=dev))
             cases += [("video-step (full bank)", prop._track_stage(), (*fa, *bank(1.0)), (*fb, *bank(0.5))),
+                      ("video-step (full bank, 3 objects)", prop._track_stage(), (*fa, *bank(1.0, 3)),
+                       (*fb, *bank(0.5, 3))),
                       (f"video-frame-stage {h}x{w}", prop._frame_stage(), (ua[:1],), (ub[:1],))]
         return cases
 
