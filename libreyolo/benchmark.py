@@ -111,7 +111,7 @@ def bench_model(model, *, imgsz: int = 640, batch: int = 1, runs: int = 200, war
     # (seeded) so that post-processing has a full load; detections per image are reported.
     model = input_sensitive(model)
     opts = {"conf": conf} if "conf" in model.task_def.predict_defaults else {}
-    opts.update(model.task_def.bench_options())   # e.g. segment-prompt: the prompt of each call
+    opts.update(model.task_def.bench_options(model))   # e.g. segment-prompt: the prompt its family takes
     task_input = None   # a task's own bench input, described (OCR: the printed page)
     if image is None:   # a task's own input (OCR: a printed page) and the options it needs
         image, task_opts, task_input = model.task_def.bench_setup(model, imgsz)

@@ -305,15 +305,18 @@ def cmd_predict(opts: Parsed, track: bool = False) -> int:
     from . import SAMPLE_IMAGE
     from .data.video import is_video_source
     model = _load(opts)
+    if track and getattr(model, "TASK", None) == "segment-prompt":   # SAM 2 / EdgeTAM: video propagation
+        return _track_prompted(model, opts)
     spec = TRACK if track else PREDICT
     kw = _predict_kwargs(opts, model, command, spec)
     if kw.get("classes") is not None:   # ids and names resolved now: a bad one is a usage error
         kw["classes"] = parse_classes(kw["classes"], model.names)
     if getattr(model, "TASK", None) == "segment-prompt":   # the prompt (one per image)
-        from .tasks.segment_prompt.prompts import parse_cli
+        from .tasks.segment_prompt.prompts import default_prompt, parse_cli
         try:
             prompt = parse_cli(kw.pop("points", None), kw.pop("labels", None), kw.pop("boxes", None),
-                               grid=kw.get("prompts") is not None)
+                               grid=kw.get("prompts") is not None,
+                               default={} if kw.get("mask_input") is not None else default_prompt(model))
         except ValueError as exc:
             raise UsageError(str(exc)) from None
         kw.update(prompt)
@@ -356,6 +359,41 @@ def cmd_predict(opts: Parsed, track: bool = False) -> int:
     return 0
 
 
+#: what ``libreyolo track`` passes to a segment-prompt model's video propagation (SAM 2, EdgeTAM:
+#: ``model.track(source, points=..., labels=..., boxes=..., frame=..., obj_id=...)``)
+_PROMPT_TRACK = ("points", "labels", "boxes", "frame", "obj_id", "save", "save_dir", "exist_ok", "cuda_graph",
+                 "vid_stride", "verbose")
+
+
+def _track_prompted(model, opts: Parsed) -> int:
+    """``libreyolo track`` of a segment-prompt model: one object prompted on one frame of a video
+    and followed through it (``model.track``, :mod:`libreyolo.tasks.segment_prompt.video`)."""
+    name = f"{model.FAMILY}-{model.size}"
+    if not hasattr(model, "has_video"):
+        raise UsageError(f"{name} segments images (libreyolo predict); following prompted objects through a video "
+                         "is SAM 2's and EdgeTAM's: libreyolo track model=sam2-tiny source=clip.mp4 points=x,y "
+                         "labels=1 frame=0")
+    bad = sorted(opts.given - set(_PROMPT_TRACK) - set(_CLI_ONLY))
+    if bad:
+        raise UsageError(f"{', '.join(bad)}: not an option of {name}'s video propagation; its options: "
+                         f"{', '.join(_CLI_ONLY + _PROMPT_TRACK)}")
+    if not opts["source"]:
+        raise UsageError(f"track needs source=... (a video file, camera or stream) for {name}")
+    from .tasks.segment_prompt.prompts import parse_cli
+    try:
+        kw = parse_cli(opts["points"], opts["labels"], opts["boxes"], default={})
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if not kw:
+        raise UsageError(f"track needs a prompt for {name}: points=x,y;x,y (labels=1,0) and/or boxes=x1,y1,x2,y2, "
+                         "in the pixels of frame=N (default 0)")
+    for k in _PROMPT_TRACK[3:]:
+        o = TRACK[k]
+        if k in opts.given or o.default != o.info.default:
+            kw[k] = opts[k]
+    return _video_report(model.track(opts["source"], stream=True, **kw), opts, model, True)
+
+
 def _graph_report(model, opts: dict) -> None:
     info = model.graph_info()
     console.print(f"cuda_graph={opts['cuda_graph']}: {len(info['graphs'])} graph(s), {info['replays']} replay(s)"
@@ -369,15 +407,20 @@ def _video_report(run, opts: dict, model, track: bool) -> int:
     for r in run:
         s = per_source.setdefault(r.path, {"frames": 0, "boxes": 0, "ids": set(), "ms": 0.0, "saved": r.saved_to})
         s["frames"] += 1
-        s["boxes"] += len(r)
         s["ms"] += sum(v for v in r.speed.values() if v is not None)
+        if r.boxes is None and getattr(r.masks, "ids", None) is not None:   # segment-prompt video: objects' masks
+            s["ids"].update(int(i) for i in r.masks.ids)
+            s["boxes"] += int((r.masks.data.flatten(1).any(1) if len(r.masks) else r.masks.data).sum())
+            s["unit"] = "non-empty mask(s)"
+        else:
+            s["boxes"] += len(r)
         if r.boxes is not None and r.boxes.is_track:
             s["ids"].update(int(i) for i in r.boxes.id.tolist())
         if rows is not None:
             rows.append({"path": r.path, "frame": r.frame_index, "timestamp": r.timestamp, "detections": r.summary()})
     for path, s in per_source.items():
         tracks = f", {len(s['ids'])} track(s)" if track else ""
-        console.print(f"{path}: {s['frames']} frame(s), {s['boxes']} box(es){tracks} "
+        console.print(f"{path}: {s['frames']} frame(s), {s['boxes']} {s.get('unit', 'box(es)')}{tracks} "
                       f"({s['ms'] / max(1, s['frames']):.1f} ms per frame)"
                       + (f"; annotated video [bold]{s['saved']}[/]" if s["saved"] else ""))
     if rows is not None:
@@ -960,7 +1003,8 @@ COMMANDS: dict[str, tuple[Callable[[dict], int], dict, str]] = {
     "train": (cmd_train, TRAIN, "train a model on a dataset (data=..., e.g. data=shapes: the built-in synthetic set)"),
     "val": (cmd_val, VAL, "mAP50 / mAP50-95 on a dataset's validation split"),
     "predict": (cmd_predict, PREDICT, "detect objects in images or videos and save annotated pictures/videos"),
-    "track": (cmd_track, TRACK, "detect and track objects in a video, camera or stream (ids on the boxes)"),
+    "track": (cmd_track, TRACK, "detect and track objects in a video, camera or stream (ids on the boxes); "
+                                "SAM 2 / EdgeTAM: follow prompted objects (points=, boxes=, frame=)"),
     "verify": (cmd_verify, VERIFY, "run the CUDA-graph parity protocol on this GPU"),
     "export": (cmd_export, EXPORT, "write the model as ONNX or OpenVINO (with its post-processing) for other runtimes"),
     "bench": (cmd_bench, BENCH, "measure eager vs graphed forward and end-to-end predict (source=clip.mp4: on "
@@ -1046,8 +1090,10 @@ def options_markdown() -> str:
     out += ["### the tasks' own predict options", "",
             "A model of another task refuses them; only those given reach the task.", ""]
     out += _md_table([i for i in predict if i.meta.get("tasks")]) + [""]
-    track_only = [i for i in option_fields(TrackOptions) if i.name in ("tracker", "persist", "conf")]
-    out += ["### track", "", "`model.track` also takes these (and a lower default `conf`).", ""]
+    track_only = [i for i in option_fields(TrackOptions) if i.name in ("tracker", "persist", "conf", "frame", "obj_id")]
+    out += ["### track", "", "`model.track` also takes these (and a lower default `conf`). A segment-prompt model with",
+            "video memory (SAM 2, EdgeTAM) follows the objects prompted by `points` / `labels` / `boxes` on `frame`",
+            "instead of detecting (`libreyolo track model=sam2-tiny source=clip.mp4 points=x,y labels=1 frame=0`).", ""]
     out += _md_table(track_only) + [""]
     out += ["## val", "", "`model.val(data=..., ...)`; `libreyolo val model=... data=...`.", ""]
     out += _md_table(option_fields(ValOptions)) + [""]

@@ -199,6 +199,11 @@ class PredictOptions:
                         tasks=("segment-prompt",))
     multimask: bool = option(True, "segment-prompt: three candidate masks, as SAM gives, or one", Bool(),
                              tasks=("segment-prompt",))
+    mask_input: Any = option(None, "segment-prompt (SAM, SAM 2, EdgeTAM): a mask prompt, alone or with points / "
+                                   "boxes: a .npy of low-resolution logits (a previous call's Results.masks.logits[i]) "
+                                   "or an image file whose non-zero pixels are the mask (Python: the array itself)",
+                             Text("a file (.npy logits, or an image of a binary mask); Python: an array or tensor"),
+                             tasks=("segment-prompt",))
     threshold: float = option(0.8, "panoptic: class probability a query needs to make a segment", Fraction(),
                               tasks=("panoptic",))
     mask_threshold: float = option(0.5, "panoptic: mask probability of a segment's pixels", Fraction(),
@@ -257,6 +262,10 @@ class TrackOptions(PredictOptions):
     tracker: Any = option("bytetrack", "bytetrack, botsort, ocsort or deepocsort (or, from Python, a tracker "
                                        "object)", Custom(lambda n, v: v, "bytetrack, botsort, ocsort or deepocsort"))
     persist: bool = option(False, "keep the trackers (and their ids) from the previous track call", Bool())
+    frame: int = option(0, "segment-prompt video (SAM 2, EdgeTAM): the frame the prompt (points, labels, boxes) is on",
+                        Int(0), tasks=("segment-prompt",))
+    obj_id: int = option(1, "segment-prompt video (SAM 2, EdgeTAM): the id of the prompted object", Int(0),
+                         tasks=("segment-prompt",))
 
 
 @dataclass

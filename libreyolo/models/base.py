@@ -818,6 +818,8 @@ class Model:
             labels: segment-prompt: one label per point, 1 foreground / 0 background, e.g. 1,0
             boxes: segment-prompt: boxes x1,y1,x2,y2;... in pixels
             multimask: segment-prompt: three candidate masks, as SAM gives, or one
+            mask_input: segment-prompt (SAM, SAM 2, EdgeTAM): a mask prompt - low-resolution logits
+                (``Results.masks.logits[i]`` of a previous call) or a bool mask of the image, or a file
             threshold: panoptic: class probability a query needs to make a segment
             mask_threshold: panoptic: mask probability of a segment's pixels
             overlap_threshold: panoptic: share of its own mask a query must win (else it is dropped as occluded)
@@ -853,6 +855,9 @@ class Model:
             conf: confidence threshold (detections below the tracker's 0.25 only extend tracks)
             tracker: bytetrack, botsort, ocsort or deepocsort (or, from Python, a tracker object)
             persist: keep the trackers (and their ids) from the previous track call
+            frame: segment-prompt video (SAM 2, EdgeTAM, whose ``track`` follows prompted objects):
+                the frame the prompt is on
+            obj_id: segment-prompt video: the id of the prompted object
             **kwargs: every other option of :meth:`predict`
 
         Returns:

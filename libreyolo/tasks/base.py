@@ -176,8 +176,9 @@ class Task:
         predictor (None: ``libreyolo verify``'s network / predict-stage / +post cases)."""
         return None
 
-    def bench_options(self) -> dict[str, Any]:
-        """Predict options ``libreyolo bench``'s end-to-end arms pass (besides detection's conf)."""
+    def bench_options(self, model: Any = None) -> dict[str, Any]:
+        """Predict options ``libreyolo bench``'s end-to-end arms pass for ``model`` (besides
+        detection's conf)."""
         return {}
 
     def bench_setup(self, model, imgsz: int) -> tuple[Any, dict[str, Any], dict[str, Any] | None]:

@@ -40,6 +40,7 @@ SAMPLES: dict[str, tuple[Any, Any]] = {
     "labels": ("1", None),
     "prompts": ("a cat,a dog", None),
     "boxes": ("1,2,30,40", None),
+    "mask_input": ("mask.png", None),
     "cache": ("ram", "sometimes"),
     "freeze": (3, -1),
     "loggers": ("tensorboard", "neptune"),
@@ -201,7 +202,7 @@ def test_every_option_of_the_api_is_on_the_command_line():
     for kind, spec in (("train", cli.TRAIN), ("predict", cli.PREDICT), ("val", cli.VAL), ("export", cli.EXPORT)):
         for _, info in options_of(kind):
             assert info.name in spec, (kind, info.name)
-    assert set(cli.TRACK) == set(cli.PREDICT) | {"tracker"}
+    assert set(cli.TRACK) == set(cli.PREDICT) | {"tracker", "frame", "obj_id"}   # frame, obj_id: SAM 2 video
 
 
 def test_every_option_has_help_and_a_check():

@@ -161,7 +161,7 @@ def test_verify_cases_run_the_parity_protocol_on_the_cpu(model, monkeypatch):
     cases = model.task_def.verify_cases(model, SIZE, 2, (48, 64))
     with torch.no_grad():
         results = [parity.check_parity(name, fn, a, b, module=model.model) for name, fn, a, b in cases]
-    assert [c[0].split()[0] for c in cases] == ["network", "image-stage", "prompt-stage"]
+    assert [c[0].split()[0] for c in cases] == ["network", "image-stage", "prompt-stage", "prompt-stage+mask"]
     assert all(r.passed for r in results), [r.as_dict() for r in results]
 
 

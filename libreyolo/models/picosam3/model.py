@@ -88,7 +88,7 @@ class PicoPredictor(PromptPredictor):
             return masks, torch.stack(scores)
         return stage
 
-    def prompt(self, state: ImageState, prompt, multimask: bool, mode, speed: dict):
+    def prompt(self, state: ImageState, prompt, multimask: bool, mode, speed: dict, mask_input=None):
         from ...results import Results
         from ...tasks.segment_prompt.results import PromptMasks
         t0 = time.perf_counter()

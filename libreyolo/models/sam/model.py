@@ -34,6 +34,8 @@ class PromptModel(Model):
     MAX_GRAPHS = 16
     #: whether point prompts (and so the point grid of automatic masks) are taken
     GRID_PROMPTS = True
+    #: whether mask prompts (``mask_input``) are taken: the prompt encoder's mask input (SAM)
+    MASK_PROMPTS = False
 
     def __init__(self, net: nn.Module, *, nc: int = 1, names: Any = None, **kw):
         super().__init__(net, nc=1, names={0: "object"}, **kw)
@@ -87,6 +89,7 @@ class SAM(PromptModel):
     """
 
     FAMILY = "sam"
+    MASK_PROMPTS = True              # transformers' SamPromptEncoder.mask_embed: SAM's mask_input
     # New code: flags stay off until the GPU rows prove them (tests/rows.py GRAPH_PENDING,
     # docs/families.md "Promptable segmentation (SAM, PicoSAM3)" has the command).
     SUPPORTS_CUDA_GRAPH = False
@@ -149,6 +152,8 @@ class SAM(PromptModel):
         return self.model.embed(x, max(int(x.shape[-2]), int(x.shape[-1])))
 
     def decode(self, embeddings: torch.Tensor, points: torch.Tensor | None, labels: torch.Tensor | None,
-               boxes: torch.Tensor | None, multimask: bool, size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Embeddings + prompts in the ``size`` frame -> (B, M, S/4, S/4) mask logits, (B, M) IoU."""
-        return self.model.decode(embeddings, points, labels, boxes, multimask, size)
+               boxes: torch.Tensor | None, multimask: bool, size: int,
+               mask_input: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Embeddings + prompts in the ``size`` frame (``mask_input``: (B, 1, S/4, S/4) mask
+        logits, SAM's dense prompt) -> (B, M, S/4, S/4) mask logits, (B, M) IoU."""
+        return self.model.decode(embeddings, points, labels, boxes, multimask, size, mask_input=mask_input)

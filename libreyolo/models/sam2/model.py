@@ -56,6 +56,8 @@ class Sam2Family(MobileSAM):
 
     FAMILY = ""
     SUPPORTS_CUDA_GRAPH = False   # pending the GPU proof: tests/rows.py GRAPH_PENDING, docs/families.md
+    #: mask prompts (``mask_input``): the prompt encoder's mask embedding, as SAM 2's image predictor
+    MASK_PROMPTS = True
     DEFAULT_IMGSZ = 1024
     STRIDE = 16
     #: stretched to the square frame (transformers' Sam2ImageProcessor: uint8 resize, antialiased
@@ -147,9 +149,11 @@ class Sam2Family(MobileSAM):
         return self.model.embed(x)
 
     def decode(self, embeddings: Any, points: torch.Tensor | None, labels: torch.Tensor | None,
-               boxes: torch.Tensor | None, multimask: bool, size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The three embedding maps + prompts in the frame -> (B, M, S/4, S/4) logits, (B, M) IoU."""
-        low, iou, _ = self.model.decode(*embeddings, points, labels, boxes, multimask)
+               boxes: torch.Tensor | None, multimask: bool, size: int,
+               mask_input: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The three embedding maps + prompts in the frame (``mask_input``: (B, 1, S/4, S/4) mask
+        logits, the prompt encoder's dense prompt) -> (B, M, S/4, S/4) logits, (B, M) IoU."""
+        low, iou, _ = self.model.decode(*embeddings, points, labels, boxes, multimask, masks=mask_input)
         return low, iou
 
     @staticmethod
@@ -162,9 +166,9 @@ class Sam2Family(MobileSAM):
     def verify_cases(self, size: int, batch: int, source_hw: tuple[int, int]) -> list[tuple]:
         """(name, fn, probe A, probe B) of the parity protocol: the network (embedding and a
         two-point decode), the image stage from uint8 images, the prompt stage (decoder and the
-        masks at ``source_hw``), ``batch`` images each; with the memory, the video step at a full
-        bank (7 memories, 16 pointers) and the frame stage, one object on one frame (the step runs
-        per object, as transformers' does: its best-mask selection is written for one)."""
+        masks at ``source_hw``, without and with a mask prompt), ``batch`` images each; with the
+        memory, the video step at a full bank (7 memories, 16 pointers) for one object and for
+        three objects tracked as one batch, and the frame stage."""
         from ...tasks.segment_prompt.predictor import PromptPredictor
         dev, net, frame = self.device, self.model, int(self.model.frame)
         g = torch.Generator().manual_seed(2024)
@@ -188,9 +192,14 @@ class Sam2Family(MobileSAM):
             return torch.cat([p.reshape(batch, 4), torch.tensor([[1.0, 0.0]]).expand(batch, 2), box], 1).to(dev)
         pred = PromptPredictor(self)
         prompt = pred.prompt_stage(frame, (frame, frame), (h, w), 2, 1, True)
+        with_mask = pred.prompt_stage(frame, (frame, frame), (h, w), 2, 1, True, mask=True)
+        ma = (20 * r(batch, 1, frame // 4, frame // 4) - 10).to(dev)
+        mb = torch.randn((batch, 1, frame // 4, frame // 4), generator=g).to(dev)
         cases = [("network", network, (xa, pa, lab), (xb, pb, lab)),
                  (f"image-stage {h}x{w}->{frame}", pred.encoder_stage(frame), (ua,), (ub,)),
-                 (f"prompt-stage {h}x{w}", prompt, (*ea, packed(0, frame)), (*eb, packed(10, frame / 2)))]
+                 (f"prompt-stage {h}x{w}", prompt, (*ea, packed(0, frame)), (*eb, packed(10, frame / 2))),
+                 (f"prompt-stage+mask {h}x{w}", with_mask, (*ea, packed(0, frame), ma),
+                  (*eb, packed(10, frame / 2), mb))]
         if self.has_video:
             from ...tasks.segment_prompt.video import VideoPropagator
             prop = VideoPropagator(self, [])
@@ -199,12 +208,14 @@ class Sam2Family(MobileSAM):
                 mem = net.track_step(*fa, None, None, None, None, pa[:1], lab[:1].long(), True)[3:]
             hw = mem[0].shape[0]
 
-            def bank(scale):   # 7 remembered frames and 16 object pointers of one object
-                m = (scale * torch.randn((7 * hw, 1, mem[0].shape[-1]), generator=g)).to(dev)
+            def bank(scale, n=1):   # 7 remembered frames and 16 object pointers of n objects
+                m = (scale * torch.randn((7 * hw, n, mem[0].shape[-1]), generator=g)).to(dev)
                 return (m.to(mem[0].dtype), torch.randn(m.shape, generator=g).to(dev),
-                        torch.randn((16, 1, 1, net.hidden_dim), generator=g).to(dev),
+                        torch.randn((16, n, 1, net.hidden_dim), generator=g).to(dev),
                         torch.tensor([20.0] + [float(d) for d in range(1, 16)], device=dev))
             cases += [("video-step (full bank)", prop._track_stage(), (*fa, *bank(1.0)), (*fb, *bank(0.5))),
+                      ("video-step (full bank, 3 objects)", prop._track_stage(), (*fa, *bank(1.0, 3)),
+                       (*fb, *bank(0.5, 3))),
                       (f"video-frame-stage {h}x{w}", prop._frame_stage(), (ua[:1],), (ub[:1],))]
         return cases
 

@@ -191,26 +191,49 @@ class VideoMixin:
         out = self.memory_attention(current_vision_features=feats, current_vision_position_embeddings=pos,
                                     memory=torch.cat(mem, 0).to(feats.dtype), memory_posision_embeddings=torch.cat(mem_pos, 0),
                                     num_object_pointer_tokens=n_ptr, **self.memory_attention_options(memory))
-        return out.squeeze(1).transpose(1, 2).reshape(feats.shape[1], self.hidden_dim, *self.backbone_feature_sizes[-1])
+        # (1, B, HW, C) -> (B, C, H, W): the objects stay apart for any batch of objects
+        return out.flatten(0, 1).transpose(1, 2).reshape(feats.shape[1], self.hidden_dim, *self.backbone_feature_sizes[-1])
 
     def track_step(self, s0: torch.Tensor, s1: torch.Tensor, feats: torch.Tensor, pos: torch.Tensor,
                    memory: torch.Tensor | None, memory_pos: torch.Tensor | None, pointers: torch.Tensor | None,
                    pointer_offsets: torch.Tensor | None, points: torch.Tensor | None, labels: torch.Tensor | None,
                    multimask: bool) -> tuple[torch.Tensor, ...]:
-        """One batch of objects (every input's batch B) on one frame: memory attention (or none), prompt encoder (the points,
-        or SAM 2's empty point), mask decoder, object pointer, memory encoder. Returns
-        (low-res mask logits (B, 1, S/4, S/4), object-score logit (B, 1), object pointer (B, 256),
-        new memory (HW, B, 64), its spatial positional encoding (HW, B, 64)): what
-        ``Sam2VideoModel._run_single_frame_inference`` and ``_encode_new_memory`` compute."""
-        pix = self.conditioned_features(feats, pos, memory, memory_pos, pointers, pointer_offsets)
+        """N objects on one frame (N = the memory's batch: the bank of each object side by side,
+        ``memory`` (T, N, 64), ``pointers`` (K, N, ...), one ``pointer_offsets`` for all; 1 on a
+        conditioning frame, ``memory`` None): memory attention (or none), prompt encoder (the
+        points, or SAM 2's empty point), mask decoder, object pointer, memory encoder. The
+        frame's features (batch 1) serve every object. Returns (low-res mask logits (N, 1, S/4,
+        S/4), object-score logit (N, 1), object pointer (N, 256), new memory (HW, N, 64), its
+        spatial positional encoding (HW, N, 64)): what ``Sam2VideoModel._run_single_frame_inference``
+        and ``_encode_new_memory`` compute for each object.
+
+        The memory attention runs on the N objects at once (each object's rows equal its own
+        run's bit for bit on the CPU); the prompt encoder and mask decoder
+        (``_single_frame_forward``) run once per object, because its best-of-three mask selection
+        indexes for one object (with N > 1 its indices broadcast to N x N); so does the memory
+        encoder, because its strided convolutions give other bits for a batch of masks than for
+        one on the CPU (and EdgeTAM's spatial perceiver, in transformers, takes one object: its
+        2-D latents are ``view``-ed after an expand). ``tests/unit/test_sam_track_cli.py::
+        test_batched_objects_equal_one_at_a_time`` checks the whole step's outputs per object."""
+        n = 1 if memory is None else int(memory.shape[1])
+        if n > 1 and points is not None:
+            raise ValueError("a prompted (conditioning) step takes one object")
+        feats_n, pos_n = (feats, pos) if n == 1 else (feats.expand(-1, n, -1), pos.expand(-1, n, -1))
+        pix = self.conditioned_features(feats_n, pos_n, memory, memory_pos, pointers, pointer_offsets)
         pts = None if points is None else points[:, None]
         lab = None if labels is None else labels[:, None].to(torch.int64)
-        sam = self._single_frame_forward(input_points=pts, input_labels=lab, image_embeddings=[s0, s1, pix],
-                                         multimask_output=multimask)
-        mem, mem_pos = self._encode_new_memory(current_vision_feats=feats, pred_masks_high_res=sam.high_res_masks,
-                                               object_score_logits=sam.object_score_logits,
-                                               is_mask_from_pts=points is not None)
-        return (sam.pred_masks, sam.object_score_logits, sam.object_pointer, *self.memory_tokens(mem, mem_pos))
+        outs = []
+        for i in range(n):
+            sam = self._single_frame_forward(input_points=pts, input_labels=lab,
+                                             image_embeddings=[s0, s1, pix if n == 1 else pix[i:i + 1]],
+                                             multimask_output=multimask)
+            mem, mem_pos = self._encode_new_memory(current_vision_feats=feats, pred_masks_high_res=sam.high_res_masks,
+                                                   object_score_logits=sam.object_score_logits,
+                                                   is_mask_from_pts=points is not None)
+            outs.append((sam.pred_masks, sam.object_score_logits, sam.object_pointer, *self.memory_tokens(mem, mem_pos)))
+        if n == 1:
+            return outs[0]
+        return tuple(torch.cat([o[k] for o in outs], 1 if k >= 3 else 0) for k in range(5))
 
     def mask_step(self, s0: torch.Tensor, s1: torch.Tensor, feats: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """A mask prompt (B, 1, S, S), 1 inside, on a conditioning frame: taken as the output

@@ -195,7 +195,7 @@ class AutoMasks(PromptMasks):
         self._stability = stability
         self._boxes = boxes           # inclusive last pixel, as NMS saw them
 
-    def _with(self, data, scores) -> AutoMasks:
+    def _with(self, data, scores, logits=None) -> AutoMasks:
         def like(t):   # the extra fields follow the masks: device tensors, or numpy
             if isinstance(data, torch.Tensor):
                 return (torch.from_numpy(np.ascontiguousarray(t)) if isinstance(t, np.ndarray) else t).to(data.device)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -34,6 +35,85 @@ from ...options import check_imgsz, check_int, parse_amp, parse_bool
 from .prompts import Prompt, pack, parse_prompt, unpack
 
 MASK_THRESHOLD = 0.0   # SAM's: a pixel is in the mask where its logit is above 0
+#: a binary mask prompt as logits: inside +10, outside -10 (SAM 2's ``_use_mask_as_output``: the
+#: mask scaled by 20 and shifted by -10, sigmoid(-10) = 4.5e-05)
+MASK_SCALE, MASK_BIAS = 20.0, -10.0
+
+
+def takes_mask_prompts(model: Any) -> bool:
+    """Whether ``model``'s family takes mask prompts (``MASK_PROMPTS``: its prompt encoder has a
+    mask input; SAM, SAM 2, EdgeTAM)."""
+    return bool(getattr(model, "MASK_PROMPTS", False))
+
+
+def check_mask_family(model: Any) -> None:
+    """A clear error for a family whose prompt stage takes no mask."""
+    if not takes_mask_prompts(model):
+        raise ValueError(f"{model.FAMILY}-{model.size} takes no mask prompts (mask_input): its prompt stage takes "
+                         "points and boxes only; mask prompts are SAM's, SAM 2's and EdgeTAM's (sam, sam2, edgetam)")
+
+
+def load_mask_input(mask: Any) -> np.ndarray | torch.Tensor:
+    """``mask_input`` as an array: a tensor or array as given; a path: a ``.npy`` array, or an
+    image file whose non-zero pixels are the mask (a binary mask of the image)."""
+    if isinstance(mask, (str, Path)):
+        path = Path(mask)
+        if not path.is_file():
+            raise FileNotFoundError(f"mask_input file {str(path)!r} does not exist")
+        if path.suffix.lower() == ".npy":
+            return np.load(path, allow_pickle=False)
+        from PIL import Image
+        with Image.open(path) as im:
+            return np.asarray(im.convert("L")) > 0
+    if isinstance(mask, (torch.Tensor, np.ndarray)):
+        return mask
+    raise ValueError(f"mask_input must be an array, a tensor or a file (.npy, or an image of the binary mask), "
+                     f"got {type(mask).__name__}")
+
+
+def mask_prompt_logits(mask: Any, size: int, resized: tuple[int, int], hw: tuple[int, int],
+                       device: torch.device) -> torch.Tensor:
+    """A mask prompt -> (1, 1, size/4, size/4) float32 low-resolution logits in the network's
+    frame, what SAM's prompt encoder embeds (``mask_input``):
+
+    * a float array of shape (s, s), (1, s, s) or (1, 1, s, s) with s = size/4: low-resolution
+      logits as a previous call returns them (``Results.masks.logits[i]``), taken as they are;
+    * a bool (or integer 0/1) array of the image's (h, w) (or (1, h, w)): a binary mask of the
+      image, placed in the frame as the image is (resized to ``resized`` with antialiased
+      bilinear, zero-padded bottom / right to the square), made logits (+10 inside, -10 outside:
+      :data:`MASK_SCALE`, :data:`MASK_BIAS`) and brought to s x s with antialiased bilinear, as
+      SAM 2 turns a mask into low-resolution logits (``_use_mask_as_output``)."""
+    m = torch.as_tensor(np.ascontiguousarray(mask) if isinstance(mask, np.ndarray) else mask)
+    s = size // 4
+    binary = m.dtype == torch.bool or not (m.is_floating_point() or m.is_complex())
+    if binary:
+        if m.dtype != torch.bool and not bool(((m == 0) | (m == 1)).all()):
+            raise ValueError("an integer mask_input is a binary mask of the image: its values must be 0 or 1 "
+                             "(low-resolution logits are float)")
+        while m.ndim > 2 and m.shape[0] == 1:
+            m = m[0]
+        if tuple(m.shape) != tuple(hw):
+            raise ValueError(f"a binary mask_input is a mask of the image: shape {hw[0]}x{hw[1]} (h, w) expected, "
+                             f"got {tuple(m.shape)}")
+        x = m.to(device, torch.float32)[None, None]
+        if tuple(resized) != tuple(hw):
+            x = F.interpolate(x, resized, mode="bilinear", align_corners=False, antialias=True)
+        x = F.pad(x, (0, size - resized[1], 0, size - resized[0])) * MASK_SCALE + MASK_BIAS
+        if tuple(resized) != (size, size):   # the padding is outside the image: logit MASK_BIAS
+            x[..., resized[0]:, :] = MASK_BIAS
+            x[..., :, resized[1]:] = MASK_BIAS
+        return F.interpolate(x, (s, s), mode="bilinear", align_corners=False, antialias=True)
+    if not m.is_floating_point():
+        raise ValueError(f"mask_input must be float low-resolution logits or a bool mask of the image, got {m.dtype}")
+    while m.ndim > 2 and m.shape[0] == 1:
+        m = m[0]
+    if tuple(m.shape) != (s, s):
+        raise ValueError(f"float mask_input is low-resolution logits in the network's {size}x{size} frame: shape "
+                         f"({s}, {s}) (or (1, {s}, {s}), as Results.masks.logits[i][None]) expected, got "
+                         f"{tuple(torch.as_tensor(mask).shape)}; a binary mask of the image is a bool array")
+    if not bool(torch.isfinite(m).all()):
+        raise ValueError("mask_input logits must be finite")
+    return m.to(device, torch.float32)[None, None]
 
 
 @dataclass
@@ -93,27 +173,40 @@ class PromptPredictor:
         return from_u8
 
     def prompt_stage(self, size: int, resized: tuple[int, int], hw: tuple[int, int], n_points: int,
-                     n_boxes: int, multimask: bool):
-        """(embeddings (B, 256, s, s), packed prompts (B, 3P + 4K)) -> (masks (B, M, h, w) bool,
-        scores (B, M) float32)."""
+                     n_boxes: int, multimask: bool, mask: bool = False):
+        """(embeddings (B, 256, s, s), packed prompts (B, 3P + 4K)[, mask prompt (B, 1, S/4, S/4)
+        logits]) -> (masks (B, M, h, w) bool, scores (B, M) float32[, low-resolution logits
+        (B, M, S/4, S/4) float32]). The mask prompt and the logits belong to the families with
+        mask prompts (:func:`takes_mask_prompts`); MobileSAM's stage is the two-output one."""
         model = self.model
         # a family whose image is stretched to the frame (SAM 2) upsamples its logits its own way
         post = getattr(model, "postprocess_masks", postprocess_masks)
+        if not takes_mask_prompts(model):
+            if mask:
+                check_mask_family(model)
 
-        def stage(*args):
+            def stage(*args):
+                *embedding, packed = args
+                pts, lab, boxes = unpack(packed, n_points, n_boxes)
+                low, iou = model.decode(_whole(tuple(embedding)), pts, lab, boxes, multimask, size)
+                return post(low, size, resized, hw), iou.float()
+            return stage
+
+        def stage_with_logits(*args):
+            args, mask_input = (args[:-1], args[-1]) if mask else (args, None)
             *embedding, packed = args
             pts, lab, boxes = unpack(packed, n_points, n_boxes)
-            low, iou = model.decode(_whole(tuple(embedding)), pts, lab, boxes, multimask, size)
-            return post(low, size, resized, hw), iou.float()
-        return stage
+            low, iou = model.decode(_whole(tuple(embedding)), pts, lab, boxes, multimask, size, mask_input=mask_input)
+            return post(low, size, resized, hw), iou.float(), low.float()
+        return stage_with_logits
 
     @staticmethod
     def _encoder_key(size: int) -> tuple:
         return ("sam-image", size)
 
     @staticmethod
-    def _prompt_key(size, resized, hw, counts, multimask) -> tuple:
-        return ("sam-prompt", size, *resized, *hw, *counts, bool(multimask))
+    def _prompt_key(size, resized, hw, counts, multimask, mask: bool = False) -> tuple:
+        return ("sam-prompt", size, *resized, *hw, *counts, bool(multimask)) + (("mask",) if mask else ())
 
     def _autocast(self, amp_dtype):
         dev = self.model.device.type
@@ -176,8 +269,9 @@ class PromptPredictor:
         return self.current
 
     # ---------------------------------------------------------------- prompts
-    def prompt(self, state: ImageState, prompt: Prompt, multimask: bool, mode, speed: dict):
-        """Run the prompt stage on ``state``; returns the Results."""
+    def prompt(self, state: ImageState, prompt: Prompt, multimask: bool, mode, speed: dict, mask_input: Any = None):
+        """Run the prompt stage on ``state`` (with ``mask_input``, a mask prompt:
+        :func:`mask_prompt_logits`); returns the Results."""
         from ...results import Results
         from .results import PromptMasks
         t0 = time.perf_counter()
@@ -185,14 +279,18 @@ class PromptPredictor:
         p = prompt.for_image(h, w)
         counts = (len(p.points), len(p.boxes))
         packed = torch.from_numpy(pack(p, h, w, *state.resized)).to(self.model.device)
-        fn = self.prompt_stage(state.size, state.resized, state.hw, *counts, multimask)
-        key = self._prompt_key(state.size, state.resized, state.hw, counts, multimask)
+        has_mask = mask_input is not None
+        extra = (mask_prompt_logits(mask_input, state.size, state.resized, state.hw, self.model.device),) if has_mask else ()
+        fn = self.prompt_stage(state.size, state.resized, state.hw, *counts, multimask, has_mask)
+        key = self._prompt_key(state.size, state.resized, state.hw, counts, multimask, has_mask)
         with torch.no_grad(), self._autocast(state.amp_dtype):
             parts = _parts(state.embedding)
-            masks, scores = self.model.runner(key, fn, (*parts, packed), mode, constant=tuple(range(len(parts))))
+            out = self.model.runner(key, fn, (*parts, packed, *extra), mode, constant=tuple(range(len(parts))))
+        masks, scores = out[0], out[1]
+        logits = out[2][0] if len(out) > 2 else None
         speed = {**speed, "prompt": (time.perf_counter() - t0) * 1e3}
         return Results(state.item.image, state.item.name, self.model.names, None, speed=speed,
-                       masks=PromptMasks(masks[0], scores[0], p.points, p.labels, p.boxes))
+                       masks=PromptMasks(masks[0], scores[0], p.points, p.labels, p.boxes, logits))
 
     # ------------------------------------------------------------------ call
     def __call__(self, source: Any = None, *, imgsz: int | None = None, batch: int = 1, cuda_graph: Any = False,
@@ -200,7 +298,7 @@ class PromptPredictor:
                  profile: bool = False, points: Any = None, labels: Any = None, boxes: Any = None,
                  multimask: Any = True, strict: Any = False, prompts: Any = None, points_per_side: Any = 32,
                  points_per_batch: Any = 64, pred_iou_thresh: Any = 0.88, stability_score_thresh: Any = 0.95,
-                 box_nms_thresh: Any = 0.7) -> list:
+                 box_nms_thresh: Any = 0.7, mask_input: Any = None) -> list:
         """Masks for one prompt on each image of ``source`` (which also becomes the current image:
         the last one), or on the current image (``model.set_image``) when ``source`` is None.
 
@@ -213,6 +311,13 @@ class PromptPredictor:
         between the stages so ``Results.speed`` (ms per image: load, encode, prompt) is exact. Saving annotated images is the model's
         (``model.predict(..., save=True)``).
 
+        ``mask_input`` (SAM, SAM 2, EdgeTAM; alone or with points / boxes): a mask prompt, as
+        SAM's predictor takes it - the low-resolution logits of a previous call
+        (``r.masks.logits[r.masks.best]``, float (S/4, S/4)), or a binary mask of the image (bool
+        (H, W)), or a file of either (``.npy``, or an image whose non-zero pixels are the mask);
+        see :func:`mask_prompt_logits`. ``Results.masks.logits`` holds each mask's
+        low-resolution logits for the next call. MobileSAM and PicoSAM3 refuse it by name.
+
         No prompt at all, or ``prompts="grid"``: automatic mask generation (:mod:`.amg`, SAM's
         ``points_per_side``, ``points_per_batch``, ``pred_iou_thresh``,
         ``stability_score_thresh``, ``box_nms_thresh``); ``Results.masks`` is then
@@ -222,14 +327,22 @@ class PromptPredictor:
         from .amg import GRID, AMGOptions, check_family, generate
         if prompts is not None and prompts != GRID:
             raise ValueError(f"prompts must be {GRID!r} (automatic mask generation) or left out, got {prompts!r}")
-        grid = prompts == GRID or (points is None and labels is None and boxes is None)
-        if grid and (points is not None or labels is not None or boxes is not None):
-            raise ValueError(f"prompts={GRID!r} makes its own point grid: leave points, labels and boxes out")
+        grid = prompts == GRID or (points is None and labels is None and boxes is None and mask_input is None)
+        if grid and (points is not None or labels is not None or boxes is not None or mask_input is not None):
+            raise ValueError(f"prompts={GRID!r} makes its own point grid: leave points, labels, boxes and mask_input out")
         if grid:
             check_family(m)
         amg = AMGOptions.parse(points_per_side, points_per_batch, pred_iou_thresh, stability_score_thresh,
                                box_nms_thresh) if grid else None
-        prompt = None if grid else parse_prompt(points, labels, boxes)
+        if mask_input is not None:
+            check_mask_family(m)
+            mask_input = load_mask_input(mask_input)
+        if grid:
+            prompt = None
+        elif mask_input is not None and points is None and labels is None and boxes is None:
+            prompt = Prompt(np.zeros((0, 2)), np.zeros(0, np.int64), np.zeros((0, 4)))   # the mask alone
+        else:
+            prompt = parse_prompt(points, labels, boxes)
         multimask = parse_bool("multimask", multimask)
         strict = parse_bool("strict", strict)
         mode = normalize_mode(cuda_graph)
@@ -242,7 +355,8 @@ class PromptPredictor:
             if imgsz is not None and self._size(imgsz) != st.size:
                 raise ValueError(f"the current image was embedded at imgsz={st.size}, not {imgsz}: call "
                                  "set_image again with the new size")
-            results = [generate(self, st, amg, mode, {}) if grid else self.prompt(st, prompt, multimask, mode, {})]
+            results = [generate(self, st, amg, mode, {}) if grid
+                       else self.prompt(st, prompt, multimask, mode, {}, mask_input)]
             sync()
         else:
             size = self._size(imgsz)
@@ -261,7 +375,7 @@ class PromptPredictor:
                 for st in states:
                     speed = {"load": load, "encode": enc}
                     results.append(generate(self, st, amg, mode, speed) if grid
-                                   else self.prompt(st, prompt, multimask, mode, speed))
+                                   else self.prompt(st, prompt, multimask, mode, speed, mask_input))
                     sync()
                 self.current = states[-1]
         return results

@@ -20,33 +20,57 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["CENTER", "Prompt", "parse_prompt", "pack", "unpack"]
+__all__ = ["CENTER", "Prompt", "center_box", "default_prompt", "parse_prompt", "pack", "takes_points", "unpack"]
 
-#: ``points="center"``: one foreground point at the centre of each image (the CLI's default)
+#: ``points="center"``: one foreground point at the centre of each image (the CLI's default);
+#: ``boxes="center"``: one box around the centre, the middle half of the image's width and height
+#: (the default of a family prompted by boxes only, PicoSAM3)
 CENTER = "center"
+
+
+def center_box(h: int, w: int) -> np.ndarray:
+    """(1, 4) the box ``boxes="center"`` means on an (h, w) image: x from w/4 to 3w/4, y from
+    h/4 to 3h/4."""
+    return np.array([[w / 4, h / 4, 3 * w / 4, 3 * h / 4]], dtype=np.float64)
+
+
+def takes_points(model: Any) -> bool:
+    """Whether ``model``'s family takes point prompts (a box-only family, PicoSAM3, declares
+    ``GRID_PROMPTS = False``: no points, so no point grid either)."""
+    return bool(getattr(model, "GRID_PROMPTS", True))
+
+
+def default_prompt(model: Any) -> dict[str, str]:
+    """The prompt used where the caller gives none and one is needed (the CLI, ``libreyolo
+    bench``): one foreground point at the centre, or the centre box for a box-only family."""
+    return {"points": CENTER} if takes_points(model) else {"boxes": CENTER}
 
 
 @dataclass(frozen=True)
 class Prompt:
     """One prompt in original-image pixels: ``points`` (P, 2) x, y; ``labels`` (P,) 1 foreground,
     0 background; ``boxes`` (K, 4) x1, y1, x2, y2 (float64 numpy). ``center``: the points are to be
-    the image's centre (resolved per image by :meth:`for_image`)."""
+    the image's centre, ``center_box``: the box is to be the centre box (:func:`center_box`) (both
+    resolved per image by :meth:`for_image`)."""
 
     points: np.ndarray
     labels: np.ndarray
     boxes: np.ndarray
     center: bool = False
+    center_box: bool = False
 
     @property
     def counts(self) -> tuple[int, int]:
         """(points, boxes): what a prompt stage's shapes depend on."""
-        return (1 if self.center else len(self.points)), len(self.boxes)
+        return (1 if self.center else len(self.points)), (1 if self.center_box else len(self.boxes))
 
     def for_image(self, h: int, w: int) -> Prompt:
-        """This prompt for an (h, w) image: the centre resolved, every point and corner checked."""
+        """This prompt for an (h, w) image: the centres resolved, every point and corner checked."""
         p = self
-        if self.center:
-            p = Prompt(np.array([[w / 2, h / 2]]), np.ones(1, dtype=np.int64), self.boxes)
+        if self.center or self.center_box:
+            p = Prompt(np.array([[w / 2, h / 2]]) if self.center else self.points,
+                       np.ones(1, dtype=np.int64) if self.center else self.labels,
+                       center_box(h, w) if self.center_box else self.boxes)
         for i, (x, y) in enumerate(p.points):
             if not (0 <= x <= w and 0 <= y <= h):
                 raise ValueError(f"prompt point {i} ({x:g}, {y:g}) is outside the {w}x{h} image "
@@ -107,12 +131,15 @@ def parse_prompt(points: Any = None, labels: Any = None, boxes: Any = None) -> P
         if not np.all(np.isin(labf, (0, 1))):
             raise ValueError(f"labels must be 0 (background) or 1 (foreground), got {labels!r}")
         lab = labf.astype(np.int64)
-    bx = np.zeros((0, 4)) if boxes is None else _rows("boxes", boxes, 4, "[x1, y1, x2, y2] boxes")
+    cbox = isinstance(boxes, str)
+    if cbox and boxes != CENTER:
+        raise ValueError(f"boxes must be a list of [x1, y1, x2, y2] boxes or {CENTER!r}, got {boxes!r}")
+    bx = np.zeros((0, 4)) if boxes is None or cbox else _rows("boxes", boxes, 4, "[x1, y1, x2, y2] boxes")
     for i, (x1, y1, x2, y2) in enumerate(bx):
         if x2 < x1 or y2 < y1:
             raise ValueError(f"prompt box {i} ({x1:g}, {y1:g}, {x2:g}, {y2:g}) has x2 < x1 or y2 < y1: "
                              "boxes are [x1, y1, x2, y2] with the top-left corner first")
-    return Prompt(pts, lab, bx, center)
+    return Prompt(pts, lab, bx, center, cbox)
 
 
 def pack(prompt: Prompt, h: int, w: int, rh: int, rw: int) -> np.ndarray:
@@ -135,10 +162,12 @@ def unpack(packed: torch.Tensor, n_points: int, n_boxes: int):
     return pts, lab, boxes
 
 
-def parse_cli(points: str | None, labels: str | None, boxes: str | None, grid: bool = False) -> dict[str, Any]:
+def parse_cli(points: str | None, labels: str | None, boxes: str | None, grid: bool = False,
+              default: dict[str, str] | None = None) -> dict[str, Any]:
     """``libreyolo predict`` text options -> predict options: ``points="x,y;x,y"``,
-    ``labels="1,0"``, ``boxes="x1,y1,x2,y2;..."``; neither points nor boxes: ``points="center"``
-    (unless ``grid``: ``prompts=grid`` asks for automatic masks, which take no prompt)."""
+    ``labels="1,0"``, ``boxes="x1,y1,x2,y2;..."`` (either may be ``center``); neither points nor
+    boxes: ``default`` (:func:`default_prompt` of the model; ``points="center"`` when not given),
+    unless ``grid``: ``prompts=grid`` asks for automatic masks, which take no prompt."""
     def rows(name: str, text: str, width: int):
         out = []
         for part in text.split(";"):
@@ -160,7 +189,7 @@ def parse_cli(points: str | None, labels: str | None, boxes: str | None, grid: b
         except ValueError:
             raise ValueError(f"labels must be 0/1 separated by commas, got {labels!r}") from None
     if boxes:
-        opts["boxes"] = rows("boxes", boxes, 4)
+        opts["boxes"] = CENTER if boxes == CENTER else rows("boxes", boxes, 4)
     if "points" not in opts and "boxes" not in opts and not grid:
-        opts["points"] = CENTER
+        opts.update({"points": CENTER} if default is None else default)
     return opts

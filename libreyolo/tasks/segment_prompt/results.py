@@ -29,19 +29,28 @@ class PromptMasks:
     each mask. Both are torch tensors on the model's device as predict returns them (numpy after
     :meth:`numpy`). ``points`` (P, 2), ``labels`` (P,) and ``boxes`` (K, 4): the prompt, in the
     image's pixels (drawn by :meth:`plot_on`). ``best``: the index of the highest-scoring mask.
+
+    ``logits``: (M, S/4, S/4) float32 low-resolution mask logits in the network's S x S frame,
+    before the upsampling to the image (SAM's ``low_res_masks``), for the families that take mask
+    prompts (SAM, SAM 2, EdgeTAM; None for the others): pass one back to refine it,
+    ``model(points=..., mask_input=r.masks.logits[r.masks.best])``, as SAM's predictor iterates.
     """
 
     def __init__(self, data: torch.Tensor | np.ndarray, scores: torch.Tensor | np.ndarray,
                  points: np.ndarray | None = None, labels: np.ndarray | None = None,
-                 boxes: np.ndarray | None = None):
+                 boxes: np.ndarray | None = None, logits: torch.Tensor | np.ndarray | None = None):
         if not isinstance(data, (torch.Tensor, np.ndarray)) or not isinstance(scores, (torch.Tensor, np.ndarray)):
             raise TypeError("PromptMasks data and scores must be torch tensors or numpy arrays")
         if data.ndim != 3:
             raise ValueError(f"PromptMasks data must be (M, H, W) masks, got shape {tuple(data.shape)}")
         if tuple(scores.shape) != (data.shape[0],):
             raise ValueError(f"PromptMasks scores must be ({data.shape[0]},), one per mask, got {tuple(scores.shape)}")
+        if logits is not None and (logits.ndim != 3 or logits.shape[0] != data.shape[0]):
+            raise ValueError(f"PromptMasks logits must be ({data.shape[0]}, s, s), one per mask, got "
+                             f"{tuple(logits.shape)}")
         self._data = data
         self._scores = scores
+        self._logits = logits
         self.points = np.zeros((0, 2)) if points is None else np.asarray(points, dtype=np.float64).reshape(-1, 2)
         self.labels = np.zeros(0, np.int64) if labels is None else np.asarray(labels, dtype=np.int64).reshape(-1)
         self.boxes = np.zeros((0, 4)) if boxes is None else np.asarray(boxes, dtype=np.float64).reshape(-1, 4)
@@ -56,6 +65,11 @@ class PromptMasks:
     def scores(self) -> torch.Tensor | np.ndarray:
         """The (M,) predicted IoU per mask."""
         return self._scores
+
+    @property
+    def logits(self) -> torch.Tensor | np.ndarray | None:
+        """The (M, S/4, S/4) low-resolution mask logits (None for a family without mask prompts)."""
+        return self._logits
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -74,21 +88,24 @@ class PromptMasks:
         return int(np.argmax(_np(self._scores).astype(np.float64)))
 
     # ---- conversions ---------------------------------------------------------------------------
-    def _with(self, data, scores) -> PromptMasks:
-        return PromptMasks(data, scores, self.points, self.labels, self.boxes)
+    def _with(self, data, scores, logits=None) -> PromptMasks:
+        return PromptMasks(data, scores, self.points, self.labels, self.boxes, logits)
+
+    def _logits_as(self, conv):
+        return None if self._logits is None else conv(self._logits)
 
     def cpu(self) -> PromptMasks:
         conv = (lambda t: t.cpu() if isinstance(t, torch.Tensor) else t)
-        return self._with(conv(self._data), conv(self._scores))
+        return self._with(conv(self._data), conv(self._scores), self._logits_as(conv))
 
     def numpy(self) -> PromptMasks:
-        return self._with(_np(self._data), _np(self._scores))
+        return self._with(_np(self._data), _np(self._scores), self._logits_as(_np))
 
     def to(self, *args: Any, **kwargs: Any) -> PromptMasks:
-        """Move/cast masks and scores like ``torch.Tensor.to`` (numpy data becomes tensors first)."""
+        """Move/cast masks, scores (and logits) like ``torch.Tensor.to`` (numpy data becomes tensors first)."""
         conv = (lambda t: (torch.from_numpy(np.ascontiguousarray(t)) if isinstance(t, np.ndarray) else t)
                 .to(*args, **kwargs))
-        return self._with(conv(self._data), conv(self._scores))
+        return self._with(conv(self._data), conv(self._scores), self._logits_as(conv))
 
     def __repr__(self) -> str:
         where = f"tensor on {self._data.device}" if isinstance(self._data, torch.Tensor) else "numpy"

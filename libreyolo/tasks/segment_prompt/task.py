@@ -14,9 +14,17 @@ import torch
 
 from ..base import Task
 
-#: the prompt ``libreyolo bench`` and the generic predict paths use: one foreground point at the
-#: image's centre
+#: the prompt ``libreyolo bench`` and the generic predict paths use for a family that takes points:
+#: one foreground point at the image's centre (a box-only family, PicoSAM3, gets the centre box:
+#: :func:`bench_prompt`)
 BENCH_PROMPT = {"points": "center"}
+
+
+def bench_prompt(model: Any = None) -> dict[str, str]:
+    """The prompt of ``libreyolo bench``'s calls for ``model``: what its family takes (the centre
+    point, or the centre box for a box-only family; :func:`.prompts.default_prompt`)."""
+    from .prompts import default_prompt
+    return dict(BENCH_PROMPT) if model is None else default_prompt(model)
 
 
 class SegmentPromptTask(Task):
@@ -24,7 +32,8 @@ class SegmentPromptTask(Task):
     primary_metric = "none"
     predict_defaults: dict = {"points": None, "labels": None, "boxes": None, "multimask": True,
                               "prompts": None, "points_per_side": 32, "points_per_batch": 64,
-                              "pred_iou_thresh": 0.88, "stability_score_thresh": 0.95, "box_nms_thresh": 0.7}
+                              "pred_iou_thresh": 0.88, "stability_score_thresh": 0.95, "box_nms_thresh": 0.7,
+                              "mask_input": None}
 
     def predictor(self, model):
         own = getattr(model, "prompt_predictor", None)   # a family whose stages differ (PicoSAM3)
@@ -74,14 +83,23 @@ class SegmentPromptTask(Task):
             return torch.cat([p.reshape(batch, 4), torch.tensor([[1.0, 0.0]]).expand(batch, 2), box], 1).to(dev)
         pred = PromptPredictor(model)
         stage = pred.prompt_stage(size, (rh, rw), (h, w), 2, 1, True)
-        return [("network", network, (xa, pts(0, size), lab), (xb, pts(size / 4, size / 2), lab)),
-                (f"image-stage {h}x{w}->{size}", pred.encoder_stage(size), (ua,), (ub,)),
-                (f"prompt-stage {h}x{w}", stage, (ea, packed(0, min(rh, rw))), (eb, packed(10, min(rh, rw) / 2)))]
+        cases = [("network", network, (xa, pts(0, size), lab), (xb, pts(size / 4, size / 2), lab)),
+                 (f"image-stage {h}x{w}->{size}", pred.encoder_stage(size), (ua,), (ub,)),
+                 (f"prompt-stage {h}x{w}", stage, (ea, packed(0, min(rh, rw))), (eb, packed(10, min(rh, rw) / 2)))]
+        from .predictor import takes_mask_prompts
+        if takes_mask_prompts(model):   # SAM: the prompt stage with a mask prompt (low-resolution logits)
+            with_mask = pred.prompt_stage(size, (rh, rw), (h, w), 2, 1, True, mask=True)
+            ma = (20 * torch.rand((batch, 1, size // 4, size // 4), generator=g) - 10).to(dev)
+            mb = torch.randn((batch, 1, size // 4, size // 4), generator=g).to(dev)
+            cases.append((f"prompt-stage+mask {h}x{w}", with_mask, (ea, packed(0, min(rh, rw)), ma),
+                          (eb, packed(10, min(rh, rw) / 2), mb)))
+        return cases
 
     # ------------------------------------------------------------- benchmark
-    def bench_options(self) -> dict[str, Any]:
-        """Predict options of the bench's end-to-end arms (one prompt per image)."""
-        return dict(BENCH_PROMPT)
+    def bench_options(self, model: Any = None) -> dict[str, Any]:
+        """Predict options of the bench's end-to-end arms: one prompt per image, the one
+        ``model``'s family takes (:func:`bench_prompt`)."""
+        return bench_prompt(model)
 
     def bench_arms(self, model, image, runs: int, warmup: int, imgsz: int, time_call) -> dict[str, Any]:
         """The interactive case: ``set_image`` (the image stage) and a prompt call on the set
@@ -90,14 +108,15 @@ class SegmentPromptTask(Task):
         dev = model.device
         arms: dict[str, Any] = {}
         graphs = [False] + ([True] if dev.type == "cuda" and model.SUPPORTS_CUDA_GRAPH else [])
+        prompt = bench_prompt(model)
         out = {}
         for g in graphs:
             tag = "graph" if g else "eager"
             arms[f"set_image_{tag}"] = time_call(lambda: model.set_image(image, imgsz=imgsz, cuda_graph=g),
                                                  dev, runs, warmup)
             model.set_image(image, imgsz=imgsz, cuda_graph=g)
-            arms[f"prompt_{tag}"] = time_call(lambda: model(**BENCH_PROMPT, cuda_graph=g), dev, runs, warmup)
-            out[tag] = model(**BENCH_PROMPT, cuda_graph=g).masks
+            arms[f"prompt_{tag}"] = time_call(lambda: model(**prompt, cuda_graph=g), dev, runs, warmup)
+            out[tag] = model(**prompt, cuda_graph=g).masks
         if "graph" in out:
             arms["prompt_graph_equal_eager"] = bool(torch.equal(out["graph"].data, out["eager"].data)
                                                     and torch.equal(out["graph"].scores, out["eager"].scores))
@@ -113,7 +132,7 @@ class SegmentPromptTask(Task):
         dev, pred = model.device, model.get_predictor()
         st = pred.current
         u8 = torch.from_numpy(image).to(dev)[None]
-        p = parse_prompt(**BENCH_PROMPT).for_image(*st.hw)
+        p = parse_prompt(**bench_prompt(model)).for_image(*st.hw)
         packed = torch.from_numpy(pack(p, *st.hw, *st.resized)).to(dev)
         stage = pred.prompt_stage(st.size, st.resized, st.hw, len(p.points), len(p.boxes), True)
         arms = {}

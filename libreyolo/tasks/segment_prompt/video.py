@@ -14,7 +14,12 @@ and the last ``max_object_pointers_in_encoder - 1`` tracked frames' object point
 tracked frames are dropped as the clip goes on (the bank fills, then rolls). The per-frame step is
 two stages, each a tensor-in/tensor-out function run through the model's graph runner: the image
 stage (image encoder, one per frame, shared by the objects) and the object step (memory attention
-+ prompt encoder + mask decoder + object pointer + memory encoder, per object). The object step's
++ prompt encoder + mask decoder + object pointer + memory encoder). The tracked objects of a frame
+whose banks give the step the same shapes and pointer offsets (objects prompted on the same frames)
+share one object step: the memory attention runs on them as one batch; the mask decoder and the
+memory encoder run per object inside it (``VideoMixin.track_step`` says why: transformers'
+best-mask selection is written for one object, and batched strided convolutions change the bits),
+so each object's numbers are those of tracking it alone, bit for bit on the CPU. The object step's
 shapes are fixed by the bank's fill level (frames remembered, pointers held): once the bank is
 full they repeat every frame, and ``cuda_graph="auto"`` captures at the first repeat; while it
 fills, each fill level is its own graph (no padding: a padded memory slot is a key the attention
@@ -68,7 +73,7 @@ class TrackMasks(PromptMasks):
         if len(self.ids) != len(self):
             raise ValueError(f"TrackMasks ids must be ({len(self)},), one per mask, got {self.ids.shape}")
 
-    def _with(self, data, scores) -> TrackMasks:
+    def _with(self, data, scores, logits=None) -> TrackMasks:
         return TrackMasks(data, scores, self.ids)
 
     def __repr__(self) -> str:
@@ -123,8 +128,8 @@ def _one(frame: Any, obj_id: Any, points: Any, labels: Any, boxes: Any, mask: An
                              f"got shape {m.shape}")
         return ObjectPrompt(frame, obj_id, mask=m.astype(bool))
     p = parse_prompt(points, labels, boxes)
-    if p.center:
-        raise ValueError("points='center' is for images; give the object's points in the frame's pixels")
+    if p.center or p.center_box:
+        raise ValueError("'center' prompts are for images; give the object's points or box in the frame's pixels")
     if len(p.boxes) > 1:
         raise ValueError(f"object {obj_id}, frame {frame}: one box per object and frame, got {len(p.boxes)}: "
                          "give each object its own prompt (prompts=[...])")
@@ -243,10 +248,13 @@ class VideoPropagator:
     """Tracks the prompted objects frame by frame (see the module docstring); :meth:`step` takes
     one frame (its index and HxWx3 uint8 RGB) and returns that frame's masks."""
 
-    def __init__(self, model, prompts: list[ObjectPrompt], cuda_graph: Any = False):
+    def __init__(self, model, prompts: list[ObjectPrompt], cuda_graph: Any = False, batch_objects: bool = True):
         self.model, self.net = model, model.model
         self.prompts = prompts
         self.mode = normalize_mode(cuda_graph)
+        #: run the tracked objects of one frame whose banks have the same shape and offsets as
+        #: one batch (False: one object at a time; the numbers are the same, see :meth:`step`)
+        self.batch_objects = bool(batch_objects)
         self.banks: dict[int, ObjectBank] = {}
         self.size = int(self.net.frame)
         cfg = self.net.config
@@ -312,28 +320,46 @@ class VideoPropagator:
         s0, s1, feats, pos = self._run(("frame", h, w), self._frame_stage(), (u8,))
         todo = {p.obj_id: p for p in self.prompts if p.frame == index}
         out: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        # tracked objects (no prompt on this frame) whose banks give the step the same shapes and
+        # pointer offsets (objects prompted on the same frames: the usual case) form one batch
+        groups: dict[tuple, list[tuple[int, tuple[torch.Tensor, ...]]]] = {}
         for obj_id in sorted(set(self.banks) | set(todo)):
             bank = self.banks.setdefault(obj_id, ObjectBank(obj_id))
             p = todo.get(obj_id)
-            if p is not None and p.mask is not None:
+            if p is None:
+                gathered = bank.gather(index, net)
+                key = ((tuple(gathered[0].shape), tuple(gathered[2].shape), tuple(gathered[3].tolist()))
+                       if self.batch_objects else (obj_id,))
+                groups.setdefault(key, []).append((obj_id, gathered))
+                continue
+            if p.mask is not None:
                 if p.mask.shape != (h, w):
                     raise ValueError(f"object {obj_id}, frame {index}: the mask is {p.mask.shape[1]}x{p.mask.shape[0]}, "
                                      f"the frame {w}x{h}")
                 m = torch.from_numpy(p.mask).to(dev, torch.float32)[None, None]
                 res = self._run(("mask", h, w), self._mask_stage(), (s0, s1, feats, m))
-            elif p is not None:
+            else:
                 points, labels = self._prompt_inputs(p, h, w, dev)
                 c = net.config
                 mm = bool(c.multimask_output_in_sam and c.multimask_min_pt_num <= points.shape[1] <= c.multimask_max_pt_num)
                 res = self._run(("prompt", points.shape[1], mm), self._prompt_stage(mm),
                                 (s0, s1, feats, pos, points, labels))
-            else:
-                memory, memory_pos, pointers, offsets = bank.gather(index, net)
-                res = self._run(("track",), self._track_stage(),
-                                (s0, s1, feats, pos, memory, memory_pos, pointers, offsets))
             low, score, pointer, memory, memory_pos = res
-            bank.add(index, Memory(memory, memory_pos, pointer), p is not None, self.keep)
+            bank.add(index, Memory(memory, memory_pos, pointer), True, self.keep)
             out[obj_id] = (low, score)
+        for members in groups.values():
+            ids_in = [obj_id for obj_id, _ in members]
+            if len(members) == 1:
+                memory, memory_pos, pointers, offsets = members[0][1]
+            else:   # the banks side by side: (tokens, N, C), (pointers, N, ...)
+                memory, memory_pos, pointers = (torch.cat([g[k] for _, g in members], 1) for k in range(3))
+                offsets = members[0][1][3]
+            low, score, pointer, memory, memory_pos = self._run(
+                ("track", len(members)), self._track_stage(), (s0, s1, feats, pos, memory, memory_pos, pointers, offsets))
+            for i, obj_id in enumerate(ids_in):
+                one = slice(i, i + 1)
+                self.banks[obj_id].add(index, Memory(memory[:, one], memory_pos[:, one], pointer[one]), False, self.keep)
+                out[obj_id] = (low[one], score[one])
         ids = sorted(out)
         if not ids:
             return [], torch.zeros((0, h, w), dtype=torch.bool, device=dev), torch.zeros(0, device=dev)
@@ -407,9 +433,11 @@ def _track(model, prompts, frames, name, fps, closer, save, save_dir, exist_ok, 
                 seen = index
                 t0 = time.perf_counter()
                 ids, masks, scores = prop.step(index, image)
-                res = Results(image, f"{name}:{index}", model.names, None,
+                res = Results(image, str(name), model.names, None,
                               speed={"track": (time.perf_counter() - t0) * 1e3},
                               masks=TrackMasks(masks, scores, ids))
+                # as predict's video Results: the source as the path, the frame's index and time
+                res.frame_index, res.timestamp = index, (index / fps if fps else None)
                 if save:
                     if writer is None:
                         from ...data.video import VideoWriter
