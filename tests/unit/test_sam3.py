@@ -329,7 +329,7 @@ def test_export_is_refused_by_name(model):
 
 def test_verify_cases_run_the_parity_protocol_on_the_cpu(video_model, monkeypatch):
     """The family's cases (network, image stage, prompt stage without and with a mask prompt, the
-    video step at a full bank, the frame stage) through the parity protocol, the capture stood in by a replay: probes differ,
+    video step at a full bank for one and three objects, the frame stage) through the parity protocol, the capture stood in by a replay: probes differ,
     replays equal."""
     from standin import StandInCapturer
 
@@ -340,5 +340,5 @@ def test_verify_cases_run_the_parity_protocol_on_the_cpu(video_model, monkeypatc
     with torch.no_grad():
         results = [parity.check_parity(name, fn, a, b, module=video_model.model) for name, fn, a, b in cases]
     assert [c[0].split()[0] for c in cases] == ["network", "image-stage", "prompt-stage", "prompt-stage+mask",
-                                                "video-step", "video-frame-stage"]
+                                                "video-step", "video-step", "video-frame-stage"]
     assert all(r.passed for r in results), [r.as_dict() for r in results]
