@@ -151,6 +151,18 @@ def test_predict_points_boxes_and_set_image(model, image):
     assert [d["name"] for d in row] == ["mask0", "mask1", "mask2"]
 
 
+def test_a_mask_prompt_at_the_stride_14_low_resolution(model, image):
+    """SAM 3's low-resolution logits are 4x its stride-14 embedding (not SAM's size / 4): a previous
+    call's logits feed back as a mask prompt, and a bool mask of the image is taken too."""
+    r = model(image, points=[[60, 45]], labels=[1], bgr=False)
+    side = 4 * (SIZE // 14)
+    assert r.masks.logits.shape[-2:] == (side, side)
+    again = model(points=[[60, 45]], labels=[1], mask_input=r.masks.logits[0])
+    assert again.masks.data.shape == r.masks.data.shape
+    from_bool = model(points=[[60, 45]], labels=[1], mask_input=r.masks.data[0].numpy())
+    assert from_bool.masks.data.shape == r.masks.data.shape
+
+
 def test_automatic_masks(model, image):
     """prompts="grid": the point grid through the grid stage (three maps, the stretched frame's
     up-sampling); a grid point's masks equal a prompt call for that point."""

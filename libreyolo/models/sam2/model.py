@@ -169,7 +169,7 @@ class Sam2Family(MobileSAM):
         masks at ``source_hw``, without and with a mask prompt), ``batch`` images each; with the
         memory, the video step at a full bank (7 memories, 16 pointers) for one object and for
         three objects tracked as one batch, and the frame stage."""
-        from ...tasks.segment_prompt.predictor import PromptPredictor
+        from ...tasks.segment_prompt.predictor import PromptPredictor, low_res_side
         dev, net, frame = self.device, self.model, int(self.model.frame)
         g = torch.Generator().manual_seed(2024)
         h, w = source_hw
@@ -193,8 +193,9 @@ class Sam2Family(MobileSAM):
         pred = PromptPredictor(self)
         prompt = pred.prompt_stage(frame, (frame, frame), (h, w), 2, 1, True)
         with_mask = pred.prompt_stage(frame, (frame, frame), (h, w), 2, 1, True, mask=True)
-        ma = (20 * r(batch, 1, frame // 4, frame // 4) - 10).to(dev)
-        mb = torch.randn((batch, 1, frame // 4, frame // 4), generator=g).to(dev)
+        s = low_res_side(frame, int(self.STRIDE))
+        ma = (20 * r(batch, 1, s, s) - 10).to(dev)
+        mb = torch.randn((batch, 1, s, s), generator=g).to(dev)
         cases = [("network", network, (xa, pa, lab), (xb, pb, lab)),
                  (f"image-stage {h}x{w}->{frame}", pred.encoder_stage(frame), (ua,), (ub,)),
                  (f"prompt-stage {h}x{w}", prompt, (*ea, packed(0, frame)), (*eb, packed(10, frame / 2))),

@@ -71,12 +71,18 @@ def load_mask_input(mask: Any) -> np.ndarray | torch.Tensor:
                      f"got {type(mask).__name__}")
 
 
-def mask_prompt_logits(mask: Any, size: int, resized: tuple[int, int], hw: tuple[int, int],
-                       device: torch.device) -> torch.Tensor:
-    """A mask prompt -> (1, 1, size/4, size/4) float32 low-resolution logits in the network's
-    frame, what SAM's prompt encoder embeds (``mask_input``):
+def low_res_side(size: int, stride: int) -> int:
+    """The side of the low-resolution mask logits: 4x the image embedding's (size / stride) - size/4
+    for SAM and SAM 2 (stride 16), 4 x size/14 for SAM 3."""
+    return 4 * (size // stride)
 
-    * a float array of shape (s, s), (1, s, s) or (1, 1, s, s) with s = size/4: low-resolution
+
+def mask_prompt_logits(mask: Any, size: int, resized: tuple[int, int], hw: tuple[int, int],
+                       device: torch.device, stride: int = 16) -> torch.Tensor:
+    """A mask prompt -> (1, 1, s, s) float32 low-resolution logits in the network's frame
+    (s = :func:`low_res_side`), what SAM's prompt encoder embeds (``mask_input``):
+
+    * a float array of shape (s, s), (1, s, s) or (1, 1, s, s): low-resolution
       logits as a previous call returns them (``Results.masks.logits[i]``), taken as they are;
     * a bool (or integer 0/1) array of the image's (h, w) (or (1, h, w)): a binary mask of the
       image, placed in the frame as the image is (resized to ``resized`` with antialiased
@@ -84,7 +90,7 @@ def mask_prompt_logits(mask: Any, size: int, resized: tuple[int, int], hw: tuple
       :data:`MASK_SCALE`, :data:`MASK_BIAS`) and brought to s x s with antialiased bilinear, as
       SAM 2 turns a mask into low-resolution logits (``_use_mask_as_output``)."""
     m = torch.as_tensor(np.ascontiguousarray(mask) if isinstance(mask, np.ndarray) else mask)
-    s = size // 4
+    s = low_res_side(size, stride)
     binary = m.dtype == torch.bool or not (m.is_floating_point() or m.is_complex())
     if binary:
         if m.dtype != torch.bool and not bool(((m == 0) | (m == 1)).all()):
@@ -280,7 +286,8 @@ class PromptPredictor:
         counts = (len(p.points), len(p.boxes))
         packed = torch.from_numpy(pack(p, h, w, *state.resized)).to(self.model.device)
         has_mask = mask_input is not None
-        extra = (mask_prompt_logits(mask_input, state.size, state.resized, state.hw, self.model.device),) if has_mask else ()
+        extra = (mask_prompt_logits(mask_input, state.size, state.resized, state.hw, self.model.device,
+                                     int(self.model.STRIDE)),) if has_mask else ()
         fn = self.prompt_stage(state.size, state.resized, state.hw, *counts, multimask, has_mask)
         key = self._prompt_key(state.size, state.resized, state.hw, counts, multimask, has_mask)
         with torch.no_grad(), self._autocast(state.amp_dtype):

@@ -86,11 +86,12 @@ class SegmentPromptTask(Task):
         cases = [("network", network, (xa, pts(0, size), lab), (xb, pts(size / 4, size / 2), lab)),
                  (f"image-stage {h}x{w}->{size}", pred.encoder_stage(size), (ua,), (ub,)),
                  (f"prompt-stage {h}x{w}", stage, (ea, packed(0, min(rh, rw))), (eb, packed(10, min(rh, rw) / 2)))]
-        from .predictor import takes_mask_prompts
+        from .predictor import low_res_side, takes_mask_prompts
         if takes_mask_prompts(model):   # SAM: the prompt stage with a mask prompt (low-resolution logits)
             with_mask = pred.prompt_stage(size, (rh, rw), (h, w), 2, 1, True, mask=True)
-            ma = (20 * torch.rand((batch, 1, size // 4, size // 4), generator=g) - 10).to(dev)
-            mb = torch.randn((batch, 1, size // 4, size // 4), generator=g).to(dev)
+            s = low_res_side(size, int(model.STRIDE))
+            ma = (20 * torch.rand((batch, 1, s, s), generator=g) - 10).to(dev)
+            mb = torch.randn((batch, 1, s, s), generator=g).to(dev)
             cases.append((f"prompt-stage+mask {h}x{w}", with_mask, (ea, packed(0, min(rh, rw)), ma),
                           (eb, packed(10, min(rh, rw) / 2), mb)))
         return cases
