@@ -163,12 +163,6 @@ def test_checkpoint_keeps_the_multi_branch_layout(model, tmp_path):
     assert torch.equal(back(img, imgsz=SIZE).depth.data, model(img, imgsz=SIZE).depth.data)
 
 
-def test_onnx_export_is_refused_for_the_depth_task(model, tmp_path):
-    from libreyolo.export.onnx import OnnxExportError
-    with pytest.raises(OnnxExportError, match="'depth' task"):
-        model.export("onnx", file=str(tmp_path / "z.onnx"), imgsz=SIZE)
-
-
 def test_cli_predict(tmp_path, monkeypatch):
     from PIL import Image
 
