@@ -235,6 +235,13 @@ def test_gradients_reach_every_head_block_and_the_seam_changes_nothing(train_mod
         ev = m.model.eval()(x)      # the same weights and BatchNorm statistics, no seam
     assert ev.keys() == ev_s.keys() and all(torch.equal(ev[k], ev_s[k]) for k in ev)
     assert not ECSeg.SUPPORTS_CUDA_GRAPH_TRAIN_SEAM and not ECSeg.SUPPORTS_CUDA_GRAPH_TRAIN
+    # a captured forward+backward differentiates every parameter the seam holds: each must be
+    # reached by its outputs (the GPU capture failed while the head's query side was in it)
+    front = m.train_seam(m.model.train())
+    out = front(x)
+    params = list(front.parameters())
+    reached = torch.autograd.grad(sum(o.float().sum() for o in out), params, allow_unused=True)
+    assert all(r is not None for r in reached), [n for (n, _), r in zip(front.named_parameters(), reached) if r is None]
 
 
 def test_validation_loss_uses_the_training_format(train_model):

@@ -75,6 +75,17 @@ class MLPBlock(nn.Module):
         return y + x
 
 
+def spatial_pass(feature: torch.Tensor, blocks, proj: nn.Module, mask_size: int) -> list[torch.Tensor]:
+    """The mask head's spatial side: ``feature`` resized to the ``mask_size`` grid, then after each
+    of ``blocks`` its projection (the list in block order)."""
+    y = F.interpolate(feature, size=(mask_size, mask_size), mode="bilinear", align_corners=False)
+    out = []
+    for block in blocks:
+        y = block(y)
+        out.append(proj(y))
+    return out
+
+
 class ECSegHead(nn.Module):
     """Per-query mask logits on a fixed ``mask_size`` grid (see the module docstring)."""
 
@@ -101,12 +112,7 @@ class ECSegHead(nn.Module):
         decoder layer, in layer order), computed in one pass: element i equals
         ``spatial(feature, i + 1)``."""
         self._check_depth(count)
-        y = self._grid(feature)
-        out = []
-        for block in self.blocks[:count]:
-            y = block(y)
-            out.append(self.spatial_features_proj(y))
-        return out
+        return spatial_pass(feature, self.blocks[:count], self.spatial_features_proj, self.mask_size)
 
     def _check_depth(self, depth: int) -> None:
         if not 1 <= depth <= len(self.blocks):
@@ -128,18 +134,22 @@ class ECSegFront(nn.Module):
     """The training seam of :class:`ECSegNet`: backbone, encoder and the mask head's spatial side
     (grid resize, every block, projection) as one module (the same parameters, never attached to
     the net) -> ``(*pyramid, one mask feature per decoder layer)``. Fixed-shape for a given image
-    size (the grid is fixed whatever the size)."""
+    size (the grid is fixed whatever the size). It holds only the modules its forward uses: a
+    captured forward+backward differentiates every parameter it holds, and the head's query side
+    (its MLP and projection) and bias belong to the eager rest."""
 
     def __init__(self, net: ECSegNet):
         super().__init__()
+        head = net.mask_head
         self.backbone = net.backbone
         self.encoder = net.encoder
-        self.segmentation_head = net.mask_head
+        self.blocks = head.blocks
+        self.spatial_features_proj = head.spatial_features_proj
+        self.mask_size = head.mask_size
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         pyramid = self.encoder(self.backbone(x))
-        head = self.segmentation_head
-        return (*pyramid, *head.spatial_layers(pyramid[0], len(head.blocks)))
+        return (*pyramid, *spatial_pass(pyramid[0], self.blocks, self.spatial_features_proj, self.mask_size))
 
 
 class ECSegNet(ECNet):
