@@ -19,7 +19,7 @@ _LAZY = {"LibreYOLO": (".factory", "LibreYOLO"), "SAMPLE_IMAGE": (".assets", "SA
 #: ``Boxes``...), kept so that code written for it runs here (libreyolo/compat.py; which of its
 #: names are not offered and why: docs/reference-api.md). Listed here so that naming them
 #: imports nothing: the registry's table holds the family names.
-_FAMILY_NAMES = ("LibreYOLO9", "LibreYOLOX", "LibreYOLO7", "LibreRTMDet", "LibrePICODET", "LibreRTDETR",
+_FAMILY_NAMES: tuple[str, ...] = ("LibreYOLO9", "LibreYOLOX", "LibreYOLO7", "LibreRTMDet", "LibrePICODET", "LibreRTDETR",
                  "LibreRTDETRv2", "LibreDFINE", "LibreDEIM", "LibreDEIMv2", "LibreEC", "LibreRTDETRv4",
                  "LibreResNet", "LibreEfficientNetV2", "LibreMobileNetV4", "LibreConvNeXt", "LibreSegformer",
                  "LibreMobileSAM", "LibreDepthAnythingV2", "LibreBiRefNet", "LibrePPOCR", "LibreYOLO9P2",
@@ -33,7 +33,7 @@ _FAMILY_NAMES += ("LibreNAFNet", "LibreRealESRGAN", "LibreSwinIR")
 _FAMILY_NAMES += ("LibreSAM2", "LibreEdgeTAM")
 _FAMILY_NAMES += ("LibreSAM1", "LibrePicoSAM3")
 _FAMILY_NAMES += ("LibreSAM3",)
-_RESULT_NAMES = ("Results", "Boxes", "Probs", "SemanticMask", "DepthMap", "Matte", "OCRRegions", "Masks",
+_RESULT_NAMES: tuple[str, ...] = ("Results", "Boxes", "Probs", "SemanticMask", "DepthMap", "Matte", "OCRRegions", "Masks",
                  "Keypoints")
 _RESULT_NAMES += ("PanopticSegmentation",)
 _RESULT_NAMES += ("Points",)

@@ -329,7 +329,7 @@ class Results:
     """
 
     #: the task fields besides ``boxes``, in drawing order (masks under labels)
-    FIELDS = ("alpha", "masks", "depth", "probs", "texts", "keypoints", "obb")
+    FIELDS: tuple[str, ...] = ("alpha", "masks", "depth", "probs", "texts", "keypoints", "obb")
     FIELDS += ("embedding",)   # embed: the image embedding (tasks/embed)
     FIELDS += ("panoptic",)   # the panoptic task's segment map (tasks/panoptic)
     FIELDS += ("image",)   # restore: the restored picture (tasks/restore/results.py)
