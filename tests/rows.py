@@ -220,6 +220,7 @@ SEMANTIC_GRAPH_MODELS = [
     ("segformer", "b0"),
     ("pidnet", "s"),
     ("lingbotvision", "s"),
+    ("eomt", "s"),   # EoMT's semantic head at its native 512 (IMGSZ_OF_FAMILY in tests/gpu/test_tasks_gpu.py)
 ]
 
 # (family, size) of promptable-segmentation models that must pass the GPU parity protocol (network,
@@ -274,7 +275,8 @@ VARIANT_GRAPH_MODELS = [
     ("dfine", "n", "segment"),
     ("yolonas", "s", "obb"),
     ("ec", "s", "segment"),
-    ("eomt", "s", "segment"),   # EoMT's segment variant at its native 640 (the others: docs/families.md, EoMT)
+    ("eomt", "s", "segment"),   # EoMT's segment variant at its native 640
+    ("eomt", "s", "panoptic"),   # EoMT's panoptic variant at its native 640 (the semantic head: SEMANTIC_GRAPH_MODELS)
 ]
 
 # (family, size, task) variants whose whole training step is fixed-shape: their training rows in

@@ -61,6 +61,21 @@ IMGSZ["restore"], FIELD["restore"] = 64, "image"   # restore: 64 px tiles, Resul
 DATA["point"], IMGSZ["point"], FIELD["point"] = "shapes-point", 96, "points"
 OPTS_OF_FAMILY = {"picosam3": {"boxes": [[40, 60, 300, 400]]}}   # box prompts only (inside every test image)
 IMGSZ_OF_FAMILY = {"sam3": 1008}   # a network whose fixed frame is not its task's size (SAM 3: 72 patches of 14)
+# panoptic (EoMT): the built-in set, Results.panoptic (the segment-id map), COCO's 640
+DATA["panoptic"], IMGSZ["panoptic"], FIELD["panoptic"] = "shapes-panoptic", 640, "panoptic"
+OPTS["panoptic"] = {"threshold": 0.0}   # every query a candidate: the merge runs on segments, not on none
+# what a row's model needs before capture, as a trained checkpoint has it. EoMT: the masked-attention
+# annealing finished (probabilities 0: no masking in eval); an untrained model holds 1, and verify's
+# re-draw would make them random, so the masks would be drawn anew at every forward
+PREPARE_OF_FAMILY = {"eomt": lambda m: m.model.set_mask_probs([0.0] * m.model.cfg.blocks)}
+# a (family, task) key: one family whose heads have different fixed sizes (EoMT's position embeddings:
+# ADE20K's semantic checkpoints 512; its segment and panoptic heads take the tasks' 640)
+IMGSZ_OF_FAMILY[("eomt", "semantic")] = 512
+
+
+def imgsz_of(model) -> int:
+    """The size a row runs at: its (family, task) override, its family's, else its task's."""
+    return IMGSZ_OF_FAMILY.get((model.FAMILY, model.TASK), IMGSZ_OF_FAMILY.get(model.FAMILY, IMGSZ[model.TASK]))
 
 
 def ids(spec):
@@ -74,6 +89,8 @@ def build(spec, nc=None, seed=0):
     model = LibreYOLO.new(spec[0], spec[1], device="cuda", seed=seed, **kw)
     if model.task in DATA_OF:   # fitted to the training data as the trainer does (pose: its keypoints)
         model.task_def.prepare_model(model, DATA_OF[model.task])
+    if spec[0] in PREPARE_OF_FAMILY:
+        PREPARE_OF_FAMILY[spec[0]](model)
     if spec[0] in rows.GRAPH_PENDING:   # built for capture, not declared: exercise it here only
         model.SUPPORTS_CUDA_GRAPH = True
         model.runner.supported = True
@@ -100,7 +117,7 @@ def images():
 @pytest.mark.parametrize("spec", pending(MODELS), ids=ids)
 def test_parity_protocol_fp32_and_amp_batch_1_and_8(spec):
     model = build(spec)
-    results = verify_model(model, imgsz=IMGSZ_OF_FAMILY.get(model.FAMILY, IMGSZ[model.TASK]), batches=(1, 8),
+    results = verify_model(model, imgsz=imgsz_of(model), batches=(1, 8),
                            amp_dtypes=(None, model.AMP_DTYPE))
     # a seam adds its claim per setting; a task's further stages add theirs (OCR: recognition per bucket)
     assert len(results) >= (16 if model.PREDICT_SEAM else 12)
@@ -112,7 +129,7 @@ def test_parity_protocol_fp32_and_amp_batch_1_and_8(spec):
 def test_predict_with_graph_equals_eager(spec, images):
     model = input_sensitive(build(spec))
     field = FIELD[model.TASK]
-    size = IMGSZ_OF_FAMILY.get(model.FAMILY, IMGSZ[model.TASK])
+    size = imgsz_of(model)
     # an aspect-keeping resize ("cover", "limit") gives each image size its own input: such a
     # family batches only images of one size (a mixed batch is refused, tested on the CPU)
     mixed = 1 if model.preprocess.resize in ("cover", "limit") else 3
