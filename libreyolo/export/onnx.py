@@ -504,21 +504,27 @@ def export_onnx(model, file: str | os.PathLike | None = None, *, imgsz: int | No
         second = export_second_graph(model, net, path, size=size, dynamic=dynamic, half=half, opset=opset)
     else:
         second = {}
-    graph, inputs, in_names, out_names, axes = _graph_for(model, net, size, batch, half, max_det, max_nms,
-                                                          agnostic_nms, topk)
-    if model.TASK == "segment-prompt":
-        dynamic = True   # the long-side resize: every aspect ratio its own input shape
-    dynamic_axes = axes if dynamic else None
-    proto = trace_graph(model, graph, inputs, in_names, out_names, dynamic_axes, opset, half)
-    if simplify:
-        proto = _simplify(proto)
-    meta = _metadata(model, size, batch, dynamic, half, opset, max_det, max_nms, agnostic_nms,
-                     topk, [i.name for i in proto.graph.input], out_names)
-    _set_metadata(proto, {**meta, **second})
-    onnx.checker.check_model(proto)
-    data = proto.SerializeToString()
-    if dynamic:
-        _check_dynamic(model, graph, data, size, in_names, inputs[1:])
+    try:
+        graph, inputs, in_names, out_names, axes = _graph_for(model, net, size, batch, half, max_det, max_nms,
+                                                              agnostic_nms, topk)
+        if model.TASK == "segment-prompt":
+            dynamic = True   # the batch; a long-side family's sides too (every aspect ratio its own shape)
+        dynamic_axes = axes if dynamic else None
+        proto = trace_graph(model, graph, inputs, in_names, out_names, dynamic_axes, opset, half)
+        if simplify:
+            proto = _simplify(proto)
+        meta = _metadata(model, size, batch, dynamic, half, opset, max_det, max_nms, agnostic_nms,
+                         topk, [i.name for i in proto.graph.input], out_names)
+        _set_metadata(proto, {**meta, **second})
+        onnx.checker.check_model(proto)
+        data = proto.SerializeToString()
+        if dynamic:
+            _check_dynamic(model, graph, data, size, in_names, inputs[1:])
+    except BaseException:
+        if second:   # the first graph failed: no second graph left without it
+            from .twostage import part_path
+            part_path(path, model.TASK).unlink(missing_ok=True)
+        raise
     write_atomic(data, path)   # after the second graph: a reader that finds this file finds both
     log.info("exported %s-%s to %s (%.1f s, %.1f MB)", model.FAMILY, model.size, path,
              time.perf_counter() - t0, path.stat().st_size / 1e6)

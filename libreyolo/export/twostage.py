@@ -135,15 +135,18 @@ class MapsDecoderGraph(nn.Module):
         return tuple(out)
 
 
-def decoder_kind(net: nn.Module) -> str:
+def decoder_kind(net: nn.Module) -> str | None:
     """Which prompt-decoder graph a segment-prompt network exports to: ``"maps"`` (SAM 2-style:
     several image maps, transformers' SAM 2 modules), ``"sam"`` (transformers' SAM modules) or
-    ``"tokens"`` (MobileSAM's decoder: the four mask tokens, the loader picks)."""
+    ``"tokens"`` (MobileSAM's decoder: the four mask tokens, the loader picks); None for a network
+    without a prompt encoder and mask decoder (PicoSAM3: one forward per cropped box region)."""
     if hasattr(net, "get_image_wide_positional_embeddings") and hasattr(net, "mask_decoder"):
         return "maps"
     if hasattr(net, "image_pe") and hasattr(net, "sparse_tokens"):
         return "sam"
-    return "tokens"
+    if hasattr(net, "prompt_encoder") and hasattr(net, "mask_decoder"):
+        return "tokens"
+    return None
 
 
 def part_path(path: Path, task: str) -> Path:
@@ -192,6 +195,11 @@ def _prompt_decoder(model, net: nn.Module, size: int, g: torch.Generator):
     family's decoder graph; the image maps' shapes are the image graph's (run once here)."""
     from .onnx import PromptImageGraph, prompt_map_names, prompt_square_frame, prompt_trace_width
     kind = decoder_kind(net)
+    if kind is None:
+        raise OnnxExportError(f"{model.FAMILY}-{model.size} has no segment-prompt ONNX export: the export writes an "
+                              f"image-encoder graph and a prompt-decoder graph, and {model.FAMILY}'s network has no prompt "
+                              "encoder or mask decoder (it runs once per box on the cropped region); predict with the "
+                              "PyTorch model")
     w = size if prompt_square_frame(model) else prompt_trace_width(model, size)
     with torch.no_grad():
         out = PromptImageGraph(model, net, size)(torch.rand((1, 3, size, w), generator=g))

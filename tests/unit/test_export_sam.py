@@ -123,3 +123,25 @@ def test_bad_prompts_get_the_families_errors(exported, image):
             o(image, boxes=[[0, 0, 20, 20], [30, 30, 60, 60]])
     with pytest.raises(ValueError, match="mask"):
         o(image, points=[[60, 45]], mask_input=np.zeros(image.shape[:2], bool))
+
+
+def test_a_family_without_a_prompt_decoder_is_refused_by_name(tmp_path):
+    """PicoSAM3 runs one network per cropped box: no image embedding, no decoder to export."""
+    from libreyolo.export.onnx import OnnxExportError
+    m = LibreYOLO.new("picosam3", "pico", device="cpu", seed=0)
+    with pytest.raises(OnnxExportError, match="picosam3-pico has no segment-prompt ONNX export.*no prompt encoder"):
+        m.export(format="onnx", file=tmp_path / "p.onnx")
+    assert not (tmp_path / "p.onnx").exists() and not (tmp_path / "p.decoder.onnx").exists()
+
+
+def test_an_operator_without_onnx_export_is_refused_naming_family_and_operator(tmp_path, monkeypatch):
+    """An image stage that calls an operator ONNX has no export for (a Bessel function here, in
+    place of a real one) gives one error naming the family and the operator; neither graph is left."""
+    from libreyolo.export.onnx import OnnxExportError
+    from libreyolo.models.sam.nn import SamNet
+    m = _sam()
+    embed = SamNet.embed
+    monkeypatch.setattr(SamNet, "embed", lambda self, x, size=None: torch.special.bessel_j0(embed(self, x, size)))
+    with pytest.raises(OnnxExportError, match=r"sam-base cannot be exported to ONNX .*operator aten::special_bessel_j0"):
+        m.export(format="onnx", file=tmp_path / "s.onnx")
+    assert not (tmp_path / "s.onnx").exists() and not (tmp_path / "s.decoder.onnx").exists()
