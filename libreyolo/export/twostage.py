@@ -13,6 +13,11 @@
   (B, 4, S/4, S/4) and predicted IoUs (B, 4)), batch, P and K symbolic. :class:`OnnxPromptModel`
   runs the task's own predictor (:class:`~libreyolo.tasks.segment_prompt.predictor.PromptPredictor`:
   prompt checks and mapping, the mask post-processing) with the two sessions as its stages.
+  SAM, SAM 2, EdgeTAM and SAM 3 export the same way: the image graph outputs every map of the
+  family's image stage (SAM 2-style: two high-resolution skip features, then the embedding), the
+  decoder graph (:class:`SamDecoderGraph`, :class:`MapsDecoderGraph`) takes them all plus the
+  prompts and answers both ways (multimask and single-mask); PicoSAM3, which has no prompt
+  decoder, is refused by name.
 
 The first graph's metadata names the second (``parts``: ``{"rec": file}`` or ``{"decoder": file}``,
 beside it); the second is written first, so a reader that finds the first finds both. Each second
