@@ -398,18 +398,34 @@ SECOND_GRAPH_TASKS = ("ocr", "segment-prompt")
 
 
 class PromptImageGraph(nn.Module):
-    """images (B, 3, h', w'), RGB in [0, 1], the longer side the frame ``size`` -> the image
-    embeddings (B, 256, size/16, size/16): MobileSAM's image stage (``MobileSAM.infer``: the
-    network normalizes and zero-pads to the frame itself). The frame is fixed in the graph; the
-    image sides are symbolic (exported dynamic, always: the long-side resize gives every aspect
-    ratio its own shape)."""
+    """images (B, 3, h', w') as the family's preprocessing gives them (MobileSAM, SAM: RGB in
+    [0, 1], the longer side the frame ``size``, the network normalizes and zero-pads; SAM 2,
+    EdgeTAM, SAM 3: the stretched square frame, normalized) -> the image embedding: one map
+    (B, 256, s, s), or the family's several maps (SAM 2-style: the two high-resolution skip
+    features, then the embedding). The family's own image stage (``model.infer``) on the export's
+    network copy. The frame is fixed in the graph; a long-side family's image sides are symbolic
+    (exported dynamic, always: the long-side resize gives every aspect ratio its own shape)."""
 
-    def __init__(self, net: nn.Module, size: int):
+    def __init__(self, model, net: nn.Module, size: int):
         super().__init__()
         self.net, self.size = net, int(size)
+        twin = copy.copy(model)
+        twin.model = net
+        self.stage = twin.infer
 
     def forward(self, images):
-        return self.net.embed(images * 255.0, self.size)
+        return self.stage(images)
+
+
+def prompt_square_frame(model) -> bool:
+    """Whether the family's images are stretched to the square frame (SAM 2, EdgeTAM, SAM 3):
+    its image graph takes the square frame only."""
+    return getattr(model.preprocess, "resize", None) == "stretch"
+
+
+def prompt_map_names(n: int) -> list[str]:
+    """The image graph's outputs: ``embeddings``, or a SAM 2-style family's three maps."""
+    return ["embeddings"] if n == 1 else [f"high_res_{i}" for i in range(n - 1)] + ["embeddings"]
 
 
 def prompt_trace_width(model, size: int) -> int:
@@ -488,21 +504,27 @@ def export_onnx(model, file: str | os.PathLike | None = None, *, imgsz: int | No
         second = export_second_graph(model, net, path, size=size, dynamic=dynamic, half=half, opset=opset)
     else:
         second = {}
-    graph, inputs, in_names, out_names, axes = _graph_for(model, net, size, batch, half, max_det, max_nms,
-                                                          agnostic_nms, topk)
-    if model.TASK == "segment-prompt":
-        dynamic = True   # the long-side resize: every aspect ratio its own input shape
-    dynamic_axes = axes if dynamic else None
-    proto = trace_graph(model, graph, inputs, in_names, out_names, dynamic_axes, opset, half)
-    if simplify:
-        proto = _simplify(proto)
-    meta = _metadata(model, size, batch, dynamic, half, opset, max_det, max_nms, agnostic_nms,
-                     topk, [i.name for i in proto.graph.input], out_names)
-    _set_metadata(proto, {**meta, **second})
-    onnx.checker.check_model(proto)
-    data = proto.SerializeToString()
-    if dynamic:
-        _check_dynamic(model, graph, data, size, in_names, inputs[1:])
+    try:
+        graph, inputs, in_names, out_names, axes = _graph_for(model, net, size, batch, half, max_det, max_nms,
+                                                              agnostic_nms, topk)
+        if model.TASK == "segment-prompt":
+            dynamic = True   # the batch; a long-side family's sides too (every aspect ratio its own shape)
+        dynamic_axes = axes if dynamic else None
+        proto = trace_graph(model, graph, inputs, in_names, out_names, dynamic_axes, opset, half)
+        if simplify:
+            proto = _simplify(proto)
+        meta = _metadata(model, size, batch, dynamic, half, opset, max_det, max_nms, agnostic_nms,
+                         topk, [i.name for i in proto.graph.input], out_names)
+        _set_metadata(proto, {**meta, **second})
+        onnx.checker.check_model(proto)
+        data = proto.SerializeToString()
+        if dynamic:
+            _check_dynamic(model, graph, data, size, in_names, inputs[1:])
+    except BaseException:
+        if second:   # the first graph failed: no second graph left without it
+            from .twostage import part_path
+            part_path(path, model.TASK).unlink(missing_ok=True)
+        raise
     write_atomic(data, path)   # after the second graph: a reader that finds this file finds both
     log.info("exported %s-%s to %s (%.1f s, %.1f MB)", model.FAMILY, model.size, path,
              time.perf_counter() - t0, path.stat().st_size / 1e6)
@@ -612,12 +634,18 @@ def _graph_for(model, net, size, batch, half, max_det, max_nms, agnostic, topk):
         axes.update(dets={0: "batch"}, num_dets={0: "batch"})
         return g, inputs, ["images", "conf_threshold", "iou_threshold", "class_mask"], ["dets", "num_dets"], axes
     if task == "segment-prompt":   # the image encoder; the prompt decoder is the second graph
-        g = PromptImageGraph(net, size)
-        # traced on a non-square input so that the padding to the frame is in the graph (a
-        # square one takes no padding, which tracing would keep as "none")
-        x = torch.rand((batch, 3, size, prompt_trace_width(model, size)), generator=torch.Generator().manual_seed(0))
-        axes.update(embeddings={0: "batch"})
-        return g, (x,), ["images"], ["embeddings"], axes
+        g = PromptImageGraph(model, net, size)
+        if prompt_square_frame(model):   # stretched to the square frame: only the batch is symbolic
+            x = torch.rand((batch, 3, size, size), generator=torch.Generator().manual_seed(0))
+            axes = {"images": {0: "batch"}}
+        else:
+            # traced on a non-square input so that the padding to the frame is in the graph (a
+            # square one takes no padding, which tracing would keep as "none")
+            x = torch.rand((batch, 3, size, prompt_trace_width(model, size)), generator=torch.Generator().manual_seed(0))
+        with torch.no_grad():
+            names = prompt_map_names(len(_as_tuple(g(x))))
+        axes.update({name: {0: "batch"} for name in names})
+        return g, (x,), ["images"], names, axes
     if task in RAW_TASKS:
         g = RawGraph(model, net, half=half)
         with torch.no_grad():
@@ -708,7 +736,7 @@ def _check_dynamic(model, graph: nn.Module, data: bytes, size: int, in_names: li
     s2 = size + 2 * int(model.STRIDE)
     hw = (s2, s2)
     if model.TASK == "segment-prompt":   # the frame is fixed: the other orientation, another side
-        hw = (size - int(model.STRIDE), size)
+        hw = (size, size) if prompt_square_frame(model) else (size - int(model.STRIDE), size)
     x = torch.rand((2, 3, *hw), generator=torch.Generator().manual_seed(1))
     if model.TASK in ("detect", "segment", "obb"):   # every candidate counts: a baked grid shows in the boxes
         extra = (torch.tensor([0.0]), *extra[1:])

@@ -13,6 +13,11 @@
   (B, 4, S/4, S/4) and predicted IoUs (B, 4)), batch, P and K symbolic. :class:`OnnxPromptModel`
   runs the task's own predictor (:class:`~libreyolo.tasks.segment_prompt.predictor.PromptPredictor`:
   prompt checks and mapping, the mask post-processing) with the two sessions as its stages.
+  SAM, SAM 2, EdgeTAM and SAM 3 export the same way: the image graph outputs every map of the
+  family's image stage (SAM 2-style: two high-resolution skip features, then the embedding), the
+  decoder graph (:class:`SamDecoderGraph`, :class:`MapsDecoderGraph`) takes them all plus the
+  prompts and answers both ways (multimask and single-mask); PicoSAM3, which has no prompt
+  decoder, is refused by name.
 
 The first graph's metadata names the second (``parts``: ``{"rec": file}`` or ``{"decoder": file}``,
 beside it); the second is written first, so a reader that finds the first finds both. Each second
@@ -77,6 +82,78 @@ class PromptDecoderGraph(nn.Module):
         return self.net.mask_decoder(src, pe, sparse)
 
 
+class SamDecoderGraph(nn.Module):
+    """SAM (transformers' modules): embeddings (B, 256, s, s), points (B, P, 2), labels (B, P),
+    boxes (B, K, 4) in the frame's pixels -> the multimask answer (logits (B, 3, 4s, 4s), IoU
+    (B, 3)) and the single-mask one ((B, 1, 4s, 4s), (B, 1)): ``SamNet.decode`` both ways.
+    Points and boxes are both inputs, so the "boxes present" branch is traced (no padding point
+    added: the loader appends SAM's padding point when a prompt has no box, K = 0)."""
+
+    def __init__(self, net: nn.Module):
+        super().__init__()
+        self.net = net
+
+    def forward(self, embeddings, points, labels, boxes):
+        net = self.net
+        b, c, h, w = embeddings.shape
+        enc = net.prompt_encoder
+        sparse = torch.cat([enc._embed_points(points[:, None], labels[:, None].to(points.dtype), pad=False),
+                            enc._embed_boxes(boxes).reshape(b, 1, -1, c)], dim=2)
+        dense = enc.no_mask_embed.weight.reshape(1, -1, 1, 1).expand(b, -1, h, w)
+        pe = net.image_pe(h, w).expand(b, -1, -1, -1)
+        out: list[torch.Tensor] = []
+        for multimask in (True, False):
+            masks, iou = net.mask_decoder(embeddings, pe, sparse, dense, multimask)
+            out += [masks[:, 0], iou[:, 0]]
+        return tuple(out)
+
+
+class MapsDecoderGraph(nn.Module):
+    """SAM 2, EdgeTAM, SAM 3 (transformers' modules): the image stage's maps (the high-resolution
+    skip features, then the embedding (B, 256, s, s)), points (B, P, 2), labels (B, P), boxes
+    (B, K, 4) (K <= 1, the prompt encoder pairs one box with the points) in the frame's pixels ->
+    the multimask answer (logits (B, 3, 4s, 4s), IoU (B, 3)) and the single-mask one ((B, 1, 4s,
+    4s), (B, 1): SAM 2's choice by stability included): ``PromptableMixin.decode`` both ways. The
+    sparse tokens are the prompt encoder's (points, then each box's three tokens), built so that
+    P = 0 and K = 0 run in one graph; a prompt without a box gets the padding point (label -1)
+    from the loader, as the prompt encoder appends it."""
+
+    def __init__(self, net: nn.Module):
+        super().__init__()
+        self.net = net
+
+    def forward(self, *args):
+        *maps, points, labels, boxes = args
+        net, emb = self.net, maps[-1]
+        b, c, h, w = emb.shape
+        enc = net.prompt_encoder
+        sparse = torch.cat([enc._embed_points(points[:, None], labels[:, None].to(torch.int64), pad=False),
+                            enc._embed_boxes(boxes).reshape(b, 1, -1, c)], dim=2)
+        dense = enc.no_mask_embed.weight.reshape(1, -1, 1, 1).expand(b, -1, h, w)
+        pe = net.get_image_wide_positional_embeddings().repeat(b, 1, 1, 1)
+        out: list[torch.Tensor] = []
+        for multimask in (True, False):
+            low, iou, _, _ = net.mask_decoder(image_embeddings=emb, image_positional_embeddings=pe,
+                                              sparse_prompt_embeddings=sparse, dense_prompt_embeddings=dense,
+                                              multimask_output=multimask, high_resolution_features=list(maps[:-1]))
+            out += [low[:, 0], iou[:, 0]]
+        return tuple(out)
+
+
+def decoder_kind(net: nn.Module) -> str | None:
+    """Which prompt-decoder graph a segment-prompt network exports to: ``"maps"`` (SAM 2-style:
+    several image maps, transformers' SAM 2 modules), ``"sam"`` (transformers' SAM modules) or
+    ``"tokens"`` (MobileSAM's decoder: the four mask tokens, the loader picks); None for a network
+    without a prompt encoder and mask decoder (PicoSAM3: one forward per cropped box region)."""
+    if hasattr(net, "get_image_wide_positional_embeddings") and hasattr(net, "mask_decoder"):
+        return "maps"
+    if hasattr(net, "image_pe") and hasattr(net, "sparse_tokens"):
+        return "sam"
+    if hasattr(net, "prompt_encoder") and hasattr(net, "mask_decoder"):
+        return "tokens"
+    return None
+
+
 def part_path(path: Path, task: str) -> Path:
     """The second graph's file beside ``path`` (``<stem>.rec.onnx`` / ``<stem>.decoder.onnx``)."""
     return path.with_name(path.stem + PARTS[task][1])
@@ -104,21 +181,8 @@ def export_second_graph(model, net: nn.Module, path: Path, *, size: int, dynamic
         extra = {"charset": json.dumps(list(model.charset), ensure_ascii=False),
                  "rec_buckets": json.dumps([int(w) for w in model.REC_BUCKETS])}
     else:
-        s = size // int(model.STRIDE)
-        graph = PromptDecoderGraph(net, size)
-        emb = torch.randn((1, 256, s, s), generator=g)
-        inputs = (emb, size * torch.rand((1, 2, 2), generator=g), torch.tensor([[1.0, 0.0]]),
-                  torch.tensor([[[size / 8, size / 8, size / 2, size / 2]]]))
-        names, outs = ["embeddings", "points", "labels", "boxes"], ["low_res_masks", "iou"]
-        axes = {"embeddings": {0: "batch"}, "points": {0: "batch", 1: "points"}, "labels": {0: "batch", 1: "points"},
-                "boxes": {0: "batch", 1: "boxes"}, "low_res_masks": {0: "batch"}, "iou": {0: "batch"}}
-        emb2 = torch.randn((2, 256, s, s), generator=g)
-        probes = [  # points only (with SAM's padding point), boxes only, three points and two boxes
-            (emb2, size * torch.rand((2, 2, 2), generator=g), torch.tensor([[1.0, -1.0]] * 2), torch.zeros((2, 0, 4))),
-            (emb2[:1], torch.zeros((1, 0, 2)), torch.zeros((1, 0)), torch.tensor([[[10.0, 20.0, size / 2, size / 3]]])),
-            (emb2[1:], size * torch.rand((1, 3, 2), generator=g), torch.tensor([[1.0, 0.0, 1.0]]),
-             torch.tensor([[[0.0, 0.0, size / 4, size / 4], [5.0, 5.0, size - 1.0, size / 2]]]))]
-        extra = {}
+        graph, inputs, names, outs, axes, probes = _prompt_decoder(model, net, size, g)
+        extra = {"decoder": decoder_kind(net)}
     proto = trace_graph(model, graph, inputs, names, outs, axes, opset)
     meta = {"libreyolo_format": "1", "family": model.FAMILY, "size": model.size, "task": model.TASK,
             "part": role, "imgsz": str(size)}
@@ -129,6 +193,49 @@ def export_second_graph(model, net: nn.Module, path: Path, *, size: int, dynamic
     _check_probes(model, graph, data, names, probes)
     write_atomic(data, target)
     return {"parts": json.dumps({role: target.name}), **extra}
+
+
+def _prompt_decoder(model, net: nn.Module, size: int, g: torch.Generator):
+    """(graph, traced inputs, input names, output names, dynamic axes, probes) of a segment-prompt
+    family's decoder graph; the image maps' shapes are the image graph's (run once here)."""
+    from .onnx import PromptImageGraph, prompt_map_names, prompt_square_frame, prompt_trace_width
+    kind = decoder_kind(net)
+    if kind is None:
+        raise OnnxExportError(f"{model.FAMILY}-{model.size} has no segment-prompt ONNX export: the export writes an "
+                              f"image-encoder graph and a prompt-decoder graph, and {model.FAMILY}'s network has no prompt "
+                              "encoder or mask decoder (it runs once per box on the cropped region); predict with the "
+                              "PyTorch model")
+    w = size if prompt_square_frame(model) else prompt_trace_width(model, size)
+    with torch.no_grad():
+        out = PromptImageGraph(model, net, size)(torch.rand((1, 3, size, w), generator=g))
+    maps = out if isinstance(out, tuple) else (out,)
+    shapes = [tuple(m.shape[1:]) for m in maps]
+    map_names = prompt_map_names(len(maps))
+
+    def emb(b):
+        return tuple(torch.randn((b, *s), generator=g) for s in shapes)
+    if kind == "tokens":
+        graph: nn.Module = PromptDecoderGraph(net, size)
+        outs = ["low_res_masks", "iou"]
+    else:
+        graph = MapsDecoderGraph(net) if kind == "maps" else SamDecoderGraph(net)
+        outs = ["low_res_masks", "iou", "low_res_mask_single", "iou_single"]
+    # a family's prompt encoder pairs at most one box with the points (SAM 2-style)
+    two_boxes = kind != "maps"
+    inputs = (*emb(1), size * torch.rand((1, 2, 2), generator=g), torch.tensor([[1.0, 0.0]]),
+              torch.tensor([[[size / 8, size / 8, size / 2, size / 2]]]))
+    names = [*map_names, "points", "labels", "boxes"]
+    axes = {**{n: {0: "batch"} for n in map_names}, "points": {0: "batch", 1: "points"},
+            "labels": {0: "batch", 1: "points"}, "boxes": {0: "batch", 1: "boxes"}, **{o: {0: "batch"} for o in outs}}
+    e2 = emb(2)
+    boxes3 = (torch.tensor([[[0.0, 0.0, size / 4, size / 4], [5.0, 5.0, size - 1.0, size / 2]]]) if two_boxes
+              else torch.tensor([[[5.0, 5.0, size - 1.0, size / 2]]]))
+    probes = [  # points only (with SAM's padding point), boxes only, three points and a box (two where taken)
+        (*e2, size * torch.rand((2, 2, 2), generator=g), torch.tensor([[1.0, -1.0]] * 2), torch.zeros((2, 0, 4))),
+        (*(e[:1] for e in e2), torch.zeros((1, 0, 2)), torch.zeros((1, 0)),
+         torch.tensor([[[10.0, 20.0, size / 2, size / 3]]])),
+        (*(e[1:] for e in e2), size * torch.rand((1, 3, 2), generator=g), torch.tensor([[1.0, 0.0, 1.0]]), boxes3)]
+    return graph, inputs, names, outs, axes, probes
 
 
 def _check_probes(model, graph: nn.Module, data: bytes, names: list[str], probes: list[tuple]) -> None:
@@ -231,19 +338,40 @@ class OnnxPromptModel(OnnxModel):
     def to(self, device: Any) -> OnnxPromptModel:
         super().to(device)
         self.decoder_session, self.decoder_path = _open_part(self, "decoder")
+        self.decoder_kind = self.meta.get("decoder", "tokens")
+        self._map_names = [o.name for o in self.session.get_outputs()]
+        self._decoder_inputs = {i.name for i in self.decoder_session.get_inputs()}
         return self
 
-    def infer(self, x: torch.Tensor) -> torch.Tensor:
-        """The image encoder graph: (B, 3, h', w') in [0, 1], longer side the frame -> embeddings."""
+    @property
+    def postprocess_masks(self):
+        """The family's mask post-processing where it has its own (a family whose images are
+        stretched to the frame upsamples straight to the image), else the predictor's default."""
+        from ..models.registry import get_family
+        post = getattr(get_family(self.FAMILY), "postprocess_masks", None)
+        if post is None:
+            from ..tasks.segment_prompt.predictor import postprocess_masks as post
+        return post
+
+    def infer(self, x: torch.Tensor) -> Any:
+        """The image encoder graph: the preprocessed images (longer side, or both sides, the
+        frame) -> the embedding, or the family's tuple of maps (SAM 2-style)."""
         if max(int(x.shape[-2]), int(x.shape[-1])) != self.imgsz:
             raise ValueError(f"{self.path.name} embeds images in a {self.imgsz} frame (fixed at export); got an input "
                              f"of {int(x.shape[-2])}x{int(x.shape[-1])}")
-        return torch.from_numpy(self.session.run(None, {"images": x.cpu().numpy().astype(np.float32)})[0])
+        out = self.session.run(None, {"images": x.cpu().numpy().astype(np.float32)})
+        maps = tuple(torch.from_numpy(o) for o in out)
+        return maps[0] if len(maps) == 1 else maps
 
-    def decode(self, embeddings: torch.Tensor, points: torch.Tensor | None, labels: torch.Tensor | None,
+    def decode(self, embeddings: Any, points: torch.Tensor | None, labels: torch.Tensor | None,
                boxes: torch.Tensor | None, multimask: bool, size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The decoder graph, with ``MobileSAM.decode``'s arguments and outputs."""
-        b = int(embeddings.shape[0])
+        """The decoder graph, with the PyTorch model's ``decode`` arguments (one map, or the
+        family's tuple of maps) and outputs."""
+        maps = tuple(embeddings) if isinstance(embeddings, (tuple, list)) else (embeddings,)
+        b = int(maps[-1].shape[0])
+        if boxes is not None and self.decoder_kind == "maps" and int(boxes.shape[1]) != 1:
+            raise ValueError(f"{self.FAMILY} takes at most one box per prompt (its prompt encoder pairs one box with the "
+                             f"points), got {int(boxes.shape[1])}: prompt each box in its own call")
         if points is None:
             pts, lab = np.zeros((b, 0, 2), np.float32), np.zeros((b, 0), np.float32)
         else:
@@ -255,10 +383,14 @@ class OnnxPromptModel(OnnxModel):
                 lab = np.concatenate([lab, np.full((b, 1), -1.0, np.float32)], 1)
         else:
             bx = boxes.cpu().numpy().astype(np.float32)
-        low, iou = self.decoder_session.run(None, {"embeddings": embeddings.cpu().numpy(), "points": pts,
-                                                   "labels": lab, "boxes": bx})
-        sel = slice(1, None) if multimask else slice(0, 1)
-        return torch.from_numpy(low[:, sel]), torch.from_numpy(iou[:, sel])
+        feeds = {n: m.cpu().numpy() for n, m in zip(self._map_names, maps)}
+        feeds.update(points=pts, labels=lab, boxes=bx)
+        out = self.decoder_session.run(None, {k: v for k, v in feeds.items() if k in self._decoder_inputs})
+        if self.decoder_kind == "tokens":   # the four mask tokens: 1-3 with multimask, else 0
+            sel = slice(1, None) if multimask else slice(0, 1)
+            return torch.from_numpy(out[0][:, sel]), torch.from_numpy(out[1][:, sel])
+        low, iou = (out[0], out[1]) if multimask else (out[2], out[3])
+        return torch.from_numpy(low), torch.from_numpy(iou)
 
     def get_predictor(self):
         if self._predictor is None:

@@ -334,11 +334,6 @@ def test_grid_of_a_family_without_logit_upsampling_is_refused_by_name(image):
         sam2(image, prompts="grid", points_per_side=2)
 
 
-def test_export_is_refused_by_name(model):
-    with pytest.raises(NotImplementedError, match="sam3-large has no 'onnx' export yet"):
-        model.export(format="onnx")
-
-
 def test_verify_cases_run_the_parity_protocol_on_the_cpu(video_model, monkeypatch):
     """The family's cases (network, image stage, prompt stage without and with a mask prompt, the
     video step at a full bank for one and three objects, the frame stage) through the parity protocol, the capture stood in by a replay: probes differ,

@@ -132,14 +132,3 @@ class Sam3(Sam2Family):
     def postprocess_masks(cls, low: torch.Tensor, size: int, resized: tuple[int, int], hw: tuple[int, int]) -> torch.Tensor:
         """(B, M, s, s) logits -> (B, M, h, w) masks: :meth:`upscale_logits`, > 0."""
         return cls.upscale_logits(low, size, resized, hw) > 0.0
-
-    # ------------------------------------------------------------------ export
-    def export(self, format: str = "onnx", **kwargs: Any) -> Any:
-        """Refused by name: the two-graph export of segment-prompt (image encoder + prompt decoder,
-        ``libreyolo/export/twostage.py``) is written for one image-embedding map and MobileSAM's
-        decoder call; SAM 3's image stage hands three maps (two skip features and the embedding)
-        to SAM 2's decoder, which it does not trace."""
-        raise NotImplementedError(f"{self.FAMILY}-{self.size} has no {format!r} export yet: the segment-prompt export "
-                                  "(image encoder + prompt decoder graphs) takes one image-embedding map and MobileSAM's "
-                                  "decoder, SAM 3's image stage gives three maps to SAM 2's decoder; predict with the "
-                                  "PyTorch model")
