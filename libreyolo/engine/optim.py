@@ -35,10 +35,22 @@ class ModelEMA:
         self._pairs(net)
 
     def _pairs(self, net: nn.Module) -> None:
+        """One (average, source) pair per tensor: a tensor the state dict lists under several
+        names (a convolution shared across levels, as RTMDet's head ties them) is blended once -
+        listed twice, the in-place update would scale it by ``d**k`` and add ``k * (1 - d)`` times
+        the source, an average ``k`` times too large early in training."""
         src, dst = net.state_dict(), self.ema.state_dict()
-        blend = {k for k in dst if dst[k].dtype.is_floating_point and not under(k, self.frozen)}
-        self._float = [(dst[k], src[k]) for k in dst if k in blend]
-        self._other = [(dst[k], src[k]) for k in dst if k not in blend]
+        seen: set[tuple[int, int]] = set()
+        keys = []
+        for k, v in dst.items():
+            ident = (v.untyped_storage().data_ptr(), v.storage_offset())
+            if v.numel() and ident in seen:
+                continue
+            seen.add(ident)
+            keys.append(k)
+        blend = {k for k in keys if dst[k].dtype.is_floating_point and not under(k, self.frozen)}
+        self._float = [(dst[k], src[k]) for k in keys if k in blend]
+        self._other = [(dst[k], src[k]) for k in keys if k not in blend]
 
     @property
     def updates(self) -> int:
