@@ -192,7 +192,8 @@ def test_gradients_reach_the_mask_head_and_decoder_and_the_seam_changes_nothing(
         assert g[k].abs().sum() > 0, k
     loss_s, g_s = grads(True)
     assert torch.equal(loss, loss_s) and g.keys() == g_s.keys() and all(torch.equal(g[k], g_s[k]) for k in g)
-    assert not DfineSeg.SUPPORTS_CUDA_GRAPH_TRAIN_SEAM and not DfineSeg.SUPPORTS_CUDA_GRAPH_TRAIN
+    # the seam is declared (its GPU rows passed, docs/families.md); the whole step is not captured
+    assert DfineSeg.SUPPORTS_CUDA_GRAPH_TRAIN_SEAM and not DfineSeg.SUPPORTS_CUDA_GRAPH_TRAIN
 
 
 def test_validation_loss_uses_the_training_format(seg_model):

@@ -48,7 +48,7 @@ def test_every_offered_top_level_name_imports():
     with pytest.warns(DeprecationWarning, match="LibreRTDETR"):
         assert libreyolo.LibreYOLORTDETR is LibreRTDETR
     with pytest.raises(AttributeError):
-        _ = libreyolo.LibreSAM3   # a family not offered here: an AttributeError, as any unknown name
+        _ = libreyolo.LibreRFDETR   # a family not offered here: an AttributeError, as any unknown name
 
 
 def test_every_family_has_its_top_level_name():

@@ -251,7 +251,7 @@ def test_pose_checkpoint_round_trip(tmp_path):
 def test_obb_predict_gives_rotated_boxes_after_rotated_nms(monkeypatch):
     model = LibreYOLO.new("yolonas", "s", task="obb", device="cpu", seed=0, nc=3)
     assert isinstance(model, YoloNASOBB) and model.TASK == "obb" and model.imgsz == 1024
-    assert model.SUPPORTS_CUDA_GRAPH and not model.SUPPORTS_CUDA_GRAPH_TRAIN   # predict proven on a GPU, training not yet
+    assert model.SUPPORTS_CUDA_GRAPH and model.SUPPORTS_CUDA_GRAPH_TRAIN   # both proven on a GPU (docs/families.md)
     seen = []
     infer = model.infer
     monkeypatch.setattr(model, "infer", lambda x: seen.append(infer(x)) or seen[-1])
