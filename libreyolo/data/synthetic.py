@@ -373,3 +373,8 @@ def random_background(rng: np.random.Generator, w: int, h: int,
         noise = rng.normal(0.0, rng.uniform(3, 12), img.shape)
         img = np.clip(img.astype(np.float32) + noise, 0, 255).astype(np.uint8)
     return np.ascontiguousarray(img)
+
+
+# the placement rules the other built-in sets share (tasks/pose/synthetic.py)
+occlusion_ok = _occlusion_ok
+pick_color = _pick_color

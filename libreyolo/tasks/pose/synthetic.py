@@ -22,7 +22,8 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from ...data.builtin import PairedSet
-from ...data.synthetic import _occlusion_ok, _pick_color
+from ...data.synthetic import occlusion_ok as _occlusion_ok
+from ...data.synthetic import pick_color as _pick_color
 
 __all__ = ["SHAPES_POSE_FLIP_IDX", "SHAPES_POSE_SKELETON", "make_shapes_pose_dataset", "render_pose_scene"]
 
