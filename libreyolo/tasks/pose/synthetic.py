@@ -22,7 +22,6 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from ...data.builtin import PairedSet
-from ...data.synthetic import _occlusion_ok, _pick_color
 
 __all__ = ["SHAPES_POSE_FLIP_IDX", "SHAPES_POSE_SKELETON", "make_shapes_pose_dataset", "render_pose_scene"]
 
@@ -31,6 +30,9 @@ _VERSION = "shapes-pose-v2"
 MAX_HIDDEN = 0.5
 #: placements tried per shape before it is left out
 TRIES = 20
+#: least RGB distance between a quad's colour and the mean colour of what it covers (background,
+#: earlier quads), as in the detection set
+MIN_CONTRAST = 90.0
 SHAPES_POSE_SKELETON = ((0, 1), (1, 2), (2, 3), (3, 0))
 SHAPES_POSE_FLIP_IDX = (1, 0, 3, 2)
 
@@ -51,6 +53,30 @@ def _quad(rng: np.random.Generator, w: int, h: int) -> np.ndarray:
     return pts + np.array([cx, cy])
 
 
+def _keeps_half(owner: np.ndarray, mask: np.ndarray, areas: list[int]) -> bool:
+    """Whether every earlier quad keeps at least ``1 - MAX_HIDDEN`` of its pixels once ``mask``
+    is drawn over it (``owner``: the quad shown at each pixel, -1 for the background)."""
+    if not areas:
+        return True
+    hidden = np.bincount(owner[mask & (owner >= 0)], minlength=len(areas))
+    shown = np.bincount(owner[owner >= 0], minlength=len(areas)) - hidden
+    return bool(np.all(shown >= (1.0 - MAX_HIDDEN) * np.asarray(areas)))
+
+
+def _colour_apart(rng: np.random.Generator, img: np.ndarray, owner: np.ndarray, mask: np.ndarray,
+                  colors: list[tuple[int, int, int]]) -> tuple[int, int, int] | None:
+    """A random colour at least ``MIN_CONTRAST`` from the background under ``mask`` (its mean) and
+    from each quad it overlaps, else None."""
+    under = img[mask & (owner < 0)]
+    refs = [under.reshape(-1, 3).mean(0)] if under.size else []
+    refs += [np.asarray(colors[k], np.float64) for k in np.unique(owner[mask]) if k >= 0]
+    for _ in range(30):
+        c = rng.integers(0, 256, 3).astype(np.float64)
+        if all(np.linalg.norm(c - r) >= MIN_CONTRAST for r in refs):
+            return int(c[0]), int(c[1]), int(c[2])
+    return None
+
+
 def render_pose_scene(rng: np.random.Generator, w: int, h: int) -> tuple[np.ndarray, str]:
     """One image (h, w, 3) uint8 RGB and its YOLO-pose label text."""
     bg = rng.uniform(30, 225, 3) + rng.normal(0, 12, (h, w, 3))
@@ -65,9 +91,9 @@ def render_pose_scene(rng: np.random.Generator, w: int, h: int) -> tuple[np.ndar
             canvas = Image.new("L", (w, h), 0)
             ImageDraw.Draw(canvas).polygon([tuple(p) for p in q], fill=1)
             mask = np.asarray(canvas, bool)
-            if not mask.any() or not _occlusion_ok(owner, mask, areas, MAX_HIDDEN):
+            if not mask.any() or not _keeps_half(owner, mask, areas):
                 continue
-            color = _pick_color(rng, img, owner, mask, colors)
+            color = _colour_apart(rng, img, owner, mask, colors)
             if color is None:
                 continue
             img[mask] = color
