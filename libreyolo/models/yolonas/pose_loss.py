@@ -1,15 +1,22 @@
-"""YOLO-NAS-Pose training loss (SuperGradients' ``YoloNASPoseLoss`` recipe), fixed-shape.
+"""YOLO-NAS-Pose training loss (SuperGradients' ``YoloNASPoseLoss`` recipe, two terms changed), fixed-shape.
 
 * *Assignment*: the detector's task-aligned assigner (:class:`.loss.TaskAlignedAssigner`, top 13,
-  alpha 1, beta 6) with each (gt, prediction) IoU multiplied by the pose OKS of the prediction's
-  keypoints (scale: 0.53 x the gt box's area; a gt without labelled keypoints counts as OKS 1).
+  alpha 1, beta 6) on the box IoUs. SuperGradients' recipe multiplies each (gt, prediction) IoU by
+  the pose OKS of the prediction's keypoints (scale: 0.53 x the gt box's area; a gt without
+  labelled keypoints counts as OKS 1): ``assign_by_oks=True``, off by default - a fresh
+  network's keypoints sit at their anchors, so that OKS is about 0 and with it every soft target
+  and every positive's weight (class targets of 0.008 on average at initialisation on
+  ``shapes-pose``): the run learns nothing in a few hundred steps.
 * *Classification*: focal loss on the soft targets, ``BCE(x, t) * |sigmoid(x) - t|^2`` (no alpha).
 * *Boxes* on the positives, weighted by their soft-target sums: CIoU (``1 - IoU`` + centre
   distance + aspect term, eps 1e-10) and DFL (weight 0.01), in grid units.
 * *Keypoints* on the positives, weighted the same way, in input pixels: ``1 - exp(-d^2 / (2 (2
   sigma)^2 area) )`` averaged over the labelled keypoints (weight 34), and a focal loss (alpha
   0.25, gamma 2) of the visibility logits against "labelled", averaged over the keypoints
-  (weight 1).
+  (weight 1); and, not in the recipe, the L1 distance of the labelled keypoints divided by the
+  square root of the box area (weight :data:`L1_WEIGHT`): the OKS term is flat for a keypoint a
+  few sigmas off (its gradient ``exp(-e)``; at initialisation half of the positives' keypoints
+  have ``e > 13``), the L1 term pulls it from anywhere.
 * Every term divided by ``max(sum of the soft targets, 1)``.
 
 Targets are the pose task's (:func:`libreyolo.tasks.pose.data.collate_pose`): classes (B, M),
@@ -34,6 +41,11 @@ from .nn import REG_MAX
 OKS_AREA = 0.53      # the box area's share that scales OKS (SuperGradients' constant)
 EPS = 1e-9
 CIOU_EPS = 1e-10
+#: weight of the L1 keypoint term (not in SuperGradients' recipe; see the module docstring)
+L1_WEIGHT = 10.0
+#: SuperGradients' recipe multiplies the assigner's IoUs by the predictions' OKS
+#: (``assigner_multiply_by_pose_oks``; see the module docstring)
+ASSIGN_BY_OKS = False
 
 
 def focal_loss(logits: Tensor, target: Tensor, alpha: float = -1.0, gamma: float = 2.0) -> Tensor:
@@ -75,20 +87,23 @@ def pose_oks(gt: Tensor, pred: Tensor, area: Tensor, sigmas: Tensor) -> Tensor:
 
 class YoloNASPoseLoss(nn.Module):
     """``loss(outputs, cls, boxes, kpts, mask) -> (loss, items)`` (see the module docstring);
-    ``items = [cls, iou, dfl, kpt_vis, kpt_oks]`` with the weights applied, ``loss`` their sum."""
+    ``items = [cls, iou, dfl, kpt_vis, kpt_oks, kpt_l1]`` with the weights applied, ``loss`` their
+    sum. ``l1_weight=0, assign_by_oks=True`` is SuperGradients' recipe."""
 
-    item_names = ("cls", "iou", "dfl", "kpt_vis", "kpt_oks")
+    item_names = ("cls", "iou", "dfl", "kpt_vis", "kpt_oks", "kpt_l1")
     #: distributed runs: the normaliser is the global soft-target sum; gradients are summed
     DDP_REDUCTION = "sum"
 
     def __init__(self, nc: int, sigmas: Sequence[float], reg_max: int = REG_MAX, topk: int = 13,
                  cls_weight: float = 1.0, iou_weight: float = 2.5, dfl_weight: float = 0.01,
-                 vis_weight: float = 1.0, oks_weight: float = 34.0):
+                 vis_weight: float = 1.0, oks_weight: float = 34.0, l1_weight: float = L1_WEIGHT,
+                 assign_by_oks: bool = ASSIGN_BY_OKS):
         super().__init__()
         self.nc, self.reg_max = nc, reg_max
         self.register_buffer("sigmas", torch.as_tensor(list(sigmas), dtype=torch.float32), persistent=False)
-        self.weights = (cls_weight, iou_weight, dfl_weight, vis_weight, oks_weight)
+        self.weights = (cls_weight, iou_weight, dfl_weight, vis_weight, oks_weight, l1_weight)
         self.assigner = TaskAlignedAssigner(topk)
+        self.assign_by_oks = bool(assign_by_oks)
 
     def forward(self, outputs, cls: Tensor, boxes: Tensor, kpts: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
         out, (h, w) = outputs
@@ -131,7 +146,8 @@ class YoloNASPoseLoss(nn.Module):
             return pose_oks(safe_kpts, pred_det, area, sigmas)
 
         _, boxes, scores, fg, gt_idx = self.assigner(
-            cls_logits.detach().sigmoid(), pred.detach() * strides, points_px, cls, gt_boxes, mask, oks_quality)
+            cls_logits.detach().sigmoid(), pred.detach() * strides, points_px, cls, gt_boxes, mask,
+            oks_quality if self.assign_by_oks else None)
         norm = global_sum(scores.sum()).clamp_min(1.0)
         fgf = fg.to(scores.dtype)
         loss_cls = focal_loss(cls_logits, scores).sum() / norm
@@ -152,8 +168,12 @@ class YoloNASPoseLoss(nn.Module):
         per_inst = ((1 - torch.exp(-e)) * vis).sum(-1) / (vis.sum(-1) + EPS)
         loss_oks = (per_inst * weight).sum() / norm
         loss_vis = (focal_loss(vis_logits, vis, alpha=0.25).mean(-1) * weight).sum() / norm
+        # the L1 term, in units of the box's size (sqrt of its area)
+        scale = (area / OKS_AREA + EPS).sqrt()
+        l1 = (((pk - tk[..., :2]).abs().sum(-1) / scale) * vis).sum(-1) / (vis.sum(-1) + EPS)
+        loss_l1 = (l1 * weight).sum() / norm
 
-        terms = (loss_cls, loss_iou, loss_dfl, loss_vis, loss_oks)
+        terms = (loss_cls, loss_iou, loss_dfl, loss_vis, loss_oks, loss_l1)
         return torch.stack([t * wt for t, wt in zip(terms, self.weights)])
 
 
