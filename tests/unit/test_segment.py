@@ -232,27 +232,29 @@ def test_mask_map_of_exact_and_half_overlapping_masks():
 
 
 # ------------------------------------------------------------------------------- training
-def test_two_epoch_train_rises_above_the_untrained_model(tmp_path):
-    """Two epochs on 8 shapes-inst images (each ten times per epoch: 40 steps) lift the box or
-    mask mAP50 on those images above the untrained model's; the run's checkpoints load back as
-    segment models that predict masks."""
+def test_short_training_with_the_recipe_learns_boxes_and_masks(tmp_path):
+    """Sixty steps of the family's recipe (its optimizer, learning rate and box init; the moving
+    average validated, as the trainer does) on 4 shapes-inst images at 96 px, each twenty times
+    per epoch for three epochs, validated on those images: box and mask mAP50 rise well above the
+    untrained model's 0 (docs/families.md has the measured values). Before the fixes both stayed
+    at 0: the average blended RTMDet's tied head convs three times, and SGD at 0.01 left the mask
+    loss flat. The run's checkpoints load back as segment models that predict masks."""
     import shutil
 
     from libreyolo.tasks.segment.data import SHAPES_INST_NAMES, make_shapes_inst_dataset
-    root = make_shapes_inst_dataset(tmp_path / "si", n_train=8, n_val=2, imgsz=64).parent
+    root = make_shapes_inst_dataset(tmp_path / "si", n_train=4, n_val=1, imgsz=96).parent
     for sub in ("images", "labels"):
         (root / sub / "rep").mkdir()
     for f in sorted((root / "images" / "train").glob("*.jpg")):
-        for k in range(10):
+        for k in range(20):
             shutil.copy(f, root / "images" / "rep" / f"{k}_{f.name}")
             shutil.copy(root / "labels" / "train" / f"{f.stem}.txt", root / "labels" / "rep" / f"{k}_{f.stem}.txt")
     yaml = root / "rep.yaml"
     yaml.write_text(f"path: .\ntrain: images/rep\nval: images/train\nnames: {list(SHAPES_INST_NAMES)}\n")
     m = LibreYOLO.new("rtmdet", "t", task="segment", nc=len(SHAPES_INST_NAMES), device="cpu", seed=0)
-    before = m.val(data=str(yaml), imgsz=64, batch=8, workers=0)
-    res = m.train(data=str(yaml), epochs=2, imgsz=64, batch=4, workers=0, optimizer="AdamW", lr0=0.002, lrf=1.0,
-                  warmup_epochs=0, ema=False, fliplr=0.0, seed=0, project=str(tmp_path), name="run", verbose=False)
-    assert res["map50"] + res["mask_map50"] > before["map50"] + before["mask_map50"]
+    res = m.train(data=str(yaml), epochs=3, imgsz=96, batch=4, nbs=4, warmup_epochs=0, workers=0, fliplr=0.0,
+                  seed=0, project=str(tmp_path), name="run", plots=False, verbose=False)
+    assert res["map50"] > 0.3 and res["mask_map50"] > 0.15, res
     assert m.names[0] == "triangle"
     header = (tmp_path / "run" / "results.csv").read_text().splitlines()[0].split(",")
     assert {"train/mask_loss", "metrics/mask_map50", "metrics/mask_map50_95"} <= set(header)
