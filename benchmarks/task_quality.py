@@ -34,6 +34,8 @@ def main() -> int:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--cuda-graph", action="store_true", help="train with the captured step where declared")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--keep", default=None, help="a folder: each trained model saved there as <name>.pt "
+                                                  "(for benchmarks on trained weights)")
     args = ap.parse_args()
     rows = []
     with tempfile.TemporaryDirectory(prefix="task-quality-") as tmp:
@@ -51,6 +53,9 @@ def main() -> int:
                    "val_best": {k: round(float(v), 4) for k, v in val.items() if isinstance(v, (int, float))},
                    "cuda_graph": res.get("cuda_graph") if isinstance(res, dict) else None}
             rows.append(row)
+            if args.keep:
+                Path(args.keep).mkdir(parents=True, exist_ok=True)
+                model.save(str(Path(args.keep) / f"{name}.pt"))
             print(json.dumps(row, default=str), flush=True)
     out = {"command": " ".join([Path(sys.executable).name, *sys.argv]),
            "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),

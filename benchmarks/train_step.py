@@ -3,7 +3,8 @@
     PYTHONPATH=. python3 benchmarks/train_step.py --arm eager --batch 8 --imgsz 640 --amp
     PYTHONPATH=. python3 benchmarks/train_step.py --all --json out.json   # each arm in its own process
 
-One real batch of the task's built-in set (shapes, shapes-cls, shapes-seg) is replayed. Every arm
+One real batch of the task's built-in set (shapes, shapes-cls, shapes-seg, shapes-inst, shapes-pose,
+shapes-obb) is replayed; ``--model`` also takes a task variant (``rtmdet-t-seg``). Every arm
 runs the same step: forward, the family's loss, backward, gradient clipping, a fused SGD or AdamW
 update (``--optim``, default the family's recipe) with a tensor learning rate (capturable) and an
 in-place zero_grad. ``eager`` runs it all eagerly,
@@ -28,7 +29,8 @@ ARMS = ("eager", "fwd_bwd", "whole")
 SEAM_ARMS = ("eager", "seam")
 
 
-DEFAULT_DATA = {"detect": "shapes", "classify": "shapes-cls", "semantic": "shapes-seg"}
+DEFAULT_DATA = {"detect": "shapes", "classify": "shapes-cls", "semantic": "shapes-seg", "segment": "shapes-inst",
+                "pose": "shapes-pose", "obb": "shapes-obb"}
 
 
 def run_arm(arm: str, spec: str, batch: int, imgsz: int, amp: bool, runs: int, warmup: int,
