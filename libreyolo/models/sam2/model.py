@@ -17,10 +17,11 @@ from ..mobilesam.model import MobileSAM
 
 log = logging.getLogger(__name__)
 
-#: how the network being built is shaped: its frame (the config's image size) and whether it has
-#: the video memory (set by :meth:`Sam2Family.new` / :meth:`Sam2Family.from_checkpoint` around
-#: the base class's construction, which calls ``build_network(size, nc)``)
-_BUILD: contextvars.ContextVar[tuple[int, bool]] = contextvars.ContextVar("sam2_build", default=(1024, False))
+#: how the network being built is shaped: its frame (the config's image size; None: the family's
+#: ``DEFAULT_IMGSZ``, see :meth:`Sam2Family.build_shape`) and whether it has the video memory (set
+#: by :meth:`Sam2Family.new` / :meth:`Sam2Family.from_checkpoint` around the base class's
+#: construction, which calls ``build_network(size, nc)``)
+_BUILD: contextvars.ContextVar[tuple[int | None, bool]] = contextvars.ContextVar("sam2_build", default=(None, False))
 
 #: the install line of the optional dependency
 SAM_EXTRA = "pip install 'libreyolo-graphs[sam]'"
@@ -35,8 +36,8 @@ def needs_transformers(family: str) -> None:
 
 
 @contextlib.contextmanager
-def building(frame: int, video: bool) -> Iterator[None]:
-    token = _BUILD.set((int(frame), bool(video)))
+def building(frame: int | None, video: bool) -> Iterator[None]:
+    token = _BUILD.set((None if frame is None else int(frame), bool(video)))
     try:
         yield
     finally:
@@ -70,6 +71,20 @@ class Sam2Family(MobileSAM):
 
     # ---------------------------------------------------------------- networks
     @classmethod
+    def checked_frame(cls, size: int) -> int:
+        """``size`` if it is a frame the network builds at, else a clear error (the rule lives
+        with the network, whose module imports transformers)."""
+        from .nn import check_frame
+        return check_frame(size)
+
+    @classmethod
+    def build_shape(cls) -> tuple[int, bool]:
+        """(frame, with the video memory) of the network being built: what :func:`building`
+        set, the frame ``DEFAULT_IMGSZ`` where unset."""
+        frame, video = _BUILD.get()
+        return cls.checked_frame(cls.DEFAULT_IMGSZ if frame is None else frame), video
+
+    @classmethod
     def image_network(cls, size: str, frame: int) -> nn.Module:
         raise NotImplementedError
 
@@ -82,16 +97,15 @@ class Sam2Family(MobileSAM):
         """The image network (the LibreYOLO 1.6.0 layout) or, inside ``new`` and for checkpoints
         with the memory modules, the video network; ``nc`` is ignored (class-agnostic masks)."""
         needs_transformers(cls.FAMILY)
-        frame, video = _BUILD.get()
+        frame, video = cls.build_shape()
         return (cls.video_network if video else cls.image_network)(size, frame)
 
     @classmethod
     def new(cls, size: str, nc: int = 1, names: Any = None, *, imgsz: int | None = None, video: bool = True,
             **kw: Any) -> Model:
-        """An untrained model (random weights) at frame ``imgsz`` (default 1024, as released);
-        ``video=False`` builds the image network alone."""
-        from .nn import check_frame
-        frame = check_frame(imgsz or cls.DEFAULT_IMGSZ)
+        """An untrained model (random weights) at frame ``imgsz`` (default ``DEFAULT_IMGSZ``, as
+        released); ``video=False`` builds the image network alone."""
+        frame = cls.checked_frame(imgsz or cls.DEFAULT_IMGSZ)
         with building(frame, video):
             return Model.new.__func__(cls, size, 1, None, imgsz=frame, **kw)
 
@@ -100,9 +114,8 @@ class Sam2Family(MobileSAM):
                         source: str | None = None) -> Model:
         """As :meth:`Model.from_checkpoint`, the network shaped by the file: its frame (``imgsz``)
         and, where its state dict has the memory modules, the video network."""
-        from .nn import check_frame
         video = any(k.startswith(cls.VIDEO_KEY) for k in ckpt["model"])
-        with building(check_frame(ckpt.get("imgsz") or cls.DEFAULT_IMGSZ), video):
+        with building(cls.checked_frame(ckpt.get("imgsz") or cls.DEFAULT_IMGSZ), video):
             return super().from_checkpoint(ckpt, size=size, device=device, source=source)
 
     @classmethod
@@ -125,13 +138,12 @@ class Sam2Family(MobileSAM):
 
     @property
     def imgsz(self) -> int:
-        """The network's square frame (fixed by its config: 1024 as released)."""
+        """The network's square frame (fixed by its config: ``DEFAULT_IMGSZ`` as released)."""
         return self._imgsz
 
     @imgsz.setter
     def imgsz(self, value: int) -> None:
-        from .nn import check_frame
-        value = check_frame(int(value))
+        value = self.checked_frame(int(value))
         net = getattr(self, "model", None)
         if net is not None and int(net.frame) != value:
             raise ValueError(f"{self.FAMILY}-{self.size}'s network is built for {net.frame}x{net.frame} frames; "
