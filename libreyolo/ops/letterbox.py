@@ -112,18 +112,30 @@ def geometry_rows(shapes, size: int, mode: str = "topleft") -> list[list[list[fl
     return rows
 
 
-def unletterbox_packed(packed: torch.Tensor, geometry: torch.Tensor, max_det: int) -> torch.Tensor:
-    """In place: the boxes of a packed (B, max_det * 6 + 1) detection tensor (see
-    :func:`libreyolo.ops.nms_graph.select_packed`) from the canvas to each image's pixels,
-    clipped; ``geometry`` is the (B, 3, 4) float32 tensor of :func:`geometry_rows`.
+def unletterbox_packed(packed: torch.Tensor, geometry: torch.Tensor, max_det: int, cols: int = 6) -> torch.Tensor:
+    """In place: the boxes of a packed (B, max_det * cols + 1) detection tensor (see
+    :func:`libreyolo.ops.nms_graph.select_packed`; ``cols`` 7 for its ``with_index`` rows) from
+    the canvas to each image's pixels, clipped; ``geometry`` is the (B, 3, 4) float32 tensor of
+    :func:`geometry_rows`.
 
     The same float32 operations as :func:`unletterbox_boxes` on the host (a subtraction, a
     correctly rounded division by a tensor - not a scalar, which CUDA would turn into a
     multiplication by its reciprocal -, a clip), so the numbers are the same; run on the device,
     inside the captured stage, it spares the host a numpy pass per image.
     """
-    boxes = packed[:, :max_det * 6].view(packed.shape[0], max_det, 6)[..., :4]
+    boxes = packed[:, :max_det * cols].view(packed.shape[0], max_det, cols)[..., :4]
     g = geometry[:, None]
     boxes.sub_(g[..., 0, :]).div_(g[..., 1, :]).clamp_(min=0)
     torch.minimum(boxes, g[..., 2, :], out=boxes)
     return packed
+
+
+def unletterbox_points(points: torch.Tensor, geometry: torch.Tensor) -> torch.Tensor:
+    """In place: (B, ..., 2) canvas points (pose's keypoints) to each image's pixels, not
+    clipped (a keypoint may lie outside its image); ``geometry`` as for
+    :func:`unletterbox_packed`. The float32 operations of the host's
+    ``tasks.pose.task.unletterbox_keypoints`` (a subtraction, a correctly rounded division by a
+    tensor), so the same numbers, on the device inside the captured stage."""
+    shape = (geometry.shape[0],) + (1,) * (points.dim() - 2) + (2,)
+    points.sub_(geometry[:, 0, :2].reshape(shape)).div_(geometry[:, 1, :2].reshape(shape))
+    return points

@@ -14,7 +14,9 @@ offsets.
 
 The result is fixed-shape: (B, max_det, 6) rows ``[x1, y1, x2, y2, score, cls]`` in score
 order plus a (B,) count, written by the walk itself (each kept candidate's rank is its row;
-the walk stops once max_det are kept). ``conf`` and ``iou`` are read from a small device
+the walk stops once max_det are kept). With ``with_index`` each row has a seventh value, the
+kept candidate's position among the sorted candidates, for the tasks whose candidates carry
+more than a box (instance segmentation's mask coefficients, pose's keypoints). ``conf`` and ``iou`` are read from a small device
 tensor, so one captured graph serves every threshold.
 Without Triton or off the GPU, :func:`available` is False and the caller uses
 :func:`libreyolo.ops.nms.nms_per_image` (torchvision) instead.
@@ -85,7 +87,8 @@ if triton is not None:
 
     @triton.jit
     def _walk_select_kernel(bits_ptr, thr_ptr, boxes_ptr, scores_ptr, cls_ptr, out_ptr, K, W, MAX_DET, ROW,
-                            NMS: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr):
+                            NMS: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr,
+                            COLS: tl.constexpr = 6):
         """The sequential part of greedy NMS and the selection, one program per image.
 
         Walks the sorted candidates 32 at a time. With ``NMS``, one load brings the block's 32
@@ -99,6 +102,8 @@ if triton is not None:
         ``MAX_DET``: its box, score and class are written there directly; the image's row of
         ``out`` (``ROW`` floats) ends with the count, and the rows past it are zeroed. The walk
         stops once ``MAX_DET`` are kept: later candidates could not be written.
+        ``COLS`` 7 (:func:`select_packed`'s ``with_index``) adds each kept row's candidate
+        position as a seventh value; 6, the default, compiles exactly the six-value walk.
         The count above ``conf`` (the walk's length) is taken here first, one pass over K scores.
         """
         b = tl.program_id(0)
@@ -133,23 +138,32 @@ if triton is not None:
             put = kept & (rank < MAX_DET)
             src = b * K + rows
             for f in tl.static_range(4):
-                tl.store(out + rank * 6 + f, tl.load(boxes_ptr + src * 4 + f, mask=put, other=0.0), mask=put)
-            tl.store(out + rank * 6 + 4, tl.load(scores_ptr + src, mask=put, other=0.0), mask=put)
-            tl.store(out + rank * 6 + 5, tl.load(cls_ptr + src, mask=put, other=0).to(tl.float32), mask=put)
+                tl.store(out + rank * COLS + f, tl.load(boxes_ptr + src * 4 + f, mask=put, other=0.0), mask=put)
+            tl.store(out + rank * COLS + 4, tl.load(scores_ptr + src, mask=put, other=0.0), mask=put)
+            tl.store(out + rank * COLS + 5, tl.load(cls_ptr + src, mask=put, other=0).to(tl.float32), mask=put)
+            if COLS == 7:
+                tl.store(out + rank * COLS + 6, rows.to(tl.float32), mask=put)
             total += tl.sum(k32, axis=0)
             c += 1
         num = tl.minimum(total, MAX_DET)
-        for r in range(num * 6, MAX_DET * 6, 32):
-            tl.store(out + r + lane, tl.zeros((32,), dtype=tl.float32), mask=r + lane < MAX_DET * 6)
-        tl.store(out + MAX_DET * 6, num.to(tl.float32))
+        for r in range(num * COLS, MAX_DET * COLS, 32):
+            tl.store(out + r + lane, tl.zeros((32,), dtype=tl.float32), mask=r + lane < MAX_DET * COLS)
+        tl.store(out + MAX_DET * COLS, num.to(tl.float32))
 
 
 def select_packed(boxes: torch.Tensor, scores: torch.Tensor, cls: torch.Tensor, thresholds: torch.Tensor,
-                  max_det: int, *, nms: bool = True, agnostic: bool = False) -> torch.Tensor:
+                  max_det: int, *, nms: bool = True, agnostic: bool = False, with_index: bool = False) -> torch.Tensor:
     """Sorted candidates -> one (B, max_det * 6 + 1) float32 tensor per batch: each image's kept
     detections ``[x1, y1, x2, y2, score, cls]`` in score order (zero rows after them), then
     their count. Fixed shape, no host synchronization: it runs inside the captured stage and
     reaches the host in one copy.
+
+    ``with_index=True``: rows of seven values ``[x1, y1, x2, y2, score, cls, index]``, a
+    (B, max_det * 7 + 1) tensor, ``index`` being the kept candidate's position in the sorted
+    candidates (exact as float32: at most :data:`MAX_CANDIDATES`), so that a task gathers what
+    else its candidates carry (mask coefficients, keypoints) for the kept rows. The rows past
+    the count are zero (index 0). Without it (the default) the kernels and the output are
+    exactly the six-value ones.
 
     ``thresholds`` is a float32 device tensor ``[conf, iou]``. ``nms=False`` (set-prediction
     heads) keeps every candidate above ``conf``. Two kernels (one without NMS): the pairwise
@@ -162,8 +176,11 @@ def select_packed(boxes: torch.Tensor, scores: torch.Tensor, cls: torch.Tensor, 
     boxes = boxes.float().contiguous()
     scores = scores.float().contiguous()
     cls = cls.contiguous()
+    if with_index and k > 2 ** 24:   # pragma: no cover - far above any head's candidates
+        raise ValueError(f"candidate positions above 2**24 are not exact in float32, got {k} candidates")
     w = triton.cdiv(k, 32)
-    row = int(max_det) * 6 + 1
+    cols = 7 if with_index else 6
+    row = int(max_det) * cols + 1
     out = torch.empty((bsz, row), dtype=torch.float32, device=scores.device)
     if nms:
         bits = torch.empty((bsz, k, w), dtype=torch.int32, device=scores.device)
@@ -174,13 +191,15 @@ def select_packed(boxes: torch.Tensor, scores: torch.Tensor, cls: torch.Tensor, 
     else:
         bits, block_w = out, 32  # not read
     _walk_select_kernel[(bsz,)](bits, thresholds, boxes, scores, cls, out, k, w, int(max_det), row,
-                                NMS=bool(nms), BLOCK_W=block_w, BLOCK_K=1024,
+                                NMS=bool(nms), BLOCK_W=block_w, BLOCK_K=1024, COLS=cols,
                                 num_warps=1 if block_w <= 32 else 4 if block_w <= 128 else 8)
     return out
 
 
 def select_detections(boxes: torch.Tensor, scores: torch.Tensor, cls: torch.Tensor, thresholds: torch.Tensor,
-                      max_det: int, *, nms: bool = True, agnostic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`select_packed` unpacked: (B, max_det, 6) detections in score order and (B,) int64 counts."""
-    packed = select_packed(boxes, scores, cls, thresholds, max_det, nms=nms, agnostic=agnostic)
-    return packed[:, :-1].unflatten(1, (int(max_det), 6)), packed[:, -1].long()
+                      max_det: int, *, nms: bool = True, agnostic: bool = False,
+                      with_index: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`select_packed` unpacked: (B, max_det, 6) detections in score order (7 values a row
+    ``with_index``) and (B,) int64 counts."""
+    packed = select_packed(boxes, scores, cls, thresholds, max_det, nms=nms, agnostic=agnostic, with_index=with_index)
+    return packed[:, :-1].unflatten(1, (int(max_det), 7 if with_index else 6)), packed[:, -1].long()
