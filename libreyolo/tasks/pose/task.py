@@ -5,10 +5,16 @@ family's ``infer`` returns fixed-shape candidates sorted by score - boxes (B, K,
 (B, K), classes (B, K), keypoints (B, K, N, 2) in canvas pixels and, where the family predicts
 them, each keypoint's visibility (B, K, N) (a DETR-style family: a top-k over the queries, no NMS
 and no visibility; a dense family such as YOLO-NAS-Pose: its best candidates by score, which the
-class-aware NMS at ``iou`` then thins on the host, as detection's NMS runs off CUDA). On the host
-the candidates above ``conf`` (at most ``max_det``) are mapped back to each image's pixels and
-become ``Results.boxes`` and ``Results.keypoints`` (each keypoint's ``conf``: its visibility,
-else its instance's score).
+class-aware NMS at ``iou`` thins). On CUDA with Triton and no class filter the stage goes on as
+detection's does (:mod:`libreyolo.ops.nms_graph`): NMS (the walk without suppression for a head
+whose ``NMS`` is False) and the selection of at most ``max_det``, each kept row naming its
+candidate, whose keypoints (and visibility) are gathered; boxes and keypoints are mapped back to
+each image's pixels there, and everything is packed into one (B, max_det * (6 + 3 N) + 1) tensor
+(:func:`select_poses_in_stage`) that reaches the host in one copy. Otherwise (the CPU, no Triton,
+a class filter) NMS and the selection run on the host after the stage, per image. Either way
+the candidates above ``conf`` (at most ``max_det``), in each image's pixels, become
+``Results.boxes`` and ``Results.keypoints`` (each keypoint's ``conf``: its visibility, else its
+instance's score).
 
 The keypoint layout (``kpt_shape``), left/right flip order (``flip_idx``) and ``skeleton`` come
 from the checkpoint's metadata (a pose dataset's YAML), else COCO's 17-keypoint person layout.
@@ -22,7 +28,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ...ops.letterbox import inverse_params, unletterbox_boxes
+from ...ops import nms_graph
+from ...ops.letterbox import geometry_rows, inverse_params, unletterbox_boxes, unletterbox_packed, unletterbox_points
 from ...options import Fraction, Int, check_fields, option
 from ..base import Evaluator, PredictPlan, Task, TaskOptions
 from .results import Keypoints
@@ -80,10 +87,10 @@ class PoseEvaluator(Evaluator):
 
 def kept(boxes: np.ndarray, scores: np.ndarray, cls: np.ndarray, conf: float, iou: float | None,
          classes: list[int] | None = None) -> np.ndarray:
-    """Indices of one image's candidates (sorted by score) kept: score >= ``conf``, in ``classes``,
+    """Indices of one image's candidates (sorted by score) kept: score > ``conf``, in ``classes``,
     and with ``iou`` not None the survivors of a class-aware greedy NMS (torchvision's), in score
     order."""
-    keep = scores >= conf
+    keep = scores > conf   # as detection's and the in-stage selection's threshold
     if classes is not None:
         keep &= np.isin(cls, classes)
     idx = np.flatnonzero(keep)
@@ -110,21 +117,76 @@ def unletterbox_keypoints(kpts: np.ndarray, sx: float, sy: float, pad_x: int = 0
     return kpts
 
 
+def select_poses_in_stage(outputs, thresholds: torch.Tensor, geometry: torch.Tensor, max_det: int, *,
+                          nms: bool = True) -> torch.Tensor:
+    """A pose family's ``infer`` outputs (sorted candidates: boxes, scores, classes, keypoints
+    (B, K, N, 2), optional visibility (B, K, N)) -> one packed float32 tensor, fixed shape, no host
+    synchronization (the in-stage half of :class:`PosePlan`): class-aware NMS (``nms=False``:
+    none) and the selection of at most ``max_det`` (:func:`~libreyolo.ops.nms_graph.select_packed`
+    with its candidate index), the kept rows' keypoints gathered, boxes and keypoints mapped to
+    each image's pixels (``geometry`` from :func:`~libreyolo.ops.letterbox.geometry_rows`,
+    ``thresholds`` ``[conf, iou]``).
+
+    (B, max_det * (6 + 3 N) + 1): per kept row ``[x1, y1, x2, y2, score, cls]`` then its N
+    keypoints ``(x, y, conf)`` (conf: the visibility, else the row's score), rows in score order,
+    then each image's count; rows past the count are not read."""
+    boxes, scores, cls, kpts = outputs[:4]
+    bsz, n_kpt = scores.shape[0], kpts.shape[2]
+    packed = nms_graph.select_packed(boxes, scores, cls, thresholds, max_det, nms=nms, with_index=True)
+    packed = unletterbox_packed(packed, geometry, max_det, cols=7)
+    rows = packed[:, :max_det * 7].view(bsz, max_det, 7)
+    idx = rows[..., 6].long()
+    pts = unletterbox_points(kpts.float().gather(1, idx[..., None, None].expand(-1, -1, n_kpt, 2)), geometry)
+    if len(outputs) > 4:
+        conf = outputs[4].float().gather(1, idx[..., None].expand(-1, -1, n_kpt))
+    else:
+        conf = rows[..., 4:5].expand(-1, -1, n_kpt)
+    body = torch.cat((rows[..., :6], torch.cat((pts, conf[..., None]), -1).flatten(2)), -1)
+    return torch.cat((body.flatten(1), packed[:, -1:]), 1)
+
+
 class PosePlan(PredictPlan):
     """One pose predict call (see the module docstring)."""
 
-    def __init__(self, model, constants: Callable[..., torch.Tensor], *, conf: float, max_det: int,
+    def __init__(self, model, constants: Callable[..., torch.Tensor] | None, *, conf: float, max_det: int,
                  classes: list[int] | None, iou: float = 0.45):
         self.model = model
+        self.constants = constants
         self.conf, self.max_det, self.classes = float(conf), int(max_det), classes
         self.iou = float(iou) if model.NMS else None
+        # NMS + selection inside the stage: CUDA with Triton, no class filter, a predictor's
+        # cached constants (an exported model's plan has none)
+        on = classes is None and constants is not None and nms_graph.available(getattr(model, "device", "cpu"))
+        self.post = (self.max_det,) if on else None
+        self.host = on
+        self.tag = () if self.post is None else ("pose", "post", *self.post)
+
+    @property
+    def constant(self) -> tuple[int, ...]:
+        return (1, 2) if self.post is not None else ()   # the cached thresholds and geometry
 
     def finish(self, outputs, *extra):
-        return outputs    # the family's infer is already the fixed-shape top-k
+        """The family's infer (already the fixed-shape top-k); with the in-stage selection
+        (``post``) its kept poses, packed (:func:`select_poses_in_stage`)."""
+        if self.post is None:
+            return outputs
+        thr, geo = extra
+        return select_poses_in_stage(outputs, thr, geo, self.max_det, nms=self.model.NMS)
+
+    def extra(self, shapes, size):
+        if self.post is None:
+            return ()
+        iou = 0.0 if self.iou is None else self.iou   # not read by the walk without NMS
+        resize = self.model.preprocess.resize
+        thr = self.constants("thr", (self.conf, iou), lambda: [self.conf, iou])
+        geo = self.constants("geo", (shapes, size, resize), lambda: geometry_rows(shapes, size, resize))
+        return thr, geo
 
     def results(self, out, chunk, size, speed):
         from ...results import Boxes, Results
         m = self.model
+        if self.post is not None:
+            return self._selected_results(out, chunk, speed)
         boxes, scores, cls, kpts = (t.detach().float().cpu().numpy() for t in out[:4])
         vis = out[4].detach().float().cpu().numpy() if len(out) > 4 else None
         skeleton = skeleton_of(m)
@@ -145,6 +207,24 @@ class PosePlan(PredictPlan):
                                    speed=dict(speed),
                                    keypoints=Keypoints(torch.from_numpy(np.ascontiguousarray(pts)), (h, w),
                                                        skeleton)))
+        return results
+
+    def _selected_results(self, out, chunk, speed):
+        """The in-stage selection's one packed copy -> Results (rows already in each image's pixels)."""
+        from ...results import Boxes, Results
+        m = self.model
+        host = out.wait().numpy()
+        width = (host.shape[1] - 1) // self.max_det   # 6 + 3 N
+        skeleton = skeleton_of(m)
+        results = []
+        for i, it in enumerate(chunk):
+            n = int(host[i, -1])
+            block = host[i, :n * width].reshape(n, width)
+            h, w = int(it.image.shape[0]), int(it.image.shape[1])
+            det = torch.from_numpy(block[:, :6].copy())
+            pts = torch.from_numpy(block[:, 6:].reshape(n, (width - 6) // 3, 3).copy())
+            results.append(Results(it.image, it.name, m.names, Boxes(det, (h, w)), speed=dict(speed),
+                                   keypoints=Keypoints(pts, (h, w), skeleton)))
         return results
 
 

@@ -2,11 +2,20 @@
 
 Predict stage (on the device, captured with the network where the family allows): ``model.infer``
 (per anchor: boxes, scores, classes, mask coefficients; and the prototypes) -> the top ``max_nms``
-candidates with their coefficients, fixed shapes. After the stage, on the same device: NMS
-(torchvision; none for set-prediction heads, whose ``NMS`` is False), the kept instances' masks from the family's mask head
+candidates with their coefficients, fixed shapes. On CUDA with Triton and no class filter the
+stage goes on as detection's does (:mod:`libreyolo.ops.nms_graph`): NMS (none for
+set-prediction heads, whose ``NMS`` is False) and the selection of at most ``max_det``, each
+kept row naming its candidate, whose mask coefficients are gathered into a fixed
+(B, max_det, C) tensor, and the boxes mapped back to each image's pixels (the cached letterbox
+geometry): the stage gives the packed (B, max_det * 7 + 1) rows with each image's count, the
+coefficients and the prototypes (:func:`select_instances_in_stage`). Otherwise (the CPU, no
+Triton, a class filter) NMS runs after the stage (torchvision), per image.
+
+After the stage, on the same device: the kept instances' masks from the family's mask head
 (``model.mask_logits(prototypes, coefficients)``), sampled straight at each original image's
 pixels (the letterbox inverted, bilinear as an upsampling of the logits), cut to the instance's
-box and thresholded at 0.5.
+box and thresholded at 0.5. With the in-stage selection the host reads the counts and rows from
+one copy of the packed tensor and samples the first ``count`` instances of each image.
 """
 from __future__ import annotations
 
@@ -16,7 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ...ops.letterbox import inverse_params, unletterbox_boxes
+from ...ops import nms_graph
+from ...ops.letterbox import geometry_rows, inverse_params, unletterbox_boxes, unletterbox_packed
 from ...ops.nms import nan_last
 from ...options import MAX_DET, Custom, Fraction, Int, check_fields, check_max_det, option
 from ..base import Evaluator, PredictPlan, Task, TaskOptions
@@ -96,6 +106,28 @@ def top_instances(outputs, k: int):
     return b, s, cls.gather(1, idx), c, protos
 
 
+def select_instances_in_stage(outputs, thresholds: torch.Tensor, geometry: torch.Tensor, max_nms: int, max_det: int,
+                              *, nms: bool = True, agnostic: bool = False):
+    """``model.infer``'s outputs -> the kept instances, fixed shapes, no host synchronization (the
+    in-stage half of :class:`SegmentPlan`): the top ``max_nms`` candidates (:func:`top_instances`),
+    NMS and the selection of at most ``max_det`` (:func:`~libreyolo.ops.nms_graph.select_packed`
+    with its candidate index; ``nms=False`` for set-prediction heads), the kept rows' mask
+    coefficients gathered, the boxes mapped to each image's pixels
+    (:func:`~libreyolo.ops.letterbox.unletterbox_packed`; ``geometry`` from
+    :func:`~libreyolo.ops.letterbox.geometry_rows`, ``thresholds`` ``[conf, iou]``).
+
+    Returns ``(packed, coefficients, prototypes)``: packed (B, max_det * 7 + 1) float32 rows
+    ``[x1, y1, x2, y2, score, cls, candidate]`` in score order then each image's count; the
+    (B, max_det, C) coefficients of those rows (rows past the count: candidate 0's, unread);
+    the prototypes unchanged."""
+    boxes, scores, cls, coeffs, protos = top_instances(outputs, max_nms)
+    packed = nms_graph.select_packed(boxes, scores, cls, thresholds, max_det, nms=nms, agnostic=agnostic,
+                                     with_index=True)
+    idx = packed[:, :max_det * 7].view(packed.shape[0], max_det, 7)[..., 6].long()
+    kept = coeffs.gather(1, idx.unsqueeze(-1).expand(-1, -1, coeffs.shape[-1]))
+    return unletterbox_packed(packed, geometry, max_det, cols=7), kept, protos
+
+
 @dataclass
 class SegmentOptions(TaskOptions):
     """Instance-segmentation training options: flip augmentation, target padding, validation."""
@@ -120,17 +152,44 @@ class SegmentPlan(PredictPlan):
     def __init__(self, model, constants: Callable[..., torch.Tensor], *, conf: float, iou: float, max_det: int,
                  max_nms: int, classes: list[int] | None, agnostic_nms: bool):
         self.model = model
+        self.constants = constants
         self.conf, self.iou = float(conf), float(iou)
         self.max_det, self.max_nms = int(max_det), int(max_nms)
         self.classes, self.agnostic = classes, bool(agnostic_nms)
-        self.tag = ("segment", self.max_nms)
+        # NMS + selection inside the stage: CUDA with Triton, no class filter, a predictor's
+        # cached constants (an exported model's plan has none: its graph selected already), and
+        # candidates the fixed-shape NMS takes
+        fits = not model.NMS or self.max_nms <= nms_graph.MAX_CANDIDATES
+        on = (classes is None and constants is not None and fits
+              and nms_graph.available(getattr(model, "device", "cpu")))
+        self.post = (self.max_det, self.agnostic) if on else None
+        self.tag = ("segment", self.max_nms) if self.post is None else ("segment", self.max_nms, "post", *self.post)
+
+    @property
+    def constant(self) -> tuple[int, ...]:
+        return (1, 2) if self.post is not None else ()   # the cached thresholds and geometry
 
     def finish(self, outputs, *extra):
         """The top ``max_nms`` anchors per image by score (sorted), their boxes, classes and mask
-        coefficients, and the prototypes: fixed shapes, graph-safe."""
-        return top_instances(outputs, self.max_nms)
+        coefficients, and the prototypes: fixed shapes, graph-safe. With the in-stage selection
+        (``post``), its kept instances instead (:func:`select_instances_in_stage`)."""
+        if self.post is None:
+            return top_instances(outputs, self.max_nms)
+        thr, geo = extra
+        return select_instances_in_stage(outputs, thr, geo, self.max_nms, self.max_det, nms=self.model.NMS,
+                                         agnostic=self.agnostic)
+
+    def extra(self, shapes, size):
+        if self.post is None:
+            return ()
+        resize = self.model.preprocess.resize
+        thr = self.constants("thr", (self.conf, self.iou), lambda: [self.conf, self.iou])
+        geo = self.constants("geo", (shapes, size, resize), lambda: geometry_rows(shapes, size, resize))
+        return thr, geo
 
     def results(self, out, chunk, size, speed):
+        if self.post is not None:
+            return self._selected_results(out, chunk, size, speed)
         from ...results import Boxes, Results
         from .results import InstanceMasks
         boxes, scores, cls, coeffs, protos = out
@@ -145,6 +204,27 @@ class SegmentPlan(PredictPlan):
             unletterbox_boxes(b, sx, sy, h, w, px, py)
             masks = instance_masks(m, protos[i], coeffs[i][keep], b, size, h, w, m.preprocess.resize)
             det = torch.cat((b, scores[i][keep, None].float(), cls[i][keep, None].float()), 1).cpu()
+            results.append(Results(it.image, it.name, m.names, Boxes(det, (h, w)), speed=dict(speed),
+                                   masks=InstanceMasks(masks, det[:, 5].to(torch.int64))))
+        return results
+
+    def _selected_results(self, out, chunk, size, speed):
+        """The in-stage selection's outputs: counts and rows from one host copy of the packed
+        tensor; each image's first ``count`` instances' masks sampled on the device (their boxes,
+        already in the image's pixels, from the device copy of the same rows)."""
+        from ...results import Boxes, Results
+        from .results import InstanceMasks
+        packed, coeffs, protos = out
+        m = self.model
+        host = packed.cpu().numpy()
+        counts = host[:, -1].astype(np.int64).tolist()
+        rows = packed[:, :self.max_det * 7].view(packed.shape[0], self.max_det, 7)
+        results = []
+        for i, it in enumerate(chunk):
+            n = counts[i]
+            h, w = int(it.image.shape[0]), int(it.image.shape[1])
+            masks = instance_masks(m, protos[i], coeffs[i, :n], rows[i, :n, :4], size, h, w, m.preprocess.resize)
+            det = torch.from_numpy(host[i, :n * 7].reshape(n, 7)[:, :6].copy())
             results.append(Results(it.image, it.name, m.names, Boxes(det, (h, w)), speed=dict(speed),
                                    masks=InstanceMasks(masks, det[:, 5].to(torch.int64))))
         return results
