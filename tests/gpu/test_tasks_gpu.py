@@ -143,6 +143,37 @@ def test_predict_with_graph_equals_eager(spec, images):
     assert model.graph_info()["replays"] > 0
 
 
+#: instance segmentation and pose: on CUDA with Triton their NMS and selection run in the stage
+IN_STAGE = [spec for spec in MODELS if family_class(spec).TASK in ("segment", "pose")]
+
+
+@pytest.mark.parametrize("spec", IN_STAGE, ids=ids)
+def test_segment_and_pose_select_in_the_stage(spec, images):
+    """On CUDA with Triton the segment and pose plans run NMS, the selection and the mapping back
+    inside the stage (``post``), so test_predict_with_graph_equals_eager's rows of these tasks
+    prove that path (masks / keypoints). Here: the path is on; graph predict equals eager on the
+    boxes, scores and classes too (a batch of three sizes); and the host path (a class filter
+    naming every class keeps it) selects the same instances - its boxes within float32 rounding:
+    on CUDA a division by a Python scalar multiplies by its reciprocal, where the stage divides by
+    a tensor."""
+    model = input_sensitive(build(spec))
+    size = imgsz_of(model)
+    plan = model.get_predictor().plan(size, conf=0.05)
+    assert plan.post is not None and "post" in plan.tag, plan.tag
+    eager = model(images, batch=3, imgsz=size, conf=0.05)
+    assert sum(len(r.boxes.data) for r in eager) > 0
+    for _ in range(3):  # first use, capture, replay
+        got = model(images, batch=3, imgsz=size, conf=0.05, cuda_graph=True)
+        assert all(torch.equal(a.boxes.data, b.boxes.data) for a, b in zip(got, eager))
+    assert model.graph_info()["replays"] > 0
+    host = model(images, batch=3, imgsz=size, conf=0.05, classes=list(range(model.nc)))
+    assert model.get_predictor().plan(size, classes=list(range(model.nc))).post is None
+    for a, b in zip(host, eager):
+        assert a.boxes.data.shape == b.boxes.data.shape
+        assert torch.equal(a.boxes.data[:, 4:], b.boxes.data[:, 4:])   # scores and classes
+        torch.testing.assert_close(a.boxes.data[:, :4], b.boxes.data[:, :4], rtol=1e-5, atol=1e-3)
+
+
 DEPTH = [spec for spec in MODELS if family_class(spec).TASK == "depth"]
 
 
