@@ -97,6 +97,9 @@ SEGMENT = COMMON + textwrap.dedent('''
     m.NMS = False
     ref, got = both(m, IMAGES, imgsz=160, batch=3, conf=0.25, max_nms=64, max_det=30)
     assert check(ref, got, "nms free") == [30, 30, 0]
+    # max_det above the candidates (all 525 anchors at 160 px): the stage keeps at most those
+    ref, got = both(m, IMAGES, imgsz=160, batch=3, conf=0.25, max_nms=1000, max_det=600)
+    assert 0 < check(ref, got, "max_det above")[0] < 525
     # a class filter keeps the host path
     nms_graph.available = lambda device: True
     assert m.get_predictor().plan(160, classes=[1]).post is None
@@ -145,6 +148,8 @@ POSE = COMMON + textwrap.dedent('''
     ec = LibreYOLO.new("ec", "s", task="pose", seed=0)
     ref, got = both(ec, IMAGES, imgsz=160, batch=3, conf=0.0, max_det=15)
     assert check(ref, got, "ec") == [15, 15, 15]
+    ref, got = both(ec, IMAGES, imgsz=160, batch=3, conf=0.0, max_det=100)   # above its 60 queries' top-k
+    assert check(ref, got, "ec, max_det above") == [60, 60, 60]
     nms_graph.available = lambda device: True
     assert m.get_predictor().plan(160, classes=[0]).post is None
     print("OK")

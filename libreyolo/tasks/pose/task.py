@@ -127,11 +127,13 @@ def select_poses_in_stage(outputs, thresholds: torch.Tensor, geometry: torch.Ten
     each image's pixels (``geometry`` from :func:`~libreyolo.ops.letterbox.geometry_rows`,
     ``thresholds`` ``[conf, iou]``).
 
-    (B, max_det * (6 + 3 N) + 1): per kept row ``[x1, y1, x2, y2, score, cls]`` then its N
-    keypoints ``(x, y, conf)`` (conf: the visibility, else the row's score), rows in score order,
-    then each image's count; rows past the count are not read."""
+    (B, M * (6 + 3 N) + 1): per kept row ``[x1, y1, x2, y2, score, cls]`` then its N keypoints
+    ``(x, y, conf)`` (conf: the visibility, else the row's score), rows in score order, then each
+    image's count; rows past the count are not read. M is ``max_det`` or the candidate count K
+    where that is smaller (no more can be kept)."""
     boxes, scores, cls, kpts = outputs[:4]
     bsz, n_kpt = scores.shape[0], kpts.shape[2]
+    max_det = min(int(max_det), scores.shape[1])
     packed = nms_graph.select_packed(boxes, scores, cls, thresholds, max_det, nms=nms, with_index=True)
     packed = unletterbox_packed(packed, geometry, max_det, cols=7)
     rows = packed[:, :max_det * 7].view(bsz, max_det, 7)
@@ -214,7 +216,7 @@ class PosePlan(PredictPlan):
         from ...results import Boxes, Results
         m = self.model
         host = out.wait().numpy()
-        width = (host.shape[1] - 1) // self.max_det   # 6 + 3 N
+        width = 6 + 3 * int(m.num_keypoints)   # a row: box, score, class, N keypoints (x, y, conf)
         skeleton = skeleton_of(m)
         results = []
         for i, it in enumerate(chunk):

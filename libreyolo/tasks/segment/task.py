@@ -6,7 +6,7 @@ candidates with their coefficients, fixed shapes. On CUDA with Triton and no cla
 stage goes on as detection's does (:mod:`libreyolo.ops.nms_graph`): NMS (none for
 set-prediction heads, whose ``NMS`` is False) and the selection of at most ``max_det``, each
 kept row naming its candidate, whose mask coefficients are gathered into a fixed
-(B, max_det, C) tensor, and the boxes mapped back to each image's pixels (the cached letterbox
+(B, max_det, C) tensor (max_det capped at the candidate count), and the boxes mapped back to each image's pixels (the cached letterbox
 geometry): the stage gives the packed (B, max_det * 7 + 1) rows with each image's count, the
 coefficients and the prototypes (:func:`select_instances_in_stage`). Otherwise (the CPU, no
 Triton, a class filter) NMS runs after the stage (torchvision), per image.
@@ -116,11 +116,13 @@ def select_instances_in_stage(outputs, thresholds: torch.Tensor, geometry: torch
     (:func:`~libreyolo.ops.letterbox.unletterbox_packed`; ``geometry`` from
     :func:`~libreyolo.ops.letterbox.geometry_rows`, ``thresholds`` ``[conf, iou]``).
 
-    Returns ``(packed, coefficients, prototypes)``: packed (B, max_det * 7 + 1) float32 rows
+    Returns ``(packed, coefficients, prototypes)``: packed (B, M * 7 + 1) float32 rows
     ``[x1, y1, x2, y2, score, cls, candidate]`` in score order then each image's count; the
-    (B, max_det, C) coefficients of those rows (rows past the count: candidate 0's, unread);
-    the prototypes unchanged."""
+    (B, M, C) coefficients of those rows (rows past the count: candidate 0's, unread); the
+    prototypes unchanged. M is ``max_det`` or the candidate count where that is smaller (no
+    more can be kept)."""
     boxes, scores, cls, coeffs, protos = top_instances(outputs, max_nms)
+    max_det = min(int(max_det), scores.shape[1])
     packed = nms_graph.select_packed(boxes, scores, cls, thresholds, max_det, nms=nms, agnostic=agnostic,
                                      with_index=True)
     idx = packed[:, :max_det * 7].view(packed.shape[0], max_det, 7)[..., 6].long()
@@ -218,7 +220,7 @@ class SegmentPlan(PredictPlan):
         m = self.model
         host = packed.cpu().numpy()
         counts = host[:, -1].astype(np.int64).tolist()
-        rows = packed[:, :self.max_det * 7].view(packed.shape[0], self.max_det, 7)
+        rows = packed[:, :-1].view(packed.shape[0], coeffs.shape[1], 7)
         results = []
         for i, it in enumerate(chunk):
             n = counts[i]
