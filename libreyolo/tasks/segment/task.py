@@ -4,11 +4,11 @@ Predict stage (on the device, captured with the network where the family allows)
 (per anchor: boxes, scores, classes, mask coefficients; and the prototypes) -> the top ``max_nms``
 candidates with their coefficients, fixed shapes. On CUDA with Triton and no class filter the
 stage goes on as detection's does (:mod:`libreyolo.ops.nms_graph`): NMS (none for
-set-prediction heads, whose ``NMS`` is False) and the selection of at most ``max_det``, each
-kept row naming its candidate, whose mask coefficients are gathered into a fixed
-(B, max_det, C) tensor (max_det capped at the candidate count), and the boxes mapped back to each image's pixels (the cached letterbox
-geometry): the stage gives the packed (B, max_det * 7 + 1) rows with each image's count, the
-coefficients and the prototypes (:func:`select_instances_in_stage`). Otherwise (the CPU, no
+set-prediction heads, whose ``NMS`` is False) and the selection of at most ``max_det`` (capped at
+the candidate count), each kept row naming its candidate, whose mask coefficients are gathered
+into a fixed (B, max_det, C) tensor, and the boxes mapped back to each image's pixels (the cached
+letterbox geometry): the stage gives the packed (B, max_det * 7 + 1) rows with each image's
+count, the coefficients and the prototypes (:func:`select_instances_in_stage`). Otherwise (the CPU, no
 Triton, a class filter) NMS runs after the stage (torchvision), per image.
 
 After the stage, on the same device: the kept instances' masks from the family's mask head
