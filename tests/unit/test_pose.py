@@ -144,3 +144,25 @@ def test_val_on_shapes_pose_reports_oks_map(tmp_path):
     metrics = model.val(data=str(data), imgsz=64, batch=2, workers=0)
     assert set(metrics) >= {"oks_map50", "oks_map50_95"} and model.num_keypoints == 4
     assert model.meta["flip_idx"] == [1, 0, 3, 2] and model.meta["kpt_shape"] == [4, 3]
+
+
+def test_yolonas_pose_ranks_nan_scores_last():
+    """A NaN score (an overflowing network) sorts after every real one, as -inf: the in-stage NMS
+    walk reads the candidates above conf as a prefix of each row, so a NaN at the head would
+    hide every real instance behind it."""
+    m = LibreYOLO.new("yolonas", "n", task="pose", seed=0)
+    net = m.model.eval()
+    real = net.forward
+
+    def with_nans(x):
+        (boxes, scores, kpts, vis), aux = real(x)
+        scores = scores.clone()
+        scores[:, :7] = float("nan")
+        return (boxes, scores, kpts, vis), aux
+
+    net.forward = with_nans
+    boxes, scores, *_ = m.infer(torch.rand(2, 3, 96, 96))
+    k = scores.shape[1]
+    assert torch.isfinite(scores[:, : k - 7]).all()
+    assert torch.equal(scores[:, k - 7:], torch.full((2, 7), float("-inf")))
+    assert (scores[:, :-1] >= scores[:, 1:]).all()

@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from ...ops.boxes import clip_to_canvas
+from ...ops.nms import nan_last
 from ...ops.preprocess import Preprocess
 from .model import YoloNAS
 from .pose_nn import COCO_KEYPOINTS, POSE_HEAD_WIDTH, YoloNASPoseNet
@@ -135,7 +136,9 @@ class YoloNASPose(YoloNAS):
         boxes = clip_to_canvas(boxes.float(), x.shape[-2], x.shape[-1])
         score, cls = scores.float().max(-1)
         k = min(self.NUM_TOP, score.shape[1])
-        score, idx = score.topk(k, dim=1, sorted=True)
+        # NaN scores ranked last (-inf), as detection's candidates: the in-stage NMS walk reads the
+        # candidates above conf as a prefix of each row and would stop at a NaN at its head
+        score, idx = nan_last(score).topk(k, dim=1, sorted=True)
         n = kpts.shape[2]
         return (boxes.gather(1, idx[..., None].expand(-1, -1, 4)), score, cls.gather(1, idx),
                 kpts.float().gather(1, idx[..., None, None].expand(-1, -1, n, 2)),
