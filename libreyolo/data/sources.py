@@ -561,11 +561,22 @@ def _numpy_to_rgb(arr: np.ndarray, bgr: bool) -> np.ndarray:
         arr = arr[:, :, None]
     c = arr.shape[2]
     if c == 1:
-        out = np.repeat(arr, 3, axis=2)
-    else:
-        out = arr[:, :, 2::-1] if bgr else arr[:, :, :3]
-    # np.array(copy=True) so the item owns its memory even when no conversion was needed.
-    return np.array(out, dtype=np.uint8, order="C", copy=True)
+        return np.array(np.repeat(arr, 3, axis=2), dtype=np.uint8, order="C", copy=True)
+    if c == 3 and not bgr:
+        # np.array(copy=True) so the item owns its memory even when no conversion was needed.
+        return np.array(arr, dtype=np.uint8, order="C", copy=True)
+    return _pick_channels(arr, (2, 1, 0) if bgr else (0, 1, 2))
+
+
+def _pick_channels(arr: np.ndarray, order: tuple[int, int, int]) -> np.ndarray:
+    """A new C-contiguous HxWx3 uint8 array whose channel i is ``arr``'s channel ``order[i]``:
+    the same bytes as ``np.array(arr[:, :, order], order="C")``, copied one channel plane at a
+    time - numpy copies a reversed or gapped last axis of three elements element by element, several
+    times slower (a 224x224 BGR array: about 270 us against 65 us on one core)."""
+    out = np.empty(arr.shape[:2] + (3,), dtype=np.uint8)
+    for i, c in enumerate(order):
+        out[:, :, i] = arr[:, :, c]
+    return out
 
 
 #: Slack on the [0, 1] range of float images, for rounding error (0..255 data is far outside).

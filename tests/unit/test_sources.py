@@ -147,6 +147,26 @@ def test_numpy_is_bgr_by_default_rgb_when_said_and_rgba_drops_alpha():
     assert tuple(pil.image[0, 0]) == (255, 0, 0) and tuple(ten.image[0, 0].tolist()) == (255, 0, 0)
 
 
+@pytest.mark.parametrize("channels", [3, 4])
+@pytest.mark.parametrize("bgr", [True, False])
+@pytest.mark.parametrize("view", ["contiguous", "strided", "float"])
+def test_numpy_channel_order_is_numpys_own_slicing(channels, bgr, view):
+    """The channel copy (one plane at a time) gives exactly the bytes of numpy's slicing of the
+    array, owned, C-contiguous and writable, for contiguous, strided and float inputs."""
+    rng = np.random.default_rng(channels + 2 * bgr)
+    arr = rng.integers(0, 256, (13, 17, channels), dtype=np.uint8)
+    if view == "strided":
+        arr = np.asfortranarray(arr)[::2, 1::3]
+    elif view == "float":
+        arr = arr.astype(np.float32) / 255
+    (item,) = load_sources(arr, bgr=bgr)
+    u8 = arr if arr.dtype == np.uint8 else np.rint(np.clip(arr.astype(np.float64) * 255, 0, 255)).astype(np.uint8)
+    want = np.ascontiguousarray(u8[:, :, 2::-1] if bgr else u8[:, :, :3])
+    assert item.image.dtype == np.uint8 and item.image.flags.c_contiguous and item.image.flags.writeable
+    assert item.image.flags.owndata and not np.shares_memory(item.image, arr)
+    np.testing.assert_array_equal(item.image, want)
+
+
 def test_parse_color_reads_bgr_and_color_format():
     from libreyolo.data.sources import parse_color
     assert parse_color() is None and parse_color(None, "auto") is None
