@@ -19,9 +19,11 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 
 from ..data.jpeg import gpu_decode_problem, parse_decode
@@ -49,6 +51,80 @@ _NO_CONTEXT = contextlib.nullcontext()
 def _amp_dtype(amp: Any, default: torch.dtype = torch.float16) -> torch.dtype | None:
     """``amp`` option -> autocast dtype; True means the family's ``AMP_DTYPE`` (``default``)."""
     return parse_amp(amp, default)
+
+
+class Stage(NamedTuple):
+    """What :meth:`Predictor.run_batch` launches for a plan at a size (:meth:`Predictor.stage`)."""
+
+    net: Callable[..., Any]        # the stage from the preprocessed batch
+    from_u8: Callable[..., Any]    # the stage from uint8 images (preprocessing inside)
+    prep: Callable[..., Any]       # the preprocessing of the first, run before it
+    key: tuple                     # graph key of from_u8
+    net_key: tuple                 # graph key of net
+    opts: dict                     # the runner's keywords (host copy, constant inputs)
+
+
+#: the types of keyword values a repeat call is recognised by (immutable scalars, compared with their type)
+_KEY_TYPES = frozenset({bool, int, float, str, type(None)})
+
+
+def _call_key(options: dict[str, Any], source: Any) -> tuple | None:
+    """What makes a predict call a repeat of another (:class:`Signature`): its keywords - names,
+    types and values, in the order given, immutable scalars only - and its source's kind: one
+    numpy array (type, shape, dtype, C-contiguity) or torch tensor (type, shape, dtype, device,
+    contiguity). None for a call that is never a repeat (any other source, or another keyword
+    value: a list, an array, an object)."""
+    for v in options.values():
+        if type(v) not in _KEY_TYPES:
+            return None
+    t = type(source)
+    if t is np.ndarray:
+        src: tuple = (t, source.shape, source.dtype, source.flags.c_contiguous)
+    elif t is torch.Tensor:
+        src = (t, tuple(source.shape), source.dtype, source.device, source.is_contiguous())
+    else:
+        return None
+    return (src, *[(k, type(v), v) for k, v in options.items()])
+
+
+@dataclass(eq=False)
+class Signature:
+    """A finished predict call, kept for a repeat of it: its key (:func:`_call_key`), what its
+    options gave (the checked options, the plan, the size, the autocast dtype, the channel order,
+    the stage) and the model's state they were made from. :meth:`serves` says whether a call may
+    reuse them; :meth:`Predictor._repeat` runs it."""
+
+    key: tuple
+    options: PredictOptions
+    plan: PredictPlan
+    size: int
+    mode: Any
+    amp_dtype: Any
+    bgr: bool | None
+    stage: Stage
+    # the model's state: any change makes the next call take the full path
+    device: torch.device
+    runner: Any
+    net: Any
+    preprocess: Any
+    nc: int
+    imgsz: int
+    fused: bool
+
+    @classmethod
+    def of(cls, m, key: tuple, o: PredictOptions, plan: PredictPlan, size: int, amp_dtype: Any, bgr: bool | None,
+           stage: Stage) -> Signature:
+        return cls(key, o, plan, size, o.cuda_graph, amp_dtype, bgr, stage, m.device, m.runner, m.model,
+                   m.preprocess, m.nc, m.imgsz, m.fused)
+
+    def serves(self, m, key: tuple) -> bool:
+        """Whether a call of ``key`` on model ``m`` is a repeat of this one: the same keywords and
+        kind of source, on the same network, runner and preprocessing objects, device, class
+        count, default size and fused state (weights reloaded in place keep them: the runner's
+        stale-graph check, which every call runs, sees those)."""
+        return (key == self.key and m.runner is self.runner and m.model is self.net
+                and m.preprocess is self.preprocess and m.device == self.device and m.nc == self.nc
+                and m.imgsz == self.imgsz and m.fused == self.fused)
 
 
 class Predictor(StagedUploads):
@@ -155,28 +231,36 @@ class Predictor(StagedUploads):
         """The task's plan for one call with its predict options ``opts``."""
         return self.model.task_def.plan(self.model, size, self.constant, **opts)
 
-    def run_batch(self, images: list[torch.Tensor], size: int, mode: Any, amp_dtype, plan: PredictPlan,
-                  repeating: bool = False, half: HalfNetwork | None = None,
-                  stacked: torch.Tensor | None = None) -> Any:
-        """uint8 HWC device tensors -> the stage's outputs (a HostCopy when ``plan.host``).
-
-        ``repeating``: the caller knows this size repeats (video frames), so the uint8 stage
-        (preprocessing inside the graph) is used from the first call instead of the second.
-        ``half``: the half / fast path's network (None: fp32). ``stacked``: the same images
-        already as one contiguous (B, H, W, 3) tensor (the staged upload lands them so), used
-        instead of stacking them again: the same bytes, so the same stage outputs."""
-        if isinstance(plan, SlicedPlan):   # tiles or augmented views, each pass through here (engine.sliced)
-            return plan.run(self, images, size, mode, amp_dtype, repeating, half, stacked)
-        runner = self.model.runner
+    def stage(self, size: int, plan: PredictPlan, half: HalfNetwork | None = None) -> Stage:
+        """What :meth:`run_batch` launches for ``plan`` at ``size``: the two stage functions, the
+        preprocessing, their graph keys and the runner's options - built per call, or kept with
+        a call's signature and reused by a repeat of it (:meth:`_repeat`)."""
         net, from_u8 = self._stage_fns(size, plan, half)
         prep = self.model.preprocess
         if half is not None:
             def prep(u8, size, _p=prep, _dt=half.dtype):  # noqa: E306 - the half NHWC input
                 return _p.to_input(u8, size, _dt, channels_last=True)
         key, net_key = self._keys(size, plan, half)
+        opts = {"host": plan.host and not self.model.PREDICT_SEAM, "constant": plan.constant}
+        return Stage(net, from_u8, prep, key, net_key, opts)
+
+    def run_batch(self, images: list[torch.Tensor], size: int, mode: Any, amp_dtype, plan: PredictPlan,
+                  repeating: bool = False, half: HalfNetwork | None = None,
+                  stacked: torch.Tensor | None = None, stage: Stage | None = None) -> Any:
+        """uint8 HWC device tensors -> the stage's outputs (a HostCopy when ``plan.host``).
+
+        ``repeating``: the caller knows this size repeats (video frames), so the uint8 stage
+        (preprocessing inside the graph) is used from the first call instead of the second.
+        ``half``: the half / fast path's network (None: fp32). ``stacked``: the same images
+        already as one contiguous (B, H, W, 3) tensor (the staged upload lands them so), used
+        instead of stacking them again: the same bytes, so the same stage outputs. ``stage``:
+        :meth:`stage` of these ``size``, ``plan`` and ``half``, made earlier (None: made now)."""
+        if isinstance(plan, SlicedPlan):   # tiles or augmented views, each pass through here (engine.sliced)
+            return plan.run(self, images, size, mode, amp_dtype, repeating, half, stacked)
+        runner = self.model.runner
+        net, from_u8, prep, key, net_key, opts = self.stage(size, plan, half) if stage is None else stage
         shapes = tuple((int(im.shape[0]), int(im.shape[1])) for im in images)
         extra = plan.extra(shapes, size)
-        opts = {"host": plan.host and not self.model.PREDICT_SEAM, "constant": plan.constant}
         same = len(set(shapes)) == 1
         with torch.no_grad(), self._autocast(amp_dtype):
             if same:
@@ -188,13 +272,15 @@ class Predictor(StagedUploads):
                 # (a video, a camera, a fixed pipeline) - otherwise each new photo size would cost a
                 # capture - and not when capture_graph pinned the network stage for this request.
                 raw = (tuple(u8.shape), str(u8.device))
-                use_u8 = mode is not False and (runner.has_graph(key, (u8, *extra)) or (
+                inputs = (u8, *extra)
+                sig = runner.signature(key, inputs) if mode is not False else None   # computed once, used twice
+                use_u8 = sig is not None and (runner.has_graph(key, inputs, sig) or (
                     (repeating or self._raw_seen[raw] >= 1) and net_key not in self._pinned))
                 self._raw_seen[raw] += 1
                 if len(self._raw_seen) > 256:
                     self._raw_seen.clear()
                 if use_u8:
-                    return self.after_seam(runner(key, from_u8, (u8, *extra), mode, **opts), plan, extra)
+                    return self.after_seam(runner(key, from_u8, inputs, mode, sig=sig, **opts), plan, extra)
                 x = prep(u8, size)
             else:
                 x = self.model.preprocess.batch([im.unsqueeze(0) for im in images], size, prep)
@@ -316,6 +402,11 @@ class Predictor(StagedUploads):
         candidates per image that enter NMS -, ``classes``, ``agnostic_nms``) follow.
         """
         m = self.model
+        call_key = _call_key(options, source) if self.reuse and on_results is None else None
+        last, self._last = self._last, None
+        if call_key is not None and last is not None and last.serves(m, call_key):
+            self._last = last
+            return self._repeat(last, source)
         o, task_opts = PredictOptions.build(m.task_def, options)
         if o.device is not None:   # LibreYOLO 1.6.0's predict(device=...): the model moves there first
             m.to(o.device)
@@ -383,7 +474,51 @@ class Predictor(StagedUploads):
         # stream (no cross-stream event on the batch-1 latency path), unless its files decode on the GPU.
         staged = videos is None and (gpu_decode or (self.overlap and total > int(batch)))
         run = self._run(chunks, videos, total, t_load, size, amp_dtype, plan, out_dir, o, on_results, staged)
-        return run if stream else list(run)
+        if stream:
+            return run
+        results = list(run)
+        if (call_key is not None and videos is None and not gpu_decode and not staged and out_dir is None
+                and plan.half is None and getattr(plan, "reusable", False) and o.device is None and not o.half
+                and not (o.show or o.verbose or o.profile or o.tiling or o.augment)):
+            self._last = Signature.of(m, call_key, o, plan, size, amp_dtype, bgr, self.stage(size, plan))
+        return results
+
+    #: a repeat call - the options and the kind of source of the previous call, on the same model
+    #: (:class:`Signature`) - reuses that call's checked options, plan, stage functions and graph
+    #: keys instead of building them again (:meth:`_repeat`); False: every call builds them (for
+    #: comparisons: scripts/host_path_cpu.py)
+    reuse: bool = True
+    #: the previous call's signature, while a repeat of it may reuse it (None: the next call takes
+    #: the full path)
+    _last: Signature | None = None
+    #: calls served by the previous call's signature (:meth:`_repeat`)
+    repeats: int = 0
+
+    def _repeat(self, sig: Signature, source: Any) -> list[Results]:
+        """A call whose options and kind of source equal the previous call's (``sig``): what
+        :meth:`__call__` checks and builds from the options alone is taken from ``sig``; what can
+        change between two such calls runs as it does there - the CPU thread count, the mode's
+        check, the untrained warning, the source's own checks and conversion
+        (:func:`load_sources`), the upload, the stage through the runner (its graph lookup and
+        stale-graph check) and the Results."""
+        self.repeats += 1
+        m, o = self.model, sig.options
+        apply_threads(o.threads, m.device)
+        m.runner.check_mode(sig.mode, m.device)
+        if not m.trained and not getattr(m, "_warned_untrained", False):
+            log.warning("%s-%s is UNTRAINED (random weights): its predictions are meaningless",
+                        m.FAMILY, m.size)
+            m._warned_untrained = True
+        if getattr(self._local, "busy", None):
+            self._local.busy.clear()
+        t_load = time.perf_counter()
+        items = load_sources(source, bgr=sig.bgr, borrow=True, workers=DECODE_WORKERS, strict=o.strict)
+        t_load = (time.perf_counter() - t_load) * 1e3 / max(1, len(items))
+        run = self._run(chunked(items, int(o.batch)), None, len(items), t_load, sig.size, sig.amp_dtype, sig.plan,
+                        None, o, None, False, stage=sig.stage)
+        results = list(run)
+        self._last = sig
+        return results
 
     #: images (not video frames) of a call with more than one chunk go through the overlapped loop:
     #: staged uploads on a copy stream, the next chunk prepared while this one's stage runs
@@ -392,10 +527,11 @@ class Predictor(StagedUploads):
     overlap: bool = True
 
     def _run(self, chunks, videos, total, t_load, size, amp_dtype, plan, out_dir, o: PredictOptions, on_results,
-             staged: bool = False) -> Iterator[Results]:
+             staged: bool = False, stage: Stage | None = None) -> Iterator[Results]:
         """The predict loop behind :meth:`__call__` (``o``: the call's checked options): one chunk
         of items at a time, its Results yielded as soon as they are made; video writers and
-        readers closed however it ends."""
+        readers closed however it ends. ``stage``: :meth:`stage` of the call, kept from an
+        earlier call (None: :meth:`run_batch` makes it)."""
         m = self.model
         mode, verbose, profile, show, vid_stride, strict = (o.cuda_graph, o.verbose, o.profile, o.show, o.vid_stride,
                                                             o.strict)
@@ -411,7 +547,7 @@ class Predictor(StagedUploads):
         images_saved = 0
         lookahead = staged and self.overlap and not profile
         steps = self._steps(chunks, size, mode, amp_dtype, plan, t_load, staged=staged, lookahead=lookahead,
-                            profile=profile, repeating=videos is not None, strict=strict)
+                            profile=profile, repeating=videos is not None, strict=strict, stage=stage)
         try:
             for chunk, chunk_results in steps:
                 for r, it in zip(chunk_results, chunk):
@@ -458,7 +594,8 @@ class Predictor(StagedUploads):
 
     # ------------------------------------------------------------ the loop
     def _steps(self, chunks, size, mode, amp_dtype, plan, t_load, *, staged: bool, lookahead: bool,
-               profile: bool, repeating: bool, strict: bool = True) -> Iterator[tuple[list[SourceItem], list[Results]]]:
+               profile: bool, repeating: bool, strict: bool = True,
+               stage: Stage | None = None) -> Iterator[tuple[list[SourceItem], list[Results]]]:
         """(items, Results) per chunk, in order, with ``Results.speed`` filled in.
 
         Per chunk: prepare (the images on the device: :meth:`_prepare_staged` - copy stream,
@@ -472,7 +609,8 @@ class Predictor(StagedUploads):
         ``profile``: the device is synchronized between the steps, so the speeds are exact.
         ``strict``: for files read in :meth:`_prepare_staged` (the GPU decode's pending items),
         False skips an unreadable file found in a directory or glob as the CPU decode does; a
-        chunk left empty is passed over.
+        chunk left empty is passed over. ``stage``: the fp32 stage kept from an earlier call
+        (:meth:`stage`; None: made for each chunk).
         """
         m = self.model
         sync = (lambda: torch.cuda.synchronize(m.device)) if profile and m.device.type == "cuda" else (lambda: None)
@@ -511,7 +649,7 @@ class Predictor(StagedUploads):
                 for t in ch.owned:     # made on the copy stream, read on this one
                     t.record_stream(compute)
             out = self.run_batch(ch.images, size, mode, amp_dtype, plan, repeating=repeating, half=half,
-                                 stacked=ch.batch)
+                                 stacked=ch.batch, stage=stage if half is None else None)
             if not checked:
                 out = recheck(ch, out)
             for it in ch.items:  # the host copy of borrowed arrays overlaps with the queued GPU work

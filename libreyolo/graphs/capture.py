@@ -178,6 +178,13 @@ def to_host(outputs: Any) -> HostCopy:
     device first; and the caller waits on one event instead of a synchronous copy to pageable
     memory, which costs more host time. Host tensors are passed through.
     """
+    if isinstance(outputs, torch.Tensor):   # one tensor (classification's packed rows): no tree to walk
+        if not outputs.is_cuda:
+            return HostCopy(outputs)
+        host = torch.empty(outputs.shape, dtype=outputs.dtype, pin_memory=True).copy_(outputs, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(outputs.device))
+        return HostCopy(host, event)
     leaves, _ = tree_flatten(outputs)
     dev = next((t.device for t in leaves if isinstance(t, torch.Tensor) and t.is_cuda), None)
     if dev is None:

@@ -28,6 +28,7 @@ default), so the whole policy is testable on a CPU with a stand-in capturer.
 from __future__ import annotations
 
 import logging
+import operator
 import threading
 import time
 from collections import Counter
@@ -56,6 +57,11 @@ def _bump_structure(*_args) -> None:
 torch.nn.modules.module.register_module_module_registration_hook(_bump_structure)
 torch.nn.modules.module.register_module_parameter_registration_hook(_bump_structure)
 torch.nn.modules.module.register_module_buffer_registration_hook(_bump_structure)
+
+
+# the fingerprint's per-tensor reads, called by map() without a Python frame per tensor
+_VERSION = operator.attrgetter("_version")
+_DATA_PTR = torch.Tensor.data_ptr
 
 
 class GraphUnavailableError(RuntimeError):
@@ -168,8 +174,8 @@ class GraphRunner:
             self._tensors = [*self.module.parameters(), *self.module.buffers()]
             self._tensors_gen = gen
         ts = self._tensors
-        versions = tuple([t._version for t in ts]) if self.watch_versions else ()
-        return (len(ts), tuple([t.data_ptr() for t in ts]), versions)
+        versions = tuple(map(_VERSION, ts)) if self.watch_versions else ()
+        return (len(ts), tuple(map(_DATA_PTR, ts)), versions)
 
     signature = staticmethod(signature)
 
@@ -200,13 +206,16 @@ class GraphRunner:
         return to_host(out) if host else out
 
     def __call__(self, key: Hashable, fn: Callable[..., Any], inputs: Sequence[torch.Tensor],
-                 mode: Any = "auto", clone: bool = True, host: bool = False, constant: Sequence[int] = ()) -> Any:
+                 mode: Any = "auto", clone: bool = True, host: bool = False, constant: Sequence[int] = (),
+                 sig: tuple | None = None) -> Any:
         """Run stage ``key`` = ``fn(*inputs)`` eager, captured or replayed per ``mode``.
 
         ``host=True`` returns a :class:`~libreyolo.graphs.capture.HostCopy` of the outputs (its
         ``wait()`` gives them in host memory) instead of device tensors: a replay's outputs are
         then copied straight from the graph's buffers, without a device clone. ``constant``:
         positions of inputs the caller never modifies in place (see ``CapturedGraph.replay``).
+        ``sig``: :meth:`signature` of ``(key, inputs)``, when the caller has just computed it
+        (in the same autocast and grad state); None: computed here.
         """
         mode = normalize_mode(mode)
         inputs = tuple(inputs)
@@ -226,7 +235,8 @@ class GraphRunner:
             with self._lock:
                 self._note_fallback(f"inputs are on '{dev}', CUDA graphs need a CUDA device")
             return self._eager(fn, inputs, host)
-        sig = self.signature(key, inputs)
+        if sig is None:
+            sig = self.signature(key, inputs)
         with self._lock:
             entry = self._graphs.get(sig)
             if entry is not None and self._fingerprint is not None:
@@ -289,9 +299,13 @@ class GraphRunner:
         return self._graphs.insert(sig, _Entry(graph, sig, held))
 
     # ----------------------------------------------------------------- control
-    def has_graph(self, key: Hashable, inputs: Sequence[torch.Tensor]) -> bool:
+    def has_graph(self, key: Hashable, inputs: Sequence[torch.Tensor], sig: tuple | None = None) -> bool:
+        """Whether a graph of stage ``key`` for these inputs is cached (``sig``: their
+        :meth:`signature`, when the caller has it)."""
+        if sig is None:
+            sig = self.signature(key, inputs)
         with self._lock:
-            return self.signature(key, inputs) in self._graphs
+            return sig in self._graphs
 
     def capture(self, key: Hashable, fn: Callable[..., Any], inputs: Sequence[torch.Tensor]) -> dict:
         """Capture stage ``key`` now (``model.capture_graph``); returns its description."""

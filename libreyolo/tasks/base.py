@@ -96,10 +96,14 @@ class PredictPlan:
     ``tag``: what the stage computes besides the network (part of every graph key);
     ``host``: the stage's outputs go to the host as a :class:`~libreyolo.graphs.capture.HostCopy`;
     ``constant``: positions of :meth:`extra` inputs that are cached tensors never written in place.
+    ``reusable``: a later predict call with the same options on the same model may use this plan
+    again (the predictor's repeat of a call's signature) - its methods change nothing in it, and
+    making it changed nothing outside it; False (the default): each call makes its own.
     """
 
     tag: tuple = ()
     host: bool = False
+    reusable: bool = False
     #: the call's ``cuda_graph`` mode and autocast dtype (None: float32), set by the predictor
     #: before :meth:`results`, for plans that run a further stage there through the model's
     #: runner under the same policy as the first (OCR recognition)

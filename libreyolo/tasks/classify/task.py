@@ -141,7 +141,9 @@ class ClassifyTask(Task):
             raise ValueError(f"topk must be a positive int, got {o['topk']!r}") from None
         if k < 1 or k != o["topk"]:
             raise ValueError(f"topk must be a positive int, got {o['topk']!r}")
-        return ClassifyPlan(model, k)
+        plan = ClassifyPlan(model, k)
+        plan.reusable = o["prompts"] is None   # prompts set the model's classes: each call checks them again
+        return plan
 
     # ------------------------------------------------------------------- data
     def resolve_data(self, data):

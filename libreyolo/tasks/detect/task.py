@@ -336,8 +336,10 @@ class DetectTask(Task):
         # max_nms given or not: when not, it follows a max_det above the default's 1000
         max_det, max_nms = check_max_det(o["max_det"], opts.get("max_nms"))
         classes = parse_classes(o["classes"], model.names)
-        return DetectPlan(model, constants, conf=conf, iou=iou, max_det=max_det, max_nms=max_nms,
+        plan = DetectPlan(model, constants, conf=conf, iou=iou, max_det=max_det, max_nms=max_nms,
                           classes=classes, agnostic_nms=parse_bool("agnostic_nms", o["agnostic_nms"]))
+        plan.reusable = not isinstance(o["classes"], str)   # class names: read from the model's names each call
+        return plan
 
     # ------------------------------------------------------------------- data
     def resolve_data(self, data):
