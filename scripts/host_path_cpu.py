@@ -13,9 +13,11 @@ device's work are therefore not in these numbers; everything the library's Pytho
 is. (The stand-in's static outputs are the real stage's on the first image: every call's Results
 are checked equal to an eager call's, so the stub changes timing only.)
 
-Two arms in one process, interleaved in blocks: ``reuse`` (the predictor's per-signature fast
-dispatch, :attr:`Predictor.reuse`) and ``full`` (the same predictor with it off: every call parses
-its options, builds its plan and keys again). Medians of ``--runs`` calls each, in microseconds.
+Two arms in one process, interleaved in blocks: ``reuse`` (the predictor's repeat of the previous
+call's signature, :attr:`Predictor.reuse`) and ``full`` (the same predictor with it off: every call
+parses its options, builds its plan and keys again). Medians of ``--runs`` calls each, in
+microseconds, whole and split at the (stand-in) launch: the host work before it delays the
+device; after it, only what follows the outputs' wait (the Results) adds to a GPU call's end to end.
 Then one call's host steps: perf_counter stamps around the steps of each arm (median us per
 step over ``--profile`` calls) and cProfile's top functions for each arm.
 """
@@ -38,11 +40,14 @@ from libreyolo.graphs.capture import CapturedGraph
 
 
 class _NoLaunch:
-    """A captured graph's launch that does nothing (the device's work is not measured here)."""
+    """A captured graph's launch that does nothing (the device's work is not measured here); it
+    notes when it was called, so a call's host time splits into before and after the launch."""
 
-    @staticmethod
-    def replay() -> None:
-        return None
+    launched_at = 0.0
+
+    @classmethod
+    def replay(cls) -> None:
+        cls.launched_at = time.perf_counter()
 
 
 class StubCapturer:
@@ -76,12 +81,17 @@ def set_reuse(m, on: bool) -> None:
         raise SystemExit("this tree's Predictor has no per-signature reuse (Predictor.reuse): run the full arm only")
 
 
-def timed(fn, n: int) -> list[float]:
+def timed(fn, n: int, split: list | None = None) -> list[float]:
+    """Host us of ``n`` calls of ``fn``; with ``split``, each call's (us before the launch, us
+    after it) appended there."""
     out = []
     for _ in range(n):
         t0 = time.perf_counter()
         fn()
-        out.append((time.perf_counter() - t0) * 1e6)
+        t1 = time.perf_counter()
+        out.append((t1 - t0) * 1e6)
+        if split is not None:
+            split.append(((_NoLaunch.launched_at - t0) * 1e6, (t1 - _NoLaunch.launched_at) * 1e6))
     return out
 
 
@@ -174,6 +184,7 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, default=10, help="arms interleaved in this many blocks")
     ap.add_argument("--profile", type=int, default=300, help="calls per arm for the stamps and cProfile")
     ap.add_argument("--no-imgsz", action="store_true", help="call model(img, cuda_graph=True) without imgsz=")
+    ap.add_argument("--rgb", action="store_true", help="the array said to be RGB (bgr=False): no channel reorder")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     torch.set_num_threads(1)
@@ -181,11 +192,13 @@ def main() -> None:
     m.runner.capturer = StubCapturer()
     img = np.ascontiguousarray(np.asarray(Image.open(SAMPLE_IMAGE).convert("RGB").resize((a.imgsz, a.imgsz))))
     kw = {"cuda_graph": True} if a.no_imgsz else {"imgsz": a.imgsz, "cuda_graph": True}
+    if a.rgb:
+        kw["bgr"] = False
 
     def call():
         return m(img, **kw)
 
-    eager = m(img, imgsz=a.imgsz)
+    eager = m(img, **{k: v for k, v in kw.items() if k != "cuda_graph"})
     arms = {"full": False, "reuse": True}
     try:
         set_reuse(m, True)
@@ -197,15 +210,18 @@ def main() -> None:
             r = call()
         assert torch.equal(r.probs.data, eager.probs.data) and r.probs.top5 == eager.probs.top5, name
     times: dict[str, list[float]] = {k: [] for k in arms}
+    splits: dict[str, list[tuple[float, float]]] = {k: [] for k in arms}
     per = max(1, a.runs // a.blocks)
     for _ in range(a.blocks):
         for name, on in arms.items():
             set_reuse(m, on)
             timed(call, 20)   # settle after the switch
-            times[name] += timed(call, per)
+            times[name] += timed(call, per, splits[name])
     rep = {"model": "-".join(a.model), "imgsz": a.imgsz, "torch": torch.__version__, "threads": 1,
            "call": f"model(img uint8 {img.shape}, {', '.join(f'{k}={v}' for k, v in kw.items())})",
            "median_us": {k: round(statistics.median(v), 1) for k, v in times.items()},
+           "before_launch_median_us": {k: round(statistics.median([b for b, _ in v]), 1) for k, v in splits.items()},
+           "after_launch_median_us": {k: round(statistics.median([a for _, a in v]), 1) for k, v in splits.items()},
            "p10_us": {k: round(float(np.percentile(v, 10)), 1) for k, v in times.items()},
            "p90_us": {k: round(float(np.percentile(v, 90)), 1) for k, v in times.items()},
            "steps_us": {}, "captures": m.runner.capturer.captures}
