@@ -59,9 +59,8 @@ torch.nn.modules.module.register_module_parameter_registration_hook(_bump_struct
 torch.nn.modules.module.register_module_buffer_registration_hook(_bump_structure)
 
 
-# the fingerprint's per-tensor reads, called by map() without a Python frame per tensor
+# the fingerprint's version read, called by map() without a Python frame per tensor
 _VERSION = operator.attrgetter("_version")
-_DATA_PTR = torch.Tensor.data_ptr
 
 
 class GraphUnavailableError(RuntimeError):
@@ -175,7 +174,7 @@ class GraphRunner:
             self._tensors_gen = gen
         ts = self._tensors
         versions = tuple(map(_VERSION, ts)) if self.watch_versions else ()
-        return (len(ts), tuple(map(_DATA_PTR, ts)), versions)
+        return (len(ts), tuple([t.data_ptr() for t in ts]), versions)
 
     signature = staticmethod(signature)
 

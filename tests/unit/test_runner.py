@@ -153,6 +153,20 @@ def test_release_and_explicit_capture():
     assert r.release() == 1 and r.info()["graphs"] == []
 
 
+def test_a_callers_signature_finds_the_same_graph():
+    """run_batch computes the signature once and hands it to has_graph and the call: the same
+    graph is found and replayed as with the runner's own."""
+    net, cap, r = make()
+    x = torch.randn(3, 4)
+    sig = r.signature("s", (x,))
+    assert not r.has_graph("s", (x,), sig)
+    r("s", net, (x,), mode=True, sig=sig)
+    y = torch.randn(3, 4)
+    assert r.has_graph("s", (y,), r.signature("s", (y,))) and r.has_graph("s", (y,))
+    assert torch.equal(r("s", net, (y,), mode=True, sig=r.signature("s", (y,))), net(y))
+    assert len(cap.captures) == 1 and r.info()["replays"] == 2   # the capture's own call replays too
+
+
 def test_concurrent_calls_are_serialized_and_correct():
     net, cap, r = make()
     xs = [torch.randn(2, 4) for _ in range(8)]
