@@ -210,6 +210,7 @@ class Model:
         old, fresh = self.model.state_dict(), new.state_dict()
         keep = {k: v for k, v in old.items() if k in fresh and fresh[k].shape == v.shape}
         new.load_state_dict(keep, strict=False)
+        new.train(self.model.training)   # a fresh module is in training mode; keep the old one's
         self._attach(new.to(self.device))
         self.nc = int(nc)
         self.names = self.default_names(self.nc) if names is None else normalize_names(names, self.nc)

@@ -300,3 +300,12 @@ def test_imgsz_is_stride_aligned(model, caplog):
 def test_model_base_is_abstract():
     with pytest.raises(NotImplementedError):
         Model.build_network("t", 80)
+
+
+def test_reset_classes_keeps_the_network_mode_and_predicts_at_batch_1():
+    m = LibreYOLO.new("yolo9", "t", seed=0)
+    assert not m.model.training
+    m.reset_classes(3, ["a", "b", "c"])
+    assert not m.model.training          # a fresh module starts in training mode
+    r = m(SAMPLE_IMAGE, imgsz=96, conf=0.9)
+    assert r.names == {0: "a", 1: "b", 2: "c"}
