@@ -55,6 +55,7 @@ def run_arm(arm: str, spec: str, batch: int, imgsz: int, amp: bool, runs: int, w
     data = task.resolve_data(DEFAULT_DATA[task.name])
     if data.nc != model.nc:
         model.reset_classes(data.nc, data.names)
+    task.prepare_model(model, data)   # pose: the set's keypoint count, as the trainer does
     _, val, collate = task.datasets(data, imgsz, model, task.Options())   # unaugmented: one fixed batch
     imgs, *targets = collate([val[i % len(val)] for i in range(batch)])
     net = model.model.train()

@@ -309,3 +309,15 @@ def test_reset_classes_keeps_the_network_mode_and_predicts_at_batch_1():
     assert not m.model.training          # a fresh module starts in training mode
     r = m(SAMPLE_IMAGE, imgsz=96, conf=0.9)
     assert r.names == {0: "a", 1: "b", 2: "c"}
+
+
+@pytest.mark.parametrize("spec", [("yolonas", "n", "pose"), ("ec", "s", "pose")])
+def test_reset_keypoints_keeps_the_network_mode(spec):
+    family, size, task = spec
+    m = LibreYOLO.new(family, size, task=task, seed=0)
+    for mode in (False, True):
+        m.model.train(mode)
+        m.reset_keypoints(4)
+        assert m.model.training is mode and m.num_keypoints == 4
+        m.reset_classes(2)
+        assert m.model.training is mode and m.num_keypoints == 4

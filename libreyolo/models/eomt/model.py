@@ -194,6 +194,7 @@ class Eomt(Model):
         new = EomtNet(self.model.cfg, nc, self.model.imgsz)
         old, fresh = self.model.state_dict(), new.state_dict()
         new.load_state_dict({k: v for k, v in old.items() if k in fresh and fresh[k].shape == v.shape}, strict=False)
+        new.train(self.model.training)   # a fresh module is in training mode; keep the old one's
         self._attach(new.to(self.device))
         self.nc = int(nc)
         from ..common.names import normalize_names

@@ -92,6 +92,7 @@ class YoloNASPose(YoloNAS):
         new = YoloNASPoseNet(self.size, self.nc, int(num_keypoints))
         old, fresh = self.model.state_dict(), new.state_dict()
         new.load_state_dict({k: v for k, v in old.items() if k in fresh and fresh[k].shape == v.shape}, strict=False)
+        new.train(self.model.training)   # a fresh module is in training mode; keep the old one's
         self._attach(new.to(self.device))
         self.num_keypoints = int(num_keypoints)
 
