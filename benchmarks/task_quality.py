@@ -33,6 +33,8 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--cuda-graph", action="store_true", help="train with the captured step where declared")
+    ap.add_argument("--amp", default=None, choices=("true", "false", "fp16", "bf16"),
+                    help="the trainer's autocast (default: its own, float16 with a GradScaler on CUDA)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--keep", default=None, help="a folder: each trained model saved there as <name>.pt "
                                                   "(for benchmarks on trained weights)")
@@ -45,10 +47,11 @@ def main() -> int:
             model = LibreYOLO.new(family, size, task=task, device=args.device, seed=0)
             t0 = time.perf_counter()
             res = model.train(data=DATA[task], epochs=args.epochs, imgsz=args.imgsz, batch=args.batch,
-                              project=str(Path(tmp) / name), cuda_graph=args.cuda_graph, verbose=False)
+                              project=str(Path(tmp) / name), cuda_graph=args.cuda_graph, verbose=False,
+                              **({} if args.amp is None else {"amp": args.amp}))
             train_s = time.perf_counter() - t0
             val = model.val(data=DATA[task], imgsz=args.imgsz, batch=args.batch)
-            row = {"model": name, "epochs": args.epochs, "imgsz": args.imgsz, "batch": args.batch,
+            row = {"model": name, "amp": args.amp or "default", "epochs": args.epochs, "imgsz": args.imgsz, "batch": args.batch,
                    "train_s": round(train_s, 1), "ckpt": Path(model.ckpt_path or "").name,
                    "val_best": {k: round(float(v), 4) for k, v in val.items() if isinstance(v, (int, float))},
                    "cuda_graph": res.get("cuda_graph") if isinstance(res, dict) else None}
