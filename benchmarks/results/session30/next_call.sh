@@ -3,7 +3,7 @@
 # 30's call lost (its logs came back only in part: at most 8 files return, so everything now goes
 # into one archive) - every owed GPU row, YOLOv2 verify, ZipDepth - and issue 42's quality question:
 # YOLO-NAS-Pose reached OKS mAP50 0.07 on the GPU (graph, float16 autocast) where the same recipe
-# reached 0.27 by epoch 28 on the CPU (fp32, eager): the arms below tell graph from autocast.
+# reached 0.30 on the CPU (fp32, eager): the arms below tell graph from autocast.
 set -uo pipefail
 export OUT="${OUT:-.out}"; W=/tmp/work; mkdir -p "$OUT" $W
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl .whlhf/*.whl \
