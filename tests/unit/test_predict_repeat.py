@@ -231,3 +231,27 @@ def test_detection_repeats_and_reads_its_options():
     r = m(img, **kw)
     assert p.repeats == 1   # fused: the full path
     assert torch.allclose(r.boxes.data, want.boxes.data, atol=1e-3)
+
+
+@pytest.mark.parametrize("spec", [("rtmdet", "t", "segment"), ("yolonas", "n", "pose")])
+def test_segment_and_pose_repeat_with_the_full_paths_results(spec):
+    family, size, task = spec
+    m = LibreYOLO.new(family, size, task=task, imgsz=64, device="cpu", seed=0)
+    m._warned_untrained = True
+    p = m.get_predictor()
+    img = image(0, (48, 64, 3))
+    kw = {"conf": 0.001, "max_det": 20}
+    m(img, **kw)
+    r = m(image(1, (48, 64, 3)), **kw)
+    assert p.repeats == 1
+    want = full(m, image(1, (48, 64, 3)), **kw)
+    assert torch.equal(r.boxes.data, want.boxes.data) and len(r.boxes) > 0
+    if task == "segment":
+        assert torch.equal(r.masks.data, want.masks.data)
+    else:
+        assert torch.equal(r.keypoints.data, want.keypoints.data)
+    m(img, conf=0.5, max_det=20)   # another threshold: the full path
+    assert p.repeats == 1
+    m(img, classes=m.names[0])
+    m(img, classes=m.names[0])     # class names: read from the model's names each call, never reused
+    assert p.repeats == 1

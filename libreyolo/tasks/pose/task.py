@@ -245,8 +245,10 @@ class PoseTask(Task):
                              f"options: {', '.join(self.predict_defaults)}")
         o = {**self.predict_defaults, **opts}
         max_det, _ = check_max_det(o["max_det"], None)
-        return PosePlan(model, constants, conf=check_fraction("conf", o["conf"]), max_det=max_det,
+        plan = PosePlan(model, constants, conf=check_fraction("conf", o["conf"]), max_det=max_det,
                         classes=parse_classes(o["classes"], model.names), iou=check_fraction("iou", o["iou"]))
+        plan.reusable = not isinstance(o["classes"], str)   # class names: read from the model's names each call
+        return plan
 
     # ------------------------------------------------------------------- data
     def prepare_model(self, model, data) -> None:

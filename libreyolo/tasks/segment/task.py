@@ -304,9 +304,11 @@ class SegmentTask(Task):
         o = {**self.predict_defaults, **opts}
         conf, iou = check_fraction("conf", o["conf"]), check_fraction("iou", o["iou"])
         max_det, max_nms = check_max_det(o["max_det"], opts.get("max_nms"))
-        return SegmentPlan(model, constants, conf=conf, iou=iou, max_det=max_det, max_nms=max_nms,
+        plan = SegmentPlan(model, constants, conf=conf, iou=iou, max_det=max_det, max_nms=max_nms,
                            classes=parse_classes(o["classes"], model.names),
                            agnostic_nms=parse_bool("agnostic_nms", o["agnostic_nms"]))
+        plan.reusable = not isinstance(o["classes"], str)   # class names: read from the model's names each call
+        return plan
 
     # ------------------------------------------------------------------- data
     def resolve_data(self, data):
