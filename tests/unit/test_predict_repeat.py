@@ -233,8 +233,8 @@ def test_detection_repeats_and_reads_its_options():
     assert torch.allclose(r.boxes.data, want.boxes.data, atol=1e-3)
 
 
-@pytest.mark.parametrize("spec", [("rtmdet", "t", "segment"), ("yolonas", "n", "pose")])
-def test_segment_and_pose_repeat_with_the_full_paths_results(spec):
+@pytest.mark.parametrize("spec", [("rtmdet", "t", "segment"), ("yolonas", "n", "pose"), ("yolonas", "s", "obb")])
+def test_segment_pose_and_obb_repeat_with_the_full_paths_results(spec):
     family, size, task = spec
     m = LibreYOLO.new(family, size, task=task, imgsz=64, device="cpu", seed=0)
     m._warned_untrained = True
@@ -245,10 +245,13 @@ def test_segment_and_pose_repeat_with_the_full_paths_results(spec):
     r = m(image(1, (48, 64, 3)), **kw)
     assert p.repeats == 1
     want = full(m, image(1, (48, 64, 3)), **kw)
-    assert torch.equal(r.boxes.data, want.boxes.data) and len(r.boxes) > 0
+    if task == "obb":
+        assert torch.equal(r.obb.data, want.obb.data) and len(r.obb) > 0
+    else:
+        assert torch.equal(r.boxes.data, want.boxes.data) and len(r.boxes) > 0
     if task == "segment":
         assert torch.equal(r.masks.data, want.masks.data)
-    else:
+    elif task == "pose":
         assert torch.equal(r.keypoints.data, want.keypoints.data)
     m(img, conf=0.5, max_det=20)   # another threshold: the full path
     assert p.repeats == 1

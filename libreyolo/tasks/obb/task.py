@@ -148,9 +148,11 @@ class ObbTask(Task):
                              f"options: {', '.join(self.predict_defaults)}")
         o = {**self.predict_defaults, **opts}
         max_det, _ = check_max_det(o["max_det"], None)
-        return ObbPlan(model, constants, conf=check_fraction("conf", o["conf"]), iou=check_fraction("iou", o["iou"]),
+        plan = ObbPlan(model, constants, conf=check_fraction("conf", o["conf"]), iou=check_fraction("iou", o["iou"]),
                        max_det=max_det, classes=parse_classes(o["classes"], model.names),
                        agnostic_nms=bool(o["agnostic_nms"]))
+        plan.reusable = not isinstance(o["classes"], str)   # class names: read from the model's names each call
+        return plan
 
     # ------------------------------------------------------------------- data
     def resolve_data(self, data):
