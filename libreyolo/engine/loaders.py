@@ -313,8 +313,35 @@ def close_loaders(drop: Callable[[], None], after_death: bool = False) -> None:
 
     if after_death:
         sys.unraisablehook = hook
+        unjam_after_death()
     try:
         drop()
         gc.collect()
     finally:
         sys.unraisablehook = previous
+
+
+def unjam_after_death() -> None:
+    """Make the shutdown of a loader whose worker died unable to hang. A worker checks its
+    iterator's "workers done" event (a ``multiprocessing.Event``: a lock in shared memory) between
+    batches; killed while it held that lock (SIGKILL, the out-of-memory killer), it leaves the lock
+    taken for good, and torch's shutdown (``_shutdown_workers``: ``set()`` on that event) waits
+    forever. For each live multi-process iterator with a dead worker: its other workers are killed
+    (the run is stopping; their batches are not wanted) and the event is replaced by a fresh one,
+    which the shutdown then sets as usual. torch's private attributes, read defensively: an
+    iterator without them is left as it is."""
+    import gc
+    import multiprocessing
+
+    from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
+    # type(), not isinstance(): the latter reads __class__, which some lazy module proxies warn on
+    for it in [o for o in gc.get_objects() if issubclass(type(o), _MultiProcessingDataLoaderIter)]:
+        workers = getattr(it, "_workers", None)
+        if getattr(it, "_shutdown", True) or not workers or all(w.is_alive() for w in workers):
+            continue
+        for w in workers:
+            if w.is_alive():
+                w.kill()
+                w.join(timeout=5)
+        if hasattr(it, "_workers_done_event"):
+            it._workers_done_event = multiprocessing.Event()
