@@ -234,16 +234,9 @@ def render_shapes_labelled(
             area = int(mask.sum())
             if area < 16:
                 continue
-            if not _occlusion_ok(owner, mask, areas, style.max_hidden):
+            if not place_shape(rng, img, owner, mask, areas, colors, style.max_hidden):
                 continue
-            color = _pick_color(rng, img, owner, mask, colors)
-            if color is None:
-                continue
-            img[mask] = color
-            owner[mask] = len(areas)
-            areas.append(area)
             classes.append(cls)
-            colors.append(color)
             break
     shapes = []
     for k, (cls, color) in enumerate(zip(classes, colors)):
@@ -254,6 +247,25 @@ def render_shapes_labelled(
     visible = owner >= 0
     labels[visible] = np.asarray(classes, dtype=np.int16)[owner[visible]]
     return img, shapes, labels
+
+
+def place_shape(rng: np.random.Generator, img: np.ndarray, owner: np.ndarray, mask: np.ndarray, areas: list[int],
+                colors: list[tuple[int, int, int]], max_hidden: float) -> bool:
+    """Paint ``mask`` into ``img`` as the next shape when it hides at most ``max_hidden`` of each
+    earlier shape and a colour standing out from what it covers is found (:func:`_occlusion_ok`,
+    then :func:`_pick_color`: their random draws in that order), recording it in ``owner`` (the
+    shape shown at each pixel, -1 for the background), ``areas`` and ``colors``; False, with
+    nothing changed, otherwise. The placement rule every built-in shapes set shares."""
+    if not _occlusion_ok(owner, mask, areas, max_hidden):
+        return False
+    color = _pick_color(rng, img, owner, mask, colors)
+    if color is None:
+        return False
+    img[mask] = color
+    owner[mask] = len(areas)
+    areas.append(int(mask.sum()))
+    colors.append(color)
+    return True
 
 
 def _occlusion_ok(owner: np.ndarray, mask: np.ndarray, areas: list[int], max_hidden: float) -> bool:
@@ -375,6 +387,3 @@ def random_background(rng: np.random.Generator, w: int, h: int,
     return np.ascontiguousarray(img)
 
 
-# the placement rules the other built-in sets share (tasks/pose/synthetic.py)
-occlusion_ok = _occlusion_ok
-pick_color = _pick_color

@@ -22,8 +22,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from ...data.builtin import PairedSet
-from ...data.synthetic import occlusion_ok as _occlusion_ok
-from ...data.synthetic import pick_color as _pick_color
+from ...data.synthetic import place_shape
 
 __all__ = ["SHAPES_POSE_FLIP_IDX", "SHAPES_POSE_SKELETON", "make_shapes_pose_dataset", "render_pose_scene"]
 
@@ -66,17 +65,9 @@ def render_pose_scene(rng: np.random.Generator, w: int, h: int) -> tuple[np.ndar
             canvas = Image.new("L", (w, h), 0)
             ImageDraw.Draw(canvas).polygon([tuple(p) for p in q], fill=1)
             mask = np.asarray(canvas, bool)
-            if not mask.any() or not _occlusion_ok(owner, mask, areas, MAX_HIDDEN):
-                continue
-            color = _pick_color(rng, img, owner, mask, colors)
-            if color is None:
-                continue
-            img[mask] = color
-            owner[mask] = len(quads)
-            quads.append(q)
-            areas.append(int(mask.sum()))
-            colors.append(color)
-            break
+            if mask.any() and place_shape(rng, img, owner, mask, areas, colors, MAX_HIDDEN):
+                quads.append(q)
+                break
     rows = []
     for k, q in enumerate(quads):
         (x1, y1), (x2, y2) = q.min(0), q.max(0)
