@@ -23,6 +23,8 @@ from typing import Any, ClassVar
 
 import torch
 
+from ..ops.letterbox import geometry_rows
+
 
 def host_views(maps: Sequence[torch.Tensor], download: Callable[[torch.Tensor], torch.Tensor] | None = None
                ) -> list[torch.Tensor]:
@@ -150,6 +152,33 @@ class TaskOptions:
     def check(self) -> None:
         """Validate (and canonicalise in place) the options; raise OptionError naming a bad one."""
 
+
+
+class InStageSelection:
+    """The two extra inputs of a stage that runs the in-graph NMS and selection (detection,
+    instance segmentation, pose: their plans' ``post`` set, on CUDA with Triton): the thresholds
+    ``[conf, iou]`` and each image's letterbox geometry rows, device tensors cached by the
+    predictor (``constants``) and never written in place (:attr:`constant`). Mixed in before
+    :class:`PredictPlan`."""
+
+    post: Any = None
+    conf: float
+    iou: float | None            # None: the head has no NMS (the walk does not read it)
+    model: Any
+    constants: Callable[..., torch.Tensor]
+
+    @property
+    def constant(self) -> tuple[int, ...]:
+        return (1, 2) if self.post is not None else ()   # the cached thresholds and geometry
+
+    def extra(self, shapes: tuple[tuple[int, int], ...], size: int) -> tuple[torch.Tensor, ...]:
+        if self.post is None:
+            return ()
+        conf, iou = self.conf, 0.0 if self.iou is None else self.iou
+        resize = self.model.preprocess.resize
+        thr = self.constants("thr", (conf, iou), lambda: [conf, iou])
+        geo = self.constants("geo", (shapes, size, resize), lambda: geometry_rows(shapes, size, resize))
+        return thr, geo
 
 class Task:
     """Base of the tasks; see the module docstring for what each hook is for."""

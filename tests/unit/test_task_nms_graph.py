@@ -168,3 +168,29 @@ def test_segment_selection_in_the_stage_equals_the_host_path():
 
 def test_pose_selection_in_the_stage_equals_the_host_path():
     run(POSE)
+
+
+@pytest.mark.parametrize("spec", [("yolox", "n", "detect"), ("rtmdet", "t", "segment"),
+                                  ("yolonas", "n", "pose"), ("ec", "s", "pose")])
+def test_the_in_stage_selections_extra_inputs(spec, monkeypatch):
+    """The stage's two cached extra inputs of detection, segment and pose plans (InStageSelection):
+    the thresholds [conf, iou] (iou 0 for a head without NMS: EC pose) and the letterbox geometry
+    rows of the chunk's images; none on the host path."""
+    import torch
+
+    from libreyolo import LibreYOLO
+    from libreyolo.ops import nms_graph
+    from libreyolo.ops.letterbox import geometry_rows
+    family, size, task = spec
+    m = LibreYOLO.new(family, size, task=task, seed=0)
+    shapes, imgsz = ((120, 200), (77, 77)), 160
+    host = m.get_predictor().plan(imgsz, conf=0.3, iou=0.6)
+    assert host.post is None and host.extra(shapes, imgsz) == () and host.constant == ()
+    monkeypatch.setattr(nms_graph, "available", lambda device: True)
+    plan = m.get_predictor().plan(imgsz, conf=0.3, iou=0.6)
+    thr, geo = plan.extra(shapes, imgsz)
+    assert plan.constant == (1, 2)
+    assert torch.equal(thr, torch.tensor([0.3, 0.6 if m.NMS else 0.0]))
+    assert torch.equal(geo, torch.tensor(geometry_rows(shapes, imgsz, m.preprocess.resize), dtype=geo.dtype))
+    again = plan.extra(shapes, imgsz)
+    assert again[0] is thr and again[1] is geo   # cached, not rebuilt per call

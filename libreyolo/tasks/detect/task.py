@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from ...ops import nms_graph
-from ...ops.letterbox import geometry_rows, inverse_params, unletterbox_boxes, unletterbox_packed
+from ...ops.letterbox import inverse_params, unletterbox_boxes, unletterbox_packed
 from ...ops.nms import nms_per_image, top_candidates
 from ...ops.nms_graph import select_packed
 from ...options import (
@@ -37,7 +37,7 @@ from ...options import (
     check_max_det,
     option,
 )
-from ..base import Evaluator, PredictPlan, Task, TaskOptions
+from ..base import Evaluator, InStageSelection, PredictPlan, Task, TaskOptions
 
 
 @dataclass
@@ -78,7 +78,7 @@ class DetectOptions(TaskOptions):
                               "DataLoader workers: leave gpu_augment off or use augment_policy=yolo")
 
 
-class DetectPlan(PredictPlan):
+class DetectPlan(InStageSelection, PredictPlan):
     """One detection predict call (see the module docstring)."""
 
     def __init__(self, model, constants: Callable[..., torch.Tensor], *, conf: float, iou: float,
@@ -93,10 +93,6 @@ class DetectPlan(PredictPlan):
         self.host = self.post is not None
         self.tag = (self.max_nms,) if self.post is None else (self.max_nms, "post", *self.post)
 
-    @property
-    def constant(self) -> tuple[int, ...]:
-        return (1, 2) if self.post is not None else ()   # the cached thresholds and geometry
-
     def finish(self, outputs, *extra):
         cand = top_candidates(*outputs, self.max_nms)
         if self.post is None:
@@ -104,14 +100,6 @@ class DetectPlan(PredictPlan):
         thr, geo = extra
         packed = select_packed(*cand, thr, self.max_det, nms=self.model.NMS, agnostic=self.agnostic)
         return unletterbox_packed(packed, geo, self.max_det)
-
-    def extra(self, shapes, size):
-        if self.post is None:
-            return ()
-        resize = self.model.preprocess.resize
-        thr = self.constants("thr", (self.conf, self.iou), lambda: [self.conf, self.iou])
-        geo = self.constants("geo", (shapes, size, resize), lambda: geometry_rows(shapes, size, resize))
-        return thr, geo
 
     def results(self, out, chunk, size, speed):
         from ...results import Boxes, Results

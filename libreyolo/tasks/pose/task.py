@@ -29,9 +29,9 @@ import numpy as np
 import torch
 
 from ...ops import nms_graph
-from ...ops.letterbox import geometry_rows, inverse_params, unletterbox_boxes, unletterbox_packed, unletterbox_points
+from ...ops.letterbox import inverse_params, unletterbox_boxes, unletterbox_packed, unletterbox_points
 from ...options import Fraction, Int, check_fields, option
-from ..base import Evaluator, PredictPlan, Task, TaskOptions
+from ..base import Evaluator, InStageSelection, PredictPlan, Task, TaskOptions
 from .results import Keypoints
 
 
@@ -147,7 +147,7 @@ def select_poses_in_stage(outputs, thresholds: torch.Tensor, geometry: torch.Ten
     return torch.cat((body.flatten(1), packed[:, -1:]), 1)
 
 
-class PosePlan(PredictPlan):
+class PosePlan(InStageSelection, PredictPlan):
     """One pose predict call (see the module docstring)."""
 
     def __init__(self, model, constants: Callable[..., torch.Tensor] | None, *, conf: float, max_det: int,
@@ -163,10 +163,6 @@ class PosePlan(PredictPlan):
         self.host = on
         self.tag = () if self.post is None else ("pose", "post", *self.post)
 
-    @property
-    def constant(self) -> tuple[int, ...]:
-        return (1, 2) if self.post is not None else ()   # the cached thresholds and geometry
-
     def finish(self, outputs, *extra):
         """The family's infer (already the fixed-shape top-k); with the in-stage selection
         (``post``) its kept poses, packed (:func:`select_poses_in_stage`)."""
@@ -174,15 +170,6 @@ class PosePlan(PredictPlan):
             return outputs
         thr, geo = extra
         return select_poses_in_stage(outputs, thr, geo, self.max_det, nms=self.model.NMS)
-
-    def extra(self, shapes, size):
-        if self.post is None:
-            return ()
-        iou = 0.0 if self.iou is None else self.iou   # not read by the walk without NMS
-        resize = self.model.preprocess.resize
-        thr = self.constants("thr", (self.conf, iou), lambda: [self.conf, iou])
-        geo = self.constants("geo", (shapes, size, resize), lambda: geometry_rows(shapes, size, resize))
-        return thr, geo
 
     def results(self, out, chunk, size, speed):
         from ...results import Boxes, Results

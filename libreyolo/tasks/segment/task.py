@@ -26,10 +26,10 @@ import numpy as np
 import torch
 
 from ...ops import nms_graph
-from ...ops.letterbox import geometry_rows, inverse_params, unletterbox_boxes, unletterbox_packed
+from ...ops.letterbox import inverse_params, unletterbox_boxes, unletterbox_packed
 from ...ops.nms import nan_last
 from ...options import MAX_DET, Custom, Fraction, Int, check_fields, check_max_det, option
-from ..base import Evaluator, PredictPlan, Task, TaskOptions
+from ..base import Evaluator, InStageSelection, PredictPlan, Task, TaskOptions
 
 #: instances whose masks are sampled at the original size in one batch (bounds the memory of
 #: a large image with many instances)
@@ -148,7 +148,7 @@ class SegmentOptions(TaskOptions):
         check_fields(self)
 
 
-class SegmentPlan(PredictPlan):
+class SegmentPlan(InStageSelection, PredictPlan):
     """One instance-segmentation predict call (see the module docstring)."""
 
     def __init__(self, model, constants: Callable[..., torch.Tensor], *, conf: float, iou: float, max_det: int,
@@ -167,10 +167,6 @@ class SegmentPlan(PredictPlan):
         self.post = (self.max_det, self.agnostic) if on else None
         self.tag = ("segment", self.max_nms) if self.post is None else ("segment", self.max_nms, "post", *self.post)
 
-    @property
-    def constant(self) -> tuple[int, ...]:
-        return (1, 2) if self.post is not None else ()   # the cached thresholds and geometry
-
     def finish(self, outputs, *extra):
         """The top ``max_nms`` anchors per image by score (sorted), their boxes, classes and mask
         coefficients, and the prototypes: fixed shapes, graph-safe. With the in-stage selection
@@ -180,14 +176,6 @@ class SegmentPlan(PredictPlan):
         thr, geo = extra
         return select_instances_in_stage(outputs, thr, geo, self.max_nms, self.max_det, nms=self.model.NMS,
                                          agnostic=self.agnostic)
-
-    def extra(self, shapes, size):
-        if self.post is None:
-            return ()
-        resize = self.model.preprocess.resize
-        thr = self.constants("thr", (self.conf, self.iou), lambda: [self.conf, self.iou])
-        geo = self.constants("geo", (shapes, size, resize), lambda: geometry_rows(shapes, size, resize))
-        return thr, geo
 
     def results(self, out, chunk, size, speed):
         if self.post is not None:
