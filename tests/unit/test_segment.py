@@ -252,9 +252,12 @@ def test_short_training_with_the_recipe_learns_boxes_and_masks(tmp_path):
     yaml = root / "rep.yaml"
     yaml.write_text(f"path: .\ntrain: images/rep\nval: images/train\nnames: {list(SHAPES_INST_NAMES)}\n")
     m = LibreYOLO.new("rtmdet", "t", task="segment", nc=len(SHAPES_INST_NAMES), device="cpu", seed=0)
+    # threads=1: sixty steps from an untrained model end where the CPU's summation order leads them
+    # (two threads: box mAP50 0.13 here, one: above 0.3); one count makes the run the same on every
+    # machine, whatever its load (the library chooses the count from the load otherwise)
     res = m.train(data=str(yaml), epochs=3, imgsz=96, batch=4, nbs=4, warmup_epochs=0, workers=0, fliplr=0.0,
-                  seed=0, project=str(tmp_path), name="run", plots=False, verbose=False)
-    assert res["map50"] > 0.3 and res["mask_map50"] > 0.15, res
+                  seed=0, threads=1, project=str(tmp_path), name="run", plots=False, verbose=False)
+    assert res["map50"] > 0.3 and res["mask_map50"] > 0.15, {k: res[k] for k in ("map50", "mask_map50")}
     assert m.names[0] == "triangle"
     header = (tmp_path / "run" / "results.csv").read_text().splitlines()[0].split(",")
     assert {"train/mask_loss", "metrics/mask_map50", "metrics/mask_map50_95"} <= set(header)
