@@ -26,7 +26,8 @@ quality() {  # $1 arm name, rest: task_quality options
 timeout 380 python3 -m pytest -m cuda -p no:cacheprovider -n 6 --timeout 240 --tb=short -v -rfEsxX --durations=25 \
   --junitxml $W/junit.xml tests/gpu/test_tasks_gpu.py tests/gpu/test_training_gpu.py tests/gpu/test_dfine_seg_gpu.py \
   tests/gpu/test_yolo1_gpu.py tests/gpu/test_sliced_gpu.py tests/gpu/test_segment_prompt_gpu.py tests/gpu/test_video_gpu.py \
-  tests/unit/test_amg.py tests/unit/test_export_tensorrt.py tests/unit/test_darknet.py > $W/tests.log 2>&1
+  tests/unit/test_amg.py tests/unit/test_export_tensorrt.py tests/unit/test_darknet.py tests/gpu/test_graphs_gpu.py \
+  tests/gpu/test_batched_predict_gpu.py tests/gpu/test_valgraph_gpu.py > $W/tests.log 2>&1
 echo "tests rc=$?" >> $W/tests.log; pack
 wait; pack
 for m in yolonas-n-pose rtmdet-t-seg; do   # alone on the machine
