@@ -16,7 +16,7 @@ transformers = pytest.importorskip("transformers", reason="the sam extra (pip in
 
 from libreyolo import LibreYOLO  # noqa: E402
 from libreyolo.models.sam.model import SAM  # noqa: E402
-from libreyolo.models.sam.nn import SamNet, SamSize, sam_config  # noqa: E402
+from libreyolo.models.sam.nn import SamImageEncoder, SamNet, SamSize, _rel_pos_on_device, sam_config  # noqa: E402
 from libreyolo.ops.preprocess import long_side_size  # noqa: E402
 from libreyolo.tasks.segment_prompt.predictor import postprocess_masks  # noqa: E402
 
@@ -58,6 +58,18 @@ def test_each_size_has_the_original_releases_layout(size, params):
         layout = json.loads((FIXTURES_DIR / "sam-base.json").read_text())["layout"]
         assert [(k, tuple(v.shape)) for k, v in net.state_dict().items()] == [(n, tuple(s)) for n, s, _ in layout]
     assert net.prompt_encoder.shared_embedding is net.shared_image_embedding   # SamModel's tie
+
+
+@pytest.mark.parametrize("q,k,length", [(14, 14, 27), (64, 64, 127), (8, 16, 31), (16, 8, 31)])
+def test_relative_position_lookup_is_transformers_with_the_index_on_the_table_s_device(q, k, length):
+    """transformers builds the index on the CPU (a host copy inside capture); ours on the table's
+    device must pick the same rows: SAM's window (14) and global (64 at 1024) sizes, and unequal ones."""
+    from transformers.models.sam.modeling_sam import SamVisionAttention
+    table = torch.randn(length, 32)
+    assert torch.equal(_rel_pos_on_device(None, q, k, table), SamVisionAttention.get_rel_pos(None, q, k, table))
+    enc = SamImageEncoder(sam_config(SamSize(64, 2, 2, (1,)), image_size=128).vision_config)
+    bound = [m for m in enc.modules() if "get_rel_pos" in vars(m)]
+    assert len(bound) == 2 and all(m.get_rel_pos.__func__ is _rel_pos_on_device for m in bound)
 
 
 def test_small_config_reproduces_transformers_sammodel():

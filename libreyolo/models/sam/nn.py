@@ -18,6 +18,7 @@ square, as transformers' ``SamProcessor`` does; points and box corners are pixel
 """
 from __future__ import annotations
 
+import types
 from dataclasses import dataclass
 
 import torch
@@ -80,9 +81,32 @@ def sam_config(size: str | SamSize, image_size: int = 1024, window_size: int = 1
     return cfg
 
 
+def _rel_pos_on_device(self, q_size: int, k_size: int, rel_pos: torch.Tensor) -> torch.Tensor:
+    """``SamVisionAttention.get_rel_pos`` with its index built on ``rel_pos``'s device.
+
+    transformers builds the relative-coordinate index with ``torch.arange`` on the CPU and indexes
+    the (CUDA) table with it: a host-to-device copy of pageable memory, which CUDA-graph capture
+    refuses. The same arithmetic on the table's device gives the same integers, so the same rows."""
+    max_rel_dist = int(2 * max(q_size, k_size) - 1)
+    table = F.interpolate(rel_pos.reshape(1, rel_pos.shape[0], -1).transpose(1, 2), size=max_rel_dist,
+                          mode="linear").reshape(-1, max_rel_dist).permute(1, 0)
+    dev = rel_pos.device
+    q = torch.arange(q_size, device=dev)[:, None] * max(k_size / q_size, 1.0)
+    k = torch.arange(k_size, device=dev)[None, :] * max(q_size / k_size, 1.0)
+    return table[((q - k) + (k_size - 1) * max(q_size / k_size, 1.0)).long()]
+
+
 class SamImageEncoder(SamVisionEncoder):
     """transformers' SAM ViT + neck returning the (B, 256, S/16, S/16) embedding itself (its
-    ``last_hidden_state``), so the module's output is a tensor (forward hooks, graph outputs)."""
+    ``last_hidden_state``), so the module's output is a tensor (forward hooks, graph outputs).
+    Each attention's relative-position lookup builds its index on the GPU (capture-safe; see
+    :func:`_rel_pos_on_device`)."""
+
+    def __init__(self, config: SamVisionConfig):
+        super().__init__(config)
+        for module in self.modules():
+            if hasattr(module, "get_rel_pos") and hasattr(module, "rel_pos_h"):
+                module.get_rel_pos = types.MethodType(_rel_pos_on_device, module)
 
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:   # type: ignore[override]
         return super().forward(pixel_values).last_hidden_state
