@@ -293,7 +293,6 @@ VARIANT_TRAIN_GRAPH_MODELS = [
 GRAPH_PENDING: dict[str, str] = {}
 GRAPH_PENDING["clip"] = "no GPU run yet (docs/families.md, CLIP and SigLIP 2)"
 GRAPH_PENDING["siglip2"] = "no GPU run yet (docs/families.md, CLIP and SigLIP 2)"
-GRAPH_PENDING["eomt"] = "no GPU run yet (the commands: docs/families.md, EoMT)"
 # (family, size) of restoration models that must pass the GPU parity protocol (the network on imgsz
 # tiles, the uint8 tile stage) and graph predict == eager (tiles blended) before SUPPORTS_CUDA_GRAPH
 # flips; tests/gpu/test_tasks_gpu.py. No training rows: the training capture is not built for them.
@@ -303,21 +302,14 @@ RESTORE_GRAPH_MODELS = [
     ("realesrgan", "x2"),
     ("swinir", "s"),
 ]
-GRAPH_PENDING["nafnet"] = "no GPU run yet (docs/families.md, Restoration: NAFNet, Real-ESRGAN, SwinIR)"
-GRAPH_PENDING["realesrgan"] = "no GPU run yet (docs/families.md, Restoration: NAFNet, Real-ESRGAN, SwinIR)"
-GRAPH_PENDING["swinir"] = "no GPU run yet (docs/families.md, Restoration: NAFNet, Real-ESRGAN, SwinIR)"
-GRAPH_PENDING["sam2"] = "no GPU run yet (docs/families.md, SAM 2 and EdgeTAM: the command)"
-GRAPH_PENDING["edgetam"] = "no GPU run yet (docs/families.md, SAM 2 and EdgeTAM: the command)"
-GRAPH_PENDING["fomo"] = "no GPU run yet (docs/families.md, FOMO)"
+GRAPH_PENDING["edgetam"] = ("float16-autocast replay != eager on the GPU (network and image stage; fp32 equal): "
+                             "docs/families.md, SAM 2 and EdgeTAM")
 GRAPH_PENDING["sam"] = ("transformers' SAM modules: no GPU run yet (the command: docs/families.md, "
                         "\"Promptable segmentation (SAM, PicoSAM3)\")")
-GRAPH_PENDING["picosam3"] = "no GPU run yet (docs/families.md, \"Promptable segmentation (SAM, PicoSAM3)\")"
-GRAPH_PENDING["sam3"] = "no GPU run yet (docs/families.md, SAM 3: the command)"
 # Families whose training capture is built but not declared (SUPPORTS_CUDA_GRAPH_TRAIN False): the
 # GPU training rows of tests/gpu/test_tasks_gpu.py run for them too, marked xfail(strict=False) -
 # the report shows which rows pass (XPASS) and which do not. Family -> why it is not declared.
 TRAIN_PENDING: dict[str, str] = {}
-TRAIN_PENDING["fomo"] = "no GPU run yet; its step is fixed-shape (centroid grid targets) (docs/families.md, FOMO)"
 # Detection families whose half / fast path scripts/fast_contract.py has not measured on a GPU yet
 # (predict refuses precision="fp16"/"bf16" for them as unmeasured); a family leaves this table once
 # libreyolo/assets/fast_contract.json holds its figures. Family -> why.

@@ -94,7 +94,7 @@ def test_network_needs_multiples_of_8(model):
 
 def test_declarations(model):
     assert (model.TASK, model.STRIDE, model.imgsz, model.FILE_PREFIX) == ("point", 8, 96, "LibreFOMO")
-    assert not model.SUPPORTS_CUDA_GRAPH and not model.SUPPORTS_CUDA_GRAPH_TRAIN
+    assert model.SUPPORTS_CUDA_GRAPH and model.SUPPORTS_CUDA_GRAPH_TRAIN   # both proven on a GPU (docs/families.md)
     p = model.preprocess
     assert (p.resize, p.mean, p.std, p.antialias, p.quantize) == ("stretch", (0.5,) * 3, (0.5,) * 3, True, True)
     assert LibreYOLO.new("fomo", "l", device="cpu").imgsz == 224

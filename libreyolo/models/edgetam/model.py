@@ -14,6 +14,8 @@ class EdgeTAM(Sam2Family):
     FAMILY = "edgetam"
     SIZES = ("edge",)
     FILE_PREFIX = "LibreEdgeTAM"
+    # not declared: its float16-autocast replay differs from eager on the GPU (docs/families.md, EdgeTAM)
+    SUPPORTS_CUDA_GRAPH = False
     SIGNATURE_KEYS = ("no_memory_embedding", "vision_encoder.backbone.timm_model.stem.conv1.c.weight",
                       "mask_decoder.conv_s0.weight")
 

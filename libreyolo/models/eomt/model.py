@@ -90,10 +90,10 @@ class Eomt(Model):
     DEFAULT_NC = 150          # ADE20K, the semantic checkpoints' label set
     DEFAULT_IMGSZ = 512
     STRIDE = PATCH
-    # Not declared: no GPU has run the parity protocol on this family (docs/families.md, EoMT,
-    # gives the command). The stages are written graph-safe (the masked-attention decision reads
-    # a host copy of the schedule).
-    SUPPORTS_CUDA_GRAPH = False
+    # predict proven on a GPU for the semantic, segment and panoptic heads: docs/families.md
+    # (session 31's rows); the masked-attention decision reads a host copy of the schedule.
+    # Training capture: no GPU rows yet.
+    SUPPORTS_CUDA_GRAPH = True
     SUPPORTS_CUDA_GRAPH_TRAIN = False
     #: a set-prediction head: no NMS
     NMS = False

@@ -30,10 +30,9 @@ class Fomo(Model):
     FAMILY = "fomo"
     TASK = "point"
     DEFAULT_NC = 1
-    # Not declared: no GPU has run the parity protocol on this family (docs/families.md, FOMO, gives
-    # the command). The network and the point stage are written graph-safe (fixed shapes, no sync).
-    SUPPORTS_CUDA_GRAPH = False
-    SUPPORTS_CUDA_GRAPH_TRAIN = False
+    # predict and the whole training step proven on a GPU: docs/families.md (session 31's rows)
+    SUPPORTS_CUDA_GRAPH = True
+    SUPPORTS_CUDA_GRAPH_TRAIN = True
     SIZES = tuple(CONFIGS)
     FILE_PREFIX = "LibreFOMO"
     DEFAULT_IMGSZ = CONFIGS["s"].imgsz

@@ -18,7 +18,7 @@ class NAFNet(RestoreFamily):
     """
 
     FAMILY = "nafnet"
-    SUPPORTS_CUDA_GRAPH = False   # no GPU parity run yet: the command is in docs/families.md
+    SUPPORTS_CUDA_GRAPH = True   # proven on a GPU: docs/families.md (session 31's rows, benchmarks/results/session31/)
     SIZES = tuple(CONFIGS)
     FILE_PREFIX = "LibreNAFNet"   # the LibreYOLO checkpoint names: LibreNAFNets-restore.pt, ...
     DEFAULT_IMGSZ = DEFAULT_TRAIN_SIZE

@@ -115,8 +115,7 @@ class PicoSAM3(PromptModel):
     """PicoSAM3 (size pico): a box-prompted ROI segmenter, one forward per box (see the module)."""
 
     FAMILY = "picosam3"
-    # New code: flags stay off until the GPU rows prove them (tests/rows.py GRAPH_PENDING).
-    SUPPORTS_CUDA_GRAPH = False
+    SUPPORTS_CUDA_GRAPH = True   # proven on a GPU: docs/families.md (session 31's rows, benchmarks/results/session31/)
     SIZES = ("pico",)
     FILE_PREFIX = "LibrePicoSAM3"
     DEFAULT_IMGSZ = 96               # the ROI crop's side

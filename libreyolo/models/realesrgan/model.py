@@ -28,7 +28,7 @@ class RealESRGAN(RestoreFamily):
     sides (``STRIDE`` 2)."""
 
     FAMILY = "realesrgan"
-    SUPPORTS_CUDA_GRAPH = False   # no GPU parity run yet: the command is in docs/families.md
+    SUPPORTS_CUDA_GRAPH = True   # proven on a GPU: docs/families.md (session 31's rows, benchmarks/results/session31/)
     SIZES = tuple(CONFIGS)
     FILE_PREFIX = "LibreRealESRGAN"   # the LibreYOLO checkpoint names: LibreRealESRGANx4t-restore.pt, ...
     DEFAULT_IMGSZ = 64

@@ -56,7 +56,7 @@ class Sam2Family(MobileSAM):
     """
 
     FAMILY = ""
-    SUPPORTS_CUDA_GRAPH = False   # pending the GPU proof: tests/rows.py GRAPH_PENDING, docs/families.md
+    SUPPORTS_CUDA_GRAPH = True   # proven on a GPU: docs/families.md (session 31's rows, benchmarks/results/session31/)
     #: mask prompts (``mask_input``): the prompt encoder's mask embedding, as SAM 2's image predictor
     MASK_PROMPTS = True
     DEFAULT_IMGSZ = 1024

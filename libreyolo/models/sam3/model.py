@@ -29,7 +29,7 @@ class Sam3(Sam2Family):
     FAMILY = "sam3"
     SIZES = ("large",)
     FILE_PREFIX = "LibreSAM3"
-    SUPPORTS_CUDA_GRAPH = False   # pending the GPU proof: tests/rows.py GRAPH_PENDING, docs/families.md
+    SUPPORTS_CUDA_GRAPH = True   # proven on a GPU: docs/families.md (session 31's rows, benchmarks/results/session31/)
     DEFAULT_IMGSZ = FRAME
     STRIDE = 14
     PREPROCESS = Preprocess("stretch", mean=MEAN, std=STD, antialias=True, quantize=True)

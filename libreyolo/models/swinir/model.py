@@ -13,7 +13,7 @@ class SwinIR(RestoreFamily):
     (:mod:`.nn`). Predict's tiles are multiples of the 8 px attention window (``STRIDE``)."""
 
     FAMILY = "swinir"
-    SUPPORTS_CUDA_GRAPH = False   # no GPU parity run yet: the command is in docs/families.md
+    SUPPORTS_CUDA_GRAPH = True   # proven on a GPU: docs/families.md (session 31's rows, benchmarks/results/session31/)
     SIZES = tuple(CONFIGS)
     FILE_PREFIX = "LibreSwinIR"   # the LibreYOLO checkpoint names: LibreSwinIRs-restore.pt, ...
     DEFAULT_IMGSZ = 64
