@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Session 31, call D: SAM after the relative-position index moved to the GPU (its rows with the
-# xfail lifted), the prompt rows of the promptable families after the flags of SAM 2, SAM 3 and
+# xfail lifted), issue 42's bfloat16 quality arms, the prompt rows of the promptable families after the flags of SAM 2, SAM 3 and
 # PicoSAM3 (test file fixed for box-only and pending families), CLIP / SigLIP 2's proof commands,
 # and EdgeTAM's float16 probe.
 set -uo pipefail
@@ -9,6 +9,13 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
   && export PYTHONPATH=/tmp/site
 export PYTHONPATH="$PWD:$PYTHONPATH" PYTHONUNBUFFERED=1 LIBREYOLO_DATASETS_DIR=/tmp/ds
 S=benchmarks/results/session31
+quality() {  # issue 42: bfloat16 arms (no GradScaler) beside session 31's float16 / fp32 arms
+  local arm=$1; shift
+  timeout 300 python3 benchmarks/task_quality.py --models rtmdet-t-segment yolonas-n-pose --epochs 30 --imgsz 320 \
+    --batch 16 "$@" --json $W/quality-$arm.json > $W/quality-$arm.log 2>&1; echo "quality $arm rc=$?" >> $W/quality-$arm.log
+}
+( quality graph-bf16 --cuda-graph --amp bf16 ) &
+( sleep 15; quality eager-bf16 --amp bf16 ) &
 ( timeout -s INT 150 python3 -m pytest -p no:cacheprovider --timeout 140 --tb=short -rfEsxX --runxfail -n 2 \
     "tests/gpu/test_tasks_gpu.py::test_predict_with_graph_equals_eager[sam-base]" \
     "tests/gpu/test_tasks_gpu.py::test_parity_protocol_fp32_and_amp_batch_1_and_8[sam-base]" > $W/sam.log 2>&1
@@ -22,7 +29,8 @@ timeout -s INT 280 python3 -m pytest -p no:cacheprovider -n 5 --timeout 200 --tb
 echo "prompt rc=$?" >> $W/prompt.log
 wait
 tar czf "$OUT/all-d.tgz" -C $W . 2>/dev/null
-{ grep -E "^(FAILED|ERROR|XPASS|XFAIL)|passed|failed|rc=" $W/sam.log $W/prompt.log | cut -c1-250
+{ for f in $W/quality-*.log; do tr '\r' '\n' < "$f" | grep -E '^\{|rc=' | cut -c1-330; done
+  grep -E "^(FAILED|ERROR|XPASS|XFAIL)|passed|failed|rc=" $W/sam.log $W/prompt.log | cut -c1-250
   tail -4 $W/clip-predict.log $W/clip-text.log | cut -c1-300; cat $W/edgetam.log | cut -c1-400 | tail -12; tail -3 $W/sam2-video.log
 } > "$OUT/summary-d.txt" 2>&1
 cat "$OUT/summary-d.txt"
