@@ -11,7 +11,7 @@ from libreyolo.models.rtmdet.model import Rtmdet, RtmdetSeg
 from libreyolo.models.rtmdet.nn import DYNAMIC_CONVS, NUM_DYNAMIC_PARAMS, dynamic_masks
 from libreyolo.results import Results
 from libreyolo.tasks.segment import InstanceMasks
-from libreyolo.tasks.segment.task import crop_to_boxes, sample_masks
+from libreyolo.tasks.segment.task import MASK_CHUNK, crop_to_boxes, instance_masks, sample_masks
 
 
 def grouped_conv_masks(protos, params, points, strides, proto_stride):
@@ -63,6 +63,41 @@ def test_crop_to_boxes_keeps_pixel_centres_inside():
     m = torch.ones(1, 4, 6, dtype=torch.bool)
     out = crop_to_boxes(m, torch.tensor([[1.0, 1.0, 3.0, 2.0]]))
     assert out[0].nonzero().tolist() == [[1, 1], [1, 2]]
+
+
+@pytest.mark.parametrize("resize,h,w", [("center", 72, 128), ("topleft", 128, 72), ("stretch", 50, 90)])
+def test_instance_masks_sampled_in_box_windows_equal_the_whole_image_sampled_and_cut(resize, h, w):
+    """instance_masks samples only each box's window; the whole image sampled and cut to the box
+    (the definition) gives the same bits: boxes inside, across the edges, outside, empty, NaN,
+    and more instances than one chunk."""
+    from libreyolo.ops.letterbox import inverse_params
+
+    class Head:
+        def mask_logits(self, protos, coeffs):
+            return torch.einsum("nc,chw->nhw", coeffs, protos)
+
+    g = torch.Generator().manual_seed(3)
+    protos = torch.randn(8, 16, 16, generator=g)
+    n = MASK_CHUNK + 7
+    coeffs = torch.randn(n, 8, generator=g)
+    xy = torch.rand(n, 2, generator=g) * torch.tensor([w * 1.2, h * 1.2]) - torch.tensor([w * 0.1, h * 0.1])
+    wh = torch.rand(n, 2, generator=g) * torch.tensor([w * 0.6, h * 0.6])
+    boxes = torch.cat((xy, xy + wh), 1)
+    boxes[0] = torch.tensor([-5.0, -5.0, w + 5.0, h + 5.0])      # the whole image and beyond
+    boxes[1] = torch.tensor([w + 1.0, 2.0, w + 9.0, 9.0])        # outside
+    boxes[2] = torch.tensor([10.0, 10.0, 10.2, 10.4])            # no pixel centre inside
+    boxes[3] = torch.tensor([3.5, 4.5, 3.5, 4.5])                # one pixel centre exactly
+    boxes[4] = torch.tensor([float("nan"), 1.0, 5.0, 6.0])       # NaN: no pixel
+    canvas = 64
+    ours = instance_masks(Head(), protos, coeffs, boxes, canvas, h, w, resize)
+    sx, sy, px, py = inverse_params(h, w, canvas, resize)
+    ref = crop_to_boxes(sample_masks(Head().mask_logits(protos, coeffs), canvas, h, w, sx, sy, px, py) > 0, boxes)
+    assert ours.shape == (n, h, w) and ours.dtype == torch.bool
+    assert torch.equal(ours, ref) and ours.any()
+    assert ours[3].sum() <= 1 and not ours[1].any() and not ours[2].any() and not ours[4].any()
+    assert torch.equal(instance_masks(Head(), protos, coeffs, boxes, canvas, h, w, resize,
+                                      host_boxes=boxes.numpy()), ref)
+    assert instance_masks(Head(), protos, coeffs[:0], boxes[:0], canvas, h, w, resize).shape == (0, h, w)
 
 
 def test_family_serves_detect_and_segment():

@@ -79,17 +79,60 @@ def select_instances(boxes: torch.Tensor, scores: torch.Tensor, cls: torch.Tenso
     return idx[kept[:max_det]]
 
 
+def box_windows(boxes: np.ndarray, h: int, w: int) -> np.ndarray:
+    """(n, 4) xyxy boxes (the image's pixels) -> (n, 4) int pixel windows ``x0, y0, x1, y1``
+    (exclusive ends, clamped to the image) holding every pixel whose centre can lie inside the
+    box, with one pixel to spare on each side: the exact test is :func:`crop_to_boxes`'."""
+    b = np.nan_to_num(np.asarray(boxes, dtype=np.float64).reshape(-1, 4), nan=0.0, posinf=0.0, neginf=0.0)
+    lo = np.floor(b[:, :2]) - 1
+    hi = np.ceil(b[:, 2:]) + 1
+    lim = np.array([w, h], dtype=np.float64)
+    return np.concatenate((np.clip(lo, 0, lim), np.clip(hi, 0, lim)), 1).astype(np.int64)
+
+
 def instance_masks(model, protos: torch.Tensor, coeffs: torch.Tensor, boxes: torch.Tensor, canvas: int,
-                   h: int, w: int, resize: str, thr: float = 0.0) -> torch.Tensor:
+                   h: int, w: int, resize: str, thr: float = 0.0, host_boxes: np.ndarray | None = None
+                   ) -> torch.Tensor:
     """The (n, h, w) bool masks of one image's kept instances: the family's mask logits, sampled
     at the image's pixels, above ``thr`` (logit 0 = probability 0.5), cut to ``boxes`` (xyxy,
-    the image's pixels)."""
+    the image's pixels; ``host_boxes``: a host copy of them, if the caller has one).
+
+    Only the pixels of each instance's box window are sampled (:func:`box_windows`; a chunk of
+    instances shares the largest window's shape), the rest of the mask stays False: the same
+    coordinates, samples and box test as sampling the whole image (:func:`sample_masks`) and
+    cutting it (:func:`crop_to_boxes`), so the same masks, at a fraction of the work where the
+    instances are small (a 720p image: 0.92 M samples per instance otherwise)."""
     sx, sy, px, py = inverse_params(h, w, canvas, resize)
-    out = torch.zeros((coeffs.shape[0], h, w), dtype=torch.bool, device=protos.device)
-    for s in range(0, coeffs.shape[0], MASK_CHUNK):
-        logits = model.mask_logits(protos, coeffs[s:s + MASK_CHUNK])
-        full = sample_masks(logits.float(), canvas, h, w, sx, sy, px, py)
-        out[s:s + MASK_CHUNK] = crop_to_boxes(full > thr, boxes[s:s + MASK_CHUNK])
+    n, dev = coeffs.shape[0], protos.device
+    out = torch.zeros((n, h, w), dtype=torch.bool, device=dev)
+    if n == 0:
+        return out
+    win = box_windows(boxes.detach().cpu().numpy() if host_boxes is None else host_boxes, h, w)
+    for s in range(0, n, MASK_CHUNK):
+        e = min(s + MASK_CHUNK, n)
+        ww = int((win[s:e, 2] - win[s:e, 0]).max())
+        hh = int((win[s:e, 3] - win[s:e, 1]).max())
+        if ww <= 0 or hh <= 0:   # every box of the chunk outside the image or empty
+            continue
+        logits = model.mask_logits(protos, coeffs[s:e]).float()
+        org = torch.from_numpy(win[s:e, :2]).to(dev)
+        # each instance's window, clamped to the image: a clamped column repeats the edge pixel,
+        # whose value it computes again (the same coordinate), so repeated writes agree
+        xs = (org[:, 0:1] + torch.arange(ww, device=dev)).clamp_(max=w - 1)          # (c, ww)
+        ys = (org[:, 1:2] + torch.arange(hh, device=dev)).clamp_(max=h - 1)          # (c, hh)
+        dt = logits.dtype
+        gx = ((xs.to(dt) + 0.5) * sx + px) / canvas * 2 - 1
+        gy = ((ys.to(dt) + 0.5) * sy + py) / canvas * 2 - 1
+        grid = torch.stack((gx[:, None, :].expand(-1, hh, -1), gy[:, :, None].expand(-1, -1, ww)), -1)
+        vals = torch.nn.functional.grid_sample(logits[:, None], grid, mode="bilinear", padding_mode="border",
+                                               align_corners=False)[:, 0] > thr
+        b = boxes[s:e].to(dev)
+        cx, cy = xs.to(b.dtype) + 0.5, ys.to(b.dtype) + 0.5
+        inx = (cx >= b[:, 0:1]) & (cx <= b[:, 2:3])
+        iny = (cy >= b[:, 1:2]) & (cy <= b[:, 3:4])
+        vals &= iny[:, :, None] & inx[:, None, :]
+        rows = torch.arange(s, e, device=dev)[:, None, None]
+        out[rows, ys[:, :, None], xs[:, None, :]] = vals
     return out
 
 
@@ -213,7 +256,8 @@ class SegmentPlan(InStageSelection, PredictPlan):
         for i, it in enumerate(chunk):
             n = counts[i]
             h, w = int(it.image.shape[0]), int(it.image.shape[1])
-            masks = instance_masks(m, protos[i], coeffs[i, :n], rows[i, :n, :4], size, h, w, m.preprocess.resize)
+            masks = instance_masks(m, protos[i], coeffs[i, :n], rows[i, :n, :4], size, h, w, m.preprocess.resize,
+                                   host_boxes=host[i, :n * 7].reshape(n, 7)[:, :4])
             det = torch.from_numpy(host[i, :n * 7].reshape(n, 7)[:, :6].copy())
             results.append(Results(it.image, it.name, m.names, Boxes(det, (h, w)), speed=dict(speed),
                                    masks=InstanceMasks(masks, det[:, 5].to(torch.int64))))
