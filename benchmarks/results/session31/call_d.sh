@@ -24,6 +24,9 @@ fi
   echo "sam rc=$?" >> $W/sam.log ) &
 ( timeout 150 python3 $S/clip_predict.py > $W/clip-predict.log 2>&1; echo "clip predict rc=$?" >> $W/clip-predict.log
   timeout 100 python3 $S/clip_text.py > $W/clip-text.log 2>&1; echo "clip text rc=$?" >> $W/clip-text.log ) &
+( timeout 80 python3 benchmarks/train_step.py --arm eager --model rtmdet-t-seg --batch 16 --imgsz 640 --amp --runs 5 \
+    --warmup 3 --profile 3 --json $W/train-step-profile-rtmdet-t-seg.json > $W/train-step-profile.log 2>&1
+  echo "step profile rc=$?" >> $W/train-step-profile.log ) &
 ( for n in 60 300; do timeout 40 python3 benchmarks/segment_masks.py --device cuda --instances $n; done > $W/segment-masks.log 2>&1
   timeout 120 python3 $S/edgetam_probe.py > $W/edgetam.log 2>&1; echo "edgetam rc=$?" >> $W/edgetam.log
   timeout 100 python3 $S/sam2_video.py > $W/sam2-video.log 2>&1; echo "sam2 video rc=$?" >> $W/sam2-video.log ) &
@@ -34,6 +37,6 @@ wait
 tar czf "$OUT/all-d.tgz" -C $W . 2>/dev/null
 { for f in $W/quality-*.log; do tr '\r' '\n' < "$f" | grep -E '^\{|rc=' | cut -c1-330; done
   grep -E "^(FAILED|ERROR|XPASS|XFAIL)|passed|failed|rc=" $W/sam.log $W/prompt.log | cut -c1-250
-  tail -4 $W/clip-predict.log $W/clip-text.log | cut -c1-300; cat $W/edgetam.log | cut -c1-400 | tail -12; tail -3 $W/sam2-video.log; cat $W/segment-masks.log | cut -c1-300
+  tail -4 $W/clip-predict.log $W/clip-text.log | cut -c1-300; cat $W/edgetam.log | cut -c1-400 | tail -12; tail -3 $W/sam2-video.log; cat $W/segment-masks.log | cut -c1-300; tail -25 $W/train-step-profile.log | cut -c1-200
 } > "$OUT/summary-d.txt" 2>&1
 cat "$OUT/summary-d.txt"
