@@ -185,12 +185,14 @@ def main() -> None:
     ap.add_argument("--profile", type=int, default=300, help="calls per arm for the stamps and cProfile")
     ap.add_argument("--no-imgsz", action="store_true", help="call model(img, cuda_graph=True) without imgsz=")
     ap.add_argument("--rgb", action="store_true", help="the array said to be RGB (bgr=False): no channel reorder")
+    ap.add_argument("--frame", action="store_true", help="the sample at its own 1280x720, not resized to imgsz")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     torch.set_num_threads(1)
     m = LibreYOLO.new(*a.model, device="cpu", seed=0)
     m.runner.capturer = StubCapturer()
-    img = np.ascontiguousarray(np.asarray(Image.open(SAMPLE_IMAGE).convert("RGB").resize((a.imgsz, a.imgsz))))
+    pil = Image.open(SAMPLE_IMAGE).convert("RGB")
+    img = np.ascontiguousarray(np.asarray(pil if a.frame else pil.resize((a.imgsz, a.imgsz))))
     kw = {"cuda_graph": True} if a.no_imgsz else {"imgsz": a.imgsz, "cuda_graph": True}
     if a.rgb:
         kw["bgr"] = False

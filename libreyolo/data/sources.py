@@ -570,13 +570,37 @@ def _numpy_to_rgb(arr: np.ndarray, bgr: bool) -> np.ndarray:
 
 def _pick_channels(arr: np.ndarray, order: tuple[int, int, int]) -> np.ndarray:
     """A new C-contiguous HxWx3 uint8 array whose channel i is ``arr``'s channel ``order[i]``:
-    the same bytes as ``np.array(arr[:, :, order], order="C")``, copied one channel plane at a
-    time - numpy copies a reversed or gapped last axis of three elements element by element, several
-    times slower (a 224x224 BGR array: about 270 us against 65 us on one core)."""
+    the same bytes as ``np.array(arr[:, :, order], order="C")``. OpenCV's ``cvtColor`` where it is
+    installed (anyone handing us BGR arrays most likely has it: 0.23 ms for a 1280x720 frame on one
+    core, as fast as a plain copy), else numpy one channel plane at a time (1.3 ms; numpy copies a
+    reversed or gapped last axis of three elements element by element, slower still)."""
+    code = _cv2_code(arr.shape[2], order)
+    if code is not None:
+        return _CV2.cvtColor(arr if arr.flags.c_contiguous else np.ascontiguousarray(arr), code)
     out = np.empty(arr.shape[:2] + (3,), dtype=np.uint8)
     for i, c in enumerate(order):
         out[:, :, i] = arr[:, :, c]
     return out
+
+
+_CV2: Any = None    # the cv2 module once imported; False: not installed
+
+
+def _cv2_code(channels: int, order: tuple[int, int, int]) -> int | None:
+    """OpenCV's conversion code picking ``order`` from ``channels`` uint8 channels, or None
+    (OpenCV absent, or no such conversion)."""
+    global _CV2
+    if _CV2 is None:
+        try:
+            import cv2
+            _CV2 = cv2
+        except ImportError:
+            _CV2 = False
+    if _CV2 is False:
+        return None
+    codes = {(3, (2, 1, 0)): "COLOR_BGR2RGB", (4, (2, 1, 0)): "COLOR_BGRA2RGB", (4, (0, 1, 2)): "COLOR_RGBA2RGB"}
+    name = codes.get((channels, tuple(order)))
+    return None if name is None else getattr(_CV2, name)
 
 
 #: Slack on the [0, 1] range of float images, for rounding error (0..255 data is far outside).

@@ -147,6 +147,31 @@ def test_numpy_is_bgr_by_default_rgb_when_said_and_rgba_drops_alpha():
     assert tuple(pil.image[0, 0]) == (255, 0, 0) and tuple(ten.image[0, 0].tolist()) == (255, 0, 0)
 
 
+@pytest.mark.parametrize("opencv", [True, False])
+def test_channel_reorder_is_the_same_bytes_with_and_without_opencv(opencv, monkeypatch):
+    """BGR / BGRA / RGBA -> RGB through OpenCV's cvtColor where it is installed, numpy's plane
+    copies where not: the bytes of numpy's fancy indexing either way, contiguous or not."""
+    from libreyolo.data import sources
+    if opencv:
+        pytest.importorskip("cv2")
+        monkeypatch.setattr(sources, "_CV2", None)    # found again
+    else:
+        monkeypatch.setattr(sources, "_CV2", False)   # as if not installed
+    rng = np.random.default_rng(0)
+    for shape in [(37, 53, 3), (37, 53, 4), (2, 4, 3), (720, 1280, 3)]:
+        arr = rng.integers(0, 256, shape, dtype=np.uint8)
+        views = [arr, arr[::2, 1::3], np.asfortranarray(arr)]
+        for a in views:
+            for bgr in (True, False):
+                if a.shape[2] == 3 and not bgr:
+                    continue   # nothing to reorder
+                (item,) = load_sources(a, bgr=bgr)
+                ref = np.ascontiguousarray(a[:, :, [2, 1, 0] if bgr else [0, 1, 2]])
+                assert item.image.flags.c_contiguous and item.image.dtype == np.uint8
+                np.testing.assert_array_equal(item.image, ref)
+    assert (sources._CV2 is not False) == opencv
+
+
 @pytest.mark.parametrize("channels", [3, 4])
 @pytest.mark.parametrize("bgr", [True, False])
 @pytest.mark.parametrize("view", ["contiguous", "strided", "float"])
