@@ -38,7 +38,16 @@ def main() -> int:
     ap.add_argument("--json", default=None)
     ap.add_argument("--keep", default=None, help="a folder: each trained model saved there as <name>.pt "
                                                   "(for benchmarks on trained weights)")
+    ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="more training options (e.g. lr0=0.004 warmup_epochs=1), parsed as YAML scalars")
     args = ap.parse_args()
+    import yaml
+    extra = {}
+    for kv in args.set:
+        key, sep, value = kv.partition("=")
+        if not sep:
+            ap.error(f"--set takes KEY=VALUE, got {kv!r}")
+        extra[key] = yaml.safe_load(value)
     rows = []
     with tempfile.TemporaryDirectory(prefix="task-quality-") as tmp:
         for name in args.models:
@@ -48,10 +57,10 @@ def main() -> int:
             t0 = time.perf_counter()
             res = model.train(data=DATA[task], epochs=args.epochs, imgsz=args.imgsz, batch=args.batch,
                               project=str(Path(tmp) / name), cuda_graph=args.cuda_graph, verbose=False,
-                              **({} if args.amp is None else {"amp": args.amp}))
+                              **({} if args.amp is None else {"amp": args.amp}), **extra)
             train_s = time.perf_counter() - t0
             val = model.val(data=DATA[task], imgsz=args.imgsz, batch=args.batch)
-            row = {"model": name, "amp": args.amp or "default", "epochs": args.epochs, "imgsz": args.imgsz, "batch": args.batch,
+            row = {"model": name, "amp": args.amp or "default", "set": extra, "epochs": args.epochs, "imgsz": args.imgsz, "batch": args.batch,
                    "train_s": round(train_s, 1), "ckpt": Path(model.ckpt_path or "").name,
                    "val_best": {k: round(float(v), 4) for k, v in val.items() if isinstance(v, (int, float))},
                    "cuda_graph": res.get("cuda_graph") if isinstance(res, dict) else None}
