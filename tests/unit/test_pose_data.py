@@ -10,6 +10,7 @@ from libreyolo.tasks.pose.data import (
     collate_pose,
     flip_keypoints,
     parse_pose_labels,
+    random_affine,
     resolve_pose_data,
 )
 from libreyolo.tasks.pose.metrics import oks_map
@@ -47,6 +48,50 @@ def test_flip_swaps_left_and_right_by_flip_idx(shapes_pose):
     img, _, box, kp = plain[0]
     assert torch.equal(img_f, img.flip(-1))
     assert torch.allclose(box_f[:, 0], 1 - box[:, 0]) and torch.allclose(kp_f, torch.from_numpy(flipped))
+
+
+def test_random_affine_moves_image_boxes_and_keypoints_together():
+    """A zoom and shift keeps each pixel, box and keypoint in register (a white quad's corners stay
+    on its corners), clamps boxes, drops instances mostly outside, unlabels keypoints that leave."""
+    img = torch.full((3, 64, 64), 30, dtype=torch.uint8)
+    img[:, 16:32, 8:40] = 250                                      # rows 16-31, columns 8-39
+    boxes = torch.tensor([[24 / 64, 24 / 64, 32 / 64, 16 / 64], [61.75 / 64, 61.75 / 64, 3.5 / 64, 3.5 / 64]])
+    kpts = torch.tensor([[[8, 16, 2], [40, 16, 2], [40, 32, 1], [8, 32, 0]],
+                         [[60, 60, 2], [63.5, 60, 2], [63.5, 63.5, 2], [60, 63.5, 2]]], dtype=torch.float32)
+    kpts[..., :2] /= 64
+    torch.manual_seed(0)
+    seen_drop = seen_unlabel = False
+    for _ in range(40):
+        out_img, cls, b, k = random_affine(img, torch.tensor([0, 0]), boxes, kpts, scale=0.5, translate=0.2)
+        assert out_img.shape == img.shape and out_img.dtype == torch.uint8
+        assert len(cls) == len(b) == len(k) and (b[:, 2:] > 0).all()
+        x1y1, x2y2 = (b[:, :2] - b[:, 2:] / 2) * 64, (b[:, :2] + b[:, 2:] / 2) * 64
+        assert (x1y1 >= -1e-4).all() and (x2y2 <= 64 + 1e-4).all()   # clamped to the image
+        seen_drop |= len(cls) < 2
+        if len(cls) and b[0, 2] * 64 > 6 and b[0, 3] * 64 > 6:    # the quad kept and not tiny
+            c = (b[0, :2] * 64).long()
+            if 0 <= c[0] < 64 and 0 <= c[1] < 64:
+                assert out_img[0, c[1], c[0]] > 200                 # its box centre still on the quad
+            tl = k[0, 0]
+            if tl[2] > 0:                                           # the top-left corner at the box's
+                assert torch.allclose(tl[:2] * 64, x1y1[0], atol=1e-3)
+            seen_unlabel |= bool((k[0, :3, 2] == 0).any())
+        assert (k[0, 3] == 0).all() if len(cls) else True            # unlabelled stays unlabelled
+    assert seen_drop and seen_unlabel
+    # no zoom, no shift: the sample itself
+    same = random_affine(img, torch.tensor([0, 0]), boxes, kpts, scale=0.0, translate=0.0)
+    assert torch.equal(same[0], img) and torch.allclose(same[2], boxes) and torch.allclose(same[3][:, :3], kpts[:, :3])
+
+
+def test_pose_dataset_applies_the_affine_only_when_asked(shapes_pose):
+    cfg = resolve_pose_data(shapes_pose)
+    plain = PoseDataset(cfg.train, 64, cfg.flip_idx, augment=True, fliplr=0.0)
+    moved = PoseDataset(cfg.train, 64, cfg.flip_idx, augment=True, fliplr=0.0, scale=0.5, translate=0.1)
+    torch.manual_seed(1)
+    a = [plain[i][0] for i in range(len(cfg.train))]
+    b = [moved[i][0] for i in range(len(cfg.train))]
+    assert all(torch.equal(x, PoseDataset(cfg.train, 64, cfg.flip_idx)[i][0]) for i, x in enumerate(a))
+    assert any(not torch.equal(x, y) for x, y in zip(a, b))
 
 
 def test_collate_pads_instances_to_a_bucketed_count(shapes_pose):

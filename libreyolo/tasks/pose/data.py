@@ -196,13 +196,15 @@ def flip_keypoints(kpts: np.ndarray, flip_idx: tuple[int, ...]) -> np.ndarray:
 
 class PoseDataset(torch.utils.data.Dataset):
     """Samples of one split as ``(image uint8 (3, S, S), cls (n,), boxes (n, 4) cxcywh, keypoints
-    (n, K, 3))``, normalized coordinates, stretched to ``imgsz`` (a flip with probability ``fliplr``
-    when ``augment``)."""
+    (n, K, 3))``, normalized coordinates, stretched to ``imgsz``; when ``augment``: a flip with
+    probability ``fliplr``, then a random zoom and shift (:func:`random_affine`, ``scale`` /
+    ``translate``; 0 for none)."""
 
     def __init__(self, samples: list[PoseSample], imgsz: int, flip_idx: tuple[int, ...], augment: bool = False,
-                 fliplr: float = 0.5):
+                 fliplr: float = 0.5, scale: float = 0.0, translate: float = 0.0):
         self.samples, self.imgsz, self.flip_idx = samples, int(imgsz), tuple(flip_idx)
         self.augment, self.fliplr = augment, float(fliplr)
+        self.scale, self.translate = float(scale), float(translate)
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -218,7 +220,47 @@ class PoseDataset(torch.utils.data.Dataset):
             boxes[:, 0] = 1.0 - boxes[:, 0]
             kpts = flip_keypoints(kpts, self.flip_idx)
         image = torch.from_numpy(np.ascontiguousarray(img.transpose(2, 0, 1)))
-        return image, torch.from_numpy(s.cls), torch.from_numpy(boxes), torch.from_numpy(kpts)
+        item = image, torch.from_numpy(s.cls), torch.from_numpy(boxes), torch.from_numpy(kpts)
+        if self.augment and (self.scale > 0 or self.translate > 0):
+            item = random_affine(*item, scale=self.scale, translate=self.translate)
+        return item
+
+
+#: an instance is kept after the affine when this share of its box's area stays inside the image
+MIN_AREA_KEPT = 0.25
+#: grey of the canvas the affine uncovers (the detection recipe's)
+FILL = 114
+
+
+def random_affine(image: torch.Tensor, cls: torch.Tensor, boxes: torch.Tensor, kpts: torch.Tensor, *,
+                  scale: float, translate: float):
+    """A random zoom (gain uniform in ``1 +- scale``, about the centre) and shift (whole pixels, up
+    to ``translate`` of the side) of one sample: ``image`` (3, S, S) uint8, ``boxes`` (n, 4)
+    cxcywh and ``kpts`` (n, K, 3) normalized, moved together by torchvision's ``affine`` (the
+    parameters drawn from torch's generator: the loader's per-worker seeding makes a run
+    repeatable). Boxes are clamped to the image; an instance keeping under :data:`MIN_AREA_KEPT`
+    of its box's area inside, or under 2 pixels a side, is dropped; a keypoint that leaves the
+    image becomes unlabelled (0, 0, 0)."""
+    from torchvision import tv_tensors
+    from torchvision.transforms.v2 import functional as TF
+
+    h, w = image.shape[-2:]
+    u = torch.rand(3).tolist()
+    gain = 1.0 + (2 * u[0] - 1) * scale
+    shift = [round((2 * u[1] - 1) * translate * w), round((2 * u[2] - 1) * translate * h)]
+    args = dict(angle=0.0, translate=shift, scale=gain, shear=[0.0, 0.0])
+    size = torch.tensor([w, h, w, h], dtype=torch.float32)
+    px = tv_tensors.BoundingBoxes(boxes.float() * size, format="CXCYWH", canvas_size=(h, w))
+    pts = tv_tensors.KeyPoints(kpts[..., :2].reshape(-1, 2).float() * size[:2], canvas_size=(h, w))
+    out_img = TF.affine(tv_tensors.Image(image), **args, fill=FILL)
+    out_boxes, out_pts = TF.affine(px, **args), TF.affine(pts, **args)
+    area = out_boxes[:, 2] * out_boxes[:, 3]
+    keep = (area >= MIN_AREA_KEPT * px[:, 2] * px[:, 3] * gain ** 2) & (out_boxes[:, 2:] >= 2).all(1)
+    xy = out_pts.as_subclass(torch.Tensor).reshape(kpts.shape[0], kpts.shape[1], 2)
+    inside = (xy[..., 0] >= 0) & (xy[..., 0] < w) & (xy[..., 1] >= 0) & (xy[..., 1] < h) & (kpts[..., 2] > 0)
+    new_kpts = torch.cat((xy / size[:2], kpts[..., 2:]), -1).to(kpts.dtype) * inside[..., None]
+    new_boxes = (out_boxes.as_subclass(torch.Tensor) / size).to(boxes.dtype)
+    return out_img.as_subclass(torch.Tensor), cls[keep], new_boxes[keep], new_kpts[keep]
 
 
 def bucket_rows(n: int, bucket: int) -> int:

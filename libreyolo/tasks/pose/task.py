@@ -30,7 +30,7 @@ import torch
 
 from ...ops import nms_graph
 from ...ops.letterbox import inverse_params, unletterbox_boxes, unletterbox_packed, unletterbox_points
-from ...options import Fraction, Int, check_fields, option
+from ...options import Float, Fraction, Int, check_fields, option
 from ..base import Evaluator, InStageSelection, PredictPlan, Task, TaskOptions
 from .results import Keypoints
 
@@ -40,6 +40,8 @@ class PoseOptions(TaskOptions):
     """Pose training options: flip augmentation, target padding, validation threshold."""
 
     fliplr: float = option(0.5, "probability of a horizontal flip (keypoints swapped by flip_idx)", Fraction())
+    scale: float = option(0.0, "random zoom gain, +- fraction (0: none)", Float(0.0, 1.0, max_inclusive=False))
+    translate: float = option(0.0, "random shift, +- fraction of the size (0: none)", Fraction())
     bucket: int = option(16, "instances padded to this times a power of two (fixed loss shapes)", Int(1))
     val_conf: float = option(0.001, "confidence threshold of validation", Fraction())
     val_iou: float = option(0.7, "NMS IoU threshold of validation (families whose candidates need NMS)",
@@ -255,7 +257,8 @@ class PoseTask(Task):
     def datasets(self, data, imgsz, model, options: PoseOptions):
         from .data import PoseDataset
         val, collate = self.val_dataset(data, imgsz, model, options)
-        train = PoseDataset(data.train, imgsz, data.flip_idx, augment=True, fliplr=options.fliplr)
+        train = PoseDataset(data.train, imgsz, data.flip_idx, augment=True, fliplr=options.fliplr,
+                             scale=options.scale, translate=options.translate)
         return train, val, collate
 
     def val_dataset(self, data, imgsz, model, options: PoseOptions):
