@@ -60,10 +60,14 @@ def main() -> int:
                               **({} if args.amp is None else {"amp": args.amp}), **extra)
             train_s = time.perf_counter() - t0
             val = model.val(data=DATA[task], imgsz=args.imgsz, batch=args.batch)
+            history = res.get("history", []) if isinstance(res, dict) else []
             row = {"model": name, "amp": args.amp or "default", "set": extra, "epochs": args.epochs, "imgsz": args.imgsz, "batch": args.batch,
                    "train_s": round(train_s, 1), "ckpt": Path(model.ckpt_path or "").name,
                    "val_best": {k: round(float(v), 4) for k, v in val.items() if isinstance(v, (int, float))},
-                   "cuda_graph": res.get("cuda_graph") if isinstance(res, dict) else None}
+                   "cuda_graph": res.get("cuda_graph") if isinstance(res, dict) else None,
+                   # each epoch's validation mAP50 figures: still rising at the end, or level
+                   "curve": {k: [round(float(h[k]), 4) for h in history if k in h]
+                             for k in sorted({k for h in history for k in h if k.endswith("map50") and "/" not in k})}}
             rows.append(row)
             if args.keep:
                 Path(args.keep).mkdir(parents=True, exist_ok=True)
