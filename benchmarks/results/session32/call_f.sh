@@ -17,7 +17,7 @@ quality() {  # $1 arm name, $2 timeout, rest: task_quality options
   timeout $t python3 benchmarks/task_quality.py --batch 16 "$@" --json $W/quality-$arm.json > $W/quality-$arm.log 2>&1
   echo "quality $arm rc=$?" >> $W/quality-$arm.log
 }
-( quality graph-bf16 330 --models rtmdet-t-segment yolonas-n-pose --epochs 30 --imgsz 320 --cuda-graph --amp bf16 ) &
+( quality graph-bf16 330 --models rtmdet-t-segment yolonas-n-pose --epochs 30 --imgsz 320 --cuda-graph --amp bf16 --keep $W/keep ) &
 ( sleep 5; quality eager-bf16 330 --models rtmdet-t-segment yolonas-n-pose --epochs 30 --imgsz 320 --amp bf16 ) &
 # YOLO-NAS-Pose in fp32 (the captured step): the defaults with their curve, then one option each
 P="--models yolonas-n-pose --cuda-graph --amp false"
