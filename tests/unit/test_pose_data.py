@@ -144,9 +144,19 @@ def test_oks_map_rewards_accurate_keypoints():
                  "kpts": gk[:, :, :2] + offset}]
 
     exact, close, far = (oks_map(pred(o), gt, [0.05] * 4) for o in (0.0, 2.0, 40.0))
-    assert exact == {"oks_map50": 1.0, "oks_map50_95": 1.0}
+    assert exact == {"oks_map50": 1.0, "oks_map50_95": 1.0, "map50": 1.0, "map50_95": 1.0}
     assert close["oks_map50"] == 1.0 and 0.0 < close["oks_map50_95"] < 1.0
-    assert far == {"oks_map50": 0.0, "oks_map50_95": 0.0}
+    assert far["oks_map50"] == 0.0 and far["oks_map50_95"] == 0.0
+    # the boxes are exact in all three: the box mAP tells the instances from their keypoints
+    assert close["map50_95"] == far["map50_95"] == 1.0
+
+
+def test_box_map_of_pose_predictions_follows_the_boxes():
+    gk = np.array([[[10, 10, 2], [50, 10, 2], [50, 60, 2], [10, 60, 2]]], float)
+    gt = [{"boxes": np.array([[10, 10, 50, 60]], float), "kpts": gk, "cls": np.array([0])}]
+    shifted = [{"boxes": np.array([[30, 10, 70, 60]], float), "scores": np.array([0.9]), "kpts": gk[:, :, :2]}]
+    m = oks_map(shifted, gt, [0.05] * 4)   # IoU 1/3: a box miss, the keypoints exact
+    assert m["oks_map50"] == 1.0 and m["map50"] == 0.0 and m["map50_95"] == 0.0
 
 
 def test_missing_data_lists_the_built_in_pose_set():

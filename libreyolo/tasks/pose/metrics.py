@@ -1,4 +1,6 @@
-"""OKS mAP of keypoint predictions, through faster-coco-eval (``iouType="keypoints"``).
+"""OKS mAP of keypoint predictions, through faster-coco-eval (``iouType="keypoints"``), and the
+same detections' box mAP (``iouType="bbox"``): a pose model's boxes are its instances, so a low OKS
+beside a high box mAP says the keypoints are the weak part, a low box mAP says the instances are.
 
 Each ground-truth instance's area (the OKS scale) is its box area, as for YOLO-pose labels,
 which carry no segmentation; the per-keypoint sigmas come from the dataset (COCO's by default).
@@ -17,12 +19,14 @@ def _silent(*args, **kwargs) -> None:
 
 
 def oks_map(preds: Sequence[dict], gts: Sequence[dict], sigmas: Sequence[float]) -> dict[str, float]:
-    """``{"oks_map50", "oks_map50_95"}`` of per-image predictions against ground truth.
+    """``{"oks_map50", "oks_map50_95", "map50", "map50_95"}`` (OKS, then box) of per-image
+    predictions against ground truth.
 
     ``preds[i]``: ``boxes`` (n, 4) xyxy, ``scores`` (n,), ``kpts`` (n, K, 2) in image pixels (a
     ``cls`` (n,) may be given, default 0); ``gts[i]``: ``boxes`` (m, 4) xyxy, ``kpts`` (m, K, 3)
     x, y, visibility, ``cls`` (m,). A split without any labelled keypoint scores NaN.
     """
+    nan = {"oks_map50": float("nan"), "oks_map50_95": float("nan"), "map50": float("nan"), "map50_95": float("nan")}
     from faster_coco_eval import COCO, COCOeval_faster
     k = len(sigmas)
     images, anns, dets, classes = [], [], [], set()
@@ -48,19 +52,22 @@ def oks_map(preds: Sequence[dict], gts: Sequence[dict], sigmas: Sequence[float])
                          "keypoints": np.concatenate([kp, np.ones((k, 1))], 1).ravel().tolist()})
             classes.add(int(c))
     if not any(a["num_keypoints"] for a in anns):
-        return {"oks_map50": float("nan"), "oks_map50_95": float("nan")}
+        return nan
     gt = {"images": images, "annotations": anns,
           "categories": [{"id": c + 1, "name": str(c), "keypoints": [str(j) for j in range(k)]}
                          for c in sorted(classes)]}
     with contextlib.redirect_stdout(io.StringIO()):
         coco_gt = COCO(gt, print_function=_silent)
         if not dets:
-            return {"oks_map50": 0.0, "oks_map50_95": 0.0}
+            return {k: 0.0 for k in nan}
         coco_dt = coco_gt.loadRes(dets)
-        ev = COCOeval_faster(coco_gt, coco_dt, iouType="keypoints", kpt_oks_sigmas=list(sigmas),
-                             print_function=_silent)
-        ev.evaluate()
-        ev.accumulate()
-        ev.summarize()
-    stats = ev.stats
-    return {"oks_map50": max(0.0, float(stats[1])), "oks_map50_95": max(0.0, float(stats[0]))}
+        out = {}
+        for iou_type, prefix in (("keypoints", "oks_"), ("bbox", "")):
+            ev = COCOeval_faster(coco_gt, coco_dt, iouType=iou_type, print_function=_silent,
+                                 **({"kpt_oks_sigmas": list(sigmas)} if iou_type == "keypoints" else {}))
+            ev.evaluate()
+            ev.accumulate()
+            ev.summarize()
+            out[prefix + "map50"] = max(0.0, float(ev.stats[1]))
+            out[prefix + "map50_95"] = max(0.0, float(ev.stats[0]))
+    return out

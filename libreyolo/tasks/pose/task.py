@@ -55,8 +55,9 @@ class PoseOptions(TaskOptions):
 
 
 class PoseEvaluator(Evaluator):
-    """OKS mAP50 / mAP50-95 of a validation split (:func:`~.metrics.oks_map`), measured on the
-    network's square input (the images as the stage sees them) with the dataset's sigmas."""
+    """OKS mAP50 / mAP50-95 and box mAP50 / mAP50-95 of a validation split
+    (:func:`~.metrics.oks_map`), measured on the network's square input (the images as the stage
+    sees them) with the dataset's sigmas."""
 
     def __init__(self, model, options: PoseOptions, sigmas: tuple[float, ...]):
         self.model, self.options, self.sigmas = model, options, tuple(sigmas)
@@ -300,7 +301,9 @@ class PoseTask(Task):
         return 0.1 * nz(metrics.get("oks_map50")) + 0.9 * nz(metrics.get("oks_map50_95"))
 
     def empty_metrics(self) -> dict[str, float]:
-        return {"oks_map50": float("nan"), "oks_map50_95": float("nan")}
+        return {"oks_map50": float("nan"), "oks_map50_95": float("nan"), "map50": float("nan"),
+                "map50_95": float("nan")}
 
     def summary(self, metrics) -> str:
-        return f"OKS mAP50 {metrics['oks_map50']:.4f}  OKS mAP50-95 {metrics['oks_map50_95']:.4f}"
+        return (f"OKS mAP50 {metrics['oks_map50']:.4f}  OKS mAP50-95 {metrics['oks_map50_95']:.4f}  "
+                f"box mAP50 {metrics.get('map50', float('nan')):.4f}")
