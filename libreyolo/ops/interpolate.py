@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ["resize_bilinear", "bilinear_weights"]
+__all__ = ["resize_bilinear", "resize_bilinear_backward", "bilinear_weights"]
 
 
 def bilinear_weights(n_in: int, n_out: int, device: torch.device | str = "cpu",
@@ -48,12 +48,20 @@ class _ResizeBilinear(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        (hi, wi), (ho, wo) = ctx.in_size, tuple(grad.shape[-2:])
-        a_w = _weights(wi, wo, grad.device)
-        a_h = _weights(hi, ho, grad.device)
-        g = torch.matmul(grad.float(), a_w)                            # (..., ho, wi)
-        g = torch.matmul(a_h.t(), g)                                   # (..., hi, wi)
-        return g.to(ctx.dtype), None
+        return resize_bilinear_backward(grad, ctx.in_size, ctx.dtype), None
+
+
+def resize_bilinear_backward(grad: torch.Tensor, in_size: tuple[int, int], dtype: torch.dtype | None = None
+                             ) -> torch.Tensor:
+    """The gradient of :func:`resize_bilinear` from an input of (H, W) ``in_size`` for the output
+    gradient ``grad`` (..., h, w): ``A_h^T @ grad @ A_w`` in float32, rounded once to ``dtype``
+    (``grad``'s by default). For custom backwards that end in a resize."""
+    (hi, wi), (ho, wo) = in_size, tuple(grad.shape[-2:])
+    a_w = _weights(wi, wo, grad.device)
+    a_h = _weights(hi, ho, grad.device)
+    g = torch.matmul(grad.float(), a_w)                                # (..., ho, wi)
+    g = torch.matmul(a_h.t(), g)                                       # (..., hi, wi)
+    return g.to(grad.dtype if dtype is None else dtype)
 
 
 _CACHE: dict[tuple[int, int, torch.device], torch.Tensor] = {}

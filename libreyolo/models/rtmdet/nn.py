@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ...ops.interpolate import resize_bilinear
+from ...ops.interpolate import resize_bilinear, resize_bilinear_backward
 from ..common.blocks import ConvBN, fuse_modules
 
 STRIDES = (8, 16, 32)
@@ -257,6 +257,16 @@ def resize_bilinear_cuda(x: torch.Tensor, size) -> torch.Tensor:
     return nn.functional.interpolate(x, size=size, mode="bilinear", align_corners=False)
 
 
+def resize_bilinear_cuda_backward(grad: torch.Tensor, in_size: tuple[int, int]) -> torch.Tensor:
+    """The input gradient of :func:`resize_bilinear_cuda` (from an (H, W) ``in_size`` to ``grad``'s
+    last two dims, ``grad`` (B, C, h, w)), for custom backwards: on CUDA :func:`resize_bilinear`'s
+    (no atomics), on the CPU torch's own kernel, the one autograd calls there."""
+    if grad.is_cuda:
+        return resize_bilinear_backward(grad, in_size)
+    return torch.ops.aten.upsample_bilinear2d_backward(grad, list(grad.shape[-2:]), [*grad.shape[:-2], *in_size],
+                                                       False, None, None)
+
+
 class MaskFeatModule(nn.Module):
     """Mask prototypes at stride 8: the neck's three levels upsampled (bilinear) to the finest,
     concatenated, fused by a 1x1 conv (bias, no activation), ``stacked`` 3x3 ConvBN-SiLU blocks,
@@ -349,3 +359,46 @@ def dynamic_masks(protos: torch.Tensor, params: torch.Tensor, points: torch.Tens
         if i < len(DYNAMIC_CONVS) - 1:
             x = torch.relu(x)
     return x.reshape(*params.shape[:-2], n, h, w)
+
+
+def dynamic_masks_batched(protos: torch.Tensor, params: torch.Tensor, points: torch.Tensor, strides: torch.Tensor,
+                          proto_stride: int) -> torch.Tensor:
+    """:func:`dynamic_masks` for a batch (the training loss's many anchors per image), with less
+    memory traffic: ``protos`` (B, 8, h, w), ``params`` (B, n, 169), ``points`` (B, n, 2),
+    ``strides`` (B, n) -> (B, n, h, w).
+
+    The first conv is linear in the relative coordinates, ``W_c (point - pixel) / (8 s)``, so it
+    is split into a per-anchor bias ``W_c point / (8 s)`` and ``-W_c / (8 s)`` times the pixel
+    coordinates, which every anchor of an image shares with the prototypes: one product of all
+    the image's anchors' first-conv weights and biases (B, n * 8, 11) with (B, 11, h * w) (pixel
+    x, y, the prototypes, ones), instead of an (n, 10, h * w) input per anchor. The other biases
+    are added by ``baddbmm``, the ReLUs applied in place. The same function as
+    :func:`dynamic_masks` up to float rounding (the split coordinate term is rounded differently
+    from ``point - pixel``, the first bias is summed inside the product); predict keeps
+    :func:`dynamic_masks`. With TF32 matmuls switched on (``torch.backends.cuda.matmul``; off by
+    default) the two split terms, each up to the coordinates over ``8 s`` times the weights, are
+    rounded to TF32 before they cancel, where ``dynamic_masks`` rounds their small difference.
+    """
+    b, n, _ = params.shape
+    h, w = protos.shape[-2:]
+    (ci, co), rest = DYNAMIC_CONVS[0], DYNAMIC_CONVS[1:]
+    ys = torch.arange(h, device=protos.device, dtype=protos.dtype) * proto_stride
+    xs = torch.arange(w, device=protos.device, dtype=protos.dtype) * proto_stride
+    coord = torch.stack(torch.meshgrid(xs, ys, indexing="xy"), 0).reshape(1, 2, h * w)     # (1, 2, hw) x, y
+    ones = protos.new_ones(1, 1, h * w)
+    rhs = torch.cat((coord.expand(b, -1, -1), protos.flatten(-2), ones.expand(b, -1, -1)), 1)   # (B, 11, hw)
+    at = sum(i * o for i, o in DYNAMIC_CONVS)
+    w1 = params[..., :ci * co].reshape(b, n, co, ci)
+    wc = w1[..., :2] / (strides[..., None, None] * 8)                                      # (B, n, co, 2)
+    bias = params[..., at:at + co] + (wc @ points.unsqueeze(-1)).squeeze(-1)               # (B, n, co)
+    lhs = torch.cat((-wc, w1[..., 2:], bias.unsqueeze(-1)), -1).reshape(b, n * co, ci + 1)
+    x = torch.bmm(lhs, rhs).relu_().view(b * n, co, h * w)
+    wat, bat = ci * co, at + co
+    for i, (ci, co) in enumerate(rest):
+        wgt = params[..., wat:wat + ci * co].reshape(b * n, co, ci)
+        bias = params[..., bat:bat + co].reshape(b * n, co, 1)
+        wat, bat = wat + ci * co, bat + co
+        x = torch.baddbmm(bias, wgt, x)
+        if i < len(rest) - 1:
+            x = x.relu_()
+    return x.view(b, n, h, w)
