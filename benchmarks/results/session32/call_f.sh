@@ -2,7 +2,7 @@
 # Session 32, call F (carry .whl .whlhf; the fixtures' tensors out of the copy): session 31's
 # queued call D (SAM after the relative-position fix, the prompt rows of SAM 2 / SAM 3 / PicoSAM3,
 # CLIP / SigLIP 2, EdgeTAM's float16 probe, SAM 2 video, the mask windows on the GPU, RTMDet-Ins's
-# step profile), issue 42's bfloat16 quality arms and six YOLO-NAS-Pose arms in fp32 (the
+# step profile), RTMDet-Ins's training rows after its cheaper mask loss, issue 42's bfloat16 quality arms and six YOLO-NAS-Pose arms in fp32 (the
 # defaults, 80 epochs, 160 px, lr0 1e-3 and 5e-4, no flip), the fast-path suite is call G's.
 set -uo pipefail
 export OUT="${OUT:-.out}"; W=/tmp/work; mkdir -p "$OUT" $W
@@ -39,6 +39,10 @@ P="--models yolonas-n-pose --cuda-graph --amp false"
   for n in 60 300; do timeout 40 python3 benchmarks/segment_masks.py --device cuda --instances $n; done > $W/segment-masks.log 2>&1
   timeout 120 python3 $S/edgetam_probe.py > $W/edgetam.log 2>&1; echo "edgetam rc=$?" >> $W/edgetam.log
   timeout 100 python3 $S/sam2_video.py > $W/sam2-video.log 2>&1; echo "sam2 video rc=$?" >> $W/sam2-video.log ) &
+# RTMDet-Ins's training rows after the cheaper mask loss (its training flag stays on only if they pass)
+( timeout -s INT 300 python3 -m pytest -p no:cacheprovider -n 3 --timeout 280 --tb=short -v -rfEsxX \
+    tests/gpu/test_tasks_gpu.py -k "rtmdet-t-segment and (step0 or whole_step or curve or trainer_replays) or resize_bilinear_backward" \
+    > $W/rtmdet-train.log 2>&1; echo "rtmdet train rc=$?" >> $W/rtmdet-train.log ) &
 timeout -s INT 240 python3 -m pytest -p no:cacheprovider -n 6 --timeout 200 --tb=short -v -rfEsxX \
   tests/gpu/test_segment_prompt_gpu.py tests/gpu/test_tasks_gpu.py -k "test_segment_prompt_gpu or ((predict_with_graph or select_in_the_stage) and seg)" > $W/prompt.log 2>&1
 echo "prompt rc=$?" >> $W/prompt.log
@@ -46,7 +50,7 @@ tar czf "$OUT/all-f.tgz" -C $W . 2>/dev/null
 wait
 tar czf "$OUT/all-f.tgz" -C $W . 2>/dev/null
 { for f in $W/quality-*.log; do tr '\r' '\n' < "$f" | grep -E '^\{|rc=' | cut -c1-700; done
-  grep -E "^(FAILED|ERROR|XPASS|XFAIL)|passed|failed|rc=" $W/sam.log $W/prompt.log | cut -c1-250
+  grep -E "^(FAILED|ERROR|XPASS|XFAIL)|passed|failed|rc=" $W/sam.log $W/prompt.log $W/rtmdet-train.log | cut -c1-250
   tail -4 $W/clip-predict.log $W/clip-text.log | cut -c1-300; cut -c1-400 $W/edgetam.log | tail -12; tail -3 $W/sam2-video.log
   cut -c1-300 $W/segment-masks.log; tail -25 $W/train-step-profile.log | cut -c1-200
 } > "$OUT/summary-f.txt" 2>&1
