@@ -18,7 +18,8 @@ quality() {  # $1 arm name, $2 timeout, rest: task_quality options
   timeout $t python3 benchmarks/task_quality.py --batch 16 "$@" --json $W/quality-$arm.json > $W/quality-$arm.log 2>&1
   echo "quality $arm rc=$?" >> $W/quality-$arm.log
 }
-( quality graph-bf16 290 --models rtmdet-t-segment yolonas-n-pose --epochs 30 --imgsz 320 --cuda-graph --amp bf16 --keep $W/keep ) &
+( quality graph-bf16 290 --models rtmdet-t-segment --epochs 30 --imgsz 320 --cuda-graph --amp bf16 --keep $W/keep ) &
+( sleep 3; quality pose-graph-bf16 280 --models yolonas-n-pose --epochs 30 --imgsz 320 --cuda-graph --amp bf16 --keep $W/keep ) &
 # YOLO-NAS-Pose in fp32 (the captured step): the defaults with their curve, then one option each
 P="--models yolonas-n-pose --cuda-graph --amp false"
 ( sleep 10; quality pose-fp32 280 $P --epochs 30 --imgsz 320 ) &
