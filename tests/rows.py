@@ -291,8 +291,6 @@ VARIANT_TRAIN_GRAPH_MODELS = [
 # on the test's model instance only), and what fails today is marked xfail(strict=True), so the day
 # it passes the suite says so and the family can declare SUPPORTS_CUDA_GRAPH. Family -> why.
 GRAPH_PENDING: dict[str, str] = {}
-GRAPH_PENDING["clip"] = "no GPU run yet (docs/families.md, CLIP and SigLIP 2)"
-GRAPH_PENDING["siglip2"] = "no GPU run yet (docs/families.md, CLIP and SigLIP 2)"
 # (family, size) of restoration models that must pass the GPU parity protocol (the network on imgsz
 # tiles, the uint8 tile stage) and graph predict == eager (tiles blended) before SUPPORTS_CUDA_GRAPH
 # flips; tests/gpu/test_tasks_gpu.py. No training rows: the training capture is not built for them.
@@ -302,10 +300,6 @@ RESTORE_GRAPH_MODELS = [
     ("realesrgan", "x2"),
     ("swinir", "s"),
 ]
-GRAPH_PENDING["edgetam"] = ("float16-autocast replay != eager on the GPU (network and image stage; fp32 equal): "
-                             "docs/families.md, SAM 2 and EdgeTAM")
-GRAPH_PENDING["sam"] = ("transformers' SAM modules: no GPU run yet (the command: docs/families.md, "
-                        "\"Promptable segmentation (SAM, PicoSAM3)\")")
 # Families whose training capture is built but not declared (SUPPORTS_CUDA_GRAPH_TRAIN False): the
 # GPU training rows of tests/gpu/test_tasks_gpu.py run for them too, marked xfail(strict=False) -
 # the report shows which rows pass (XPASS) and which do not. Family -> why it is not declared.

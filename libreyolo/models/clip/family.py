@@ -68,7 +68,7 @@ class ImageTextModel(Model):
     TASK = "classify"
     DEFAULT_NC = 1000   # the checkpoints' ImageNet-1k names
     STRIDE = 1          # the towers take one fixed size (DEFAULT_IMGSZ_BY_SIZE); no rounding to a stride
-    SUPPORTS_CUDA_GRAPH = False   # no GPU parity run yet: the command is in docs/families.md
+    SUPPORTS_CUDA_GRAPH = True   # proven on the GPU (docs/families.md, "CLIP and SigLIP 2")
     #: "softmax" (CLIP) or "sigmoid" (SigLIP 2): how the classify task turns the logits into probabilities
     PROBS: ClassVar[str] = "softmax"
     #: token lengths the text tower runs at (the shortest that holds a batch's longest prompt)

@@ -1,6 +1,7 @@
 """EdgeTAM declarations (promptable segmentation of images and video, on-device SAM 2)."""
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 from ..sam2.model import Sam2Family
@@ -14,8 +15,10 @@ class EdgeTAM(Sam2Family):
     FAMILY = "edgetam"
     SIZES = ("edge",)
     FILE_PREFIX = "LibreEdgeTAM"
-    # not declared: its float16-autocast replay differs from eager on the GPU (docs/families.md, EdgeTAM)
-    SUPPORTS_CUDA_GRAPH = False
+    # float16 autocast leaves the finite range on some inputs (NaN outputs, which no replay can
+    # compare equal); bfloat16 keeps float32's range: its replays equal eager (docs/families.md)
+    AMP_DTYPE = torch.bfloat16
+    SUPPORTS_CUDA_GRAPH = True
     SIGNATURE_KEYS = ("no_memory_embedding", "vision_encoder.backbone.timm_model.stem.conv1.c.weight",
                       "mask_decoder.conv_s0.weight")
 

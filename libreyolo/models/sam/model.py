@@ -90,9 +90,8 @@ class SAM(PromptModel):
 
     FAMILY = "sam"
     MASK_PROMPTS = True              # transformers' SamPromptEncoder.mask_embed: SAM's mask_input
-    # New code: flags stay off until the GPU rows prove them (tests/rows.py GRAPH_PENDING,
-    # docs/families.md "Promptable segmentation (SAM, PicoSAM3)" has the command).
-    SUPPORTS_CUDA_GRAPH = False
+    # proven on the GPU (docs/families.md "Promptable segmentation (SAM, PicoSAM3)")
+    SUPPORTS_CUDA_GRAPH = True
     SIZES = ("base", "large", "huge")
     FILE_PREFIX = "LibreSAM1"        # the reference's class: LibreSAM1base.pt
     DEFAULT_IMGSZ = 1024

@@ -15,6 +15,9 @@ class Yolo2(DarknetModel):
 
     FAMILY = "yolo2"
     FILE_PREFIX = "LibreYOLO2"
+    # the GPU parity protocol (its "+post" cases at conf 0.001) and graph predict == eager passed
+    # for both sizes (docs/families.md); its training capture has no GPU run yet
+    SUPPORTS_CUDA_GRAPH = True
     CFGS = {"t": YOLOV2_TINY, "b": YOLOV2}
     SIZES = tuple(CFGS)
     DEFAULT_IMGSZ_BY_SIZE = {size: cfg.imgsz for size, cfg in CFGS.items()}

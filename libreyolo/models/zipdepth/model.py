@@ -31,7 +31,7 @@ class ZipDepth(DepthFamily):
     """
 
     FAMILY = "zipdepth"
-    SUPPORTS_CUDA_GRAPH = False   # no GPU parity run yet: the command is in docs/families.md
+    SUPPORTS_CUDA_GRAPH = True   # proven on the GPU (docs/families.md, "Depth estimation")
     SIZES = tuple(CONFIGS)
     FILE_PREFIX = "LibreZipDepth"   # the LibreYOLO checkpoint names: LibreZipDepthb-depth.pt
     DEFAULT_IMGSZ = 384
