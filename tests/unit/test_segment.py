@@ -98,6 +98,8 @@ def test_instance_masks_sampled_in_box_windows_equal_the_whole_image_sampled_and
     assert torch.equal(instance_masks(Head(), protos, coeffs, boxes, canvas, h, w, resize,
                                       host_boxes=boxes.numpy()), ref)
     assert instance_masks(Head(), protos, coeffs[:0], boxes[:0], canvas, h, w, resize).shape == (0, h, w)
+    # the GPU's way (whole images sampled and cut per chunk), forced here: the same bits
+    assert torch.equal(instance_masks(Head(), protos, coeffs, boxes, canvas, h, w, resize, windows=False), ref)
 
 
 def test_family_serves_detect_and_segment():

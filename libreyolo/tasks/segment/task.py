@@ -91,8 +91,8 @@ def box_windows(boxes: np.ndarray, h: int, w: int) -> np.ndarray:
 
 
 def instance_masks(model, protos: torch.Tensor, coeffs: torch.Tensor, boxes: torch.Tensor, canvas: int,
-                   h: int, w: int, resize: str, thr: float = 0.0, host_boxes: np.ndarray | None = None
-                   ) -> torch.Tensor:
+                   h: int, w: int, resize: str, thr: float = 0.0, host_boxes: np.ndarray | None = None,
+                   windows: bool | None = None) -> torch.Tensor:
     """The (n, h, w) bool masks of one image's kept instances: the family's mask logits, sampled
     at the image's pixels, above ``thr`` (logit 0 = probability 0.5), cut to ``boxes`` (xyxy,
     the image's pixels; ``host_boxes``: a host copy of them, if the caller has one).
@@ -101,11 +101,23 @@ def instance_masks(model, protos: torch.Tensor, coeffs: torch.Tensor, boxes: tor
     instances shares the largest window's shape), the rest of the mask stays False: the same
     coordinates, samples and box test as sampling the whole image (:func:`sample_masks`) and
     cutting it (:func:`crop_to_boxes`), so the same masks, at a fraction of the work where the
-    instances are small (a 720p image: 0.92 M samples per instance otherwise)."""
+    instances are small (a 720p image: 0.92 M samples per instance otherwise). That is the CPU's
+    way; a GPU samples whole images faster than it scatters windows (docs/benchmarks.md), so on
+    CUDA each chunk is the whole image sampled and cut - the same bits either way. ``windows``:
+    force one way (None: by the device)."""
     sx, sy, px, py = inverse_params(h, w, canvas, resize)
     n, dev = coeffs.shape[0], protos.device
+    if windows is None:
+        windows = dev.type != "cuda"
     out = torch.zeros((n, h, w), dtype=torch.bool, device=dev)
     if n == 0:
+        return out
+    if not windows:
+        b = boxes.to(dev)
+        for s in range(0, n, MASK_CHUNK):
+            e = min(s + MASK_CHUNK, n)
+            full = sample_masks(model.mask_logits(protos, coeffs[s:e]).float(), canvas, h, w, sx, sy, px, py)
+            out[s:e] = crop_to_boxes(full > thr, b[s:e])
         return out
     win = box_windows(boxes.detach().cpu().numpy() if host_boxes is None else host_boxes, h, w)
     for s in range(0, n, MASK_CHUNK):
