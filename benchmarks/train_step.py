@@ -34,7 +34,7 @@ DEFAULT_DATA = {"detect": "shapes", "classify": "shapes-cls", "semantic": "shape
 
 
 def run_arm(arm: str, spec: str, batch: int, imgsz: int, amp: bool, runs: int, warmup: int,
-            optim: str | None = None, channels_last: bool = False, fp16: bool = False, profile: int = 0) -> dict:
+            optim: str | None = None, channels_last: bool | None = None, fp16: bool = False, profile: int = 0) -> dict:
     from libreyolo import LibreYOLO
     from libreyolo.benchmark import time_call
     from libreyolo.graphs.training import (
@@ -59,6 +59,8 @@ def run_arm(arm: str, spec: str, batch: int, imgsz: int, amp: bool, runs: int, w
     _, val, collate = task.datasets(data, imgsz, model, task.Options())   # unaugmented: one fixed batch
     imgs, *targets = collate([val[i % len(val)] for i in range(batch)])
     net = model.model.train()
+    if channels_last is None:   # as the trainer on CUDA: the family's declaration
+        channels_last = bool(model.CHANNELS_LAST)
     fmt = torch.channels_last if channels_last else torch.contiguous_format
     net.to(memory_format=fmt)
     loss_fn = model.build_loss().cuda()
@@ -110,7 +112,7 @@ def run_arm(arm: str, spec: str, batch: int, imgsz: int, amp: bool, runs: int, w
             update()
 
     timing = time_call(one, torch.device("cuda"), runs, warmup)
-    res = {"arm": arm, "optimizer": optim, "median_ms": timing["median_ms"], "min_ms": timing["min_ms"], "runs": runs,
+    res = {"arm": arm, "optimizer": optim, "channels_last": channels_last, "median_ms": timing["median_ms"], "min_ms": timing["min_ms"], "runs": runs,
            "runner": runner.info() if seg is None else seg.info()}
     if profile:
         res["profile"] = kernel_profile(one, profile)
@@ -177,6 +179,13 @@ def run_in_processes(script: str, arms, args: list[str], error_lines: int = 1) -
     return out
 
 
+def layout(a) -> bool | None:
+    """--channels-last / --contiguous -> True / False; neither: None (the family's declaration)."""
+    if a.channels_last and a.contiguous:
+        raise SystemExit("--channels-last and --contiguous exclude each other")
+    return True if a.channels_last else False if a.contiguous else None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--arm", choices=ARMS + ("seam",), default="eager")
@@ -187,7 +196,9 @@ def main() -> None:
     ap.add_argument("--imgsz", type=int, default=640)
     ap.add_argument("--amp", action="store_true", help="bfloat16 autocast")
     ap.add_argument("--fp16", action="store_true", help="float16 autocast + GradScaler (instead of --amp)")
-    ap.add_argument("--channels-last", action="store_true", help="network and input in channels_last")
+    ap.add_argument("--channels-last", action="store_true", help="network and input in channels_last "
+                    "(default: the family's CHANNELS_LAST, as the trainer runs on CUDA)")
+    ap.add_argument("--contiguous", action="store_true", help="network and input contiguous (NCHW) whatever the family declares")
     ap.add_argument("--runs", type=int, default=100)
     ap.add_argument("--warmup", type=int, default=15)
     ap.add_argument("--optim", choices=("sgd", "adamw"), default=None, help="default: the family's recipe")
@@ -200,7 +211,7 @@ def main() -> None:
     torch.backends.cudnn.benchmark = a.cudnn_benchmark
     if not a.all:
         print(json.dumps(run_arm(a.arm, a.model, a.batch, a.imgsz, a.amp, a.runs, a.warmup, a.optim,
-                                    a.channels_last, a.fp16, a.profile)))
+                                    layout(a), a.fp16, a.profile)))
         return
     if a.arms is None:
         from libreyolo.models.base import Model
@@ -211,11 +222,12 @@ def main() -> None:
                             ["--model", a.model, "--batch", str(a.batch), "--imgsz", str(a.imgsz), "--runs",
                              str(a.runs), "--warmup", str(a.warmup)] + (["--amp"] if a.amp else [])
                             + (["--optim", a.optim] if a.optim else [])
-                            + (["--channels-last"] if a.channels_last else []) + (["--fp16"] if a.fp16 else [])
+                            + (["--channels-last"] if a.channels_last else []) + (["--contiguous"] if a.contiguous else [])
+                            + (["--fp16"] if a.fp16 else [])
                             + (["--cudnn-benchmark"] if a.cudnn_benchmark else [])
                             + (["--profile", str(a.profile)] if a.profile else []))
     res = {"model": a.model, "batch": a.batch, "imgsz": a.imgsz, "amp": "fp16" if a.fp16 else "bf16" if a.amp else False,
-           "channels_last": a.channels_last, "cudnn_benchmark": a.cudnn_benchmark, "arms": arms,
+           "channels_last": layout(a), "cudnn_benchmark": a.cudnn_benchmark, "arms": arms,
            "device": torch.cuda.get_device_name(0), "torch": torch.__version__, "date": dt.date.today().isoformat()}
     eager = arms.get("eager", {}).get("median_ms")
     for arm in arms:
