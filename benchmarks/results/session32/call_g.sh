@@ -32,7 +32,7 @@ for m in rtmdet-t-seg yolonas-n-pose; do
 done
 tar czf "$OUT/all-g.tgz" -C $W . 2>/dev/null
 { grep -E "^(FAILED|ERROR|XPASS|XFAIL)|passed|failed|rc=" $W/video.log $W/fastpath.log | cut -c1-250
-  tail -15 $W/bench-*.log | cut -c1-250
+  for f in $W/bench-*.log; do tail -n 15 $f | cut -c1-250; done
   grep -hE '"median_ms"|speedup|rc=' $W/train-step-*-cl.log
   grep -E "^\{|rc=" $W/aot-probe.log | cut -c1-300; tail -5 $W/aot-probe.log | cut -c1-300
 } > "$OUT/summary-g.txt" 2>&1
