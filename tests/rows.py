@@ -310,6 +310,7 @@ TRAIN_PENDING: dict[str, str] = {}
 FAST_PENDING: dict[str, str] = {}
 FAST_PENDING["yolo3"] = "predict graphs proven on a GPU; its half / fast paths not measured yet (scripts/fast_contract.py)"
 FAST_PENDING["yolo4"] = "predict graphs proven on a GPU; its half / fast paths not measured yet (scripts/fast_contract.py)"
+FAST_PENDING["yolo2"] = "predict graphs proven on a GPU; its half / fast paths not measured yet (scripts/fast_contract.py)"
 # (family, size) exported to ONNX and compared with eager predict through onnxruntime on the CPU
 # (tests/unit/test_export_onnx.py): every family, in every run (each costs 5-25 s of export on
 # two cores); scripts/onnx_parity.py prints the table of all.
