@@ -1,6 +1,5 @@
 #!/usr/bin/env bash
-# Session 32, call H - call F trimmed to the device time left after failed starts (carry .whl
-# .whlhf; the fixtures' tensors out of the copy), plus call G's training-step arms at the end: session 31's
+# Session 32, call H (ran; carry .whl .whlhf; the fixtures' tensors out of the copy): session 31's
 # queued call D (SAM after the relative-position fix, the prompt rows of SAM 2 / SAM 3 / PicoSAM3,
 # CLIP / SigLIP 2, EdgeTAM's float16 probe, SAM 2 video, the mask windows on the GPU, RTMDet-Ins's
 # step profile), RTMDet-Ins's training rows after its cheaper mask loss, issue 42's bfloat16 quality arms and YOLO-NAS-Pose arms (fp32: the
