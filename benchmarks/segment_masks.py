@@ -1,6 +1,6 @@
-"""Instance masks at the original image's size: sampled in each box's window (what predict does)
-vs the whole image sampled and cut to the box (the definition; predict before session 31), the
-same bits, timed side by side in one process.
+"""Instance masks at the original image's size, ``instance_masks``' two ways: sampled in each box's
+window (predict's way on the CPU) vs the whole image sampled and cut to the box (the definition;
+predict's way on CUDA), the same bits, timed side by side in one process.
 
     PYTHONPATH=. python3 benchmarks/segment_masks.py [--device cuda] [--instances 60] [--h 720 --w 1280]
 
@@ -15,22 +15,12 @@ import json
 import torch
 
 from libreyolo.benchmark import time_call
-from libreyolo.ops.letterbox import inverse_params
-from libreyolo.tasks.segment.task import MASK_CHUNK, crop_to_boxes, instance_masks, sample_masks
+from libreyolo.tasks.segment.task import instance_masks
 
 
 class Head:
     def mask_logits(self, protos, coeffs):
         return torch.einsum("nc,chw->nhw", coeffs, protos)
-
-
-def whole_image(head, protos, coeffs, boxes, canvas, h, w, resize):
-    sx, sy, px, py = inverse_params(h, w, canvas, resize)
-    out = torch.zeros((coeffs.shape[0], h, w), dtype=torch.bool, device=protos.device)
-    for s in range(0, coeffs.shape[0], MASK_CHUNK):
-        full = sample_masks(head.mask_logits(protos, coeffs[s:s + MASK_CHUNK]).float(), canvas, h, w, sx, sy, px, py)
-        out[s:s + MASK_CHUNK] = crop_to_boxes(full > 0, boxes[s:s + MASK_CHUNK])
-    return out
 
 
 def main() -> None:
@@ -52,10 +42,16 @@ def main() -> None:
     boxes = torch.cat((xy, xy + wh), 1).to(dev)
     host = boxes.cpu().numpy()
     head, args = Head(), (640, a.h, a.w, "center")
-    same = torch.equal(instance_masks(head, protos, coeffs, boxes, *args, host_boxes=host),
-                       whole_image(head, protos, coeffs, boxes, *args))
-    t_win = time_call(lambda: instance_masks(head, protos, coeffs, boxes, *args, host_boxes=host), dev, a.runs, a.warmup)
-    t_all = time_call(lambda: whole_image(head, protos, coeffs, boxes, *args), dev, a.runs, a.warmup)
+
+    def windows():
+        return instance_masks(head, protos, coeffs, boxes, *args, host_boxes=host, windows=True)
+
+    def whole_image():
+        return instance_masks(head, protos, coeffs, boxes, *args, windows=False)
+
+    same = torch.equal(windows(), whole_image())
+    t_win = time_call(windows, dev, a.runs, a.warmup)
+    t_all = time_call(whole_image, dev, a.runs, a.warmup)
     print(json.dumps({"device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
                       "torch": torch.__version__, "threads": torch.get_num_threads(), "instances": a.instances,
                       "image": [a.h, a.w], "same_bits": same, "windows_ms": t_win["median_ms"],
