@@ -18,6 +18,10 @@ def _silent(*args, **kwargs) -> None:
     return None
 
 
+#: what :func:`oks_map` returns: OKS mAP50 / 50-95, then the same detections' box mAP50 / 50-95
+METRICS = ("oks_map50", "oks_map50_95", "map50", "map50_95")
+
+
 def oks_map(preds: Sequence[dict], gts: Sequence[dict], sigmas: Sequence[float]) -> dict[str, float]:
     """``{"oks_map50", "oks_map50_95", "map50", "map50_95"}`` (OKS, then box) of per-image
     predictions against ground truth.
@@ -26,7 +30,7 @@ def oks_map(preds: Sequence[dict], gts: Sequence[dict], sigmas: Sequence[float])
     ``cls`` (n,) may be given, default 0); ``gts[i]``: ``boxes`` (m, 4) xyxy, ``kpts`` (m, K, 3)
     x, y, visibility, ``cls`` (m,). A split without any labelled keypoint scores NaN.
     """
-    nan = {"oks_map50": float("nan"), "oks_map50_95": float("nan"), "map50": float("nan"), "map50_95": float("nan")}
+    nan = dict.fromkeys(METRICS, float("nan"))
     from faster_coco_eval import COCO, COCOeval_faster
     k = len(sigmas)
     images, anns, dets, classes = [], [], [], set()
@@ -59,7 +63,7 @@ def oks_map(preds: Sequence[dict], gts: Sequence[dict], sigmas: Sequence[float])
     with contextlib.redirect_stdout(io.StringIO()):
         coco_gt = COCO(gt, print_function=_silent)
         if not dets:
-            return {k: 0.0 for k in nan}
+            return dict.fromkeys(METRICS, 0.0)
         coco_dt = coco_gt.loadRes(dets)
         out = {}
         for iou_type, prefix in (("keypoints", "oks_"), ("bbox", "")):

@@ -301,8 +301,8 @@ class PoseTask(Task):
         return 0.1 * nz(metrics.get("oks_map50")) + 0.9 * nz(metrics.get("oks_map50_95"))
 
     def empty_metrics(self) -> dict[str, float]:
-        return {"oks_map50": float("nan"), "oks_map50_95": float("nan"), "map50": float("nan"),
-                "map50_95": float("nan")}
+        from .metrics import METRICS
+        return dict.fromkeys(METRICS, float("nan"))
 
     def summary(self, metrics) -> str:
         return (f"OKS mAP50 {metrics['oks_map50']:.4f}  OKS mAP50-95 {metrics['oks_map50_95']:.4f}  "
