@@ -4,7 +4,7 @@
 the stride-4 work in one autograd function (:class:`~libreyolo.models.rtmdet.loss._DiceTerms`);
 :func:`reference_loss` below is the formulation it replaced (the anchors' relative coordinates
 per pixel, :func:`~libreyolo.models.rtmdet.nn.dynamic_masks`, a x2 upsample and
-:func:`~libreyolo.models.rtmdet.loss.dice_loss` on the gathered targets). They differ only by
+:func:`dice_loss` on the gathered targets). They differ only by
 float rounding: values and gradients agree to 1e-5 relative.
 """
 import pytest
@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from libreyolo.distributed import global_sum
-from libreyolo.models.rtmdet.loss import RtmdetInsLoss, _DiceTerms, dice_loss
+from libreyolo.models.rtmdet.loss import RtmdetInsLoss, _DiceTerms
 from libreyolo.models.rtmdet.nn import (
     NUM_DYNAMIC_PARAMS,
     STRIDES,
@@ -21,6 +21,16 @@ from libreyolo.models.rtmdet.nn import (
     resize_bilinear_cuda,
 )
 from libreyolo.ops.interpolate import resize_bilinear_backward
+
+
+def dice_loss(logits: torch.Tensor, target: torch.Tensor, eps: float) -> torch.Tensor:
+    """Per-mask dice loss over the last two dims, ``1 - 2 sum(p t) / (sum(p^2) + sum(t^2))``
+    with ``p = sigmoid(logits)`` and ``eps`` added to each sum of squares (mmdetection's
+    DiceLoss without ``naive_dice``): the definition, summed the plain way."""
+    p = logits.sigmoid().flatten(-2)
+    t = target.flatten(-2)
+    a = (p * t).sum(-1)
+    return 1 - 2 * a / ((p * p).sum(-1) + eps + (t * t).sum(-1) + eps)
 
 
 def reference_loss(fn: RtmdetInsLoss, outputs, targets, mask, gt_masks):
@@ -44,7 +54,7 @@ def reference_loss(fn: RtmdetInsLoss, outputs, targets, mask, gt_masks):
     rows = gt_idx.gather(1, sel)
     tgt = gt_masks.gather(1, rows[..., None, None].expand(-1, -1, *gt_masks.shape[-2:]))
     num = global_sum(valid.sum()).clamp_min(1.0)
-    mask_loss = (dice_loss(logits, tgt) * valid).sum() / num * fn.mask_weight
+    mask_loss = (dice_loss(logits, tgt, fn.dice_eps) * valid).sum() / num * fn.mask_weight
     items = torch.cat((items, mask_loss[None]))
     return items.sum(), items.detach(), int(fg.sum())
 

@@ -54,6 +54,7 @@ from .nn import STRIDES, dynamic_masks_batched, resize_bilinear_cuda_backward
 
 IOU_EPS = 1e-6          # eps of mmdetection's BboxOverlaps2D / bbox_overlaps (IoU and GIoU)
 LOG_EPS = 1e-7          # EPS of DynamicSoftLabelAssigner (inside -log(iou + EPS))
+DICE_EPS = 5e-6         # mmdetection's DiceLoss eps, added to each sum of squares
 
 
 def quality_focal_loss(logits: Tensor, score: Tensor, positive: Tensor, beta: float = 2.0) -> Tensor:
@@ -195,16 +196,6 @@ class RtmdetLoss(DenseMapsLoss):
         return items, fg, gt_idx, points, strides
 
 
-def dice_loss(logits: Tensor, target: Tensor, eps: float = 5e-6) -> Tensor:
-    """Per-mask dice loss over the last two dims, ``1 - 2 sum(p t) / (sum(p^2) + sum(t^2))``
-    with ``p = sigmoid(logits)`` and ``eps`` added to each sum of squares (mmdetection's
-    DiceLoss without ``naive_dice``)."""
-    p = logits.sigmoid().flatten(-2)
-    t = target.flatten(-2)
-    a = (p * t).sum(-1)
-    return 1 - 2 * a / ((p * p).sum(-1) + eps + (t * t).sum(-1) + eps)
-
-
 class _DiceTerms(torch.autograd.Function):
     """``(logits, target)`` -> ``(sum(p * t), sum(p * p))`` per mask, ``p`` the sigmoid of the
     logits upsampled x2 (bilinear, the same bits as ``F.interpolate``'s ``scale_factor=2``).
@@ -252,15 +243,17 @@ class RtmdetInsLoss(RtmdetLoss):
     and gathered per prior, each prior's bitmap copied as whole rows, and the upsample, sigmoid,
     ``sum(p * t)``, ``sum(p * p)`` and their backward in one autograd function
     (:class:`_DiceTerms`); the masks' first dynamic conv is one product per image
-    (:func:`~.nn.dynamic_masks_batched`). The loss is the one of :func:`dice_loss` on the
-    gathered targets with :func:`~.nn.dynamic_masks` (the formulation before, kept in the tests
-    as the reference) up to float rounding (summation order, the squared norm, the first conv's
+    (:func:`~.nn.dynamic_masks_batched`). Per prior the dice loss is mmdetection's DiceLoss
+    without ``naive_dice``: ``1 - 2 sum(p t) / (sum(p^2) + eps + sum(t^2) + eps)``, ``p`` the
+    sigmoid of the upsampled logits; the same as computing each prior's mask by
+    :func:`~.nn.dynamic_masks` and that loss on the gathered targets (the formulation before,
+    kept in the tests as the reference) up to float rounding (summation order, the squared norm, the first conv's
     split coordinate term): values and gradients agree to 1e-5 relative.
     """
 
     item_names = ("qfl", "giou", "mask")
 
-    def __init__(self, nc: int, mask_weight: float = 2.0, dice_eps: float = 5e-6, **kw):
+    def __init__(self, nc: int, mask_weight: float = 2.0, dice_eps: float = DICE_EPS, **kw):
         super().__init__(nc, **kw)
         self.mask_weight, self.dice_eps = mask_weight, dice_eps
 
