@@ -89,6 +89,10 @@ class SourceItem:
     name: str
     image: np.ndarray | torch.Tensor
     borrowed: bool = False
+    #: the borrowed image's channels are BGR, the caller's array as it was given (only with
+    #: ``load_sources(..., keep_bgr=True)``): whoever uploads it reorders the channels on the
+    #: device, and :meth:`own` makes the RGB copy
+    bgr: bool = False
     #: for video frames: position in the source, seconds since its first frame, which source of a
     #: ``.streams`` list it came from, and that source's frame rate (None for images)
     frame_index: int | None = None
@@ -97,10 +101,11 @@ class SourceItem:
     fps: float | None = None
 
     def own(self) -> None:
-        """Replace a borrowed image by a private copy (no-op otherwise)."""
+        """Replace a borrowed image by a private copy (no-op otherwise), RGB: a BGR one's
+        channels reordered on the way."""
         if self.borrowed:
-            self.image = _parallel_copy(self.image)
-            self.borrowed = False
+            self.image = _pick_channels(self.image, (2, 1, 0)) if self.bgr else _parallel_copy(self.image)
+            self.borrowed = self.bgr = False
 
 
 def _parallel_copy(a: np.ndarray) -> np.ndarray:
@@ -116,13 +121,17 @@ def _parallel_copy(a: np.ndarray) -> np.ndarray:
 
 
 def load_sources(source: Any, *, bgr: bool | None = None, borrow: bool = False, workers: int = 1,
-                 strict: bool = True) -> list[SourceItem]:
+                 strict: bool = True, keep_bgr: bool = False) -> list[SourceItem]:
     """Load ``source`` (see the module docstring for the accepted kinds) into a list of items.
 
     ``bgr``: the channel order of numpy arrays, BGR(A) (True, or None: the default) or RGB(A)
     (False); it has no effect on other kinds (PIL images and tensors are RGB).
     ``borrow=True`` lets a numpy input that needs no conversion (uint8, RGB, C-contiguous) be
     used in place instead of copied; such items say ``borrowed`` (see :meth:`SourceItem.own`).
+    ``keep_bgr=True`` (with ``borrow``) lends a BGR uint8 HxWx3 C-contiguous array as it is too,
+    marked ``bgr``: its reorder moves off the host's critical path (the predictor reorders the
+    uploaded bytes on the GPU, where it costs microseconds, and ``own`` makes the host's RGB
+    copy while the device works).
     ``workers`` > 1 decodes several files at once in threads (Pillow releases the GIL while it
     decodes): the same items in the same order, and the same error - the first failing file's
     in source order - as one at a time. ``strict=False`` skips an unreadable file found in a
@@ -130,11 +139,11 @@ def load_sources(source: Any, *, bgr: bool | None = None, borrow: bool = False, 
     """
     loaders = _resolve(source, bgr)
     if workers <= 1 or sum(1 for _, load in loaders if hasattr(load, "path")) < 2:
-        loaded = [_load(name, load, borrow, strict) for name, load in loaders]
+        loaded = [_load(name, load, borrow, strict, keep_bgr) for name, load in loaders]
     else:
         with ThreadPoolExecutor(max_workers=min(int(workers), len(loaders)),
                                 thread_name_prefix="libreyolo-decode") as ex:
-            loaded = list(ex.map(lambda entry: _load(entry[0], entry[1], borrow, strict), loaders))
+            loaded = list(ex.map(lambda entry: _load(entry[0], entry[1], borrow, strict, keep_bgr), loaders))
     items = [it for it in loaded if it is not None]
     _check_any_left(loaders, len(items))
     return items
@@ -251,12 +260,12 @@ def pending_sources(source: Any, *, bgr: bool | None = None) -> list[PendingItem
     return [PendingItem(name, getattr(load, "path", None), load) for name, load in _resolve(source, bgr)]
 
 
-def _load(name: str, load: _Loader, borrow: bool, strict: bool) -> SourceItem | None:
+def _load(name: str, load: _Loader, borrow: bool, strict: bool, keep_bgr: bool = False) -> SourceItem | None:
     """:func:`_item`, or None (with a warning naming the file) for an unreadable file that a
     directory or glob pattern found, unless ``strict``: one broken file among many does not stop
     the others. A file named directly always raises."""
     try:
-        return _item(name, load, borrow)
+        return _item(name, load, borrow, keep_bgr)
     except (ValueError, OSError) as e:
         found_in = getattr(load, "found_in", None)
         if strict or found_in is None:
@@ -275,7 +284,10 @@ def _check_any_left(loaders: list[tuple[str, _Loader]], loaded: int) -> None:
                          "could be decoded (each is named in a warning above)")
 
 
-def _item(name: str, load: _Loader, borrow: bool) -> SourceItem:
+def _item(name: str, load: _Loader, borrow: bool, keep_bgr: bool = False) -> SourceItem:
+    raw_bgr = getattr(load, "raw_bgr", None)
+    if raw_bgr is not None and borrow and keep_bgr:   # the caller's BGR array, reordered later
+        return SourceItem(name, raw_bgr, borrowed=True, bgr=True)
     image = load()
     if getattr(load, "borrows", False):   # the loader handed back the caller's own array
         if borrow:
@@ -530,7 +542,12 @@ def _numpy_loader(arr: np.ndarray, bgr: bool | None, where: str) -> _Loader:
             return arr
         as_is.borrows = True  # type: ignore[attr-defined]
         return as_is
-    return lambda: _numpy_to_rgb(arr, bgr)
+
+    def convert() -> np.ndarray:
+        return _numpy_to_rgb(arr, bgr)
+    if arr.dtype == np.uint8 and arr.ndim == 3 and arr.shape[2] == 3 and bgr and arr.flags.c_contiguous:
+        convert.raw_bgr = arr  # type: ignore[attr-defined]   # lent as it is where keep_bgr asks (see _item)
+    return convert
 
 
 #: numpy arrays' channel order when the caller says nothing: BGR, OpenCV's (and the ecosystem's)

@@ -40,7 +40,7 @@ from .fastpath import HalfNetwork, arm_name, check_contract, half_network, is_cu
 from .paths import UniqueNames, next_run_dir, save_folder, save_name, task_project
 from .predict_video import Viewer, declared_frames, video_chunks, video_stem
 from .sliced import SlicedPlan, sliced_plan
-from .staging import Chunk, StagedUploads, chunked
+from .staging import Chunk, StagedUploads, chunked, reorder_bgr
 
 log = logging.getLogger(__name__)
 #: threads decoding image files on the CPU (PIL) before a predict call's first chunk
@@ -459,7 +459,7 @@ class Predictor(StagedUploads):
                 t_load = None
             else:
                 items = load_sources(source, bgr=bgr, borrow=True,   # owned below, while the GPU works
-                                     workers=DECODE_WORKERS, strict=strict)
+                                     workers=DECODE_WORKERS, strict=strict, keep_bgr=self._keep_bgr())
                 t_load = (time.perf_counter() - t_load) * 1e3 / max(1, len(items))
             chunks = chunked(items, int(batch))
             total = len(items)
@@ -512,13 +512,25 @@ class Predictor(StagedUploads):
         if getattr(self._local, "busy", None):
             self._local.busy.clear()
         t_load = time.perf_counter()
-        items = load_sources(source, bgr=sig.bgr, borrow=True, workers=DECODE_WORKERS, strict=o.strict)
+        items = load_sources(source, bgr=sig.bgr, borrow=True, workers=DECODE_WORKERS, strict=o.strict,
+                             keep_bgr=self._keep_bgr())
         t_load = (time.perf_counter() - t_load) * 1e3 / max(1, len(items))
         run = self._run(chunked(items, int(o.batch)), None, len(items), t_load, sig.size, sig.amp_dtype, sig.plan,
                         None, o, None, False, stage=sig.stage)
         results = list(run)
         self._last = sig
         return results
+
+    #: BGR arrays (OpenCV's frames) uploaded as they are and reordered to RGB on the device, the
+    #: host's reorder made while the stage runs (:meth:`SourceItem.own`) instead of before the
+    #: upload: None (the default) on CUDA, where the device's reorder costs microseconds against
+    #: the host's 0.2-0.3 ms per 720p frame on the latency path; True / False: always / never
+    #: (the tests run the device's way on the CPU). The stage sees the same RGB bytes either way.
+    bgr_on_device: bool | None = None
+
+    def _keep_bgr(self) -> bool:
+        on = self.bgr_on_device
+        return self.model.device.type == "cuda" if on is None else bool(on)
 
     #: images (not video frames) of a call with more than one chunk go through the overlapped loop:
     #: staged uploads on a copy stream, the next chunk prepared while this one's stage runs
@@ -648,6 +660,7 @@ class Predictor(StagedUploads):
                 compute.wait_event(ch.ready)
                 for t in ch.owned:     # made on the copy stream, read on this one
                     t.record_stream(compute)
+            reorder_bgr(ch)
             out = self.run_batch(ch.images, size, mode, amp_dtype, plan, repeating=repeating, half=half,
                                  stacked=ch.batch, stage=stage if half is None else None)
             if not checked:

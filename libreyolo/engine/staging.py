@@ -226,6 +226,23 @@ class Chunk:
     prep_ms: float = 0.0
 
 
+def reorder_bgr(ch: Chunk) -> None:
+    """The chunk's BGR images (items lent with :attr:`SourceItem.bgr`: the caller's arrays
+    uploaded as they were) made RGB on the device - the channel axis flipped, the same bytes as
+    the host's reorder - in ``ch.images`` and ``ch.batch``, before the stage reads them."""
+    flips = [j for j, it in enumerate(ch.items) if it.bgr]
+    if not flips:
+        return
+    if ch.batch is not None and len(flips) == len(ch.items):
+        ch.batch = ch.batch.flip(-1)
+        ch.images = list(ch.batch.unbind(0))
+        return
+    ch.images = list(ch.images)
+    for j in flips:
+        ch.images[j] = ch.images[j].flip(-1)
+    ch.batch = None   # stacked again from the images by the stage
+
+
 def on_host(image: Any) -> bool:
     return isinstance(image, np.ndarray) or image.device.type == "cpu"
 

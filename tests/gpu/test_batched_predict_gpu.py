@@ -62,6 +62,31 @@ def test_overlapped_batched_predict_equals_the_sequential_loop(model, frames, cu
     assert sum(len(r) for r in seq) > 0
 
 
+@pytest.mark.parametrize("cuda_graph", [False, True], ids=["eager", "graph"])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_bgr_frames_reordered_on_the_device_equal_the_host_reorder(model, frames, cuda_graph, batch):
+    """The default on CUDA (Predictor.bgr_on_device): BGR arrays uploaded as they are and flipped on
+    the device; the same Results bit for bit - boxes and the RGB orig_img - as the host's reorder
+    before the upload, one image at a time (the latency path, the repeat path) and in staged chunks."""
+    p = model.get_predictor()
+    src = frames if batch > 1 else frames[0]
+    kept = [f.copy() for f in frames]
+    out = {}
+    for on in (False, True):
+        p.bgr_on_device = on
+        model.release_graphs()
+        try:
+            runs = [_predict(model, src, batch=batch, cuda_graph=cuda_graph) for _ in range(3)]
+        finally:
+            p.bgr_on_device = None
+        out[on] = [r if isinstance(r, list) else [r] for r in runs]
+    assert all(np.array_equal(f, k) for f, k in zip(frames, kept))   # the callers' arrays never written
+    for a, b in zip(out[True], out[False]):
+        _assert_equal(a, b)
+        assert all(np.array_equal(x.orig_img, y.orig_img) for x, y in zip(a, b))
+    assert sum(len(r) for r in out[True][0]) > 0
+
+
 def test_staging_buffers_are_never_overwritten_while_copied(frames):
     """Many chunks uploaded back to back, each read on the compute stream behind a slow kernel:
     every device copy must equal its source."""

@@ -458,9 +458,36 @@ def test_borrow_uses_rgb_uint8_arrays_in_place_until_owned():
         item.own()
         assert item.image.flags.writeable and not np.shares_memory(item.image, big)
         np.testing.assert_array_equal(item.image, big)
-    # arrays that need a conversion (BGR, the default) are never borrowed
+    # arrays that need a conversion (BGR, the default) are not borrowed, unless keep_bgr says so
     (bgr,) = load_sources(arr, borrow=True)
-    assert not bgr.borrowed and not np.shares_memory(bgr.image, arr)
+    assert not bgr.borrowed and not bgr.bgr and not np.shares_memory(bgr.image, arr)
+
+
+def test_keep_bgr_lends_bgr_uint8_arrays_as_they_are_and_own_makes_them_rgb():
+    arr = np.random.default_rng(2).integers(0, 256, (12, 16, 3), dtype=np.uint8)
+    rgb = arr[:, :, ::-1]
+    (item,) = load_sources(arr, borrow=True, keep_bgr=True)
+    assert item.borrowed and item.bgr and item.image is arr
+    item.own()
+    assert not item.borrowed and not item.bgr and not np.shares_memory(item.image, arr)
+    np.testing.assert_array_equal(item.image, rgb)
+    assert item.image.flags.c_contiguous
+    # the same RGB bytes as the host's reorder at load time
+    (host,) = load_sources(arr)
+    np.testing.assert_array_equal(item.image, host.image)
+    # only BGR uint8 HxWx3 C-contiguous arrays are lent so; everything else converts as before
+    others = [arr[:, ::2], arr[:, :, :1].copy(),
+              np.concatenate([arr, arr[:, :, :1]], axis=2), arr.astype(np.float32) / 255.0]
+    for other in others:
+        (it,) = load_sources(other, borrow=True, keep_bgr=True)
+        assert not it.bgr and it.image.shape[2] == 3 and it.image is not other
+        (ref,) = load_sources(other)
+        np.testing.assert_array_equal(it.image, ref.image)
+    (it,) = load_sources(arr, bgr=False, borrow=True, keep_bgr=True)   # RGB: borrowed as before
+    assert it.borrowed and not it.bgr and it.image is arr
+    (it,) = load_sources(arr, keep_bgr=True)   # without borrow: converted at once
+    assert not it.borrowed and not it.bgr
+    np.testing.assert_array_equal(it.image, rgb)
 
 
 def test_predict_result_does_not_change_when_the_callers_array_does():
