@@ -198,7 +198,11 @@ def test_onnx_export_matches_eager_per_head(tmp_path, task, nc, kw):
     else:
         assert o.meta["thing_class_ids"] == "[0, 1, 2, 3, 4]"
         assert torch.equal(torch.as_tensor(a.panoptic.data), torch.as_tensor(b.panoptic.data))
-        assert a.panoptic.segments == b.panoptic.segments
+        # every field exactly but the score, a float32 mean that onnxruntime sums in another order
+        assert len(a.panoptic.segments) == len(b.panoptic.segments) > 0
+        for sa, sb in zip(a.panoptic.segments, b.panoptic.segments):
+            assert {k: v for k, v in sa.items() if k != "score"} == {k: v for k, v in sb.items() if k != "score"}
+            assert abs(sa["score"] - sb["score"]) < 1e-5
 
 
 @pytest.mark.parametrize("task,data", [("semantic", "shapes-seg"), ("segment", "shapes-inst")])

@@ -143,7 +143,9 @@ def test_the_fused_network_also_runs_with_autograd_on():
     a, ra = fused.det(x), fused.rec(lines)   # autograd on: no in-place / out= on recorded tensors
     with torch.no_grad():
         b, rb = fused.det(x), fused.rec(lines)
-    assert a.requires_grad and (a - b).abs().max().item() < 1e-5 and (ra - rb).abs().max().item() < 1e-5
+    # float32 rounding of differently ordered sums in the recognizer, as in the test above
+    assert a.requires_grad and (a - b).abs().max().item() < 1e-5
+    assert (ra - rb).abs().max().item() < 1e-4 and torch.equal(ra.argmax(-1), rb.argmax(-1))
 
 
 @pytest.mark.parametrize("channels_last", [False, True])
