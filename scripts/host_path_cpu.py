@@ -110,6 +110,8 @@ STEPS = [  # (module path, qualified attribute, label): wrapped with perf_counte
     ("libreyolo.graphs.runner", "GraphRunner.__call__", "stage: runner (signature, replay, check)"),
     ("libreyolo.graphs.capture", "CapturedGraph.replay", "stage: replay (input copies)"),
     ("libreyolo.tasks.classify.task", "ClassifyPlan.results", "results: plan.results"),
+    ("libreyolo.tasks.detect.task", "DetectPlan.results", "results: plan.results (detect)"),
+    ("libreyolo.tasks.pose.task", "PosePlan.results", "results: plan.results (pose)"),
 ]
 
 
@@ -186,10 +188,14 @@ def main() -> None:
     ap.add_argument("--no-imgsz", action="store_true", help="call model(img, cuda_graph=True) without imgsz=")
     ap.add_argument("--rgb", action="store_true", help="the array said to be RGB (bgr=False): no channel reorder")
     ap.add_argument("--frame", action="store_true", help="the sample at its own 1280x720, not resized to imgsz")
+    ap.add_argument("--task", default=None, help="the family's task variant (e.g. pose, segment)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     torch.set_num_threads(1)
-    m = LibreYOLO.new(*a.model, device="cpu", seed=0)
+    m = LibreYOLO.new(*a.model, device="cpu", seed=0, task=a.task)
+    if m.task != "classify":   # an untrained head detects nothing: re-drawn (as bench does) for a full load
+        from libreyolo.engine.verify import input_sensitive
+        m = input_sensitive(m)
     m.runner.capturer = StubCapturer()
     pil = Image.open(SAMPLE_IMAGE).convert("RGB")
     img = np.ascontiguousarray(np.asarray(pil if a.frame else pil.resize((a.imgsz, a.imgsz))))
@@ -222,7 +228,7 @@ def main() -> None:
             set_reuse(m, on)
             timed(call, 20)   # settle after the switch
             times[name] += timed(call, per, splits[name])
-    rep = {"model": "-".join(a.model), "imgsz": a.imgsz, "torch": torch.__version__, "threads": 1,
+    rep = {"model": "-".join(a.model), "task": m.task, "imgsz": a.imgsz, "torch": torch.__version__, "threads": 1,
            "call": f"model(img uint8 {img.shape}, {', '.join(f'{k}={v}' for k, v in kw.items())})",
            "median_us": {k: round(statistics.median(v), 1) for k, v in times.items()},
            "before_launch_median_us": {k: round(statistics.median([b for b, _ in v]), 1) for k, v in splits.items()},
