@@ -537,7 +537,8 @@ def _numpy_loader(arr: np.ndarray, bgr: bool | None, where: str) -> _Loader:
         raise ValueError(
             f"bad dtype for {_describe(arr, where)}: expected uint8, or float in [0, 1]{hint}"
         )
-    if arr.dtype == np.uint8 and arr.ndim == 3 and arr.shape[2] == 3 and not bgr and arr.flags.c_contiguous:
+    plain = arr.dtype == np.uint8 and arr.ndim == 3 and arr.shape[2] == 3 and arr.flags.c_contiguous
+    if plain and not bgr:
         def as_is() -> np.ndarray:  # nothing to convert: the caller's array itself (see _item)
             return arr
         as_is.borrows = True  # type: ignore[attr-defined]
@@ -545,8 +546,8 @@ def _numpy_loader(arr: np.ndarray, bgr: bool | None, where: str) -> _Loader:
 
     def convert() -> np.ndarray:
         return _numpy_to_rgb(arr, bgr)
-    if arr.dtype == np.uint8 and arr.ndim == 3 and arr.shape[2] == 3 and bgr and arr.flags.c_contiguous:
-        convert.raw_bgr = arr  # type: ignore[attr-defined]   # lent as it is where keep_bgr asks (see _item)
+    if plain:   # BGR: lent as it is where keep_bgr asks (see _item)
+        convert.raw_bgr = arr  # type: ignore[attr-defined]
     return convert
 
 

@@ -237,7 +237,6 @@ def reorder_bgr(ch: Chunk) -> None:
         ch.batch = ch.batch.flip(-1)
         ch.images = list(ch.batch.unbind(0))
         return
-    ch.images = list(ch.images)
     for j in flips:
         ch.images[j] = ch.images[j].flip(-1)
     ch.batch = None   # stacked again from the images by the stage
