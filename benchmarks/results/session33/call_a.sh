@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Session 33, call A (carry .whl .whlav - PyAV for cp312 - not .whlhf; the fixtures' tensors out of
-# the copy): session 32's call G (issue 38's owed fast-path suite with fast="aot", the AOTInductor
+# the copy): session 32's call G, which it replaces (issue 38's owed fast-path suite with fast="aot", the AOTInductor
 # loaders probe, the video rows) and the batched-predict rows with BGR frames reordered on the
 # device (Predictor.bgr_on_device) against the host's reorder, eager and graph; then, alone on the
 # card, the classifiers' end-to-end latency after that change (the 720p frame's host reorder gone).
