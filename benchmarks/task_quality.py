@@ -35,6 +35,8 @@ def main() -> int:
     ap.add_argument("--cuda-graph", action="store_true", help="train with the captured step where declared")
     ap.add_argument("--amp", default=None, choices=("true", "false", "fp16", "bf16"),
                     help="the trainer's autocast (default: its own, float16 with a GradScaler on CUDA)")
+    ap.add_argument("--seed", type=int, default=0, help="the initial weights', data order's and augmentation's "
+                                                        "seed (runs of one recipe spread: compare several)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--keep", default=None, help="a folder: each trained model saved there as <name>.pt "
                                                   "(for benchmarks on trained weights)")
@@ -53,15 +55,15 @@ def main() -> int:
         for name in args.models:
             family, size, *task = name.split("-")
             task = task[0] if task else "detect"
-            model = LibreYOLO.new(family, size, task=task, device=args.device, seed=0)
+            model = LibreYOLO.new(family, size, task=task, device=args.device, seed=args.seed)
             t0 = time.perf_counter()
             res = model.train(data=DATA[task], epochs=args.epochs, imgsz=args.imgsz, batch=args.batch,
-                              project=str(Path(tmp) / name), cuda_graph=args.cuda_graph, verbose=False,
+                              project=str(Path(tmp) / name), seed=args.seed, cuda_graph=args.cuda_graph, verbose=False,
                               **({} if args.amp is None else {"amp": args.amp}), **extra)
             train_s = time.perf_counter() - t0
             val = model.val(data=DATA[task], imgsz=args.imgsz, batch=args.batch)
             history = res.get("history", []) if isinstance(res, dict) else []
-            row = {"model": name, "amp": args.amp or "default", "set": extra, "epochs": args.epochs, "imgsz": args.imgsz, "batch": args.batch,
+            row = {"model": name, "amp": args.amp or "default", "set": extra, "seed": args.seed, "epochs": args.epochs, "imgsz": args.imgsz, "batch": args.batch,
                    "train_s": round(train_s, 1), "ckpt": Path(model.ckpt_path or "").name,
                    "val_best": {k: round(float(v), 4) for k, v in val.items() if isinstance(v, (int, float))},
                    "cuda_graph": res.get("cuda_graph") if isinstance(res, dict) else None,

@@ -42,6 +42,7 @@ def test_video_captures_once_at_the_second_frame_and_equals_eager(model, clip):
 
 
 def test_tracking_on_the_graph_path_equals_eager_tracking(model, clip):
+    pytest.importorskip("trackers", reason="tracking needs the 'track' extra (the trackers package)")
     model.release_graphs()
     eager = model.track(clip, imgsz=640, cuda_graph=False)
     graph = model.track(clip, imgsz=640, cuda_graph="auto")
