@@ -1,11 +1,12 @@
-"""Instance masks at the original image's size, ``instance_masks``' two ways: sampled in each box's
-window (predict's way on the CPU) vs the whole image sampled and cut to the box (the definition;
-predict's way on CUDA), the same bits, timed side by side in one process.
+"""Instance masks at the original image's size, timed side by side in one process: ``instance_masks``'
+ways - each box's window (the CPU's), the whole image per chunk as tensor ops, the fused Triton
+kernel (CUDA's) - which give the same bits, and the sampling they replaced (``grid_sample`` over
+the whole image, thresholded and cut to the box), with how many mask pixels it gives differently.
 
     PYTHONPATH=. python3 benchmarks/segment_masks.py [--device cuda] [--instances 60] [--h 720 --w 1280]
 
 Synthetic prototypes (32 x 160 x 160 at a 640 canvas, as RTMDet-Ins / YOLO-style heads have) and
-boxes of 3-30 % of the image's sides, seeded; prints medians (ms) and their ratio as JSON.
+boxes of 3-30 % of the image's sides, seeded; prints medians (ms) as JSON.
 """
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ import json
 import torch
 
 from libreyolo.benchmark import time_call
-from libreyolo.tasks.segment.task import instance_masks
+from libreyolo.ops import mask_sample
+from libreyolo.ops.letterbox import inverse_params
+from libreyolo.tasks.segment.task import MASK_CHUNK, crop_to_boxes, instance_masks, sample_masks
 
 
 class Head:
@@ -42,20 +45,36 @@ def main() -> None:
     boxes = torch.cat((xy, xy + wh), 1).to(dev)
     host = boxes.cpu().numpy()
     head, args = Head(), (640, a.h, a.w, "center")
+    sx, sy, px, py = inverse_params(a.h, a.w, 640, "center")
 
-    def windows():
-        return instance_masks(head, protos, coeffs, boxes, *args, host_boxes=host, windows=True)
+    def grid_sample_before():
+        out = torch.zeros((a.instances, a.h, a.w), dtype=torch.bool, device=dev)
+        for s in range(0, a.instances, MASK_CHUNK):
+            full = sample_masks(head.mask_logits(protos, coeffs[s:s + MASK_CHUNK]), 640, a.h, a.w, sx, sy, px, py)
+            out[s:s + MASK_CHUNK] = crop_to_boxes(full > 0, boxes[s:s + MASK_CHUNK])
+        return out
 
-    def whole_image():
-        return instance_masks(head, protos, coeffs, boxes, *args, windows=False)
-
-    same = torch.equal(windows(), whole_image())
-    t_win = time_call(windows, dev, a.runs, a.warmup)
-    t_all = time_call(whole_image, dev, a.runs, a.warmup)
-    print(json.dumps({"device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
-                      "torch": torch.__version__, "threads": torch.get_num_threads(), "instances": a.instances,
-                      "image": [a.h, a.w], "same_bits": same, "windows_ms": t_win["median_ms"],
-                      "whole_image_ms": t_all["median_ms"], "ratio": t_all["median_ms"] / t_win["median_ms"]}))
+    arms = {"windows": lambda: instance_masks(head, protos, coeffs, boxes, *args, host_boxes=host, windows=True),
+            "whole_image_tensor_ops": lambda: instance_masks(head, protos, coeffs, boxes, *args, windows=False)}
+    if mask_sample.available(dev):
+        def fused_kernel():   # instance_masks' CUDA way with the kernel switched on
+            was, mask_sample.FUSED_ON_CUDA = mask_sample.FUSED_ON_CUDA, True
+            try:
+                return instance_masks(head, protos, coeffs, boxes, *args)
+            finally:
+                mask_sample.FUSED_ON_CUDA = was
+        arms["fused_kernel"] = fused_kernel
+    arms["grid_sample_before"] = grid_sample_before
+    outs = {k: f() for k, f in arms.items()}
+    ref = outs["windows"]
+    row = {"device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", "torch": torch.__version__,
+           "threads": torch.get_num_threads(), "instances": a.instances, "image": [a.h, a.w],
+           "same_bits": {k: torch.equal(v, ref) for k, v in outs.items() if k != "grid_sample_before"},
+           "pixels_differing_from_grid_sample": int((outs["grid_sample_before"] != ref).sum()),
+           "mask_pixels": int(ref.sum())}
+    for k, f in arms.items():
+        row[f"{k}_ms"] = time_call(f, dev, a.runs, a.warmup)["median_ms"]
+    print(json.dumps(row))
 
 
 if __name__ == "__main__":

@@ -90,16 +90,21 @@ def test_instance_masks_sampled_in_box_windows_equal_the_whole_image_sampled_and
     boxes[4] = torch.tensor([float("nan"), 1.0, 5.0, 6.0])       # NaN: no pixel
     canvas = 64
     ours = instance_masks(Head(), protos, coeffs, boxes, canvas, h, w, resize)
-    sx, sy, px, py = inverse_params(h, w, canvas, resize)
-    ref = crop_to_boxes(sample_masks(Head().mask_logits(protos, coeffs), canvas, h, w, sx, sy, px, py) > 0, boxes)
+    # the whole image sampled per chunk (CUDA's tensor way, forced here): the same bits
+    ref = instance_masks(Head(), protos, coeffs, boxes, canvas, h, w, resize, windows=False)
     assert ours.shape == (n, h, w) and ours.dtype == torch.bool
     assert torch.equal(ours, ref) and ours.any()
     assert ours[3].sum() <= 1 and not ours[1].any() and not ours[2].any() and not ours[4].any()
     assert torch.equal(instance_masks(Head(), protos, coeffs, boxes, canvas, h, w, resize,
                                       host_boxes=boxes.numpy()), ref)
     assert instance_masks(Head(), protos, coeffs[:0], boxes[:0], canvas, h, w, resize).shape == (0, h, w)
-    # the GPU's way (whole images sampled and cut per chunk), forced here: the same bits
-    assert torch.equal(instance_masks(Head(), protos, coeffs, boxes, canvas, h, w, resize, windows=False), ref)
+    # the definition - grid_sample at the same positions, thresholded and cut - differs at most
+    # where its logit is within rounding of the threshold
+    sx, sy, px, py = inverse_params(h, w, canvas, resize)
+    logits = sample_masks(Head().mask_logits(protos, coeffs), canvas, h, w, sx, sy, px, py)
+    definition = crop_to_boxes(logits > 0, boxes)
+    differ = ours != definition
+    assert logits[differ].abs().max().item() < 1e-5 if differ.any() else True
 
 
 def test_family_serves_detect_and_segment():

@@ -14,7 +14,7 @@ Triton, a class filter) NMS runs after the stage (torchvision), per image.
 After the stage, on the same device: the kept instances' masks from the family's mask head
 (``model.mask_logits(prototypes, coefficients)``), sampled straight at each original image's
 pixels (the letterbox inverted, bilinear as an upsampling of the logits), cut to the instance's
-box and thresholded at 0.5. With the in-stage selection the host reads the counts and rows from
+box and thresholded at 0.5 (:mod:`libreyolo.ops.mask_sample`; on CUDA one fused kernel). With the in-stage selection the host reads the counts and rows from
 one copy of the packed tensor and samples the first ``count`` instances of each image.
 """
 from __future__ import annotations
@@ -97,52 +97,58 @@ def instance_masks(model, protos: torch.Tensor, coeffs: torch.Tensor, boxes: tor
     at the image's pixels, above ``thr`` (logit 0 = probability 0.5), cut to ``boxes`` (xyxy,
     the image's pixels; ``host_boxes``: a host copy of them, if the caller has one).
 
-    Only the pixels of each instance's box window are sampled (:func:`box_windows`; a chunk of
-    instances shares the largest window's shape), the rest of the mask stays False: the same
-    coordinates, samples and box test as sampling the whole image (:func:`sample_masks`) and
-    cutting it (:func:`crop_to_boxes`), so the same masks, at a fraction of the work where the
-    instances are small (a 720p image: 0.92 M samples per instance otherwise). That is the CPU's
-    way; a GPU samples whole images faster than it scatters windows (docs/benchmarks.md), so on
-    CUDA each chunk is the whole image sampled and cut - the same bits either way. ``windows``:
-    force one way (None: by the device)."""
+    The sampling is :mod:`libreyolo.ops.mask_sample`'s (bilinear at each pixel centre mapped into
+    the canvas, edges clamped: ``grid_sample``'s positions, one fixed order of the products), the
+    same bits three ways: on CUDA with Triton one fused kernel for every instance and pixel
+    (once :data:`~libreyolo.ops.mask_sample.FUSED_ON_CUDA` is on; until then CUDA samples the
+    whole image with ``grid_sample``, its earlier way); elsewhere only the pixels of each
+    instance's box window (:func:`box_windows`; a chunk of instances shares the largest window's
+    shape), the rest staying False - a fraction of the work where instances are small (a 720p
+    image: 0.92 M pixels per instance otherwise); or the whole image per chunk of instances.
+    ``windows``: True / False forces the windows or the whole-image tensor way (None: by the
+    device)."""
+    from ...ops import mask_sample
     sx, sy, px, py = inverse_params(h, w, canvas, resize)
     n, dev = coeffs.shape[0], protos.device
-    if windows is None:
-        windows = dev.type != "cuda"
-    out = torch.zeros((n, h, w), dtype=torch.bool, device=dev)
     if n == 0:
+        return torch.zeros((n, h, w), dtype=torch.bool, device=dev)
+    b = boxes.to(dev)
+    chunks = [model.mask_logits(protos, coeffs[s:s + MASK_CHUNK]).float() for s in range(0, n, MASK_CHUNK)]
+    ph, pw = chunks[0].shape[-2:]
+    xt = mask_sample.axis_table(w, sx, px, canvas, pw, dev)
+    yt = mask_sample.axis_table(h, sy, py, canvas, ph, dev)
+    if windows is None and dev.type == "cuda":
+        if mask_sample.FUSED_ON_CUDA and mask_sample.available(dev):
+            return mask_sample.masks_triton(torch.cat(chunks) if len(chunks) > 1 else chunks[0], xt, yt, b, thr)
+        # until the kernel is proven on a GPU: grid_sample over the whole image, cut to the box
+        out = torch.zeros((n, h, w), dtype=torch.bool, device=dev)
+        for k, logits in enumerate(chunks):
+            s = k * MASK_CHUNK
+            full = sample_masks(logits, canvas, h, w, sx, sy, px, py)
+            out[s:s + logits.shape[0]] = crop_to_boxes(full > thr, b[s:s + logits.shape[0]])
         return out
+    if windows is None:
+        windows = True
+    out = torch.zeros((n, h, w), dtype=torch.bool, device=dev)
     if not windows:
-        b = boxes.to(dev)
-        for s in range(0, n, MASK_CHUNK):
-            e = min(s + MASK_CHUNK, n)
-            full = sample_masks(model.mask_logits(protos, coeffs[s:e]).float(), canvas, h, w, sx, sy, px, py)
-            out[s:e] = crop_to_boxes(full > thr, b[s:e])
+        for k, logits in enumerate(chunks):
+            s = k * MASK_CHUNK
+            out[s:s + logits.shape[0]] = mask_sample.masks_torch(logits, xt, yt, b[s:s + logits.shape[0]], thr)
         return out
     win = box_windows(boxes.detach().cpu().numpy() if host_boxes is None else host_boxes, h, w)
-    for s in range(0, n, MASK_CHUNK):
-        e = min(s + MASK_CHUNK, n)
+    for k, logits in enumerate(chunks):
+        s = k * MASK_CHUNK
+        e = s + logits.shape[0]
         ww = int((win[s:e, 2] - win[s:e, 0]).max())
         hh = int((win[s:e, 3] - win[s:e, 1]).max())
         if ww <= 0 or hh <= 0:   # every box of the chunk outside the image or empty
             continue
-        logits = model.mask_logits(protos, coeffs[s:e]).float()
         org = torch.from_numpy(win[s:e, :2]).to(dev)
         # each instance's window, clamped to the image: a clamped column repeats the edge pixel,
         # whose value it computes again (the same coordinate), so repeated writes agree
         xs = (org[:, 0:1] + torch.arange(ww, device=dev)).clamp_(max=w - 1)          # (c, ww)
         ys = (org[:, 1:2] + torch.arange(hh, device=dev)).clamp_(max=h - 1)          # (c, hh)
-        dt = logits.dtype
-        gx = ((xs.to(dt) + 0.5) * sx + px) / canvas * 2 - 1
-        gy = ((ys.to(dt) + 0.5) * sy + py) / canvas * 2 - 1
-        grid = torch.stack((gx[:, None, :].expand(-1, hh, -1), gy[:, :, None].expand(-1, -1, ww)), -1)
-        vals = torch.nn.functional.grid_sample(logits[:, None], grid, mode="bilinear", padding_mode="border",
-                                               align_corners=False)[:, 0] > thr
-        b = boxes[s:e].to(dev)
-        cx, cy = xs.to(b.dtype) + 0.5, ys.to(b.dtype) + 0.5
-        inx = (cx >= b[:, 0:1]) & (cx <= b[:, 2:3])
-        iny = (cy >= b[:, 1:2]) & (cy <= b[:, 3:4])
-        vals &= iny[:, :, None] & inx[:, None, :]
+        vals = mask_sample.masks_torch(logits, xt, yt, b[s:e], thr, xs=xs, ys=ys)
         rows = torch.arange(s, e, device=dev)[:, None, None]
         out[rows, ys[:, :, None], xs[:, None, :]] = vals
     return out

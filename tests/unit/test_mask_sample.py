@@ -1,0 +1,65 @@
+"""libreyolo.ops.mask_sample: the separable tables, the formula against grid_sample, and the
+tensor way over chosen pixels (the CPU's box windows) against every pixel."""
+import torch
+import torch.nn.functional as F
+
+from libreyolo.ops import mask_sample
+from libreyolo.ops.letterbox import inverse_params
+
+
+def _grid_sample(logits, canvas, h, w, sx, sy, px, py):
+    gx = ((torch.arange(w, dtype=torch.float32) + 0.5) * sx + px) / canvas * 2 - 1
+    gy = ((torch.arange(h, dtype=torch.float32) + 0.5) * sy + py) / canvas * 2 - 1
+    grid = torch.stack(torch.meshgrid(gx, gy, indexing="xy"), -1).expand(logits.shape[0], h, w, 2)
+    return F.grid_sample(logits[:, None], grid, mode="bilinear", padding_mode="border", align_corners=False)[:, 0]
+
+
+def test_axis_table_clamps_at_the_borders_and_weights_lie_in_0_1():
+    i0, i1, t = mask_sample.axis_table(100, 0.64, 0.0, 64, 16, "cpu")
+    assert i0.dtype == i1.dtype == torch.int32 and t.dtype == torch.float32
+    assert int(i0.min()) == 0 and int(i1.max()) == 15
+    assert bool(((t >= 0) & (t < 1)).all())
+    assert torch.equal(i1, (i0 + 1).clamp(max=15))
+    # the first pixels map before the first logit's centre and the last past the last one's:
+    # clamped there (grid_sample's border padding)
+    assert float(t[0]) == 0.0 and int(i0[0]) == 0 and int(i0[-1]) == 15 and float(t[-1]) == 0.0
+
+
+def test_values_are_grid_samples_up_to_rounding():
+    """The masks over a box covering the image, at several thresholds, against grid_sample's
+    values at the same positions thresholded: they differ only where grid_sample's value is
+    within float32 rounding of the threshold."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(5, 20, 24, generator=g)
+    for resize, (h, w) in (("center", (45, 80)), ("topleft", (90, 33)), ("stretch", (31, 31))):
+        canvas = 96
+        sx, sy, px, py = inverse_params(h, w, canvas, resize)
+        xt = mask_sample.axis_table(w, sx, px, canvas, 24, "cpu")
+        yt = mask_sample.axis_table(h, sy, py, canvas, 20, "cpu")
+        ref = _grid_sample(logits, canvas, h, w, sx, sy, px, py)
+        everywhere = torch.tensor([[-1.0, -1.0, w + 1.0, h + 1.0]]).expand(5, 4)
+        for thr in (-1e-6, 0.0, 0.5):
+            got = mask_sample.masks_torch(logits, xt, yt, everywhere, thr)
+            differ = got != (ref > thr)
+            assert not differ.any() or (ref[differ] - thr).abs().max() < 1e-5
+
+
+def test_chosen_pixels_equal_the_same_pixels_of_the_whole_image():
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(3, 16, 16, generator=g)
+    h, w, canvas = 40, 70, 64
+    sx, sy, px, py = inverse_params(h, w, canvas, "center")
+    xt = mask_sample.axis_table(w, sx, px, canvas, 16, "cpu")
+    yt = mask_sample.axis_table(h, sy, py, canvas, 16, "cpu")
+    boxes = torch.tensor([[2.0, 3.0, 50.0, 30.0], [10.5, 0.0, 70.0, 40.0], [-3.0, 5.5, 12.0, 8.5]])
+    whole = mask_sample.masks_torch(logits, xt, yt, boxes, 0.0)
+    xs = torch.tensor([[0, 5, 9, 69], [1, 2, 3, 4], [10, 11, 12, 13]])
+    ys = torch.tensor([[0, 1, 39], [7, 8, 9], [5, 6, 8]])
+    part = mask_sample.masks_torch(logits, xt, yt, boxes, 0.0, xs=xs, ys=ys)
+    for i in range(3):
+        assert torch.equal(part[i], whole[i][ys[i]][:, xs[i]])
+    assert whole.any() and not whole.all()
+
+
+def test_triton_way_needs_cuda():
+    assert not mask_sample.available(torch.device("cpu"))
