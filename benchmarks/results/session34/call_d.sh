@@ -2,8 +2,9 @@
 # Session 34, call D (carry .whl; the fixtures' tensors out of the copy): instance masks by the
 # fused Triton kernel (libreyolo.ops.mask_sample) - its bits against the tensor way, its time
 # against the grid_sample sampling it replaces (alone on the card), the segment / pose predict
-# rows beside RTMDet-Ins's default quality run with the weights kept, then predict end to end on
-# those weights, alone on the card (cut to about 250 s for the device time left).
+# rows beside RTMDet-Ins's default quality run with the weights kept and YOLO-NAS-Pose's with its
+# new default lr0 (1e-3) under the default float16 autocast over seeds 0-2, then predict end to
+# end on the RTMDet-Ins weights, alone on the card (about 300 s).
 set -uo pipefail
 export OUT="${OUT:-.out}"; W=/tmp/work-d; mkdir -p "$OUT" $W/keep
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -16,6 +17,10 @@ for n in 138; do
   echo "masks $n rc=$?" >> $W/masks-$n.log
 done
 python3 -c "from libreyolo.tasks.segment.data import make_shapes_inst_dataset as m; m()" > /dev/null 2>&1
+python3 -c "from libreyolo.tasks.pose.synthetic import make_shapes_pose_dataset as m; m()" > /dev/null 2>&1
+# YOLO-NAS-Pose's new default (lr0 1e-3) under the default float16 autocast, three seeds side by side
+for s in 0 1 2; do ( timeout 150 python3 benchmarks/task_quality.py --models yolonas-n-pose --epochs 30 --imgsz 320 --batch 16 \
+    --cuda-graph --seed $s --json $W/q-pose-s$s.json > $W/q-pose-s$s.log 2>&1; echo "pose s$s rc=$?" >> $W/q-pose-s$s.log ) & done
 ( timeout 120 python3 benchmarks/task_quality.py --models rtmdet-t-segment --epochs 30 --imgsz 320 --batch 16 --cuda-graph \
     --keep $W/keep --json $W/q-seg.json > $W/q-seg.log 2>&1; echo "seg quality rc=$?" >> $W/q-seg.log ) &
 timeout -s INT 110 python3 -m pytest -p no:cacheprovider -n 3 --timeout 100 --tb=short -q -rfEsxX \
