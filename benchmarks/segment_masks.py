@@ -18,7 +18,7 @@ import torch
 from libreyolo.benchmark import time_call
 from libreyolo.ops import mask_sample
 from libreyolo.ops.letterbox import inverse_params
-from libreyolo.tasks.segment.task import MASK_CHUNK, crop_to_boxes, instance_masks, sample_masks
+from libreyolo.tasks.segment.task import MASK_CHUNK, grid_sample_masks, instance_masks
 
 
 class Head:
@@ -48,11 +48,8 @@ def main() -> None:
     sx, sy, px, py = inverse_params(a.h, a.w, 640, "center")
 
     def grid_sample_before():
-        out = torch.zeros((a.instances, a.h, a.w), dtype=torch.bool, device=dev)
-        for s in range(0, a.instances, MASK_CHUNK):
-            full = sample_masks(head.mask_logits(protos, coeffs[s:s + MASK_CHUNK]), 640, a.h, a.w, sx, sy, px, py)
-            out[s:s + MASK_CHUNK] = crop_to_boxes(full > 0, boxes[s:s + MASK_CHUNK])
-        return out
+        chunks = [head.mask_logits(protos, coeffs[s:s + MASK_CHUNK]) for s in range(0, a.instances, MASK_CHUNK)]
+        return grid_sample_masks(chunks, boxes, 640, a.h, a.w, (sx, sy, px, py))
 
     arms = {"windows": lambda: instance_masks(head, protos, coeffs, boxes, *args, host_boxes=host, windows=True),
             "whole_image_tensor_ops": lambda: instance_masks(head, protos, coeffs, boxes, *args, windows=False)}

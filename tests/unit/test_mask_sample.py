@@ -1,17 +1,10 @@
 """libreyolo.ops.mask_sample: the separable tables, the formula against grid_sample, and the
 tensor way over chosen pixels (the CPU's box windows) against every pixel."""
 import torch
-import torch.nn.functional as F
 
 from libreyolo.ops import mask_sample
 from libreyolo.ops.letterbox import inverse_params
-
-
-def _grid_sample(logits, canvas, h, w, sx, sy, px, py):
-    gx = ((torch.arange(w, dtype=torch.float32) + 0.5) * sx + px) / canvas * 2 - 1
-    gy = ((torch.arange(h, dtype=torch.float32) + 0.5) * sy + py) / canvas * 2 - 1
-    grid = torch.stack(torch.meshgrid(gx, gy, indexing="xy"), -1).expand(logits.shape[0], h, w, 2)
-    return F.grid_sample(logits[:, None], grid, mode="bilinear", padding_mode="border", align_corners=False)[:, 0]
+from libreyolo.tasks.segment.task import sample_masks
 
 
 def test_axis_table_clamps_at_the_borders_and_weights_lie_in_0_1():
@@ -36,7 +29,7 @@ def test_values_are_grid_samples_up_to_rounding():
         sx, sy, px, py = inverse_params(h, w, canvas, resize)
         xt = mask_sample.axis_table(w, sx, px, canvas, 24, "cpu")
         yt = mask_sample.axis_table(h, sy, py, canvas, 20, "cpu")
-        ref = _grid_sample(logits, canvas, h, w, sx, sy, px, py)
+        ref = sample_masks(logits, canvas, h, w, sx, sy, px, py)
         everywhere = torch.tensor([[-1.0, -1.0, w + 1.0, h + 1.0]]).expand(5, 4)
         for thr in (-1e-6, 0.0, 0.5):
             got = mask_sample.masks_torch(logits, xt, yt, everywhere, thr)

@@ -11,7 +11,7 @@ from libreyolo.models.rtmdet.model import Rtmdet, RtmdetSeg
 from libreyolo.models.rtmdet.nn import DYNAMIC_CONVS, NUM_DYNAMIC_PARAMS, dynamic_masks
 from libreyolo.results import Results
 from libreyolo.tasks.segment import InstanceMasks
-from libreyolo.tasks.segment.task import MASK_CHUNK, crop_to_boxes, instance_masks, sample_masks
+from libreyolo.tasks.segment.task import MASK_CHUNK, crop_to_boxes, grid_sample_masks, instance_masks, sample_masks
 
 
 def grouped_conv_masks(protos, params, points, strides, proto_stride):
@@ -103,6 +103,10 @@ def test_instance_masks_sampled_in_box_windows_equal_the_whole_image_sampled_and
     sx, sy, px, py = inverse_params(h, w, canvas, resize)
     logits = sample_masks(Head().mask_logits(protos, coeffs), canvas, h, w, sx, sy, px, py)
     definition = crop_to_boxes(logits > 0, boxes)
+    # CUDA's way until its fused kernel is proven: the definition per chunk of logits
+    chunks = [Head().mask_logits(protos, coeffs[s:s + MASK_CHUNK]) for s in range(0, n, MASK_CHUNK)]
+    assert torch.equal(grid_sample_masks(chunks, boxes, canvas, h, w, (sx, sy, px, py)),
+                       crop_to_boxes(torch.cat([sample_masks(c, canvas, h, w, sx, sy, px, py) for c in chunks]) > 0, boxes))
     differ = ours != definition
     assert logits[differ].abs().max().item() < 1e-5 if differ.any() else True
 

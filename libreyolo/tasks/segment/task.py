@@ -90,6 +90,21 @@ def box_windows(boxes: np.ndarray, h: int, w: int) -> np.ndarray:
     return np.concatenate((np.clip(lo, 0, lim), np.clip(hi, 0, lim)), 1).astype(np.int64)
 
 
+def grid_sample_masks(chunks: list[torch.Tensor], boxes: torch.Tensor, canvas: int, h: int, w: int,
+                      inverse: tuple[float, float, float, float], thr: float = 0.0) -> torch.Tensor:
+    """Per chunk of (c, ph, pw) mask logits, the whole image sampled by ``grid_sample``
+    (:func:`sample_masks`; ``inverse``: :func:`inverse_params`' ``sx, sy, px, py``), above ``thr``
+    and cut to ``boxes`` -> (n, h, w) bool: CUDA's way until the fused kernel is proven."""
+    n = sum(c.shape[0] for c in chunks)
+    out = torch.zeros((n, h, w), dtype=torch.bool, device=boxes.device)
+    s = 0
+    for logits in chunks:
+        e = s + logits.shape[0]
+        out[s:e] = crop_to_boxes(sample_masks(logits, canvas, h, w, *inverse) > thr, boxes[s:e])
+        s = e
+    return out
+
+
 def instance_masks(model, protos: torch.Tensor, coeffs: torch.Tensor, boxes: torch.Tensor, canvas: int,
                    h: int, w: int, resize: str, thr: float = 0.0, host_boxes: np.ndarray | None = None,
                    windows: bool | None = None) -> torch.Tensor:
@@ -114,23 +129,17 @@ def instance_masks(model, protos: torch.Tensor, coeffs: torch.Tensor, boxes: tor
         return torch.zeros((n, h, w), dtype=torch.bool, device=dev)
     b = boxes.to(dev)
     chunks = [model.mask_logits(protos, coeffs[s:s + MASK_CHUNK]).float() for s in range(0, n, MASK_CHUNK)]
+    fused = windows is None and dev.type == "cuda"
+    if fused and not (mask_sample.FUSED_ON_CUDA and mask_sample.available(dev)):
+        # until the kernel is proven on a GPU: grid_sample over the whole image, cut to the box
+        return grid_sample_masks(chunks, b, canvas, h, w, (sx, sy, px, py), thr)
     ph, pw = chunks[0].shape[-2:]
     xt = mask_sample.axis_table(w, sx, px, canvas, pw, dev)
     yt = mask_sample.axis_table(h, sy, py, canvas, ph, dev)
-    if windows is None and dev.type == "cuda":
-        if mask_sample.FUSED_ON_CUDA and mask_sample.available(dev):
-            return mask_sample.masks_triton(torch.cat(chunks) if len(chunks) > 1 else chunks[0], xt, yt, b, thr)
-        # until the kernel is proven on a GPU: grid_sample over the whole image, cut to the box
-        out = torch.zeros((n, h, w), dtype=torch.bool, device=dev)
-        for k, logits in enumerate(chunks):
-            s = k * MASK_CHUNK
-            full = sample_masks(logits, canvas, h, w, sx, sy, px, py)
-            out[s:s + logits.shape[0]] = crop_to_boxes(full > thr, b[s:s + logits.shape[0]])
-        return out
-    if windows is None:
-        windows = True
+    if fused:
+        return mask_sample.masks_triton(torch.cat(chunks) if len(chunks) > 1 else chunks[0], xt, yt, b, thr)
     out = torch.zeros((n, h, w), dtype=torch.bool, device=dev)
-    if not windows:
+    if windows is False:
         for k, logits in enumerate(chunks):
             s = k * MASK_CHUNK
             out[s:s + logits.shape[0]] = mask_sample.masks_torch(logits, xt, yt, b[s:s + logits.shape[0]], thr)
