@@ -38,10 +38,10 @@ except Exception:  # pragma: no cover - depends on the install
 __all__ = ["available", "axis_table", "masks_torch", "masks_triton"]
 
 
-#: whether predict uses :func:`masks_triton` on CUDA. Off until ``tests/gpu/test_mask_sample_gpu.py``
-#: has passed on a GPU (docs/families.md names the run); meanwhile CUDA keeps its earlier way
-#: (``grid_sample`` over the whole image, see :func:`libreyolo.tasks.segment.task.instance_masks`).
-FUSED_ON_CUDA = False
+#: whether predict uses :func:`masks_triton` on CUDA (on since ``tests/gpu/test_mask_sample_gpu.py``
+#: passed on a GPU, docs/families.md names the run); off, CUDA samples with ``grid_sample`` over
+#: the whole image (:func:`libreyolo.tasks.segment.task.grid_sample_masks`), its earlier way.
+FUSED_ON_CUDA = True
 
 
 def available(device: torch.device) -> bool:

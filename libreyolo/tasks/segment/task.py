@@ -94,7 +94,7 @@ def grid_sample_masks(chunks: list[torch.Tensor], boxes: torch.Tensor, canvas: i
                       inverse: tuple[float, float, float, float], thr: float = 0.0) -> torch.Tensor:
     """Per chunk of (c, ph, pw) mask logits, the whole image sampled by ``grid_sample``
     (:func:`sample_masks`; ``inverse``: :func:`inverse_params`' ``sx, sy, px, py``), above ``thr``
-    and cut to ``boxes`` -> (n, h, w) bool: CUDA's way until the fused kernel is proven."""
+    and cut to ``boxes`` -> (n, h, w) bool: CUDA's way where the fused kernel is off or Triton missing."""
     n = sum(c.shape[0] for c in chunks)
     out = torch.zeros((n, h, w), dtype=torch.bool, device=boxes.device)
     s = 0
@@ -115,8 +115,8 @@ def instance_masks(model, protos: torch.Tensor, coeffs: torch.Tensor, boxes: tor
     The sampling is :mod:`libreyolo.ops.mask_sample`'s (bilinear at each pixel centre mapped into
     the canvas, edges clamped: ``grid_sample``'s positions, one fixed order of the products), the
     same bits three ways: on CUDA with Triton one fused kernel for every instance and pixel
-    (once :data:`~libreyolo.ops.mask_sample.FUSED_ON_CUDA` is on; until then CUDA samples the
-    whole image with ``grid_sample``, its earlier way); elsewhere only the pixels of each
+    (while :data:`~libreyolo.ops.mask_sample.FUSED_ON_CUDA` is on; off, or without Triton, CUDA
+    samples the whole image with ``grid_sample``, its earlier way); elsewhere only the pixels of each
     instance's box window (:func:`box_windows`; a chunk of instances shares the largest window's
     shape), the rest staying False - a fraction of the work where instances are small (a 720p
     image: 0.92 M pixels per instance otherwise); or the whole image per chunk of instances.
@@ -131,7 +131,7 @@ def instance_masks(model, protos: torch.Tensor, coeffs: torch.Tensor, boxes: tor
     chunks = [model.mask_logits(protos, coeffs[s:s + MASK_CHUNK]).float() for s in range(0, n, MASK_CHUNK)]
     fused = windows is None and dev.type == "cuda"
     if fused and not (mask_sample.FUSED_ON_CUDA and mask_sample.available(dev)):
-        # until the kernel is proven on a GPU: grid_sample over the whole image, cut to the box
+        # the kernel switched off or no Triton: grid_sample over the whole image, cut to the box
         return grid_sample_masks(chunks, b, canvas, h, w, (sx, sy, px, py), thr)
     ph, pw = chunks[0].shape[-2:]
     xt = mask_sample.axis_table(w, sx, px, canvas, pw, dev)
