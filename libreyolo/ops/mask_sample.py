@@ -27,6 +27,8 @@ floating-point contraction so that its products and sums round as :func:`masks_t
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 import torch
 
 try:  # Triton ships with CUDA builds of torch; a CPU-only install may lack it
@@ -35,7 +37,7 @@ try:  # Triton ships with CUDA builds of torch; a CPU-only install may lack it
 except Exception:  # pragma: no cover - depends on the install
     triton = None
 
-__all__ = ["available", "axis_table", "masks_torch", "masks_triton"]
+__all__ = ["available", "axis_table", "axis_tables", "masks_torch", "masks_triton"]
 
 
 #: whether predict uses :func:`masks_triton` on CUDA (on since ``tests/gpu/test_mask_sample_gpu.py``
@@ -62,6 +64,16 @@ def axis_table(n_out: int, scale: float, pad: float, canvas: int, n_in: int, dev
     t = src - i0
     i0 = i0.to(torch.int32)
     return i0, (i0 + 1).clamp_(max=n_in - 1), t
+
+
+@lru_cache(maxsize=64)
+def axis_tables(h: int, w: int, sx: float, sy: float, px: float, py: float, canvas: int, ph: int, pw: int,
+                device: torch.device) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+    """The column and row tables (:func:`axis_table`) of one image size, letterbox and logits
+    size, built once and reused: a video's frames or a folder of same-sized images ask for the
+    same tables every call (two tables are about a dozen small device ops). Read-only: every
+    user indexes them, none writes."""
+    return axis_table(w, sx, px, canvas, pw, device), axis_table(h, sy, py, canvas, ph, device)
 
 
 def masks_torch(logits: torch.Tensor, xt, yt, boxes: torch.Tensor, thr: float,

@@ -56,3 +56,16 @@ def test_chosen_pixels_equal_the_same_pixels_of_the_whole_image():
 
 def test_triton_way_needs_cuda():
     assert not mask_sample.available(torch.device("cpu"))
+
+
+def test_axis_tables_are_built_once_per_geometry_and_equal_fresh_ones():
+    sx, sy, px, py = inverse_params(360, 640, 320, "center")
+    dev = torch.device("cpu")
+    a = mask_sample.axis_tables(360, 640, sx, sy, px, py, 320, 80, 80, dev)
+    b = mask_sample.axis_tables(360, 640, sx, sy, px, py, 320, 80, 80, dev)
+    assert a is b   # the repeat call's tables are the first call's
+    fresh = (mask_sample.axis_table(640, sx, px, 320, 80, dev), mask_sample.axis_table(360, sy, py, 320, 80, dev))
+    for got, want in zip(a, fresh):
+        assert all(torch.equal(g, w) for g, w in zip(got, want))
+    other = mask_sample.axis_tables(361, 640, *inverse_params(361, 640, 320, "center"), 320, 80, 80, dev)
+    assert other is not a and other[1][0].shape[0] == 361

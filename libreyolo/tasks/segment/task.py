@@ -134,8 +134,7 @@ def instance_masks(model, protos: torch.Tensor, coeffs: torch.Tensor, boxes: tor
         # the kernel switched off or no Triton: grid_sample over the whole image, cut to the box
         return grid_sample_masks(chunks, b, canvas, h, w, (sx, sy, px, py), thr)
     ph, pw = chunks[0].shape[-2:]
-    xt = mask_sample.axis_table(w, sx, px, canvas, pw, dev)
-    yt = mask_sample.axis_table(h, sy, py, canvas, ph, dev)
+    xt, yt = mask_sample.axis_tables(h, w, sx, sy, px, py, canvas, ph, pw, dev)
     if fused:
         return mask_sample.masks_triton(torch.cat(chunks) if len(chunks) > 1 else chunks[0], xt, yt, b, thr)
     out = torch.zeros((n, h, w), dtype=torch.bool, device=dev)
