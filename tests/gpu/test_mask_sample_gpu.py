@@ -8,7 +8,7 @@ import torch
 
 from libreyolo.ops import mask_sample
 from libreyolo.ops.letterbox import inverse_params
-from libreyolo.tasks.segment.task import MASK_CHUNK, instance_masks
+from libreyolo.tasks.segment.task import LOGITS_CHUNK, MASK_CHUNK, instance_masks
 
 pytestmark = pytest.mark.cuda
 
@@ -40,7 +40,7 @@ def test_triton_masks_equal_the_tensor_way(resize, h, w, n, thr, monkeypatch):
     coeffs = torch.randn(n, 8, generator=g).cuda()
     boxes = _boxes(n, h, w, g).cuda()
     # the logits as instance_masks computes them (per chunk: a GEMM's rounding may depend on its shape)
-    logits = torch.cat([Head().mask_logits(protos, coeffs[s:s + MASK_CHUNK]) for s in range(0, n, MASK_CHUNK)])
+    logits = torch.cat([Head().mask_logits(protos, coeffs[s:s + LOGITS_CHUNK]) for s in range(0, n, LOGITS_CHUNK)])
     sx, sy, px, py = inverse_params(h, w, canvas, resize)
     xt = mask_sample.axis_table(w, sx, px, canvas, 160, "cuda")
     yt = mask_sample.axis_table(h, sy, py, canvas, 160, "cuda")

@@ -34,6 +34,10 @@ from ..base import Evaluator, InStageSelection, PredictPlan, Task, TaskOptions
 #: instances whose masks are sampled at the original size in one batch (bounds the memory of
 #: a large image with many instances)
 MASK_CHUNK = 32
+#: instances whose mask logits (at the prototypes' size) are computed in one batch: the logits'
+#: few small ops per batch are launch-bound on a GPU, so fewer, larger batches; bounded because a
+#: dynamic-conv head's intermediates take about 1 MB per instance at a 640 canvas
+LOGITS_CHUNK = 128
 
 
 def sample_masks(logits: torch.Tensor, canvas: int, h: int, w: int, sx: float, sy: float, px: float, py: float
@@ -128,25 +132,27 @@ def instance_masks(model, protos: torch.Tensor, coeffs: torch.Tensor, boxes: tor
     if n == 0:
         return torch.zeros((n, h, w), dtype=torch.bool, device=dev)
     b = boxes.to(dev)
-    chunks = [model.mask_logits(protos, coeffs[s:s + MASK_CHUNK]).float() for s in range(0, n, MASK_CHUNK)]
+    parts = [model.mask_logits(protos, coeffs[s:s + LOGITS_CHUNK]).float() for s in range(0, n, LOGITS_CHUNK)]
+    logits = parts[0] if len(parts) == 1 else torch.cat(parts)
+    chunks = logits.split(MASK_CHUNK)
     fused = windows is None and dev.type == "cuda"
     if fused and not (mask_sample.FUSED_ON_CUDA and mask_sample.available(dev)):
         # the kernel switched off or no Triton: grid_sample over the whole image, cut to the box
-        return grid_sample_masks(chunks, b, canvas, h, w, (sx, sy, px, py), thr)
+        return grid_sample_masks(list(chunks), b, canvas, h, w, (sx, sy, px, py), thr)
     ph, pw = chunks[0].shape[-2:]
     xt, yt = mask_sample.axis_tables(h, w, sx, sy, px, py, canvas, ph, pw, dev)
     if fused:
-        return mask_sample.masks_triton(torch.cat(chunks) if len(chunks) > 1 else chunks[0], xt, yt, b, thr)
+        return mask_sample.masks_triton(logits, xt, yt, b, thr)
     out = torch.zeros((n, h, w), dtype=torch.bool, device=dev)
     if windows is False:
-        for k, logits in enumerate(chunks):
+        for k, part in enumerate(chunks):
             s = k * MASK_CHUNK
-            out[s:s + logits.shape[0]] = mask_sample.masks_torch(logits, xt, yt, b[s:s + logits.shape[0]], thr)
+            out[s:s + part.shape[0]] = mask_sample.masks_torch(part, xt, yt, b[s:s + part.shape[0]], thr)
         return out
     win = box_windows(boxes.detach().cpu().numpy() if host_boxes is None else host_boxes, h, w)
-    for k, logits in enumerate(chunks):
+    for k, part in enumerate(chunks):
         s = k * MASK_CHUNK
-        e = s + logits.shape[0]
+        e = s + part.shape[0]
         ww = int((win[s:e, 2] - win[s:e, 0]).max())
         hh = int((win[s:e, 3] - win[s:e, 1]).max())
         if ww <= 0 or hh <= 0:   # every box of the chunk outside the image or empty
@@ -156,7 +162,7 @@ def instance_masks(model, protos: torch.Tensor, coeffs: torch.Tensor, boxes: tor
         # whose value it computes again (the same coordinate), so repeated writes agree
         xs = (org[:, 0:1] + torch.arange(ww, device=dev)).clamp_(max=w - 1)          # (c, ww)
         ys = (org[:, 1:2] + torch.arange(hh, device=dev)).clamp_(max=h - 1)          # (c, hh)
-        vals = mask_sample.masks_torch(logits, xt, yt, b[s:e], thr, xs=xs, ys=ys)
+        vals = mask_sample.masks_torch(part, xt, yt, b[s:e], thr, xs=xs, ys=ys)
         rows = torch.arange(s, e, device=dev)[:, None, None]
         out[rows, ys[:, :, None], xs[:, None, :]] = vals
     return out
