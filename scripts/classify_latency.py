@@ -11,6 +11,7 @@ the Results: medians per segment). Then ``--calls`` end-to-end calls under torch
 call, the wall, the device's busy time (the union of its kernels and copies) and its idle gaps,
 the kernels by total time; the Chrome trace is written to ``--out``. ``--tf32 on|off`` sets
 cuDNN's and cuBLAS's TF32 for the whole process (default: PyTorch's settings).
+``--fuse``: the model with its BatchNorms folded into the convolutions (``model.fuse()``).
 """
 from __future__ import annotations
 
@@ -120,13 +121,16 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=40)
     ap.add_argument("--out", required=True)
     ap.add_argument("--tf32", choices=("default", "on", "off"), default="default")
+    ap.add_argument("--fuse", action="store_true", help="BatchNorm folded into the convolutions (model.fuse())")
     a = ap.parse_args()
     if a.tf32 != "default":
         torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = a.tf32 == "on"
     out_dir = Path(a.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    name = "-".join(a.model) + ("" if a.tf32 == "default" else f"-tf32{a.tf32}")
+    name = "-".join(a.model) + ("" if a.tf32 == "default" else f"-tf32{a.tf32}") + ("-fused" if a.fuse else "")
     m = LibreYOLO.new(*a.model, device="cuda", seed=0)
+    if a.fuse:
+        m.fuse()
     pil = Image.open(SAMPLE_IMAGE).convert("RGB")
     big = np.asarray(pil)
     small = np.asarray(pil.resize((a.imgsz, a.imgsz)))
