@@ -340,3 +340,22 @@ def test_obb_predicts_through_the_command_line(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     import re
     assert re.search(r"im\.png: 96x64, [\w-]+ \d\.\d\d", out), out    # at least one rotated box
+
+
+def test_pose_visibility_logits_start_at_one_half_and_classes_at_the_prior():
+    """A fresh pose network and init_for_training: each cls_pred's class rows at logit(0.01), its
+    visibility rows (after the classes) at 0; every level's head; trained weights' rows untouched
+    by building, rewritten only by init_for_training (which the trainer calls on untrained models)."""
+    m = LibreYOLO.new("yolonas", "n", task="pose", nc=2, device="cpu", seed=0)
+    m.reset_keypoints(5)
+    prior = math.log(0.01 / 0.99)
+    for i in (1, 2, 3):
+        b = getattr(m.model.heads, f"head{i}").cls_pred.bias
+        assert b.shape == (2 + 5,)
+        assert torch.allclose(b[:2], torch.full((2,), prior)) and torch.equal(b[2:], torch.zeros(5))
+        with torch.no_grad():
+            b.fill_(3.0)
+    assert m.init_for_training(m.model) == 6
+    for i in (1, 2, 3):
+        b = getattr(m.model.heads, f"head{i}").cls_pred.bias
+        assert torch.allclose(b[:2], torch.full((2,), prior)) and torch.equal(b[2:], torch.zeros(5))

@@ -4,7 +4,7 @@
 # profile (session35/seg_post.py), `libreyolo bench` on both, the classifiers' latency, and
 # YOLO-NAS-Pose's whole training step in bf16 (the H200 row); tiled predict's GPU test and the
 # segment predict rows with the cached axis tables and the mask logits in batches of 128; the
-# fused (BatchNorm-folded) classifiers' parity and latency.
+# fused (BatchNorm-folded) classifiers' parity and latency; YOLO-NAS-Pose's visibility init, fp32 seeds 0-2.
 set -uo pipefail
 export OUT="${OUT:-.out}"; W=/tmp/work-g; mkdir -p "$OUT" $W/keep
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -17,6 +17,9 @@ for m in rtmdet-t-segment yolonas-n-pose; do
   ( timeout 70 python3 benchmarks/task_quality.py --models $m --epochs 10 --imgsz 320 --batch 16 --cuda-graph \
       --keep $W/keep --json $W/q-$m.json > $W/q-$m.log 2>&1; echo "train $m rc=$?" >> $W/q-$m.log ) &
 done
+# YOLO-NAS-Pose's visibility init (session 35): fp32 seeds 0-2 at 320, against session 34's 0.481 / 0.448 / 0.200
+for s in 0 1 2; do ( timeout 150 python3 benchmarks/task_quality.py --models yolonas-n-pose --epochs 30 --imgsz 320 --batch 16 \
+    --cuda-graph --amp false --seed $s --json $W/q-pose-fp32-s$s.json > $W/q-pose-fp32-s$s.log 2>&1; echo "pose fp32 s$s rc=$?" >> $W/q-pose-fp32-s$s.log ) & done
 timeout -s INT 200 python3 -m pytest -p no:cacheprovider -n 3 --timeout 180 --tb=short -q -rfEsxX tests/gpu/test_sliced_gpu.py \
   tests/gpu/test_mask_sample_gpu.py tests/gpu/test_timm_fuse_gpu.py tests/gpu/test_tasks_gpu.py \
   -k "sliced or mask or fuse or (predict_with_graph and seg)" \
@@ -39,7 +42,7 @@ timeout 80 python3 benchmarks/train_step.py --all --arms eager,whole --model yol
 echo "train step rc=$?" >> $W/train-step-pose.log
 rm -rf $W/keep $W/lat/*.json.gz
 tar czf "$OUT/all-g.tgz" -C $W . 2>/dev/null
-{ grep -h "rc=" $W/q-*.log; grep -E "^(FAILED|ERROR)|passed|failed|rc=" $W/sliced.log | cut -c1-250
+{ grep -h "rc=" $W/q-*.log; for f in $W/q-pose-fp32-s*.log; do tr '\r' '\n' < $f | grep -E '^\{' | cut -c1-330; done; grep -E "^(FAILED|ERROR)|passed|failed|rc=" $W/sliced.log | cut -c1-250
   head -c 4000 $W/seg-post.log; grep "rc=" $W/seg-post.log
   for f in $W/bench-*.log; do grep -E "predict\(graph\) /|stages|rc=|speedups" $f; done
   for f in $W/lat-*.log; do grep -E '"e2e_|wall_ms"|rc=' $f | head -8; done

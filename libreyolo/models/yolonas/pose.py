@@ -109,6 +109,16 @@ class YoloNASPose(YoloNAS):
     def default_names(cls, nc: int) -> dict[int, str]:
         return {0: "person"} if nc == 1 else {i: f"class{i}" for i in range(nc)}
 
+    def init_for_training(self, net: nn.Module, prior: float = 0.01) -> int:
+        """The class logits at the detector's 1 % prior; each ``cls_pred``'s visibility rows (after
+        the classes) at 0, probability 0.5 (as :class:`.pose_nn.PoseDFLHead` builds them): most
+        keypoints of an instance are labelled, so a rare-positive prior there starts the
+        visibility loss far from its targets, pulling on the convolutions the class logits share
+        (paired by seed on the CPU it raised OKS mAP50 on most seeds: docs/benchmarks.md)."""
+        heads = [f"heads.head{i}.cls_pred" for i in (1, 2, 3)]
+        return (self._prior_bias(net, tuple((h, 0, self.nc) for h in heads), prior)
+                + self._prior_bias(net, tuple((h, self.nc, None) for h in heads), 0.5))
+
     def sigmas(self) -> tuple[float, ...]:
         """The OKS sigmas of this model's keypoints: the training dataset's (metadata ``kpt_sigmas``),
         else COCO's for 17 keypoints, else 0.05 each."""

@@ -59,7 +59,11 @@ class PoseDFLHead(nn.Module):
         self.cls_pred = nn.Conv2d(box_width, nc + num_keypoints, 1)
         self.reg_pred = nn.Conv2d(box_width, 4 * (REG_MAX + 1), 1)
         self.pose_pred = nn.Conv2d(kpt_width, 2 * num_keypoints, 1)
-        nn.init.constant_(self.cls_pred.bias, -math.log((1 - PRIOR_PROB) / PRIOR_PROB))
+        # the class logits at the detector's prior, the visibility logits at probability 0.5
+        # (YoloNASPose.init_for_training says why)
+        with torch.no_grad():
+            self.cls_pred.bias[:nc] = -math.log((1 - PRIOR_PROB) / PRIOR_PROB)
+            self.cls_pred.bias[nc:] = 0.0
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         box = self.bbox_stem(x)
