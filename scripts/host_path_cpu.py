@@ -189,10 +189,14 @@ def main() -> None:
     ap.add_argument("--rgb", action="store_true", help="the array said to be RGB (bgr=False): no channel reorder")
     ap.add_argument("--frame", action="store_true", help="the sample at its own 1280x720, not resized to imgsz")
     ap.add_argument("--task", default=None, help="the family's task variant (e.g. pose, segment)")
+    ap.add_argument("--fuse", action="store_true", help="the model with its BatchNorms folded (model.fuse()): "
+                    "fewer tensors for the graph's stale-weights fingerprint")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     torch.set_num_threads(1)
     m = LibreYOLO.new(*a.model, device="cpu", seed=0, task=a.task)
+    if a.fuse:
+        m.fuse()
     if m.task != "classify":   # an untrained head detects nothing: re-drawn (as bench does) for a full load
         from libreyolo.engine.verify import input_sensitive
         m = input_sensitive(m)
