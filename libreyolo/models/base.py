@@ -405,13 +405,18 @@ class Model:
         Stale graphs are released automatically (the parameter fingerprint changes).
         """
         if not self.fused:
-            fuse = getattr(self.model, "fuse", None)
-            if fuse is None:
-                raise NotImplementedError(f"{self.FAMILY} has no fuse()")
-            fuse()
+            self.fuse_network(self.model)
             self.model.to(self.device).eval()
             self.fused = True
         return self
+
+    def fuse_network(self, net: nn.Module) -> None:
+        """Fold ``net`` in place for :meth:`fuse`: the network's own ``fuse()``; a family whose
+        networks have none (timm's classifiers) overrides this."""
+        fuse = getattr(net, "fuse", None)
+        if fuse is None:
+            raise NotImplementedError(f"{self.FAMILY} has no fuse()")
+        fuse()
 
     def checkpoint(self) -> dict:
         """The LibreYOLO checkpoint dict of this model (CPU tensors)."""

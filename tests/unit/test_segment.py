@@ -103,7 +103,7 @@ def test_instance_masks_sampled_in_box_windows_equal_the_whole_image_sampled_and
     sx, sy, px, py = inverse_params(h, w, canvas, resize)
     logits = sample_masks(Head().mask_logits(protos, coeffs), canvas, h, w, sx, sy, px, py)
     definition = crop_to_boxes(logits > 0, boxes)
-    # CUDA's way until its fused kernel is proven: the definition per chunk of logits
+    # CUDA's way without the fused kernel: the definition per chunk of logits
     chunks = [Head().mask_logits(protos, coeffs[s:s + MASK_CHUNK]) for s in range(0, n, MASK_CHUNK)]
     assert torch.equal(grid_sample_masks(chunks, boxes, canvas, h, w, (sx, sy, px, py)),
                        crop_to_boxes(torch.cat([sample_masks(c, canvas, h, w, sx, sy, px, py) for c in chunks]) > 0, boxes))

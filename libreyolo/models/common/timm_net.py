@@ -114,19 +114,12 @@ class TimmClassifier(Model):
         """(B, 3, S, S) normalized batch -> class logits (B, nc), float32."""
         return self.model(x).float()
 
-    def fuse(self) -> Model:
-        """Fold BatchNorm into convolutions (inference only): every BatchNorm whose input is exactly a
-        convolution's output, found on the network's FX graph (:func:`~.timm_fuse.fold_batchnorms`);
-        LayerNorm networks (ConvNeXt) have none and stay as they are. A fused model cannot be saved.
-
-        Stale graphs are released automatically (the parameter fingerprint changes).
-        """
-        if not self.fused:
-            from .timm_fuse import fold_batchnorms
-            fold_batchnorms(self.model)
-            self.model.to(self.device).eval()
-            self.fused = True
-        return self
+    def fuse_network(self, net: nn.Module) -> None:
+        """:meth:`Model.fuse`'s fold: every BatchNorm whose input is exactly a convolution's output,
+        found on the network's FX graph (:func:`~.timm_fuse.fold_batchnorms`); LayerNorm networks
+        (ConvNeXt) have none and stay as they are."""
+        from .timm_fuse import fold_batchnorms
+        fold_batchnorms(net)
 
     def train_defaults(self) -> dict[str, Any]:
         """The family's recipe at this model's input size (not the detection default of 640)."""
