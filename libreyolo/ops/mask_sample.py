@@ -20,7 +20,8 @@ Two implementations give the same bits: :func:`masks_torch` (plain tensor ops, e
 rounding; any device, any set of pixels - the CPU samples only each box's window) and, on CUDA
 with Triton, :func:`masks_triton`, one kernel for every instance and pixel that writes the bool
 masks directly (sample, threshold and box test fused, tiles outside the box written as False
-without reading the logits). ``grid_sample`` followed by the threshold and the box cut needs a
+without reading the logits; or, given each instance's pixel window, the output zeroed by one
+fill and only the windows' tiles visited). ``grid_sample`` followed by the threshold and the box cut needs a
 (n, H, W, 2) grid and four full-size passes; this kernel is one pass over the output (a 720p image
 with 138 instances: 127 M mask pixels), which is why it is written here. It is compiled without
 floating-point contraction so that its products and sums round as :func:`masks_torch`'s.
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+import numpy as np
 import torch
 
 try:  # Triton ships with CUDA builds of torch; a CPU-only install may lack it
@@ -44,6 +46,10 @@ __all__ = ["available", "axis_table", "axis_tables", "masks_torch", "masks_trito
 #: passed on a GPU, docs/families.md names the run); off, CUDA samples with ``grid_sample`` over
 #: the whole image (:func:`libreyolo.tasks.segment.task.grid_sample_masks`), its earlier way.
 FUSED_ON_CUDA = True
+#: whether predict's kernel visits only each instance's box window (:func:`masks_triton`'s
+#: ``windows``) after one zero fill, instead of every pixel of every instance; off until
+#: ``tests/gpu/test_mask_sample_gpu.py`` passes with it on a GPU (docs/families.md)
+WINDOWS_ON_CUDA = False
 
 
 def available(device: torch.device) -> bool:
@@ -114,13 +120,25 @@ def masks_torch(logits: torch.Tensor, xt, yt, boxes: torch.Tensor, thr: float,
 
 if triton is not None:
     @triton.jit
-    def _masks_kernel(logits_ptr, x0_ptr, x1_ptr, tx_ptr, y0_ptr, y1_ptr, ty_ptr, boxes_ptr, out_ptr, thr,
-                      H, W, PH, PW, BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr):
+    def _masks_kernel(logits_ptr, x0_ptr, x1_ptr, tx_ptr, y0_ptr, y1_ptr, ty_ptr, boxes_ptr, win_ptr, out_ptr, thr,
+                      H, W, PH, PW, BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr, WINDOWED: tl.constexpr):
         i = tl.program_id(0)
-        rows = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-        cols = tl.program_id(2) * BLOCK_W + tl.arange(0, BLOCK_W)
-        rm = rows < H
-        cm = cols < W
+        if WINDOWED:   # the tiles cover the instance's pixel window (x0, y0, x1, y1; ends exclusive)
+            ox = tl.load(win_ptr + i * 4)
+            oy = tl.load(win_ptr + i * 4 + 1)
+            ex = tl.load(win_ptr + i * 4 + 2)
+            ey = tl.load(win_ptr + i * 4 + 3)
+        else:          # the tiles cover the image
+            ox = 0
+            oy = 0
+            ex = W
+            ey = H
+        r0 = oy + tl.program_id(1) * BLOCK_H
+        c0 = ox + tl.program_id(2) * BLOCK_W
+        rows = r0 + tl.arange(0, BLOCK_H)
+        cols = c0 + tl.arange(0, BLOCK_W)
+        rm = rows < ey
+        cm = cols < ex
         m2 = rm[:, None] & cm[None, :]
         bx0 = tl.load(boxes_ptr + i * 4)
         by0 = tl.load(boxes_ptr + i * 4 + 1)
@@ -130,11 +148,13 @@ if triton is not None:
         cy = rows.to(tl.float32) + 0.5
         inside = ((cy >= by0) & (cy <= by1))[:, None] & ((cx >= bx0) & (cx <= bx1))[None, :]
         off = i.to(tl.int64) * H * W + rows.to(tl.int64)[:, None] * W + cols[None, :]
-        # a tile with no pixel centre inside the box: False without reading the logits
-        lo_x = (tl.program_id(2) * BLOCK_W).to(tl.float32) + 0.5
-        lo_y = (tl.program_id(1) * BLOCK_H).to(tl.float32) + 0.5
+        # a tile with no pixel centre inside the box: False without reading the logits (with
+        # windows, the output is zeroed before the launch: nothing to write)
+        lo_x = c0.to(tl.float32) + 0.5
+        lo_y = r0.to(tl.float32) + 0.5
         if (lo_x + BLOCK_W - 1 < bx0) | (lo_x > bx1) | (lo_y + BLOCK_H - 1 < by0) | (lo_y > by1):
-            tl.store(out_ptr + off, tl.zeros((BLOCK_H, BLOCK_W), dtype=tl.int8), mask=m2)
+            if not WINDOWED:
+                tl.store(out_ptr + off, tl.zeros((BLOCK_H, BLOCK_W), dtype=tl.int8), mask=m2)
         else:
             y0 = tl.load(y0_ptr + rows, mask=rm, other=0)
             y1 = tl.load(y1_ptr + rows, mask=rm, other=0)
@@ -158,20 +178,38 @@ if triton is not None:
 BLOCK_H, BLOCK_W = 16, 64
 
 
-def masks_triton(logits: torch.Tensor, xt, yt, boxes: torch.Tensor, thr: float) -> torch.Tensor:
+def masks_triton(logits: torch.Tensor, xt, yt, boxes: torch.Tensor, thr: float,
+                 windows: np.ndarray | None = None) -> torch.Tensor:
     """:func:`masks_torch` over every pixel, as one CUDA kernel: (n, ph, pw) float32 logits, the
-    tables, (n, 4) boxes -> (n, H, W) bool, the same bits."""
+    tables, (n, 4) boxes -> (n, H, W) bool, the same bits.
+
+    ``windows``: (n, 4) int pixel windows ``x0, y0, x1, y1`` (ends exclusive, inside the image)
+    holding every pixel whose centre can lie inside each box
+    (:func:`libreyolo.tasks.segment.task.box_windows`, from a host copy of the boxes): the output
+    is zeroed by one fill and the kernel visits only the windows' tiles - a fraction of the
+    image where instances are small, instead of writing every pixel of every instance. The same
+    bits either way (every pixel outside a window is outside its box: False)."""
     if triton is None:
         raise RuntimeError("masks_triton needs Triton")
     n, ph, pw = logits.shape
     h, w = yt[0].shape[0], xt[0].shape[0]
-    out = torch.empty((n, h, w), dtype=torch.bool, device=logits.device)
+    windowed = windows is not None
+    out = (torch.zeros if windowed else torch.empty)((n, h, w), dtype=torch.bool, device=logits.device)
     if n == 0 or h == 0 or w == 0:
         return out
     logits = logits.float().contiguous()
     boxes = boxes.float().contiguous()
-    grid = (n, triton.cdiv(h, BLOCK_H), triton.cdiv(w, BLOCK_W))
-    _masks_kernel[grid](logits, *(v.contiguous() for v in xt), *(v.contiguous() for v in yt), boxes,
+    if windowed:
+        win = np.asarray(windows, dtype=np.int64).reshape(n, 4)
+        span_w, span_h = int((win[:, 2] - win[:, 0]).max()), int((win[:, 3] - win[:, 1]).max())
+        if span_w <= 0 or span_h <= 0:   # every window empty: no pixel inside any box
+            return out
+        win_t = torch.from_numpy(win.astype(np.int32)).to(logits.device)
+        grid = (n, triton.cdiv(span_h, BLOCK_H), triton.cdiv(span_w, BLOCK_W))
+    else:
+        win_t = boxes   # not read
+        grid = (n, triton.cdiv(h, BLOCK_H), triton.cdiv(w, BLOCK_W))
+    _masks_kernel[grid](logits, *(v.contiguous() for v in xt), *(v.contiguous() for v in yt), boxes, win_t,
                         out.view(torch.int8), float(thr), h, w, ph, pw, BLOCK_H=BLOCK_H, BLOCK_W=BLOCK_W,
-                        enable_fp_fusion=False)
+                        WINDOWED=windowed, enable_fp_fusion=False)
     return out

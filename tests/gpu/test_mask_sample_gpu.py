@@ -2,13 +2,15 @@
 the tensor way's bits (masks_torch, the same formula as separate tensor ops) for every instance
 and pixel - boxes inside, across the edges, outside, empty, NaN; many instances at 720p - and
 instance_masks with the kernel on (mask_sample.FUSED_ON_CUDA, which this test's pass lets us set)
-equals its CPU windows on the same logits up to the logits' rounding."""
+equals its CPU windows on the same logits up to the logits' rounding; the windowed launch (one
+zero fill, then only each box's window: mask_sample.WINDOWS_ON_CUDA, which this test's pass lets
+us set) gives the same bits."""
 import pytest
 import torch
 
 from libreyolo.ops import mask_sample
 from libreyolo.ops.letterbox import inverse_params
-from libreyolo.tasks.segment.task import LOGITS_CHUNK, MASK_CHUNK, instance_masks
+from libreyolo.tasks.segment.task import LOGITS_CHUNK, MASK_CHUNK, box_windows, instance_masks
 
 pytestmark = pytest.mark.cuda
 
@@ -27,6 +29,7 @@ def _boxes(n, h, w, g):
     boxes[2] = torch.tensor([10.0, 10.0, 10.2, 10.4])
     boxes[3] = torch.tensor([3.5, 4.5, 3.5, 4.5])
     boxes[4] = torch.tensor([float("nan"), 1.0, 5.0, 6.0])
+    boxes[5] = torch.tensor([float("-inf"), 2.0, float("inf"), h / 2])
     return boxes
 
 
@@ -50,11 +53,18 @@ def test_triton_masks_equal_the_tensor_way(resize, h, w, n, thr, monkeypatch):
     assert fused.shape == (n, h, w) and fused.dtype == torch.bool
     assert torch.equal(fused, ref) and fused.any()
     assert not fused[1].any() and not fused[2].any() and not fused[4].any() and fused[3].sum() <= 1
+    windowed = mask_sample.masks_triton(logits, xt, yt, boxes, thr, windows=box_windows(boxes.cpu().numpy(), h, w))
+    assert torch.equal(windowed, ref)
     # instance_masks: CUDA's default with the kernel on == the tensor way on CUDA == the CPU's windows
     monkeypatch.setattr(mask_sample, "FUSED_ON_CUDA", True)
     got = instance_masks(Head(), protos, coeffs, boxes, canvas, h, w, resize, thr=thr)
     assert torch.equal(got, fused)
     assert torch.equal(instance_masks(Head(), protos, coeffs, boxes, canvas, h, w, resize, thr=thr, windows=False), fused)
+    monkeypatch.setattr(mask_sample, "WINDOWS_ON_CUDA", True)
+    assert torch.equal(instance_masks(Head(), protos, coeffs, boxes, canvas, h, w, resize, thr=thr), fused)
+    assert torch.equal(instance_masks(Head(), protos, coeffs, boxes, canvas, h, w, resize, thr=thr,
+                                      host_boxes=boxes.cpu().numpy()), fused)
+    monkeypatch.setattr(mask_sample, "WINDOWS_ON_CUDA", False)
     cpu = instance_masks(Head(), protos.cpu(), coeffs.cpu(), boxes.cpu(), canvas, h, w, resize, thr=thr)
     differ = cpu != fused.cpu()
     # the CPU's einsum may round the logits differently from the GPU's: only pixels whose

@@ -1,5 +1,12 @@
 """libreyolo.ops.mask_sample: the separable tables, the formula against grid_sample, and the
-tensor way over chosen pixels (the CPU's box windows) against every pixel."""
+tensor way over chosen pixels (the CPU's box windows) against every pixel, and the CUDA kernel's
+code in Triton's interpreter."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
 import torch
 
 from libreyolo.ops import mask_sample
@@ -69,3 +76,49 @@ def test_axis_tables_are_built_once_per_geometry_and_equal_fresh_ones():
         assert all(torch.equal(g, w) for g, w in zip(got, want))
     other = mask_sample.axis_tables(361, 640, *inverse_params(361, 640, 320, "center"), 320, 80, 80, dev)
     assert other is not a and other[1][0].shape[0] == 361
+
+
+INTERPRETER_SCRIPT = textwrap.dedent('''
+    import torch
+    from libreyolo.ops import mask_sample
+    from libreyolo.ops.letterbox import inverse_params
+    from libreyolo.tasks.segment.task import box_windows
+
+    g = torch.Generator().manual_seed(5)
+    for resize, h, w, n, thr in (("center", 45, 130, 12, 0.0), ("topleft", 70, 33, 9, 0.3), ("stretch", 31, 77, 7, -0.2)):
+        canvas, side = 96, 24
+        logits = torch.randn(n, side, side, generator=g)
+        xy = torch.rand(n, 2, generator=g) * torch.tensor([w * 1.2, h * 1.2]) - torch.tensor([w * 0.1, h * 0.1])
+        boxes = torch.cat((xy, xy + torch.rand(n, 2, generator=g) * torch.tensor([w * 0.6, h * 0.6])), 1)
+        boxes[0] = torch.tensor([-5.0, -5.0, w + 5.0, h + 5.0])               # the whole image and beyond
+        boxes[1] = torch.tensor([w + 1.0, 2.0, w + 9.0, 9.0])                 # outside
+        boxes[2] = torch.tensor([10.0, 10.0, 10.2, 10.4])                     # no pixel centre inside
+        boxes[3] = torch.tensor([3.5, 4.5, 3.5, 4.5])                         # one pixel centre exactly
+        boxes[4] = torch.tensor([float("nan"), 1.0, 5.0, 6.0])                # NaN: no pixel
+        boxes[5] = torch.tensor([float("-inf"), 2.0, float("inf"), 20.0])     # infinite edges: whole rows
+        sx, sy, px, py = inverse_params(h, w, canvas, resize)
+        xt = mask_sample.axis_table(w, sx, px, canvas, side, "cpu")
+        yt = mask_sample.axis_table(h, sy, py, canvas, side, "cpu")
+        ref = mask_sample.masks_torch(logits, xt, yt, boxes, thr)
+        whole = mask_sample.masks_triton(logits, xt, yt, boxes, thr)
+        win = mask_sample.masks_triton(logits, xt, yt, boxes, thr, windows=box_windows(boxes.numpy(), h, w))
+        assert ref.any() and ref[5].any(), resize
+        assert torch.equal(whole, ref), resize
+        assert torch.equal(win, ref), resize
+    # every window empty (every box outside the image): zeros, no launch
+    none = mask_sample.masks_triton(logits[:2], xt, yt, torch.tensor([[w + 2.0, 0, w + 5, 5]] * 2),
+                                    0.0, windows=box_windows([[w + 2.0, 0, w + 5, 5]] * 2, h, w))
+    assert none.shape == (2, h, w) and not none.any()
+    print("OK")
+''')
+
+
+def test_triton_kernel_whole_image_and_windowed_equal_the_tensor_way_in_the_interpreter():
+    """The CUDA kernel's code run by Triton's interpreter on the CPU (TRITON_INTERPRET=1 before
+    triton is imported, hence a subprocess): both launches - every pixel, and only each box's
+    window after a zero fill - give masks_torch's bits; tests/gpu checks the compiled kernel."""
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    proc = subprocess.run([sys.executable, "-c", INTERPRETER_SCRIPT], capture_output=True, text=True, env=env,
+                          timeout=600)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), proc.stderr[-3000:]

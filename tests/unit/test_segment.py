@@ -69,7 +69,7 @@ def test_crop_to_boxes_keeps_pixel_centres_inside():
 def test_instance_masks_sampled_in_box_windows_equal_the_whole_image_sampled_and_cut(resize, h, w):
     """instance_masks samples only each box's window; the whole image sampled and cut to the box
     (the definition) gives the same bits: boxes inside, across the edges, outside, empty, NaN,
-    and more instances than one chunk."""
+    infinite, and more instances than one chunk."""
     from libreyolo.ops.letterbox import inverse_params
 
     class Head:
@@ -88,6 +88,7 @@ def test_instance_masks_sampled_in_box_windows_equal_the_whole_image_sampled_and
     boxes[2] = torch.tensor([10.0, 10.0, 10.2, 10.4])            # no pixel centre inside
     boxes[3] = torch.tensor([3.5, 4.5, 3.5, 4.5])                # one pixel centre exactly
     boxes[4] = torch.tensor([float("nan"), 1.0, 5.0, 6.0])       # NaN: no pixel
+    boxes[5] = torch.tensor([float("-inf"), 2.0, float("inf"), 20.0])   # infinite edges: whole rows
     canvas = 64
     ours = instance_masks(Head(), protos, coeffs, boxes, canvas, h, w, resize)
     # the whole image sampled per chunk (CUDA's tensor way, forced here): the same bits
@@ -95,6 +96,7 @@ def test_instance_masks_sampled_in_box_windows_equal_the_whole_image_sampled_and
     assert ours.shape == (n, h, w) and ours.dtype == torch.bool
     assert torch.equal(ours, ref) and ours.any()
     assert ours[3].sum() <= 1 and not ours[1].any() and not ours[2].any() and not ours[4].any()
+    assert ours[5][:, 0].any() and ours[5][:, -1].any()
     assert torch.equal(instance_masks(Head(), protos, coeffs, boxes, canvas, h, w, resize,
                                       host_boxes=boxes.numpy()), ref)
     assert instance_masks(Head(), protos, coeffs[:0], boxes[:0], canvas, h, w, resize).shape == (0, h, w)
@@ -354,3 +356,14 @@ def test_coco_segmentation_polygons_and_rles(tmp_path):
     (tmp_path / "ann.json").write_text(json.dumps(doc))
     with pytest.raises(ValueError, match="ann.json annotation 1: a polygon needs at least 3 points"):
         resolve_segment_data(str(yaml))
+
+
+def test_box_windows_hold_every_pixel_centre_a_box_can_hold():
+    from libreyolo.tasks.segment.task import box_windows
+    inf, nan = float("inf"), float("nan")
+    win = box_windows([[2.2, 3.0, 7.9, 8.0], [-inf, 2.0, inf, 20.0], [nan, 1.0, 5.0, 6.0], [-9.0, -9.0, -2.0, -1.0]],
+                      30, 40)
+    assert win.tolist()[0] == [1, 2, 9, 9]          # one pixel to spare on each side
+    assert win.tolist()[1] == [0, 1, 40, 21]        # infinite edges reach the image's edges
+    assert win[3, 2] <= win[3, 0] + 1 and win[3, 3] <= win[3, 1] + 1   # outside: at most the spare pixel
+    assert win.dtype.kind == "i" and ((win[:, :2] >= 0) & (win[:, 2:] <= [40, 30])).all()

@@ -87,7 +87,9 @@ def box_windows(boxes: np.ndarray, h: int, w: int) -> np.ndarray:
     """(n, 4) xyxy boxes (the image's pixels) -> (n, 4) int pixel windows ``x0, y0, x1, y1``
     (exclusive ends, clamped to the image) holding every pixel whose centre can lie inside the
     box, with one pixel to spare on each side: the exact test is :func:`crop_to_boxes`'."""
-    b = np.nan_to_num(np.asarray(boxes, dtype=np.float64).reshape(-1, 4), nan=0.0, posinf=0.0, neginf=0.0)
+    # NaN: no pixel centre lies inside (any window will do); an infinite edge reaches the image's
+    # edge (nan_to_num makes it the largest finite float, which the clip brings to the image)
+    b = np.nan_to_num(np.asarray(boxes, dtype=np.float64).reshape(-1, 4), nan=0.0)
     lo = np.floor(b[:, :2]) - 1
     hi = np.ceil(b[:, 2:]) + 1
     lim = np.array([w, h], dtype=np.float64)
@@ -119,8 +121,10 @@ def instance_masks(model, protos: torch.Tensor, coeffs: torch.Tensor, boxes: tor
     The sampling is :mod:`libreyolo.ops.mask_sample`'s (bilinear at each pixel centre mapped into
     the canvas, edges clamped: ``grid_sample``'s positions, one fixed order of the products), the
     same bits three ways: on CUDA with Triton one fused kernel for every instance and pixel
-    (while :data:`~libreyolo.ops.mask_sample.FUSED_ON_CUDA` is on; off, or without Triton, CUDA
-    samples the whole image with ``grid_sample``, its earlier way); elsewhere only the pixels of each
+    (while :data:`~libreyolo.ops.mask_sample.FUSED_ON_CUDA` is on; with
+    :data:`~libreyolo.ops.mask_sample.WINDOWS_ON_CUDA` it visits only each instance's box window,
+    the rest zeroed by one fill; off, or without Triton, CUDA samples the whole image with
+    ``grid_sample``, its earlier way); elsewhere only the pixels of each
     instance's box window (:func:`box_windows`; a chunk of instances shares the largest window's
     shape), the rest staying False - a fraction of the work where instances are small (a 720p
     image: 0.92 M pixels per instance otherwise); or the whole image per chunk of instances.
@@ -142,7 +146,10 @@ def instance_masks(model, protos: torch.Tensor, coeffs: torch.Tensor, boxes: tor
     ph, pw = chunks[0].shape[-2:]
     xt, yt = mask_sample.axis_tables(h, w, sx, sy, px, py, canvas, ph, pw, dev)
     if fused:
-        return mask_sample.masks_triton(logits, xt, yt, b, thr)
+        if not mask_sample.WINDOWS_ON_CUDA:
+            return mask_sample.masks_triton(logits, xt, yt, b, thr)
+        host = boxes.detach().cpu().numpy() if host_boxes is None else host_boxes
+        return mask_sample.masks_triton(logits, xt, yt, b, thr, windows=box_windows(host, h, w))
     out = torch.zeros((n, h, w), dtype=torch.bool, device=dev)
     if windows is False:
         for k, part in enumerate(chunks):
