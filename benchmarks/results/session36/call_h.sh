@@ -27,20 +27,24 @@ timeout -s INT 200 python3 -m pytest -p no:cacheprovider -n 3 --timeout 180 --tb
 wait
 timeout 90 python3 benchmarks/results/session36/seg_post.py --model /tmp/keep-h/rtmdet-t-segment.pt > $W/seg-post.log 2>&1
 echo "seg post rc=$?" >> $W/seg-post.log
+# LEAN=1 (a short lease): RTMDet-Ins's bench alone, no latency rows
 for m in /tmp/keep-h/*.pt; do
   [ -f "$m" ] || continue; n=$(basename "$m" .pt)
+  [ -n "${LEAN:-}" ] && [ "$n" != rtmdet-t-segment ] && continue
   timeout 45 python3 -m libreyolo.cli bench model="$m" imgsz=640 batch=1 compile=false runs=150 warmup=20 \
     json=$W/bench-$n.json > $W/bench-$n.log 2>&1; echo "bench $n rc=$?" >> $W/bench-$n.log
 done
-for m in "resnet 18"; do n=${m/ /-}
+for m in ${LEAN:+none} "resnet 18"; do [ "$m" = none ] && break; n=${m/ /-}
   timeout 60 python3 scripts/classify_latency.py --model $m --calls 5 --out $W/lat > $W/lat-$n.log 2>&1; echo "latency $n rc=$?" >> $W/lat-$n.log
   timeout 60 python3 scripts/classify_latency.py --model $m --calls 5 --fuse --out $W/lat > $W/lat-$n-fused.log 2>&1
   echo "latency $n fused rc=$?" >> $W/lat-$n-fused.log
 done
 rm -rf /tmp/keep-h $W/keep $W/lat/*.json.gz
 { grep -h "rc=" $W/q-*.log; for f in $W/q-pose-fp32-s*.log; do tr '\r' '\n' < $f | grep -E '^\{' | cut -c1-330; done; grep -E "^(FAILED|ERROR)|passed|failed|rc=" $W/sliced.log | cut -c1-250
-  head -c 4000 $W/seg-post.log; grep "rc=" $W/seg-post.log
+  head -c 5000 $W/seg-post.log; grep "rc=" $W/seg-post.log
   for f in $W/bench-*.log; do grep -E "predict\(graph\) /|stages|rc=|speedups" $f; done
   for f in $W/lat-*.log; do grep -E '"e2e_|wall_ms"|rc=' $f | head -8; done
 } > "$OUT/summary-h.txt" 2>&1
+# everything in one archive: at most 8 files come back
+tar czf "$OUT/h.tgz" -C "$OUT" h && rm -rf "$W"
 cat "$OUT/summary-h.txt"
