@@ -7,6 +7,7 @@ zero fill, then only each box's window: mask_sample.WINDOWS_ON_CUDA, which this 
 us set) gives the same bits."""
 import pytest
 import torch
+from mask_cases import edge_boxes
 
 from libreyolo.ops import mask_sample
 from libreyolo.ops.letterbox import inverse_params
@@ -20,19 +21,6 @@ class Head:
         return torch.einsum("nc,chw->nhw", coeffs, protos)
 
 
-def _boxes(n, h, w, g):
-    xy = torch.rand(n, 2, generator=g) * torch.tensor([w * 1.2, h * 1.2]) - torch.tensor([w * 0.1, h * 0.1])
-    wh = torch.rand(n, 2, generator=g) * torch.tensor([w * 0.6, h * 0.6])
-    boxes = torch.cat((xy, xy + wh), 1)
-    boxes[0] = torch.tensor([-5.0, -5.0, w + 5.0, h + 5.0])
-    boxes[1] = torch.tensor([w + 1.0, 2.0, w + 9.0, 9.0])
-    boxes[2] = torch.tensor([10.0, 10.0, 10.2, 10.4])
-    boxes[3] = torch.tensor([3.5, 4.5, 3.5, 4.5])
-    boxes[4] = torch.tensor([float("nan"), 1.0, 5.0, 6.0])
-    boxes[5] = torch.tensor([float("-inf"), 2.0, float("inf"), h / 2])
-    return boxes
-
-
 @pytest.mark.skipif(not mask_sample.available(torch.device("cuda")), reason="needs Triton on CUDA")
 @pytest.mark.parametrize("resize,h,w,n,thr", [("center", 720, 1280, 138, 0.0), ("topleft", 333, 177, 9, 0.3),
                                               ("stretch", 50, 90, MASK_CHUNK + 7, -0.2)])
@@ -41,7 +29,7 @@ def test_triton_masks_equal_the_tensor_way(resize, h, w, n, thr, monkeypatch):
     canvas = 640
     protos = torch.randn(8, 160, 160, generator=g).cuda()
     coeffs = torch.randn(n, 8, generator=g).cuda()
-    boxes = _boxes(n, h, w, g).cuda()
+    boxes = edge_boxes(n, h, w, g).cuda()
     # the logits as instance_masks computes them (per chunk: a GEMM's rounding may depend on its shape)
     logits = torch.cat([Head().mask_logits(protos, coeffs[s:s + LOGITS_CHUNK]) for s in range(0, n, LOGITS_CHUNK)])
     sx, sy, px, py = inverse_params(h, w, canvas, resize)

@@ -83,19 +83,13 @@ INTERPRETER_SCRIPT = textwrap.dedent('''
     from libreyolo.ops import mask_sample
     from libreyolo.ops.letterbox import inverse_params
     from libreyolo.tasks.segment.task import box_windows
+    from mask_cases import edge_boxes
 
     g = torch.Generator().manual_seed(5)
     for resize, h, w, n, thr in (("center", 45, 130, 12, 0.0), ("topleft", 70, 33, 9, 0.3), ("stretch", 31, 77, 7, -0.2)):
         canvas, side = 96, 24
         logits = torch.randn(n, side, side, generator=g)
-        xy = torch.rand(n, 2, generator=g) * torch.tensor([w * 1.2, h * 1.2]) - torch.tensor([w * 0.1, h * 0.1])
-        boxes = torch.cat((xy, xy + torch.rand(n, 2, generator=g) * torch.tensor([w * 0.6, h * 0.6])), 1)
-        boxes[0] = torch.tensor([-5.0, -5.0, w + 5.0, h + 5.0])               # the whole image and beyond
-        boxes[1] = torch.tensor([w + 1.0, 2.0, w + 9.0, 9.0])                 # outside
-        boxes[2] = torch.tensor([10.0, 10.0, 10.2, 10.4])                     # no pixel centre inside
-        boxes[3] = torch.tensor([3.5, 4.5, 3.5, 4.5])                         # one pixel centre exactly
-        boxes[4] = torch.tensor([float("nan"), 1.0, 5.0, 6.0])                # NaN: no pixel
-        boxes[5] = torch.tensor([float("-inf"), 2.0, float("inf"), 20.0])     # infinite edges: whole rows
+        boxes = edge_boxes(n, h, w, g)
         sx, sy, px, py = inverse_params(h, w, canvas, resize)
         xt = mask_sample.axis_table(w, sx, px, canvas, side, "cpu")
         yt = mask_sample.axis_table(h, sy, py, canvas, side, "cpu")
@@ -118,7 +112,9 @@ def test_triton_kernel_whole_image_and_windowed_equal_the_tensor_way_in_the_inte
     triton is imported, hence a subprocess): both launches - every pixel, and only each box's
     window after a zero fill - give masks_torch's bits; tests/gpu checks the compiled kernel."""
     pytest.importorskip("triton")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # mask_cases
+    env = {**os.environ, "TRITON_INTERPRET": "1",
+           "PYTHONPATH": os.pathsep.join(p for p in (tests, os.environ.get("PYTHONPATH")) if p)}
     proc = subprocess.run([sys.executable, "-c", INTERPRETER_SCRIPT], capture_output=True, text=True, env=env,
                           timeout=600)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), proc.stderr[-3000:]

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from mask_cases import edge_boxes
 
 from libreyolo import LibreYOLO
 from libreyolo.models.rtmdet.model import Rtmdet, RtmdetSeg
@@ -80,15 +81,7 @@ def test_instance_masks_sampled_in_box_windows_equal_the_whole_image_sampled_and
     protos = torch.randn(8, 16, 16, generator=g)
     n = MASK_CHUNK + 7
     coeffs = torch.randn(n, 8, generator=g)
-    xy = torch.rand(n, 2, generator=g) * torch.tensor([w * 1.2, h * 1.2]) - torch.tensor([w * 0.1, h * 0.1])
-    wh = torch.rand(n, 2, generator=g) * torch.tensor([w * 0.6, h * 0.6])
-    boxes = torch.cat((xy, xy + wh), 1)
-    boxes[0] = torch.tensor([-5.0, -5.0, w + 5.0, h + 5.0])      # the whole image and beyond
-    boxes[1] = torch.tensor([w + 1.0, 2.0, w + 9.0, 9.0])        # outside
-    boxes[2] = torch.tensor([10.0, 10.0, 10.2, 10.4])            # no pixel centre inside
-    boxes[3] = torch.tensor([3.5, 4.5, 3.5, 4.5])                # one pixel centre exactly
-    boxes[4] = torch.tensor([float("nan"), 1.0, 5.0, 6.0])       # NaN: no pixel
-    boxes[5] = torch.tensor([float("-inf"), 2.0, float("inf"), 20.0])   # infinite edges: whole rows
+    boxes = edge_boxes(n, h, w, g)
     canvas = 64
     ours = instance_masks(Head(), protos, coeffs, boxes, canvas, h, w, resize)
     # the whole image sampled per chunk (CUDA's tensor way, forced here): the same bits
