@@ -96,6 +96,7 @@ def set_up(t) -> None:
     net = t.net = m.model
     if not m.trained and not run.resume:
         m.init_for_training(net)   # the original recipes' prior bias on class/objectness logits
+    t.task.prepare_training(m, net, cfg.task)   # the task's training-only settings of the network
     net.to(t.device, memory_format=t.memory_format).train()
     if t.dist is not None:
         t.dist.broadcast_module(net)   # every rank starts from rank 0's weights

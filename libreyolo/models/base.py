@@ -636,6 +636,8 @@ class Model:
             val_radius: point: a prediction within this many pixels of the network input from a labelled point
                 of its class matches it (12: 1.5 cells of FOMO's 8-pixel grid)
             val_nms_radius: point: cells within which validation keeps one peak per class (predict's nms_radius)
+            kpt_grad: pose: scale of the keypoint branch's gradient into the features it shares with the boxes
+                (YOLO-NAS-Pose; default: the family's, 1 = unscaled)
             callbacks: hooks for this run, HookBase objects or {event: fn} dicts
 
         Returns:

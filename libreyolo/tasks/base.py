@@ -240,6 +240,10 @@ class Task:
         """Adapt ``model`` to the resolved dataset before its network is used for training or
         validation (pose: an untrained model takes the dataset's keypoint count). Default: nothing."""
 
+    def prepare_training(self, model, net: torch.nn.Module, options: TaskOptions) -> None:
+        """Training-only settings of ``net`` from the task's options, before the first step (pose:
+        the keypoint branch's gradient scale). Default: nothing."""
+
     def datasets(self, data: Any, imgsz: int, model, options: TaskOptions) -> tuple[Any, Any, Callable]:
         """(train dataset, val dataset, collate) for ``data`` at ``imgsz``; the collate gives
         ``(images uint8 (B, 3, S, S), *targets)``."""

@@ -89,6 +89,9 @@ def build(spec, nc=None, seed=0):
     model = LibreYOLO.new(spec[0], spec[1], device="cuda", seed=seed, **kw)
     if model.task in DATA_OF:   # fitted to the training data as the trainer does (pose: its keypoints)
         model.task_def.prepare_model(model, DATA_OF[model.task])
+    # the task's training-only settings at their defaults, as the trainer sets them (pose: the
+    # keypoint branch's gradient scale)
+    model.task_def.prepare_training(model, model.model, model.task_def.Options())
     if spec[0] in PREPARE_OF_FAMILY:
         PREPARE_OF_FAMILY[spec[0]](model)
     if spec[0] in rows.GRAPH_PENDING:   # built for capture, not declared: exercise it here only
@@ -362,6 +365,19 @@ def test_whole_step_step0_bitwise_equal(spec, optim, layout, task_batches, recor
         assert moved == 0, moved
     else:            # an op outside cuDNN (an upsample's backward) still sums with atomics
         assert moved <= max(2 * noise, 1e-5), (moved, noise)   # within eager's spread (see test_training_gpu)
+
+
+@pytest.mark.parametrize("amp", [False, True])
+def test_yolonas_pose_keypoint_gradient_scale_captures_bitwise(amp, task_batches, monkeypatch):
+    """YOLO-NAS-Pose trained with its keypoint branch's gradient scaled (``kpt_grad``; the
+    family's default 1 adds nothing): the step-0 loss and BatchNorm buffers, and the whole step
+    with its update, replay eager's bits."""
+    from libreyolo.models.yolonas.pose import YoloNASPose
+    monkeypatch.setattr(YoloNASPose, "KPT_GRAD", 0.25)
+    spec = ("yolonas", "n", "pose")
+    assert {m.kpt_grad for m in build(spec).model.modules() if hasattr(m, "kpt_grad")} == {0.25}
+    test_step0_loss_and_bn_buffers_bitwise_equal(spec, amp, task_batches)
+    test_whole_step_step0_bitwise_equal(spec, "adamw", "nchw", task_batches, lambda *a: None)
 
 
 @pytest.mark.parametrize("spec", trains(FIRSTS), ids=ids)

@@ -166,3 +166,45 @@ def test_yolonas_pose_ranks_nan_scores_last():
     assert torch.isfinite(scores[:, : k - 7]).all()
     assert torch.equal(scores[:, k - 7:], torch.full((2, 7), float("-inf")))
     assert (scores[:, :-1] >= scores[:, 1:]).all()
+
+
+def test_yolonas_pose_keypoint_gradient_scale_touches_only_the_keypoint_branch_backward():
+    """kpt_grad multiplies exactly the keypoint branch's gradient into the shared features; the
+    forward, the box branch's gradient and a no-grad call are unchanged."""
+    from libreyolo.models.yolonas.pose_nn import PoseDFLHead
+    torch.manual_seed(0)
+    head = PoseDFLHead(16, 16, 16, 2, nc=1, num_keypoints=4).train()
+    x = torch.randn(2, 16, 6, 6)
+    w = [torch.randn(2, c, 6, 6) for c in (1, 68, 8, 4)]
+
+    def grads(scale: float, which: tuple[int, ...]):
+        head.kpt_grad = scale
+        xi = x.clone().requires_grad_()
+        out = head(xi)
+        sum((out[i] * w[i]).sum() for i in which).backward()
+        return out, xi.grad
+
+    out1, g_pose1 = grads(1.0, (2,))
+    out4, g_pose4 = grads(0.25, (2,))
+    assert all(torch.equal(a, b) for a, b in zip(out1, out4))
+    assert torch.allclose(g_pose4, g_pose1 * 0.25, rtol=0, atol=0)   # a power of two: exact
+    assert torch.equal(grads(1.0, (0, 1, 3))[1], grads(0.25, (0, 1, 3))[1])   # classes, boxes, visibility
+    with torch.no_grad():
+        assert all(torch.equal(a, b) for a, b in zip(head(x), out1))
+
+
+def test_kpt_grad_option_reaches_the_heads_and_is_refused_where_no_branch_exists():
+    from libreyolo.options import OptionError
+    from libreyolo.tasks.pose.task import PoseOptions, PoseTask
+    model = LibreYOLO.new("yolonas", "n", task="pose", device="cpu", seed=0)
+    scales = lambda: {m.kpt_grad for m in model.model.modules() if hasattr(m, "kpt_grad")}  # noqa: E731
+    PoseTask().prepare_training(model, model.model, PoseOptions(kpt_grad=0.25))
+    assert scales() == {0.25}
+    PoseTask().prepare_training(model, model.model, PoseOptions())   # a later run: the family's default
+    assert scales() == {model.KPT_GRAD}
+    with pytest.raises(OptionError, match="kpt_grad"):
+        PoseOptions(kpt_grad=0.0)
+    ec = LibreYOLO.new("ec", "s", task="pose", device="cpu", seed=0)
+    PoseTask().prepare_training(ec, ec.model, PoseOptions())   # nothing to do
+    with pytest.raises(OptionError, match="no separate keypoint branch"):
+        PoseTask().prepare_training(ec, ec.model, PoseOptions(kpt_grad=0.5))

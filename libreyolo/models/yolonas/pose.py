@@ -53,6 +53,9 @@ class YoloNASPose(YoloNAS):
     #: gradients; the engine's nominal batch of 64 would make 4 batches one step)
     TRAIN_DEFAULTS: ClassVar[dict[str, Any]] = {"optimizer": "AdamW", "lr0": 1e-3, "weight_decay": 1e-6,
                                                 "cos_lr": True, "lrf": 0.05, "warmup_bias_lr": 0.0, "nbs": 16}
+    #: the keypoint branch's gradient scale into the neck while training (the pose task's
+    #: ``kpt_grad`` overrides it; 1: the original's, unscaled)
+    KPT_GRAD: ClassVar[float] = 1.0
 
     def __init__(self, net: nn.Module, **kwargs: Any):
         super().__init__(net, **kwargs)
@@ -118,6 +121,14 @@ class YoloNASPose(YoloNAS):
         heads = [f"heads.head{i}.cls_pred" for i in (1, 2, 3)]
         return (self._prior_bias(net, tuple((h, 0, self.nc) for h in heads), prior)
                 + self._prior_bias(net, tuple((h, self.nc, None) for h in heads), 0.5))
+
+    def set_keypoint_gradient(self, net: nn.Module, scale: float | None = None) -> None:
+        """Each level's keypoint branch passes ``scale`` times its gradient into the neck while
+        training (:class:`.pose_nn.PoseDFLHead`; None: :attr:`KPT_GRAD`)."""
+        value = float(self.KPT_GRAD if scale is None else scale)
+        for mod in net.modules():
+            if hasattr(mod, "kpt_grad"):
+                mod.kpt_grad = value
 
     def sigmas(self) -> tuple[float, ...]:
         """The OKS sigmas of this model's keypoints: the training dataset's (metadata ``kpt_sigmas``),

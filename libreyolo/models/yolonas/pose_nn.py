@@ -45,12 +45,31 @@ COCO_KEYPOINTS = 17
 POSE_HEAD_WIDTH = {"n": 0.33, "s": 0.5, "m": 0.75, "l": 1.0}
 
 
+class _ScaleGrad(torch.autograd.Function):
+    """The identity whose backward multiplies the gradient by ``scale``."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, scale: float) -> torch.Tensor:
+        ctx.scale = scale
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad * ctx.scale, None
+
+
 class PoseDFLHead(nn.Module):
-    """One level's pose head (see the module docstring)."""
+    """One level's pose head (see the module docstring).
+
+    ``kpt_grad``: the keypoint branch's gradient into the shared features (the neck's) is
+    multiplied by it while training (1: unchanged); the keypoint terms then still train the
+    keypoint branch fully but pull less on the features the boxes and classes share. The forward
+    is the same either way, and outside training (no gradient) nothing is added."""
 
     def __init__(self, c_in: int, box_width: int, kpt_width: int, kpt_convs: int, nc: int, num_keypoints: int):
         super().__init__()
         self.nc, self.num_keypoints = nc, num_keypoints
+        self.kpt_grad = 1.0
         self.pose_stem = SeqConvBR(c_in, kpt_width)
         self.bbox_stem = SeqConvBR(c_in, box_width)
         self.cls_convs = nn.Sequential(SeqConvBR(box_width, box_width, 3))
@@ -68,8 +87,9 @@ class PoseDFLHead(nn.Module):
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         box = self.bbox_stem(x)
         cls = self.cls_pred(self.cls_convs(box))
+        xk = _ScaleGrad.apply(x, self.kpt_grad) if self.kpt_grad != 1.0 and torch.is_grad_enabled() else x
         return (cls[:, :self.nc], self.reg_pred(self.reg_convs(box)),
-                self.pose_pred(self.pose_convs(self.pose_stem(x))), cls[:, self.nc:])
+                self.pose_pred(self.pose_convs(self.pose_stem(xk))), cls[:, self.nc:])
 
 
 class PoseDFLHeads(nn.Module):

@@ -42,6 +42,9 @@ class PoseOptions(TaskOptions):
     fliplr: float = option(0.5, "probability of a horizontal flip (keypoints swapped by flip_idx)", Fraction())
     scale: float = option(0.0, "random zoom gain, +- fraction (0: none)", Float(0.0, 1.0, max_inclusive=False))
     translate: float = option(0.0, "random shift, +- fraction of the size (0: none)", Fraction())
+    kpt_grad: float | None = option(None, "scale of the keypoint branch's gradient into the features it shares "
+                                          "with the boxes (YOLO-NAS-Pose; default: the family's, 1 = unscaled)",
+                                    Float(0.0, 1.0, min_inclusive=False, none=True))
     bucket: int = option(16, "instances padded to this times a power of two (fixed loss shapes)", Int(1))
     val_conf: float = option(0.001, "confidence threshold of validation", Fraction())
     val_iou: float = option(0.7, "NMS IoU threshold of validation (families whose candidates need NMS)",
@@ -250,6 +253,17 @@ class PoseTask(Task):
                 raise ValueError(f"the dataset has {data.kpt_shape[0]} keypoints per instance (kpt_shape), the "
                                  f"trained {model.FAMILY}-{model.size} pose model {n}")
             model.reset_keypoints(data.kpt_shape[0])
+
+    def prepare_training(self, model, net, options: PoseOptions) -> None:
+        """The keypoint branch's gradient scale (``kpt_grad``; the family's default where not
+        given) on a family whose keypoint branch is separate from the box branch."""
+        setter = getattr(model, "set_keypoint_gradient", None)
+        if setter is not None:
+            setter(net, options.kpt_grad)
+        elif options.kpt_grad is not None and options.kpt_grad != 1.0:
+            from ...options import OptionError
+            raise OptionError(f"kpt_grad={options.kpt_grad:g}: {model.FAMILY}'s pose network has no separate "
+                              "keypoint branch to scale (YOLO-NAS-Pose has)")
 
     def resolve_data(self, data):
         from .data import resolve_pose_data
