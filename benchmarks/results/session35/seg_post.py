@@ -1,90 +1,12 @@
-"""Session 35: where RTMDet-Ins's graphed predict spends its post-processing (GPU only).
+"""Session 35's post-processing profile of RTMDet-Ins's graphed predict (GPU only), superseded by
+``benchmarks/results/session36/seg_post.py``: the mask kernel's signature changed (its windowed
+launch), so this name runs that script, which does everything this one did and times the
+windowed launch beside it.
 
     PYTHONPATH=. python3 benchmarks/results/session35/seg_post.py [--model keep/rtmdet-t-segment.pt]
-
-1. The fused mask kernel alone (synthetic logits as benchmarks/segment_masks.py: 138 instances,
-   720p) over tile shapes and warp counts: CUDA-event medians, and whether each tile gives the
-   default tile's bits (it must: every pixel is the same formula).
-2. instance_masks' pieces on the same inputs: the mask logits, the two axis tables, the output
-   allocation, the kernel launch (host wall, synchronized).
-3. With a model: torch.profiler over 10 graphed predict calls on the 720p sample, operators by
-   host time and by device time.
 """
-from __future__ import annotations
-
-import argparse
-import json
-
-import torch
-import triton
-
-from libreyolo.benchmark import event_time_call, time_call
-from libreyolo.ops import mask_sample
-from libreyolo.ops.letterbox import inverse_params
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default=None)
-    ap.add_argument("--instances", type=int, default=138)
-    a = ap.parse_args()
-    dev = torch.device("cuda")
-    h, w, n = 720, 1280, a.instances
-    g = torch.Generator().manual_seed(0)
-    protos = torch.randn(32, 160, 160, generator=g).to(dev)
-    coeffs = torch.randn(n, 32, generator=g).to(dev)
-    side = torch.tensor([w, h], dtype=torch.float32)
-    wh = (0.03 + 0.27 * torch.rand(n, 2, generator=g)) * side
-    xy = torch.rand(n, 2, generator=g) * (side - wh)
-    boxes = torch.cat((xy, xy + wh), 1).to(dev)
-    sx, sy, px, py = inverse_params(h, w, 640, "center")
-    logits = torch.einsum("nc,chw->nhw", coeffs, protos).contiguous()
-    xt = mask_sample.axis_table(w, sx, px, 640, 160, dev)
-    yt = mask_sample.axis_table(h, sy, py, 640, 160, dev)
-    ref = mask_sample.masks_triton(logits, xt, yt, boxes, 0.0)
-    row: dict = {"device": torch.cuda.get_device_name(dev), "torch": torch.__version__, "instances": n,
-                 "image": [h, w], "default_tile": [mask_sample.BLOCK_H, mask_sample.BLOCK_W],
-                 "inside_fraction": float(ref.float().mean()), "tiles": []}
-    out = torch.empty_like(ref)
-    for bh, bw in [(16, 64), (8, 128), (16, 128), (32, 128), (8, 256), (16, 256), (32, 64), (4, 512)]:
-        for nw in (4, 8):
-            grid = (n, triton.cdiv(h, bh), triton.cdiv(w, bw))
-
-            def run(bh=bh, bw=bw, nw=nw, grid=grid):
-                mask_sample._masks_kernel[grid](logits, *xt, *yt, boxes, out.view(torch.int8), 0.0, h, w, 160, 160,
-                                                BLOCK_H=bh, BLOCK_W=bw, num_warps=nw, enable_fp_fusion=False)
-            out.fill_(True)
-            run()
-            row["tiles"].append({"tile": [bh, bw], "warps": nw, "same_bits": bool(torch.equal(out, ref)),
-                                 "kernel_ms": event_time_call(run, 50, 5)["median_ms"]})
-    # a plain write of the same bytes: the floor for any kernel producing these masks
-    row["zero_fill_ms"] = event_time_call(lambda: out.zero_(), 50, 5)["median_ms"]
-    pieces = {
-        "mask_logits_einsum": lambda: torch.einsum("nc,chw->nhw", coeffs, protos),
-        "axis_tables": lambda: (mask_sample.axis_table(w, sx, px, 640, 160, dev),
-                                mask_sample.axis_table(h, sy, py, 640, 160, dev)),
-        "alloc": lambda: torch.empty((n, h, w), dtype=torch.bool, device=dev),
-        "masks_triton": lambda: mask_sample.masks_triton(logits, xt, yt, boxes, 0.0),
-    }
-    row["pieces_wall_ms"] = {k: time_call(f, dev, 50, 5)["median_ms"] for k, f in pieces.items()}
-    print(json.dumps(row), flush=True)
-    if a.model:
-        from torch.profiler import ProfilerActivity, profile
-
-        from libreyolo import SAMPLE_IMAGE, LibreYOLO
-        model = LibreYOLO(a.model, device="cuda")
-        for _ in range(5):
-            r = model(SAMPLE_IMAGE, cuda_graph=True)
-        torch.cuda.synchronize()
-        print("instances:", len(r[0]), flush=True)
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            for _ in range(10):
-                model(SAMPLE_IMAGE, cuda_graph=True)
-            torch.cuda.synchronize()
-        ka = prof.key_averages()
-        print(ka.table(sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=60))
-        print(ka.table(sort_by="self_device_time_total", row_limit=15, max_name_column_width=60))
-
+import runpy
+from pathlib import Path
 
 if __name__ == "__main__":
-    main()
+    runpy.run_path(str(Path(__file__).parents[1] / "session36" / "seg_post.py"), run_name="__main__")
