@@ -1,6 +1,6 @@
 """Instance masks at the original image's size, timed side by side in one process: ``instance_masks``'
 ways - each box's window (the CPU's), the whole image per chunk as tensor ops, the fused Triton
-kernel (CUDA's) - which give the same bits, and the sampling they replaced (``grid_sample`` over
+kernel (CUDA's) over every pixel and over each box's window - which give the same bits, and the sampling they replaced (``grid_sample`` over
 the whole image, thresholded and cut to the box), with how many mask pixels it gives differently.
 
     PYTHONPATH=. python3 benchmarks/segment_masks.py [--device cuda] [--instances 60] [--h 720 --w 1280]
@@ -54,13 +54,15 @@ def main() -> None:
     arms = {"windows": lambda: instance_masks(head, protos, coeffs, boxes, *args, host_boxes=host, windows=True),
             "whole_image_tensor_ops": lambda: instance_masks(head, protos, coeffs, boxes, *args, windows=False)}
     if mask_sample.available(dev):
-        def fused_kernel():   # instance_masks' CUDA way with the kernel switched on
-            was, mask_sample.FUSED_ON_CUDA = mask_sample.FUSED_ON_CUDA, True
+        def fused_kernel(windowed: bool = False):   # instance_masks' CUDA way with the kernel switched on
+            was = mask_sample.FUSED_ON_CUDA, mask_sample.WINDOWS_ON_CUDA
+            mask_sample.FUSED_ON_CUDA, mask_sample.WINDOWS_ON_CUDA = True, windowed
             try:
-                return instance_masks(head, protos, coeffs, boxes, *args)
+                return instance_masks(head, protos, coeffs, boxes, *args, host_boxes=host)
             finally:
-                mask_sample.FUSED_ON_CUDA = was
+                mask_sample.FUSED_ON_CUDA, mask_sample.WINDOWS_ON_CUDA = was
         arms["fused_kernel"] = fused_kernel
+        arms["fused_kernel_windowed"] = lambda: fused_kernel(True)   # only each box's window, after a zero fill
     arms["grid_sample_before"] = grid_sample_before
     outs = {k: f() for k, f in arms.items()}
     ref = outs["windows"]
