@@ -1,7 +1,8 @@
 """Instance masks at the original image's size, timed side by side in one process: ``instance_masks``'
 ways - each box's window (the CPU's), the whole image per chunk as tensor ops, the fused Triton
-kernel (CUDA's) over every pixel and over each box's window - which give the same bits, and the sampling they replaced (``grid_sample`` over
-the whole image, thresholded and cut to the box), with how many mask pixels it gives differently.
+kernel (CUDA's) over every pixel and over each box's window - which give the same bits, and the
+sampling they replaced (``grid_sample`` over the whole image, thresholded and cut to the box),
+with how many mask pixels it gives differently.
 
     PYTHONPATH=. python3 benchmarks/segment_masks.py [--device cuda] [--instances 60] [--h 720 --w 1280]
 

@@ -21,9 +21,9 @@ rounding; any device, any set of pixels - the CPU samples only each box's window
 with Triton, :func:`masks_triton`, one kernel for every instance and pixel that writes the bool
 masks directly (sample, threshold and box test fused, tiles outside the box written as False
 without reading the logits; or, given each instance's pixel window, the output zeroed by one
-fill and only the windows' tiles visited). ``grid_sample`` followed by the threshold and the box cut needs a
-(n, H, W, 2) grid and four full-size passes; this kernel is one pass over the output (a 720p image
-with 138 instances: 127 M mask pixels), which is why it is written here. It is compiled without
+fill and only the windows' tiles visited). ``grid_sample`` followed by the threshold and the
+box cut needs a (n, H, W, 2) grid and four full-size passes; this kernel is one pass over the
+output (a 720p image with 138 instances: 127 M mask pixels), which is why it is written here. It is compiled without
 floating-point contraction so that its products and sums round as :func:`masks_torch`'s.
 """
 from __future__ import annotations

@@ -145,18 +145,21 @@ def instance_masks(model, protos: torch.Tensor, coeffs: torch.Tensor, boxes: tor
         return grid_sample_masks(list(chunks), b, canvas, h, w, (sx, sy, px, py), thr)
     ph, pw = chunks[0].shape[-2:]
     xt, yt = mask_sample.axis_tables(h, w, sx, sy, px, py, canvas, ph, pw, dev)
+
+    def pixel_windows() -> np.ndarray:   # from the caller's host copy of the boxes where it has one
+        return box_windows(boxes.detach().cpu().numpy() if host_boxes is None else host_boxes, h, w)
+
     if fused:
         if not mask_sample.WINDOWS_ON_CUDA:
             return mask_sample.masks_triton(logits, xt, yt, b, thr)
-        host = boxes.detach().cpu().numpy() if host_boxes is None else host_boxes
-        return mask_sample.masks_triton(logits, xt, yt, b, thr, windows=box_windows(host, h, w))
+        return mask_sample.masks_triton(logits, xt, yt, b, thr, windows=pixel_windows())
     out = torch.zeros((n, h, w), dtype=torch.bool, device=dev)
     if windows is False:
         for k, part in enumerate(chunks):
             s = k * MASK_CHUNK
             out[s:s + part.shape[0]] = mask_sample.masks_torch(part, xt, yt, b[s:s + part.shape[0]], thr)
         return out
-    win = box_windows(boxes.detach().cpu().numpy() if host_boxes is None else host_boxes, h, w)
+    win = pixel_windows()
     for k, part in enumerate(chunks):
         s = k * MASK_CHUNK
         e = s + part.shape[0]
